@@ -1,0 +1,18 @@
+"""fwht-kv golden model: the NumPy definition of the 3-bit rotated KV-cache format.
+
+The format is specified in docs/FORMAT.md; this package is its reference
+implementation. The RTL (hw/) and the CUDA kernels (gpu_ref/) must reproduce
+its code and scale bytes bit for bit.
+"""
+
+from .bfp import FLAG_INF, FLAG_NAN, FLAG_SAT
+from .codec import Encoded, Trace, decode, decode_float, encode, encode_trace
+from .fwht import fwht, hadamard
+from .params import FORMAT_VERSION, FormatParams
+from .signs import sign_mask, sign_mask_int
+
+__all__ = [
+    "FLAG_INF", "FLAG_NAN", "FLAG_SAT", "FORMAT_VERSION", "Encoded", "FormatParams", "Trace",
+    "decode", "decode_float", "encode", "encode_trace", "fwht", "hadamard", "sign_mask",
+    "sign_mask_int",
+]

@@ -1,0 +1,75 @@
+"""Command line: ``python -m sim_models encode IN.npy OUT.npz`` / ``decode IN.npz OUT.npy``.
+
+encode: IN.npy holds fp16 values (float16) or raw bit patterns (uint16), shape
+[vectors, N] (any leading axes). OUT.npz gets ``codes`` (uint8 [..., N*b/8]),
+``scales`` (uint8 [..., N/G]), ``flags`` (uint8 [...]) and ``params`` (JSON).
+decode: reads such an .npz (parameters from the file) and writes the
+reconstruction as float16 (fp16 input type) or uint16 bf16 bit patterns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .codec import decode, encode
+from .params import DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, FormatParams
+
+
+def _params_from_args(a) -> FormatParams:
+    return FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
+                        scale=a.scale, dtype=a.dtype,
+                        sign_seed=None if a.no_sign_flip else a.sign_seed)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim_models", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    enc = sub.add_parser("encode", help="fp16/bf16 vectors -> code plane, scale plane, flags")
+    enc.add_argument("inp", help="input .npy, float16 or uint16 bit patterns, [..., N]")
+    enc.add_argument("out", help="output .npz")
+    enc.add_argument("--n", type=int, default=None, help="lanes N (default: last axis of input)")
+    enc.add_argument("--block", type=int, default=64, help="block size G (default 64)")
+    enc.add_argument("--bits", type=int, default=3, help="code bits b (default 3)")
+    enc.add_argument("--mode", choices=QUANT_MODES, default="midtread")
+    enc.add_argument("--mant-bits", type=int, default=12, help="BFP mantissa width M (default 12)")
+    enc.add_argument("--scale", choices=SCALE_ENCODINGS, default="ue5m3")
+    enc.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default="fp16")
+    enc.add_argument("--sign-seed", type=int, default=DEFAULT_SIGN_SEED)
+    enc.add_argument("--no-sign-flip", action="store_true", help="disable the sign flip D")
+    dec = sub.add_parser("decode", help="code plane + scale plane -> reconstructed vectors")
+    dec.add_argument("inp", help="input .npz written by encode")
+    dec.add_argument("out", help="output .npy")
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "encode":
+            x = np.load(a.inp, allow_pickle=False)
+            if a.n is None:
+                a.n = int(x.shape[-1]) if x.ndim else 0
+            p = _params_from_args(a)
+            e = encode(x, p)
+            np.savez(a.out, codes=e.codes, scales=e.scales, flags=e.flags,
+                     params=np.array(json.dumps(p.to_dict())))
+            print(f"encoded {e.flags.size} vectors: {p.bytes_per_vector} bytes each "
+                  f"({p.bits_per_element:.3f} bits/element); flags set on "
+                  f"{int(np.count_nonzero(e.flags))}")
+        else:
+            with np.load(a.inp, allow_pickle=False) as z:
+                d = json.loads(str(z["params"]))
+                d.pop("format_version", None)
+                p = FormatParams(**d)
+                out = decode(z["codes"], z["scales"], p)
+            np.save(a.out, out.view(np.float16) if p.dtype == "fp16" else out)
+            print(f"decoded {out.size // p.n} vectors")
+    except (ValueError, TypeError, OSError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

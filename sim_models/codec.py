@@ -1,0 +1,169 @@
+"""Write path (encode) and read path (decode) of the format, docs/FORMAT.md.
+
+Encode, per vector of N lanes: special values -> sign flip D -> block floating
+point -> unnormalized FWHT (log2 N butterfly stages) -> per-block scale byte
+-> b-bit codes -> packing. Decode: unpack -> code * scale -> H / N -> D ->
+round to the input type (round to nearest even, saturating).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bfp import FLAG_SAT, to_block_fp
+from .fwht import fwht
+from .pack import pack_codes, unpack_codes
+from .params import FormatParams
+from .quant import choose_scales, dequantize, quantize_codes
+from .signs import sign_mask
+
+
+@dataclass
+class Encoded:
+    """Encoded vectors.
+
+    Attributes:
+        codes: uint8 [..., N*b/8], the code plane (FORMAT.md 4).
+        scales: uint8 [..., N/G], ue5m3 scale bytes, block k of lanes [kG, kG+G).
+        flags: uint8 [...], per-vector status bits FLAG_NAN | FLAG_INF | FLAG_SAT.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    flags: np.ndarray
+
+
+@dataclass
+class Trace:
+    """Intermediate values of the write path (for RTL/GPU debugging), [V, ...]."""
+
+    x: np.ndarray       # int64 [V, N] block-floating-point mantissas (after D)
+    u: np.ndarray       # int64 [V]    exponent of one mantissa unit
+    y: np.ndarray       # int64 [V, N] FWHT output, same unit
+    scales: np.ndarray  # uint8 [V, N/G]
+    codes: np.ndarray   # int64 [V, N] signed codes
+    flags: np.ndarray   # uint8 [V]
+
+
+def as_bits(x: np.ndarray, p: FormatParams) -> np.ndarray:
+    """Validate an input array and return its raw 16-bit patterns.
+
+    Args:
+        x: array [..., N]: uint16 bit patterns (fp16 or bf16 per ``p.dtype``),
+            or float16 values when ``p.dtype == "fp16"``.
+        p: format parameters.
+
+    Returns:
+        uint16 array [V, N] (a flattened view of the leading axes).
+
+    Raises:
+        TypeError: not a NumPy array, or a dtype other than uint16 / float16.
+        ValueError: fewer than one axis, or last axis != N.
+    """
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"input must be a numpy array, got {type(x).__name__}")
+    if x.dtype == np.float16:
+        if p.dtype != "fp16":
+            raise TypeError(f"float16 input given for dtype={p.dtype!r}; pass uint16 bit patterns")
+        x = x.view(np.uint16)
+    elif x.dtype != np.uint16:
+        raise TypeError(f"input dtype must be uint16 bit patterns or float16, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != p.n:
+        raise ValueError(f"input must have shape [..., N={p.n}], got {list(x.shape)}")
+    return np.ascontiguousarray(x).reshape(-1, p.n)
+
+
+def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
+    """Write path with all intermediates; ``bits`` is uint16 [V, N] (see :func:`as_bits`)."""
+    x, u, flags = to_block_fp(bits, p, sign_mask(p.n, p.sign_seed))
+    y = fwht(x)
+    scales, sat = choose_scales(y, u, p)
+    codes = quantize_codes(y, u, scales, p)
+    flags = flags | np.where(sat, FLAG_SAT, 0).astype(np.uint8)
+    return Trace(x=x, u=u, y=y, scales=scales, codes=codes, flags=flags)
+
+
+def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
+    """Encode K or V head vectors.
+
+    Args:
+        x: uint16 bit patterns or float16, shape [..., N].
+        p: format parameters (default :class:`FormatParams` ()).
+
+    Returns:
+        :class:`Encoded` with leading axes of ``x`` kept.
+
+    Raises:
+        TypeError, ValueError: see :func:`as_bits`.
+    """
+    p = p or FormatParams()
+    lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
+    bits = as_bits(x, p)
+    t = encode_trace(bits, p)
+    return Encoded(codes=pack_codes(t.codes, p.bits).reshape(*lead, p.code_bytes),
+                   scales=t.scales.reshape(*lead, p.n_blocks),
+                   flags=t.flags.reshape(lead))
+
+
+def _check_plane(name: str, a, lead, width: int) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != np.uint8:
+        raise TypeError(f"{name} must be uint8, got {a.dtype}")
+    if a.ndim < 1 or a.shape[-1] != width or (lead is not None and a.shape[:-1] != lead):
+        raise ValueError(f"{name} must have shape [..., {width}] matching the other plane, "
+                         f"got {list(a.shape)}")
+    return a.reshape(-1, width)
+
+
+def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
+    """Read path to exact real values: x_hat = D * (H @ (code * scale)) / N.
+
+    Args:
+        codes: uint8 code plane [..., N*b/8].
+        scales: uint8 scale plane [..., N/G] (same leading axes).
+        p: format parameters.
+
+    Returns:
+        float64 [..., N]. Exact: every term is an integer of < 8 bits times a
+        power of two, and the partial sums stay within float64's 53 bits.
+
+    Raises:
+        TypeError, ValueError: wrong dtype or shape of a plane.
+    """
+    p = p or FormatParams()
+    lead = codes.shape[:-1] if isinstance(codes, np.ndarray) else None
+    c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits)
+    s = _check_plane("scales", scales, lead, p.n_blocks)
+    yhat = dequantize(c, s, p)
+    xhat = fwht(yhat) / p.n
+    xhat = np.where(sign_mask(p.n, p.sign_seed)[None, :] == 1, -xhat, xhat)
+    return xhat.reshape(*lead, p.n)
+
+
+def round_to_input_type(v: np.ndarray, p: FormatParams) -> np.ndarray:
+    """float64 -> uint16 bit patterns of ``p.dtype``; round to nearest even, saturating.
+
+    Values beyond the largest finite magnitude become +-max (never inf); NaN is
+    not produced by decode and is rejected.
+    """
+    if np.isnan(v).any():
+        raise ValueError("cannot round NaN")
+    _, m_bits, bias = p.in_format
+    e_bits = p.in_format[0]
+    max_fin = np.ldexp(2.0 - 2.0 ** -m_bits, (1 << e_bits) - 2 - bias)
+    _, e = np.frexp(v)
+    q = np.maximum(e - 1, 1 - bias) - m_bits          # exponent of one ulp
+    r = np.ldexp(np.rint(np.ldexp(v, -q)), q)         # rint: round half to even
+    r = np.clip(r, -max_fin, max_fin)
+    if p.dtype == "fp16":
+        return r.astype(np.float16).view(np.uint16)
+    return (r.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def decode(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
+    """Read path to the input type: uint16 bit patterns [..., N] (see :func:`decode_float`)."""
+    p = p or FormatParams()
+    return round_to_input_type(decode_float(codes, scales, p), p)

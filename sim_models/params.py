@@ -1,0 +1,147 @@
+"""Format parameters of the fwht-kv KV-cache format, with validation.
+
+Every implementation (golden model, RTL generator, CUDA kernels) takes one
+:class:`FormatParams` and refuses parameters it does not support. The meaning
+of each field is specified in ``docs/FORMAT.md`` section 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+#: Version of the bit-level format defined by this package (docs/FORMAT.md).
+FORMAT_VERSION = 1
+
+#: Input element types, as (exponent bits, stored mantissa bits, exponent bias).
+INPUT_DTYPES = {
+    "fp16": (5, 10, 15),
+    "bf16": (8, 7, 127),
+}
+
+QUANT_MODES = ("midtread",)
+SCALE_ENCODINGS = ("ue5m3",)
+
+#: Default seed of the random sign flip D (docs/FORMAT.md section 3.2).
+DEFAULT_SIGN_SEED = 0
+
+N_RANGE = (8, 4096)
+MANT_BITS_RANGE = (6, 16)
+BITS_RANGE = (2, 4)
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+def _check_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class FormatParams:
+    """Parameters of one configuration of the format.
+
+    Attributes:
+        n: lanes per vector N (head_dim, or several heads concatenated); a power
+            of two in [8, 4096]. Default 128.
+        block: lanes per scale block G; must divide ``n`` and be >= 8. Default 64.
+        bits: code width b in {2, 3, 4}. Default 3.
+        mode: quantizer mode; ``"midtread"`` (symmetric mid-tread, codes in
+            [-(2^(b-1)-1), 2^(b-1)-1]).
+        mant_bits: width M of the signed block-floating-point mantissas that
+            enter the FWHT, sign included, in [6, 16]. Default 12 (exact for the
+            largest fp16 lane).
+        scale: scale-byte encoding; ``"ue5m3"`` (unsigned, 5 exponent bits,
+            3 mantissa bits, bias 7).
+        dtype: input element type, ``"fp16"`` or ``"bf16"``.
+        sign_seed: seed of the random sign flip D, or ``None`` for no flip.
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: a field is out of range; the message names the field.
+    """
+
+    n: int = 128
+    block: int = 64
+    bits: int = 3
+    mode: str = "midtread"
+    mant_bits: int = 12
+    scale: str = "ue5m3"
+    dtype: str = "fp16"
+    sign_seed: int | None = DEFAULT_SIGN_SEED
+
+    def __post_init__(self):
+        n = _check_int("n", self.n)
+        if not _is_pow2(n) or not N_RANGE[0] <= n <= N_RANGE[1]:
+            raise ValueError(
+                f"n (N) must be a power of two in [{N_RANGE[0]}, {N_RANGE[1]}], got {n}")
+        g = _check_int("block", self.block)
+        if g < 8 or g > n or n % g:
+            raise ValueError(f"block (G) must divide n={n} and be >= 8, got {g}")
+        b = _check_int("bits", self.bits)
+        if not BITS_RANGE[0] <= b <= BITS_RANGE[1]:
+            raise ValueError(f"bits (b) must be in {{2, 3, 4}}, got {b}")
+        m = _check_int("mant_bits", self.mant_bits)
+        if not MANT_BITS_RANGE[0] <= m <= MANT_BITS_RANGE[1]:
+            raise ValueError(
+                f"mant_bits (M) must be in [{MANT_BITS_RANGE[0]}, {MANT_BITS_RANGE[1]}], got {m}")
+        for name, value, allowed in (("mode", self.mode, QUANT_MODES),
+                                     ("scale", self.scale, SCALE_ENCODINGS),
+                                     ("dtype", self.dtype, tuple(INPUT_DTYPES))):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.sign_seed is not None:
+            s = _check_int("sign_seed", self.sign_seed)
+            if not 0 <= s < 2**64:
+                raise ValueError(f"sign_seed must be in [0, 2^64) or None, got {s}")
+
+    # Derived quantities -------------------------------------------------------
+    @property
+    def log2n(self) -> int:
+        """Number of butterfly stages, log2(N)."""
+        return self.n.bit_length() - 1
+
+    @property
+    def n_blocks(self) -> int:
+        """Scale blocks per vector, N / G."""
+        return self.n // self.block
+
+    @property
+    def qmax(self) -> int:
+        """Largest code magnitude of the mid-tread quantizer, 2^(b-1) - 1."""
+        return (1 << (self.bits - 1)) - 1
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of the code plane per vector, N*b/8."""
+        return self.n * self.bits // 8
+
+    @property
+    def bytes_per_vector(self) -> int:
+        """Stored bytes per vector: code plane plus one scale byte per block."""
+        return self.code_bytes + self.n_blocks
+
+    @property
+    def bits_per_element(self) -> float:
+        """Average stored bits per element, b + 8/G."""
+        return 8 * self.bytes_per_vector / self.n
+
+    @property
+    def fwht_width(self) -> int:
+        """Signed width of the FWHT output, M + log2(N) (one bit per stage)."""
+        return self.mant_bits + self.log2n
+
+    @property
+    def in_format(self) -> tuple[int, int, int]:
+        """(exponent bits, stored mantissa bits, bias) of the input type."""
+        return INPUT_DTYPES[self.dtype]
+
+    def to_dict(self) -> dict:
+        """Plain dict of the fields plus the format version (for manifests)."""
+        d = asdict(self)
+        d["format_version"] = FORMAT_VERSION
+        return d
