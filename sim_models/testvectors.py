@@ -113,3 +113,15 @@ def checksum(bits: np.ndarray, p: FormatParams) -> str:
     for a in (bits, e.codes, e.scales, e.flags):
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:16]
+
+
+#: Pinned checksums of the sets (500 random vectors; default params with G = 64)
+#: under format version 1 and VECTORS_VERSION 1. A change here is a format change.
+CHECKSUMS = {
+    ("random", 64): "1bf4b1bfd3bc7698",
+    ("random", 128): "30f71e62d4b8145f",
+    ("random", 256): "fdba45e0316bc307",
+    ("adversarial", 64): "37ef2e0a6df96dd4",
+    ("adversarial", 128): "b0ecd209dd47942c",
+    ("adversarial", 256): "96312a1af3834de7",
+}
