@@ -1,0 +1,157 @@
+"""Vector sources and expected output words for the kv_epilogue testbench.
+
+Everything here is plain NumPy, shared by the cocotb testbench (which runs
+inside the simulator process) and the pytest / ``python -m verif.sim`` drivers.
+
+Vector sets (uint16 fp16 bit patterns, [V, N]):
+    random       sim_models.testvectors.random_vectors(N, count, seed)
+    adversarial  sim_models.testvectors.adversarial_vectors(N, seed) (whole set)
+    real         the SmolLM2-135M K/V capture verif/data/smollm2_kv.npz (keys
+                 ``k``, ``v``: uint16 [layers, tokens, kv_heads, head_dim]).
+                 N == head_dim: every head vector of K then V. N == 2*head_dim:
+                 adjacent heads concatenated (h, h+1) for h = 0 .. kv_heads-2.
+
+Port encodings (docs in tb_epilogue.py): the input payload is lane k's fp16 bits
+at [16k, 16k+16); the output payload is
+``codes | scales << (N*b) | flags << (N*b + 8*N/G)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim_models import FormatParams, encode
+from sim_models.testvectors import adversarial_vectors, random_vectors
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "verif" / "data" / "smollm2_kv.npz"
+
+
+def out_width(p: FormatParams) -> int:
+    """Width of o__payload: N*b code bits + 8 bits per block + 3 flag bits."""
+    return p.n * p.bits + 8 * p.n_blocks + 3
+
+
+def flags_shift(p: FormatParams) -> int:
+    return p.n * p.bits + 8 * p.n_blocks
+
+
+# --- vector sets -------------------------------------------------------------
+
+def real_vectors(n: int, path: Path | str = FIXTURE, limit: int | None = None) -> np.ndarray:
+    """Real K/V vectors from the capture, uint16 [V, n] (see module docstring).
+
+    ``limit`` takes an evenly strided subsample of at most ``limit`` vectors
+    (deterministic), used by quick runs.
+
+    Raises:
+        FileNotFoundError: the fixture is missing.
+        ValueError: unexpected keys, dtype or shape, or n not in {hd, 2*hd}.
+    """
+    path = Path(path)
+    with np.load(path, allow_pickle=False) as z:
+        if "k" not in z or "v" not in z:
+            raise ValueError(f"{path}: expected keys 'k' and 'v', got {sorted(z.files)}")
+        k, v = z["k"], z["v"]
+    for name, a in (("k", k), ("v", v)):
+        if a.dtype != np.uint16 or a.ndim != 4:
+            raise ValueError(f"{path}: {name} must be uint16 [layers, tokens, heads, head_dim], "
+                             f"got {a.dtype} {list(a.shape)}")
+    hd, heads = k.shape[-1], k.shape[-2]
+    parts = []
+    for a in (k, v):
+        if n == hd:
+            parts.append(a.reshape(-1, hd))
+        elif n == 2 * hd and heads >= 2:
+            for h in range(heads - 1):
+                parts.append(np.concatenate([a[..., h, :], a[..., h + 1, :]], axis=-1).reshape(-1, n))
+        else:
+            raise ValueError(f"real vectors: N={n} is neither head_dim={hd} nor 2*head_dim")
+    out = np.ascontiguousarray(np.concatenate(parts, axis=0))
+    if limit is not None and out.shape[0] > limit:
+        idx = np.linspace(0, out.shape[0] - 1, limit).round().astype(np.int64)
+        out = out[idx]
+    return out
+
+
+def get_set(name: str, n: int, count: int | None = None, seed: int = 0,
+            fixture: Path | str = FIXTURE) -> np.ndarray:
+    """One vector set by name: ``random`` (count vectors), ``adversarial``, ``real``.
+
+    For ``adversarial`` and ``real`` a ``count`` limits the set (``None``: all).
+    """
+    if name == "random":
+        return random_vectors(n, 1000 if count is None else count, seed)
+    if name == "adversarial":
+        a = adversarial_vectors(n, seed)
+        return a if count is None else a[:count]
+    if name == "real":
+        return real_vectors(n, fixture, count)
+    raise ValueError(f"unknown vector set {name!r}")
+
+
+# --- port words --------------------------------------------------------------
+
+def input_words(bits: np.ndarray) -> list[int]:
+    """uint16 [V, N] -> one Python int per vector (lane k at bits [16k, 16k+16))."""
+    b = np.ascontiguousarray(bits.astype("<u2"))
+    raw = b.tobytes()
+    step = b.shape[1] * 2
+    return [int.from_bytes(raw[i:i + step], "little") for i in range(0, len(raw), step)]
+
+
+def expected_golden(bits: np.ndarray, p: FormatParams):
+    """Golden output words and their flags: (list[int], uint8 [V])."""
+    e = encode(bits, p)
+    planes = np.ascontiguousarray(np.concatenate([e.codes, e.scales], axis=1))
+    raw = planes.tobytes()
+    step = planes.shape[1]
+    sh = flags_shift(p)
+    flags = e.flags.astype(np.uint8)
+    words = [int.from_bytes(raw[i * step:(i + 1) * step], "little") | (int(f) << sh)
+             for i, f in enumerate(flags.tolist())]
+    return words, flags
+
+
+def expected_stub(bits: np.ndarray, p: FormatParams):
+    """Output words of verif/stub (low out_width bits of the input payload)."""
+    mask = (1 << out_width(p)) - 1
+    words = [w & mask for w in input_words(bits)]
+    sh = flags_shift(p)
+    flags = np.array([(w >> sh) & 7 for w in words], dtype=np.uint8)
+    return words, flags
+
+
+MODELS = {"golden": expected_golden, "stub": expected_stub}
+
+
+def split_word(w: int, p: FormatParams) -> dict:
+    """Output word -> {'codes': bytes, 'scales': bytes, 'flags': int} (for messages)."""
+    cb = p.code_bytes
+    codes = (w & ((1 << (8 * cb)) - 1)).to_bytes(cb, "little")
+    scales = ((w >> (8 * cb)) & ((1 << (8 * p.n_blocks)) - 1)).to_bytes(p.n_blocks, "little")
+    return {"codes": codes, "scales": scales, "flags": (w >> flags_shift(p)) & 7}
+
+
+def describe_mismatch(got: int, exp: int, p: FormatParams) -> str:
+    """Short human-readable diff of two output words."""
+    g, e = split_word(got, p), split_word(exp, p)
+    parts = []
+    if g["flags"] != e["flags"]:
+        parts.append(f"flags got {g['flags']:03b} exp {e['flags']:03b}")
+    sd = [j for j in range(p.n_blocks) if g["scales"][j] != e["scales"][j]]
+    if sd:
+        parts.append("scales differ in blocks " + ", ".join(
+            f"{j}: got 0x{g['scales'][j]:02x} exp 0x{e['scales'][j]:02x}" for j in sd[:4]))
+    if g["codes"] != e["codes"]:
+        from sim_models.pack import unpack_codes
+        gc = unpack_codes(np.frombuffer(g["codes"], np.uint8)[None], p.n, p.bits)[0]
+        ec = unpack_codes(np.frombuffer(e["codes"], np.uint8)[None], p.n, p.bits)[0]
+        lanes = np.flatnonzero(gc != ec)
+        parts.append(f"codes differ in {lanes.size} lanes (first: " + ", ".join(
+            f"lane {int(k)} got {int(gc[k])} exp {int(ec[k])}" for k in lanes[:6]) + ")")
+    if got >> (flags_shift(p) + 3):
+        parts.append("bits above the flags field set")
+    return "; ".join(parts) or "identical"
