@@ -77,7 +77,7 @@ def directed_vectors(p: FormatParams, rng: np.random.Generator) -> np.ndarray:
     vecs.append(rng.integers(0, 1 << m_bits, n).astype(np.uint16)
                 | (rng.integers(0, 2, n).astype(np.uint16) << 15))  # random subnormals
     v = z.copy(); v[n - 1] = 1; vecs.append(v)             # one tiny lane
-    v = z.copy(); v[7] = max_fin; v[8] = 1; vecs.append(v)  # huge + tiny (shift > M)
+    v = z.copy(); v[n - 2] = max_fin; v[1] = 1; vecs.append(v)  # huge + tiny (shift > M)
     # Hadamard rows: after the sign flip the vector is c * H[r], so the FWHT puts
     # all the energy (N * c) into lane r
     h = hadamard(n)

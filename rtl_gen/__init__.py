@@ -47,22 +47,21 @@ def build(params: FormatParams, latency: int = 2) -> KVEpilogue:
     return KVEpilogue(params, latency)
 
 
-def ports(params: FormatParams) -> list[dict]:
-    """Verilog ports of the top level: name, direction, width."""
+def ports(params: FormatParams) -> dict:
+    """Verilog ports of the top level: {name: {"dir": "input"|"output", "width": w}}."""
     p = params
-    ow = output_layout(p).size
-    return [
-        {"name": "clk", "dir": "input", "width": 1},
-        {"name": "rst", "dir": "input", "width": 1},
-        {"name": "i__valid", "dir": "input", "width": 1},
-        {"name": "i__ready", "dir": "output", "width": 1},
-        {"name": "i__payload", "dir": "input", "width": 16 * p.n},
-        {"name": "o__valid", "dir": "output", "width": 1},
-        {"name": "o__ready", "dir": "input", "width": 1},
-        {"name": "o__payload", "dir": "output", "width": ow},
-        {"name": "status", "dir": "output", "width": 3},
-        {"name": "status_clear", "dir": "input", "width": 1},
-    ]
+    return {
+        "clk": {"dir": "input", "width": 1},
+        "rst": {"dir": "input", "width": 1},
+        "i__valid": {"dir": "input", "width": 1},
+        "i__ready": {"dir": "output", "width": 1},
+        "i__payload": {"dir": "input", "width": 16 * p.n},
+        "o__valid": {"dir": "output", "width": 1},
+        "o__ready": {"dir": "input", "width": 1},
+        "o__payload": {"dir": "output", "width": output_layout(p).size},
+        "status": {"dir": "output", "width": 3},
+        "status_clear": {"dir": "input", "width": 1},
+    }
 
 
 def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME) -> dict:

@@ -1,0 +1,202 @@
+"""End-to-end tests of hw.KVEpilogue (amaranth.sim) against sim_models.encode.
+
+Every vector's output payload (codes | scales | flags) must equal the golden
+model's bit for bit, in order, with no loss or duplication, under random
+input gaps, random o.ready stalls and random status_clear pulses. The
+testbench also checks the stream rules (payload/valid held while stalled),
+``i.ready == o.ready | ~o.valid``, the sticky status register cycle by cycle,
+and the exact latency (``latency_cycles``) and full rate when not stalled.
+
+The quick selection below runs in well under a minute; HW_FULL=1 runs the
+full cross product N in {64, 128}, b in {2, 3, 4}, latency in {0, 1, 2, log2 N}
+with 300 random vectors each, plus N=256 and other block sizes (slow).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from amaranth.sim import Simulator
+
+from hw import KVEpilogue
+from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload
+from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
+from sim_models.params import FormatParams
+
+FULL = os.environ.get("HW_FULL", "") not in ("", "0")
+
+
+def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
+            p_valid: float = 0.8, p_ready: float = 0.7, p_clear: float = 0.05,
+            free_run_first: int = 12):
+    """Push directed + random vectors through the DUT; returns (inputs, expected, got, stats).
+
+    The first ``free_run_first`` vectors go with i.valid and o.ready held high
+    (latency and full-rate check); the rest with random gaps and stalls.
+    """
+    vecs = make_vectors(p, n_random, seed)
+    ins = pack_input(vecs)
+    exp = expected_payloads(vecs, p)
+    dut = KVEpilogue(p, latency)
+    lat = dut.latency_cycles
+    assert lat == latency + 3
+    rnd = random.Random(seed)
+    got, in_cyc, out_cyc = [], [], []
+    flags_shift = p.n * p.bits + 8 * p.n_blocks
+    stats = {"stall_cycles": 0, "clears": 0}
+
+    async def tb(ctx):
+        idx, cyc, held, status_model = 0, 0, None, 0
+        while len(got) < len(ins):
+            assert cyc < 40 * len(ins) + 100, "DUT stopped producing outputs"
+            free = cyc < free_run_first + lat           # phase 1: no stalls, no gaps
+            if free:
+                iv = idx < min(free_run_first, len(ins))
+            else:
+                iv = idx < len(ins) and rnd.random() < p_valid
+            ordy = free or rnd.random() < p_ready
+            clr = not free and rnd.random() < p_clear
+            ctx.set(dut.i.valid, iv)
+            ctx.set(dut.i.payload, ins[idx] if iv else rnd.getrandbits(16 * p.n))
+            ctx.set(dut.o.ready, ordy)
+            ctx.set(dut.status_clear, clr)
+            ov = ctx.get(dut.o.valid)
+            op = ctx.get(dut.o.payload.as_value())
+            ir = ctx.get(dut.i.ready)
+            assert ctx.get(dut.status) == status_model, f"status at cycle {cyc}"
+            assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
+            if held is not None:
+                assert ov and op == held, f"output changed while stalled at cycle {cyc}"
+            if iv and ir:
+                in_cyc.append(cyc)
+                idx += 1
+            if ov and ordy:
+                got.append(op)
+                out_cyc.append(cyc)
+            stats["stall_cycles"] += bool(ov and not ordy)
+            stats["clears"] += clr
+            held = op if ov and not ordy else None
+            status_model = (0 if clr else status_model) | ((op >> flags_shift) if ov and ordy else 0)
+            await ctx.tick()
+            cyc += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    # exact latency and one vector per cycle while nothing stalls
+    for i in range(free_run_first):
+        assert out_cyc[i] - in_cyc[i] == lat, f"latency of vector {i}"
+        if i:
+            assert in_cyc[i] == in_cyc[i - 1] + 1 and out_cyc[i] == out_cyc[i - 1] + 1
+    assert all(o - i >= lat for i, o in zip(in_cyc, out_cyc))
+    return ins, exp, got, stats
+
+
+def check(p: FormatParams, latency: int, n_random: int, seed: int = 1, **kw):
+    ins, exp, got, stats = run_dut(p, latency, n_random, seed, **kw)
+    assert len(got) == len(exp)
+    bad = [i for i, (g, e) in enumerate(zip(got, exp)) if g != e]
+    if bad:
+        i = bad[0]
+        gc, gs, gf = split_payload(got[i], p)
+        ec, es, ef = split_payload(exp[i], p)
+        pytest.fail(f"{len(bad)}/{len(exp)} vectors differ; first #{i}: scales {gs:#x} vs {es:#x}, "
+                    f"flags {gf} vs {ef}, codes {'equal' if gc == ec else 'differ'}")
+    assert stats["stall_cycles"] > 0
+    return exp
+
+
+def _flags_seen(exp, p):
+    f = 0
+    for v in exp:
+        f |= split_payload(v, p)[2]
+    return f
+
+
+def test_default_config():
+    p = FormatParams()                       # N=128, G=64, b=3, M=12, fp16, seed 0
+    exp = check(p, 2, 120)
+    assert _flags_seen(exp, p) == FLAG_NAN | FLAG_INF   # fp16 at N=128 cannot saturate
+
+
+QUICK = [
+    # (n, block, bits, latency, mant_bits, dtype, n_random)
+    (64, 64, 2, 0, 12, "fp16", 40),
+    (64, 64, 3, 1, 12, "fp16", 40),
+    (64, 32, 4, 6, 12, "fp16", 40),
+    (64, 64, 3, 2, 12, "fp16", 40),
+    (128, 64, 2, 7, 12, "fp16", 12),
+    (128, 32, 4, 1, 12, "fp16", 12),
+    (64, 32, 2, 3, 8, "bf16", 40),           # bf16: saturating scales (FLAG_SAT)
+    (16, 8, 3, 2, 16, "fp16", 40),           # M = 16: exact left shifts in the BFP
+    (8, 8, 4, 3, 6, "fp16", 40),             # M = 6: large alignment shifts, clamping
+]
+
+
+@pytest.mark.parametrize("n,block,bits,latency,mant_bits,dtype,n_random", QUICK)
+def test_configs(n, block, bits, latency, mant_bits, dtype, n_random):
+    p = FormatParams(n=n, block=block, bits=bits, mant_bits=mant_bits, dtype=dtype, sign_seed=7)
+    exp = check(p, latency, n_random, seed=n + bits + latency)
+    if dtype == "bf16":
+        assert _flags_seen(exp, p) & FLAG_SAT
+
+
+def test_no_sign_flip():
+    p = FormatParams(n=64, block=32, sign_seed=None)
+    check(p, 2, 24)
+
+
+def _full_cases():
+    cases = []
+    for n in (64, 128):
+        for b in (2, 3, 4):
+            for lat in sorted({0, 1, 2, n.bit_length() - 1}):
+                cases.append((n, 64, b, lat, 12, "fp16"))
+    cases += [(256, 64, 3, 2, 12, "fp16"), (256, 128, 2, 8, 12, "fp16"),
+              (128, 32, 3, 3, 12, "fp16"), (128, 128, 4, 2, 12, "fp16"),
+              (128, 64, 3, 2, 12, "bf16"), (64, 8, 2, 1, 10, "bf16")]
+    return cases
+
+
+@pytest.mark.skipif(not FULL, reason="set HW_FULL=1 for the full cross product (slow)")
+@pytest.mark.parametrize("n,block,bits,latency,mant_bits,dtype", _full_cases())
+def test_full_cross_product(n, block, bits, latency, mant_bits, dtype):
+    p = FormatParams(n=n, block=block, bits=bits, mant_bits=mant_bits, dtype=dtype)
+    check(p, latency, 300 if n <= 128 else 60, seed=3 * n + bits + latency)
+
+
+# ---- error paths ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("latency", [-1, 8, 99])
+def test_bad_latency(latency):
+    with pytest.raises(ValueError, match="latency"):
+        KVEpilogue(FormatParams(), latency)
+
+
+@pytest.mark.parametrize("latency", ["2", 2.0, True, None])
+def test_bad_latency_type(latency):
+    with pytest.raises(TypeError, match="latency"):
+        KVEpilogue(FormatParams(), latency)
+
+
+def test_bad_params_type():
+    with pytest.raises(TypeError, match="params"):
+        KVEpilogue({"n": 128}, 2)
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"n": 96}, "n"), ({"block": 48}, "block"), ({"bits": 5}, "bits"),
+    ({"mant_bits": 17}, "mant_bits"), ({"dtype": "fp8"}, "dtype"), ({"mode": "x"}, "mode"),
+])
+def test_bad_format_params(kw, field):
+    with pytest.raises(ValueError, match=field):
+        KVEpilogue(FormatParams(**kw), 2)
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_latency_property():
+    for lat in range(8):
+        assert KVEpilogue(FormatParams(), lat).latency_cycles == lat + 3

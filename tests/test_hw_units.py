@@ -1,0 +1,234 @@
+"""Unit tests of the RTL blocks (amaranth.sim) against sim_models, bit for bit.
+
+* ScaleSelect: every block maximum A in [0, 4096) at u values in the subnormal,
+  normal and saturating ranges, plus every u in a wide range for every
+  normalized mantissa pattern (A in [2^J, 2^(J+1)), with and without a sticky
+  bit), plus random 18-bit A, for qmax = 1, 3, 7.
+* Thresholds: every scale byte 1..255 at many u: each threshold is exactly the
+  smallest |y| that the golden compare counts.
+* FrontEnd vs sim_models.bfp.to_block_fp (fp16/bf16, several M).
+* FWHT vs sim_models.fwht for every latency, with stalls.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+from amaranth.hdl import Elaboratable, Module, Signal, signed
+from amaranth.sim import Simulator
+
+from hw.frontend import FrontEnd, u_range
+from hw.fwht import FWHT, register_positions
+from hw.quantizer import ScaleSelect, Thresholds
+from hw.stimulus import directed_vectors, pack_input, random_vectors
+from sim_models.bfp import to_block_fp
+from sim_models.fwht import fwht
+from sim_models.params import FormatParams
+from sim_models.scale import ge_pow2, scale_sig_exp, smallest_scale_at_least
+from sim_models.signs import sign_mask
+
+BANK = 64          # parallel copies of the unit under test per simulation step
+U_SHAPE = signed(8)
+A_WIDTH = 18       # |y| width of the default configuration (M - 1 + log2 N)
+#: HW_FULL=1: exhaustive sweeps (minutes) instead of the quick selection
+FULL = os.environ.get("HW_FULL", "") not in ("", "0")
+
+
+class _Bank(Elaboratable):
+    def __init__(self, units):
+        self.units = units
+
+    def elaborate(self, platform):
+        m = Module()
+        for i, s in enumerate(self.units):
+            m.submodules[f"u{i}"] = s
+        return m
+
+
+def _check_scale_select(qmax: int, cases: list[tuple[int, int]]):
+    """cases: (A, u) pairs; compares byte and sat with the golden binary search."""
+    a = np.array([c[0] for c in cases], dtype=np.int64)
+    u = np.array([c[1] for c in cases], dtype=np.int64)
+    exp_b, exp_s = smallest_scale_at_least(qmax, a, u)
+    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, qmax) for _ in range(BANK)])
+    bad = []
+
+    async def tb(ctx):
+        for c0 in range(0, len(cases), BANK):
+            chunk = range(c0, min(c0 + BANK, len(cases)))
+            for s, i in zip(bank.units, chunk):
+                ctx.set(s.a, int(a[i]))
+                ctx.set(s.u, int(u[i]))
+            for s, i in zip(bank.units, chunk):
+                got = (ctx.get(s.byte), ctx.get(s.sat))
+                if got != (int(exp_b[i]), int(exp_s[i])):
+                    bad.append((int(a[i]), int(u[i]), got, (int(exp_b[i]), bool(exp_s[i]))))
+
+    sim = Simulator(bank)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not bad, f"{len(bad)} mismatches (A, u, got, expected), first: {bad[:8]}"
+    return exp_b, exp_s
+
+
+def _j(qmax: int) -> int:
+    return (15 * qmax).bit_length() - 1
+
+
+@pytest.mark.parametrize("qmax", [1, 3, 7])
+def test_scale_select_every_a_below_4096(qmax):
+    """Every A in [0, 4096), each at a u that puts its exponent field e next to a
+    regime boundary (subnormal/normal at e = 0/1, saturation at e = 31/32) or
+    mid-range; with HW_FULL=1 every A at every u in [-48, 40]."""
+    j = _j(qmax)
+    if FULL:
+        cases = [(a, uu) for uu in range(-48, 41) for a in range(4096)]
+    else:
+        targets = (-2, -1, 0, 1, 2, 17, 30, 31, 32, 33)
+        cases = []
+        for a in range(4096):
+            k = max(a.bit_length() - 1, 0)
+            e = targets[(a * 7 + (a >> 4)) % len(targets)]
+            cases.append((a, e - k - 10 + j))
+    b, s = _check_scale_select(qmax, cases)
+    assert {1, 7, 8, 255} <= set(b.tolist())
+    assert s.any() and (~s).any()
+
+
+@pytest.mark.parametrize("qmax", [1, 3, 7])
+def test_scale_select_every_u(qmax):
+    """Every normalized mantissa pattern R = top J+1 bits (+ a sticky variant) at
+    every u from deep subnormal to saturation."""
+    j = _j(qmax)
+    base = list(range(1 << j, 1 << (j + 1)))
+    avals = base + [(v << 5) | 1 for v in base[-4:]] + [1, 3, (1 << A_WIDTH) - 1]
+    cases = [(a, uu) for uu in range(-j - 16, 26 - j // 2) for a in avals]
+    # plus random A over the full 18-bit range at random u
+    rng = np.random.default_rng(qmax)
+    ra = rng.integers(0, 1 << A_WIDTH, 256)
+    ra[::3] >>= rng.integers(0, A_WIDTH, len(ra[::3]))
+    cases += list(zip(ra.tolist(), rng.integers(-40, 20, len(ra)).tolist()))
+    b, s = _check_scale_select(qmax, cases)
+    assert {1, 7, 8, 255} <= set(b.tolist())
+
+
+@pytest.mark.parametrize("qmax", [1, 3, 7])
+def test_thresholds_every_byte(qmax):
+    wy = A_WIDTH
+    sat_val = 1 << wy
+    us = range(-40, 31) if FULL else range(-40, 31, 10)
+    cases = [(byte, u) for u in us for byte in range(1, 256)]
+    bank = _Bank([Thresholds(wy, U_SHAPE, qmax) for _ in range(BANK)])
+    got = []
+
+    async def tb(ctx):
+        for c0 in range(0, len(cases), BANK):
+            chunk = cases[c0:c0 + BANK]
+            for t, (byte, u) in zip(bank.units, chunk):
+                ctx.set(t.byte, byte)
+                ctx.set(t.u, u)
+            for t, _ in zip(bank.units, chunk):
+                got.append([ctx.get(t.th[j]) for j in range(qmax)])
+
+    sim = Simulator(bank)
+    sim.add_testbench(tb)
+    sim.run()
+    th = np.array(got, dtype=np.int64)
+    byte = np.array([c[0] for c in cases])
+    u = np.array([c[1] for c in cases])
+    sig, exp = scale_sig_exp(byte)
+    for j in range(1, qmax + 1):
+        t = th[:, j - 1]
+        c = (2 * j - 1) * sig
+        assert (t >= 1).all() and (t <= sat_val).all()
+        below = t - 1
+        # |y| = t - 1 must not count (also when t is saturated, 2^wy - 1 is the largest |y|)
+        assert not ge_pow2(2 * below, u, c, exp).any()
+        ok = t < sat_val
+        assert ge_pow2(2 * t[ok], u[ok], c[ok], exp[ok]).all()
+
+
+@pytest.mark.parametrize("dtype,mant_bits,n", [
+    ("fp16", 12, 16), ("fp16", 6, 16), ("fp16", 11, 8), ("fp16", 16, 16),
+    ("bf16", 12, 16), ("bf16", 6, 8), ("bf16", 16, 8),
+])
+def test_frontend_matches_bfp(dtype, mant_bits, n):
+    p = FormatParams(n=n, block=8, mant_bits=mant_bits, dtype=dtype, sign_seed=3)
+    rng = np.random.default_rng(mant_bits)
+    vecs = np.concatenate([directed_vectors(p, rng), random_vectors(p, 48, rng)])
+    x, u, flags = to_block_fp(vecs, p, sign_mask(p.n, p.sign_seed))
+    lo, hi = u_range(p)
+    assert lo <= u.min() and u.max() <= hi
+    fe = FrontEnd(p)
+    ins = pack_input(vecs)
+    bad = []
+
+    async def tb(ctx):
+        for v, word in enumerate(ins):
+            ctx.set(fe.bits, word)
+            gx = [ctx.get(fe.x[k]) for k in range(n)]
+            gu, gf = ctx.get(fe.u), ctx.get(fe.flags)
+            if gx != x[v].tolist() or gu != u[v] or gf != flags[v]:
+                bad.append(v)
+
+    sim = Simulator(fe)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not bad, f"front end mismatches on vectors {bad[:10]}"
+
+
+def test_register_positions():
+    assert register_positions(7, 2) == [4, 7]
+    assert register_positions(7, 1) == [7]
+    assert register_positions(7, 0) == []
+    assert register_positions(7, 7) == [1, 2, 3, 4, 5, 6, 7]
+    assert register_positions(6, 4) == [2, 3, 5, 6]
+    assert register_positions(8, 3) == [3, 6, 8]
+    with pytest.raises(ValueError, match="latency"):
+        register_positions(7, 8)
+
+
+@pytest.mark.parametrize("n,latency", [(8, 0), (8, 1), (8, 2), (8, 3), (16, 2), (64, 6)])
+def test_fwht_matches_golden_with_stalls(n, latency):
+    width = 12
+    rng = np.random.default_rng(n + latency)
+    xs = rng.integers(-(1 << (width - 1)) + 1, 1 << (width - 1), (40, n))
+    xs[0] = (1 << (width - 1)) - 1          # largest growth: all lanes max
+    xs[1] = -(1 << (width - 1)) + 1
+    want = fwht(xs)
+    dut = FWHT(n, width, latency, side_width=4)
+    top = Module()
+    top.submodules.dut = dut
+    tick = Signal()
+    top.d.sync += tick.eq(~tick)      # gives latency 0 a clock domain too
+    got = []
+    rnd = random.Random(latency)
+
+    async def tb(ctx):
+        idx = 0
+        for _ in range(200):
+            en = rnd.random() < 0.7
+            ctx.set(dut.en, en)
+            ctx.set(dut.i_valid, idx < len(xs))
+            if idx < len(xs):
+                for k in range(n):
+                    ctx.set(dut.x[k], int(xs[idx, k]))
+                ctx.set(dut.side_i, idx & 15)
+            if latency == 0 or en:
+                if ctx.get(dut.o_valid):
+                    got.append(([ctx.get(dut.y[k]) for k in range(n)], ctx.get(dut.side_o)))
+                if idx < len(xs):
+                    idx += 1
+            await ctx.tick()
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert len(got) >= len(xs) - latency
+    for i, (y, side) in enumerate(got):
+        assert y == want[i].tolist(), f"vector {i}"
+        assert side == i & 15
