@@ -1,0 +1,594 @@
+// fwht-kv fused decode attention over the packed 3-bit cache (flash-decoding, split-KV).
+//
+// Math (sim_models/fwht.py): with y = H D x and H H = N I,
+//   q . k_hat = (H D q) . y_hat_k / N,      o = D H ( sum_t p_t y_hat_v,t ) / N,
+// where y_hat = code * scale (scale per block of G lanes). So the kernel rotates q once
+// (q~ = H D q, fp32 in shared memory), never rotates K or V, and rotates the output back once.
+//
+// Cache layout (all uint8, one plane each, contiguous, 16-byte aligned):
+//   k_codes, v_codes  [B, KVH, CAP, N*3/8]   the golden model's code rows (LSB-first 3-bit fields)
+//   k_scales, v_scales [B, KVH, CAP, N/G]     ue5m3 scale bytes
+// CAP must be a multiple of 16 (so 16-byte copies of a partial tile stay inside the plane).
+//
+// Work split: grid (S splits, KVH * HT head tiles, B). A CTA of 4 warps handles one
+// (batch, kv head, tile of <= 8 q heads of its GQA group) over one token range; each warp
+// streams its own 64-token tiles through a STAGES-deep cp.async pipeline in shared memory.
+// Per tile, in registers:
+//   S^T[16 tokens x 8 heads] = Kcodes[16 x 16 lanes] . q~'[16 lanes x 8 heads]   (mma m16n8k16,
+//      K codes as fp16 "1 + (c+4) 2^(o-10)" built by PRMT + LOP3 from the packed bytes; the
+//      constant part is removed by starting the accumulator at -Z; q~' is split hi+lo fp16 so
+//      q is carried to ~2^-22), one accumulator per scale block, then times the K scale;
+//   online softmax (exp2, running max) per head;
+//   O^T[16 lanes x 8 heads] += Vcodes^T[16 lanes x 16 tokens] . P'^T[16 tokens x 8 heads]
+//      with exact small-integer fp16 codes (PRMT + LOP3 + HFMA2) and P' = p * v_scale * 2^-E
+//      (E: running max exponent of the V scales, folded into the rescale), transposed into the
+//      B operand with movmatrix.
+// The 4 warps merge in shared memory; splits write fp32 partials (m, l, acc in the rotated
+// domain); the last CTA of a (batch, head tile) (atomic ticket) merges the splits, applies
+// D H / N and writes the output. Nothing but the packed bytes is read from the cache.
+//
+// Self-contained (no headers) so that NVRTC (CuPy) and nvcc both compile it.
+
+typedef unsigned long long kv_u64;
+typedef unsigned int kv_u32;
+typedef unsigned short kv_u16;
+typedef unsigned char kv_u8;
+
+#ifndef KV_COMMON_DEFINED
+#define KV_COMMON_DEFINED
+__host__ __device__ constexpr kv_u64 kv_splitmix64(kv_u64 seed, int w) {
+  kv_u64 z = seed + (kv_u64)(w + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__host__ __device__ constexpr bool kv_sign(kv_u64 seed, int has_sign, int i) {
+  return has_sign != 0 && ((kv_splitmix64(seed, i >> 6) >> (i & 63)) & 1ull) != 0;
+}
+__host__ __device__ constexpr int kv_ilog2(int v) { return v <= 1 ? 0 : 1 + kv_ilog2(v >> 1); }
+#endif
+
+namespace kv_dec {
+
+// Lanes (within a 16-lane chunk = one mma k-step) that thread tig = lane % 4 feeds to the
+// QK mma: pair 0 -> virtual k (2tig, 2tig+1), pair 1 -> (2tig+8, 2tig+9); (lo lane, hi lane).
+// Chosen so that each pair's two 3-bit fields sit in byte pairs that one PRMT can gather.
+__constant__ int kpairs[4][2][2] = {{{0, 3}, {1, 4}}, {{8, 11}, {9, 12}}, {{6, 14}, {7, 15}}, {{2, 5}, {10, 13}}};
+
+__device__ __forceinline__ float h2f(kv_u32 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+  return f;
+}
+__device__ __forceinline__ kv_u32 f2h(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ kv_u32 pack_h2(float lo, float hi) {
+  kv_u32 d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ kv_u32 lop_field(kv_u32 x, kv_u32 a, kv_u32 b) {
+  // per bit: a ? (b ? ~x : x) : b   (field bits, XOR-4 bit, constant exponent bits)
+  kv_u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(x), "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ kv_u32 hfma2(kv_u32 a, kv_u32 b, kv_u32 c) {
+  kv_u32 d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ kv_u32 movtrans(kv_u32 a) {
+  kv_u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+__device__ __forceinline__ void mma16816(float* c, kv_u32 a0, kv_u32 a1, kv_u32 a2, kv_u32 a3, kv_u32 b0, kv_u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int K>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(K)); }
+
+// ue5m3 scale byte -> float (exact): (8+m) 2^(e-10) for e >= 1, m 2^-9 for e == 0
+__device__ __forceinline__ float scale_f(kv_u32 s) {
+  return s >= 8 ? __int_as_float((int)((s << 20) + (120u << 23))) : (float)s * 0.001953125f;
+}
+
+// fp16 bit pattern of a small non-negative integer (< 2048) or of 2^-k (compile time)
+__host__ __device__ constexpr kv_u32 h_int(int v) {
+  return v == 0 ? 0u : ((kv_u32)(kv_ilog2(v) + 15) << 10) | (((kv_u32)v << (10 - kv_ilog2(v))) & 0x3FFu);
+}
+
+// half2 of the V codes of segment lane J from two tokens' segments (lo <- sx, hi <- sy): exact
+template <int J>
+__device__ __forceinline__ kv_u32 vext(kv_u32 sx, kv_u32 sy) {
+  constexpr int BETA = (3 * J) >> 3, O = (3 * J) & 7;
+  constexpr kv_u32 SEL = BETA | ((BETA + 1) << 4) | ((BETA + 4) << 8) | ((BETA + 5) << 12);
+  constexpr kv_u32 AM = (7u << O) | (7u << (16 + O));
+  constexpr kv_u32 BM = (4u << O) | (4u << (16 + O)) | 0x64006400u;  // exponent of 1024
+  constexpr kv_u32 MUL = ((kv_u32)(15 - O) << 10) * 0x10001u;        // 2^-O
+  constexpr kv_u32 ADD = (0x8000u | h_int((1 << (10 - O)) + 4)) * 0x10001u;  // -(2^(10-O) + 4)
+  kv_u32 r = __byte_perm(sx, sy, SEL);
+  r = lop_field(r, AM, BM);  // 1024 + (c + 4) 2^O
+  return hfma2(r, MUL, ADD);  // c
+}
+
+template <int N>
+__device__ __forceinline__ void fwht_rows8(float* s, int tid) {
+  for (int h = 1; h < N; h <<= 1) {
+    for (int p = tid; p < 8 * N / 2; p += 128) {
+      int r = p / (N / 2), k = p % (N / 2);
+      int i = (k / h) * 2 * h + (k % h);
+      float a = s[r * N + i], b = s[r * N + i + h];
+      s[r * N + i] = a + b;
+      s[r * N + i + h] = a - b;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace kv_dec
+
+#define KV_NEG_INF __int_as_float(0xff800000)
+
+template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN>
+struct KvDecCfg {
+  static constexpr int TT = 64;             // tokens per tile
+  static constexpr int CB = N * 3 / 8;      // code bytes per token
+  static constexpr int NB = N / G;          // scale bytes per token
+  static constexpr int NCH = N / 16;        // QK k-steps (16-lane chunks)
+  static constexpr int NMT = N / 16;        // PV m-tiles (16 output lanes)
+  static constexpr int MPB = G / 16;        // PV m-tiles per scale block
+  static constexpr int SEGL = G / 8;        // lanes per V segment (per thread and block)
+  static constexpr int STB = 2 * TT * CB + 2 * TT * NB;  // one pipeline stage
+  static constexpr int SCF = 2 * NB * 64 * 4;            // decoded scale floats
+  static constexpr int WREG_RAW = STAGES * STB + 16 + SCF;
+  static constexpr int WACC = 8 * N * 4;
+  static constexpr int WREG = ((WREG_RAW > WACC ? WREG_RAW : WACC) + 15) / 16 * 16;
+  static constexpr int QS_OFF = 4 * WREG;                 // q~ / output rows [8][N] fp32
+  static constexpr int MISC_OFF = QS_OFF + 8 * N * 4;     // wm[4][8], wl[4][8], wE[4], hm[8], hl[8], last
+  static constexpr int SMEM = MISC_OFF + (32 + 32 + 4 + 8 + 8 + 4) * 4;
+};
+
+
+template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN>
+__global__ void __launch_bounds__(128, 2)
+kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
+               const kv_u8* __restrict__ kc, const kv_u8* __restrict__ ks,
+               const kv_u8* __restrict__ vc, const kv_u8* __restrict__ vs,
+               const int* __restrict__ lengths,
+               float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ counters,
+               void* __restrict__ out, int out_kind,
+               int Hq, int KVH, int HT, int group, long long cap, int S, int chunk, float sm_scale) {
+  using namespace kv_dec;
+  typedef KvDecCfg<N, G, PSPLIT, STAGES, SEED, HAS_SIGN> C;
+  constexpr int TT = C::TT, CB = C::CB, NB = C::NB, NCH = C::NCH, NMT = C::NMT, MPB = C::MPB, SEGL = C::SEGL;
+  static_assert(N == 64 || N == 128 || N == 256, "N");
+  static_assert(G == 16 || G == 32 || G == 64, "G");
+  static_assert(N % G == 0, "G | N");
+
+  extern __shared__ __align__(16) kv_u8 smem[];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int split = blockIdx.x, hh = blockIdx.y, b = blockIdx.z;
+  const int kvh = hh / HT, ht = hh - kvh * HT;
+  const int h0 = kvh * group + ht * 8;
+  const int nh = min(8, group - ht * 8);
+  const int len = (int)min((long long)max(lengths[b], 0), cap);  // never read past the planes
+  const int tbeg = split * chunk;
+  const int tend = min(len, tbeg + chunk);
+  const int ntile = tend > tbeg ? (tend - tbeg + TT - 1) / TT : 0;
+
+  float* qs = reinterpret_cast<float*>(smem + C::QS_OFF);
+  float* wm = reinterpret_cast<float*>(smem + C::MISC_OFF);
+  float* wl = wm + 32;
+  int* wE = reinterpret_cast<int*>(wl + 32);
+  float* hm = reinterpret_cast<float*>(wE + 4);
+  float* hl = hm + 8;
+  int* s_last = reinterpret_cast<int*>(hl + 8);
+
+  // ---- q~ = H D q (fp32, shared) -------------------------------------------------------------
+  for (int i = tid; i < 8 * N; i += 128) {
+    int h = i / N, l = i % N;
+    float v = 0.0f;
+    if (h < nh) {
+      kv_u32 bits = q[((long long)b * Hq + h0 + h) * N + l];
+      v = q_bf16 ? __int_as_float(bits << 16) : h2f(bits);
+    }
+    qs[i] = kv_sign(SEED, HAS_SIGN, l) ? -v : v;
+  }
+  __syncthreads();
+  fwht_rows8<N>(qs, tid);
+
+  // ---- per-thread constant fragments -----------------------------------------------------------
+  // head g: exponent eq so that max|q~| 2^(10-eq) < 2^15
+  float mx = 0.0f;
+  for (int l = tig; l < N; l += 4) mx = fmaxf(mx, fabsf(qs[g * N + l]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  int eqg = mx > 0.0f ? (((__float_as_int(mx) >> 23) & 0xFF) - 126) - 5 : 0;
+  eqg = max(-100, min(120, eqg));
+  kv_u32 qh[NCH][2], ql[NCH][2];
+  float zp[NB];
+#pragma unroll
+  for (int bb = 0; bb < NB; ++bb) zp[bb] = 0.0f;
+  kv_u32 selE[2], selO[2], mA[2], mB[2];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    int jl = kpairs[tig][p][0], jh = kpairs[tig][p][1];
+    int bl = (3 * jl) >> 3, ol = (3 * jl) & 7, bh = (3 * jh) >> 3, oh = (3 * jh) & 7;
+    selE[p] = bl | (min(bl + 1, 7) << 4) | (bh << 8) | (min(bh + 1, 7) << 12);
+    selO[p] = (bl + 2) | (min(bl + 3, 7) << 4) | ((bh + 2) << 8) | (min(bh + 3, 7) << 12);
+    mA[p] = (7u << ol) | (7u << (16 + oh));
+    mB[p] = (4u << ol) | (4u << (16 + oh)) | 0x3C003C00u;  // exponent of 1.0
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      float vlo = qs[g * N + 16 * c + jl] * exp2i(10 - ol - eqg);
+      float vhi = qs[g * N + 16 * c + jh] * exp2i(10 - oh - eqg);
+      kv_u32 hlo = f2h(vlo), hhi = f2h(vhi);
+      float rlo = vlo - h2f(hlo), rhi = vhi - h2f(hhi);
+      kv_u32 llo = f2h(rlo), lhi = f2h(rhi);
+      qh[c][p] = hlo | (hhi << 16);
+      ql[c][p] = llo | (lhi << 16);
+      // constant part of the K operand: 1 + 4 * 2^(o-10)
+      zp[(16 * c) / G] += (h2f(hlo) + h2f(llo)) * (1.0f + 4.0f * exp2i(ol - 10)) +
+                          (h2f(hhi) + h2f(lhi)) * (1.0f + 4.0f * exp2i(oh - 10));
+    }
+  }
+  float z0[NB], z1[NB];
+#pragma unroll
+  for (int bb = 0; bb < NB; ++bb) {
+    zp[bb] += __shfl_xor_sync(0xffffffffu, zp[bb], 1);
+    zp[bb] += __shfl_xor_sync(0xffffffffu, zp[bb], 2);
+    z0[bb] = __shfl_sync(0xffffffffu, zp[bb], 8 * tig);      // head 2tig
+    z1[bb] = __shfl_sync(0xffffffffu, zp[bb], 8 * tig + 4);  // head 2tig+1
+  }
+  const float LOG2E = 1.4426950408889634f;
+  const int eq0 = __shfl_sync(0xffffffffu, eqg, 8 * tig), eq1 = __shfl_sync(0xffffffffu, eqg, 8 * tig + 4);
+  const float kap0 = sm_scale * LOG2E * exp2i(eq0) / (float)N;
+  const float kap1 = sm_scale * LOG2E * exp2i(eq1) / (float)N;
+  // V segment of this thread in block bb: lanes [bb*G + g*SEGL, +SEGL), bit offset 3*lane
+  int vwi[NB], vsh[NB];
+#pragma unroll
+  for (int bb = 0; bb < NB; ++bb) {
+    int boff = 3 * (bb * G + g * SEGL);
+    vwi[bb] = boff >> 5;
+    vsh[bb] = boff & 31;
+  }
+
+  // ---- token loop (per warp) ---------------------------------------------------------------
+  float acc[NMT][4];
+#pragma unroll
+  for (int i = 0; i < NMT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+  int Erun = -1000;
+
+  kv_u8* wbase = smem + warp * C::WREG;
+  float* scf = reinterpret_cast<float*>(wbase + STAGES * C::STB + 16);  // [2][NB][8][8]
+  const int ntw = ntile > warp ? (ntile - warp + 3) / 4 : 0;
+  const long long slice = ((long long)b * KVH + kvh) * cap;
+
+  auto issue = [&](int ti, int st) {
+    const int t0 = tbeg + (warp + 4 * ti) * TT;
+    const int nv = min(TT, tend - t0);
+    kv_u8* dst = wbase + st * C::STB;
+    const long long rb = slice + t0;
+    const kv_u8* gkc = kc + rb * CB;
+    const kv_u8* gvc = vc + rb * CB;
+    const kv_u8* gks = ks + rb * NB;
+    const kv_u8* gvs = vs + rb * NB;
+    const int nc = (nv * CB + 15) >> 4, ns = (nv * NB + 15) >> 4;
+    for (int c = lane; c < nc; c += 32) {
+      cp_async16(dst + 16 * c, gkc + 16 * c);
+      cp_async16(dst + TT * CB + 16 * c, gvc + 16 * c);
+    }
+    for (int c = lane; c < ns; c += 32) {
+      cp_async16(dst + 2 * TT * CB + 16 * c, gks + 16 * c);
+      cp_async16(dst + 2 * TT * CB + TT * NB + 16 * c, gvs + 16 * c);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntw) issue(s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < ntw; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncwarp();
+    {
+      int nx = it + STAGES - 1;
+      if (nx < ntw) issue(nx, nx % STAGES);
+      cp_async_commit();
+    }
+    const kv_u8* st = wbase + (it % STAGES) * C::STB;
+    const kv_u8* sKC = st;
+    const kv_u8* sVC = st + TT * CB;
+    const kv_u8* sKS = st + 2 * TT * CB;
+    const kv_u8* sVS = sKS + TT * NB;
+    const int nv = min(TT, tend - (tbeg + (warp + 4 * it) * TT));
+
+    // scales of this tile -> floats [kv][bb][t % 8][t / 8]; invalid tokens -> 0
+    float vmax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int t = 2 * lane + r;
+      const bool ok = t < nv;
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb) {
+        float fk = ok ? scale_f(sKS[t * NB + bb]) : 0.0f;
+        float fv = ok ? scale_f(sVS[t * NB + bb]) : 0.0f;
+        scf[((0 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fk;
+        scf[((1 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fv;
+        vmax = fmaxf(vmax, fv);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+    __syncwarp();
+    const int Et = ((__float_as_int(vmax) >> 23) & 0xFF) - 127;
+    const int Enew = max(Erun, Et);
+    const float escale = Erun == -1000 ? 1.0f : exp2i(Erun - Enew);
+    const float pscale = exp2i(-Enew);
+    Erun = Enew;
+
+    // ---- logits: S^T = Kcodes . q~' per scale block, times K scale ----------------------------
+    float lg[4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const int ta = 16 * mt + g;
+      kv_u32 RA[CB / 4], RB[CB / 4];
+#pragma unroll
+      for (int k = 0; k < CB / 8; ++k) {
+        uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CB + 8 * k);
+        uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CB + 8 * k);
+        RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
+        RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
+      }
+      float cs[NB][4];
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb) {
+        cs[bb][0] = -z0[bb]; cs[bb][1] = -z1[bb]; cs[bb][2] = -z0[bb]; cs[bb][3] = -z1[bb];
+      }
+#pragma unroll
+      for (int c = 0; c < NCH; ++c) {
+        const int wl0 = (c & 1) ? (3 * c - 1) / 2 : (3 * c) / 2;
+        const kv_u32 sa = (c & 1) ? selO[0] : selE[0];
+        const kv_u32 sb = (c & 1) ? selO[1] : selE[1];
+        kv_u32 a0 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sa), mA[0], mB[0]);
+        kv_u32 a1 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sa), mA[0], mB[0]);
+        kv_u32 a2 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sb), mA[1], mB[1]);
+        kv_u32 a3 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sb), mA[1], mB[1]);
+        const int bb = (16 * c) / G;
+        mma16816(cs[bb], a0, a1, a2, a3, qh[c][0], qh[c][1]);
+        mma16816(cs[bb], a0, a1, a2, a3, ql[c][0], ql[c][1]);
+      }
+      float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb) {
+        float2 skk = *reinterpret_cast<const float2*>(scf + ((0 * NB + bb) * 8 + g) * 8 + 2 * mt);
+        x0 += cs[bb][0] * skk.x; x1 += cs[bb][1] * skk.x;
+        x2 += cs[bb][2] * skk.y; x3 += cs[bb][3] * skk.y;
+      }
+      const bool oka = ta < nv, okb = ta + 8 < nv;
+      lg[mt][0] = oka ? x0 * kap0 : KV_NEG_INF;
+      lg[mt][1] = oka ? x1 * kap1 : KV_NEG_INF;
+      lg[mt][2] = okb ? x2 * kap0 : KV_NEG_INF;
+      lg[mt][3] = okb ? x3 * kap1 : KV_NEG_INF;
+    }
+
+    // ---- online softmax (log2 domain) ---------------------------------------------------------
+    float t0m = KV_NEG_INF, t1m = KV_NEG_INF;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      t0m = fmaxf(t0m, fmaxf(lg[mt][0], lg[mt][2]));
+      t1m = fmaxf(t1m, fmaxf(lg[mt][1], lg[mt][3]));
+    }
+#pragma unroll
+    for (int o = 4; o <= 16; o <<= 1) {
+      t0m = fmaxf(t0m, __shfl_xor_sync(0xffffffffu, t0m, o));
+      t1m = fmaxf(t1m, __shfl_xor_sync(0xffffffffu, t1m, o));
+    }
+    const float mn0 = fmaxf(m0, t0m), mn1 = fmaxf(m1, t1m);
+    const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);
+    m0 = mn0; m1 = mn1;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      lg[mt][0] = ex2(lg[mt][0] - mn0); lg[mt][2] = ex2(lg[mt][2] - mn0);
+      lg[mt][1] = ex2(lg[mt][1] - mn1); lg[mt][3] = ex2(lg[mt][3] - mn1);
+      s0 += lg[mt][0] + lg[mt][2];
+      s1 += lg[mt][1] + lg[mt][3];
+    }
+    l0 = l0 * al0 + s0;
+    l1 = l1 * al1 + s1;
+    const float f0 = al0 * escale, f1 = al1 * escale;
+#pragma unroll
+    for (int i = 0; i < NMT; ++i) {
+      acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
+    }
+
+    // ---- O^T += Vcodes^T . P'^T ------------------------------------------------------------
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      kv_u32 B0[NB], B1[NB], B0l[NB], B1l[NB];
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb) {
+        float2 svv = *reinterpret_cast<const float2*>(scf + ((1 * NB + bb) * 8 + g) * 8 + 2 * mt);
+        const float sa = svv.x * pscale, sb = svv.y * pscale;
+        const float p00 = lg[mt][0] * sa, p01 = lg[mt][1] * sa, p10 = lg[mt][2] * sb, p11 = lg[mt][3] * sb;
+        const kv_u32 x0 = pack_h2(p00, p01), x1 = pack_h2(p10, p11);
+        B0[bb] = movtrans(x0);
+        B1[bb] = movtrans(x1);
+        if (PSPLIT) {
+          const kv_u32 y0 = pack_h2(p00 - h2f(x0 & 0xFFFFu), p01 - h2f(x0 >> 16));
+          const kv_u32 y1 = pack_h2(p10 - h2f(x1 & 0xFFFFu), p11 - h2f(x1 >> 16));
+          B0l[bb] = movtrans(y0);
+          B1l[bb] = movtrans(y1);
+        }
+      }
+      const int tv = 16 * mt + 2 * tig;
+      const kv_u8* r0 = sVC + tv * CB;
+      const kv_u8* r1 = r0 + CB;
+      const kv_u8* r2 = r0 + 8 * CB;
+      const kv_u8* r3 = r0 + 9 * CB;
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb) {
+        const kv_u32* w0 = reinterpret_cast<const kv_u32*>(r0) + vwi[bb];
+        const kv_u32* w1 = reinterpret_cast<const kv_u32*>(r1) + vwi[bb];
+        const kv_u32* w2 = reinterpret_cast<const kv_u32*>(r2) + vwi[bb];
+        const kv_u32* w3 = reinterpret_cast<const kv_u32*>(r3) + vwi[bb];
+        const kv_u32 s0v = __funnelshift_r(w0[0], w0[1], vsh[bb]);
+        const kv_u32 s1v = __funnelshift_r(w1[0], w1[1], vsh[bb]);
+        const kv_u32 s2v = __funnelshift_r(w2[0], w2[1], vsh[bb]);
+        const kv_u32 s3v = __funnelshift_r(w3[0], w3[1], vsh[bb]);
+#pragma unroll
+        for (int ip = 0; ip < MPB; ++ip) {
+          kv_u32 a0, a1, a2, a3;
+          switch (ip) {  // J must be a compile-time constant
+            case 0: a0 = vext<0>(s0v, s1v); a1 = vext<1>(s0v, s1v); a2 = vext<0>(s2v, s3v); a3 = vext<1>(s2v, s3v); break;
+            case 1: a0 = vext<2>(s0v, s1v); a1 = vext<3>(s0v, s1v); a2 = vext<2>(s2v, s3v); a3 = vext<3>(s2v, s3v); break;
+            case 2: a0 = vext<4>(s0v, s1v); a1 = vext<5>(s0v, s1v); a2 = vext<4>(s2v, s3v); a3 = vext<5>(s2v, s3v); break;
+            default: a0 = vext<6>(s0v, s1v); a1 = vext<7>(s0v, s1v); a2 = vext<6>(s2v, s3v); a3 = vext<7>(s2v, s3v); break;
+          }
+          mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0[bb], B1[bb]);
+          if (PSPLIT) mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0l[bb], B1l[bb]);
+        }
+      }
+    }
+    __syncwarp();  // this stage is refilled by a later iteration
+  }
+  cp_async_wait<0>();
+  __syncwarp();
+
+  // ---- merge the 4 warps (shared memory) --------------------------------------------------------
+#pragma unroll
+  for (int o = 4; o <= 16; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+  }
+  float* wacc = reinterpret_cast<float*>(wbase);  // [8][N], this warp's region
+#pragma unroll
+  for (int i = 0; i < NMT; ++i) {
+    const int bb = i / MPB, ip = i % MPB;
+    const int L0 = bb * G + g * SEGL + 2 * ip;
+    wacc[(2 * tig) * N + L0] = acc[i][0];
+    wacc[(2 * tig + 1) * N + L0] = acc[i][1];
+    wacc[(2 * tig) * N + L0 + 1] = acc[i][2];
+    wacc[(2 * tig + 1) * N + L0 + 1] = acc[i][3];
+  }
+  if (g == 0) {
+    wm[warp * 8 + 2 * tig] = m0; wm[warp * 8 + 2 * tig + 1] = m1;
+    wl[warp * 8 + 2 * tig] = l0; wl[warp * 8 + 2 * tig + 1] = l1;
+  }
+  if (lane == 0) wE[warp] = Erun;
+  __syncthreads();
+
+  const long long pidx = ((long long)b * KVH * HT + hh) * S + split;
+  for (int e = tid; e < 8 * N; e += 128) {
+    const int h = e / N;
+    float M = KV_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, wm[w * 8 + h]);
+    float a = 0.0f, L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float mw = wm[w * 8 + h];
+      if (mw > KV_NEG_INF) {
+        const float f = ex2(mw - M);
+        a += f * exp2i(wE[w]) * reinterpret_cast<const float*>(smem + w * C::WREG)[e];
+        L += f * wl[w * 8 + h];
+      }
+    }
+    part_acc[pidx * 8 * N + e] = a;
+    if (e % N == 0) {
+      part_ml[pidx * 16 + h] = M;
+      part_ml[pidx * 16 + 8 + h] = L;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(&counters[(long long)b * KVH * HT + hh], 1);
+    *s_last = prev == S - 1;
+  }
+  __syncthreads();
+  if (!*s_last) return;
+  __threadfence();
+
+  // ---- last CTA: merge the splits, rotate back, write --------------------------------------------
+  const long long pbase = ((long long)b * KVH * HT + hh) * S;
+  if (tid < 8) {
+    float M = KV_NEG_INF;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(part_ml + (pbase + s) * 16 + tid));
+    float L = 0.0f;
+    if (M > KV_NEG_INF)
+      for (int s = 0; s < S; ++s) {
+        const float ms = __ldcg(part_ml + (pbase + s) * 16 + tid);
+        if (ms > KV_NEG_INF) L += ex2(ms - M) * __ldcg(part_ml + (pbase + s) * 16 + 8 + tid);
+      }
+    hm[tid] = M;
+    hl[tid] = L;
+  }
+  __syncthreads();
+  for (int e = tid; e < 8 * N; e += 128) {
+    const int h = e / N;
+    const float M = hm[h], L = hl[h];
+    float a = 0.0f;
+    if (M > KV_NEG_INF && L > 0.0f) {
+      for (int s = 0; s < S; ++s) {
+        const float ms = __ldcg(part_ml + (pbase + s) * 16 + h);
+        if (ms > KV_NEG_INF) a += ex2(ms - M) * __ldcg(part_acc + (pbase + s) * 8 * N + e);
+      }
+      a /= L;
+    }
+    qs[e] = a;
+  }
+  __syncthreads();
+  fwht_rows8<N>(qs, tid);
+  for (int e = tid; e < nh * N; e += 128) {
+    const int h = e / N, l = e % N;
+    float v = qs[e] * (1.0f / (float)N);
+    if (kv_sign(SEED, HAS_SIGN, l)) v = -v;
+    const long long o = ((long long)b * Hq + h0 + h) * N + l;
+    if (out_kind == 2) {
+      reinterpret_cast<float*>(out)[o] = v;
+    } else if (out_kind == 1) {
+      unsigned short r;
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+      reinterpret_cast<kv_u16*>(out)[o] = r;
+    } else {
+      reinterpret_cast<kv_u16*>(out)[o] = (kv_u16)f2h(v);
+    }
+  }
+  if (tid == 0) counters[(long long)b * KVH * HT + hh] = 0;
+}
+
+#ifndef KV_NVRTC
+#define KV_DEC_INST(N_, G_, P_, S_)                                                                  \
+  template __global__ void kv_decode_attn<N_, G_, P_, S_, 0ull, 1>(                                 \
+      const kv_u16*, int, const kv_u8*, const kv_u8*, const kv_u8*, const kv_u8*, const int*, float*, \
+      float*, int*, void*, int, int, int, int, int, long long, int, int, float);
+KV_DEC_INST(128, 64, 0, 3)
+KV_DEC_INST(128, 64, 1, 3)
+KV_DEC_INST(64, 64, 0, 4)
+KV_DEC_INST(256, 64, 0, 2)
+KV_DEC_INST(128, 32, 0, 3)
+KV_DEC_INST(128, 16, 0, 3)
+#endif

@@ -1,0 +1,331 @@
+"""GPU kernels (gpu_ref) against the golden model (sim_models).
+
+Skips cleanly without CuPy or without a CUDA device (CI has neither); runs on the GPU machine.
+
+* write kernel: bit-exact codes, scales and flags vs sim_models.encode on > 1M vectors of the
+  default format (shared test-vector sets, every fp16 bit pattern, special values, odd row
+  counts) and on smaller sets of other parameter choices (bf16, N, G, b, M, no sign flip);
+* decode attention: relative error <= 1e-3 vs a float64 reference over the golden-dequantized
+  cache (sim_models.decode_float) for many shapes, lengths and GQA ratios; the quantization
+  error vs exact attention on the unquantized K/V is reported;
+* API checks: wrong shapes, dtypes, devices, lengths and parameters raise clear errors.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    _NDEV = cp.cuda.runtime.getDeviceCount()
+except Exception:  # noqa: BLE001 - any CUDA error means no usable device
+    _NDEV = 0
+if _NDEV == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import gpu_ref  # noqa: E402
+from sim_models import FLAG_INF, FLAG_NAN, FormatParams, decode_float, encode  # noqa: E402
+from sim_models.testvectors import adversarial_vectors, random_vectors  # noqa: E402
+
+_POOL = None
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        _POOL = cf.ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
+                                       mp_context=mp.get_context("spawn"))
+    return _POOL
+
+
+def _golden(bits: np.ndarray, p: FormatParams, chunk: int = 32768):
+    """sim_models.encode over [V, N] bits, in parallel processes (NumPy only)."""
+    parts = [bits[i:i + chunk] for i in range(0, len(bits), chunk)]
+    res = list(_pool().map(encode, parts, [p] * len(parts)))
+    return (np.concatenate([r.codes for r in res]), np.concatenate([r.scales for r in res]),
+            np.concatenate([r.flags for r in res]))
+
+
+def _gpu_encode(bits: np.ndarray, p: FormatParams):
+    e = gpu_ref.encode_kv(cp.asarray(bits), p)
+    return cp.asnumpy(e.codes), cp.asnumpy(e.scales), cp.asnumpy(e.flags)
+
+
+def _compare(bits, p, what):
+    gc, gs, gf = _golden(bits, p)
+    dc, ds, df = _gpu_encode(bits, p)
+    bad = np.flatnonzero((gc != dc).any(axis=1) | (gs != ds).any(axis=1) | (gf != df))
+    assert bad.size == 0, (f"{what}: {bad.size} of {len(bits)} vectors differ from the golden model; "
+                           f"first {bad[0]}: input {bits[bad[0]][:8]}..., golden scales {gs[bad[0]]} flags "
+                           f"{gf[bad[0]]}, gpu scales {ds[bad[0]]} flags {df[bad[0]]}")
+    return gf
+
+
+def _mixed_bits(n: int, count: int, seed: int, dtype: str = "fp16") -> np.ndarray:
+    """Fast mixed set: scaled Gaussians, heavy tails, spikes, sparse, random bit patterns."""
+    rng = np.random.default_rng([seed, n, 99])
+    kind = rng.integers(0, 6, size=(count, 1))
+    lo, hi = (-26, 17) if dtype == "fp16" else (-140, 130)
+    sc = np.exp2(rng.uniform(lo, hi, size=(count, 1)))
+    g = rng.standard_normal((count, n)) * sc
+    heavy = rng.standard_t(1.5, size=(count, n)) * sc
+    spikes = np.where(rng.random((count, n)) < 0.02, g * 100, g * 1e-3)
+    sparse = np.where(rng.random((count, n)) < 0.1, g, 0.0)
+    vals = np.select([kind == 0, kind == 1, kind == 2, kind == 3], [g, heavy, spikes, sparse], g)
+    if dtype == "fp16":
+        with np.errstate(over="ignore"):
+            bits = np.clip(vals, -65504, 65504).astype(np.float16).view(np.uint16)
+    else:
+        with np.errstate(over="ignore"):
+            f32 = vals.astype(np.float32)
+        bits = (f32.view(np.uint32) >> 16).astype(np.uint16)  # truncation: any bf16 pattern is valid
+    raw = rng.integers(0, 1 << 16, size=(count, n), dtype=np.uint16)
+    out = np.where(kind >= 4, raw, bits).astype(np.uint16)
+    # salt special values into some vectors
+    m = rng.random(count) < 0.05
+    idx = rng.integers(0, n, size=count)
+    special = np.array([0x7E00, 0x7C00, 0xFC00, 0x0001, 0x8000] if dtype == "fp16"
+                       else [0x7FC0, 0x7F80, 0xFF80, 0x0001, 0x8000], dtype=np.uint16)
+    out[np.flatnonzero(m), idx[m]] = special[rng.integers(0, len(special), m.sum())]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# write kernel
+# --------------------------------------------------------------------------------------------
+def test_encode_bitexact_million_default():
+    p = FormatParams()
+    sets = [adversarial_vectors(128)]
+    sets += list(_pool().map(random_vectors, [128] * 4, [65536] * 4, [1, 2, 3, 4]))
+    allpat = np.arange(1 << 16, dtype=np.uint16)
+    rng = np.random.default_rng(7)
+    sets.append(allpat.reshape(-1, 128))                       # every fp16 pattern, in order
+    sets.append(rng.permutation(allpat).reshape(-1, 128))      # and shuffled
+    sets.append(_mixed_bits(128, 786432, seed=5))
+    bits = np.concatenate(sets)
+    assert len(bits) >= 1_000_000
+    gf = _compare(bits, p, "default fp16 set")
+    assert (gf & FLAG_NAN).any() and (gf & FLAG_INF).any()
+
+
+@pytest.mark.parametrize("count", [1, 127, 129, 8193, 65539])
+def test_encode_odd_row_counts(count):
+    p = FormatParams()
+    bits = _mixed_bits(128, count, seed=count)
+    _compare(bits, p, f"{count} rows")
+    # leading axes are kept
+    e = gpu_ref.encode_kv(cp.asarray(bits).reshape(count, 1, 128), p)
+    assert e.codes.shape == (count, 1, 48) and e.scales.shape == (count, 1, 2) and e.flags.shape == (count, 1)
+
+
+_OTHER = [
+    dict(dtype="bf16"),
+    dict(dtype="bf16", mant_bits=16, bits=4, block=32),
+    dict(n=64, block=16, bits=2),
+    dict(n=256, block=128, bits=4, mant_bits=16),
+    dict(n=128, block=32, bits=2, mant_bits=6),
+    dict(n=128, sign_seed=None),
+    dict(n=128, sign_seed=2**64 - 1, block=128),
+    dict(n=8, block=8, bits=4),
+    dict(n=32, block=8, bits=3, dtype="bf16", mant_bits=6),
+    dict(n=512, block=256, bits=3, dtype="bf16", mant_bits=9, sign_seed=12345),
+    dict(n=4096, block=64, bits=3, mant_bits=16),   # int32 butterflies, 32 threads per vector
+]
+
+
+@pytest.mark.parametrize("kw", _OTHER, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_encode_bitexact_other_params(kw):
+    p = FormatParams(**kw)
+    count = max(64, min(20000, 2_000_000 // p.n))
+    bits = _mixed_bits(p.n, count, seed=p.n + p.bits, dtype=p.dtype)
+    if p.dtype == "fp16" and p.n >= 8:
+        bits = np.concatenate([adversarial_vectors(p.n, p=FormatParams(n=p.n, block=min(64, p.n),
+                                                                        sign_seed=p.sign_seed)), bits])
+    _compare(bits, p, str(kw))
+
+
+def test_encode_input_checks():
+    p = FormatParams()
+    with pytest.raises(TypeError):
+        gpu_ref.encode_kv(np.zeros((4, 128), np.float16), p)           # host array
+    with pytest.raises(TypeError):
+        gpu_ref.encode_kv(cp.zeros((4, 128), cp.float32), p)            # dtype
+    with pytest.raises(ValueError):
+        gpu_ref.encode_kv(cp.zeros((4, 80), cp.float16), p)             # head_dim
+    with pytest.raises(ValueError):
+        gpu_ref.encode_kv(cp.zeros((128, 4), cp.float16).T, p)          # not contiguous
+    with pytest.raises(TypeError):
+        gpu_ref.encode_kv(cp.zeros((4, 128), cp.float16), FormatParams(dtype="bf16"))
+    with pytest.raises(ValueError):
+        FormatParams(n=80)                                               # not a power of two
+
+
+# --------------------------------------------------------------------------------------------
+# decode attention
+# --------------------------------------------------------------------------------------------
+def _attention64(q, k, v, lengths, scale):
+    """float64 reference: q [B, Hq, N], k/v [B, KVH, T, N] -> [B, Hq, N]."""
+    bsz, hq, n = q.shape
+    kvh = k.shape[1]
+    grp = hq // kvh
+    out = np.zeros((bsz, hq, n))
+    for b in range(bsz):
+        L = int(lengths[b])
+        if L == 0:
+            continue
+        for h in range(hq):
+            kk, vv = k[b, h // grp, :L], v[b, h // grp, :L]
+            s = kk @ q[b, h] * scale
+            w = np.exp(s - s.max())
+            out[b, h] = (w / w.sum()) @ vv
+    return out
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def _make_case(bsz, hq, kvh, n, g, lengths, dtype="fp16", seed=0):
+    p = FormatParams(n=n, block=g, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    t = int(max(lengths))
+    cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), p)
+    # per-token magnitudes spread over ~3 decades so that scales differ between tokens
+    kf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))
+    vf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))
+    qf = rng.standard_normal((bsz, hq, n)) * 1.5
+
+    def bits(a):
+        if dtype == "fp16":
+            return a.astype(np.float16).view(np.uint16)
+        return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    def back(bb):
+        if dtype == "fp16":
+            return bb.view(np.float16).astype(np.float64)
+        return (bb.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+    kb, vb, qb = bits(kf), bits(vf), bits(qf)
+    if t:
+        cache.append(cp.asarray(kb), cp.asarray(vb))
+    # a sequence shorter than t: only its first lengths[b] tokens count
+    cache.host_lengths[:] = np.asarray(lengths)
+    return p, cache, qb, back(qb), back(kb).transpose(0, 2, 1, 3), back(vb).transpose(0, 2, 1, 3)
+
+
+_DECODE_CASES = [
+    # (B, Hq, KVH, N, G, lengths)
+    (3, 8, 1, 128, 64, [1, 100, 1000]),
+    (2, 64, 8, 128, 64, [4096, 2500]),
+    (2, 32, 8, 128, 64, [777, 65]),
+    (2, 14, 2, 128, 64, [300, 64]),
+    (1, 4, 4, 128, 64, [513]),
+    (2, 32, 2, 64, 64, [200, 1]),
+    (2, 8, 2, 256, 64, [1000, 333]),
+    (2, 8, 2, 128, 32, [555, 64]),
+    (1, 8, 2, 128, 16, [300]),
+    (2, 40, 4, 64, 32, [129, 2047]),
+    (2, 16, 2, 256, 32, [63, 640]),
+]
+
+
+@pytest.mark.parametrize("case", _DECODE_CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-KVH{c[2]}-N{c[3]}-G{c[4]}")
+def test_decode_vs_float64(case):
+    bsz, hq, kvh, n, g, lengths = case
+    p, cache, qb, q64, k64, v64 = _make_case(bsz, hq, kvh, n, g, lengths, seed=sum(lengths) + hq)
+    # the cache holds exactly the golden encoding
+    t = max(lengths)
+    gk = encode(np.ascontiguousarray(k64.transpose(0, 2, 1, 3)).astype(np.float16), p)
+    assert np.array_equal(cp.asnumpy(cache.k_codes[:, :, :t]), gk.codes.transpose(0, 2, 1, 3))
+    assert np.array_equal(cp.asnumpy(cache.k_scales[:, :, :t]), gk.scales.transpose(0, 2, 1, 3))
+    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
+    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    scale = 1.0 / math.sqrt(n)
+    ref = _attention64(q64, khat, vhat, lengths, scale)
+    out = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
+    err = _rel(out, ref)
+    assert err <= 1e-3, f"relative error {err:.3g} vs float64 over the packed cache"
+    out16 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)))).astype(np.float64)
+    assert _rel(out16, ref) <= 2e-3
+    exact = _attention64(q64, k64, v64, lengths, scale)
+    qerr = _rel(out, exact)
+    print(f"\n{case}: kernel vs float64(packed) {err:.2e}; 3-bit quantization error vs exact {qerr:.3f}")
+    assert qerr < 0.6
+
+
+def test_decode_bf16_and_splits():
+    lengths = [20000, 3]
+    p, cache, qb, q64, k64, v64 = _make_case(2, 16, 2, 128, 64, lengths, dtype="bf16", seed=3)
+    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
+    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    ref = _attention64(q64, khat, vhat, lengths, 0.2)
+    outs = []
+    for ns in (1, 5, 33, None):
+        for prec in (False, True):
+            o = cp.asnumpy(cache.attend(cp.asarray(qb), out_dtype="fp32", scale=0.2, num_splits=ns,
+                                        precise_p=prec))
+            err = _rel(o, ref)
+            assert err <= 1e-3, f"splits={ns} precise_p={prec}: {err:.3g}"
+            outs.append(err)
+    ob = cp.asnumpy(cache.attend(cp.asarray(qb), scale=0.2))  # bf16 bits out
+    assert ob.dtype == np.uint16
+    of = (ob.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert _rel(of, ref) <= 8e-3
+    print(f"\nbf16, 20000 tokens: errors {', '.join(f'{e:.1e}' for e in outs)}")
+
+
+def test_decode_zero_length_and_device_lengths():
+    p, cache, qb, q64, k64, v64 = _make_case(3, 8, 2, 128, 64, [0, 50, 7], seed=5)
+    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
+    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    ref = _attention64(q64, khat, vhat, [0, 50, 7], 1 / math.sqrt(128))
+    q = cp.asarray(qb.view(np.float16))
+    dl = cp.asarray([0, 50, 7], dtype=cp.int32)
+    for kw in ({}, {"max_length": 50}):
+        o = cp.asnumpy(gpu_ref.decode_attention(q, cache.k_codes, cache.k_scales, cache.v_codes,
+                                                cache.v_scales, dl, p, out_dtype="fp32", **kw))
+        assert np.all(o[0] == 0)
+        assert _rel(o, ref) <= 1e-3
+
+
+def test_decode_input_checks():
+    p = FormatParams()
+    c = gpu_ref.KVCache(2, 2, 100, p)
+    assert c.capacity == 112
+    q = cp.zeros((2, 4, 128), cp.float16)
+    planes = (c.k_codes, c.k_scales, c.v_codes, c.v_scales)
+    with pytest.raises(ValueError, match="capacity"):
+        gpu_ref.decode_attention(q, *planes, [113, 1], p)
+    with pytest.raises(ValueError):
+        gpu_ref.decode_attention(q, *planes, [-1, 1], p)
+    with pytest.raises(ValueError, match="power of two"):
+        gpu_ref.decode_attention(cp.zeros((2, 4, 80), cp.float16), *planes, [1, 1], p)
+    with pytest.raises(TypeError):
+        gpu_ref.decode_attention(cp.zeros((2, 4, 128), cp.float32), *planes, [1, 1], p)
+    with pytest.raises(TypeError):
+        gpu_ref.decode_attention(np.zeros((2, 4, 128), np.float16), *planes, [1, 1], p)
+    with pytest.raises(ValueError, match="multiple"):
+        gpu_ref.decode_attention(cp.zeros((2, 3, 128), cp.float16), *planes, [1, 1], p)
+    with pytest.raises(ValueError):
+        gpu_ref.decode_attention(cp.zeros((3, 4, 128), cp.float16), *planes, [1, 1, 1], p)
+    with pytest.raises(ValueError):
+        gpu_ref.decode_attention(cp.zeros((2, 4, 128), cp.float16)[:, ::2], *planes, [1, 1], p)
+    with pytest.raises(ValueError, match="supports"):
+        gpu_ref.decode_attention(q, *planes, [1, 1], FormatParams(bits=4))
+    with pytest.raises(ValueError):
+        gpu_ref.decode_attention(q, c.k_codes[:, :, :100], c.k_scales[:, :, :100], c.v_codes[:, :, :100],
+                                 c.v_scales[:, :, :100], [1, 1], p)
+    with pytest.raises(TypeError):
+        gpu_ref.decode_attention(q, c.k_codes.view(cp.int8), *planes[1:], [1, 1], p)
+    with pytest.raises(ValueError):
+        gpu_ref.decode_attention(q, *planes, [1, 1], p, out_dtype="fp64")
+    with pytest.raises(ValueError, match="capacity"):
+        c.append(cp.zeros((2, 113, 2, 128), cp.float16), cp.zeros((2, 113, 2, 128), cp.float16))
+    with pytest.raises(ValueError):
+        c.append(cp.zeros((2, 3, 4, 128), cp.float16), cp.zeros((2, 3, 4, 128), cp.float16))
