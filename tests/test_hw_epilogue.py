@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
@@ -24,19 +25,23 @@ from hw import KVEpilogue
 from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload
 from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
 from sim_models.params import FormatParams
+from sim_models.testvectors import adversarial_vectors, random_vectors
 
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
 
 
 def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
             p_valid: float = 0.8, p_ready: float = 0.7, p_clear: float = 0.05,
-            free_run_first: int = 12):
+            free_run_first: int = 12, extra: np.ndarray | None = None):
     """Push directed + random vectors through the DUT; returns (inputs, expected, got, stats).
 
     The first ``free_run_first`` vectors go with i.valid and o.ready held high
     (latency and full-rate check); the rest with random gaps and stalls.
+    ``extra``: more uint16 [V, N] input vectors, appended.
     """
     vecs = make_vectors(p, n_random, seed)
+    if extra is not None:
+        vecs = np.concatenate([vecs, extra.astype(np.uint16)])
     ins = pack_input(vecs)
     exp = expected_payloads(vecs, p)
     dut = KVEpilogue(p, latency)
@@ -117,8 +122,13 @@ def _flags_seen(exp, p):
 
 
 def test_default_config():
-    p = FormatParams()                       # N=128, G=64, b=3, M=12, fp16, seed 0
-    exp = check(p, 2, 120)
+    """N=128, G=64, b=3, M=12, fp16, seed 0, latency 2: own directed + random
+    vectors and every 8th vector of the shared adversarial set (all of it, plus
+    the shared random set, with HW_FULL=1)."""
+    p = FormatParams()
+    adv = adversarial_vectors(p.n, 0, p)
+    extra = np.concatenate([adv, random_vectors(p.n, 300, 0)]) if FULL else adv[::8]
+    exp = check(p, 2, 300 if FULL else 100, extra=extra)
     assert _flags_seen(exp, p) == FLAG_NAN | FLAG_INF   # fp16 at N=128 cannot saturate
 
 
