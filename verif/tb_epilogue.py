@@ -46,7 +46,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, ReadOnly
 
 from sim_models import FormatParams
-from verif.vectors import MODELS, describe_mismatch, flags_shift, get_set, input_words, out_width
+from verif.vectors import (MODELS, describe_mismatch, flags_shift, get_set, injected_faults,
+                           input_words, out_width)
 
 CLK_NS = 10
 MAX_ERRORS_KEPT = 10
@@ -315,7 +316,7 @@ class Bench:
 
     def vectors(self, name: str, count, seed=None) -> np.ndarray:
         return get_set(name, self.p.n, count, self.seed if seed is None else seed,
-                       self.job.get("fixture") or None)
+                       self.job.get("fixture") or None, self.p.dtype)
 
     async def stream(self, bits: np.ndarray, label: str, *, gap_p: float = 0.0,
                      stall_p: float = 0.0, burst_p: float = 0.0, burst_max: int = 0,
@@ -481,6 +482,8 @@ class Bench:
         rec["ok"] = (sb.mismatches == 0 and mon.hold_violations == 0 and st.violations == 0
                      and not timed_out and lost == 0 and nxt == nv and not errors)
         rec["status_end"] = st.hi
+        if self.job["model"] == "golden_faulty" and exp is None:
+            rec["injected_faults"] = injected_faults(nv)
         return rec
 
     def finish(self, rec: dict, extra_errors=()) -> dict:

@@ -76,20 +76,41 @@ def real_vectors(n: int, path: Path | str = FIXTURE, limit: int | None = None) -
     return out
 
 
+def fp16_to_bf16(bits: np.ndarray) -> np.ndarray:
+    """fp16 bit patterns -> bf16 bit patterns of the same values (RNE; NaN stays NaN)."""
+    f32 = bits.view(np.float16).astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = (f32 + 0x7FFF + ((f32 >> 16) & 1)) >> 16
+    nan = np.isnan(bits.view(np.float16))
+    return np.where(nan, 0x7FC0 | ((f32 >> 16) & 0x8000), r).astype(np.uint16)
+
+
+def raw_vectors(n: int, count: int, seed: int = 0) -> np.ndarray:
+    """Uniformly random 16-bit patterns, uint16 [count, n] (every special value;
+    for bf16 also huge magnitudes that saturate the scale: FLAG_SAT)."""
+    rng = np.random.default_rng([seed, n, 3])
+    return rng.integers(0, 1 << 16, size=(count, n), dtype=np.uint16)
+
+
 def get_set(name: str, n: int, count: int | None = None, seed: int = 0,
-            fixture: Path | str = FIXTURE) -> np.ndarray:
-    """One vector set by name: ``random`` (count vectors), ``adversarial``, ``real``.
+            fixture: Path | str | None = FIXTURE, dtype: str = "fp16") -> np.ndarray:
+    """One vector set by name: ``random`` (count vectors), ``adversarial``, ``real``, ``raw``.
 
     For ``adversarial`` and ``real`` a ``count`` limits the set (``None``: all).
+    For ``dtype == "bf16"`` the fp16 sets are converted to bf16 patterns of the
+    same values (``raw`` stays raw bits).
     """
     if name == "random":
-        return random_vectors(n, 1000 if count is None else count, seed)
-    if name == "adversarial":
-        a = adversarial_vectors(n, seed)
-        return a if count is None else a[:count]
-    if name == "real":
-        return real_vectors(n, fixture, count)
-    raise ValueError(f"unknown vector set {name!r}")
+        out = random_vectors(n, 1000 if count is None else count, seed)
+    elif name == "adversarial":
+        out = adversarial_vectors(n, seed)
+        out = out if count is None else out[:count]
+    elif name == "real":
+        out = real_vectors(n, FIXTURE if fixture is None else fixture, count)
+    elif name == "raw":
+        return raw_vectors(n, 1000 if count is None else count, seed)
+    else:
+        raise ValueError(f"unknown vector set {name!r}")
+    return fp16_to_bf16(out) if dtype == "bf16" else out
 
 
 # --- port words --------------------------------------------------------------
@@ -115,16 +136,23 @@ def expected_golden(bits: np.ndarray, p: FormatParams):
     return words, flags
 
 
-def expected_stub(bits: np.ndarray, p: FormatParams):
-    """Output words of verif/stub (low out_width bits of the input payload)."""
-    mask = (1 << out_width(p)) - 1
-    words = [w & mask for w in input_words(bits)]
-    sh = flags_shift(p)
-    flags = np.array([(w >> sh) & 7 for w in words], dtype=np.uint8)
+FAULT_EVERY = 37
+
+
+def expected_golden_faulty(bits: np.ndarray, p: FormatParams):
+    """Golden words with one code bit flipped in every FAULT_EVERY-th word (vectors
+    3, 3+37, ...): a self-test of the scoreboard, which must report exactly these."""
+    words, flags = expected_golden(bits, p)
+    for i in range(3, len(words), FAULT_EVERY):
+        words[i] ^= 1 << ((i * 7) % (p.n * p.bits))
     return words, flags
 
 
-MODELS = {"golden": expected_golden, "stub": expected_stub}
+def injected_faults(nv: int) -> int:
+    return len(range(3, nv, FAULT_EVERY))
+
+
+MODELS = {"golden": expected_golden, "golden_faulty": expected_golden_faulty}
 
 
 def split_word(w: int, p: FormatParams) -> dict:
