@@ -27,6 +27,9 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 import numpy as np
 
@@ -102,6 +105,43 @@ def on_torch_stream(fn):
     return wrapped
 
 
+_BW_SRC = r"""
+extern "C" __global__ void bw_copy(const uint4* __restrict__ a, uint4* __restrict__ b, long long n) {
+  long long st = (long long)gridDim.x * blockDim.x;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += 4 * st) {
+    uint4 v0 = a[i], v1 = i + st < n ? a[i + st] : v0, v2 = i + 2 * st < n ? a[i + 2 * st] : v0,
+          v3 = i + 3 * st < n ? a[i + 3 * st] : v0;
+    b[i] = v0; if (i + st < n) b[i + st] = v1; if (i + 2 * st < n) b[i + 2 * st] = v2;
+    if (i + 3 * st < n) b[i + 3 * st] = v3;
+  }
+}
+extern "C" __global__ void bw_read(const uint4* __restrict__ a, unsigned* out, long long n) {
+  long long st = (long long)gridDim.x * blockDim.x;
+  unsigned x = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += 4 * st) {
+    uint4 v0 = a[i], v1 = i + st < n ? a[i + st] : v0, v2 = i + 2 * st < n ? a[i + 2 * st] : v0,
+          v3 = i + 3 * st < n ? a[i + 3 * st] : v0;
+    x ^= v0.x ^ v1.y ^ v2.z ^ v3.w;
+  }
+  if (x == 0x12345678u) out[0] = x;
+}
+"""
+
+
+def kernel_bandwidth(nbytes):
+    mod = cp.RawModule(code=_BW_SRC)
+    kc, kr = mod.get_function("bw_copy"), mod.get_function("bw_read")
+    a, b = cp.empty(nbytes, cp.uint8), cp.empty(nbytes, cp.uint8)
+    a[:] = 7
+    o = cp.zeros(1, cp.uint32)
+    n16 = np.int64(nbytes // 16)
+    grid = cp.cuda.Device().attributes["MultiProcessorCount"] * 8
+    ms_c, _, _ = graph_time([on_torch_stream(lambda: kc((grid,), (512,), (a, b, n16)))], reps=9, inner=4)
+    ms_r, _, _ = graph_time([on_torch_stream(lambda: kr((grid,), (512,), (a, o, n16)))], reps=9, inner=4)
+    del a, b
+    return 2 * nbytes / (ms_c * 1e-3) / 1e9, nbytes / (ms_r * 1e-3) / 1e9
+
+
 def copy_bandwidth():
     nbytes = 4 << 30
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -115,8 +155,11 @@ def copy_bandwidth():
     gbs2 = 2 * nbytes / (ms2 * 1e-3) / 1e9
     del a, b, ca, cb
     free()
+    kcopy, kread = kernel_bandwidth(nbytes)
+    free()
     return {"bytes": nbytes, "torch_copy_ms": ms, "torch_copy_GBps": gbs, "memcpy_ms": ms2,
-            "memcpy_GBps": gbs2, "GBps": max(gbs, gbs2)}
+            "memcpy_GBps": gbs2, "kernel_copy_GBps": kcopy, "kernel_read_GBps": kread,
+            "GBps": max(gbs, gbs2, kcopy)}
 
 
 def free():
@@ -150,6 +193,7 @@ def check_decode():
     exact = _attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
     o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
     o32p = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32", precise_p=True))
+    o32q = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32", tune={"qlo": 0}))
     # bf16 attention on the unquantized K/V, for scale
     qt = torch.tensor(q64, dtype=torch.bfloat16, device="cuda")
     errs_bf16 = []
@@ -160,14 +204,14 @@ def check_decode():
         errs_bf16.append(o[0, :, 0].float().cpu().numpy())
     ob = np.stack(errs_bf16)
     return {"shape": "B2 Hq64 KVH8 N128 lengths 4096,1500",
-            "rel_err_vs_float64_packed": _rel(o32, ref), "rel_err_precise_p": _rel(o32p, ref),
+            "rel_err_vs_float64_packed": _rel(o32, ref), "rel_err_precise_p": _rel(o32p, ref), "rel_err_qlo0": _rel(o32q, ref),
             "quant_rel_err_vs_exact": _rel(o32, exact), "sdpa_bf16_rel_err_vs_exact": _rel(ob, exact)}
 
 
 # ---------------------------------------------------------------------------------------------
-def bench_write(nvec=16 << 20):
+def bench_write(nvec=16 << 20, variants=({"lptm": 64, "minb": 4}, {"lptm": 128, "minb": 2})):
     res = []
-    for dtype in ("fp16", "bf16"):
+    for dtype, tune in [("fp16", v) for v in variants] + [("bf16", variants[0])]:
         p = FormatParams(dtype=dtype)
         x = cp.empty((nvec, 128), cp.uint16)
         step = 1 << 21
@@ -178,11 +222,11 @@ def bench_write(nvec=16 << 20):
         codes = cp.empty((nvec, 48), cp.uint8)
         scales = cp.empty((nvec, 2), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
-        gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp)  # compile + warm
-        fn = on_torch_stream(lambda: gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp))
+        gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune)  # compile + warm
+        fn = on_torch_stream(lambda: gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune))
         ms, times, how = graph_time([fn], reps=9, inner=3)
         nbytes = nvec * (256 + 48 + 2 + 1)
-        res.append({"dtype": dtype, "vectors": nvec, "ms": ms, "bytes": nbytes,
+        res.append({"dtype": dtype, "tune": tune, "vectors": nvec, "ms": ms, "bytes": nbytes,
                     "GBps": nbytes / (ms * 1e-3) / 1e9, "timing": how, "all_ms": times})
         del x, codes, scales, flags
         free()
@@ -260,7 +304,26 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
     return row
 
 
+def ncu_driver():
+    """One headline decode and one write launch (run under ncu)."""
+    p = FormatParams()
+    s = make_planes(8, 8, 131072, 1, p)[0]
+    q = cp.random.standard_normal((8, 64, 128), dtype=cp.float32).astype(cp.float16)
+    lens = cp.full((8,), 131072, dtype=cp.int32)
+    for tune in (None, {"stages": 2, "minb": 3}):
+        gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tune)
+    x = cp.random.standard_normal((1 << 22, 128), dtype=cp.float32).astype(cp.float16)
+    for tune in ({"lptm": 64, "minb": 4}, {"lptm": 128, "minb": 2}):
+        gpu_ref.encode_kv(x, p) if tune is None else gpu_ref._launch_encode(
+            x.view(cp.uint16), p, cp.empty((1 << 22, 48), cp.uint8), cp.empty((1 << 22, 2), cp.uint8),
+            cp.empty((1 << 22,), cp.uint8), None, cp, tune)
+    cp.cuda.Device().synchronize()
+
+
 def main():
+    if "--ncu-driver" in sys.argv:
+        ncu_driver()
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
@@ -280,7 +343,8 @@ def main():
     result["copy"] = copy_bandwidth()
     copy_gbs = result["copy"]["GBps"]
     log(f"copy bandwidth {copy_gbs:.0f} GB/s (torch {result['copy']['torch_copy_GBps']:.0f}, "
-        f"memcpy {result['copy']['memcpy_GBps']:.0f})")
+        f"memcpy {result['copy']['memcpy_GBps']:.0f}, copy kernel {result['copy']['kernel_copy_GBps']:.0f}; "
+        f"read-only kernel {result['copy']['kernel_read_GBps']:.0f})")
     save()
     if not a.skip_checks:
         for name, fn in (("encode_check", check_encode), ("decode_check", check_decode)):
@@ -304,13 +368,16 @@ def main():
 
     # tuning sweep on the headline shape
     try:
-        hv = [{"stages": s} for s in (2, 3, 4)] + [{"num_splits": 8}, {"precise_p": True}]
+        hv = [{}, {"tune": {"stages": 2, "minb": 3}}, {"tune": {"stages": 2, "minb": 3, "qlo": 0}},
+              {"tune": {"qlo": 0}}, {"tune": {"stages": 4}}, {"num_splits": 8}, {"precise_p": True},
+              {"tune": {"abl": 1}}, {"tune": {"abl": 2}}, {"tune": {"abl": 1, "stages": 2, "minb": 3}}]
         r = bench_decode_one(8, 64, 8, 131072, p, sdpa=False, variants=hv)
         result["tuning_B8_T128K_64_8"] = r["variants"]
         for v in r["variants"]:
             log(f"tune {v['variant']}: {v['ms']:.4f} ms, {v['GBps']:.0f} GB/s")
-        best = min(r["variants"], key=lambda v: v["ms"])["variant"]
-        best = {k: v for k, v in best.items() if k in ("stages",)}
+        full = [v for v in r["variants"] if not v["variant"].get("precise_p") and "num_splits" not in v["variant"]
+                and v["variant"].get("tune", {}).get("abl", 0) == 0 and v["variant"].get("tune", {}).get("qlo", 1) == 1]
+        best = min(full, key=lambda v: v["ms"])["variant"]
     except Exception:  # noqa: BLE001
         result["tuning_B8_T128K_64_8"] = {"error": traceback.format_exc()}
         log(result["tuning_B8_T128K_64_8"]["error"])

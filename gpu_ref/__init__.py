@@ -131,15 +131,18 @@ class EncodedGPU:
     flags: object
 
 
-def _encode_targs(p: FormatParams) -> tuple:
+#: write-kernel tuning: lanes per thread (64: two threads per N=128 vector, 124 registers, 4 CTAs
+#: per SM; 128: one thread per vector, ~245 registers, 2 CTAs per SM) and CTAs per SM.
+ENCODE_TUNE = {"lptm": 64, "minb": 4}
+
+
+def _encode_cfg(p: FormatParams, tune=None):
+    t = dict(ENCODE_TUNE, **(tune or {}))
+    lpt = min(p.n, int(t["lptm"]))
     seed = 0 if p.sign_seed is None else p.sign_seed
-    return (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
-            f"{seed}ull", "0" if p.sign_seed is None else "1")
-
-
-def _encode_smem(p: FormatParams) -> int:
-    lpt = min(p.n, 128)
-    return 2 * 128 * (lpt * 2 + 16)
+    targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
+             f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])))
+    return targs, 2 * 128 * (lpt * 2 + 16), lpt, int(t["minb"])
 
 
 def _as_bits(x, p: FormatParams, cp):
@@ -155,16 +158,16 @@ def _as_bits(x, p: FormatParams, cp):
     return x
 
 
-def _launch_encode(bits, p, codes, scales, flags, rows, cp):
+def _launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None):
     nvec = bits.size // p.n
     if nvec == 0:
         return
-    smem = _encode_smem(p)
-    k = _kernel("encode", _encode_targs(p), smem)
-    vpb = 128 // (p.n // min(p.n, 128))
+    targs, smem, lpt, minb = _encode_cfg(p, tune)
+    k = _kernel("encode", targs, smem)
+    vpb = 128 // (p.n // lpt)
     ntiles = (nvec + vpb - 1) // vpb
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    grid = int(min(ntiles, 2 * sms))
+    grid = int(min(ntiles, minb * sms))
     rows_arg = rows if rows is not None else np.uint64(0)
     k((grid,), (128,), (bits, codes, scales, flags, rows_arg, np.int64(nvec)), shared_mem=smem)
 
@@ -280,6 +283,7 @@ class KVCache:
 _DECODE_N = (64, 128, 256)
 _DECODE_G = (16, 32, 64)
 _TT = 64
+_MAX_SPLITS = 128  # the split merge stages (m, l) of all splits in shared memory
 
 
 def decode_supported(p: FormatParams) -> bool:
@@ -299,13 +303,19 @@ def _decode_smem(p: FormatParams, stages: int) -> int:
     return 4 * wreg + 8 * p.n * 4 + (32 + 32 + 4 + 8 + 8 + 4) * 4
 
 
-def decode_kernel_params(p: FormatParams, precise_p: bool = False, stages: int | None = None):
-    """(template arguments, dynamic shared memory bytes) of the decode kernel (for benchmarks)."""
-    st = stages or _decode_stages(p.n)
+#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
+#: (profiling only: 1 = no PV, 2 = no QK; gives wrong results).
+DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0}
+
+
+def decode_kernel_params(p: FormatParams, precise_p: bool = False, stages: int | None = None, tune=None):
+    """(template arguments, dynamic shared memory bytes, CTAs per SM) of the decode kernel."""
+    t = dict(DECODE_TUNE, **(tune or {}))
+    st = int(t.get("stages") or stages or _decode_stages(p.n))
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), "1" if precise_p else "0", str(st), f"{seed}ull",
-             "0" if p.sign_seed is None else "1")
-    return targs, _decode_smem(p, st)
+             "0" if p.sign_seed is None else "1", str(int(t["minb"])), str(int(t["qlo"])), str(int(t["abl"])))
+    return targs, _decode_smem(p, st), int(t["minb"])
 
 
 def _workspace(cp, key, nbytes_acc, n_ml, n_cnt):
@@ -320,7 +330,7 @@ def _workspace(cp, key, nbytes_acc, n_ml, n_cnt):
 def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: FormatParams | None = None,
                      *, scale: float | None = None, out_dtype: str | None = None,
                      num_splits: int | None = None, precise_p: bool = False, max_length: int | None = None,
-                     stages: int | None = None, out=None):
+                     stages: int | None = None, out=None, tune: dict | None = None):
     """Single-token decode attention straight from the packed cache (fused, split-KV).
 
     Computes, per sequence b and query head h (kv head ``h // (Hq // KVH)``),
@@ -346,6 +356,7 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
         precise_p: also split the softmax weights into two fp16 parts (slower, ~1e-6 error).
         stages: cp.async pipeline depth (tuning; default by N).
         out: optional preallocated output (cupy, right shape and dtype).
+        tune: kernel variant for benchmarks (see ``DECODE_TUNE``).
 
     Returns:
         cupy ``[B, Hq, N]`` in ``out_dtype``.
@@ -443,17 +454,17 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
     # work split
     ht = (group + 7) // 8
     pairs = bsz * kvh * ht
-    targs, smem = decode_kernel_params(p, precise_p, stages)
+    targs, smem, minb = decode_kernel_params(p, precise_p, stages, tune)
     k = _kernel("decode", targs, smem)
     if num_splits is None:
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        per_sm = max(1, min(2, (227 * 1024) // (smem + 1024)))
+        per_sm = max(1, min(minb, (227 * 1024) // (smem + 1024)))
         slots = sms * per_sm
         max_split = max(1, -(-maxlen // (_TT * 4)))
         num_splits = max(1, min(slots // pairs, max_split)) if pairs < slots else 1
     num_splits = int(num_splits)
-    if num_splits < 1:
-        raise ValueError("num_splits must be >= 1")
+    if not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
     chunk = -(-max(maxlen, 1) // num_splits)
     chunk = -(-chunk // _TT) * _TT
     num_splits = max(1, -(-max(maxlen, 1) // chunk))

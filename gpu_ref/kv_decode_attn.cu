@@ -168,8 +168,10 @@ struct KvDecCfg {
 };
 
 
-template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN>
-__global__ void __launch_bounds__(128, 2)
+// MINB: CTAs per SM for the register budget; QLO: also feed the low fp16 part of q~;
+// ABL: ablation for profiling only (1: no PV, 2: no QK) -- results are wrong when ABL != 0.
+template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2, int QLO = 1, int ABL = 0>
+__global__ void __launch_bounds__(128, MINB)
 kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
                const kv_u8* __restrict__ kc, const kv_u8* __restrict__ ks,
                const kv_u8* __restrict__ vc, const kv_u8* __restrict__ vs,
@@ -339,8 +341,7 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         vmax = fmaxf(vmax, fv);
       }
     }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+    vmax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(vmax)));  // vmax >= 0
     __syncwarp();
     const int Et = ((__float_as_int(vmax) >> 23) & 0xFF) - 127;
     const int Enew = max(Erun, Et);
@@ -361,13 +362,14 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
         RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
       }
-      float cs[NB][4];
+      float cs[NB][4], cl[NB][4];  // hi and lo parts: two shorter mma dependency chains
 #pragma unroll
       for (int bb = 0; bb < NB; ++bb) {
         cs[bb][0] = -z0[bb]; cs[bb][1] = -z1[bb]; cs[bb][2] = -z0[bb]; cs[bb][3] = -z1[bb];
+        cl[bb][0] = cl[bb][1] = cl[bb][2] = cl[bb][3] = 0.0f;
       }
 #pragma unroll
-      for (int c = 0; c < NCH; ++c) {
+      for (int c = 0; c < (ABL == 2 ? 0 : NCH); ++c) {
         const int wl0 = (c & 1) ? (3 * c - 1) / 2 : (3 * c) / 2;
         const kv_u32 sa = (c & 1) ? selO[0] : selE[0];
         const kv_u32 sb = (c & 1) ? selO[1] : selE[1];
@@ -377,8 +379,12 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         kv_u32 a3 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sb), mA[1], mB[1]);
         const int bb = (16 * c) / G;
         mma16816(cs[bb], a0, a1, a2, a3, qh[c][0], qh[c][1]);
-        mma16816(cs[bb], a0, a1, a2, a3, ql[c][0], ql[c][1]);
+        if (QLO) mma16816(cl[bb], a0, a1, a2, a3, ql[c][0], ql[c][1]);
       }
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) cs[bb][r] += cl[bb][r];
       float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
 #pragma unroll
       for (int bb = 0; bb < NB; ++bb) {
@@ -426,7 +432,7 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 
     // ---- O^T += Vcodes^T . P'^T ------------------------------------------------------------
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < (ABL == 1 ? 0 : 4); ++mt) {
       kv_u32 B0[NB], B1[NB], B0l[NB], B1l[NB];
 #pragma unroll
       for (int bb = 0; bb < NB; ++bb) {
@@ -533,32 +539,45 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   __threadfence();
 
   // ---- last CTA: merge the splits, rotate back, write --------------------------------------------
+  // (m, l) of all splits -> shared (warp region 0 is free now), then per-split weights
   const long long pbase = ((long long)b * KVH * HT + hh) * S;
+  float* sml = reinterpret_cast<float*>(smem);  // [S][16], S * 64 B <= region sizes checked on the host
+  for (int i = tid; i < S * 16; i += 128) sml[i] = __ldcg(part_ml + pbase * 16 + i);
+  __syncthreads();
   if (tid < 8) {
     float M = KV_NEG_INF;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(part_ml + (pbase + s) * 16 + tid));
+    for (int s = 0; s < S; ++s) M = fmaxf(M, sml[s * 16 + tid]);
     float L = 0.0f;
     if (M > KV_NEG_INF)
       for (int s = 0; s < S; ++s) {
-        const float ms = __ldcg(part_ml + (pbase + s) * 16 + tid);
-        if (ms > KV_NEG_INF) L += ex2(ms - M) * __ldcg(part_ml + (pbase + s) * 16 + 8 + tid);
+        const float ms = sml[s * 16 + tid];
+        if (ms > KV_NEG_INF) L += ex2(ms - M) * sml[s * 16 + 8 + tid];
       }
     hm[tid] = M;
     hl[tid] = L;
   }
   __syncthreads();
-  for (int e = tid; e < 8 * N; e += 128) {
-    const int h = e / N;
-    const float M = hm[h], L = hl[h];
-    float a = 0.0f;
-    if (M > KV_NEG_INF && L > 0.0f) {
-      for (int s = 0; s < S; ++s) {
-        const float ms = __ldcg(part_ml + (pbase + s) * 16 + h);
-        if (ms > KV_NEG_INF) a += ex2(ms - M) * __ldcg(part_acc + (pbase + s) * 8 * N + e);
-      }
-      a /= L;
+  for (int i = tid; i < S * 8; i += 128) {  // weight of split s for head h, 1/L folded in
+    const int s = i >> 3, h = i & 7;
+    const float M = hm[h], L = hl[h], ms = sml[s * 16 + h];
+    sml[s * 16 + 8 + h] = (M > KV_NEG_INF && L > 0.0f && ms > KV_NEG_INF) ? ex2(ms - M) / L : 0.0f;
+  }
+  __syncthreads();
+  {
+    constexpr int EPT = 8 * N / 128;  // elements per thread
+    float a[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) a[k] = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      const float* src = part_acc + (pbase + s) * 8 * N;
+      float v[EPT];
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) v[k] = __ldcg(src + tid + 128 * k);  // EPT loads in flight
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) a[k] += sml[s * 16 + 8 + (tid + 128 * k) / N] * v[k];
     }
-    qs[e] = a;
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) qs[tid + 128 * k] = a[k];
   }
   __syncthreads();
   fwht_rows8<N>(qs, tid);
@@ -582,7 +601,7 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 
 #ifndef KV_NVRTC
 #define KV_DEC_INST(N_, G_, P_, S_)                                                                  \
-  template __global__ void kv_decode_attn<N_, G_, P_, S_, 0ull, 1>(                                 \
+  template __global__ void kv_decode_attn<N_, G_, P_, S_, 0ull, 1, 2, 1, 0>(                       \
       const kv_u16*, int, const kv_u8*, const kv_u8*, const kv_u8*, const kv_u8*, const int*, float*, \
       float*, int*, void*, int, int, int, int, int, long long, int, int, float);
 KV_DEC_INST(128, 64, 0, 3)

@@ -87,12 +87,12 @@ __device__ __forceinline__ T shfl_xor_t(T v, int m) { return __shfl_xor_sync(0xf
 // x:      [nvec, N] uint16 input bit patterns (fp16 when DT == 0, bf16 when DT == 1)
 // codes:  code plane rows of N*BITS/8 bytes; scales: rows of N/G bytes; flags: one byte per row
 // rows:   output row of input vector v is out_rows[v] when out_rows != nullptr, else v
-template <int N, int G, int BITS, int M, int DT, kv_u64 SEED, int HAS_SIGN>
-__global__ void __launch_bounds__(128, 2)
+template <int N, int G, int BITS, int M, int DT, kv_u64 SEED, int HAS_SIGN, int LPTM = 128, int MINB = 2>
+__global__ void __launch_bounds__(128, MINB)
 kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __restrict__ scales,
           kv_u8* __restrict__ flags, const long long* __restrict__ out_rows, long long nvec) {
   using namespace kv_enc;
-  constexpr int LPT = N < 128 ? N : 128;        // lanes per thread
+  constexpr int LPT = N < LPTM ? N : LPTM;      // lanes per thread (LPTM: 64 or 128)
   constexpr int TPV = N / LPT;                  // threads per vector
   constexpr int VPB = 128 / TPV;                // vectors per tile
   constexpr int LOG2N = kv_ilog2(N);
@@ -197,10 +197,11 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     // ---- block floating point (+ sign flip D folded in) ----------------------------------
     // D is a compile-time constant when one thread holds the whole vector; otherwise the
     // thread's 128 mask bits are generated once per vector.
+    // (two threads per vector: both halves' masks are constants, selected by `part`)
     kv_u64 mw[2] = {0ull, 0ull};
-    if (TPV > 1 && HAS_SIGN) {
+    if (TPV > 2 && HAS_SIGN) {
       mw[0] = kv_splitmix64(SEED, part * (LPT / 64));
-      mw[1] = kv_splitmix64(SEED, part * (LPT / 64) + 1);
+      if (LPT > 64) mw[1] = kv_splitmix64(SEED, part * (LPT / 64) + 1);
     }
     float yf[FLT ? LPT : 1];
     int yi[FLT ? 1 : LPT];
@@ -213,7 +214,8 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       float r = __fadd_rd(v, 0.5f);
       float n23 = __fadd_rd(r, 8388608.0f);  // 2^23 + floor(v + 1/2), exact
       const bool dneg = TPV == 1 ? kv_sign(SEED, HAS_SIGN, i)
-                                 : (HAS_SIGN != 0 && ((mw[(i >> 6) & 1] >> (i & 63)) & 1ull) != 0);
+                        : TPV == 2 ? (part ? kv_sign(SEED, HAS_SIGN, LPT + i) : kv_sign(SEED, HAS_SIGN, i))
+                                   : (HAS_SIGN != 0 && ((mw[(i >> 6) & 1] >> (i & 63)) & 1ull) != 0);
       bool neg = ((h >> 15) != 0) != dneg;
       if (FLT) {
         float m = n23 - 8388608.0f;
@@ -264,9 +266,12 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       constexpr int BL = G <= LPT ? G : LPT;
       int amax;
       if (FLT) {
-        float am = 0.0f;
+        float t8[8];  // 8 independent chains (latency), then a tree
 #pragma unroll
-        for (int i = 0; i < BL; ++i) am = fmaxf(am, fabsf(yf[FLT ? bb * BL + i : 0]));
+        for (int k = 0; k < 8; ++k) t8[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BL; ++i) t8[i & 7] = fmaxf(t8[i & 7], fabsf(yf[FLT ? bb * BL + i : 0]));
+        float am = fmaxf(fmaxf(fmaxf(t8[0], t8[1]), fmaxf(t8[2], t8[3])), fmaxf(fmaxf(t8[4], t8[5]), fmaxf(t8[6], t8[7])));
         amax = (int)am;  // exact: integer < 2^24
       } else {
         int am = 0;
@@ -374,4 +379,5 @@ template __global__ void kv_encode<128, 64, 3, 12, 0, 0ull, 1>(const kv_u16*, kv
 template __global__ void kv_encode<128, 64, 3, 12, 1, 0ull, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
 template __global__ void kv_encode<256, 64, 4, 16, 0, 0ull, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
 template __global__ void kv_encode<4096, 64, 2, 16, 0, 0ull, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
+template __global__ void kv_encode<128, 64, 3, 12, 0, 0ull, 1, 64, 4>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
 #endif
