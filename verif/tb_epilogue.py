@@ -105,12 +105,57 @@ def pattern(rng: np.random.Generator, n: int, p_off: float, burst_p: float,
     return on
 
 
+class Port:
+    """Fast int access to one DUT port.
+
+    Uses the GPI object behind the cocotb handle (one call per access: no
+    LogicArray round trip), falling back to the public ``.value`` API. Writes are
+    plain deposits, applied at once: the Verilator runner sets
+    COCOTB_TRUST_INERTIAL_WRITES=1, and every write here happens right after a
+    FallingEdge, never in the ReadOnly phase.
+    """
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.width = len(handle)
+        self.fmt = f"0{self.width}b"
+        g = getattr(handle, "_handle", None)
+        fast = (g is not None and hasattr(g, "get_signal_val_binstr")
+                and hasattr(g, "set_signal_val_binstr")
+                and os.environ.get("COCOTB_TRUST_INERTIAL_WRITES") == "1")
+        self.g = g if fast else None
+
+    def get(self) -> int:
+        """Value as an unsigned int (ValueError on X/Z)."""
+        if self.g is None:
+            return int(self.handle.value)
+        if self.width <= 32:   # Verilator is two-state: no X/Z to lose here
+            return self.g.get_signal_val_long()
+        return int(self.g.get_signal_val_binstr(), 2)
+
+    def set(self, v: int) -> None:
+        if self.g is None:
+            self.handle.value = v
+        elif self.width <= 32:
+            self.g.set_signal_val_int(0, v)
+        else:
+            self.g.set_signal_val_binstr(0, format(v, self.fmt))
+
+    @property
+    def value(self):          # so a Port can stand in for a handle in slow paths
+        return self.get()
+
+    @value.setter
+    def value(self, v) -> None:
+        self.set(int(v))
+
+
 class Driver:
     """Drives i__valid / i__payload; a presented word is held until accepted."""
 
     def __init__(self, dut, width: int):
-        self.valid_h = dut.i__valid
-        self.payload_h = dut.i__payload
+        self.valid_h = Port(dut.i__valid)
+        self.payload_h = Port(dut.i__payload)
         self.mask = (1 << width) - 1
         self.valid = 0      # value on i__valid
         self.busy = False   # a word is presented and not yet accepted
@@ -118,9 +163,9 @@ class Driver:
 
     def present(self, word: int) -> None:
         if not self.valid:
-            self.valid_h.value = 1
+            self.valid_h.set(1)
             self.valid = 1
-        self.payload_h.value = word
+        self.payload_h.set(word)
         self.word = word
         self.busy = True
 
@@ -128,26 +173,27 @@ class Driver:
         """Valid low (abandons a presented word: only used for reset)."""
         self.busy = False
         if self.valid:
-            self.valid_h.value = 0
+            self.valid_h.set(0)
             self.valid = 0
             # junk on the payload while valid is low: the DUT must ignore it
             self.word = ~self.word & self.mask
-            self.payload_h.value = self.word
+            self.payload_h.set(self.word)
 
 
 class Monitor:
     """Samples the output side; checks the hold rule of the output stream."""
 
     def __init__(self, dut, errors: list):
-        self.dut = dut
+        self.valid_h = Port(dut.o__valid)
+        self.payload_h = Port(dut.o__payload)
         self.errors = errors
         self.stalled_word = None   # word of the last cycle if it was valid & ~ready
         self.hold_violations = 0
 
     def sample(self, ready: int, cycle: int):
         """Returns (valid, word or None). Reads o__payload only when valid."""
-        v = int(self.dut.o__valid.value)
-        w = int(self.dut.o__payload.value) if v else None
+        v = self.valid_h.get()
+        w = self.payload_h.get() if v else None
         if self.stalled_word is not None and w != self.stalled_word:
             self.hold_violations += 1
             if len(self.errors) < MAX_ERRORS_KEPT:
@@ -365,8 +411,8 @@ class Bench:
         c0 = self.cycle
         last_progress = self.cycle
         fshift = self.fshift
-        o_ready_h, clear_h, rst_h = d.o__ready, d.status_clear, d.rst
-        i_ready_h, status_h = d.i__ready, d.status
+        o_ready_h, clear_h, rst_h = Port(d.o__ready), Port(d.status_clear), Port(d.rst)
+        i_ready_h, status_h = Port(d.i__ready), Port(d.status)
         oready, clear = -1, 0
         timed_out = False
         idle_tail = 0
@@ -382,12 +428,12 @@ class Bench:
             await fall
             # ---- drive, for the rising edge that ends cycle c ----
             if rst_on and rst_left == 0:
-                rst_h.value = 0
+                rst_h.set(0)
                 rst_on = False
             if not rst_on and reset_at and nxt >= reset_at[0] and sb.queue:
                 reset_at.pop(0)
                 rst_on, rst_left = True, int(rng.integers(1, 5))
-                rst_h.value = 1
+                rst_h.set(1)
                 n_resets += 1
             if rst_on:
                 rst_left -= 1
@@ -399,11 +445,11 @@ class Bench:
                     drv.idle()
             r = 1 if opat[k] else 0
             if r != oready:
-                o_ready_h.value = r
+                o_ready_h.set(r)
                 oready = r
             cl = 1 if (cpat[k] and not rst_on) else 0
             if cl != clear:
-                clear_h.value = cl
+                clear_h.set(cl)
                 clear = cl
             await ro
             # ---- sample: what rising edge c transfers ----
@@ -414,7 +460,7 @@ class Bench:
                 st.cleared(c)
             else:
                 if drv.busy:
-                    if int(i_ready_h.value):
+                    if i_ready_h.get():
                         sb.accepted(nxt, c)
                         nxt += 1
                         drv.busy = False
@@ -422,7 +468,7 @@ class Bench:
                     else:
                         iready_low += 1
                 if not cl:
-                    st.check(int(status_h.value), c, (w >> fshift) & 7 if ov else 0)
+                    st.check(status_h.get(), c, (w >> fshift) & 7 if ov else 0)
                 f = 0
                 if ov and r:
                     sb.output(w, c)
@@ -448,13 +494,13 @@ class Bench:
         await fall
         drv.idle()
         if clear:
-            clear_h.value = 0
+            clear_h.set(0)
         await ro
         if int(d.o__valid.value):
             errors.append(f"cycle {self.cycle}: o__valid high with no input outstanding")
             sb.spurious += 1
             sb.mismatches += 1
-        st.check(int(status_h.value), self.cycle, 0, exact=True)
+        st.check(status_h.get(), self.cycle, 0, exact=True)
         self.cycle += 1
         wall = time.perf_counter() - t_wall
         span = (last_out - first_out + 1) if first_out is not None else 0
