@@ -209,7 +209,7 @@ def check_decode():
 
 
 # ---------------------------------------------------------------------------------------------
-def bench_write(nvec=16 << 20, variants=({"lptm": 64, "minb": 4}, {"lptm": 128, "minb": 2})):
+def bench_write(nvec=16 << 20, variants=({"lptm": 128, "minb": 2}, {"lptm": 64, "minb": 4})):
     res = []
     for dtype, tune in [("fp16", v) for v in variants] + [("bf16", variants[0])]:
         p = FormatParams(dtype=dtype)
@@ -368,9 +368,8 @@ def main():
 
     # tuning sweep on the headline shape
     try:
-        hv = [{}, {"tune": {"stages": 2, "minb": 3}}, {"tune": {"stages": 2, "minb": 3, "qlo": 0}},
-              {"tune": {"qlo": 0}}, {"tune": {"stages": 4}}, {"num_splits": 8}, {"precise_p": True},
-              {"tune": {"abl": 1}}, {"tune": {"abl": 2}}, {"tune": {"abl": 1, "stages": 2, "minb": 3}}]
+        hv = [{}, {"tune": {"qlo": 0}}, {"tune": {"stages": 4}}, {"tune": {"stages": 2, "minb": 3}},
+              {"num_splits": 8}, {"precise_p": True}, {"tune": {"abl": 1}}, {"tune": {"abl": 2}}]
         r = bench_decode_one(8, 64, 8, 131072, p, sdpa=False, variants=hv)
         result["tuning_B8_T128K_64_8"] = r["variants"]
         for v in r["variants"]:

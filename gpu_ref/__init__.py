@@ -131,14 +131,15 @@ class EncodedGPU:
     flags: object
 
 
-#: write-kernel tuning: lanes per thread (64: two threads per N=128 vector, 124 registers, 4 CTAs
-#: per SM; 128: one thread per vector, ~245 registers, 2 CTAs per SM) and CTAs per SM.
-ENCODE_TUNE = {"lptm": 64, "minb": 4}
+#: write-kernel tuning: lanes per thread (128: one thread per N=128 vector, ~245 registers, 2 CTAs
+#: per SM; 64: two threads per vector, 124 registers, 4 CTAs per SM -- measured 7 % slower on the
+#: H200: the kernel is instruction-bound, see bench/GPU_NOTES.md) and CTAs per SM.
+ENCODE_TUNE = {"lptm": 128, "minb": 2}
 
 
 def _encode_cfg(p: FormatParams, tune=None):
     t = dict(ENCODE_TUNE, **(tune or {}))
-    lpt = min(p.n, int(t["lptm"]))
+    lpt = max(min(p.n, int(t["lptm"])), p.n // 32)  # at most 32 threads (one warp) per vector
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
              f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])))

@@ -249,8 +249,9 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       qh[c][p] = hlo | (hhi << 16);
       ql[c][p] = llo | (lhi << 16);
       // constant part of the K operand: 1 + 4 * 2^(o-10)
-      zp[(16 * c) / G] += (h2f(hlo) + h2f(llo)) * (1.0f + 4.0f * exp2i(ol - 10)) +
-                          (h2f(hhi) + h2f(lhi)) * (1.0f + 4.0f * exp2i(oh - 10));
+      // (exactly the fp16 values the tensor cores will see)
+      zp[(16 * c) / G] += (h2f(hlo) + (QLO ? h2f(llo) : 0.0f)) * (1.0f + 4.0f * exp2i(ol - 10)) +
+                          (h2f(hhi) + (QLO ? h2f(lhi) : 0.0f)) * (1.0f + 4.0f * exp2i(oh - 10));
     }
   }
   float z0[NB], z1[NB];
@@ -355,12 +356,22 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     for (int mt = 0; mt < 4; ++mt) {
       const int ta = 16 * mt + g;
       kv_u32 RA[CB / 4], RB[CB / 4];
+      if (CB % 16 == 0) {
 #pragma unroll
-      for (int k = 0; k < CB / 8; ++k) {
-        uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CB + 8 * k);
-        uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CB + 8 * k);
-        RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
-        RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
+        for (int k = 0; k < CB / 16; ++k) {
+          uint4 va = *reinterpret_cast<const uint4*>(sKC + ta * CB + 16 * k);
+          uint4 vb = *reinterpret_cast<const uint4*>(sKC + (ta + 8) * CB + 16 * k);
+          RA[4 * k] = va.x; RA[4 * k + 1] = va.y; RA[4 * k + 2] = va.z; RA[4 * k + 3] = va.w;
+          RB[4 * k] = vb.x; RB[4 * k + 1] = vb.y; RB[4 * k + 2] = vb.z; RB[4 * k + 3] = vb.w;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < CB / 8; ++k) {
+          uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CB + 8 * k);
+          uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CB + 8 * k);
+          RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
+          RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
+        }
       }
       float cs[NB][4], cl[NB][4];  // hi and lo parts: two shorter mma dependency chains
 #pragma unroll

@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(128, MINB)
 kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __restrict__ scales,
           kv_u8* __restrict__ flags, const long long* __restrict__ out_rows, long long nvec) {
   using namespace kv_enc;
-  constexpr int LPT = N < LPTM ? N : LPTM;      // lanes per thread (LPTM: 64 or 128)
+  constexpr int LPT0 = N < LPTM ? N : LPTM;
+  constexpr int LPT = LPT0 * 32 < N ? N / 32 : LPT0;  // lanes per thread (<= 32 threads per vector)
   constexpr int TPV = N / LPT;                  // threads per vector
   constexpr int VPB = 128 / TPV;                // vectors per tile
   constexpr int LOG2N = kv_ilog2(N);
