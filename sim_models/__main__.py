@@ -2,7 +2,8 @@
 
 encode: IN.npy holds fp16 values (float16) or raw bit patterns (uint16), shape
 [vectors, N] (any leading axes). OUT.npz gets ``codes`` (uint8 [..., N*b/8]),
-``scales`` (uint8 [..., N/G]), ``flags`` (uint8 [...]) and ``params`` (JSON).
+``scales`` (uint8 [..., N/G]), ``flags`` (uint8 [...]), ``params`` (JSON) and,
+for mode asym, ``zeros`` (uint8 [..., N/G]).
 decode: reads such an .npz (parameters from the file) and writes the
 reconstruction as float16 (fp16 input type) or uint16 bf16 bit patterns.
 """
@@ -16,13 +17,16 @@ import sys
 import numpy as np
 
 from .codec import decode, encode
-from .params import DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, FormatParams
+from .params import (DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS,
+                     SCALE_ROUNDING, SCALE_RULES, FormatParams)
 
 
 def _params_from_args(a) -> FormatParams:
     return FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
                         scale=a.scale, dtype=a.dtype,
-                        sign_seed=None if a.no_sign_flip else a.sign_seed)
+                        sign_seed=None if a.no_sign_flip else a.sign_seed,
+                        scale_rule=a.scale_rule, scale_round=a.scale_round,
+                        scale_mult=a.scale_mult)
 
 
 def main(argv=None) -> int:
@@ -41,6 +45,10 @@ def main(argv=None) -> int:
     enc.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default="fp16")
     enc.add_argument("--sign-seed", type=int, default=DEFAULT_SIGN_SEED)
     enc.add_argument("--no-sign-flip", action="store_true", help="disable the sign flip D")
+    enc.add_argument("--scale-rule", choices=SCALE_RULES, default="max")
+    enc.add_argument("--scale-round", choices=SCALE_ROUNDING, default="up")
+    enc.add_argument("--scale-mult", type=int, default=None,
+                     help="scale multiplier in units of 1/256 (default: the mode's)")
     dec = sub.add_parser("decode", help="code plane + scale plane -> reconstructed vectors")
     dec.add_argument("inp", help="input .npz written by encode")
     dec.add_argument("out", help="output .npy")
@@ -52,8 +60,9 @@ def main(argv=None) -> int:
                 a.n = int(x.shape[-1]) if x.ndim else 0
             p = _params_from_args(a)
             e = encode(x, p)
+            extra = {} if e.zeros is None else {"zeros": e.zeros}
             np.savez(a.out, codes=e.codes, scales=e.scales, flags=e.flags,
-                     params=np.array(json.dumps(p.to_dict())))
+                     params=np.array(json.dumps(p.to_dict())), **extra)
             print(f"encoded {e.flags.size} vectors: {p.bytes_per_vector} bytes each "
                   f"({p.bits_per_element:.3f} bits/element); flags set on "
                   f"{int(np.count_nonzero(e.flags))}")
@@ -62,7 +71,7 @@ def main(argv=None) -> int:
                 d = json.loads(str(z["params"]))
                 d.pop("format_version", None)
                 p = FormatParams(**d)
-                out = decode(z["codes"], z["scales"], p)
+                out = decode(z["codes"], z["scales"], p, z["zeros"] if "zeros" in z else None)
             np.save(a.out, out.view(np.float16) if p.dtype == "fp16" else out)
             print(f"decoded {out.size // p.n} vectors")
     except (ValueError, TypeError, OSError, KeyError) as err:

@@ -4,6 +4,10 @@ Encode, per vector of N lanes: special values -> sign flip D -> block floating
 point -> unnormalized FWHT (log2 N butterfly stages) -> per-block scale byte
 -> b-bit codes -> packing. Decode: unpack -> code * scale -> H / N -> D ->
 round to the input type (round to nearest even, saturating).
+
+The version-1 default quantizer (``FormatParams.is_default_quantizer``) runs
+through sim_models/quant.py; every other mode, scale rule, rounding and
+encoding through sim_models/scale_rules.py + sim_models/quant_modes.py.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from .bfp import FLAG_SAT, to_block_fp
 from .fwht import fwht
 from .pack import pack_codes, unpack_codes
 from .params import FormatParams
+from . import quant_modes
 from .quant import choose_scales, dequantize, quantize_codes
+from .scale_rules import choose_scale_bytes
 from .signs import sign_mask
 
 
@@ -26,13 +32,15 @@ class Encoded:
 
     Attributes:
         codes: uint8 [..., N*b/8], the code plane (FORMAT.md 4).
-        scales: uint8 [..., N/G], ue5m3 scale bytes, block k of lanes [kG, kG+G).
+        scales: uint8 [..., N/G], scale bytes (``p.scale``), block k of lanes [kG, kG+G).
         flags: uint8 [...], per-vector status bits FLAG_NAN | FLAG_INF | FLAG_SAT.
+        zeros: uint8 [..., N/G] zero points (mode ``asym`` only; else None).
     """
 
     codes: np.ndarray
     scales: np.ndarray
     flags: np.ndarray
+    zeros: np.ndarray | None = None
 
 
 @dataclass
@@ -43,8 +51,9 @@ class Trace:
     u: np.ndarray       # int64 [V]    exponent of one mantissa unit
     y: np.ndarray       # int64 [V, N] FWHT output, same unit
     scales: np.ndarray  # uint8 [V, N/G]
-    codes: np.ndarray   # int64 [V, N] signed codes
+    codes: np.ndarray   # int64 [V, N] codes (signed; unsigned for asym)
     flags: np.ndarray   # uint8 [V]
+    zeros: np.ndarray | None = None  # uint8 [V, N/G] zero points (asym), else None
 
 
 def as_bits(x: np.ndarray, p: FormatParams) -> np.ndarray:
@@ -79,10 +88,15 @@ def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
     """Write path with all intermediates; ``bits`` is uint16 [V, N] (see :func:`as_bits`)."""
     x, u, flags = to_block_fp(bits, p, sign_mask(p.n, p.sign_seed))
     y = fwht(x)
-    scales, sat = choose_scales(y, u, p)
-    codes = quantize_codes(y, u, scales, p)
+    zeros = None
+    if p.is_default_quantizer:
+        scales, sat = choose_scales(y, u, p)
+        codes = quantize_codes(y, u, scales, p)
+    else:
+        scales, sat = choose_scale_bytes(y, u, p)
+        codes, zeros = quant_modes.quantize(y, u, scales, p)
     flags = flags | np.where(sat, FLAG_SAT, 0).astype(np.uint8)
-    return Trace(x=x, u=u, y=y, scales=scales, codes=codes, flags=flags)
+    return Trace(x=x, u=u, y=y, scales=scales, codes=codes, flags=flags, zeros=zeros)
 
 
 def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
@@ -102,9 +116,10 @@ def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
     lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
     bits = as_bits(x, p)
     t = encode_trace(bits, p)
-    return Encoded(codes=pack_codes(t.codes, p.bits).reshape(*lead, p.code_bytes),
+    zeros = None if t.zeros is None else t.zeros.reshape(*lead, p.n_blocks)
+    return Encoded(codes=pack_codes(t.codes, p.bits, p.mode != "asym").reshape(*lead, p.code_bytes),
                    scales=t.scales.reshape(*lead, p.n_blocks),
-                   flags=t.flags.reshape(lead))
+                   flags=t.flags.reshape(lead), zeros=zeros)
 
 
 def _check_plane(name: str, a, lead, width: int) -> np.ndarray:
@@ -118,26 +133,35 @@ def _check_plane(name: str, a, lead, width: int) -> np.ndarray:
     return a.reshape(-1, width)
 
 
-def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
-    """Read path to exact real values: x_hat = D * (H @ (code * scale)) / N.
+def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None,
+                 zeros: np.ndarray | None = None) -> np.ndarray:
+    """Read path to exact real values: x_hat = D * (H @ yhat) / N, yhat = dequantized codes.
 
     Args:
         codes: uint8 code plane [..., N*b/8].
         scales: uint8 scale plane [..., N/G] (same leading axes).
         p: format parameters.
+        zeros: uint8 zero-point plane [..., N/G]; mode ``asym`` only (required there).
 
     Returns:
-        float64 [..., N]. Exact: every term is an integer of < 8 bits times a
-        power of two, and the partial sums stay within float64's 53 bits.
+        float64 [..., N]. Exact: every term is an integer of < 8 bits (lloydmax:
+        < 14 bits) times a power of two, and the partial sums stay within
+        float64's 53 bits while a vector's block scales lie within 2^30 of each
+        other (always, for real data).
 
     Raises:
-        TypeError, ValueError: wrong dtype or shape of a plane.
+        TypeError, ValueError: wrong dtype or shape of a plane; asym without zeros.
     """
     p = p or FormatParams()
     lead = codes.shape[:-1] if isinstance(codes, np.ndarray) else None
-    c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits)
+    c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits,
+                     p.mode != "asym")
     s = _check_plane("scales", scales, lead, p.n_blocks)
-    yhat = dequantize(c, s, p)
+    if p.is_default_quantizer:
+        yhat = dequantize(c, s, p)
+    else:
+        z = None if zeros is None else _check_plane("zeros", zeros, lead, p.n_blocks)
+        yhat = quant_modes.dequantize(c, s, p, z)
     xhat = fwht(yhat) / p.n
     xhat = np.where(sign_mask(p.n, p.sign_seed)[None, :] == 1, -xhat, xhat)
     return xhat.reshape(*lead, p.n)
@@ -163,7 +187,8 @@ def round_to_input_type(v: np.ndarray, p: FormatParams) -> np.ndarray:
     return (r.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def decode(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
+def decode(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None,
+           zeros: np.ndarray | None = None) -> np.ndarray:
     """Read path to the input type: uint16 bit patterns [..., N] (see :func:`decode_float`)."""
     p = p or FormatParams()
-    return round_to_input_type(decode_float(codes, scales, p), p)
+    return round_to_input_type(decode_float(codes, scales, p, zeros), p)

@@ -18,8 +18,18 @@ INPUT_DTYPES = {
     "bf16": (8, 7, 127),
 }
 
-QUANT_MODES = ("midtread",)
-SCALE_ENCODINGS = ("ue5m3",)
+#: Quantizer modes (docs/FORMAT.md 3.6; sim_models/quant.py, sim_models/quant_modes.py).
+QUANT_MODES = ("midtread", "midrise", "asym", "lloydmax")
+#: Scale-byte encodings (sim_models/minifloat.py). ``e4m3fn`` is the OCP FP8 E4M3
+#: ("fn": finite, NaN only at S.1111.111; the name ``e4m3`` is reserved so that a bare
+#: "e4m3" stays an error rather than silently meaning one of the E4M3 variants).
+SCALE_ENCODINGS = ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
+#: Block statistic the scale is derived from (sim_models/scale_rules.py).
+SCALE_RULES = ("max", "rms", "absmean")
+#: Rounding of the ideal scale to a scale byte.
+SCALE_ROUNDING = ("up", "nearest")
+#: Range of ``scale_mult`` (units of 1/256).
+SCALE_MULT_RANGE = (1, 511)
 
 #: Default seed of the random sign flip D (docs/FORMAT.md section 3.2).
 DEFAULT_SIGN_SEED = 0
@@ -54,9 +64,23 @@ class FormatParams:
             enter the FWHT, sign included, in [6, 16]. Default 12 (exact for the
             largest fp16 lane).
         scale: scale-byte encoding; ``"ue5m3"`` (unsigned, 5 exponent bits,
-            3 mantissa bits, bias 7).
+            3 mantissa bits, bias 7), or the additive study encodings ``"e4m3fn"``,
+            ``"e5m2"`` (OCP FP8; sign bit always 0) and ``"ue4m4"`` (unsigned,
+            bias 7); see :mod:`sim_models.minifloat`.
         dtype: input element type, ``"fp16"`` or ``"bf16"``.
         sign_seed: seed of the random sign flip D, or ``None`` for no flip.
+        scale_rule: block statistic the scale follows: ``"max"`` (max |y|, the
+            default: no code ever clips), ``"rms"`` (sqrt(sum y^2 / G)) or
+            ``"absmean"`` (sum |y| / G); ``asym`` needs ``"max"``.
+        scale_round: ``"up"`` (smallest byte >= the ideal scale; default) or
+            ``"nearest"`` (nearest byte, ties up).
+        scale_mult: multiplier of the ideal scale in units of 1/256, in
+            [1, 511], or ``None`` for the mode's default
+            (:func:`sim_models.scale_rules.default_scale_mult`).
+
+    The modes ``midrise``, ``asym`` and ``lloydmax``, the encodings other than
+    ``ue5m3`` and the non-default scale rules/rounding are format-study options
+    (docs/ACCURACY.md); the RTL and CUDA kernels implement the default only.
 
     Raises:
         TypeError: a field has the wrong type.
@@ -71,6 +95,9 @@ class FormatParams:
     scale: str = "ue5m3"
     dtype: str = "fp16"
     sign_seed: int | None = DEFAULT_SIGN_SEED
+    scale_rule: str = "max"
+    scale_round: str = "up"
+    scale_mult: int | None = None
 
     def __post_init__(self):
         n = _check_int("n", self.n)
@@ -89,7 +116,9 @@ class FormatParams:
                 f"mant_bits (M) must be in [{MANT_BITS_RANGE[0]}, {MANT_BITS_RANGE[1]}], got {m}")
         for name, value, allowed in (("mode", self.mode, QUANT_MODES),
                                      ("scale", self.scale, SCALE_ENCODINGS),
-                                     ("dtype", self.dtype, tuple(INPUT_DTYPES))):
+                                     ("dtype", self.dtype, tuple(INPUT_DTYPES)),
+                                     ("scale_rule", self.scale_rule, SCALE_RULES),
+                                     ("scale_round", self.scale_round, SCALE_ROUNDING)):
             if not isinstance(value, str):
                 raise TypeError(f"{name} must be a str, got {type(value).__name__}")
             if value not in allowed:
@@ -98,6 +127,14 @@ class FormatParams:
             s = _check_int("sign_seed", self.sign_seed)
             if not 0 <= s < 2**64:
                 raise ValueError(f"sign_seed must be in [0, 2^64) or None, got {s}")
+        if self.scale_mult is not None:
+            k = _check_int("scale_mult", self.scale_mult)
+            if not SCALE_MULT_RANGE[0] <= k <= SCALE_MULT_RANGE[1]:
+                raise ValueError(f"scale_mult must be in [{SCALE_MULT_RANGE[0]}, "
+                                 f"{SCALE_MULT_RANGE[1]}] (units of 1/256) or None, got {k}")
+        if self.mode == "asym" and self.scale_rule != "max":
+            raise ValueError(f"scale_rule must be 'max' for mode 'asym' (its scale spans the "
+                             f"block's range), got {self.scale_rule!r}")
 
     # Derived quantities -------------------------------------------------------
     @property
@@ -116,18 +153,29 @@ class FormatParams:
         return (1 << (self.bits - 1)) - 1
 
     @property
+    def is_default_quantizer(self) -> bool:
+        """True for the version-1 quantizer (midtread, ue5m3, max rule rounded up, x1)."""
+        return (self.mode == "midtread" and self.scale == "ue5m3" and self.scale_rule == "max"
+                and self.scale_round == "up" and self.scale_mult in (None, 256))
+
+    @property
+    def zero_bytes(self) -> int:
+        """Bytes of the zero-point plane per vector: N/G for ``asym``, else 0."""
+        return self.n_blocks if self.mode == "asym" else 0
+
+    @property
     def code_bytes(self) -> int:
         """Bytes of the code plane per vector, N*b/8."""
         return self.n * self.bits // 8
 
     @property
     def bytes_per_vector(self) -> int:
-        """Stored bytes per vector: code plane plus one scale byte per block."""
-        return self.code_bytes + self.n_blocks
+        """Stored bytes per vector: code plane, one scale byte per block, zero points (asym)."""
+        return self.code_bytes + self.n_blocks + self.zero_bytes
 
     @property
     def bits_per_element(self) -> float:
-        """Average stored bits per element, b + 8/G."""
+        """Average stored bits per element, b + 8/G (b + 16/G for ``asym``)."""
         return 8 * self.bytes_per_vector / self.n
 
     @property

@@ -1,0 +1,158 @@
+"""Block scale selection for every (mode, scale rule, rounding, encoding).
+
+One concept: which scale byte a block of G FWHT outputs gets. The version-1
+default (midtread, max rule, rounded up, ue5m3) is sim_models/quant.py; this
+module generalises it, and for the default gives the same bytes (tested).
+
+Block of G lanes ``y`` (integers, one unit = 2^u). The *ideal scale* ``t`` is
+
+    max      t = (mult/256) * A * 2^u / K           A = max|y|  (asym: A = hi - lo, below)
+    absmean  t = (mult/256) * (sum |y| / G) * 2^u
+    rms      t = (mult/256) * sqrt(sum y^2 / G) * 2^u
+
+with ``mult = FormatParams.scale_mult`` (default :func:`default_scale_mult`)
+and K the number of scale units the block maximum maps to:
+
+    midtread  K = 2^(b-1) - 1          (the outermost level, qmax)
+    midrise   K = 2^(b-1)              (the outer edge of the outermost cell)
+    asym      K = 2^b - 1              (hi - lo spans all 2^b levels)
+    lloydmax  K = L_top / 256          (the outermost Lloyd-Max level)
+
+For asym, ``lo = min(min y, 0)`` and ``hi = max(max y, 0)``.
+
+Every rule is one exact integer compare ``C * sig^p * 2^(p*exp) >= X * 2^(p*u)``
+("scale(byte) >= t"), p = 1 (max, absmean) or 2 (rms; squaring avoids the square root):
+
+    max      C = 256 * Kn,   X = mult * Kd * A            (K = Kn / Kd)
+    absmean  C = 256 * G,    X = mult * sum |y|
+    rms      C = 65536 * G,  X = mult^2 * sum y^2
+
+Rounding to a byte (bytes in value order, :mod:`sim_models.minifloat`):
+
+    up       the smallest byte with scale >= t;  none: the largest byte
+    nearest  the byte whose value is nearest to t; a tie (t exactly at the
+             midpoint of two consecutive values) goes to the larger one;
+             below the smallest value: the smallest byte
+
+FLAG_SAT is set for a vector when, for some block, t > the largest value
+(both rounding rules); the block then gets the largest byte and its codes clip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .exact import I64_LIMIT, first_true, ge_scaled
+from .lloyd_max import LEVEL_FRAC_BITS, levels
+from .minifloat import scale_encoding
+from .params import FormatParams
+
+#: Default multipliers (units 1/256) for the rms rule: the step minimising the
+#: MSE of a uniform quantizer with that many levels on N(0, 1) (numerical
+#: optimum, e.g. 0.586 sigma for 8 levels, 0.651 sigma for 7: Max 1960 Table II),
+#: and sigma itself (256) for lloydmax.
+_RMS_MULT = {
+    "midtread": {2: 313, 3: 167, 4: 90},
+    "midrise": {2: 255, 3: 150, 4: 86},
+    "lloydmax": {2: 256, 3: 256, 4: 256},
+}
+#: absmean: E|X| = sigma * sqrt(2/pi) for a Gaussian, so mult = rms mult * sqrt(pi/2).
+_ABSMEAN_MULT = {
+    "midtread": {2: 392, 3: 209, 4: 113},
+    "midrise": {2: 320, 3: 188, 4: 108},
+    "lloydmax": {2: 321, 3: 321, 4: 321},
+}
+
+
+def default_scale_mult(p: FormatParams) -> int:
+    """The multiplier used when ``p.scale_mult`` is None (units of 1/256).
+
+    256 for the max rule (the block maximum maps exactly to K scale units, so
+    no code clips); for rms/absmean the Gaussian MSE-optimal value (tables above).
+    """
+    if p.scale_rule == "max":
+        return 256
+    table = _RMS_MULT if p.scale_rule == "rms" else _ABSMEAN_MULT
+    return table[p.mode][p.bits]
+
+
+def scale_mult(p: FormatParams) -> int:
+    """``p.scale_mult`` or its default."""
+    return default_scale_mult(p) if p.scale_mult is None else p.scale_mult
+
+
+def max_units(p: FormatParams) -> tuple[int, int]:
+    """(Kn, Kd): the block maximum maps to K = Kn / Kd scale units (module docstring)."""
+    h = 1 << (p.bits - 1)
+    if p.mode == "midtread":
+        return h - 1, 1
+    if p.mode == "midrise":
+        return h, 1
+    if p.mode == "asym":
+        return 2 * h - 1, 1
+    return int(levels(p.bits)[-1]), 1 << LEVEL_FRAC_BITS
+
+
+def _blocks(y: np.ndarray, p: FormatParams) -> np.ndarray:
+    return y.reshape(y.shape[0], p.n_blocks, p.block)
+
+
+def block_range(y: np.ndarray, p: FormatParams):
+    """(lo, hi) int64 [V, N/G]: min(min y, 0) and max(max y, 0) per block (mode asym)."""
+    yb = _blocks(y, p)
+    return np.minimum(yb.min(axis=2, initial=0), 0), np.maximum(yb.max(axis=2, initial=0), 0)
+
+
+def _rule_operands(y: np.ndarray, p: FormatParams):
+    """(power, C, X) of the compare ``C * scale^p >= X * 2^(p*u)`` per block."""
+    mult = scale_mult(p)
+    yb = _blocks(y, p)
+    if p.scale_rule == "max":
+        kn, kd = max_units(p)
+        if p.mode == "asym":
+            lo, hi = block_range(y, p)
+            a = hi - lo
+        else:
+            a = np.abs(yb).max(axis=2, initial=0)
+        return 1, 256 * kn, mult * kd * a
+    if p.scale_rule == "absmean":
+        return 1, 256 * p.block, mult * np.abs(yb).sum(axis=2)
+    # rms: sum of squares; int64 when the static bound allows, else Python ints
+    ymax = 1 << (p.fwht_width - 1)
+    if mult * mult * p.block * ymax * ymax < I64_LIMIT:
+        s2 = (yb * yb).sum(axis=2)
+        return 2, 65536 * p.block, mult * mult * s2
+    obj = yb.astype(object)
+    return 2, 65536 * p.block, (obj * obj).sum(axis=2) * (mult * mult)
+
+
+def choose_scale_bytes(y: np.ndarray, u: np.ndarray, p: FormatParams):
+    """Scale byte per block (module docstring).
+
+    Args:
+        y: int64 [V, N], FWHT output in units of 2^u.
+        u: int64 [V], unit exponent per vector.
+        p: format parameters (any mode, rule, rounding, encoding).
+
+    Returns:
+        (scales, sat): uint8 [V, N/G] scale bytes of ``p.scale``; bool [V], some
+        block's ideal scale exceeded the largest value.
+    """
+    enc = scale_encoding(p.scale)
+    power, c, x = _rule_operands(y, p)
+    ub = np.broadcast_to(u[:, None], x.shape) * power
+    k = enc.bytes.size
+    shape = x.shape
+
+    def value_ge_target(i):          # scale(bytes[i]) >= t
+        return ge_scaled(c * enc.sig[i] ** power, power * enc.exp[i], x, ub)
+
+    above = first_true(value_ge_target, k, shape)      # k: none is large enough
+    sat = above >= k
+    if p.scale_round == "up":
+        idx = np.minimum(above, k - 1)
+    else:
+        def mid_gt_target(i):        # midpoint(i, i+1) > t, i.e. not (t >= midpoint)
+            return ~ge_scaled(x, ub, c * enc.mid_sig[i] ** power, power * enc.mid_exp[i])
+        idx = first_true(mid_gt_target, k - 1, shape)  # k-1: above every midpoint
+    return enc.bytes[idx], sat.any(axis=1)
