@@ -81,6 +81,11 @@ def _params(params) -> FormatParams:
         return FormatParams()
     if not isinstance(params, FormatParams):
         raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
+    if not getattr(params, "is_default_quantizer", True):
+        raise ValueError("gpu_ref implements the version-1 quantizer only (mode='midtread', scale='ue5m3', "
+                         "scale_rule='max', scale_round='up', scale_mult None or 256); got "
+                         f"mode={params.mode!r}, scale={params.scale!r}, scale_rule={params.scale_rule!r}, "
+                         f"scale_round={params.scale_round!r}, scale_mult={params.scale_mult!r}")
     return params
 
 
@@ -182,7 +187,9 @@ def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
             (fp16 or bf16; CuPy has no bfloat16 dtype, so bf16 always travels as uint16).
             Any number of vectors (no tile-size restriction).
         params: :class:`sim_models.FormatParams` (default ``FormatParams()``: N=128, G=64, b=3,
-            M=12, fp16, seed 0). Every parameter set the golden model accepts is supported.
+            M=12, fp16, seed 0). Every N, G, b, M, dtype and seed the golden model accepts is
+            supported, with the version-1 quantizer (``params.is_default_quantizer``); the
+            format-study modes/encodings/scale rules raise ValueError.
 
     Returns:
         :class:`EncodedGPU` with cupy arrays ``codes`` uint8 ``[..., N*b/8]``, ``scales`` uint8
@@ -193,8 +200,8 @@ def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
         ValueError: last axis != N, not C-contiguous, or on another device.
         RuntimeError: CuPy is not installed.
     """
-    cp = _cupy()
     p = _params(params)
+    cp = _cupy()
     bits = _as_bits(x, p, cp)
     lead = bits.shape[:-1]
     codes = cp.empty((*lead, p.code_bytes), dtype=cp.uint8)
@@ -223,8 +230,8 @@ class KVCache:
     """
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, params: FormatParams | None = None):
-        cp = _cupy()
         p = _params(params)
+        cp = _cupy()
         for name, v in (("batch", batch), ("kv_heads", kv_heads), ("capacity", capacity)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -369,11 +376,11 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
             [0, CAP], unsupported parameters, arrays on another device or not contiguous.
         RuntimeError: CuPy missing.
     """
-    cp = _cupy()
     p = _params(params)
     if not decode_supported(p):
         raise ValueError(f"decode_attention supports bits=3, n in {_DECODE_N}, block in {_DECODE_G}; got "
                          f"bits={p.bits}, n={p.n}, block={p.block}")
+    cp = _cupy()
     _check_cupy_array("q", q, cp)
     if q.ndim != 3:
         raise ValueError(f"q must be [B, Hq, N], got {list(q.shape)}")

@@ -164,6 +164,9 @@ def test_encode_input_checks():
         gpu_ref.encode_kv(cp.zeros((4, 128), cp.float16), FormatParams(dtype="bf16"))
     with pytest.raises(ValueError):
         FormatParams(n=80)                                               # not a power of two
+    if hasattr(FormatParams(), "is_default_quantizer"):                 # format-study options
+        with pytest.raises(ValueError, match="version-1"):
+            gpu_ref.encode_kv(cp.zeros((4, 128), cp.float16), FormatParams(mode="midrise"))
 
 
 # --------------------------------------------------------------------------------------------
