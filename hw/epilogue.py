@@ -52,6 +52,34 @@ from .quantizer import Quantizer
 FIXED_LATENCY = 3
 
 
+#: FormatParams fields the RTL implements only at one value (the version-1
+#: quantizer): field -> allowed values.
+RTL_ONLY = {
+    "mode": ("midtread",),
+    "scale": ("ue5m3",),
+    "scale_rule": ("max",),
+    "scale_round": ("up",),
+    "scale_mult": (None, 256),
+}
+
+
+def check_params(p: FormatParams) -> FormatParams:
+    """Refuse format options the RTL does not implement; the message names the field.
+
+    Every n / block / bits / mant_bits / dtype (fp16 and bf16) / sign_seed that
+    FormatParams accepts is supported; the quantizer must be the version-1
+    default (midtread, ue5m3, scale rule max rounded up, x1).
+    """
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
+    for field, allowed in RTL_ONLY.items():
+        value = getattr(p, field, allowed[0])
+        if value not in allowed:
+            raise ValueError(f"{field}={value!r} is not implemented by the RTL "
+                             f"(supported: {', '.join(repr(a) for a in allowed)})")
+    return p
+
+
 def check_latency(p: FormatParams, latency) -> int:
     """Validate the FWHT ``latency`` for ``p``; returns it."""
     if isinstance(latency, bool) or not isinstance(latency, int):
@@ -79,16 +107,12 @@ class KVEpilogue(wiring.Component):
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
-        ValueError: ``latency`` out of range, or a format the RTL does not support.
+        ValueError: ``latency`` out of range, or a format option the RTL does not
+            implement (see :data:`RTL_ONLY`).
     """
 
     def __init__(self, params: FormatParams, latency: int = 2):
-        if not isinstance(params, FormatParams):
-            raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
-        if params.mode != "midtread":
-            raise ValueError(f"mode {params.mode!r} is not supported by the RTL")
-        if params.scale != "ue5m3":
-            raise ValueError(f"scale {params.scale!r} is not supported by the RTL")
+        check_params(params)
         self.params = params
         self.latency = check_latency(params, latency)
         super().__init__({

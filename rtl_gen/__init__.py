@@ -21,7 +21,7 @@ from pathlib import Path
 import amaranth
 from amaranth.back import verilog
 
-from hw.epilogue import FIXED_LATENCY, KVEpilogue, check_latency, output_layout
+from hw.epilogue import FIXED_LATENCY, KVEpilogue, check_latency, check_params, output_layout
 from hw.fwht import register_positions
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
@@ -41,8 +41,7 @@ def _check_name(name: str) -> str:
 
 def build(params: FormatParams, latency: int = 2) -> KVEpilogue:
     """Construct the top-level component (validates ``latency``)."""
-    if not isinstance(params, FormatParams):
-        raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
+    check_params(params)
     check_latency(params, latency)
     return KVEpilogue(params, latency)
 

@@ -129,6 +129,8 @@ def test_deterministic(tmp_path):
     (["--dtype", "fp8"], "dtype"),
     (["--top", "9bad"], "top"),
     (["--n", "x"], "--n"),
+    (["--mode", "midrise"], "mode"),
+    (["--scale", "e5m2"], "scale"),
 ])
 def test_cli_errors(tmp_path, capsys, args, word):
     with pytest.raises(SystemExit) as e:
