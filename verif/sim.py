@@ -33,8 +33,14 @@ from pathlib import Path
 from .dut import BUILD, SimConfig, build, generate, rtl_available, run
 from .vectors import FIXTURE
 
-#: Configurations of a plain ``python -m verif.sim`` (first one = the product default).
-DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2")
+#: Configurations of a plain ``python -m verif.sim`` (first one = the product default):
+#: N = 128 / 64 / 256, b = 3 / 2 / 4, and bf16 input (the only way to reach FLAG_SAT).
+DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2", "n256_g64_b3_l2", "n128_g64_b2_l2",
+                   "n128_g64_b4_l2", "n128_g64_b3_l2_bf16")
+#: ``--quick`` without ``--configs``: the two configurations of the real K/V fixture.
+QUICK_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2")
+#: Extra configurations for ``--configs all``: G = 32, FWHT latency 0 and log2(N).
+EXTRA_CONFIGS = ("n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l6")
 #: Sets streamed per configuration; "real" only where the fixture supplies N.
 REAL_NS = (64, 128)
 
@@ -92,9 +98,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="1,000 random vectors per config, real set subsampled to 2,000 (make test)")
-    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                    help="comma-separated configs nN_gG_bB_lL[_bf16] "
-                         f"(default {','.join(DEFAULT_CONFIGS)}; 'all' adds the extra configs)")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated configs nN_gG_bB_lL[_bf16] (lL: FWHT pipeline registers); "
+                         f"default {','.join(DEFAULT_CONFIGS)}; with --quick "
+                         f"{','.join(QUICK_CONFIGS)}; 'all' adds {','.join(EXTRA_CONFIGS)}")
     ap.add_argument("--seed", type=int, default=1, help="seed of vectors and stall patterns")
     ap.add_argument("--random", type=int, default=None, help="random vectors per config")
     ap.add_argument("--gap-p", type=float, default=0.2, help="P(i__valid gap) per cycle")
@@ -106,6 +113,8 @@ def main(argv=None) -> int:
                     help="2: build the next config while simulating this one; 1: one at a time")
     a = ap.parse_args(argv)
 
+    if a.configs is None:
+        a.configs = ",".join(QUICK_CONFIGS if a.quick else DEFAULT_CONFIGS)
     names = [s for s in a.configs.split(",") if s.strip()]
     if names == ["all"]:
         names = list(DEFAULT_CONFIGS) + list(EXTRA_CONFIGS)
@@ -228,10 +237,6 @@ def main(argv=None) -> int:
     print(f"summary: {a.summary}")
     return 0 if ok_all else 1
 
-
-#: Extra configurations for ``--configs all`` (what the RTL supports cheaply).
-EXTRA_CONFIGS = ("n256_g64_b3_l2", "n128_g64_b2_l2", "n128_g64_b4_l2", "n128_g32_b3_l2",
-                 "n64_g64_b3_l0", "n128_g64_b3_l2_bf16")
 
 if __name__ == "__main__":
     sys.exit(main())

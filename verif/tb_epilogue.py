@@ -675,5 +675,7 @@ async def test_status_clear(dut):
               "mismatches": sum(r["mismatches"] for r in recs),
               "errors": [e for r in recs for e in r["errors"]],
               "ok": all(r["ok"] for r in recs), "flag_values": present,
+              "flags_or": int(np.bitwise_or.reduce([r["flags_or"] for r in recs])),
+              "status_violations": sum(r["status_violations"] for r in recs),
               "wall_s": sum(r["wall_s"] for r in recs)}
     _assert_ok([b.finish(merged, errs)])
