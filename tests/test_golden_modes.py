@@ -490,3 +490,17 @@ def test_cli_roundtrip_study_modes(tmp_path):
         e = sm.encode(x, p)
         y = np.load(tmp_path / "y.npy")
         assert np.array_equal(y.view(np.uint16), sm.decode(e.codes, e.scales, p, e.zeros))
+
+
+# --------------------------------------------------------------------------- memory CLI
+def test_memory_llama3_70b_at_128k(capsys):
+    from sim_models.memory import GIB, cache_bytes, main
+    p = FormatParams()
+    fp = cache_bytes(80, 8, 128, 131072, None)
+    fm = cache_bytes(80, 8, 128, 131072, CachePolicy(k=p, v=p))
+    assert fp == 40 * GIB and fm / GIB == pytest.approx(7.8125)
+    assert main(["--preset", "llama-3-70b"]) == 0
+    out = capsys.readouterr().out
+    assert "40.00 GiB" in out and "7.81 GiB" in out and "5.12x" in out
+    assert main(["--layers", "0", "--kv-heads", "8", "--head-dim", "128"]) == 2
+    assert "layers" in capsys.readouterr().err
