@@ -158,3 +158,15 @@ def test_scoreboard_catches_faults(dut_build):
     assert not ph["ok"] and res["tests"]["failed"] == 1
     assert ph["mismatches"] == ph["injected_faults"] > 0, ph["errors"][:3]
     assert ph["outputs"] == ph["vectors"] and ph["lost"] == 0
+
+
+def test_sim_cli_rejects_bad_config(capsys):
+    from verif.sim import main
+    assert main(["--configs", "n100_g64_b3_l2"]) == 2
+    assert "n (N) must be a power of two" in capsys.readouterr().err
+
+
+def test_config_names():
+    c = SimConfig.parse("n64_g32_b4_l0_bf16")
+    assert (c.n, c.block, c.bits, c.latency, c.dtype) == (64, 32, 4, 0, "bf16")
+    assert c.name == "n64_g32_b4_l0_bf16" and SimConfig.parse("n128").name == "n128_g64_b3_l2"
