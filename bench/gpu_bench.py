@@ -162,6 +162,18 @@ def copy_bandwidth():
             "GBps": max(gbs, gbs2, kcopy)}
 
 
+def gpu_state():
+    """SM clock (MHz), power (W) and temperature (C) right after a timing, via nvidia-smi (or None)."""
+    import subprocess
+    try:
+        o = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        c, pw, t = (x.strip() for x in o.strip().split("\n")[0].split(","))
+        return {"sm_MHz": float(c), "power_W": float(pw), "temp_C": float(t)}
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def free():
     torch.cuda.synchronize()
     cp.get_default_memory_pool().free_all_blocks()
@@ -264,6 +276,7 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
         gbs = comp_bytes / (ms * 1e-3) / 1e9
         var_rows.append({"variant": var, "ms": ms, "GBps": gbs, "all_ms": times, "timing": how})
     best = min(var_rows, key=lambda r: r["ms"])
+    row["gpu_state_after"] = gpu_state()
     row.update({"ours_ms": best["ms"], "ours_GBps": best["GBps"], "ours_timing": best["timing"],
                 "ours_all_ms": best["all_ms"]})
     if variants:
@@ -383,6 +396,17 @@ def main():
         best = {}
     result["chosen_variant"] = best
     save()
+    # short context, batch 1: split count (the fixed chain q rotation -> tile -> merges dominates)
+    try:
+        sv = [{}, {"num_splits": 4}, {"num_splits": 8}, {"num_splits": 32}]
+        r = bench_decode_one(1, 64, 8, 4096, p, sdpa=False, variants=sv)
+        result["tuning_B1_T4K_64_8"] = r["variants"]
+        for v in r["variants"]:
+            log(f"tune B1/4K {v['variant']}: {v['ms'] * 1e3:.2f} us")
+    except Exception:  # noqa: BLE001
+        result["tuning_B1_T4K_64_8"] = {"error": traceback.format_exc()}
+        log(result["tuning_B1_T4K_64_8"]["error"])
+    save()
 
     shapes = []
     ctxs = (4096, 16384, 65536, 131072) if not a.quick else (4096, 131072)
@@ -399,7 +423,7 @@ def main():
             rows.append(r)
             log(f"B{bsz:<3d} {hq}/{kvh} T{t:>6d}: ours {r['ours_ms']:.4f} ms {r['ours_GBps']:.0f} GB/s "
                 f"({r['pct_copy']:.0f}% copy) | sdpa bf16 {r.get('sdpa_bf16_ms', float('nan')):.4f} ms "
-                f"-> x{r.get('speedup', float('nan')):.2f}  [{time.time() - t0:.1f}s]")
+                f"-> x{r.get('speedup', float('nan')):.2f}  [{time.time() - t0:.1f}s] {r.get('gpu_state_after')}")
         except Exception:  # noqa: BLE001
             rows.append({"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "error": traceback.format_exc()})
             log(rows[-1]["error"])

@@ -308,7 +308,7 @@ def _decode_smem(p: FormatParams, stages: int) -> int:
     stb = 2 * _TT * cb + 2 * _TT * nb
     wraw = stages * stb + 16 + 2 * nb * 64 * 4
     wreg = (max(wraw, 8 * p.n * 4) + 15) // 16 * 16
-    return 4 * wreg + 8 * p.n * 4 + (32 + 32 + 4 + 8 + 8 + 4) * 4
+    return 4 * wreg + 8 * p.n * 4 + (32 + 32 + 4 + 8 + 8 + 4) * 4 + 256 * 4  # + ue5m3 table
 
 
 #: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
@@ -468,7 +468,8 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         per_sm = max(1, min(minb, (227 * 1024) // (smem + 1024)))
         slots = sms * per_sm
-        max_split = max(1, -(-maxlen // (_TT * 4)))
+        # >= 2 tiles per warp: at 4K/B=1, 8 splits ran 2 % faster than 16 (bench/GPU_NOTES.md, round 4)
+        max_split = max(1, -(-maxlen // (_TT * 4 * 2)))
         num_splits = max(1, min(slots // pairs, max_split)) if pairs < slots else 1
     num_splits = int(num_splits)
     if not 1 <= num_splits <= _MAX_SPLITS:

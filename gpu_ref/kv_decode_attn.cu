@@ -73,7 +73,7 @@ __device__ __forceinline__ kv_u32 pack_h2(float lo, float hi) {
 __device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
 __device__ __forceinline__ float ex2(float x) {
   float y;
-  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));  // ftz: no denormal range fix-up
   return y;
 }
 __device__ __forceinline__ kv_u32 lop_field(kv_u32 x, kv_u32 a, kv_u32 b) {
@@ -101,6 +101,18 @@ __device__ __forceinline__ void mma16816(float* c, kv_u32 a0, kv_u32 a1, kv_u32 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+// lane's 16-byte chunks k = 0..NCK-1 of a full K tile and of a full V tile (chunk lane + 32 k):
+// one shared and two global base registers, the offsets as immediates (no per-chunk address math)
+template <int K, int NCK, int VOFF>
+__device__ __forceinline__ void cp_async_rows(unsigned s, const void* gk, const void* gv) {
+  if constexpr (K < NCK) {
+    asm volatile(
+        "cp.async.cg.shared.global [%0+%3], [%1+%3], 16;\n"
+        "cp.async.cg.shared.global [%0+%4], [%2+%3], 16;\n" ::"r"(s),
+        "l"(gk), "l"(gv), "n"(512 * K), "n"(VOFF + 512 * K));
+    cp_async_rows<K + 1, NCK, VOFF>(s, gk, gv);
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int K>
@@ -164,7 +176,8 @@ struct KvDecCfg {
   static constexpr int WREG = ((WREG_RAW > WACC ? WREG_RAW : WACC) + 15) / 16 * 16;
   static constexpr int QS_OFF = 4 * WREG;                 // q~ / output rows [8][N] fp32
   static constexpr int MISC_OFF = QS_OFF + 8 * N * 4;     // wm[4][8], wl[4][8], wE[4], hm[8], hl[8], last
-  static constexpr int SMEM = MISC_OFF + (32 + 32 + 4 + 8 + 8 + 4) * 4;
+  static constexpr int LUT_OFF = MISC_OFF + (32 + 32 + 4 + 8 + 8 + 4) * 4;  // ue5m3 -> float [256]
+  static constexpr int SMEM = LUT_OFF + 256 * 4;
 };
 
 
@@ -204,6 +217,60 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   float* hm = reinterpret_cast<float*>(wE + 4);
   float* hl = hm + 8;
   int* s_last = reinterpret_cast<int*>(hl + 8);
+
+  // ---- cp.async pipeline: the first STAGES-1 tiles are requested before the q setup, so their
+  // latency overlaps the rotation of q (what dominates short contexts) ----------------------
+  kv_u8* wbase = smem + warp * C::WREG;
+  float* scf = reinterpret_cast<float*>(wbase + STAGES * C::STB + 16);  // [2][NB][8][8]
+  const int ntw = ntile > warp ? (ntile - warp + 3) / 4 : 0;
+  const long long slice = ((long long)b * KVH + kvh) * cap;
+
+  auto issue = [&](int ti, int st) {
+    const int t0 = tbeg + (warp + 4 * ti) * TT;
+    const int nv = min(TT, tend - t0);
+    kv_u8* dst = wbase + st * C::STB;
+    const long long rb = slice + t0;
+    const kv_u8* gkc = kc + rb * CB;
+    const kv_u8* gvc = vc + rb * CB;
+    const kv_u8* gks = ks + rb * NB;
+    const kv_u8* gvs = vs + rb * NB;
+    if (nv == TT) {  // full tile: fixed, unrolled copies (TT*CB/16 = 4*CB chunks per code plane)
+      constexpr int NCK = TT * CB / 16 / 32;  // 16-byte chunks per lane and code plane
+      static_assert(TT * CB / 16 % 32 == 0, "code chunks");
+      cp_async_rows<0, NCK, TT * CB>((unsigned)__cvta_generic_to_shared(dst + 16 * lane), gkc + 16 * lane,
+                                     gvc + 16 * lane);
+      constexpr int NSC = TT * NB / 16;  // chunks per scale plane (4 NB)
+#pragma unroll
+      for (int c0 = 0; c0 < 2 * NSC; c0 += 32) {
+        const int c = c0 + lane;
+        if (c < 2 * NSC) {
+          const bool isv = c >= NSC;
+          const int cc = isv ? c - NSC : c;
+          cp_async16(dst + 2 * TT * CB + (isv ? TT * NB : 0) + 16 * cc, (isv ? gvs : gks) + 16 * cc);
+        }
+      }
+      return;
+    }
+    const int nc = (nv * CB + 15) >> 4, ns = (nv * NB + 15) >> 4;
+    for (int c = lane; c < nc; c += 32) {
+      cp_async16(dst + 16 * c, gkc + 16 * c);
+      cp_async16(dst + TT * CB + 16 * c, gvc + 16 * c);
+    }
+    for (int c = lane; c < ns; c += 32) {
+      cp_async16(dst + 2 * TT * CB + 16 * c, gks + 16 * c);
+      cp_async16(dst + 2 * TT * CB + TT * NB + 16 * c, gvs + 16 * c);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntw) issue(s, s);
+    cp_async_commit();
+  }
+
+  // ue5m3 byte -> float table (exact; read once per scale byte in the token loop)
+  float* slut = reinterpret_cast<float*>(smem + C::LUT_OFF);
+  for (int i = tid; i < 256; i += 128) slut[i] = scale_f((kv_u32)i);
 
   // ---- q~ = H D q (fp32, shared) -------------------------------------------------------------
   for (int i = tid; i < 8 * N; i += 128) {
@@ -259,8 +326,8 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   for (int bb = 0; bb < NB; ++bb) {
     zp[bb] += __shfl_xor_sync(0xffffffffu, zp[bb], 1);
     zp[bb] += __shfl_xor_sync(0xffffffffu, zp[bb], 2);
-    z0[bb] = __shfl_sync(0xffffffffu, zp[bb], 8 * tig);      // head 2tig
-    z1[bb] = __shfl_sync(0xffffffffu, zp[bb], 8 * tig + 4);  // head 2tig+1
+    z0[bb] = -__shfl_sync(0xffffffffu, zp[bb], 8 * tig);      // -Z of head 2tig
+    z1[bb] = -__shfl_sync(0xffffffffu, zp[bb], 8 * tig + 4);  // -Z of head 2tig+1
   }
   const float LOG2E = 1.4426950408889634f;
   const int eq0 = __shfl_sync(0xffffffffu, eqg, 8 * tig), eq1 = __shfl_sync(0xffffffffu, eqg, 8 * tig + 4);
@@ -282,36 +349,6 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.0f, l1 = 0.0f;
   int Erun = -1000;
 
-  kv_u8* wbase = smem + warp * C::WREG;
-  float* scf = reinterpret_cast<float*>(wbase + STAGES * C::STB + 16);  // [2][NB][8][8]
-  const int ntw = ntile > warp ? (ntile - warp + 3) / 4 : 0;
-  const long long slice = ((long long)b * KVH + kvh) * cap;
-
-  auto issue = [&](int ti, int st) {
-    const int t0 = tbeg + (warp + 4 * ti) * TT;
-    const int nv = min(TT, tend - t0);
-    kv_u8* dst = wbase + st * C::STB;
-    const long long rb = slice + t0;
-    const kv_u8* gkc = kc + rb * CB;
-    const kv_u8* gvc = vc + rb * CB;
-    const kv_u8* gks = ks + rb * NB;
-    const kv_u8* gvs = vs + rb * NB;
-    const int nc = (nv * CB + 15) >> 4, ns = (nv * NB + 15) >> 4;
-    for (int c = lane; c < nc; c += 32) {
-      cp_async16(dst + 16 * c, gkc + 16 * c);
-      cp_async16(dst + TT * CB + 16 * c, gvc + 16 * c);
-    }
-    for (int c = lane; c < ns; c += 32) {
-      cp_async16(dst + 2 * TT * CB + 16 * c, gks + 16 * c);
-      cp_async16(dst + 2 * TT * CB + TT * NB + 16 * c, gvs + 16 * c);
-    }
-  };
-
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntw) issue(s, s);
-    cp_async_commit();
-  }
   for (int it = 0; it < ntw; ++it) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
@@ -335,8 +372,10 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       const bool ok = t < nv;
 #pragma unroll
       for (int bb = 0; bb < NB; ++bb) {
-        float fk = ok ? scale_f(sKS[t * NB + bb]) : 0.0f;
-        float fv = ok ? scale_f(sVS[t * NB + bb]) : 0.0f;
+        // bytes read unconditionally (inside the stage buffer), table lookup, then select
+        const float lk = slut[sKS[t * NB + bb]], lv = slut[sVS[t * NB + bb]];
+        const float fk = ok ? lk : 0.0f;
+        const float fv = ok ? lv : 0.0f;
         scf[((0 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fk;
         scf[((1 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fv;
         vmax = fmaxf(vmax, fv);
@@ -376,7 +415,7 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       float cs[NB][4], cl[NB][4];  // hi and lo parts: two shorter mma dependency chains
 #pragma unroll
       for (int bb = 0; bb < NB; ++bb) {
-        cs[bb][0] = -z0[bb]; cs[bb][1] = -z1[bb]; cs[bb][2] = -z0[bb]; cs[bb][3] = -z1[bb];
+        cs[bb][0] = z0[bb]; cs[bb][1] = z1[bb]; cs[bb][2] = z0[bb]; cs[bb][3] = z1[bb];  // -Z
         cl[bb][0] = cl[bb][1] = cl[bb][2] = cl[bb][3] = 0.0f;
       }
 #pragma unroll
@@ -436,9 +475,11 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     l0 = l0 * al0 + s0;
     l1 = l1 * al1 + s1;
     const float f0 = al0 * escale, f1 = al1 * escale;
+    if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) {  // rare once the maxima settle
 #pragma unroll
-    for (int i = 0; i < NMT; ++i) {
-      acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
+      for (int i = 0; i < NMT; ++i) {
+        acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
+      }
     }
 
     // ---- O^T += Vcodes^T . P'^T ------------------------------------------------------------
