@@ -1,8 +1,12 @@
-"""Verilog generator for the fwht-kv write path (``hw.KVEpilogue``).
+"""Verilog generator for the fwht-kv write path (``hw.KVEpilogue``) and read path
+(``hw.KVDecompressor``).
 
 ``generate(params, latency, out_dir)`` writes ``<out_dir>/<top>.v`` (Amaranth
 -> Verilog via ``amaranth.back.verilog.convert``) and ``<out_dir>/manifest.json``
-and returns the manifest as a dict. Command line: ``python -m rtl_gen --help``.
+and returns the manifest as a dict. ``generate_decompressor`` does the same for
+the read path (default top ``kv_decompressor``), ``generate_both`` writes both
+modules into one directory (see its docstring for the manifest files). Command
+line: ``python -m rtl_gen --help`` (``--module epilogue|decompressor|both``).
 
 Lint: ``rtl_gen/verilator_waivers.vlt`` lists the Verilator ``-Wall``
 warnings that Amaranth's generated Verilog always produces, each with its
@@ -21,13 +25,18 @@ from pathlib import Path
 import amaranth
 from amaranth.back import verilog
 
+from hw import decompressor as _dec
+from hw.decompressor import KVDecompressor
 from hw.epilogue import FIXED_LATENCY, KVEpilogue, check_latency, check_params, output_layout
 from hw.fwht import register_positions
+from hw.ifwht import out_width as _ifwht_width, steps_of
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
 
 #: Default Verilog module name of the top level.
 TOP_NAME = "kv_epilogue"
+#: Default Verilog module name of the read path.
+DEC_TOP_NAME = "kv_decompressor"
 #: Version of the manifest layout written by :func:`generate`.
 MANIFEST_VERSION = 1
 WAIVER_FILE = Path(__file__).with_name("verilator_waivers.vlt")
@@ -63,7 +72,8 @@ def ports(params: FormatParams) -> dict:
     }
 
 
-def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME) -> dict:
+def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
+             manifest_name: str = "manifest.json") -> dict:
     """Write ``<out_dir>/<top>.v`` and ``<out_dir>/manifest.json``.
 
     Args:
@@ -71,6 +81,7 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         latency: FWHT pipeline registers, 0 .. log2(N).
         out_dir: output directory (created if missing).
         top: Verilog module name of the top level.
+        manifest_name: file name of the manifest in ``out_dir``.
 
     Returns:
         The manifest dict (also written as JSON).
@@ -123,8 +134,111 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         },
     }
     assert manifest["latency_cycles"] == latency + FIXED_LATENCY
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / manifest_name).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def build_decompressor(params: FormatParams, latency: int = 2) -> KVDecompressor:
+    """Construct the read-path top level (validates ``latency``)."""
+    check_params(params)
+    check_latency(params, latency)
+    return KVDecompressor(params, latency)
+
+
+def ports_decompressor(params: FormatParams) -> dict:
+    """Verilog ports of the read path: {name: {"dir": "input"|"output", "width": w}}."""
+    p = params
+    return {
+        "clk": {"dir": "input", "width": 1},
+        "rst": {"dir": "input", "width": 1},
+        "i__valid": {"dir": "input", "width": 1},
+        "i__ready": {"dir": "output", "width": 1},
+        "i__payload": {"dir": "input", "width": _dec.input_width(p)},
+        "o__valid": {"dir": "output", "width": 1},
+        "o__ready": {"dir": "input", "width": 1},
+        "o__payload": {"dir": "output", "width": _dec.output_width(p)},
+    }
+
+
+def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *,
+                          top: str = DEC_TOP_NAME, manifest_name: str = "manifest.json") -> dict:
+    """Write ``<out_dir>/<top>.v`` (``hw.KVDecompressor``) and its manifest.
+
+    Same arguments, errors and manifest style as :func:`generate`; the payload
+    fields describe the read path (``i``: codes | scales, ``o``: N 16-bit lanes).
+    """
+    _check_name(top)
+    dut = build_decompressor(params, latency)
+    text = verilog.convert(dut, name=top, emit_src=False)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vfile = out / f"{top}.v"
+    vfile.write_text(text)
+    p = params
+    cw, sw = p.n * p.bits, 8 * p.n_blocks
+    steps = steps_of(p.n, p.block)
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "format_version": FORMAT_VERSION,
+        "module": "decompressor",
+        "params": p.to_dict(),
+        "top": top,
+        "verilog": vfile.name,
+        "verilog_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "amaranth_version": amaranth.__version__,
+        "fwht_latency": latency,
+        "fwht_steps": ["align" if k == "align" else f"stage{s}" for k, s in steps],
+        "fwht_register_after_steps": (register_positions(len(steps), latency)
+                                      if latency else []),
+        "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width),
+        "latency_cycles": dut.latency_cycles,
+        "latency_breakdown": {"dequant_reg": 1, "fwht": latency, "float_prep_reg": 1,
+                              "output_reg": 1},
+        "throughput_vectors_per_cycle": 1,
+        "clock": {"port": "clk", "edge": "posedge"},
+        "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
+        "ports": ports_decompressor(p),
+        "i_payload": {
+            "width": cw + sw,
+            "fields": {"codes": {"offset": 0, "width": cw},
+                       "scales": {"offset": cw, "width": sw}},
+        },
+        "o_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)",
+                      "type": p.dtype, "rounding": "nearest-even, saturating (never inf/NaN)"},
+        "sign_mask_hex": f"{sign_mask_int(p.n, p.sign_seed):0{(p.n + 3) // 4}x}",
+        "derived": {"log2n": p.log2n, "n_blocks": p.n_blocks, "code_bytes": p.code_bytes,
+                    "bytes_per_vector": p.bytes_per_vector},
+    }
+    assert manifest["latency_cycles"] == latency + _dec.FIXED_LATENCY
+    (out / manifest_name).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def generate_both(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
+                  dec_top: str = DEC_TOP_NAME) -> dict:
+    """Write the write path and the read path into ``out_dir``.
+
+    Files: ``<top>.v``, ``<dec_top>.v``, their manifests ``<top>.manifest.json`` and
+    ``<dec_top>.manifest.json``, and ``manifest.json`` = the epilogue's manifest
+    (unchanged keys, so consumers of a single-module manifest keep working) plus
+    ``"modules"``: {module name: its full manifest} for both.
+
+    Returns:
+        the ``manifest.json`` dict.
+    """
+    _check_name(top)
+    _check_name(dec_top)
+    if top == dec_top:
+        raise ValueError(f"top and dec_top must differ, got {top!r} twice")
+    check_params(params)
+    check_latency(params, latency)
+    man_e = generate(params, latency, out_dir, top=top, manifest_name=f"{top}.manifest.json")
+    man_d = generate_decompressor(params, latency, out_dir, top=dec_top,
+                                  manifest_name=f"{dec_top}.manifest.json")
+    both = dict(man_e)
+    both["modules"] = {top: man_e, dec_top: man_d}
+    (Path(out_dir) / "manifest.json").write_text(json.dumps(both, indent=2) + "\n")
+    return both
 
 
 def find_verilator() -> str | None:
@@ -154,4 +268,5 @@ def lint(vfile, top: str = TOP_NAME, waivers: bool = True) -> subprocess.Complet
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
-__all__ = ["TOP_NAME", "build", "generate", "lint", "ports"]
+__all__ = ["DEC_TOP_NAME", "TOP_NAME", "build", "build_decompressor", "generate",
+           "generate_both", "generate_decompressor", "lint", "ports", "ports_decompressor"]

@@ -1,7 +1,11 @@
 """Command line: ``python -m rtl_gen --n 128 --block 64 --bits 3 --latency 2 --out DIR``.
 
 Writes DIR/<top>.v (default top ``kv_epilogue``) and DIR/manifest.json.
-Bad parameters exit with status 2 and a message naming the parameter.
+``--module decompressor`` writes the read path instead (DIR/kv_decompressor.v,
+DIR/manifest.json); ``--module both`` writes both modules, a manifest per module
+(DIR/<name>.manifest.json) and DIR/manifest.json (the epilogue's manifest plus
+``modules``: both manifests). Bad parameters exit with status 2 and a message
+naming the parameter.
 """
 
 from __future__ import annotations
@@ -11,13 +15,16 @@ import sys
 
 from sim_models.params import DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, FormatParams
 
-from . import TOP_NAME, generate, lint
+from . import DEC_TOP_NAME, TOP_NAME, generate, generate_both, generate_decompressor, lint
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rtl_gen",
                                  description="Generate the Verilog of the fwht-kv write path "
-                                             "(KVEpilogue) and its manifest.json.")
+                                             "(KVEpilogue) and/or read path (KVDecompressor) "
+                                             "and the manifest.json.")
+    ap.add_argument("--module", choices=("epilogue", "decompressor", "both"), default="epilogue",
+                    help="which top level(s) to emit (default epilogue)")
     ap.add_argument("--n", type=int, default=128, help="lanes N, power of two (default 128)")
     ap.add_argument("--block", type=int, default=64, help="block size G (default 64)")
     ap.add_argument("--bits", type=int, default=3, help="code bits b in {2,3,4} (default 3)")
@@ -31,7 +38,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default="fp16")
     ap.add_argument("--mode", choices=QUANT_MODES, default="midtread")
     ap.add_argument("--scale", choices=SCALE_ENCODINGS, default="ue5m3")
-    ap.add_argument("--top", default=TOP_NAME, help=f"Verilog module name (default {TOP_NAME})")
+    ap.add_argument("--top", default=None,
+                    help=f"Verilog module name (default {TOP_NAME}; with --module decompressor "
+                         f"{DEC_TOP_NAME}; with --module both: the epilogue's)")
+    ap.add_argument("--dec-top", default=DEC_TOP_NAME,
+                    help=f"module name of the decompressor with --module both (default {DEC_TOP_NAME})")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lint", action="store_true",
                     help="also run verilator --lint-only -Wall (with rtl_gen's waivers)")
@@ -40,18 +51,27 @@ def main(argv=None) -> int:
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
                          scale=a.scale, dtype=a.dtype,
                          sign_seed=None if a.no_sign_flip else a.seed)
-        man = generate(p, a.latency, a.out, top=a.top)
+        if a.module == "epilogue":
+            mans = [generate(p, a.latency, a.out, top=a.top or TOP_NAME)]
+        elif a.module == "decompressor":
+            mans = [generate_decompressor(p, a.latency, a.out, top=a.top or DEC_TOP_NAME)]
+        else:
+            mans = list(generate_both(p, a.latency, a.out, top=a.top or TOP_NAME,
+                                      dec_top=a.dec_top)["modules"].values())
     except (ValueError, TypeError) as err:
         ap.error(str(err))
-    print(f"wrote {a.out}/{man['verilog']} and {a.out}/manifest.json: "
-          f"latency {man['latency_cycles']} cycles, o__payload {man['o_payload']['width']} bits")
+    for man in mans:
+        width = man["o_payload"].get("width", 16 * man["params"]["n"])
+        print(f"wrote {a.out}/{man['verilog']} and {a.out}/manifest.json: "
+              f"latency {man['latency_cycles']} cycles, o__payload {width} bits")
     if a.lint:
-        r = lint(f"{a.out}/{man['verilog']}", man["top"])
-        sys.stdout.write(r.stdout)
-        sys.stderr.write(r.stderr)
-        if r.returncode:
-            return 1
-        print("verilator lint: clean")
+        for man in mans:
+            r = lint(f"{a.out}/{man['verilog']}", man["top"])
+            sys.stdout.write(r.stdout)
+            sys.stderr.write(r.stderr)
+            if r.returncode:
+                return 1
+            print(f"verilator lint ({man['top']}): clean")
     return 0
 
 

@@ -14,6 +14,12 @@ and run the cocotb testbench verif/tb_epilogue.py on it:
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
+Round trip (configs ``rt_<config>``, verif/roundtrip.py + verif/tb_roundtrip.py):
+kv_epilogue -> kv_decompressor in one Verilog wrapper, every decoded word
+compared bit-exact with sim_models.decode(encode(x)), plus arbitrary code/scale
+planes fed to the decompressor directly (compared with sim_models.decode);
+added to the default, --quick and 'all' config lists.
+
 The streaming sets run with random i__valid gaps, o__ready stalls, long stall
 bursts and status_clear pulses. Every output word is compared bit-exact (codes,
 scales, flags) in order. Prints a summary table and writes it as JSON to
@@ -30,6 +36,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import roundtrip
 from .dut import BUILD, SimConfig, build, generate, rtl_available, run
 from .vectors import FIXTURE
 
@@ -99,7 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="1,000 random vectors per config, real set subsampled to 2,000 (make test)")
     ap.add_argument("--configs", default=None,
-                    help="comma-separated configs nN_gG_bB_lL[_bf16] (lL: FWHT pipeline registers); "
+                    help="comma-separated configs nN_gG_bB_lL[_bf16] (lL: FWHT pipeline registers), "
+                         "rt_nN_gG_bB_lL[_bf16] for the epilogue -> decompressor round trip; "
                          f"default {','.join(DEFAULT_CONFIGS)}; with --quick "
                          f"{','.join(QUICK_CONFIGS)}; 'all' adds {','.join(EXTRA_CONFIGS)}")
     ap.add_argument("--seed", type=int, default=1, help="seed of vectors and stall patterns")
@@ -113,12 +121,19 @@ def main(argv=None) -> int:
                     help="2: build the next config while simulating this one; 1: one at a time")
     a = ap.parse_args(argv)
 
+    rt_auto = a.configs is None          # round-trip configs rt_* (verif/roundtrip.py)
     if a.configs is None:
         a.configs = ",".join(QUICK_CONFIGS if a.quick else DEFAULT_CONFIGS)
     names = [s for s in a.configs.split(",") if s.strip()]
     if names == ["all"]:
         names = list(DEFAULT_CONFIGS) + list(EXTRA_CONFIGS)
+        names += list(roundtrip.DEFAULT_RT_CONFIGS) + list(roundtrip.EXTRA_RT_CONFIGS)
+    elif rt_auto:
+        names += list(roundtrip.QUICK_RT_CONFIGS if a.quick else roundtrip.DEFAULT_RT_CONFIGS)
+    rt_names = [s for s in names if roundtrip.is_rt(s)]
+    names = [s for s in names if not roundtrip.is_rt(s)]
     try:
+        [roundtrip.parse(s) for s in rt_names]
         cfgs = [SimConfig.parse(s) for s in names]
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -136,6 +151,9 @@ def main(argv=None) -> int:
     # builds run ahead in a thread (Verilator + make are subprocesses)
     built: dict[str, dict] = {}
     ready = {c.name: threading.Event() for c in cfgs}
+    # round-trip builds start once the epilogue builds are done
+    rt_builds = roundtrip.Builds(rt_names, after=list(ready.values()),
+                                 log=lambda s: print(s, flush=True)) if rt_names else None
 
     def do_build(cfg):
         info = {"build_s": 0.0, "gen_s": 0.0}
@@ -222,6 +240,14 @@ def main(argv=None) -> int:
               f"(build {info['build_s']:.1f} s{', cached' if info['build_s'] == 0 else ''}): "
               f"{'ok' if all(ph['ok'] for ph in res['phases']) else 'FAILED'}", flush=True)
         results.append(entry)
+
+    if rt_builds is not None:
+        ok_rt, rt_rows, rt_results = roundtrip.run_configs(
+            rt_builds, quick=a.quick, seed=a.seed, n_random=a.random, fixture=a.fixture,
+            stall={"gap_p": a.gap_p, "stall_p": a.stall_p, "burst_p": a.burst_p})
+        ok_all &= ok_rt
+        rows += rt_rows
+        results += rt_results
 
     print()
     print(table(rows))

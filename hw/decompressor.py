@@ -1,0 +1,166 @@
+"""Top level of the read path: ``KVDecompressor``.
+
+Stream in (packed codes + scale bytes, the epilogue's output without the flags)
+-> stream out (N fp16/bf16 bit patterns), bit-exact with ``sim_models.decode``
+(FORMAT.md 5): ``x_hat = D * (H yhat) / N``, ``yhat_i = level(c_i) * scale_k``,
+computed exactly and rounded once to the input type (round to nearest even,
+saturating at the largest finite value, never inf/NaN; an exact zero keeps the
+sign of D as in the golden model).
+
+Interface (Verilog names after ``amaranth.back.verilog.convert``):
+
+    clk, rst                  default sync domain, synchronous active-high reset
+    i__valid, i__ready (out)  input stream
+    i__payload [N*b + 8*N/G]  codes | scales << N*b (code plane and scale plane as
+                              little-endian integers, FORMAT.md 4 and 7)
+    o__valid (out), o__ready  output stream
+    o__payload [16*N]         lane k's fp16/bf16 pattern at bits [16k, 16k+16)
+
+Pipeline (no stalls):
+
+    i.payload -> dequant (comb: scale decode, level * sig, ef_min, shifts) -> REG
+      -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
+         ``latency`` registers, see hw/ifwht.py)
+      -> FloatPrep (comb: |S|, leading one, subnormal clamp, sign) -> REG
+      -> FloatPack (comb: shift, RNE, saturate) -> REG -> o.payload
+
+``latency_cycles = latency + 3`` (5 for the default latency 2). Flow control as
+in ``KVEpilogue``: every register stage carries a valid bit, the whole pipeline
+advances when ``en = o.ready | ~o.valid`` and ``i.ready = en``; one vector per
+cycle while ``o.ready`` is high; data registers have no reset, valid bits do.
+
+Only the version-1 quantizer (mode midtread, scale ue5m3) is implemented;
+other modes are refused (ValueError naming the field). The quantizer enters
+only through :func:`hw.dequant.level_table` (code -> level) and
+:class:`hw.dequant.ScaleDecode` (byte -> significand, exponent field).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from sim_models.params import FormatParams
+from sim_models.signs import sign_mask_int
+
+from .dequant import (SCALE_EF_MAX, SCALE_EF_MIN, SCALE_EXP_OFFSET, ScaleDecode, dequant_lane,
+                      level_negative as lv_neg, level_table, product_shape)
+from .epilogue import check_latency, check_params
+from .frontend import tree_reduce
+from .ifwht import BlockFWHT
+from .tofloat import FloatConsts, FloatPack, FloatPrep
+
+#: Register stages outside the FWHT: dequant register, float-prep register, output register.
+FIXED_LATENCY = 3
+
+
+def input_width(p: FormatParams) -> int:
+    """Width of i.payload: N*b code bits + 8 bits per block."""
+    return p.n * p.bits + 8 * p.n_blocks
+
+
+def output_width(p: FormatParams) -> int:
+    """Width of o.payload: 16 bits per lane."""
+    return 16 * p.n
+
+
+class KVDecompressor(wiring.Component):
+    """KV-cache read path (see module docstring).
+
+    Args:
+        params: format parameters (``sim_models.FormatParams``); fp16 or bf16 output.
+        latency: FWHT pipeline registers, in [0, log2 N] (default 2).
+
+    Raises:
+        TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
+        ValueError: ``latency`` out of range, or a format option the RTL does not
+            implement (``hw.epilogue.RTL_ONLY``; the message names the field).
+    """
+
+    def __init__(self, params: FormatParams, latency: int = 2):
+        check_params(params)
+        self.params = params
+        self.latency = check_latency(params, latency)
+        self.table = level_table(params)
+        super().__init__({
+            "i": In(stream.Signature(input_width(params))),
+            "o": Out(stream.Signature(output_width(params))),
+        })
+
+    @property
+    def latency_cycles(self) -> int:
+        """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
+        return self.latency + FIXED_LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.params
+        n, g, nb = p.n, p.block, p.n_blocks
+        cw = p.n * p.bits
+        pshape = product_shape(self.table)
+
+        en = Signal()
+        m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
+
+        # ---- dequant (combinational) + register -----------------------------------
+        sigs, efs = [], []
+        for k in range(nb):
+            sd = ScaleDecode()
+            m.submodules[f"scale{k}"] = sd
+            m.d.comb += sd.byte.eq(self.i.payload[cw + 8 * k: cw + 8 * k + 8])
+            sigs.append(sd.sig)
+            efs.append(sd.ef)
+        ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
+        fields = [self.i.payload[i * p.bits:(i + 1) * p.bits] for i in range(n)]
+        prods = [dequant_lane(m, self.table, fields[i], sigs[i // g], f"dq{i}") for i in range(n)]
+        # signed zeros of the golden float64 path: yhat_i = level * 0.0 is -0.0 for a
+        # negative level (scale byte 0x00); see hw/ifwht.py
+        zneg = Signal(n, name="dq_zneg_c")
+        m.d.comb += zneg.eq(Cat(*((lv_neg(self.table, fields[i])) & (sigs[i // g] == 0)
+                                  for i in range(n))))
+        allzero = Signal(name="dq_allzero_c")
+        m.d.comb += allzero.eq(~Cat(*(pr != 0 for pr in prods)).any())
+
+        p_r = Signal(data.ArrayLayout(pshape, n), name="dq_prod", reset_less=True)
+        d_r = Signal(data.ArrayLayout(5, nb), name="dq_shift", reset_less=True)
+        ef_r = Signal(5, name="dq_efmin", reset_less=True)
+        z_r = Signal(n, name="dq_zneg", reset_less=True)
+        az_r = Signal(name="dq_allzero", reset_less=True)
+        v_r = Signal(name="dq_valid")
+        with m.If(en):
+            m.d.sync += [p_r[i].eq(prods[i]) for i in range(n)]
+            m.d.sync += [d_r[k].eq(efs[k] - ef_min) for k in range(nb)]
+            m.d.sync += [ef_r.eq(ef_min), z_r.eq(zneg), az_r.eq(allzero), v_r.eq(self.i.valid)]
+
+        # ---- inverse FWHT ------------------------------------------------------------
+        m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=6)
+        m.d.comb += [fw.en.eq(en), fw.i_valid.eq(v_r), fw.p.eq(p_r), fw.d.eq(d_r),
+                     fw.side_i.eq(Cat(ef_r, az_r)), fw.zneg.eq(z_r)]
+
+        # ---- float conversion: prep + register + pack + output register -------------
+        consts = FloatConsts(fw.out_width, p.in_format, (SCALE_EF_MIN, SCALE_EF_MAX),
+                             SCALE_EXP_OFFSET + self.table.exp_offset - p.log2n)
+        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, 5, consts)
+        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o[:5]),
+                     fp.zneg.eq(Mux(fw.side_o[5], fw.zneg_o, 0)),
+                     fp.mask.eq(sign_mask_int(n, p.sign_seed))]
+        mag_r = Signal.like(fp.mag, name="fp_mag", reset_less=True)
+        lp_r = Signal.like(fp.lp, name="fp_lead", reset_less=True)
+        neg_r = Signal(n, name="fp_neg", reset_less=True)
+        nz_r = Signal(n, name="fp_nz", reset_less=True)
+        b_r = Signal(consts.b_shape, name="fp_bexp", reset_less=True)
+        v2_r = Signal(name="fp_valid")
+        with m.If(en):
+            m.d.sync += [mag_r.eq(fp.mag), lp_r.eq(fp.lp), neg_r.eq(fp.neg), nz_r.eq(fp.nz),
+                         b_r.eq(fp.b), v2_r.eq(fw.o_valid)]
+
+        m.submodules.fpack = pk = FloatPack(n, consts)
+        m.d.comb += [pk.mag.eq(mag_r), pk.lp.eq(lp_r), pk.neg.eq(neg_r), pk.nz.eq(nz_r),
+                     pk.b.eq(b_r)]
+        out = Signal(output_width(p), name="out_reg", reset_less=True)
+        out_v = Signal(name="out_valid")
+        with m.If(en):
+            m.d.sync += [out.eq(pk.bits), out_v.eq(v2_r)]
+        m.d.comb += [self.o.payload.eq(out), self.o.valid.eq(out_v)]
+        return m

@@ -1,0 +1,153 @@
+"""Inverse FWHT of the read path on block-scaled integers, pipelined.
+
+Input lane i is ``p_i * 2^(ef_k + c)`` with ``p_i`` a small signed integer
+(``level * sig``) and ``ef_k`` the exponent field of its block k (lanes
+[kG, kG + G)). Output lane i is the exact integer ``S_i`` with
+
+    (H yhat)_i = S_i * 2^(ef_min + c),    ef_min = min_k ef_k
+
+(H: Sylvester-order Hadamard, unnormalized; the /N and the exponent are applied
+by :mod:`hw.tofloat`). The FWHT is computed as in ``sim_models.fwht``: stage s
+(s = 0 .. log2 N - 1) maps lanes (i, i + 2^s) to (a + b, a - b); the stages
+commute, and the order here is the golden one.
+
+* Inner stages s < log2 G (stride < G) stay inside a block: every operand has
+  the block's exponent, so they run on the narrow integers p (+1 bit per stage).
+* Alignment (only when N/G > 1): before the first outer stage every lane of
+  block k is shifted left by ``d_k = ef_k - ef_min`` (0 .. 30, exact), so all
+  lanes share the unit 2^(ef_min + c).
+* Outer stages s >= log2 G combine blocks on the aligned, wider integers
+  (+1 bit per stage). Width of S: ``w_p + log2 N + 30`` at most (46 bits for
+  b = 4, N = 256), exact for every input.
+
+Register placement (``latency`` = L in [0, log2 N]): the steps are the
+butterfly stages with the alignment counted as one more step (when N/G > 1),
+S steps in all; pipeline register r (r = 1 .. L) follows the first
+``ceil(r * S / L)`` steps (:func:`hw.fwht.register_positions`), so the last one
+is at the output. All registers advance together when ``en`` is high; a valid
+bit and a side band travel with the data.
+
+Signed zeros (``zneg`` -> ``zneg_o``): the golden model computes the FWHT in
+float64, where ``level * 0.0`` is -0.0 for a negative level (scale byte 0x00,
+never written by the encoder). When the whole vector is zero, output lane i is
+then -0.0 exactly when every signed term ``H[i, j] * yhat_j`` is -0.0; with
+``zneg_j`` = "yhat_j is -0.0", the same butterflies on these bits,
+``zneg(a + b) = za & zb`` and ``zneg(a - b) = za & ~zb`` (IEEE: x + y is -0 only
+if both are -0), give that bit per output lane. (If any yhat_j is nonzero, an
+exact-zero output is +0.0: the top level uses ``zneg_o`` only for all-zero
+vectors.)
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Shape, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from .fwht import register_positions
+
+#: Largest block-exponent difference (ue5m3 exponent fields 1 .. 31).
+MAX_ALIGN = 30
+
+
+def steps_of(n: int, block: int) -> list[tuple[str, int]]:
+    """The pipeline steps: ("bf", s) butterfly stage s, ("align", 0) the block alignment."""
+    log2n, log2g = n.bit_length() - 1, block.bit_length() - 1
+    steps = [("bf", s) for s in range(log2g)]
+    if n > block:
+        steps.append(("align", 0))
+    steps += [("bf", s) for s in range(log2g, log2n)]
+    return steps
+
+
+def out_width(n: int, block: int, in_width: int) -> int:
+    """Signed width of the output lanes."""
+    return in_width + (n.bit_length() - 1) + (MAX_ALIGN if n > block else 0)
+
+
+class BlockFWHT(wiring.Component):
+    """Pipelined FWHT over block-scaled lanes (see module docstring).
+
+    Args:
+        n, block: N and G.
+        in_shape: signed shape of the input integers p.
+        latency: pipeline registers L in [0, log2 N].
+        side_width: width of the side band delayed alongside the data.
+
+    Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
+    5 bits, each <= 30), ``side_i`` in; ``o_valid``, ``y`` (N lanes,
+    :func:`out_width` bits), ``side_o`` out.
+    """
+
+    def __init__(self, n: int, block: int, in_shape, latency: int, side_width: int = 0):
+        if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
+            raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
+        self.n, self.block = n, block
+        self.n_blocks = n // block
+        self.in_shape = Shape.cast(in_shape)
+        self.steps = steps_of(n, block)
+        self.positions = register_positions(len(self.steps), latency) if latency else []
+        if latency > n.bit_length() - 1:
+            raise ValueError(f"latency must be in [0, log2(N)={n.bit_length() - 1}], got {latency}")
+        self.latency = latency
+        self.out_width = out_width(n, block, self.in_shape.width)
+        super().__init__({
+            "en": In(1),
+            "i_valid": In(1),
+            "p": In(data.ArrayLayout(self.in_shape, n)),
+            "d": In(data.ArrayLayout(5, self.n_blocks)),
+            "side_i": In(side_width),
+            "zneg": In(n),
+            "o_valid": Out(1),
+            "y": Out(data.ArrayLayout(signed(self.out_width), n)),
+            "side_o": Out(side_width),
+            "zneg_o": Out(n),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, g = self.n, self.block
+        lanes = [self.p[i] for i in range(n)]
+        width = self.in_shape.width
+        d = [self.d[k] for k in range(self.n_blocks)]
+        valid, side = self.i_valid, self.side_i
+        zn = [self.zneg[i] for i in range(n)]
+        for idx, (kind, s) in enumerate(self.steps):
+            if kind == "align":
+                width += MAX_ALIGN
+                nxt = [Signal(signed(width), name=f"al_{i}") for i in range(n)]
+                for i in range(n):
+                    # exact: d <= 30, so the shifted value fits; the shifter's top bits are 0
+                    m.d.comb += nxt[i].eq(lanes[i] << d[i // g])
+            else:
+                width += 1
+                h = 1 << s
+                nxt = [Signal(signed(width), name=f"st{s}_{i}") for i in range(n)]
+                for i in range(n):
+                    if i & h:
+                        continue
+                    a, b = lanes[i], lanes[i + h]
+                    m.d.comb += [nxt[i].eq(a + b), nxt[i + h].eq(a - b)]
+                zn = [(zn[i] & zn[i + h]) if not i & h else (zn[i - h] & ~zn[i]) for i in range(n)]
+            lanes = nxt
+            if idx + 1 in self.positions:
+                r = [Signal(signed(width), name=f"r{idx}_{i}", reset_less=True) for i in range(n)]
+                rv = Signal(name=f"r{idx}_valid")
+                rs = Signal.like(side, name=f"r{idx}_side", reset_less=True)
+                rz = Signal(n, name=f"r{idx}_zneg", reset_less=True)
+                with m.If(self.en):
+                    m.d.sync += [a.eq(b) for a, b in zip(r, lanes)]
+                    m.d.sync += [rv.eq(valid), rs.eq(side), rz.eq(Cat(*zn))]
+                lanes, valid, side = r, rv, rs
+                zn = [rz[i] for i in range(n)]
+                if any(k == "align" for k, _ in self.steps[idx + 1:]):
+                    # the shift amounts are still needed: they ride along to the alignment
+                    rd = [Signal(5, name=f"r{idx}_d{k}", reset_less=True)
+                          for k in range(self.n_blocks)]
+                    with m.If(self.en):
+                        m.d.sync += [a.eq(b) for a, b in zip(rd, d)]
+                    d = rd
+        assert width == self.out_width
+        m.d.comb += [self.y[i].eq(lanes[i]) for i in range(n)]
+        m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side), self.zneg_o.eq(Cat(*zn))]
+        return m

@@ -1,0 +1,205 @@
+"""Exact integers -> fp16 / bf16 bit patterns, round to nearest even, saturating.
+
+Bit-exact with ``sim_models.codec.round_to_input_type`` applied to the exact
+value ``v_i = (-1)^(D_i) * S_i * 2^T`` of lane i, where ``S_i`` is the signed
+integer from :mod:`hw.ifwht` and ``T = ef_min + SCALE_EXP_OFFSET + exp_offset
+- log2 N`` is shared by the vector (the /N of the inverse transform is this
+exponent offset: no divider). Input type: ``e`` exponent bits, ``mb`` stored
+mantissa bits, bias ``bias`` (fp16 5/10/15, bf16 8/7/127).
+
+Two combinational halves, with a pipeline register between them in the top
+level (``KVDecompressor``):
+
+:class:`FloatPrep` (per lane): ``mag = |S|``, ``L`` = position of its leading
+one (leading-one detector by successive halving), ``Lp = max(L, K)`` with
+``K = (1 - bias) - T`` (the leading-one position of the smallest normal
+number: below it the value is subnormal and the ulp stays at
+``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
+the exact zero is -0.0 in the golden float64 path, see hw/ifwht.py) and
+``nz = (S != 0)``. Per
+vector it passes on ``B = T + bias - 1``.
+
+:class:`FloatPack` (per lane): with ``sh = Lp - mb`` (the ulp is 2^sh units),
+``t = (mag << (mb + 1)) >> Lp`` holds the kept significand ``r0`` above the
+guard bit g (a right shifter with mb + 2 output bits; a left shift when
+``sh < 1``, then exact); sticky = OR of the bits of mag below position sh - 1,
+collected from the bits each shifter level drops (:func:`shift_right_sticky`). RNE: ``r = r0 + (g & (sticky | r0[0]))``. The
+result is ``((Lp + B) << mb) + r``: for a normal number r carries the hidden bit
+into the exponent field (biased exponent Lp + T + bias), for a subnormal
+(Lp = K, field 0) r < 2^mb, and a rounding carry out of the significand
+increments the exponent by itself. Anything above the largest finite pattern
+(0x7BFF fp16, 0x7F7F bf16) becomes it (the golden model saturates, never inf);
+S = 0 gives +-0 with the sign of D_i (the golden model negates +0.0).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+
+def leading_one(m: Module, a, name: str):
+    """Position of the highest set bit of ``a`` (0 when a == 0).
+
+    Successive halving over the bits padded to 2^k: bit j of the position
+    (j = k-1 .. 0) is ``b_j = any(upper half of v)``, then ``v`` becomes that
+    upper half if ``b_j`` else the lower half. About 2^k ORs and 2^k mux bits
+    per lane, and a small netlist (fast to simulate).
+
+    Returns:
+        (pos, any): Values; ``pos`` is unsigned with ceil(log2 len(a)) bits.
+    """
+    w = len(a)
+    k = max(1, (w - 1).bit_length())
+    v = Signal(1 << k, name=f"{name}_v{k}")
+    m.d.comb += v.eq(a)
+    bits = []
+    for j in range(k - 1, -1, -1):
+        h = 1 << j
+        b = Signal(name=f"{name}_b{j}")
+        m.d.comb += b.eq(v[h:2 * h].any())
+        nv = Signal(h, name=f"{name}_v{j}")
+        m.d.comb += nv.eq(Mux(b, v[h:2 * h], v[:h]))
+        bits.append(b)
+        v = nv
+    return Cat(*reversed(bits)), v[0]
+
+
+def shift_right_sticky(m: Module, v, amount, out_width: int, name: str):
+    """``(v >> amount)[:out_width]`` and the OR of the bits shifted out below bit 0.
+
+    A log shifter, largest shift first; at level k the 2^k bits that fall off
+    are ORed into the sticky bit, and the value is cut to the bits that can
+    still reach the output (``out_width + 2^k - 1``). Bits of ``v`` that would
+    land at or above ``out_width`` must be zero (the caller guarantees it: the
+    shift amount is at least the leading-one position minus out_width - 1).
+
+    Returns:
+        (shifted, sticky): Signal(out_width), Signal().
+    """
+    k = len(amount)
+    cur = v
+    sticky = None
+    for j in range(k - 1, -1, -1):
+        h = 1 << j
+        keep = min(len(cur), out_width + h - 1)
+        nv = Signal(keep, name=f"{name}_v{j}")
+        dropped = cur[:h].any() if h <= len(cur) else cur.any()
+        m.d.comb += nv.eq(Mux(amount[j], cur[h:h + keep] if h < len(cur) else 0, cur[:keep]))
+        st = Signal(name=f"{name}_st{j}")
+        m.d.comb += st.eq((amount[j] & dropped) | (sticky if sticky is not None else 0))
+        cur, sticky = nv, st
+    out = Signal(out_width, name=f"{name}_out")
+    m.d.comb += out.eq(cur)
+    return out, sticky
+
+
+def _rng(lo: int, hi: int) -> Shape:
+    return Shape.cast(range(lo, hi + 1))
+
+
+class FloatConsts:
+    """Per-configuration constants of the conversion.
+
+    Args:
+        y_width: signed width W of the integers S (|S| < 2^(W-1)).
+        log2n: log2 N.
+        in_format: (exponent bits, mantissa bits, bias) of the output type.
+        ef_range: (min, max) of the shared exponent field ef_min.
+        exp_add: T = ef_min + exp_add (SCALE_EXP_OFFSET + exp_offset - log2 N).
+    """
+
+    def __init__(self, y_width: int, in_format, ef_range, exp_add: int):
+        self.e_bits, self.m_bits, self.bias = in_format
+        self.mag_width = y_width - 1
+        self.ef_lo, self.ef_hi = ef_range
+        self.exp_add = exp_add
+        t_lo, t_hi = self.ef_lo + exp_add, self.ef_hi + exp_add
+        # K = (1 - bias) - T, clamped at 0 (Lp >= L >= 0 anyway)
+        self.k_hi = max(0, (1 - self.bias) - t_lo)
+        self.lp_width = max(self.mag_width - 1, self.k_hi).bit_length() or 1
+        # B = T + bias - 1
+        self.b_shape = _rng(t_lo + self.bias - 1, t_hi + self.bias - 1)
+        self.max_finite = (((1 << self.e_bits) - 2) << self.m_bits) | ((1 << self.m_bits) - 1)
+
+
+class FloatPrep(wiring.Component):
+    """abs, leading-one detect, subnormal clamp (see module docstring). Combinational.
+
+    Ports: ``y`` (N signed lanes), ``ef_min``, ``mask`` (N bits: D) in;
+    ``mag``, ``lp``, ``neg``, ``nz`` (per lane) and ``b`` (per vector) out.
+    """
+
+    def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts):
+        self.n, self.c = n, consts
+        super().__init__({
+            "y": In(data.ArrayLayout(signed(y_width), n)),
+            "ef_min": In(ef_width),
+            "mask": In(n),
+            "zneg": In(n),
+            "mag": Out(data.ArrayLayout(consts.mag_width, n)),
+            "lp": Out(data.ArrayLayout(consts.lp_width, n)),
+            "neg": Out(n),
+            "nz": Out(n),
+            "b": Out(consts.b_shape),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.c
+        t = Signal(_rng(c.ef_lo + c.exp_add, c.ef_hi + c.exp_add), name="t_unit")
+        m.d.comb += t.eq(self.ef_min + c.exp_add)
+        k = Signal(_rng(min(0, (1 - c.bias) - (c.ef_hi + c.exp_add)), c.k_hi), name="k_raw")
+        m.d.comb += k.eq((1 - c.bias) - t)
+        kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
+        m.d.comb += kc.eq(Mux(k < 0, 0, k))
+        m.d.comb += self.b.eq(t + (c.bias - 1))
+        for i in range(self.n):
+            yv = self.y[i]
+            mag = Signal(c.mag_width, name=f"mag{i}")
+            m.d.comb += mag.eq(Mux(yv < 0, -yv, yv))
+            pos, any_ = leading_one(m, mag, f"lod{i}")
+            m.d.comb += [self.mag[i].eq(mag),
+                         self.lp[i].eq(Mux(pos > kc, pos, kc)),
+                         self.neg[i].eq(((yv < 0) | self.zneg[i]) ^ self.mask[i]),
+                         self.nz[i].eq(any_)]
+        return m
+
+
+class FloatPack(wiring.Component):
+    """Shift, round to nearest even, saturate, pack (see module docstring). Combinational.
+
+    Ports: ``mag``, ``lp``, ``neg``, ``nz`` (per lane), ``b`` in; ``bits`` (N x 16) out.
+    """
+
+    def __init__(self, n: int, consts: FloatConsts):
+        self.n, self.c = n, consts
+        super().__init__({
+            "mag": In(data.ArrayLayout(consts.mag_width, n)),
+            "lp": In(data.ArrayLayout(consts.lp_width, n)),
+            "neg": In(n),
+            "nz": In(n),
+            "b": In(consts.b_shape),
+            "bits": Out(data.ArrayLayout(16, n)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.c
+        mb, wm = c.m_bits, c.mag_width
+        lp_max = (1 << c.lp_width) - 1
+        blo, bhi = -(1 << (c.b_shape.width - 1)), (1 << (c.b_shape.width - 1)) - 1
+        for i in range(self.n):
+            mag, lp = self.mag[i], self.lp[i]
+            t, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), mag), lp, mb + 2, f"sh{i}")
+            r0, g = t[1:], t[0]
+            r = Signal(mb + 2, name=f"rnd{i}")
+            m.d.comb += r.eq(r0 + (g & (sticky | r0[0])))
+            pk = Signal(_rng(min(0, blo) << mb, ((lp_max + bhi) << mb) + (1 << (mb + 1))),
+                        name=f"packed{i}")
+            m.d.comb += pk.eq(((lp + self.b) << mb) + r)
+            mbits = Signal(15, name=f"magbits{i}")
+            m.d.comb += mbits.eq(Mux(~self.nz[i], 0, Mux(pk > c.max_finite, c.max_finite, pk)))
+            m.d.comb += self.bits[i].eq(Cat(mbits, self.neg[i]))
+        return m
