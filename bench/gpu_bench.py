@@ -14,7 +14,7 @@ bench/results):
    math; enable_gqa=True is timed too where the flash backend accepts it, the faster is used);
 5. small tuning sweep (pipeline depth, split count) on the headline shape.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick]
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write]
 """
 
 from __future__ import annotations
@@ -221,10 +221,31 @@ def check_decode():
 
 
 # ---------------------------------------------------------------------------------------------
-def bench_write(nvec=16 << 20, variants=({"lptm": 128, "minb": 2}, {"lptm": 64, "minb": 4})):
+WRITE_VARIANTS = ({"lptm": 128, "minb": 3}, {"lptm": 128, "minb": 2}, {"lptm": 64, "minb": 4})
+
+
+def write_variant_exact(p, tune, count=65536):
+    """Bit-exactness of one write-kernel variant (tuning knobs) vs the golden model, mixed set."""
+    from tests.test_gpu import _mixed_bits
+    bits = _mixed_bits(p.n, count, seed=23, dtype=p.dtype)
+    g = encode(bits, p)
+    x = cp.asarray(bits)
+    codes = cp.empty((count, p.code_bytes), cp.uint8)
+    scales = cp.empty((count, p.n_blocks), cp.uint8)
+    flags = cp.empty((count,), cp.uint8)
+    gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune)
+    return bool(np.array_equal(g.codes, cp.asnumpy(codes)) and np.array_equal(g.scales, cp.asnumpy(scales))
+                and np.array_equal(g.flags, cp.asnumpy(flags)))
+
+
+def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2):
     res = []
-    for dtype, tune in [("fp16", v) for v in variants] + [("bf16", variants[0])]:
+    for dtype, tune in [("fp16", v) for v in variants] + [("bf16", v) for v in variants[:bf16_variants]]:
         p = FormatParams(dtype=dtype)
+        try:
+            exact = write_variant_exact(p, tune)
+        except Exception:  # noqa: BLE001
+            exact = traceback.format_exc()[-300:]
         x = cp.empty((nvec, 128), cp.uint16)
         step = 1 << 21
         for i in range(0, nvec, step):
@@ -238,7 +259,7 @@ def bench_write(nvec=16 << 20, variants=({"lptm": 128, "minb": 2}, {"lptm": 64, 
         fn = on_torch_stream(lambda: gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune))
         ms, times, how = graph_time([fn], reps=9, inner=3)
         nbytes = nvec * (256 + 48 + 2 + 1)
-        res.append({"dtype": dtype, "tune": tune, "vectors": nvec, "ms": ms, "bytes": nbytes,
+        res.append({"dtype": dtype, "tune": tune, "bit_exact_65536": exact, "vectors": nvec, "ms": ms, "bytes": nbytes,
                     "GBps": nbytes / (ms * 1e-3) / 1e9, "timing": how, "all_ms": times})
         del x, codes, scales, flags
         free()
@@ -341,6 +362,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--only", choices=("all", "write"), default="all",
+                    help="write: copy ceilings, encode check and the write-kernel timings only (no decode)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
@@ -360,7 +383,9 @@ def main():
         f"read-only kernel {result['copy']['kernel_read_GBps']:.0f})")
     save()
     if not a.skip_checks:
-        for name, fn in (("encode_check", check_encode), ("decode_check", check_decode)):
+        checks = (("encode_check", check_encode),) if a.only == "write" else \
+            (("encode_check", check_encode), ("decode_check", check_decode))
+        for name, fn in checks:
             t0 = time.time()
             try:
                 result[name] = fn()
@@ -373,11 +398,18 @@ def main():
         result["write"] = bench_write()
         for r in result["write"]:
             r["pct_copy"] = 100 * r["GBps"] / copy_gbs
-            log(f"write {r['dtype']}: {r['ms']:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy")
+            log(f"write {r['dtype']} {r['tune']}: {r['ms']:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy"
+                f" (bit-exact 64K: {r['bit_exact_65536']})")
     except Exception:  # noqa: BLE001
         result["write"] = {"error": traceback.format_exc()}
         log(result["write"]["error"])
+    result["write_gpu_state"] = gpu_state()
     save()
+    if a.only == "write":
+        result["seconds"] = time.time() - t_start
+        save()
+        log(f"total {result['seconds']:.0f} s")
+        return
 
     # tuning sweep on the headline shape
     try:

@@ -26,6 +26,12 @@ adds (``floor(RD(v + 1/2)) == floor(v + 1/2)`` because ``floor(v + 1/2)`` is rep
 butterflies run in fp32 when ``M - 1 + log2 N <= 24`` (all partial sums are integers < 2^24,
 hence exact) and in int32 otherwise; scales use the golden binary search with exact integer
 compares; codes compare ``|y|`` with the exact integer thresholds ``ceil((2j-1) sig 2^(e-u-1))``.
+Since v6 the common configurations take shortcuts proven equal to these steps (comments in
+``kv_encode.cu``): one FMA per lane rounds the mantissa (``RN(f 2^-u (1+2^-20) + 1.5*2^23)``: the
+factor pushes exact ties away from zero), the scale byte is a double-precision estimate plus two
+exact compares, and when ``M - 1 + log2 N <= 20`` one FMA per lane gives the code
+(``RN(y k + 1.5*2^23 + 2^(b-1))`` with ``k = (1 + ~1.5*2^-22) / (2 sig 2^sh)``), packed by
+shift-adds of offset-binary fields and one XOR per word.
 
 Decode accuracy: K codes enter the tensor cores exactly (``1 + (c+4) 2^(o-10)`` in fp16, the
 constant removed through the accumulator start value); q~ is split into two fp16 parts
@@ -136,15 +142,17 @@ class EncodedGPU:
     flags: object
 
 
-#: write-kernel tuning: lanes per thread (128: one thread per N=128 vector, ~245 registers, 2 CTAs
-#: per SM; 64: two threads per vector, 124 registers, 4 CTAs per SM -- measured 7 % slower on the
-#: H200: the kernel is instruction-bound, see bench/GPU_NOTES.md) and CTAs per SM.
-ENCODE_TUNE = {"lptm": 128, "minb": 2}
+#: write-kernel tuning: lanes per thread (128: one thread per N=128 vector; 64: two threads per
+#: vector, cross-thread butterflies by shuffles) and CTAs per SM (v6 kernel: 157 registers at
+#: 128 lanes, so 3 CTAs = 12 warps per SM fit; see bench/GPU_NOTES.md for the measurements).
+ENCODE_TUNE = {"lptm": 128, "minb": 3}
 
 
 def _encode_cfg(p: FormatParams, tune=None):
     t = dict(ENCODE_TUNE, **(tune or {}))
     lpt = max(min(p.n, int(t["lptm"])), p.n // 32)  # at most 32 threads (one warp) per vector
+    if "minb" not in (tune or {}) and p.mant_bits - 1 + int(math.log2(p.n)) > 20:
+        t["minb"] = min(int(t["minb"]), 2)  # threshold-compare path: more registers, 3 CTAs/SM would spill
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
              f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])))

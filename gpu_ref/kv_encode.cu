@@ -7,6 +7,9 @@
 //   -> unnormalized Sylvester FWHT (log2 N butterfly stages)
 //   -> per block of G lanes the smallest ue5m3 scale byte with qmax*scale >= max|y|*2^u
 //   -> mid-tread codes by threshold compares (ties away from zero) -> LSB-first packing.
+// v6 shortcuts (fp32 butterflies, no mantissa clamp; fast quantizer when M - 1 + log2 N <= 20), each
+// argued exact where it is used: mantissa rounding and sign in ONE FMA per lane, the scale byte from a
+// double estimate plus two exact compares, codes by ONE FMA per lane plus one shift-add (LEA) per lane.
 // Exactness argument (see gpu_ref/__init__.py "Method"): every float operation below acts on
 // integers below 2^24 or multiplies by a power of two inside the normal range, so it is exact;
 // the rounding of the mantissas uses two round-down adds, floor(RD(v + 1/2)) == floor(v + 1/2).
@@ -48,6 +51,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
   int n = pred ? 16 : 0;  // src-size 0: zero fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+__device__ __forceinline__ void cp_async16_full(void* smem, const void* gmem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int K>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(K)); }
@@ -55,6 +62,13 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ float h2f(kv_u32 h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+  return f;
+}
+// fp16 half `hi` (0: bits 0-15, 1: bits 16-31) of a packed pair -> float, no extraction op
+__device__ __forceinline__ float h2f_half(kv_u32 w, int hi) {
+  float f;
+  if (hi) asm("{ .reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "r"(w));
+  else asm("{ .reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l; }" : "=f"(f) : "r"(w));
   return f;
 }
 __device__ __forceinline__ kv_u32 max_u16x2(kv_u32 a, kv_u32 b) {
@@ -78,6 +92,38 @@ __device__ __forceinline__ void scale_sig_exp(int s, int& sig, int& ex) {
   sig = e ? m + 8 : m;
   ex = (e > 1 ? e : 1) - 10;
 }
+
+// 2^e as double, e in [-1022, 1023]
+__device__ __forceinline__ double exp2d(int e) { return __longlong_as_double((long long)(e + 1023) << 52); }
+// (1 + 1.5 * 2^-22) / sig, rounded to nearest float: the code-multiplier table (fast quantizer)
+#define KV_KI(s) (float)((1.0 + 1.5 / 4194304.0) / (s))
+__constant__ float kinv_tab[16] = {0.0f, KV_KI(1), KV_KI(2), KV_KI(3), KV_KI(4), KV_KI(5), KV_KI(6), KV_KI(7),
+                                   KV_KI(8), KV_KI(9), KV_KI(10), KV_KI(11), KV_KI(12), KV_KI(13), KV_KI(14), KV_KI(15)};
+#undef KV_KI
+// smallest ue5m3 byte s with qmax*scale(s) >= rhs (rhs = amax*2^u, exact in double); 256 when none.
+// A double-precision estimate (relative error ~2^-52, so off by at most one byte), then two exact
+// compares pick s-1, s or s+1.
+template <int QMAX>
+__device__ __forceinline__ int scale_search(double rhs) {
+  auto ok = [&](int s) {
+    int e = s >> 3, m = s & 7;
+    int sg = e ? m + 8 : m, ex = (e > 1 ? e : 1) - 10;
+    return (double)(QMAX * sg) * exp2d(ex) >= rhs;
+  };
+  double q = rhs * (512.0 / QMAX);  // scale in units of 2^-9
+  int s;
+  if (q <= 16.0) {
+    s = max(1, (int)ceil(q));
+  } else {
+    int e = (int)((__double_as_longlong(q) >> 52) & 0x7FF) - 1023 - 2;  // (8+m) 2^(e-1) = q
+    s = e > 31 ? 256 : min(256, (e << 3) + (int)ceil(q * exp2d(1 - e)) - 8);
+  }
+  const bool below = s > 1 && ok(s - 1), at = s <= 255 && ok(min(s, 255));
+  return below ? s - 1 : (at ? s : s + 1);
+}
+
+template <bool B>
+struct bconst { static constexpr bool value = B; };
 
 template <typename T>
 __device__ __forceinline__ T shfl_xor_t(T v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -123,6 +169,14 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
   auto issue = [&](long long tile, int buf) {
     kv_u8* dst = smem + buf * TILEB;
     const kv_u16* src = x + tile * (long long)VPB * N;
+    if ((tile + 1) * VPB <= nvec) {  // full tile (all but the last): a contiguous 128*LPT*2-byte run
+      // chunk tid + 128 j: global byte offset 16 (tid + 128 j), row tid / CPR + j * (128 / CPR)
+      kv_u8* d0 = dst + (tid / CPR) * ROWB + (tid % CPR) * 16;
+      const kv_u8* s0 = reinterpret_cast<const kv_u8*>(src) + tid * 16;
+#pragma unroll
+      for (int j = 0; j < CPR; ++j) cp_async16_full(d0 + j * (128 / CPR) * ROWB, s0 + j * 2048);
+      return;
+    }
 #pragma unroll 4
     for (int ci = tid; ci < 128 * CPR; ci += 128) {
       int row = ci / CPR, col = ci % CPR;
@@ -206,6 +260,48 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     }
     float yf[FLT ? LPT : 1];
     int yi[FLT ? 1 : LPT];
+    // Fast path (fp32 butterflies, no mantissa clamp): the sign (input sign XOR D) is applied to the
+    // packed input pair with one XOR, then ONE rounding FMA per lane: F = RN(f * 2^-u (1 + 2^-20) + 1.5*2^23)
+    // = 1.5*2^23 + sign * floor(|f| 2^-u + 1/2). Exact: the sum lies in [2^23, 2^24) (unit spacing); the
+    // factor (1 + 2^-20) moves exact ties |v| = k + 1/2 strictly away from zero, so round-to-nearest
+    // rounds them away from zero; a non-tie v = |f| 2^-u has at most 11 significant bits (fp16; 8 for
+    // bf16), so it is at least min(1/2, 2^-11 |v|) away from every half-integer, more than the
+    // perturbation |v| 2^-20 (|v| < 2^(M-1) <= 2^15).
+    constexpr bool FASTB = FLT && !CLAMP;
+    if (FASTB) {
+      auto sgn_pair = [&](int k) -> kv_u32 {  // packed D mask (bit 15 / bit 31) of lanes 2k, 2k+1
+        const int i = 2 * k;
+        if (TPV == 1) return (kv_sign(SEED, HAS_SIGN, i) ? 0x8000u : 0u) | (kv_sign(SEED, HAS_SIGN, i + 1) ? 0x80000000u : 0u);
+        if (TPV == 2) {
+          kv_u32 m0 = (kv_sign(SEED, HAS_SIGN, i) ? 0x8000u : 0u) | (kv_sign(SEED, HAS_SIGN, i + 1) ? 0x80000000u : 0u);
+          kv_u32 m1 = (kv_sign(SEED, HAS_SIGN, LPT + i) ? 0x8000u : 0u) | (kv_sign(SEED, HAS_SIGN, LPT + i + 1) ? 0x80000000u : 0u);
+          return part ? m1 : m0;
+        }
+        if (!HAS_SIGN) return 0u;
+        kv_u64 mm = mw[(i >> 6) & 1] >> (i & 63);
+        return ((kv_u32)(mm & 1ull) << 15) | ((kv_u32)((mm >> 1) & 1ull) << 31);
+      };
+      constexpr float CM = 12582912.0f;                    // 1.5 * 2^23
+      const float P1p = __int_as_float(__float_as_int(P1) | 8);  // P1 (1 + 2^-20), P1 a power of two
+      const float P2p = __int_as_float(__float_as_int(P2) | 8);
+      auto bfp = [&](auto bigc) {
+        constexpr bool BIG = decltype(bigc)::value;
+#pragma unroll
+        for (int k = 0; k < LPT / 2; ++k) {
+          // one thread per vector: D is a compile-time sign on the multiplier (free FFMA negation)
+          const kv_u32 ww = TPV == 1 ? w[k] : w[k] ^ sgn_pair(k);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float f = DT == 0 ? h2f_half(ww, hh) : __int_as_float(hh ? (ww & 0xFFFF0000u) : (ww << 16));
+            const bool dn = TPV == 1 && kv_sign(SEED, HAS_SIGN, 2 * k + hh);
+            float F = BIG ? __fmaf_rn(__fmul_rn(f, P1), dn ? -P2p : P2p, CM) : __fmaf_rn(f, dn ? -P1p : P1p, CM);
+            yf[FLT ? 2 * k + hh : 0] = F;  // = CM + lane value; CM removed in the first butterfly
+          }
+        }
+      };
+      if (DT != 0 && P2 != 1.0f) bfp(kv_enc::bconst<true>{});
+      else bfp(kv_enc::bconst<false>{});
+    } else {
 #pragma unroll
     for (int i = 0; i < LPT; ++i) {
       kv_u32 h = (w[i >> 1] >> (16 * (i & 1))) & 0xFFFFu;
@@ -228,10 +324,21 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
         yi[FLT ? 0 : i] = neg ? -m : m;
       }
     }
+    }
 
     // ---- FWHT: in-thread stages, then cross-thread stages -----------------------------------
+    if (FASTB && LPT >= 2) {  // first stage on CM-offset values: (a-CM)+(b-CM) = a+(b-2CM), (a-CM)-(b-CM) = a-b (exact)
 #pragma unroll
-    for (int hs = 1; hs < LPT; hs <<= 1) {
+      for (int i = 0; i < LPT; i += 2) {
+        float a = yf[FLT ? i : 0], b = yf[FLT ? i + 1 : 0];
+        yf[FLT ? i : 0] = __fadd_rn(a, __fsub_rn(b, 25165824.0f));
+        yf[FLT ? i + 1 : 0] = __fsub_rn(a, b);
+      }
+    } else if (FASTB) {
+      yf[0] = __fsub_rn(yf[0], 12582912.0f);
+    }
+#pragma unroll
+    for (int hs = (FASTB && LPT >= 2) ? 2 : 1; hs < LPT; hs <<= 1) {
 #pragma unroll
       for (int i = 0; i < LPT; ++i) {
         if ((i & hs) == 0) {
@@ -260,8 +367,17 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     }
 
     // ---- scales (exact binary search, as the golden model) and code thresholds ----------------
+    // Fast quantizer when |y| < 2^21 (M - 1 + log2 N <= 20, fp32 butterflies): code =
+    // RN(y * kq + 1.5*2^23) - 1.5*2^23 with kq = 1/(2 sig 2^sh) (1 + d), d in [1.25, 1.75] 2^-22: the
+    // thresholds (2j-1) sig 2^sh are met exactly when y kq lands at or beyond j - 1/2; d moves exact
+    // ties strictly outwards (round away from zero), and a non-tie |y| is at least 1/|y| > 2^-21
+    // (relative) away from a threshold, more than d. The low BITS bits of the sum are the two's-
+    // complement field. Saturated blocks clamp y*kq to +-qmax first.
+    constexpr bool FASTQ = FLT && (M - 1 + LOG2N) <= 20;
     int sbyte[NBT];
     long long thr[NBT][QMAX];
+    float kq[NBT];
+    bool anysat = false;
 #pragma unroll
     for (int bb = 0; bb < NBT; ++bb) {
       constexpr int BL = G <= LPT ? G : LPT;
@@ -282,21 +398,15 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       }
 #pragma unroll
       for (int o = 1; o < TPB; o <<= 1) amax = max(amax, shfl_xor_t(amax, o));
-      int lo = 1, hi = 256;
-#pragma unroll
-      for (int itr = 0; itr < 8; ++itr) {
-        if (lo < hi) {
-          int mid = (lo + hi) >> 1;
-          int sg, ex;
-          scale_sig_exp(mid > 255 ? 255 : mid, sg, ex);
-          bool ok = mid <= 255 && ge_pow2((long long)(QMAX * sg), ex, (long long)amax, u);
-          if (ok) hi = mid; else lo = mid + 1;
-        }
-      }
-      if (lo > 255) { flg |= 4u; lo = 255; }  // FLAG_SAT
+      int lo = scale_search<QMAX>((double)amax * exp2d(u));
+      if (lo > 255) { flg |= 4u; lo = 255; anysat = true; }  // FLAG_SAT
       sbyte[bb] = lo;
       int sg, ex;
       scale_sig_exp(lo, sg, ex);
+      if (FASTQ) {  // 1/(2 sig 2^sh) (1 + ~1.5 2^-22); 0 when below 2^-127 (every code is then 0)
+        kq[bb] = kinv_tab[sg] * exp2i(min(max(u - ex, -127), 127));
+        continue;
+      }
       int sh = ex - u - 1;  // |y| >= (2j-1)*sig*2^sh  <=>  |y| >= ceil((2j-1)*sig*2^sh)
 #pragma unroll
       for (int j = 1; j <= QMAX; ++j) {
@@ -314,6 +424,47 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     kv_u32 cw[CW];
 #pragma unroll
     for (int k = 0; k < CW; ++k) cw[k] = 0;
+    auto put = [&](int i, kv_u32 fld) {
+      const int bit = i * BITS;
+      cw[bit >> 5] |= (fld << (bit & 31));
+      if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= fld >> (32 - (bit & 31));
+    };
+    if (FASTQ) {
+      // offset-binary fields d = c + 2^(BITS-1) in [1, 2^BITS - 1] (no carries between fields) come as the
+      // low bits of F = bits(1.5*2^23 + 2^(BITS-1) + c); each F is added shifted into its word
+      // (one LEA per lane), the constant part of F is subtracted per word at the end, and flipping
+      // each field's top bit turns d into the two's-complement code.
+      constexpr float CMQ = 12582912.0f + (float)(1 << (BITS - 1));
+      constexpr int BL = G <= LPT ? G : LPT;
+      constexpr kv_u32 FM = (1u << BITS) - 1;
+      auto putq = [&](int i, kv_u32 F) {
+        const int bit = i * BITS, s = bit & 31;
+        cw[bit >> 5] += F << s;
+        if (s + BITS > 32) cw[(bit >> 5) + 1] += (F & FM) >> (32 - s);
+      };
+      if (!anysat) {
+#pragma unroll
+        for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(__fmaf_rn(yf[FLT ? i : 0], kq[i / BL], CMQ)));
+      } else {
+#pragma unroll
+        for (int i = 0; i < LPT; ++i) {
+          float xq = __fmul_rn(yf[FLT ? i : 0], kq[i / BL]);
+          xq = fminf(fmaxf(xq, -(float)QMAX), (float)QMAX);
+          putq(i, __float_as_uint(__fadd_rn(xq, CMQ)));
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < CW; ++k) {
+        kv_u32 kc = 0, flip = 0;  // compile-time per word
+#pragma unroll
+        for (int i = 0; i < LPT; ++i) {
+          const int bit = i * BITS;
+          if ((bit >> 5) == k) kc += (__float_as_uint(CMQ) & ~FM) << (bit & 31);
+          if (((bit + BITS - 1) >> 5) == k) flip |= 1u << ((bit + BITS - 1) & 31);
+        }
+        cw[k] = (cw[k] - kc) ^ flip;
+      }
+    } else
     {
       float tf[NBT][QMAX];
 #pragma unroll
