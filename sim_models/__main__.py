@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from .codec import decode, encode
-from .params import (DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS,
+from .params import (DEFAULT_SIGN_SEED, FORMAT_VERSION, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS,
                      SCALE_ROUNDING, SCALE_RULES, FormatParams)
 
 
@@ -67,9 +67,21 @@ def main(argv=None) -> int:
                   f"({p.bits_per_element:.3f} bits/element); flags set on "
                   f"{int(np.count_nonzero(e.flags))}")
         else:
-            with np.load(a.inp, allow_pickle=False) as z:
-                d = json.loads(str(z["params"]))
-                d.pop("format_version", None)
+            z = np.load(a.inp, allow_pickle=False)
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError(f"{a.inp} is not an .npz written by 'encode'")
+            with z:
+                missing = {"params", "codes", "scales"} - set(z.files)
+                if missing:
+                    raise ValueError(f"{a.inp} lacks {sorted(missing)}; not written by 'encode'")
+                try:
+                    d = json.loads(str(z["params"]))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{a.inp}: params is not valid JSON ({err})") from None
+                version = d.pop("format_version", None)
+                if version != FORMAT_VERSION:
+                    raise ValueError(f"{a.inp}: format_version {version!r} is not supported "
+                                     f"(this decoder reads version {FORMAT_VERSION})")
                 p = FormatParams(**d)
                 out = decode(z["codes"], z["scales"], p, z["zeros"] if "zeros" in z else None)
             np.save(a.out, out.view(np.float16) if p.dtype == "fp16" else out)

@@ -85,7 +85,20 @@ def as_bits(x: np.ndarray, p: FormatParams) -> np.ndarray:
 
 
 def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
-    """Write path with all intermediates; ``bits`` is uint16 [V, N] (see :func:`as_bits`)."""
+    """Write path with all intermediates, for RTL/GPU debugging.
+
+    Args:
+        bits: uint16 bit patterns or float16, [..., N] (checked as :func:`as_bits`;
+            leading axes are flattened to V).
+        p: format parameters.
+
+    Returns:
+        :class:`Trace` with [V, ...] arrays.
+
+    Raises:
+        TypeError, ValueError: see :func:`as_bits`.
+    """
+    bits = as_bits(bits, p)
     x, u, flags = to_block_fp(bits, p, sign_mask(p.n, p.sign_seed))
     y = fwht(x)
     zeros = None

@@ -7,7 +7,10 @@ of each field is specified in ``docs/FORMAT.md`` section 2.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 #: Version of the bit-level format defined by this package (docs/FORMAT.md).
 FORMAT_VERSION = 1
@@ -44,9 +47,10 @@ def _is_pow2(v: int) -> bool:
 
 
 def _check_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as a plain int (NumPy integers accepted); TypeError for bool and non-integers."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    return value
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class FormatParams:
     scale_mult: int | None = None
 
     def __post_init__(self):
+        for name in ("n", "block", "bits", "mant_bits", "sign_seed", "scale_mult"):
+            value = getattr(self, name)
+            if value is not None or name in ("n", "block", "bits", "mant_bits"):
+                object.__setattr__(self, name, _check_int(name, value))
         n = _check_int("n", self.n)
         if not _is_pow2(n) or not N_RANGE[0] <= n <= N_RANGE[1]:
             raise ValueError(

@@ -446,3 +446,40 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["encode", str(tmp_path / "f.npy"), str(tmp_path / "e.npz")]) == 2
     assert "dtype" in capsys.readouterr().err
     assert main(["decode", str(tmp_path / "missing.npz"), str(tmp_path / "y.npy")]) == 2
+
+
+def test_encode_trace_checks_its_input():
+    x = np.random.default_rng(10).standard_normal((3, 128)).astype(F16)
+    a, b = sm.encode_trace(x, FormatParams()), sm.encode_trace(x.view(np.uint16), FormatParams())
+    assert np.array_equal(a.codes, b.codes)                    # float16 is read as values, like encode
+    with pytest.raises(TypeError):
+        sm.encode_trace(x.astype(np.float32), FormatParams())
+    with pytest.raises(TypeError):
+        sm.encode_trace(x.view(np.uint16).astype(np.int64), FormatParams())
+    with pytest.raises(ValueError):
+        sm.encode_trace(x[:, :64], FormatParams())
+
+
+def test_numpy_integers_are_accepted_as_params():
+    p = FormatParams(n=np.int64(128), block=np.int32(64), bits=np.uint8(3), sign_seed=np.uint64(5))
+    assert p == FormatParams(sign_seed=5) and type(p.n) is int and type(p.sign_seed) is int
+    with pytest.raises(TypeError):
+        FormatParams(n=np.bool_(True))
+
+
+def test_cli_decode_refuses_foreign_files(tmp_path, capsys):
+    import json
+
+    from sim_models.__main__ import main
+    np.save(tmp_path / "x.npy", np.zeros((2, 64), F16))
+    assert main(["decode", str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]) == 2
+    assert "not an .npz" in capsys.readouterr().err
+    e = sm.encode(np.ones((2, 64), F16), FormatParams(n=64))
+    d = FormatParams(n=64).to_dict()
+    d["format_version"] = 99
+    np.savez(tmp_path / "v.npz", codes=e.codes, scales=e.scales, params=np.array(json.dumps(d)))
+    assert main(["decode", str(tmp_path / "v.npz"), str(tmp_path / "y.npy")]) == 2
+    assert "format_version 99" in capsys.readouterr().err
+    np.savez(tmp_path / "n.npz", codes=e.codes)
+    assert main(["decode", str(tmp_path / "n.npz"), str(tmp_path / "y.npy")]) == 2
+    assert "lacks" in capsys.readouterr().err
