@@ -87,7 +87,7 @@ def _params(params) -> FormatParams:
         return FormatParams()
     if not isinstance(params, FormatParams):
         raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
-    if not getattr(params, "is_default_quantizer", True):
+    if not params.is_default_quantizer:
         raise ValueError("gpu_ref implements the version-1 quantizer only (mode='midtread', scale='ue5m3', "
                          "scale_rule='max', scale_round='up', scale_mult None or 256); got "
                          f"mode={params.mode!r}, scale={params.scale!r}, scale_rule={params.scale_rule!r}, "
@@ -239,10 +239,10 @@ class KVCache:
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, params: FormatParams | None = None):
         p = _params(params)
-        cp = _cupy()
         for name, v in (("batch", batch), ("kv_heads", kv_heads), ("capacity", capacity)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        cp = _cupy()
         cap = (int(capacity) + 15) // 16 * 16
         self.params = p
         self.batch, self.kv_heads, self.capacity = int(batch), int(kv_heads), cap

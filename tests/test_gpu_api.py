@@ -14,9 +14,12 @@ from sim_models.scale import scale_value
 
 
 def test_unsupported_params_refused_without_gpu():
-    if hasattr(FormatParams(), "is_default_quantizer"):
-        with pytest.raises(ValueError, match="version-1"):
-            gpu_ref.encode_kv(None, FormatParams(mode="midrise"))
+    with pytest.raises(ValueError, match="version-1"):
+        gpu_ref.encode_kv(None, FormatParams(mode="midrise"))
+    with pytest.raises(ValueError, match="version-1"):
+        gpu_ref.KVCache(1, 1, 16, FormatParams(mode="lloydmax"))
+    with pytest.raises(ValueError, match="capacity"):
+        gpu_ref.KVCache(1, 1, 0)
     with pytest.raises(ValueError, match="supports"):
         gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(bits=4))
     with pytest.raises(ValueError, match="supports"):
