@@ -66,7 +66,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -242,6 +241,8 @@ def configurations() -> list[dict]:
     return c
 
 
+#: The configuration recommended as the version-2 default (docs/ACCURACY.md).
+RECOMMENDED = "midrise-max-near+C+S4"
 #: Leading configurations, also run on the CONFIRM_STARTS contexts (less noise).
 CONFIRM = ["fp16", "int4-asym", "int4-asym-DH", "published-H-midtread", "v1-default",
            "v1-default+C+S4", "midrise-max-up", "midrise-rms-near+C+S4", "lloydmax-rms-near",
@@ -716,8 +717,8 @@ def report(results: dict, allc: list[dict]):
                       f"{np.mean(r['k_relmse']):.4f} |")
         otab = "\n".join(ol)
     # per-layer table for a few configurations
-    show = [n for n in ("v1-default", "lloydmax-rms-near", "lloydmax-rms-near+C",
-                        "lloydmax-rms-near+C+S4") if n in rs]
+    show = [n for n in ("v1-default", "midrise-max-near", RECOMMENDED,
+                        "K4V3-midrise-max-near+C+S4") if n in rs]
     L = len(rs[names[0]]["k_relmse"])
     pl = ["| layer | " + " | ".join(f"K relMSE `{n}`" for n in show) + " | "
           + " | ".join(f"V relMSE `{n}`" for n in show) + " | "
@@ -801,11 +802,23 @@ def _plot(rs, names, par, fp):
                    if names[i] != "fp16")
     ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
     for b, p, n in front:
-        ax.annotate(n, (b, p), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        if b <= 4.8:
+            ax.annotate(n, (b, p), fontsize=6, xytext=(4, 2), textcoords="offset points")
     for n in ("published-H-midtread", "v1-default", "int4-asym", "int3-asym"):
         if n in rs and n not in [f[2] for f in front]:
             ax.annotate(n, (rs[n]["bits_2048"], rs[n]["ppl_2048"]), fontsize=6,
                         xytext=(4, 2), textcoords="offset points")
+    rec = RECOMMENDED
+    if rec in rs:
+        ax.scatter(rs[rec]["bits_2048"], rs[rec]["ppl_2048"], s=160, facecolors="none",
+                   edgecolors="r", lw=1.5, zorder=4, label=f"recommended: {rec}")
+    xmax = 4.8
+    off = [n for n in names if rs[n]["bits_2048"] > xmax and n != "fp16"]
+    if off:
+        ax.text(0.99, 0.02, "off scale: " + "; ".join(
+            f"{n} ({rs[n]['bits_2048']:.2f} bits, PPL {rs[n]['ppl_2048']:.2f})" for n in off),
+            transform=ax.transAxes, ha="right", va="bottom", fontsize=6)
+    ax.set_xlim(2.0, xmax)
     if fp:
         ax.axhline(fp, color="gray", lw=1, label=f"fp16 {fp:.2f}")
         ax.axhline(fp * 1.05, color="gray", lw=0.8, ls=":", label="fp16 + 5%")
