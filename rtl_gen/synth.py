@@ -491,6 +491,35 @@ def _nextpnr_summary(rep: dict, plog: Path) -> dict:
 
 # ---- main --------------------------------------------------------------------------------
 
+def _write(out: Path, merge: bool, recs: list, versions: dict, flags: dict, stamp: str,
+           total_s: float, ok: bool) -> None:
+    """Write the results; with ``merge`` the other configurations already in ``out``
+    (earlier or concurrent runs, re-read now) are kept, replaced by name."""
+    old = []
+    if merge and out.exists():
+        try:
+            old = json.loads(out.read_text()).get("configs", [])
+        except (OSError, ValueError):
+            old = []
+    new = {r["config"]: r for r in recs}
+    merged = [new.pop(r["config"], r) for r in old] + list(new.values())
+    result = {
+        "tools": versions,
+        "flags": flags,
+        "device": DEVICE,
+        "harness": "inputs from a shift register fed by one pin, outputs into a registered "
+                   "4:1 XOR tree to one pin (rtl_gen/synth.py harness_verilog)",
+        "last_run": {"date": stamp, "configs": [r["config"] for r in recs],
+                     "total_s": round(total_s, 1), "ok": ok},
+        "configs": merged,
+        "ok": all(r.get("ok") for r in merged),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+
+
 def _fwht_only(cfgs, a) -> int:
     """--fwht-only: add/refresh the ``fwht`` entry of existing records in --out."""
     if not a.out.exists():
@@ -566,6 +595,9 @@ def main(argv=None) -> int:
     if a.fwht_only:
         return _fwht_only(cfgs, a)
     t0 = time.time()
+    flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
+             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq)}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     recs, ok = [], True
     for cfg, pnr in cfgs:
         try:
@@ -575,41 +607,16 @@ def main(argv=None) -> int:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
             rec = {"config": cfg.name, **asdict(cfg), "ok": False, "error": str(err)}
             ok = False
+        rec.update(tools=versions, flags=flags, date=stamp)
         recs.append(rec)
         if rec["ok"]:
-            e, pnr = rec["ecp5"], rec.get("nextpnr", {})
+            e, pnr_r = rec["ecp5"], rec.get("nextpnr", {})
             print(f"[{cfg.name}] LUT4 {e['LUT4']}  FF {e['TRELLIS_FF']}  CCU2C {e['CCU2C']}  "
-                  f"Fmax {pnr.get('fmax_mhz', '-')} MHz  ({sum(rec['times_s'].values()):.0f} s)",
+                  f"Fmax {pnr_r.get('fmax_mhz', '-')} MHz  ({sum(rec['times_s'].values()):.0f} s)",
                   flush=True)
-    flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
-             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq)}
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    for rec in recs:
-        rec.update(tools=versions, flags=flags, date=stamp)
-    merged = recs
-    if a.out.exists() and not a.fresh:
-        # keep the other configurations of earlier runs (e.g. the long --set all)
-        try:
-            old = json.loads(a.out.read_text()).get("configs", [])
-        except (OSError, ValueError):
-            old = []
-        new = {r["config"]: r for r in recs}
-        merged = [new.pop(r["config"], r) for r in old] + list(new.values())
-    result = {
-        "tools": versions,
-        "flags": flags,
-        "device": DEVICE,
-        "harness": "inputs from a shift register fed by one pin, outputs into a registered "
-                   "4:1 XOR tree to one pin (rtl_gen/synth.py harness_verilog)",
-        "last_run": {"date": stamp, "configs": [r["config"] for r in recs],
-                     "total_s": round(time.time() - t0, 1), "ok": ok},
-        "configs": merged,
-        "ok": all(r.get("ok") for r in merged),
-    }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {a.out} ({result['last_run']['total_s']:.0f} s){'' if ok else ': FAILED'}",
-          flush=True)
+        # written after every configuration, so an interrupted run keeps what it finished
+        _write(a.out, not a.fresh, recs, versions, flags, stamp, time.time() - t0, ok)
+    print(f"wrote {a.out} ({time.time() - t0:.0f} s){'' if ok else ': FAILED'}", flush=True)
     return 0 if ok else 1
 
 
