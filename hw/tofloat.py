@@ -11,7 +11,7 @@ Two combinational halves, with a pipeline register between them in the top
 level (``KVDecompressor``):
 
 :class:`FloatPrep` (per lane): ``mag = |S|``, ``L`` = position of its leading
-one (leading-one detector by successive halving), ``Lp = max(L, K)`` with
+one (log-depth leading-one tree), ``Lp = max(L, K)`` with
 ``K = (1 - bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
@@ -40,30 +40,38 @@ from amaranth.lib.wiring import In, Out
 
 
 def leading_one(m: Module, a, name: str):
-    """Position of the highest set bit of ``a`` (0 when a == 0).
+    """Position of the highest set bit of ``a`` (0 when a == 0), log depth.
 
-    Successive halving over the bits padded to 2^k: bit j of the position
-    (j = k-1 .. 0) is ``b_j = any(upper half of v)``, then ``v`` becomes that
-    upper half if ``b_j`` else the lower half. About 2^k ORs and 2^k mux bits
-    per lane, and a small netlist (fast to simulate).
+    A binary tree over the bits padded to 2^k: a node over two children reports
+    ``any = any_lo | any_hi`` and ``pos = Cat(any_hi ? pos_hi : pos_lo, any_hi)``,
+    so each tree level costs one 3-input function per position bit (k LUT
+    levels in all; the critical path of ``FloatPrep`` on the FPGA). All nodes
+    of one level share a Signal pair, which keeps the netlist readable and the
+    Python simulation small.
 
     Returns:
         (pos, any): Values; ``pos`` is unsigned with ceil(log2 len(a)) bits.
     """
     w = len(a)
     k = max(1, (w - 1).bit_length())
-    v = Signal(1 << k, name=f"{name}_v{k}")
-    m.d.comb += v.eq(a)
-    bits = []
-    for j in range(k - 1, -1, -1):
-        h = 1 << j
-        b = Signal(name=f"{name}_b{j}")
-        m.d.comb += b.eq(v[h:2 * h].any())
-        nv = Signal(h, name=f"{name}_v{j}")
-        m.d.comb += nv.eq(Mux(b, v[h:2 * h], v[:h]))
-        bits.append(b)
-        v = nv
-    return Cat(*reversed(bits)), v[0]
+    p2 = 1 << k
+    any_v = Signal(p2, name=f"{name}_any0")
+    m.d.comb += any_v.eq(a)
+    pos_v, pw, cnt = None, 0, p2
+    for level in range(1, k + 1):
+        cnt //= 2
+        na = Signal(cnt, name=f"{name}_any{level}")
+        npos = Signal(cnt * (pw + 1), name=f"{name}_pos{level}")
+        m.d.comb += na.eq(Cat(*(any_v[2 * j] | any_v[2 * j + 1] for j in range(cnt))))
+        if pos_v is None:
+            m.d.comb += npos.eq(Cat(*(any_v[2 * j + 1] for j in range(cnt))))
+        else:
+            m.d.comb += npos.eq(Cat(*(
+                Cat(Mux(any_v[2 * j + 1], pos_v[(2 * j + 1) * pw:(2 * j + 2) * pw],
+                        pos_v[2 * j * pw:(2 * j + 1) * pw]), any_v[2 * j + 1])
+                for j in range(cnt))))
+        any_v, pos_v, pw = na, npos, pw + 1
+    return pos_v, any_v[0]
 
 
 def shift_right_sticky(m: Module, v, amount, out_width: int, name: str):
