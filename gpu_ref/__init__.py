@@ -5,11 +5,16 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
 * :func:`encode_kv` -- the write path (``kv_encode.cu``): K or V vectors ``[..., N]`` in fp16 or
   bf16 -> code plane ``[..., N*b/8]``, scale plane ``[..., N/G]`` and flags ``[...]`` in one
   launch, bit-exact with :func:`sim_models.encode` for every input (NaN, inf, subnormals, zeros
-  included) and every :class:`sim_models.FormatParams` the golden model accepts.
+  included) and every :class:`sim_models.FormatParams` the golden model accepts whose quantizer is in
+  :data:`SUPPORTED_QUANTIZER`: mode ``midtread`` or ``midrise`` x scale rounding ``up`` or
+  ``nearest`` (scale ``ue5m3``, rule ``max``, multiplier 256), i.e. the version-1 quantizer
+  (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones.
 * :func:`decode_attention` -- fused single-token decode attention (``kv_decode_attn.cu``)
   straight from the packed cache: q is rotated inside the kernel (``q~ = H D q``), logits and
   the online softmax run in the rotated domain (``q.k = q~ . (code*scale) / N``), the rotated V
-  is accumulated and the output is rotated back once (``o = D H acc / N``). Split-KV
+  is accumulated and the output is rotated back once (``o = D H acc / N``); mid-tread codes
+  reconstruct as ``c * scale``, mid-rise codes as ``(2c + 1) * scale / 2`` (the kernel feeds
+  ``c + 1/2`` to the tensor cores). Split-KV
   (flash-decoding) with an in-kernel merge; GQA with any ratio; per-sequence lengths.
 
 Method and sources
@@ -25,13 +30,18 @@ forms ``|f| 2^-u`` with one or two exact power-of-two multiplies and rounds with
 adds (``floor(RD(v + 1/2)) == floor(v + 1/2)`` because ``floor(v + 1/2)`` is representable);
 butterflies run in fp32 when ``M - 1 + log2 N <= 24`` (all partial sums are integers < 2^24,
 hence exact) and in int32 otherwise; scales use the golden binary search with exact integer
-compares; codes compare ``|y|`` with the exact integer thresholds ``ceil((2j-1) sig 2^(e-u-1))``.
+compares; codes compare ``|y|`` with the exact integer thresholds ``ceil((2j-1) sig 2^(e-u-1))``
+(mid-tread) or ``ceil(j sig 2^(e-u))`` (mid-rise); scale rounding ``nearest`` takes the byte below
+the rounded-up one when ``K (2 sig + 1) 2^(e-1) > max|y| 2^u`` (one more exact compare).
 Since v6 the common configurations take shortcuts proven equal to these steps (comments in
 ``kv_encode.cu``): one FMA per lane rounds the mantissa (``RN(f 2^-u (1+2^-20) + 1.5*2^23)``: the
 factor pushes exact ties away from zero), the scale byte is a double-precision estimate plus two
 exact compares, and when ``M - 1 + log2 N <= 20`` one FMA per lane gives the code
 (``RN(y k + 1.5*2^23 + 2^(b-1))`` with ``k = (1 + ~1.5*2^-22) / (2 sig 2^sh)``), packed by
-shift-adds of offset-binary fields and one XOR per word.
+shift-adds of offset-binary fields and one XOR per word; mid-rise codes are ``floor(y k)`` by the
+same FMA rounding toward minus infinity (``RM(y k + 1.5*2^23 + 2^(b-1))``), clamped to
+``[-2^(b-1), 2^(b-1)-1]`` (two FMNMX per lane; also for nearest scale rounding, whose scale can lie
+below ``max|y|/K``).
 
 Decode accuracy: K codes enter the tensor cores exactly (``1 + (c+4) 2^(o-10)`` in fp16, the
 constant removed through the accumulator start value); q~ is split into two fp16 parts
@@ -63,7 +73,7 @@ from sim_models.params import FormatParams
 
 __all__ = [
     "EncodedGPU", "KVCache", "decode_attention", "decode_supported", "encode_kv",
-    "decode_kernel_params",
+    "decode_kernel_params", "SUPPORTED_QUANTIZER",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,16 +92,36 @@ def _cupy():
     return cupy
 
 
+#: Quantizer fields the kernels implement (docs/ACCURACY.md "Exact integer rules"): the version-1
+#: quantizer (midtread, up) and the version-2 one (midrise, nearest), and the two cross terms.
+SUPPORTED_QUANTIZER = {
+    "mode": ("midtread", "midrise"),
+    "scale": ("ue5m3",),
+    "scale_rule": ("max",),
+    "scale_round": ("up", "nearest"),
+    "scale_mult": (None, 256),
+}
+_MODE_ID = {"midtread": 0, "midrise": 1}
+_ROUND_ID = {"up": 0, "nearest": 1}
+
+
 def _params(params) -> FormatParams:
+    """Checked FormatParams (None -> ``FormatParams()``).
+
+    Raises:
+        TypeError: not a FormatParams.
+        ValueError: a quantizer field outside :data:`SUPPORTED_QUANTIZER`; the message names the field.
+    """
     if params is None:
-        return FormatParams()
+        params = FormatParams()
     if not isinstance(params, FormatParams):
         raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
-    if not params.is_default_quantizer:
-        raise ValueError("gpu_ref implements the version-1 quantizer only (mode='midtread', scale='ue5m3', "
-                         "scale_rule='max', scale_round='up', scale_mult None or 256); got "
-                         f"mode={params.mode!r}, scale={params.scale!r}, scale_rule={params.scale_rule!r}, "
-                         f"scale_round={params.scale_round!r}, scale_mult={params.scale_mult!r}")
+    for field, allowed in SUPPORTED_QUANTIZER.items():
+        value = getattr(params, field)
+        if value not in allowed:
+            raise ValueError(f"gpu_ref does not implement {field}={value!r}; supported: {field} in {allowed} "
+                             "(mode midtread|midrise x scale_round up|nearest, scale ue5m3, scale_rule max, "
+                             "scale_mult None or 256)")
     return params
 
 
@@ -155,7 +185,8 @@ def _encode_cfg(p: FormatParams, tune=None):
         t["minb"] = min(int(t["minb"]), 2)  # threshold-compare path: more registers, 3 CTAs/SM would spill
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
-             f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])))
+             f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])),
+             str(_MODE_ID[p.mode]), str(_ROUND_ID[p.scale_round]))
     return targs, 2 * 128 * (lpt * 2 + 16), lpt, int(t["minb"])
 
 
@@ -195,9 +226,11 @@ def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
             (fp16 or bf16; CuPy has no bfloat16 dtype, so bf16 always travels as uint16).
             Any number of vectors (no tile-size restriction).
         params: :class:`sim_models.FormatParams` (default ``FormatParams()``: N=128, G=64, b=3,
-            M=12, fp16, seed 0). Every N, G, b, M, dtype and seed the golden model accepts is
-            supported, with the version-1 quantizer (``params.is_default_quantizer``); the
-            format-study modes/encodings/scale rules raise ValueError.
+            M=12, fp16, seed 0, whatever quantizer FormatParams() defaults to). Every N, G, b, M,
+            dtype and seed the golden model accepts is supported, with ``mode`` in
+            {midtread, midrise}, ``scale_round`` in {up, nearest}, ``scale`` ue5m3, ``scale_rule``
+            max, ``scale_mult`` None or 256 (:data:`SUPPORTED_QUANTIZER`); other format-study
+            modes/encodings/rules raise ValueError naming the field.
 
     Returns:
         :class:`EncodedGPU` with cupy arrays ``codes`` uint8 ``[..., N*b/8]``, ``scales`` uint8
@@ -205,7 +238,8 @@ def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
 
     Raises:
         TypeError: ``x`` is not a cupy array, or has the wrong dtype; ``params`` has the wrong type.
-        ValueError: last axis != N, not C-contiguous, or on another device.
+        ValueError: last axis != N, not C-contiguous, or on another device; unsupported quantizer
+            field (checked before CuPy is needed).
         RuntimeError: CuPy is not installed.
     """
     p = _params(params)
@@ -229,7 +263,8 @@ class KVCache:
         batch: number of sequences B.
         kv_heads: KV heads per token.
         capacity: tokens per sequence; rounded up to a multiple of 16.
-        params: format (decode needs bits=3, N in {64, 128, 256}, G in {16, 32, 64}).
+        params: format (decode needs bits=3, N in {64, 128, 256}, G in {16, 32, 64}; quantizer in
+            :data:`SUPPORTED_QUANTIZER`, else ValueError naming the field).
 
     Attributes:
         k_codes, v_codes: uint8 ``[B, KVH, CAP, N*3/8]``; k_scales, v_scales: uint8
@@ -303,8 +338,9 @@ _MAX_SPLITS = 128  # the split merge stages (m, l) of all splits in shared memor
 
 
 def decode_supported(p: FormatParams) -> bool:
-    """True when :func:`decode_attention` has a kernel for these parameters."""
-    return p.bits == 3 and p.n in _DECODE_N and p.block in _DECODE_G and p.block <= p.n
+    """True when :func:`decode_attention` has a kernel for these parameters (shape and quantizer)."""
+    quant_ok = all(getattr(p, f) in allowed for f, allowed in SUPPORTED_QUANTIZER.items())
+    return quant_ok and p.bits == 3 and p.n in _DECODE_N and p.block in _DECODE_G and p.block <= p.n
 
 
 def _decode_stages(n: int) -> int:
@@ -330,7 +366,8 @@ def decode_kernel_params(p: FormatParams, precise_p: bool = False, stages: int |
     st = int(t.get("stages") or stages or _decode_stages(p.n))
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), "1" if precise_p else "0", str(st), f"{seed}ull",
-             "0" if p.sign_seed is None else "1", str(int(t["minb"])), str(int(t["qlo"])), str(int(t["abl"])))
+             "0" if p.sign_seed is None else "1", str(int(t["minb"])), str(int(t["qlo"])), str(int(t["abl"])),
+             str(_MODE_ID[p.mode]))
     return targs, _decode_smem(p, st), int(t["minb"])
 
 
@@ -364,7 +401,9 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
             given, in which case the caller guarantees ``lengths <= max_length``; the kernel still
             clamps to CAP so it never reads outside the planes). A length of 0 gives zeros.
         params: format (default ``FormatParams()``); needs bits=3, N in {64, 128, 256},
-            G in {16, 32, 64}.
+            G in {16, 32, 64}, mode midtread (``c * scale``) or midrise (``(2c+1) * scale / 2``);
+            the scale rounding does not matter to the read path, but must be one the write path
+            supports (:data:`SUPPORTED_QUANTIZER`).
         scale: softmax scale (default ``1/sqrt(N)``).
         out_dtype: ``"fp16"`` (float16), ``"bf16"`` (uint16 bit patterns) or ``"fp32"``;
             default: the type of ``q``.

@@ -1,5 +1,8 @@
 // fwht-kv fused decode attention over the packed 3-bit cache (flash-decoding, split-KV).
 //
+// Reconstruction (sim_models/quant_modes.py): mid-tread y_hat = c * scale; mid-rise (template MR = 1)
+// y_hat = (2c + 1) * scale / 2 = (c + 1/2) * scale: the value fed to the tensor cores is c + 1/2 (exact
+// in fp16), the scale is used as stored (the 1/2 folded into the code -> value map).
 // Math (sim_models/fwht.py): with y = H D x and H H = N I,
 //   q . k_hat = (H D q) . y_hat_k / N,      o = D H ( sum_t p_t y_hat_v,t ) / N,
 // where y_hat = code * scale (scale per block of G lanes). So the kernel rotates q once
@@ -128,18 +131,29 @@ __host__ __device__ constexpr kv_u32 h_int(int v) {
   return v == 0 ? 0u : ((kv_u32)(kv_ilog2(v) + 15) << 10) | (((kv_u32)v << (10 - kv_ilog2(v))) & 0x3FFu);
 }
 
-// half2 of the V codes of segment lane J from two tokens' segments (lo <- sx, hi <- sy): exact
-template <int J>
+// half2 of the V values of segment lane J from two tokens' segments (lo <- sx, hi <- sy), exact:
+// c (mid-tread) or c + 1/2 (mid-rise, MR = 1).
+// Mid-rise: for O >= 1 the half is the mantissa bit below the field, set by the same LOP3
+// (1024 + (c + 4.5) 2^O); for O == 0 there is no such bit (1027.5 needs 12 significant bits), so
+// those lanes (1 in 8) take one HADD2 of +1/2.
+template <int J, int MR = 0>
 __device__ __forceinline__ kv_u32 vext(kv_u32 sx, kv_u32 sy) {
   constexpr int BETA = (3 * J) >> 3, O = (3 * J) & 7;
   constexpr kv_u32 SEL = BETA | ((BETA + 1) << 4) | ((BETA + 4) << 8) | ((BETA + 5) << 12);
   constexpr kv_u32 AM = (7u << O) | (7u << (16 + O));
-  constexpr kv_u32 BM = (4u << O) | (4u << (16 + O)) | 0x64006400u;  // exponent of 1024
+  constexpr kv_u32 HALF = (MR && O > 0) ? ((1u << (O - 1)) | (1u << (15 + O))) : 0u;
+  constexpr kv_u32 BM = (4u << O) | (4u << (16 + O)) | 0x64006400u | HALF;  // exponent of 1024
   constexpr kv_u32 MUL = ((kv_u32)(15 - O) << 10) * 0x10001u;        // 2^-O
   constexpr kv_u32 ADD = (0x8000u | h_int((1 << (10 - O)) + 4)) * 0x10001u;  // -(2^(10-O) + 4)
   kv_u32 r = __byte_perm(sx, sy, SEL);
-  r = lop_field(r, AM, BM);  // 1024 + (c + 4) 2^O
-  return hfma2(r, MUL, ADD);  // c
+  r = lop_field(r, AM, BM);  // 1024 + (c + 4) 2^O  (+ 2^(O-1): mid-rise, O >= 1)
+  r = hfma2(r, MUL, ADD);    // c  (c + 1/2)
+  if (MR && O == 0) {
+    kv_u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(r), "r"(0x38003800u));  // + 1/2, exact
+    r = d;
+  }
+  return r;
 }
 
 template <int N>
@@ -183,7 +197,9 @@ struct KvDecCfg {
 
 // MINB: CTAs per SM for the register budget; QLO: also feed the low fp16 part of q~;
 // ABL: ablation for profiling only (1: no PV, 2: no QK) -- results are wrong when ABL != 0.
-template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2, int QLO = 1, int ABL = 0>
+// MR: 0 mid-tread (y_hat = c scale), 1 mid-rise (y_hat = (c + 1/2) scale).
+template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2, int QLO = 1, int ABL = 0,
+          int MR = 0>
 __global__ void __launch_bounds__(128, MINB)
 kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
                const kv_u8* __restrict__ kc, const kv_u8* __restrict__ ks,
@@ -315,10 +331,11 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       kv_u32 llo = f2h(rlo), lhi = f2h(rhi);
       qh[c][p] = hlo | (hhi << 16);
       ql[c][p] = llo | (lhi << 16);
-      // constant part of the K operand: 1 + 4 * 2^(o-10)
-      // (exactly the fp16 values the tensor cores will see)
-      zp[(16 * c) / G] += (h2f(hlo) + (QLO ? h2f(llo) : 0.0f)) * (1.0f + 4.0f * exp2i(ol - 10)) +
-                          (h2f(hhi) + (QLO ? h2f(lhi) : 0.0f)) * (1.0f + 4.0f * exp2i(oh - 10));
+      // constant part of the K operand: 1 + 4 * 2^(o-10) (exactly the fp16 values the tensor cores
+      // will see); mid-rise removes only 1 + 3.5 * 2^(o-10), leaving (c + 1/2) 2^(o-10)
+      constexpr float KOFF = MR ? 3.5f : 4.0f;
+      zp[(16 * c) / G] += (h2f(hlo) + (QLO ? h2f(llo) : 0.0f)) * (1.0f + KOFF * exp2i(ol - 10)) +
+                          (h2f(hhi) + (QLO ? h2f(lhi) : 0.0f)) * (1.0f + KOFF * exp2i(oh - 10));
     }
   }
   float z0[NB], z1[NB];
@@ -520,10 +537,10 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         for (int ip = 0; ip < MPB; ++ip) {
           kv_u32 a0, a1, a2, a3;
           switch (ip) {  // J must be a compile-time constant
-            case 0: a0 = vext<0>(s0v, s1v); a1 = vext<1>(s0v, s1v); a2 = vext<0>(s2v, s3v); a3 = vext<1>(s2v, s3v); break;
-            case 1: a0 = vext<2>(s0v, s1v); a1 = vext<3>(s0v, s1v); a2 = vext<2>(s2v, s3v); a3 = vext<3>(s2v, s3v); break;
-            case 2: a0 = vext<4>(s0v, s1v); a1 = vext<5>(s0v, s1v); a2 = vext<4>(s2v, s3v); a3 = vext<5>(s2v, s3v); break;
-            default: a0 = vext<6>(s0v, s1v); a1 = vext<7>(s0v, s1v); a2 = vext<6>(s2v, s3v); a3 = vext<7>(s2v, s3v); break;
+            case 0: a0 = vext<0, MR>(s0v, s1v); a1 = vext<1, MR>(s0v, s1v); a2 = vext<0, MR>(s2v, s3v); a3 = vext<1, MR>(s2v, s3v); break;
+            case 1: a0 = vext<2, MR>(s0v, s1v); a1 = vext<3, MR>(s0v, s1v); a2 = vext<2, MR>(s2v, s3v); a3 = vext<3, MR>(s2v, s3v); break;
+            case 2: a0 = vext<4, MR>(s0v, s1v); a1 = vext<5, MR>(s0v, s1v); a2 = vext<4, MR>(s2v, s3v); a3 = vext<5, MR>(s2v, s3v); break;
+            default: a0 = vext<6, MR>(s0v, s1v); a1 = vext<7, MR>(s0v, s1v); a2 = vext<6, MR>(s2v, s3v); a3 = vext<7, MR>(s2v, s3v); break;
           }
           mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0[bb], B1[bb]);
           if (PSPLIT) mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0l[bb], B1l[bb]);
@@ -652,14 +669,20 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 }
 
 #ifndef KV_NVRTC
-#define KV_DEC_INST(N_, G_, P_, S_)                                                                  \
-  template __global__ void kv_decode_attn<N_, G_, P_, S_, 0ull, 1, 2, 1, 0>(                       \
+#define KV_DEC_INST(N_, G_, P_, S_, MR_)                                                              \
+  template __global__ void kv_decode_attn<N_, G_, P_, S_, 0ull, 1, 2, 1, 0, MR_>(                  \
       const kv_u16*, int, const kv_u8*, const kv_u8*, const kv_u8*, const kv_u8*, const int*, float*, \
       float*, int*, void*, int, int, int, int, int, long long, int, int, float);
-KV_DEC_INST(128, 64, 0, 3)
-KV_DEC_INST(128, 64, 1, 3)
-KV_DEC_INST(64, 64, 0, 4)
-KV_DEC_INST(256, 64, 0, 2)
-KV_DEC_INST(128, 32, 0, 3)
-KV_DEC_INST(128, 16, 0, 3)
+// every N and G the Python side launches, both reconstructions (MR 0: mid-tread, 1: mid-rise)
+#define KV_DEC_MODES(N_, G_, P_, S_) KV_DEC_INST(N_, G_, P_, S_, 0) KV_DEC_INST(N_, G_, P_, S_, 1)
+KV_DEC_MODES(128, 64, 0, 3)
+KV_DEC_MODES(128, 64, 1, 3)
+KV_DEC_MODES(64, 64, 0, 4)
+KV_DEC_MODES(64, 32, 0, 4)
+KV_DEC_MODES(64, 16, 0, 4)
+KV_DEC_MODES(256, 64, 0, 2)
+KV_DEC_MODES(256, 32, 0, 2)
+KV_DEC_MODES(256, 16, 0, 2)
+KV_DEC_MODES(128, 32, 0, 3)
+KV_DEC_MODES(128, 16, 0, 3)
 #endif

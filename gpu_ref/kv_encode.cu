@@ -5,8 +5,13 @@
 //   special values (NaN -> +0, +-inf -> +-max finite)  -> sign flip D (SplitMix64 mask)
 //   -> block floating point (one shared exponent, M-bit mantissas, round half away from zero)
 //   -> unnormalized Sylvester FWHT (log2 N butterfly stages)
-//   -> per block of G lanes the smallest ue5m3 scale byte with qmax*scale >= max|y|*2^u
-//   -> mid-tread codes by threshold compares (ties away from zero) -> LSB-first packing.
+//   -> per block of G lanes a ue5m3 scale byte for K*scale ~ max|y|*2^u (K = 2^(b-1)-1 mid-tread,
+//      2^(b-1) mid-rise), rounded up (smallest byte with K*scale >= max|y|*2^u) or to nearest
+//      (smallest byte whose midpoint (2 sig + 1) 2^(exp-1) satisfies K*mid > max|y|*2^u, ties up)
+//   -> mid-tread codes (ties away from zero) or mid-rise codes (c = m if y >= 0 else -1 - m,
+//      m = #{j in 1..2^(b-1)-1 : |y| 2^u >= j scale}) -> LSB-first packing.
+// MODE (0 mid-tread, 1 mid-rise) and RND (0 up, 1 nearest) are template parameters
+// (docs/ACCURACY.md "Exact integer rules"; sim_models/quant_modes.py, sim_models/scale_rules.py).
 // v6 shortcuts (fp32 butterflies, no mantissa clamp; fast quantizer when M - 1 + log2 N <= 20), each
 // argued exact where it is used: mantissa rounding and sign in ONE FMA per lane, the scale byte from a
 // double estimate plus two exact compares, codes by ONE FMA per lane plus one shift-add (LEA) per lane.
@@ -121,6 +126,21 @@ __device__ __forceinline__ int scale_search(double rhs) {
   const bool below = s > 1 && ok(s - 1), at = s <= 255 && ok(min(s, 255));
   return below ? s - 1 : (at ? s : s + 1);
 }
+// Scale rounding "nearest" (ties up): the smallest byte c in 1..254 with QMAX*mid(c) > rhs,
+// mid(c) = (2 sig(c) + 1) 2^(exp(c)-1), else 255. `sup` = scale_search<QMAX>(rhs) (smallest byte with
+// QMAX*scale >= rhs, 256 when none). Every byte below sup-1 has mid(c) < scale(c+1) <= scale(sup-1)
+// < rhs/QMAX, and mid(sup) > scale(sup) >= rhs/QMAX, so the answer is sup-1 or sup (one exact compare:
+// QMAX*(2 sig+1) < 2^8 and rhs are exact in double).
+template <int QMAX>
+__device__ __forceinline__ int scale_nearest(int sup, double rhs) {
+  const int c = sup - 1;
+  if (c >= 1 && c <= 254) {
+    int sg, ex;
+    scale_sig_exp(c, sg, ex);
+    if ((double)(QMAX * (2 * sg + 1)) * exp2d(ex - 1) > rhs) return c;
+  }
+  return sup < 255 ? sup : 255;
+}
 
 template <bool B>
 struct bconst { static constexpr bool value = B; };
@@ -133,7 +153,9 @@ __device__ __forceinline__ T shfl_xor_t(T v, int m) { return __shfl_xor_sync(0xf
 // x:      [nvec, N] uint16 input bit patterns (fp16 when DT == 0, bf16 when DT == 1)
 // codes:  code plane rows of N*BITS/8 bytes; scales: rows of N/G bytes; flags: one byte per row
 // rows:   output row of input vector v is out_rows[v] when out_rows != nullptr, else v
-template <int N, int G, int BITS, int M, int DT, kv_u64 SEED, int HAS_SIGN, int LPTM = 128, int MINB = 2>
+// MODE:   0 mid-tread, 1 mid-rise;  RND: scale rounding, 0 up, 1 nearest (ties up)
+template <int N, int G, int BITS, int M, int DT, kv_u64 SEED, int HAS_SIGN, int LPTM = 128, int MINB = 2,
+          int MODE = 0, int RND = 0>
 __global__ void __launch_bounds__(128, MINB)
 kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __restrict__ scales,
           kv_u8* __restrict__ flags, const long long* __restrict__ out_rows, long long nvec) {
@@ -146,7 +168,9 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
   constexpr int MB = DT == 0 ? 10 : 7;          // stored mantissa bits of the input type
   constexpr int EMASK = DT == 0 ? 31 : 255;
   constexpr int BIAS = DT == 0 ? 15 : 127;
-  constexpr int QMAX = (1 << (BITS - 1)) - 1;
+  constexpr int QMAX = (1 << (BITS - 1)) - 1;  // thresholds per lane (both modes)
+  constexpr bool MR = MODE == 1;                // mid-rise
+  constexpr int KU = MR ? QMAX + 1 : QMAX;      // scale units the block maximum maps to (K)
   constexpr bool FLT = (M - 1 + LOG2N) <= 24;   // fp32 butterflies are exact
   constexpr bool CLAMP = (M - 2 - MB) < 0;      // rounding can reach 2^(M-1)
   constexpr int ROWB = LPT * 2 + 16;            // padded smem row (bank-conflict free LDS.128)
@@ -161,6 +185,7 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
   static_assert(N >= 8 && (N & (N - 1)) == 0 && N <= 4096, "N");
   static_assert(G >= 8 && N % G == 0, "G");
   static_assert(BITS >= 2 && BITS <= 4, "BITS");
+  static_assert((MODE == 0 || MODE == 1) && (RND == 0 || RND == 1), "MODE/RND");
 
   extern __shared__ __align__(16) kv_u8 smem[];
   const int tid = threadIdx.x;
@@ -366,13 +391,20 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       }
     }
 
-    // ---- scales (exact binary search, as the golden model) and code thresholds ----------------
-    // Fast quantizer when |y| < 2^21 (M - 1 + log2 N <= 20, fp32 butterflies): code =
-    // RN(y * kq + 1.5*2^23) - 1.5*2^23 with kq = 1/(2 sig 2^sh) (1 + d), d in [1.25, 1.75] 2^-22: the
-    // thresholds (2j-1) sig 2^sh are met exactly when y kq lands at or beyond j - 1/2; d moves exact
-    // ties strictly outwards (round away from zero), and a non-tie |y| is at least 1/|y| > 2^-21
-    // (relative) away from a threshold, more than d. The low BITS bits of the sum are the two's-
-    // complement field. Saturated blocks clamp y*kq to +-qmax first.
+    // ---- scales (exact, as the golden model) and code thresholds ------------------------------
+    // Fast quantizer when |y| < 2^21 (M - 1 + log2 N <= 20, fp32 butterflies), with
+    // kq = (1 + d) / S, S = sig 2^(ex-u) (the scale in units of 2^u), d in [1.25, 1.75] 2^-22:
+    //  mid-tread: code = RN(y kq + C) - C: the thresholds (j - 1/2) S are met exactly when y kq lands
+    //    at or beyond j - 1/2; d moves exact ties strictly outwards (round half away from zero);
+    //  mid-rise: code = RM(y kq + C) - C = floor(y kq): |y| = j S gives j (1 + d) -> j for y > 0 and
+    //    -j - 1 for y < 0 (the outer level, = -1 - m), y = 0 gives 0; clamped to [-2^(b-1), 2^(b-1)-1].
+    // A non-tie is far enough from every threshold: with S >= 1 (integer), |y kq - j| >= 1/S while the
+    // perturbation is |y| d / S < 0.875 / S (|y| < 2^21); with S < 1 both y and j S are multiples of
+    // 2^(ex-u), and only |y| < 2^(b-1) S (<= 120 2^(ex-u)) matters, where |y| d << 2^(ex-u).
+    // FMA: y kq is exact before the single rounding, C = 1.5*2^23 + 2^(b-1) keeps the sum in
+    // [2^23, 2^24) (unit spacing). The low BITS bits of the sum are the offset-binary field.
+    // Codes clip (clamp of the sum) for mid-rise (|y| = 2^(b-1) S is possible), for nearest scale
+    // rounding (the scale may lie below max|y|/K) and in saturated blocks.
     constexpr bool FASTQ = FLT && (M - 1 + LOG2N) <= 20;
     int sbyte[NBT];
     long long thr[NBT][QMAX];
@@ -398,19 +430,24 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       }
 #pragma unroll
       for (int o = 1; o < TPB; o <<= 1) amax = max(amax, shfl_xor_t(amax, o));
-      int lo = scale_search<QMAX>((double)amax * exp2d(u));
-      if (lo > 255) { flg |= 4u; lo = 255; anysat = true; }  // FLAG_SAT
+      const double rhs = (double)amax * exp2d(u);  // exact (amax < 2^31)
+      int lo = scale_search<KU>(rhs);
+      if (lo > 255) { flg |= 4u; anysat = true; }  // FLAG_SAT: K*scale(255) < max|y| 2^u (both roundings)
+      lo = RND ? scale_nearest<KU>(lo, rhs) : min(lo, 255);
       sbyte[bb] = lo;
       int sg, ex;
       scale_sig_exp(lo, sg, ex);
-      if (FASTQ) {  // 1/(2 sig 2^sh) (1 + ~1.5 2^-22); 0 when below 2^-127 (every code is then 0)
-        kq[bb] = kinv_tab[sg] * exp2i(min(max(u - ex, -127), 127));
+      if (FASTQ) {  // (1 + ~1.5 2^-22) / (sig 2^(ex-u)); exponent clamped to [-126, 127]: below 2^-126
+        // |y kq| < 2^-100 (codes 0, or -1 for mid-rise y < 0: kq stays > 0); above 2^127 only when y == 0
+        kq[bb] = kinv_tab[sg] * exp2i(min(max(u - ex, -126), 127));
         continue;
       }
-      int sh = ex - u - 1;  // |y| >= (2j-1)*sig*2^sh  <=>  |y| >= ceil((2j-1)*sig*2^sh)
+      // mid-tread: |y| 2^u >= (2j-1) sig 2^(ex-1);  mid-rise: |y| 2^u >= j sig 2^ex;
+      // as integers: |y| >= ceil(num * 2^sh)
+      const int sh = MR ? ex - u : ex - u - 1;
 #pragma unroll
       for (int j = 1; j <= QMAX; ++j) {
-        long long num = (long long)((2 * j - 1) * sg);
+        long long num = (long long)((MR ? j : 2 * j - 1) * sg);
         long long t;
         if (sh >= 0) t = sh >= 31 ? (1ll << 31) : min(num << sh, 1ll << 31);
         else { int r = -sh > 40 ? 40 : -sh; t = (num + (1ll << r) - 1) >> r; }
@@ -435,23 +472,21 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       // (one LEA per lane), the constant part of F is subtracted per word at the end, and flipping
       // each field's top bit turns d into the two's-complement code.
       constexpr float CMQ = 12582912.0f + (float)(1 << (BITS - 1));
+      constexpr float FLO = CMQ - (float)KU, FHI = CMQ + (float)QMAX;  // code range [-K, qmax]
       constexpr int BL = G <= LPT ? G : LPT;
       constexpr kv_u32 FM = (1u << BITS) - 1;
+      auto qf = [&](float y, float k) { return MR ? __fmaf_rd(y, k, CMQ) : __fmaf_rn(y, k, CMQ); };
       auto putq = [&](int i, kv_u32 F) {
         const int bit = i * BITS, s = bit & 31;
         cw[bit >> 5] += F << s;
         if (s + BITS > 32) cw[(bit >> 5) + 1] += (F & FM) >> (32 - s);
       };
-      if (!anysat) {
+      if (!MR && !RND && !anysat) {  // version-1 quantizer, no saturated block: no code can clip
 #pragma unroll
-        for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(__fmaf_rn(yf[FLT ? i : 0], kq[i / BL], CMQ)));
-      } else {
+        for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(qf(yf[FLT ? i : 0], kq[i / BL])));
+      } else {  // clamp the sum (monotone, so clamping after the rounding equals clipping the code)
 #pragma unroll
-        for (int i = 0; i < LPT; ++i) {
-          float xq = __fmul_rn(yf[FLT ? i : 0], kq[i / BL]);
-          xq = fminf(fmaxf(xq, -(float)QMAX), (float)QMAX);
-          putq(i, __float_as_uint(__fadd_rn(xq, CMQ)));
-        }
+        for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(fminf(fmaxf(qf(yf[FLT ? i : 0], kq[i / BL]), FLO), FHI)));
       }
 #pragma unroll
       for (int k = 0; k < CW; ++k) {
@@ -481,7 +516,7 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
           float y = yf[FLT ? i : 0], a = fabsf(y);
 #pragma unroll
           for (int j = 0; j < QMAX; ++j) cnt += (a >= tf[bb][j]) ? 1 : 0;
-          negy = __float_as_int(y) < 0;
+          negy = y < 0.0f;  // -0.0 counts as y >= 0 (mid-rise y = 0 -> code 0)
         } else {
           int y = yi[FLT ? 0 : i];
           long long a = y < 0 ? -(long long)y : (long long)y;
@@ -489,7 +524,7 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
           for (int j = 0; j < QMAX; ++j) cnt += (a >= thr[bb][j]) ? 1 : 0;
           negy = y < 0;
         }
-        kv_u32 fld = (kv_u32)(negy ? -cnt : cnt) & ((1u << BITS) - 1);
+        kv_u32 fld = (kv_u32)(negy ? (MR ? -1 - cnt : -cnt) : cnt) & ((1u << BITS) - 1);
         const int bit = i * BITS;
         cw[bit >> 5] |= fld << (bit & 31);
         if ((bit & 31) + BITS > 32) cw[(bit >> 5) + 1] |= fld >> (32 - (bit & 31));
@@ -532,4 +567,14 @@ template __global__ void kv_encode<128, 64, 3, 12, 1, 0ull, 1>(const kv_u16*, kv
 template __global__ void kv_encode<256, 64, 4, 16, 0, 0ull, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
 template __global__ void kv_encode<4096, 64, 2, 16, 0, 0ull, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
 template __global__ void kv_encode<128, 64, 3, 12, 0, 0ull, 1, 64, 4>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
+// every (MODE, RND) on the fast path (default shape, 3 CTAs/SM) and on the threshold paths
+#define KV_ENC_MODES(N_, G_, B_, M_, DT_, LPTM_, MINB_)                                                              \
+  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 0, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long); \
+  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 0, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long); \
+  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 1, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long); \
+  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 1, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
+KV_ENC_MODES(128, 64, 3, 12, 0, 128, 3)   // fast quantizer (FMA codes)
+KV_ENC_MODES(128, 64, 3, 12, 1, 128, 3)
+KV_ENC_MODES(256, 64, 4, 16, 1, 128, 2)   // fp32 butterflies, threshold compares (bf16)
+KV_ENC_MODES(4096, 64, 2, 16, 0, 128, 2)  // int32 butterflies, threshold compares
 #endif

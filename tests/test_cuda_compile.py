@@ -1,13 +1,18 @@
 """Every CUDA source in gpu_ref/ compiles to PTX for sm_90 (CI has nvcc but no GPU).
 
-Skips when nvcc is not on PATH. The sources carry default template instantiations (unless
-KV_NVRTC is defined), so the PTX contains real kernels, not just declarations.
+Skips when nvcc is not on PATH. The sources carry explicit template instantiations (unless
+KV_NVRTC is defined), so the PTX contains real kernels, not just declarations: every quantizer
+variant the Python side launches -- write kernel MODE (mid-tread 0, mid-rise 1) x RND (scale
+rounding up 0, nearest 1) on the fast-quantizer path (fp16, bf16) and on both threshold-compare
+paths (fp32 and int32 butterflies); decode kernel MR (mid-tread 0, mid-rise 1) for every N and G
+it accepts. The test reads the template arguments back from the mangled entry names.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 
@@ -19,6 +24,14 @@ SRC = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "gpu_ref", 
 def test_sources_exist():
     names = {os.path.basename(s) for s in SRC}
     assert {"kv_encode.cu", "kv_decode_attn.cu"} <= names
+
+
+def _template_args(ptx: str, kernel: str) -> list[tuple[int, ...]]:
+    """Integer template arguments of every `.entry` of ``kernel`` (Itanium mangling: Li<n>E / Ly<n>E)."""
+    out = []
+    for m in re.finditer(r"\.entry\s+_Z\d+" + kernel + r"I((?:L[iy]\d+E)+)E", ptx):
+        out.append(tuple(int(v) for v in re.findall(r"L[iy](\d+)E", m.group(1))))
+    return out
 
 
 @pytest.mark.parametrize("src", SRC, ids=os.path.basename)
@@ -34,5 +47,20 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
     assert ".entry" in ptx, "no kernel in the PTX"
     if "decode" in src:
         assert "mma.sync.aligned.m16n8k16" in ptx and "movmatrix" in ptx
+        args = _template_args(ptx, "kv_decode_attn")
+        # <N, G, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR>
+        assert args and all(len(a) == 10 for a in args), args
+        for n in (64, 128, 256):
+            for g in (16, 32, 64):
+                got = {a[9] for a in args if a[0] == n and a[1] == g}
+                assert got == {0, 1}, f"decode N={n} G={g}: MR variants {got}"
+        assert "add.rn.f16x2" in ptx  # the mid-rise + 1/2 of V lanes at bit offset 0
     if "encode" in src:
         assert "cp.async" in ptx
+        args = _template_args(ptx, "kv_encode")
+        # <N, G, BITS, M, DT, SEED, HAS_SIGN, LPTM, MINB, MODE, RND>
+        assert args and all(len(a) == 11 for a in args), args
+        for shape in ((128, 64, 3, 12, 0), (128, 64, 3, 12, 1), (256, 64, 4, 16, 1), (4096, 64, 2, 16, 0)):
+            got = {(a[9], a[10]) for a in args if a[:5] == shape}
+            assert got == {(0, 0), (0, 1), (1, 0), (1, 1)}, f"encode {shape}: (MODE, RND) variants {got}"
+        assert "fma.rm.f32" in ptx  # mid-rise codes: floor by an FMA rounding toward -inf

@@ -3,10 +3,13 @@
 Skips cleanly without CuPy or without a CUDA device (CI has neither); runs on the GPU machine.
 
 * write kernel: bit-exact codes, scales and flags vs sim_models.encode on > 1M vectors of the
-  default format (shared test-vector sets, every fp16 bit pattern, special values, odd row
-  counts) and on smaller sets of other parameter choices (bf16, N, G, b, M, no sign flip);
+  default shape (shared test-vector sets, every fp16 bit pattern, special values, exact threshold
+  and scale-midpoint ties, odd row counts) and on smaller sets of other parameter choices (bf16,
+  N, G, b, M, no sign flip), for each implemented quantizer: mode midtread|midrise x scale rounding
+  up|nearest (version 1 = midtread/up, version 2 = midrise/nearest; fields set explicitly);
 * decode attention: relative error <= 1e-3 vs a float64 reference over the golden-dequantized
-  cache (sim_models.decode_float) for many shapes, lengths and GQA ratios; the quantization
+  cache (sim_models.decode_float: c * scale mid-tread, (2c+1) * scale / 2 mid-rise) for many shapes,
+  lengths and GQA ratios, version-1 and version-2 caches; the quantization
   error vs exact attention on the unquantized K/V is reported;
 * API checks: wrong shapes, dtypes, devices, lengths and parameters raise clear errors.
 """
@@ -32,6 +35,13 @@ if _NDEV == 0:
 import gpu_ref  # noqa: E402
 from sim_models import FLAG_INF, FLAG_NAN, FormatParams, decode_float, encode  # noqa: E402
 from sim_models.testvectors import adversarial_vectors, random_vectors  # noqa: E402
+
+try:  # shared with the CPU-only tests (tests/ is on sys.path under pytest; bench imports tests.*)
+    from tests.test_gpu_api import QUANT_IDS, QUANTIZERS, qparams, tie_vectors  # noqa: E402
+except ImportError:  # pragma: no cover
+    from test_gpu_api import QUANT_IDS, QUANTIZERS, qparams, tie_vectors  # noqa: E402
+
+V1, V2 = QUANTIZERS[0], QUANTIZERS[1]  # (midtread, up), (midrise, nearest)
 
 _POOL = None
 
@@ -99,9 +109,10 @@ def _mixed_bits(n: int, count: int, seed: int, dtype: str = "fp16") -> np.ndarra
 # --------------------------------------------------------------------------------------------
 # write kernel
 # --------------------------------------------------------------------------------------------
-def test_encode_bitexact_million_default():
-    p = FormatParams()
-    sets = [adversarial_vectors(128)]
+@pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
+def test_encode_bitexact_million_default(mode, rnd):
+    p = qparams(mode, rnd)
+    sets = [adversarial_vectors(128), tie_vectors(p)]
     sets += list(_pool().map(random_vectors, [128] * 4, [65536] * 4, [1, 2, 3, 4]))
     allpat = np.arange(1 << 16, dtype=np.uint16)
     rng = np.random.default_rng(7)
@@ -110,13 +121,14 @@ def test_encode_bitexact_million_default():
     sets.append(_mixed_bits(128, 786432, seed=5))
     bits = np.concatenate(sets)
     assert len(bits) >= 1_000_000
-    gf = _compare(bits, p, "default fp16 set")
+    gf = _compare(bits, p, f"default-shape fp16 set, {mode}/{rnd}")
     assert (gf & FLAG_NAN).any() and (gf & FLAG_INF).any()
 
 
+@pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
 @pytest.mark.parametrize("count", [1, 127, 129, 8193, 65539])
-def test_encode_odd_row_counts(count):
-    p = FormatParams()
+def test_encode_odd_row_counts(count, mode, rnd):
+    p = qparams(mode, rnd)
     bits = _mixed_bits(128, count, seed=count)
     _compare(bits, p, f"{count} rows")
     # leading axes are kept
@@ -139,15 +151,24 @@ _OTHER = [
 ]
 
 
-@pytest.mark.parametrize("kw", _OTHER, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
-def test_encode_bitexact_other_params(kw):
-    p = FormatParams(**kw)
+# version 1 and 2 on every set; the two mixed quantizers on one set per kernel path (fast FMA
+# quantizer fp16/bf16, threshold compares with fp32 and with int32 butterflies, two threads per vector)
+_OTHER_CASES = [(kw, q) for kw in _OTHER for q in (V1, V2)] + \
+    [(_OTHER[i], q) for i in (0, 2, 3, 10) for q in QUANTIZERS[2:]]
+
+
+@pytest.mark.parametrize("kw,q", _OTHER_CASES,
+                         ids=[f"{'-'.join(f'{k}{v}' for k, v in kw.items())}-{q[0]}-{q[1]}" for kw, q in _OTHER_CASES])
+def test_encode_bitexact_other_params(kw, q):
+    p = qparams(*q, **kw)
     count = max(64, min(20000, 2_000_000 // p.n))
     bits = _mixed_bits(p.n, count, seed=p.n + p.bits, dtype=p.dtype)
     if p.dtype == "fp16" and p.n >= 8:
-        bits = np.concatenate([adversarial_vectors(p.n, p=FormatParams(n=p.n, block=min(64, p.n),
-                                                                        sign_seed=p.sign_seed)), bits])
-    _compare(bits, p, str(kw))
+        sets = [adversarial_vectors(p.n, p=FormatParams(n=p.n, block=min(64, p.n), sign_seed=p.sign_seed)), bits]
+        if p.mant_bits >= 11:
+            sets.append(tie_vectors(p))
+        bits = np.concatenate(sets)
+    _compare(bits, p, f"{kw} {q}")
 
 
 def test_encode_input_checks():
@@ -164,9 +185,10 @@ def test_encode_input_checks():
         gpu_ref.encode_kv(cp.zeros((4, 128), cp.float16), FormatParams(dtype="bf16"))
     with pytest.raises(ValueError):
         FormatParams(n=80)                                               # not a power of two
-    if hasattr(FormatParams(), "is_default_quantizer"):                 # format-study options
-        with pytest.raises(ValueError, match="version-1"):
-            gpu_ref.encode_kv(cp.zeros((4, 128), cp.float16), FormatParams(mode="midrise"))
+    for field, kw in (("mode", dict(mode="lloydmax")), ("scale_rule", dict(scale_rule="absmean")),
+                      ("scale", dict(scale="ue4m4"))):                   # format-study options
+        with pytest.raises(ValueError, match=field):
+            gpu_ref.encode_kv(cp.zeros((4, 128), cp.float16), FormatParams(**kw))
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,8 +216,8 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
-def _make_case(bsz, hq, kvh, n, g, lengths, dtype="fp16", seed=0):
-    p = FormatParams(n=n, block=g, dtype=dtype)
+def _make_case(bsz, hq, kvh, n, g, lengths, dtype="fp16", seed=0, quant=V1):
+    p = qparams(*quant, n=n, block=g, dtype=dtype)
     rng = np.random.default_rng(seed)
     t = int(max(lengths))
     cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), p)
@@ -238,15 +260,18 @@ _DECODE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
 @pytest.mark.parametrize("case", _DECODE_CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-KVH{c[2]}-N{c[3]}-G{c[4]}")
-def test_decode_vs_float64(case):
+def test_decode_vs_float64(case, quant):
     bsz, hq, kvh, n, g, lengths = case
-    p, cache, qb, q64, k64, v64 = _make_case(bsz, hq, kvh, n, g, lengths, seed=sum(lengths) + hq)
+    p, cache, qb, q64, k64, v64 = _make_case(bsz, hq, kvh, n, g, lengths, seed=sum(lengths) + hq, quant=quant)
     # the cache holds exactly the golden encoding
     t = max(lengths)
     gk = encode(np.ascontiguousarray(k64.transpose(0, 2, 1, 3)).astype(np.float16), p)
     assert np.array_equal(cp.asnumpy(cache.k_codes[:, :, :t]), gk.codes.transpose(0, 2, 1, 3))
     assert np.array_equal(cp.asnumpy(cache.k_scales[:, :, :t]), gk.scales.transpose(0, 2, 1, 3))
+    gv = encode(np.ascontiguousarray(v64.transpose(0, 2, 1, 3)).astype(np.float16), p)
+    assert np.array_equal(cp.asnumpy(cache.v_codes[:, :, :t]), gv.codes.transpose(0, 2, 1, 3))
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
     scale = 1.0 / math.sqrt(n)
@@ -258,13 +283,15 @@ def test_decode_vs_float64(case):
     assert _rel(out16, ref) <= 2e-3
     exact = _attention64(q64, k64, v64, lengths, scale)
     qerr = _rel(out, exact)
-    print(f"\n{case}: kernel vs float64(packed) {err:.2e}; 3-bit quantization error vs exact {qerr:.3f}")
+    print(f"\n{case} {p.mode}/{p.scale_round}: kernel vs float64(packed) {err:.2e}; "
+          f"3-bit quantization error vs exact {qerr:.3f}")
     assert qerr < 1.5  # sanity only: the 3-bit format error on random data is large (reported)
 
 
-def test_decode_bf16_and_splits():
+@pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
+def test_decode_bf16_and_splits(quant):
     lengths = [20000, 3]
-    p, cache, qb, q64, k64, v64 = _make_case(2, 16, 2, 128, 64, lengths, dtype="bf16", seed=3)
+    p, cache, qb, q64, k64, v64 = _make_case(2, 16, 2, 128, 64, lengths, dtype="bf16", seed=3, quant=quant)
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
     ref = _attention64(q64, khat, vhat, lengths, 0.2)
@@ -280,11 +307,12 @@ def test_decode_bf16_and_splits():
     assert ob.dtype == np.uint16
     of = (ob.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     assert _rel(of, ref) <= 8e-3
-    print(f"\nbf16, 20000 tokens: errors {', '.join(f'{e:.1e}' for e in outs)}")
+    print(f"\nbf16 {p.mode}/{p.scale_round}, 20000 tokens: errors {', '.join(f'{e:.1e}' for e in outs)}")
 
 
-def test_decode_zero_length_and_device_lengths():
-    p, cache, qb, q64, k64, v64 = _make_case(3, 8, 2, 128, 64, [0, 50, 7], seed=5)
+@pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
+def test_decode_zero_length_and_device_lengths(quant):
+    p, cache, qb, q64, k64, v64 = _make_case(3, 8, 2, 128, 64, [0, 50, 7], seed=5, quant=quant)
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
     ref = _attention64(q64, khat, vhat, [0, 50, 7], 1 / math.sqrt(128))

@@ -1,5 +1,7 @@
 """gpu_ref checks that need no GPU (run in CI): parameter refusals happen before CuPy is needed,
-and the bit tricks the decode kernel uses reproduce the golden model (emulated in NumPy).
+the arithmetic of the write kernel's fast quantizer (scale rounding up/nearest, mid-tread/mid-rise
+codes by one FMA) and the bit tricks the decode kernel uses reproduce the golden model (emulated in
+NumPy). Also the tie-vector generator shared with tests/test_gpu.py.
 """
 
 from __future__ import annotations
@@ -8,16 +10,184 @@ import numpy as np
 import pytest
 
 import gpu_ref
-from sim_models import FormatParams
+from sim_models import FLAG_SAT, FormatParams
+from sim_models.codec import encode_trace
 from sim_models.pack import pack_codes
 from sim_models.scale import scale_value
+from sim_models.signs import sign_mask
+from sim_models.testvectors import adversarial_vectors, random_vectors
+
+#: the four quantizers the kernels implement, (mode, scale_round); written as explicit fields, never
+#: relying on what FormatParams() defaults to
+QUANTIZERS = [("midtread", "up"), ("midrise", "nearest"), ("midtread", "nearest"), ("midrise", "up")]
+QUANT_IDS = [f"{m}-{r}" for m, r in QUANTIZERS]
+
+
+def qparams(mode: str, scale_round: str, **kw) -> FormatParams:
+    return FormatParams(mode=mode, scale_round=scale_round, scale="ue5m3", scale_rule="max", **kw)
+
+
+def tie_vectors(p: FormatParams) -> np.ndarray:
+    """fp16 vectors (uint16 [V, N]) whose FWHT outputs sit exactly on the code thresholds of ``p``'s
+    mode and whose block maxima sit exactly on a scale midpoint (``nearest``: the tie goes up) or on a
+    scale value (``up``: max|y| 2^u = K * scale, so mid-rise codes must clip at 2^(b-1) - 1).
+
+    Construction: x = D w with w = (w0, w1, 0, ...), so y_i = w0 + (-1)^i w1: every block holds
+    |y| = A = |w0| + |w1| and |y| = T = ||w0| - |w1||, with A = K * mid (or K * scale) and T = a
+    threshold of the rounded scale, for every scale significand (normal 8..15 over exponents -9..6,
+    subnormal 1..7), every threshold j and all four sign patterns. Exact in fp16 and in the block
+    floating point for mant_bits >= 11.
+    """
+    h = 1 << (p.bits - 1)
+    mr = p.mode == "midrise"
+    k_units = h if mr else h - 1
+    d = np.where(sign_mask(p.n, p.sign_seed) == 1, -1.0, 1.0)
+    rows = []
+    for sigs, exps in ((range(8, 16), range(-9, 7)), (range(1, 8), (-9,))):
+        for s in sigs:
+            for ex in exps:
+                if p.scale_round == "nearest":
+                    sv = (s + 1) * 2.0 ** ex                   # the tie rounds up to the next value
+                    amax = k_units * (2 * s + 1) * 2.0 ** (ex - 1)
+                else:
+                    sv = s * 2.0 ** ex
+                    amax = k_units * sv
+                for j in range(1, h):
+                    t = (j if mr else (2 * j - 1) / 2) * sv
+                    if t >= amax:
+                        continue
+                    a, b = (amax + t) / 2, (amax - t) / 2
+                    for w0, w1 in ((a, b), (-a, -b), (b, a), (-b, -a)):
+                        x = np.zeros(p.n)
+                        x[0], x[1] = w0 * d[0], w1 * d[1]
+                        if np.all(x.astype(np.float16).astype(np.float64) == x):
+                            rows.append(x)
+    return np.array(rows).astype(np.float16).view(np.uint16)
+
+
+def count_ties(bits: np.ndarray, p: FormatParams):
+    """(lanes exactly on a code threshold, blocks whose ideal scale is exactly a midpoint (nearest) or
+    a scale value (up)) per the golden trace, so that tie tests can check that ties really occur."""
+    tr = encode_trace(bits, p)
+    h = 1 << (p.bits - 1)
+    mr = p.mode == "midrise"
+    k_units = h if mr else h - 1
+    v, n, g = len(tr.y), p.n, p.block
+    sval = np.repeat(scale_value(tr.scales.astype(np.int64)), g, axis=1)
+    yr = np.abs(tr.y) * np.exp2(tr.u.astype(np.float64))[:, None]      # exact
+    coefs = np.arange(1, h) if mr else (2 * np.arange(1, h) - 1) / 2
+    lane_ties = int((yr[..., None] == coefs * sval[..., None]).any(axis=-1).sum())
+    amax = yr.reshape(v, n // g, g).max(axis=2)
+    sv = scale_value(tr.scales.astype(np.int64))
+    prev = scale_value(np.maximum(tr.scales.astype(np.int64) - 1, 1))
+    if p.scale_round == "nearest":
+        blk = (amax == k_units * (sv + prev) / 2) & (tr.scales > 1)
+    else:
+        blk = amax == k_units * sv
+    return lane_ties, int(blk.sum())
+
+
+# --------------------------------------------------------------------------------------------
+# NumPy emulation of the write kernel's fast quantizer (kv_encode.cu, FASTQ path)
+# --------------------------------------------------------------------------------------------
+_KINV = np.array([0.0] + [(1.0 + 1.5 / 4194304.0) / s for s in range(1, 16)]).astype(np.float32)
+
+
+def emulate_fast_quantizer(bits: np.ndarray, p: FormatParams):
+    """(scale bytes, codes, sat) as kv_encode.cu computes them on its fast path from the golden FWHT
+    output: scale byte = smallest byte with K scale >= max|y| 2^u (exact compares), nearest: the
+    byte below when K (2 sig + 1) 2^(ex-1) > max|y| 2^u; codes = RN (mid-tread) or RM (mid-rise) of
+    y * kq with kq = float32(float32((1 + 1.5 2^-22) / sig) * 2^clamp(u - ex, -126, 127)), clamped
+    to [-K, 2^(b-1) - 1] unless (mid-tread, up, no saturated block)."""
+    tr = encode_trace(bits, p)
+    y, u = tr.y, tr.u.astype(np.int64)
+    h = 1 << (p.bits - 1)
+    mr = p.mode == "midrise"
+    k_units = h if mr else h - 1
+    v, nb, g = len(y), p.n_blocks, p.block
+    yb = y.reshape(v, nb, g)
+    rhs = np.abs(yb).max(axis=2) * np.exp2(u.astype(np.float64))[:, None]   # exact in float64
+    s = np.arange(1, 256)
+    e, m = s >> 3, s & 7
+    sig = np.where(e > 0, m + 8, m)
+    ex = np.maximum(e, 1) - 10
+    ok = k_units * (sig * np.exp2(ex.astype(np.float64)))[None, None, :] >= rhs[..., None]
+    sup = np.where(ok.any(axis=-1), ok.argmax(axis=-1) + 1, 256)
+    if p.scale_round == "nearest":
+        c = sup - 1
+        ci = np.clip(c, 1, 254) - 1
+        mid = (2 * sig[ci] + 1) * np.exp2(ex[ci].astype(np.float64) - 1)
+        byte = np.where((c >= 1) & (c <= 254) & (k_units * mid > rhs), c, np.minimum(sup, 255))
+    else:
+        byte = np.minimum(sup, 255)
+    sat = (sup > 255).any(axis=1)
+    sg, exb = sig[byte - 1], ex[byte - 1]
+    ek = np.clip(u[:, None] - exb, -126, 127)
+    kq = _KINV[sg] * np.exp2(ek.astype(np.float64)).astype(np.float32)     # float32 multiply
+    t = yb.astype(np.float64) * kq.astype(np.float64)[..., None]          # exact: < 2^21 x 24 bits
+    if mr:
+        codes = np.floor(t)
+    else:
+        half = np.floor(t + 0.5)
+        small = np.abs(t) < 2.0 ** 20  # larger |t| clip anyway (saturated blocks)
+        assert not np.any((t + 0.5 == half) & (t != 0) & small), "an exact .5 reached the RN rounding"
+        codes = half
+    clamp = mr or p.scale_round == "nearest"
+    lo, hi = -k_units, h - 1
+    if not clamp:  # the kernel clamps only saturated vectors here: the rest must already be in range
+        inr = (codes >= lo) & (codes <= hi)
+        assert np.all(inr | sat[:, None, None]), "mid-tread/up code out of range without saturation"
+    codes = np.clip(codes, lo, hi).astype(np.int64).reshape(v, p.n)
+    return byte.astype(np.uint8), codes, sat, tr
+
+
+@pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
+@pytest.mark.parametrize("kw", [dict(), dict(dtype="bf16"), dict(n=64, block=16, bits=2),
+                                dict(n=256, block=32, bits=4, mant_bits=13), dict(n=32, block=8, sign_seed=None)],
+                         ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()) or "default")
+def test_fast_quantizer_emulation_matches_golden(mode, rnd, kw):
+    p = qparams(mode, rnd, **kw)
+    assert p.mant_bits - 1 + p.log2n <= 20  # the kernel's fast-quantizer condition
+    sets = [random_vectors(p.n, 3000, seed=p.n + p.bits)]
+    if p.dtype == "fp16":
+        sets += [adversarial_vectors(p.n, p=FormatParams(n=p.n, block=min(64, p.n), sign_seed=p.sign_seed)),
+                 np.arange(1 << 16, dtype=np.uint16).reshape(-1, p.n)]
+        if p.mant_bits >= 11:
+            sets.append(tie_vectors(p))
+    bits = np.concatenate(sets)
+    byte, codes, sat, tr = emulate_fast_quantizer(bits, p)
+    bad = np.flatnonzero((byte != tr.scales).any(axis=1))
+    assert bad.size == 0, f"scale bytes differ in {bad.size} vectors, first {bad[0]}: {byte[bad[0]]} vs {tr.scales[bad[0]]}"
+    assert np.array_equal(sat, (tr.flags & FLAG_SAT) != 0)
+    bad = np.flatnonzero((codes != tr.codes).any(axis=1))
+    assert bad.size == 0, f"codes differ in {bad.size} vectors, first {bad[0]}"
+
+
+@pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
+def test_tie_vectors_hit_ties(mode, rnd):
+    p = qparams(mode, rnd)
+    bits = tie_vectors(p)
+    lanes, blocks = count_ties(bits, p)
+    assert len(bits) >= 200 and lanes >= len(bits) * p.n // 2 and blocks >= len(bits), (len(bits), lanes, blocks)
 
 
 def test_unsupported_params_refused_without_gpu():
-    with pytest.raises(ValueError, match="version-1"):
-        gpu_ref.encode_kv(None, FormatParams(mode="midrise"))
-    with pytest.raises(ValueError, match="version-1"):
-        gpu_ref.KVCache(1, 1, 16, FormatParams(mode="lloydmax"))
+    for field, kw in (("mode", dict(mode="lloydmax")), ("mode", dict(mode="asym")),
+                      ("scale", dict(scale="e4m3fn")), ("scale_rule", dict(scale_rule="rms")),
+                      ("scale_mult", dict(scale_mult=200))):
+        with pytest.raises(ValueError, match=field):
+            gpu_ref.encode_kv(None, FormatParams(**kw))
+        with pytest.raises(ValueError, match=field):
+            gpu_ref.KVCache(1, 1, 16, FormatParams(**kw))
+        with pytest.raises(ValueError, match=field):
+            gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(**kw))
+        assert not gpu_ref.decode_supported(FormatParams(**kw))
+    # every supported quantizer passes the parameter check (then fails on the missing array / CuPy)
+    for mode, rnd in QUANTIZERS:
+        p = qparams(mode, rnd, scale_mult=256)
+        assert gpu_ref.decode_supported(p)
+        with pytest.raises((TypeError, RuntimeError)):
+            gpu_ref.encode_kv(None, p)
     with pytest.raises(ValueError, match="capacity"):
         gpu_ref.KVCache(1, 1, 0)
     with pytest.raises(ValueError, match="supports"):
@@ -43,12 +213,20 @@ def _h(bits):
     return float(np.array([bits], np.uint16).view(np.float16)[0])
 
 
-def test_decode_fragment_tricks_match_golden_codes():
-    """K: PRMT + LOP3 give 1 + (c+4) 2^(o-10); V: PRMT + LOP3 + HFMA2 give c exactly."""
+def _h_int(v):  # h_int in kv_decode_attn.cu: fp16 bits of a small non-negative integer
+    lg = v.bit_length() - 1
+    return 0 if v == 0 else ((lg + 15) << 10) | ((v << (10 - lg)) & 0x3FF)
+
+
+@pytest.mark.parametrize("mr", [0, 1], ids=["midtread", "midrise"])
+def test_decode_fragment_tricks_match_golden_codes(mr):
+    """K: PRMT + LOP3 give 1 + (c+4) 2^(o-10); V: PRMT + LOP3 + HFMA2 (+ HADD2 1/2 for mid-rise lanes
+    at bit offset 0) give c (mid-tread) or c + 1/2 (mid-rise) exactly; the mid-rise K offset
+    1 + 3.5 2^(o-10) leaves (c + 1/2) 2^(o-10)."""
     kpairs = [[[0, 3], [1, 4]], [[8, 11], [9, 12]], [[6, 14], [7, 15]], [[2, 5], [10, 13]]]  # kv_decode_attn.cu
     rng = np.random.default_rng(0)
     n = 128
-    codes = rng.integers(-3, 4, size=(2, n))
+    codes = rng.integers(-4 if mr else -3, 4, size=(2, n))
     rows = pack_codes(codes, 3)
     words = [np.concatenate([r, np.zeros(8, np.uint8)]).view("<u4").astype(np.int64) for r in rows]
     w = words[0]
@@ -64,7 +242,10 @@ def test_decode_fragment_tricks_match_golden_codes():
                 wl0 = (3 * c - 1) // 2 if c & 1 else (3 * c) // 2
                 r = _lop_6a(_byte_perm(int(w[wl0]), int(w[wl0 + 1]), sel_o if c & 1 else sel_e), ma, mb)
                 for half, j, o in ((0, jl, ol), (1, jh, oh)):
-                    assert _h((r >> (16 * half)) & 0xFFFF) == 1 + (codes[0, 16 * c + j] + 4) * 2.0 ** (o - 10)
+                    kv = _h((r >> (16 * half)) & 0xFFFF)
+                    assert kv == 1 + (codes[0, 16 * c + j] + 4) * 2.0 ** (o - 10)
+                    koff = 3.5 if mr else 4.0
+                    assert (kv - (1 + koff * 2.0 ** (o - 10))) * 2.0 ** (10 - o) == codes[0, 16 * c + j] + 0.5 * mr
     for g_blk in (16, 32, 64):
         segl = g_blk // 8
         for bb in range(n // g_blk):
@@ -75,12 +256,16 @@ def test_decode_fragment_tricks_match_golden_codes():
                 for j in range(segl):
                     beta, o = (3 * j) >> 3, (3 * j) & 7
                     sel = beta | ((beta + 1) << 4) | ((beta + 4) << 8) | ((beta + 5) << 12)
+                    hbit = ((1 << (o - 1)) | (1 << (15 + o))) if (mr and o > 0) else 0
                     r = _lop_6a(_byte_perm(segs[0], segs[1], sel), (7 << o) | (7 << (16 + o)),
-                                (4 << o) | (4 << (16 + o)) | 0x64006400)
+                                (4 << o) | (4 << (16 + o)) | 0x64006400 | hbit)
                     for half in range(2):
-                        v = np.float32(_h((r >> (16 * half)) & 0xFFFF)) * np.float32(2.0 ** -o) \
-                            - np.float32(2.0 ** (10 - o) + 4)
-                        assert float(np.float16(v)) == codes[half, bb * g_blk + g * segl + j]
+                        # fma.rn.f16x2: exact product and sum, one rounding to fp16
+                        v = float(np.float16(_h((r >> (16 * half)) & 0xFFFF) * 2.0 ** -o
+                                             + _h(0x8000 | _h_int((1 << (10 - o)) + 4))))
+                        if mr and o == 0:
+                            v = float(np.float16(v + 0.5))
+                        assert v == codes[half, bb * g_blk + g * segl + j] + 0.5 * mr
 
 
 def test_scale_byte_to_float_formula():
