@@ -14,7 +14,14 @@ bench/results):
    math; enable_gqa=True is timed too where the flash backend accepts it, the faster is used);
 5. small tuning sweep (pipeline depth, split count) on the headline shape.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write]
+``--only versions`` (file gpu_bench_v2.json): the version-1 quantizer (mode midtread, scale
+rounding up) and the version-2 one (midrise, nearest) side by side in one run: copy ceilings,
+bit-exactness checks of both, write kernel fp16 16M x N=128 (bf16 and the mixed quantizers too),
+decode GQA 64/8 N=128 at B1/4K, B8/128K, B32/128K for both (v1 timed twice, for the noise) and
+SDPA bf16 on the same shapes. The quantizer fields are set explicitly (never FormatParams()'s
+defaults).
+
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions]
 """
 
 from __future__ import annotations
@@ -238,10 +245,15 @@ def write_variant_exact(p, tune, count=65536):
                 and np.array_equal(g.flags, cp.asnumpy(flags)))
 
 
-def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2):
+def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2, cases=None):
+    """Write-kernel timings; ``cases``: list of (label, FormatParams, tune) (default: the tuning variants
+    of the default format in fp16 and bf16)."""
     res = []
-    for dtype, tune in [("fp16", v) for v in variants] + [("bf16", v) for v in variants[:bf16_variants]]:
-        p = FormatParams(dtype=dtype)
+    if cases is None:
+        cases = [(None, FormatParams(dtype=dt), v) for dt, v in
+                 [("fp16", v) for v in variants] + [("bf16", v) for v in variants[:bf16_variants]]]
+    for label, p, tune in cases:
+        dtype = p.dtype
         try:
             exact = write_variant_exact(p, tune)
         except Exception:  # noqa: BLE001
@@ -255,12 +267,16 @@ def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2):
         codes = cp.empty((nvec, 48), cp.uint8)
         scales = cp.empty((nvec, 2), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
+        # (tune None: the gpu_ref defaults, ENCODE_TUNE)
         gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune)  # compile + warm
         fn = on_torch_stream(lambda: gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune))
         ms, times, how = graph_time([fn], reps=9, inner=3)
         nbytes = nvec * (256 + 48 + 2 + 1)
         res.append({"dtype": dtype, "tune": tune, "bit_exact_65536": exact, "vectors": nvec, "ms": ms, "bytes": nbytes,
                     "GBps": nbytes / (ms * 1e-3) / 1e9, "timing": how, "all_ms": times})
+        if label is not None:
+            res[-1].update({"label": label, "mode": p.mode, "scale_round": p.scale_round,
+                            "gpu_state_after": gpu_state()})
         del x, codes, scales, flags
         free()
     return res
@@ -338,6 +354,165 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
     return row
 
 
+# ---------------------------------------------------------------------------------------------
+# version 1 (midtread / up) vs version 2 (midrise / nearest), one run
+def quant_params(mode, scale_round, **kw):
+    """FormatParams with the quantizer fields written out (independent of FormatParams() defaults)."""
+    return FormatParams(mode=mode, scale_round=scale_round, scale="ue5m3", scale_rule="max", scale_mult=None, **kw)
+
+
+VERSIONS = {"v1": ("midtread", "up"), "v2": ("midrise", "nearest")}
+
+
+def check_versions(count=32768):
+    """Bit-exactness of the write kernel (mixed set incl. NaN/inf/subnormal salt, and the tie vectors)
+    and decode error vs float64 over the golden-dequantized cache, for v1 and v2."""
+    from tests.test_gpu import _attention64, _make_case, _mixed_bits, _rel
+    from tests.test_gpu_api import count_ties, tie_vectors
+    out = {}
+    for name, (mode, rnd) in VERSIONS.items():
+        r = {}
+        for dtype in ("fp16", "bf16"):
+            p = quant_params(mode, rnd, dtype=dtype)
+            bits = _mixed_bits(128, count, seed=11, dtype=dtype)
+            if dtype == "fp16":
+                bits = np.concatenate([bits, tie_vectors(p)])
+            g = encode(bits, p)
+            e = gpu_ref.encode_kv(cp.asarray(bits), p)
+            ok = (np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
+                  and np.array_equal(g.flags, cp.asnumpy(e.flags)))
+            r[f"encode_{dtype}"] = {"vectors": len(bits), "bit_exact": bool(ok)}
+            if dtype == "fp16":
+                r["tie_lanes_blocks"] = count_ties(tie_vectors(p), p)
+        lengths = [4096, 1500]
+        p, cache, qb, q64, k64, v64 = _make_case(2, 64, 8, 128, 64, lengths, seed=1, quant=(mode, rnd))
+        khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
+        vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+        ref = _attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
+        exact = _attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
+        o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
+        r["decode"] = {"shape": "B2 Hq64 KVH8 N128 lengths 4096,1500",
+                       "rel_err_vs_float64_packed": _rel(o32, ref), "quant_rel_err_vs_exact": _rel(o32, exact)}
+        out[name] = r
+    return out
+
+
+def sdpa_time(bsz, hq, kvh, t, n):
+    """SDPA bf16 (flash backend) on the same shape: packed-GQA and enable_gqa, the faster is used."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    group = hq // kvh
+    bf_bytes = bsz * kvh * t * n * 2 * 2
+    ns = max(1, min(16, math.ceil(L2_ROTATE_BYTES / bf_bytes)))
+    kv = [(torch.randn(bsz, kvh, t, n, dtype=torch.bfloat16, device="cuda"),
+           torch.randn(bsz, kvh, t, n, dtype=torch.bfloat16, device="cuda")) for _ in range(ns)]
+    qp = torch.randn(bsz, kvh, group, n, dtype=torch.bfloat16, device="cuda")   # packed GQA
+    qg = torch.randn(bsz, hq, 1, n, dtype=torch.bfloat16, device="cuda")
+    res = {}
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        for key, fn in (("packed", lambda k, v: F.scaled_dot_product_attention(qp, k, v)),
+                        ("enable_gqa", lambda k, v: F.scaled_dot_product_attention(qg, k, v, enable_gqa=True))):
+            try:
+                ms, times, how = graph_time([lambda k=k, v=v, fn=fn: fn(k, v) for k, v in kv], reps=7)
+                res[key] = {"ms": ms, "timing": how, "all_ms": times}
+            except Exception as err:  # noqa: BLE001
+                res[key + "_error"] = f"{type(err).__name__}: {err}"
+    del kv, qp, qg
+    free()
+    ok = [v["ms"] for k, v in res.items() if not k.endswith("_error")]
+    return (min(ok) if ok else None), bf_bytes, res
+
+
+def bench_decode_versions(bsz, hq, kvh, t, order=("v1", "v2", "v1")):
+    """Decode timings of both versions on the same random packed planes (any byte is a valid code
+    plane for both modes), v1 timed twice (first and last) to show the run-to-run spread."""
+    ps = {k: quant_params(*v) for k, v in VERSIONS.items()}
+    p0 = ps["v1"]
+    n = p0.n
+    comp_bytes = bsz * kvh * t * 2 * (p0.code_bytes + p0.n_blocks)
+    n_sets = max(1, min(64, math.ceil(L2_ROTATE_BYTES / comp_bytes)))
+    sets = make_planes(bsz, kvh, t, n_sets, p0)
+    q = (cp.random.standard_normal((bsz, hq, n), dtype=cp.float32)).astype(cp.float16)
+    lens = cp.full((bsz,), t, dtype=cp.int32)
+    out = cp.empty((bsz, hq, n), cp.float16)
+    row = {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n,
+           "compressed_bytes": comp_bytes, "sets_rotated": n_sets, "runs": []}
+    for name in order:
+        p = ps[name]
+        fns = [on_torch_stream(lambda s=s, p=p: gpu_ref.decode_attention(q, *s, lens, p, max_length=t, out=out))
+               for s in sets]
+        ms, times, how = graph_time(fns, reps=7)
+        row["runs"].append({"version": name, "mode": p.mode, "ms": ms, "GBps": comp_bytes / (ms * 1e-3) / 1e9,
+                            "all_ms": times, "timing": how, "gpu_state_after": gpu_state()})
+    del sets
+    free()
+    for name in VERSIONS:
+        row[f"{name}_ms"] = min(r["ms"] for r in row["runs"] if r["version"] == name)
+    sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
+    row["sdpa_variants"] = res
+    if sms is not None:
+        row.update({"sdpa_bf16_ms": sms, "sdpa_bytes": bf_bytes, "sdpa_GBps": bf_bytes / (sms * 1e-3) / 1e9})
+        for name in VERSIONS:
+            row[f"{name}_speedup"] = sms / row[f"{name}_ms"]
+    return row
+
+
+def run_versions(a, result, save, t_start):
+    """--only versions: v1 vs v2 in one run (module docstring)."""
+    copy_gbs = result["copy"]["GBps"]
+    t0 = time.time()
+    try:
+        result["checks"] = check_versions()
+    except Exception:  # noqa: BLE001
+        result["checks"] = {"error": traceback.format_exc()}
+    log(f"checks ({time.time() - t0:.1f}s): {json.dumps(result['checks'], default=float)[:900]}")
+    save()
+    v1, v2 = quant_params(*VERSIONS["v1"]), quant_params(*VERSIONS["v2"])
+    cases = [("v1 fp16", v1, None), ("v2 fp16", v2, None), ("v1 fp16 again", v1, None),
+             ("v2 bf16", quant_params(*VERSIONS["v2"], dtype="bf16"), None),
+             ("midtread/nearest fp16", quant_params("midtread", "nearest"), None),
+             ("midrise/up fp16", quant_params("midrise", "up"), None)]
+    try:
+        result["write"] = bench_write(cases=cases)
+        for r in result["write"]:
+            r["pct_copy"] = 100 * r["GBps"] / copy_gbs
+            log(f"write {r['label']}: {r['ms']:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy "
+                f"(bit-exact 64K: {r['bit_exact_65536']}) {r.get('gpu_state_after')}")
+    except Exception:  # noqa: BLE001
+        result["write"] = {"error": traceback.format_exc()}
+        log(result["write"]["error"])
+    save()
+    rows = []
+    for bsz, hq, kvh, t in ((1, 64, 8, 4096), (8, 64, 8, 131072), (32, 64, 8, 131072)):
+        t0 = time.time()
+        try:
+            r = bench_decode_versions(bsz, hq, kvh, t)
+            for name in VERSIONS:
+                r[f"{name}_pct_copy"] = 100 * r["compressed_bytes"] / (r[f"{name}_ms"] * 1e-3) / 1e9 / copy_gbs
+            rows.append(r)
+            log(f"B{bsz} {hq}/{kvh} T{t}: " + ", ".join(f"{x['version']} {x['ms']:.4f}" for x in r["runs"]) +
+                f" ms | sdpa bf16 {r.get('sdpa_bf16_ms', float('nan')):.4f} ms [{time.time() - t0:.1f}s]")
+        except Exception:  # noqa: BLE001
+            rows.append({"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "error": traceback.format_exc()})
+            log(rows[-1]["error"])
+            free()
+        result["decode"] = rows
+        save()
+    result["seconds"] = time.time() - t_start
+    save()
+    log("\n| write 16M x N=128 | ms | GB/s | % copy |")
+    log("|---|---|---|---|")
+    for r in result["write"] if isinstance(result["write"], list) else []:
+        log(f"| {r['label']} | {r['ms']:.3f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} |")
+    log("\n| batch | GQA | context | v1 ms | v2 ms | SDPA bf16 ms | v1 speed-up | v2 speed-up |")
+    log("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "v1_ms" in r:
+            log(f"| {r['batch']} | {r['q_heads']}/{r['kv_heads']} | {r['context']} | {r['v1_ms']:.4f} | {r['v2_ms']:.4f} | "
+                f"{r.get('sdpa_bf16_ms', float('nan')):.4f} | {r.get('v1_speedup', float('nan')):.2f} | "
+                f"{r.get('v2_speedup', float('nan')):.2f} |")
+    log(f"total {result['seconds']:.0f} s")
+
+
 def ncu_driver():
     """One headline decode and one write launch (run under ncu)."""
     p = FormatParams()
@@ -362,8 +537,9 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--only", choices=("all", "write"), default="all",
-                    help="write: copy ceilings, encode check and the write-kernel timings only (no decode)")
+    ap.add_argument("--only", choices=("all", "write", "versions"), default="all",
+                    help="write: copy ceilings, encode check and the write-kernel timings only (no decode); "
+                         "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
@@ -372,8 +548,10 @@ def main():
               "torch": torch.__version__, "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     log(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cupy {cp.__version__}")
 
+    fname = "gpu_bench_v2.json" if a.only == "versions" else "gpu_bench.json"
+
     def save():
-        with open(os.path.join(a.out, "gpu_bench.json"), "w") as f:
+        with open(os.path.join(a.out, fname), "w") as f:
             json.dump(result, f, indent=1, default=float)
 
     result["copy"] = copy_bandwidth()
@@ -382,6 +560,10 @@ def main():
         f"memcpy {result['copy']['memcpy_GBps']:.0f}, copy kernel {result['copy']['kernel_copy_GBps']:.0f}; "
         f"read-only kernel {result['copy']['kernel_read_GBps']:.0f})")
     save()
+    if a.only == "versions":
+        result["versions"] = {k: {"mode": m, "scale_round": r} for k, (m, r) in VERSIONS.items()}
+        run_versions(a, result, save, t_start)
+        return
     if not a.skip_checks:
         checks = (("encode_check", check_encode),) if a.only == "write" else \
             (("encode_check", check_encode), ("decode_check", check_decode))
