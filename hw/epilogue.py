@@ -45,15 +45,19 @@ from sim_models.params import FormatParams
 from .frontend import FrontEnd, u_shape
 from .fwht import FWHT
 from .packer import Packer
-from .quantizer import Quantizer
+from .quantizer import Quantizer, check_regs
 
-#: Register stages outside the FWHT: front-end register, quantizer register,
-#: output register.
-FIXED_LATENCY = 3
+#: Default register cut points inside the quantizer (hw.quantizer.QUANT_CUTS).
+DEFAULT_QUANT_REGS = ("scale",)
+
+#: Register stages outside the FWHT with the default placement: front-end
+#: register, quantizer registers, output register.
+FIXED_LATENCY = 2 + len(DEFAULT_QUANT_REGS)
 
 
-#: FormatParams fields the RTL implements only at one value (the version-1
-#: quantizer): field -> allowed values.
+#: FormatParams fields the read path (hw.decompressor / hw.dequant, via
+#: :func:`check_params`) implements only at one value (the version-1 quantizer):
+#: field -> allowed values.
 RTL_ONLY = {
     "mode": ("midtread",),
     "scale": ("ue5m3",),
@@ -62,22 +66,52 @@ RTL_ONLY = {
     "scale_mult": (None, 256),
 }
 
+#: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
+EPILOGUE_SUPPORT = {
+    "mode": ("midtread", "midrise"),
+    "scale": ("ue5m3",),
+    "scale_rule": ("max",),
+    "scale_round": ("up", "nearest"),
+    "scale_mult": (None, 256),
+}
+
+
+def _check_table(p: FormatParams, table: dict, what: str) -> FormatParams:
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
+    for field, allowed in table.items():
+        value = getattr(p, field, allowed[0])
+        if value not in allowed:
+            raise ValueError(f"{field}={value!r} is not implemented by the {what} "
+                             f"(supported: {', '.join(repr(a) for a in allowed)})")
+    return p
+
 
 def check_params(p: FormatParams) -> FormatParams:
-    """Refuse format options the RTL does not implement; the message names the field.
+    """Refuse format options the read-path RTL does not implement (:data:`RTL_ONLY`).
 
     Every n / block / bits / mant_bits / dtype (fp16 and bf16) / sign_seed that
     FormatParams accepts is supported; the quantizer must be the version-1
     default (midtread, ue5m3, scale rule max rounded up, x1).
+
+    Raises:
+        TypeError: not a FormatParams. ValueError: the message names the field.
     """
-    if not isinstance(p, FormatParams):
-        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
-    for field, allowed in RTL_ONLY.items():
-        value = getattr(p, field, allowed[0])
-        if value not in allowed:
-            raise ValueError(f"{field}={value!r} is not implemented by the RTL "
-                             f"(supported: {', '.join(repr(a) for a in allowed)})")
-    return p
+    return _check_table(p, RTL_ONLY, "RTL")
+
+
+def check_epilogue_params(p: FormatParams) -> FormatParams:
+    """Refuse format options the write path (KVEpilogue) does not implement.
+
+    Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise, scale
+    encoding ue5m3, scale rule max with multiplier 1 (None or 256), scale
+    rounding up / nearest; every n / block / bits / mant_bits / dtype /
+    sign_seed that FormatParams accepts.
+
+    Raises:
+        TypeError: not a FormatParams. ValueError: the message names the field.
+    """
+    return _check_table(p, EPILOGUE_SUPPORT, "RTL write path")
 
 
 def check_latency(p: FormatParams, latency) -> int:
@@ -104,17 +138,21 @@ class KVEpilogue(wiring.Component):
     Args:
         params: format parameters (``sim_models.FormatParams``); fp16 and bf16.
         latency: FWHT pipeline registers, in [0, log2 N] (default 2).
+        quant_regs: register cut points inside the quantizer, names from
+            ``hw.quantizer.QUANT_CUTS`` (default :data:`DEFAULT_QUANT_REGS`).
 
     Raises:
-        TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
-        ValueError: ``latency`` out of range, or a format option the RTL does not
-            implement (see :data:`RTL_ONLY`).
+        TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
+            ``quant_regs`` not a tuple of names.
+        ValueError: ``latency`` out of range, an unknown cut name, or a format
+            option the RTL does not implement (see :data:`EPILOGUE_SUPPORT`).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2):
-        check_params(params)
+    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS):
+        check_epilogue_params(params)
         self.params = params
         self.latency = check_latency(params, latency)
+        self.quant_regs = check_regs(quant_regs)
         super().__init__({
             "i": In(stream.Signature(params.n * 16)),
             "o": Out(stream.Signature(output_layout(params))),
@@ -123,9 +161,15 @@ class KVEpilogue(wiring.Component):
         })
 
     @property
+    def latency_breakdown(self) -> dict:
+        """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
+        return {"frontend_reg": 1, "fwht": self.latency, "quant_regs": len(self.quant_regs),
+                "output_reg": 1}
+
+    @property
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
-        return self.latency + FIXED_LATENCY
+        return sum(self.latency_breakdown.values())
 
     def elaborate(self, platform):
         m = Module()
@@ -153,7 +197,9 @@ class KVEpilogue(wiring.Component):
                      fw.side_i.eq(Cat(u_r, f_r))]
 
         # quantizer
-        m.submodules.quant = qz = Quantizer(p.n, p.block, p.bits, p.fwht_width, ush)
+        m.submodules.quant = qz = Quantizer(p.n, p.block, p.bits, p.fwht_width, ush,
+                                            mode=p.mode, rounding=p.scale_round,
+                                            regs=self.quant_regs)
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o[:ush.width]), qz.flags_i.eq(fw.side_o[ush.width:])]
 

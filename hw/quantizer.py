@@ -1,38 +1,55 @@
-"""Block quantizer: ue5m3 scale byte per block of G lanes, then b-bit codes.
+"""Block quantizer: one ue5m3 scale byte per block of G lanes, then b-bit codes.
 
-Bit-exact with ``sim_models.quant`` / ``sim_models.scale`` without dividers.
+Bit-exact with the golden model (``sim_models.scale_rules.choose_scale_bytes``
++ ``sim_models.quant_modes.quantize``; for the version-1 quantizer also
+``sim_models.quant``), without dividers. Rules: docs/ACCURACY.md, "Exact
+integer rules". Supported here: mode ``midtread`` / ``midrise``, scale rule
+``max`` (multiplier 1), rounding ``up`` / ``nearest``, encoding ``ue5m3``.
 
-Scale selection (:class:`ScaleSelect`), for a block maximum A = max|y| in
-units of 2^u and q = qmax: the golden rule is "smallest byte s in [1, 255]
-with q * scale(s) >= A * 2^u" (else 0xFF and FLAG_SAT).
+Scale selection (:class:`ScaleSelect`). Block maximum A = max|y| (units of
+2^u), K = the number of scale units A maps to (midtread h-1, midrise h,
+h = 2^(b-1)). Every byte s has a *decision value* D(s) = c(s) 2^x(s):
 
+* ``up``:      D(s) = scale(s) = sig 2^exp;   byte = smallest s in 1..255 with
+  A 2^u <= K D(s), else 255.
+* ``nearest``: D(s) = (scale(s) + scale(s+1)) / 2 = (2 sig + 1) 2^(exp-1);
+  byte = smallest s in 1..254 with A 2^u < K D(s), else 255.
+* FLAG_SAT (both): A 2^u > K scale(255).
+
+Normal bytes (exponent field e >= 1) have D = c_m 2^(e - E0) with c_m = 8 + m
+(``up``, E0 = 10) or 17 + 2m (``nearest``, E0 = 11), m = 0..7. Let
+Cmax = K c_7, J = floor(log2 Cmax). Leading-one detect k = floor(log2 A)
+(a log-depth tree, :func:`leading_one`), normalize A_n = A << (W-1-k) and take
+R = ceil(A 2^(J-k)) (``up``: the top J+1 bits of A_n plus a sticky bit) or
+R = floor(A 2^(J-k)) + 1 (``nearest``: top J+1 bits plus one, which turns the
+strict compare into ``<=``). Then for an integer C and j <= J, the byte
+predicate at exponent e = k + u + E0 - j is exactly R <= C 2^(J-j):
+
+* j = J if R <= Cmax, else j = J - 1 (which always fits, since 2 K c_0 > Cmax);
+  m = #{m' in 0..6 : R > K c_m' 2^(J-j)} (compares against constants).
+* That virtual exponent e > 31 -> 0xFF. e >= 1 -> byte e << 3 | m (every
+  smaller byte lies on or below the virtual e-1 grid, which does not fit).
+* e <= 0 -> a byte s in 1..8: bytes 1..15 have D(s) = K d_s 2^-9 (``up``,
+  d_s = s) or K d_s 2^-10 (``nearest``, d_s = 2s+1), so with
+  z = J - 9 - k - u (``up``) or J - 10 - k - u (``nearest``), z >= 1 here
+  (clamped to [0, J+1]), s = 1 + #{s' in 1..7 : ceil(R / 2^z) > K d_s'}.
 * A == 0 -> byte 0x01.
-* Leading-one detect: k = floor(log2 A). Normalize A_n = A << (W-1-k) (exact)
-  and take R = ceil(A_n / 2^(W-1-J)), J = floor(log2(15 q)) (R is the top J+1
-  bits of A_n plus a sticky bit; 2^J <= R <= 2^(J+1)). For an integer C,
-  A <= C * 2^(k-j) exactly iff R <= C * 2^(J-j).
-* Normal bytes e >= 1: scale = (8+m) 2^(e-10). Writing e = k + u + 10 - j, the
-  smallest fitting scale has j = J if R <= 15q (else j = J-1, which always
-  fits), and m = #{m' in 0..6 : R > q(8+m') 2^(J-j)} -- compares against the
-  constants (8+m') q and 2 (8+m') q.
-* If that virtual exponent e exceeds 31 -> 0xFF, FLAG_SAT. If it is >= 1 it
-  is the answer (byte e<<3 | m): every smaller byte, subnormals included, is
-  below the virtual e-1 grid, which does not fit.
-* If e <= 0, the answer is a byte s in 1..8 (scale s * 2^-9): with
-  z = J - 9 - k - u (>= 1 here, clamped to J+1), s = 1 + #{s' in 1..7 :
-  ceil(R / 2^z) > q s'}.
+* FLAG_SAT: the ``up`` rule's virtual exponent exceeds 31 (for ``nearest`` a
+  second, cheap R with J' = floor(log2 15K) gives it).
 
-Codes (:class:`Thresholds` + per-lane compares): with scale = sig * 2^exp,
-the golden rule counts j in 1..q with 2|y| 2^u >= (2j-1) sig 2^exp, i.e.
-|y| >= T_j = ceil((2j-1) sig 2^(exp-u-1)). T_j is computed once per block by a
-clamped shift (saturated to 2^W_y, "never", when it exceeds every |y|); each
-lane then needs q magnitude compares; code = sign(y) * count, ties away from
-zero by construction.
+Codes (:class:`Thresholds` + per-lane compares): the golden rule counts
+j in 1..h-1 with |y| 2^u 2^f >= a_j scale, a_j = 2j-1, f = 1 (midtread) or
+a_j = j, f = 0 (midrise), i.e. |y| >= T_j = ceil(a_j sig 2^(exp-u-f)). T_j is
+computed once per block by a clamped shift (saturated to 2^W_y, "never", when
+it exceeds every |y|); each lane needs h-1 magnitude compares. Code:
+midtread c = sign(y) m (ties away from zero); midrise c = m if y >= 0 else
+-1-m (ties to the outer level, y = 0 -> c = 0).
 
-Pipeline (:class:`Quantizer`): stage A (|y|, block max tree, scale select) is
-combinational from the input and ends in one register; stage B (thresholds,
-compares) is combinational from that register. The top level registers the
-packed result, so the quantizer adds 2 cycles of latency in the top level.
+Pipeline (:class:`Quantizer`): the steps |y| + block max tree -> scale select
+-> thresholds -> lane compares, with an optional register after each of the
+first three (``regs``, names in :data:`QUANT_CUTS`); all registers advance
+with ``en``. The outputs are combinational from the last register (the top
+level registers them again). Latency = len(regs) cycles.
 """
 
 from __future__ import annotations
@@ -44,6 +61,12 @@ from amaranth.lib.wiring import In, Out
 from .frontend import tree_reduce
 
 SCALE_MAX_E = 31
+#: Quantizer modes and scale roundings implemented here.
+MODES = ("midtread", "midrise")
+ROUNDINGS = ("up", "nearest")
+#: Pipeline cut points of :class:`Quantizer`, in data-flow order: after the
+#: block max tree, after the scale select, after the thresholds.
+QUANT_CUTS = ("max", "scale", "thr")
 
 
 def _shape_range(lo: int, hi: int) -> Shape:
@@ -57,17 +80,86 @@ def _bounds(shape: Shape) -> tuple[int, int]:
     return 0, (1 << shape.width) - 1
 
 
+def k_units(mode: str, bits: int) -> int:
+    """K of the max rule: scale units the block maximum maps to (midtread h-1, midrise h)."""
+    h = 1 << (bits - 1)
+    if mode == "midtread":
+        return h - 1
+    if mode == "midrise":
+        return h
+    raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
+
+
+def code_coefs(mode: str, bits: int) -> tuple[tuple[int, ...], int]:
+    """(a_j for j = 1..h-1, f): lane threshold j is |y| 2^u 2^f >= a_j scale."""
+    h = 1 << (bits - 1)
+    if mode == "midtread":
+        return tuple(2 * j - 1 for j in range(1, h)), 1
+    if mode == "midrise":
+        return tuple(range(1, h)), 0
+    raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
+
+
+def leading_one(m: Module, a, name: str):
+    """Position of the highest set bit of ``a`` (0 when a == 0), log depth.
+
+    Binary tree over the bits padded to 2^k: a node reports ``any = any_lo |
+    any_hi`` and ``pos = Cat(any_hi ? pos_hi : pos_lo, any_hi)``, one 3-input
+    function per position bit and level (ceil(log2 width) levels).
+
+    Returns:
+        (pos, any): ``pos`` unsigned, max(1, ceil(log2 len(a))) bits.
+    """
+    w = len(a)
+    k = max(1, (w - 1).bit_length())
+    nodes = [(a[i], None) if i < w else (0, None) for i in range(1 << k)]
+    level = 0
+    while len(nodes) > 1:
+        nxt = []
+        for j in range(len(nodes) // 2):
+            (alo, plo), (ahi, phi) = nodes[2 * j], nodes[2 * j + 1]
+            an = Signal(name=f"{name}_a{level}_{j}")
+            pn = Signal(level + 1, name=f"{name}_p{level}_{j}")
+            m.d.comb += an.eq(alo | ahi)
+            if plo is None:
+                m.d.comb += pn.eq(ahi)
+            else:
+                m.d.comb += pn.eq(Cat(Mux(ahi, phi, plo), ahi))
+            nxt.append((an, pn))
+        nodes = nxt
+        level += 1
+    return nodes[0][1], nodes[0][0]
+
+
+def _scale_rule(k: int, rounding: str):
+    """(c_m for m = 0..7, E0, d_s for s = 1..7, z offset, ceil?) of the ue5m3 decision values."""
+    if rounding == "up":
+        return [k * (8 + i) for i in range(8)], 10, [k * s for s in range(1, 8)], 9, True
+    if rounding == "nearest":
+        return [k * (17 + 2 * i) for i in range(8)], 11, [k * (2 * s + 1) for s in range(1, 8)], 10, False
+    raise ValueError(f"scale_round must be one of {ROUNDINGS} in the RTL quantizer, got {rounding!r}")
+
+
 class ScaleSelect(wiring.Component):
-    """Combinational scale-byte selector (see module docstring).
+    """Combinational ue5m3 scale-byte selector for the max rule (see module docstring).
 
     Args:
         a_width: width of the unsigned block maximum A.
         u_shape: shape of the signed unit exponent u.
-        qmax: largest code magnitude q (1, 3 or 7).
+        k: K, scale units the block maximum maps to (:func:`k_units`), >= 1.
+        rounding: ``"up"`` or ``"nearest"`` (``FormatParams.scale_round``).
+
+    Ports: ``a``, ``u`` in; ``byte`` (8), ``sat`` (1) out.
+
+    Raises:
+        ValueError: ``k`` < 1 or an unknown ``rounding``.
     """
 
-    def __init__(self, a_width: int, u_shape, qmax: int):
-        self.a_width, self.u_shape, self.qmax = a_width, Shape.cast(u_shape), qmax
+    def __init__(self, a_width: int, u_shape, k: int, rounding: str):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (scale units of the block maximum) must be an int >= 1, got {k!r}")
+        _scale_rule(k, rounding)
+        self.a_width, self.u_shape, self.k, self.rounding = a_width, Shape.cast(u_shape), k, rounding
         super().__init__({
             "a": In(a_width),
             "u": In(u_shape),
@@ -77,43 +169,46 @@ class ScaleSelect(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        q = self.qmax
-        J = (15 * q).bit_length() - 1
-        W = max(self.a_width, J + 1)
-        L = W - 1 - J
+        K = self.k
+        cn, e0, cs, zoff, ceil = _scale_rule(K, self.rounding)
+        J = cn[7].bit_length() - 1
+        J_up = (15 * K).bit_length() - 1
+        W = max(self.a_width, J + 1, J_up + 1)
         ulo, uhi = _bounds(self.u_shape)
 
         a = Signal(W)
         m.d.comb += a.eq(self.a)
-        # leading-one detect: k = floor(log2 a) (the highest set bit wins)
-        k = Signal(range(W))
-        for i in range(W):
-            with m.If(a[i]):
-                m.d.comb += k.eq(i)
+        k, nz = leading_one(m, a, "lead")
         lz = Signal(range(W))
         m.d.comb += lz.eq(W - 1 - k)
         an = Signal(W)
         m.d.comb += an.eq(a << lz)
-        r = Signal(J + 2)
-        if L > 0:
-            m.d.comb += r.eq(an[L:] + an[:L].any())
-        else:
-            m.d.comb += r.eq(an)
 
+        def top_bits(jj: int, up: bool, name: str):
+            """ceil(A 2^(jj-k)) (up) or floor(A 2^(jj-k)) + 1, jj+2 bits."""
+            low = W - 1 - jj
+            r = Signal(jj + 2, name=name)
+            if up:
+                m.d.comb += r.eq(an[low:] + an[:low].any() if low > 0 else an)
+            else:
+                m.d.comb += r.eq(an[low:] + 1)
+            return r
+
+        r = top_bits(J, ceil, "r")
         fit_j = Signal()
-        m.d.comb += fit_j.eq(r <= 15 * q)
+        m.d.comb += fit_j.eq(r <= cn[7])
         mant = Signal(3)
         with m.If(fit_j):
-            m.d.comb += mant.eq(sum(r > q * (8 + i) for i in range(7)))
+            m.d.comb += mant.eq(sum(r > cn[i] for i in range(7)))
         with m.Else():
-            m.d.comb += mant.eq(sum(r > 2 * q * (8 + i) for i in range(7)))
-        # virtual exponent field e = k + u + 10 - j
-        ev = Signal(_shape_range(ulo + 10 - J, W - 1 + uhi + 11 - J))
-        m.d.comb += ev.eq(k + self.u + (10 - J) + ~fit_j)
+            m.d.comb += mant.eq(sum(r > 2 * cn[i] for i in range(7)))
+        # virtual exponent field e = k + u + E0 - j
+        ev = Signal(_shape_range(ulo + e0 - J, W - 1 + uhi + e0 - J + 1))
+        m.d.comb += ev.eq(k + self.u + (e0 - J) + ~fit_j)
 
-        # subnormal range: s in 1..8, scale s * 2^-9
-        zr = Signal(_shape_range(J - 9 - (W - 1) - uhi, J - 9 - ulo))
-        m.d.comb += zr.eq(J - 9 - k - self.u)
+        # bytes 1..8: D(s) = K d_s 2^-(zoff)
+        zr = Signal(_shape_range(J - zoff - (W - 1) - uhi, J - zoff - ulo))
+        m.d.comb += zr.eq(J - zoff - k - self.u)
         z = Signal(range(J + 2))
         m.d.comb += z.eq(Mux(zr < 0, 0, Mux(zr > J + 1, J + 1, zr)))
         rs = Signal(J + 2)
@@ -121,12 +216,21 @@ class ScaleSelect(wiring.Component):
         rc = Signal(J + 3)
         m.d.comb += rc.eq(rs + ((rs << z) != r))
         sub = Signal(4)
-        m.d.comb += sub.eq(1 + sum(rc > q * s for s in range(1, 8)))
+        m.d.comb += sub.eq(1 + sum(rc > c for c in cs))
 
-        with m.If(a == 0):
+        # FLAG_SAT: the "up" rule's virtual exponent exceeds 31
+        if ceil:
+            sat_e = ev
+        else:
+            r_up = top_bits(J_up, True, "r_up")
+            sat_e = Signal(_shape_range(ulo + 10 - J_up, W - 1 + uhi + 10 - J_up + 1), name="ev_up")
+            m.d.comb += sat_e.eq(k + self.u + (10 - J_up) + (r_up > 15 * K))
+        m.d.comb += self.sat.eq(nz & (sat_e > SCALE_MAX_E))
+
+        with m.If(~nz):
             m.d.comb += self.byte.eq(1)
         with m.Elif(ev > SCALE_MAX_E):
-            m.d.comb += [self.byte.eq(0xFF), self.sat.eq(1)]
+            m.d.comb += self.byte.eq(0xFF)
         with m.Elif(ev >= 1):
             m.d.comb += self.byte.eq(Cat(mant, ev[:5]))
         with m.Else():
@@ -135,39 +239,48 @@ class ScaleSelect(wiring.Component):
 
 
 class Thresholds(wiring.Component):
-    """Per-block code thresholds T_j = ceil((2j-1) sig 2^(exp-u-1)), j = 1..q.
+    """Per-block code thresholds T_j = ceil(a_j sig 2^(exp-u-f)), j = 1..h-1.
 
-    Saturated to 2^y_width (no |y| reaches it). Combinational.
+    Args:
+        y_width: width of |y|; thresholds saturate to 2^y_width (no |y| reaches it).
+        u_shape: shape of u.
+        coefs: a_j (positive ints), f: fraction bits (:func:`code_coefs`).
+
+    Ports: ``byte`` (ue5m3), ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
+    Combinational.
     """
 
-    def __init__(self, y_width: int, u_shape, qmax: int):
-        self.y_width, self.u_shape, self.qmax = y_width, Shape.cast(u_shape), qmax
+    def __init__(self, y_width: int, u_shape, coefs, frac: int):
+        self.y_width, self.u_shape = y_width, Shape.cast(u_shape)
+        self.coefs, self.frac = tuple(int(c) for c in coefs), int(frac)
+        if not self.coefs or min(self.coefs) < 1 or self.frac < 0:
+            raise ValueError(f"coefs must be positive ints and frac >= 0, got {coefs!r}, {frac!r}")
         super().__init__({
             "byte": In(8),
             "u": In(u_shape),
-            "th": Out(data.ArrayLayout(unsigned(y_width + 1), qmax)),
+            "th": Out(data.ArrayLayout(unsigned(y_width + 1), len(self.coefs))),
         })
 
     def elaborate(self, platform):
         m = Module()
         wy = self.y_width
-        cmax = (2 * self.qmax - 1) * 15
-        cbits = cmax.bit_length()
+        cbits = (max(self.coefs) * 15).bit_length()
         e = self.byte[3:8]
         mm = self.byte[:3]
         sig = Signal(4)
         m.d.comb += sig.eq(Mux(e == 0, mm, mm + 8))
         ulo, uhi = _bounds(self.u_shape)
-        d = Signal(_shape_range(1 - 10 - uhi - 1, 31 - 10 - ulo - 1))
-        m.d.comb += d.eq(Mux(e == 0, 1, e) - 10 - self.u - 1)
+        f = self.frac
+        d = Signal(_shape_range(1 - 10 - uhi - f, 31 - 10 - ulo - f))
+        m.d.comb += d.eq(Mux(e == 0, 1, e) - 10 - self.u - f)
         dp = Signal(range(wy + 1))
         m.d.comb += dp.eq(Mux(d < 0, 0, Mux(d > wy, wy, d)))
         dn = Signal(range(cbits + 1))
         m.d.comb += dn.eq(Mux(d >= 0, 0, Mux(-d > cbits, cbits, -d)))
         sat_val = 1 << wy
-        for j in range(1, self.qmax + 1):
+        for j, aj in enumerate(self.coefs, start=1):
             c = Signal(cbits, name=f"c{j}")
-            m.d.comb += c.eq(sig * (2 * j - 1))
+            m.d.comb += c.eq(sig * aj)
             tp = Signal(cbits + wy, name=f"tpos{j}")
             m.d.comb += tp.eq(c << dp)
             cs = Signal(cbits, name=f"cshr{j}")
@@ -181,22 +294,49 @@ class Thresholds(wiring.Component):
         return m
 
 
+def check_regs(regs) -> tuple[str, ...]:
+    """Validate a quantizer register placement; returns it in data-flow order.
+
+    Raises:
+        TypeError: not a tuple/list/set of str.
+        ValueError: an unknown or repeated cut name (names: :data:`QUANT_CUTS`).
+    """
+    if isinstance(regs, str) or not isinstance(regs, (tuple, list, set, frozenset)):
+        raise TypeError(f"quant_regs must be a tuple of cut names from {QUANT_CUTS}, "
+                        f"got {type(regs).__name__}")
+    regs = list(regs)
+    for r in regs:
+        if r not in QUANT_CUTS:
+            raise ValueError(f"quant_regs: unknown cut {r!r} (cuts: {', '.join(QUANT_CUTS)})")
+    if len(set(regs)) != len(regs):
+        raise ValueError(f"quant_regs: repeated cut in {regs!r}")
+    return tuple(c for c in QUANT_CUTS if c in regs)
+
+
 class Quantizer(wiring.Component):
-    """Two-stage block quantizer (see module docstring).
+    """Pipelined block quantizer (see module docstring).
 
     Args:
         n, block, bits: N, G, b.
         y_in_width: signed width of the FWHT output lanes (M + log2 N).
         u_shape: shape of the unit exponent.
+        mode: ``"midtread"`` or ``"midrise"``.
+        rounding: scale rounding, ``"up"`` or ``"nearest"``.
+        regs: register cut points, a subset of :data:`QUANT_CUTS`; latency = len(regs).
 
-    Ports: ``en`` (advance the register), ``i_valid``, ``y``, ``u``, ``flags_i``
+    Ports: ``en`` (advance the registers), ``i_valid``, ``y``, ``u``, ``flags_i``
     (NaN, Inf) in; ``o_valid``, ``codes``, ``scales``, ``flags`` (NaN, Inf, SAT)
-    out, combinational from the internal register.
+    out, combinational from the last register (or the inputs when ``regs`` is empty).
     """
 
-    def __init__(self, n: int, block: int, bits: int, y_in_width: int, u_shape):
+    def __init__(self, n: int, block: int, bits: int, y_in_width: int, u_shape, *,
+                 mode: str, rounding: str, regs=("scale",)):
         self.n, self.block, self.bits = n, block, bits
-        self.qmax = (1 << (bits - 1)) - 1
+        self.kunits = k_units(mode, bits)
+        self.coefs, self.frac = code_coefs(mode, bits)
+        _scale_rule(self.kunits, rounding)
+        self.mode, self.rounding = mode, rounding
+        self.regs = check_regs(regs)
         self.n_blocks = n // block
         self.y_in_width = y_in_width
         self.y_width = y_in_width - 1   # |y| < 2^(M-1+log2 N)
@@ -213,51 +353,81 @@ class Quantizer(wiring.Component):
             "flags": Out(3),
         })
 
+    @property
+    def latency(self) -> int:
+        """Register stages inside the quantizer."""
+        return len(self.regs)
+
     def elaborate(self, platform):
         m = Module()
-        n, g, wy = self.n, self.block, self.y_width
+        n, g, wy, nb = self.n, self.block, self.y_width, self.n_blocks
 
-        # ---- stage A: |y|, block max, scale byte --------------------------------
-        mags, negs = [], []
+        def cut(name, values: dict) -> dict:
+            """Register every value of ``values`` (a dict name -> Value) at cut ``name``."""
+            if name not in self.regs:
+                return values
+            out = {}
+            for key, v in values.items():
+                if key == "valid":
+                    r = Signal(name=f"{name}_valid")
+                else:
+                    r = Signal.like(v, name=f"{name}_{key}", reset_less=True) \
+                        if isinstance(v, Signal) else Signal(len(v), name=f"{name}_{key}",
+                                                             reset_less=True)
+                with m.If(self.en):
+                    m.d.sync += r.eq(v)
+                out[key] = r
+            return out
+
+        # ---- |y|, block max -------------------------------------------------------
+        mags, negs = [], Signal(n, name="neg")
         for i in range(n):
             yv = self.y[i]
             mag = Signal(wy, name=f"abs{i}")
             m.d.comb += mag.eq(Mux(yv < 0, -yv, yv))
             mags.append(mag)
-            negs.append(yv < 0)
-        bytes_a, sats = [], []
-        for blk in range(self.n_blocks):
-            amax = tree_reduce(m, mags[blk * g:(blk + 1) * g],
-                               lambda a, b: Mux(a > b, a, b), f"bmax{blk}")
-            sel = ScaleSelect(wy, self.u_shape, self.qmax)
-            m.submodules[f"scale{blk}"] = sel
-            m.d.comb += [sel.a.eq(amax), sel.u.eq(self.u)]
-            bytes_a.append(sel.byte)
+            m.d.comb += negs[i].eq(yv < 0)
+        amax = [tree_reduce(m, mags[b * g:(b + 1) * g], lambda a, b: Mux(a > b, a, b),
+                            f"bmax{b}") for b in range(nb)]
+        st = {"valid": self.i_valid, "u": self.u, "flags": self.flags_i, "neg": negs,
+              **{f"abs{i}": mags[i] for i in range(n)}, **{f"amax{b}": amax[b] for b in range(nb)}}
+        st = cut("max", st)
+
+        # ---- scale select -------------------------------------------------------------
+        bytes_, sats = [], []
+        for b in range(nb):
+            sel = ScaleSelect(wy, self.u_shape, self.kunits, self.rounding)
+            m.submodules[f"scale{b}"] = sel
+            m.d.comb += [sel.a.eq(st[f"amax{b}"]), sel.u.eq(st["u"])]
+            bytes_.append(sel.byte)
             sats.append(sel.sat)
+        flags = Signal(3, name="qflags")
+        m.d.comb += flags.eq(Cat(st["flags"], Cat(*sats).any()))
+        st = {k: v for k, v in st.items() if not k.startswith("amax")}
+        st.update({"flags": flags, **{f"scale{b}": bytes_[b] for b in range(nb)}})
+        st = cut("scale", st)
 
-        # ---- register ---------------------------------------------------------------
-        r_mag = [Signal(wy, name=f"q_abs{i}", reset_less=True) for i in range(n)]
-        r_neg = [Signal(name=f"q_neg{i}", reset_less=True) for i in range(n)]
-        r_byte = [Signal(8, name=f"q_scale{b}", reset_less=True) for b in range(self.n_blocks)]
-        r_u = Signal(self.u_shape, name="q_u", reset_less=True)
-        r_flags = Signal(3, name="q_flags", reset_less=True)
-        r_valid = Signal(name="q_valid")
-        with m.If(self.en):
-            m.d.sync += [d.eq(s) for d, s in zip(r_mag, mags)]
-            m.d.sync += [d.eq(s) for d, s in zip(r_neg, negs)]
-            m.d.sync += [d.eq(s) for d, s in zip(r_byte, bytes_a)]
-            m.d.sync += [r_u.eq(self.u), r_valid.eq(self.i_valid),
-                         r_flags.eq(Cat(self.flags_i, Cat(*sats).any()))]
+        # ---- thresholds ---------------------------------------------------------------
+        nth = len(self.coefs)
+        for b in range(nb):
+            th = Thresholds(wy, self.u_shape, self.coefs, self.frac)
+            m.submodules[f"thr{b}"] = th
+            m.d.comb += [th.byte.eq(st[f"scale{b}"]), th.u.eq(st["u"])]
+            for j in range(nth):
+                st[f"th{b}_{j}"] = th.th[j]
+        del st["u"]
+        st = cut("thr", st)
 
-        # ---- stage B: thresholds and codes -------------------------------------
-        for blk in range(self.n_blocks):
-            th = Thresholds(wy, self.u_shape, self.qmax)
-            m.submodules[f"thr{blk}"] = th
-            m.d.comb += [th.byte.eq(r_byte[blk]), th.u.eq(r_u),
-                         self.scales[blk].eq(r_byte[blk])]
-            for i in range(blk * g, (blk + 1) * g):
-                cnt = Signal(range(self.qmax + 1), name=f"cnt{i}")
-                m.d.comb += cnt.eq(sum(r_mag[i] >= th.th[j] for j in range(self.qmax)))
-                m.d.comb += self.codes[i].eq(Mux(r_neg[i], -cnt, cnt))
-        m.d.comb += [self.o_valid.eq(r_valid), self.flags.eq(r_flags)]
+        # ---- lane compares ------------------------------------------------------------
+        for b in range(nb):
+            m.d.comb += self.scales[b].eq(st[f"scale{b}"])
+            for i in range(b * g, (b + 1) * g):
+                cnt = Signal(range(nth + 1), name=f"cnt{i}")
+                m.d.comb += cnt.eq(sum(st[f"abs{i}"] >= st[f"th{b}_{j}"] for j in range(nth)))
+                neg = st["neg"][i]
+                if self.mode == "midtread":
+                    m.d.comb += self.codes[i].eq(Mux(neg, -cnt, cnt))
+                else:
+                    m.d.comb += self.codes[i].eq(Mux(neg, -1 - cnt, cnt))
+        m.d.comb += [self.o_valid.eq(st["valid"]), self.flags.eq(st["flags"])]
         return m

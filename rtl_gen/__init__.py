@@ -15,19 +15,24 @@ justification; :func:`lint` runs ``verilator --lint-only -Wall`` with it.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import amaranth
 from amaranth.back import verilog
+from amaranth.hdl import UnusedElaboratable
 
 from hw import decompressor as _dec
 from hw.decompressor import KVDecompressor
-from hw.epilogue import FIXED_LATENCY, KVEpilogue, check_latency, check_params, output_layout
+from hw.epilogue import (DEFAULT_QUANT_REGS, KVEpilogue, check_epilogue_params, check_latency,
+                         output_layout)
+from hw.quantizer import check_regs
 from hw.fwht import register_positions
 from hw.ifwht import out_width as _ifwht_width, steps_of
 from sim_models.params import FORMAT_VERSION, FormatParams
@@ -48,11 +53,11 @@ def _check_name(name: str) -> str:
     return name
 
 
-def build(params: FormatParams, latency: int = 2) -> KVEpilogue:
-    """Construct the top-level component (validates ``latency``)."""
-    check_params(params)
+def build(params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS) -> KVEpilogue:
+    """Construct the top-level component (validates every argument)."""
+    check_epilogue_params(params)
     check_latency(params, latency)
-    return KVEpilogue(params, latency)
+    return KVEpilogue(params, latency, check_regs(quant_regs))
 
 
 def ports(params: FormatParams) -> dict:
@@ -73,12 +78,14 @@ def ports(params: FormatParams) -> dict:
 
 
 def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
-             manifest_name: str = "manifest.json") -> dict:
+             manifest_name: str = "manifest.json", quant_regs=DEFAULT_QUANT_REGS) -> dict:
     """Write ``<out_dir>/<top>.v`` and ``<out_dir>/manifest.json``.
 
     Args:
-        params: format parameters (validated by FormatParams itself).
+        params: format parameters (validated by FormatParams itself; options the
+            write path does not implement are refused, ``hw.epilogue.EPILOGUE_SUPPORT``).
         latency: FWHT pipeline registers, 0 .. log2(N).
+        quant_regs: register cut points in the quantizer (``hw.quantizer.QUANT_CUTS``).
         out_dir: output directory (created if missing).
         top: Verilog module name of the top level.
         manifest_name: file name of the manifest in ``out_dir``.
@@ -90,7 +97,7 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         TypeError / ValueError: bad parameters; the message names the parameter.
     """
     _check_name(top)
-    dut = build(params, latency)
+    dut = build(params, latency, quant_regs)
     text = verilog.convert(dut, name=top, emit_src=False)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,8 +115,9 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         "amaranth_version": amaranth.__version__,
         "fwht_latency": latency,
         "fwht_register_after_stages": register_positions(p.log2n, latency),
+        "quant_register_cuts": list(dut.quant_regs),
         "latency_cycles": dut.latency_cycles,
-        "latency_breakdown": {"frontend_reg": 1, "fwht": latency, "quant_reg": 1, "output_reg": 1},
+        "latency_breakdown": dut.latency_breakdown,
         "throughput_vectors_per_cycle": 1,
         "clock": {"port": "clk", "edge": "posedge"},
         "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
@@ -133,14 +141,13 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
             "fwht_width": p.fwht_width,
         },
     }
-    assert manifest["latency_cycles"] == latency + FIXED_LATENCY
+    assert manifest["latency_cycles"] == sum(dut.latency_breakdown.values())
     (out / manifest_name).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
 def build_decompressor(params: FormatParams, latency: int = 2) -> KVDecompressor:
-    """Construct the read-path top level (validates ``latency``)."""
-    check_params(params)
+    """Construct the read-path top level (it validates ``params`` and ``latency``)."""
     check_latency(params, latency)
     return KVDecompressor(params, latency)
 
@@ -215,7 +222,7 @@ def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *
 
 
 def generate_both(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
-                  dec_top: str = DEC_TOP_NAME) -> dict:
+                  dec_top: str = DEC_TOP_NAME, quant_regs=DEFAULT_QUANT_REGS) -> dict:
     """Write the write path and the read path into ``out_dir``.
 
     Files: ``<top>.v``, ``<dec_top>.v``, their manifests ``<top>.manifest.json`` and
@@ -230,9 +237,16 @@ def generate_both(params: FormatParams, latency: int = 2, out_dir=".", *, top: s
     _check_name(dec_top)
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    check_params(params)
+    # validate both paths before writing anything (the read path supports its own options)
+    check_epilogue_params(params)
     check_latency(params, latency)
-    man_e = generate(params, latency, out_dir, top=top, manifest_name=f"{top}.manifest.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        probe = KVDecompressor(params, latency)
+        del probe
+        gc.collect()
+    man_e = generate(params, latency, out_dir, top=top, manifest_name=f"{top}.manifest.json",
+                     quant_regs=quant_regs)
     man_d = generate_decompressor(params, latency, out_dir, top=dec_top,
                                   manifest_name=f"{dec_top}.manifest.json")
     both = dict(man_e)

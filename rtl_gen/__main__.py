@@ -13,9 +13,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sim_models.params import DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, FormatParams
+from hw.epilogue import DEFAULT_QUANT_REGS
+from hw.quantizer import QUANT_CUTS
+from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
+                               SCALE_RULES, FormatParams)
 
 from . import DEC_TOP_NAME, TOP_NAME, generate, generate_both, generate_decompressor, lint
+
+
+def _cuts(text: str) -> tuple[str, ...]:
+    """``--quant-regs``: comma-separated cut names, or "none"."""
+    if text.strip() == "none":
+        return ()
+    return tuple(c.strip() for c in text.split(",") if c.strip())
 
 
 def main(argv=None) -> int:
@@ -25,19 +35,34 @@ def main(argv=None) -> int:
                                              "and the manifest.json.")
     ap.add_argument("--module", choices=("epilogue", "decompressor", "both"), default="epilogue",
                     help="which top level(s) to emit (default epilogue)")
-    ap.add_argument("--n", type=int, default=128, help="lanes N, power of two (default 128)")
-    ap.add_argument("--block", type=int, default=64, help="block size G (default 64)")
-    ap.add_argument("--bits", type=int, default=3, help="code bits b in {2,3,4} (default 3)")
+    d = FormatParams()     # every format default comes from sim_models.params
+    ap.add_argument("--n", type=int, default=d.n, help=f"lanes N, power of two (default {d.n})")
+    ap.add_argument("--block", type=int, default=d.block, help=f"block size G (default {d.block})")
+    ap.add_argument("--bits", type=int, default=d.bits,
+                    help=f"code bits b in {{2,3,4}} (default {d.bits})")
     ap.add_argument("--latency", type=int, default=2,
-                    help="FWHT pipeline registers, 0..log2(N) (default 2); "
-                         "total latency = latency + 3")
-    ap.add_argument("--mant-bits", type=int, default=12, help="BFP mantissa width M (default 12)")
-    ap.add_argument("--seed", type=int, default=DEFAULT_SIGN_SEED,
-                    help=f"sign-flip seed (default {DEFAULT_SIGN_SEED})")
+                    help="FWHT pipeline registers, 0..log2(N) (default 2); total latency = "
+                         "latency + 2 + number of --quant-regs cuts (written to the manifest)")
+    ap.add_argument("--quant-regs", type=_cuts, default=DEFAULT_QUANT_REGS,
+                    help=f"quantizer register cuts, comma-separated from {','.join(QUANT_CUTS)} "
+                         f"or 'none' (default {','.join(DEFAULT_QUANT_REGS) or 'none'}); "
+                         f"each adds one cycle of latency")
+    ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
+                    help=f"BFP mantissa width M (default {d.mant_bits})")
+    ap.add_argument("--seed", type=int, default=d.sign_seed,
+                    help=f"sign-flip seed (default {d.sign_seed})")
     ap.add_argument("--no-sign-flip", action="store_true", help="disable the sign flip D")
-    ap.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default="fp16")
-    ap.add_argument("--mode", choices=QUANT_MODES, default="midtread")
-    ap.add_argument("--scale", choices=SCALE_ENCODINGS, default="ue5m3")
+    ap.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default=d.dtype)
+    ap.add_argument("--mode", choices=QUANT_MODES, default=d.mode,
+                    help=f"quantizer mode (default {d.mode})")
+    ap.add_argument("--scale", choices=SCALE_ENCODINGS, default=d.scale,
+                    help=f"scale-byte encoding (default {d.scale})")
+    ap.add_argument("--scale-rule", choices=SCALE_RULES, default=d.scale_rule,
+                    help=f"block statistic of the scale (default {d.scale_rule})")
+    ap.add_argument("--scale-round", choices=SCALE_ROUNDING, default=d.scale_round,
+                    help=f"rounding of the scale to a byte (default {d.scale_round})")
+    ap.add_argument("--scale-mult", type=int, default=d.scale_mult,
+                    help="scale multiplier in units of 1/256 (default: the rule's default)")
     ap.add_argument("--top", default=None,
                     help=f"Verilog module name (default {TOP_NAME}; with --module decompressor "
                          f"{DEC_TOP_NAME}; with --module both: the epilogue's)")
@@ -50,14 +75,18 @@ def main(argv=None) -> int:
     try:
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
                          scale=a.scale, dtype=a.dtype,
-                         sign_seed=None if a.no_sign_flip else a.seed)
+                         sign_seed=None if a.no_sign_flip else a.seed,
+                         scale_rule=a.scale_rule, scale_round=a.scale_round,
+                         scale_mult=a.scale_mult)
         if a.module == "epilogue":
-            mans = [generate(p, a.latency, a.out, top=a.top or TOP_NAME)]
+            mans = [generate(p, a.latency, a.out, top=a.top or TOP_NAME,
+                             quant_regs=a.quant_regs)]
         elif a.module == "decompressor":
             mans = [generate_decompressor(p, a.latency, a.out, top=a.top or DEC_TOP_NAME)]
         else:
             mans = list(generate_both(p, a.latency, a.out, top=a.top or TOP_NAME,
-                                      dec_top=a.dec_top)["modules"].values())
+                                      dec_top=a.dec_top, quant_regs=a.quant_regs)
+                        ["modules"].values())
     except (ValueError, TypeError) as err:
         ap.error(str(err))
     for man in mans:

@@ -25,9 +25,12 @@ from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import KVEpilogue
-from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload
+from hw.quantizer import code_coefs, k_units
+from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload, tie_vectors
 from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
+from sim_models.codec import encode_trace
 from sim_models.params import FormatParams
+from sim_models.scale import ge_pow2, scale_sig_exp
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
@@ -38,21 +41,23 @@ pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable
 
 def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
             p_valid: float = 0.8, p_ready: float = 0.7, p_clear: float = 0.05,
-            free_run_first: int = 12, extra: np.ndarray | None = None):
+            free_run_first: int = 12, extra: np.ndarray | None = None, dut_kw=None):
     """Push directed + random vectors through the DUT; returns (inputs, expected, got, stats).
 
     The first ``free_run_first`` vectors go with i.valid and o.ready held high
     (latency and full-rate check); the rest with random gaps and stalls.
     ``extra``: more uint16 [V, N] input vectors, appended.
     """
+    dut_kw = dut_kw or {}
     vecs = make_vectors(p, n_random, seed)
     if extra is not None:
         vecs = np.concatenate([vecs, extra.astype(np.uint16)])
     ins = pack_input(vecs)
     exp = expected_payloads(vecs, p)
-    dut = KVEpilogue(p, latency)
+    dut = KVEpilogue(p, latency, **dut_kw)
     lat = dut.latency_cycles
-    assert lat == latency + 3
+    assert lat == latency + 2 + len(dut.quant_regs)
+    assert lat == sum(dut.latency_breakdown.values())
     rnd = random.Random(seed)
     got, in_cyc, out_cyc = [], [], []
     flags_shift = p.n * p.bits + 8 * p.n_blocks
@@ -165,6 +170,65 @@ def test_no_sign_flip():
     check(p, 2, 24)
 
 
+# ---- quantizer modes and scale roundings ------------------------------------------
+
+def _exact_ties(bits: np.ndarray, p: FormatParams) -> tuple[int, int]:
+    """(lanes exactly on a code threshold, blocks whose ideal scale A 2^u / K lies
+    exactly on a ue5m3 scale value (up) / midpoint (nearest)), by the golden trace."""
+    t = encode_trace(bits, p)
+    sig, exp = scale_sig_exp(t.scales)
+    coefs, frac = code_coefs(p.mode, p.bits)
+    k = k_units(p.mode, p.bits)
+    mag = np.abs(t.y).reshape(len(bits), p.n_blocks, p.block)
+    u = t.u[:, None, None]
+    lanes = 0
+    for a in coefs:
+        lhs, rhs = (mag << frac, u), (a * sig[:, :, None], exp[:, :, None])
+        lanes += int((ge_pow2(*lhs, *rhs) & ge_pow2(*rhs, *lhs) & (mag > 0)).sum())
+    amax = mag.max(axis=2)
+    every_sig, every_exp = scale_sig_exp(np.arange(1, 256))
+    if p.scale_round == "nearest":
+        every_sig, every_exp = 2 * every_sig[:-1] + 1, every_exp[:-1] - 1
+    blocks = 0
+    for cs, ce in zip(every_sig.tolist(), every_exp.tolist()):
+        eq = ge_pow2(amax, t.u[:, None], k * cs, ce) & ge_pow2(k * cs, ce, amax, t.u[:, None])
+        blocks += int(eq.sum())
+    return lanes, blocks
+
+
+#: (mode, scale_round, bits, dtype, n, block, latency, n_random)
+MODE_CASES = [
+    ("midrise", "nearest", 3, "fp16", 128, 64, 2, 24),   # the proposed version-2 default
+    ("midrise", "nearest", 2, "fp16", 32, 16, 1, 40),
+    ("midrise", "nearest", 4, "bf16", 64, 32, 3, 40),    # bf16: FLAG_SAT
+    ("midrise", "up", 2, "bf16", 32, 32, 0, 40),
+    ("midrise", "up", 3, "fp16", 64, 64, 2, 40),
+    ("midrise", "up", 4, "fp16", 16, 8, 4, 40),
+    ("midtread", "nearest", 2, "bf16", 32, 16, 2, 40),
+    ("midtread", "nearest", 3, "fp16", 64, 32, 1, 40),
+    ("midtread", "nearest", 4, "fp16", 32, 32, 5, 40),
+    ("midrise", "nearest", 3, "bf16", 16, 16, 2, 40),
+]
+
+
+@pytest.mark.parametrize("mode,rnd,bits,dtype,n,block,latency,n_random", MODE_CASES)
+def test_modes(mode, rnd, bits, dtype, n, block, latency, n_random):
+    """Mid-rise / mid-tread x scale rounding up / nearest: own directed + random
+    vectors, the shared adversarial set (every 4th vector) and exact ties
+    (hw.stimulus.tie_vectors: lanes on code thresholds, block maxima on scale
+    values and on scale midpoints, +-1 unit)."""
+    p = FormatParams(n=n, block=block, bits=bits, mode=mode, scale_round=rnd, dtype=dtype,
+                     sign_seed=5)
+    rng = np.random.default_rng(n + bits)
+    ties = tie_vectors(p, rng, 64)
+    lanes, blocks = _exact_ties(ties, p)
+    assert lanes >= 6 and blocks >= 6, (lanes, blocks)
+    extra = np.concatenate([ties, adversarial_vectors(n, 0, p)[::4]])
+    exp = check(p, latency, n_random, seed=n + bits + latency, extra=extra)
+    if dtype == "bf16":
+        assert _flags_seen(exp, p) & FLAG_SAT
+
+
 def _full_cases():
     cases = []
     for n in (64, 128):
@@ -214,9 +278,10 @@ def test_bad_format_params(kw, field):
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"mode": "midrise"}, "mode"), ({"scale": "e4m3fn"}, "scale"),
-    ({"scale_rule": "rms"}, "scale_rule"), ({"scale_round": "nearest"}, "scale_round"),
+    ({"mode": "asym"}, "mode"), ({"mode": "lloydmax"}, "mode"), ({"scale": "e4m3fn"}, "scale"),
+    ({"scale_rule": "rms"}, "scale_rule"), ({"scale_rule": "absmean"}, "scale_rule"),
     ({"scale_mult": 300}, "scale_mult"),
+    ({"mode": "midrise", "scale_round": "nearest", "scale": "e5m2"}, "scale"),
 ])
 def test_unsupported_format_options(kw, field):
     """Format-study options of the golden model that the RTL does not implement."""

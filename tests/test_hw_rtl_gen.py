@@ -129,8 +129,14 @@ def test_deterministic(tmp_path):
     (["--dtype", "fp8"], "dtype"),
     (["--top", "9bad"], "top"),
     (["--n", "x"], "--n"),
-    (["--mode", "midrise"], "mode"),
+    (["--mode", "asym"], "mode"),
+    (["--mode", "lloydmax"], "mode"),
     (["--scale", "e5m2"], "scale"),
+    (["--scale-rule", "rms"], "scale_rule"),
+    (["--scale-mult", "300"], "scale_mult"),
+    (["--scale-round", "down"], "--scale-round"),
+    (["--quant-regs", "max,bogus"], "quant_regs"),
+    (["--quant-regs", "max,max"], "quant_regs"),
 ])
 def test_cli_errors(tmp_path, capsys, args, word):
     with pytest.raises(SystemExit) as e:
@@ -150,3 +156,42 @@ def test_generate_errors(tmp_path):
     with pytest.raises(ValueError, match="top"):
         rtl_gen.generate(FormatParams(n=8, block=8), 1, tmp_path, top="a-b")
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_cli_defaults_are_format_params_defaults(tmp_path):
+    """No format flag given -> the manifest's params are exactly FormatParams()."""
+    assert cli_main(["--out", str(tmp_path), "--latency", "1", "--n", "128"]) == 0
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["params"] == FormatParams().to_dict()
+
+
+def test_cli_midrise_nearest(tmp_path):
+    out = tmp_path / "mr"
+    rc = cli_main(["--n", "16", "--block", "8", "--bits", "3", "--mode", "midrise",
+                   "--scale-round", "nearest", "--scale-mult", "256", "--latency", "1",
+                   "--quant-regs", "max,scale,thr", "--out", str(out)])
+    assert rc == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["params"]["mode"] == "midrise" and man["params"]["scale_round"] == "nearest"
+    assert man["params"]["scale_mult"] == 256
+    assert man["quant_register_cuts"] == ["max", "scale", "thr"]
+    assert man["latency_cycles"] == 1 + 2 + 3 == sum(man["latency_breakdown"].values())
+    if rtl_gen.find_verilator() is not None:
+        r = rtl_gen.lint(out / man["verilog"], man["top"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "%Warning" not in r.stdout + r.stderr
+
+
+def test_both_refuses_before_writing(tmp_path):
+    """--module both validates both paths first: an option only one path implements
+    leaves no files behind (the read path has its own table)."""
+    from hw.epilogue import EPILOGUE_SUPPORT
+    p = FormatParams(n=16, block=8, mode="midrise", scale_round="nearest")
+    try:
+        rtl_gen.generate_both(p, 1, tmp_path / "b")
+    except ValueError as err:
+        assert "mode" in str(err) or "scale_round" in str(err)
+        assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+    else:
+        assert "midrise" in EPILOGUE_SUPPORT["mode"]
+        assert (tmp_path / "b" / "manifest.json").exists()

@@ -22,11 +22,12 @@ from amaranth.sim import Simulator
 
 from hw.frontend import FrontEnd, u_range
 from hw.fwht import FWHT, register_positions
-from hw.quantizer import ScaleSelect, Thresholds
+from hw.quantizer import ScaleSelect, Thresholds, code_coefs, k_units
 from hw.stimulus import directed_vectors, pack_input, random_vectors
 from sim_models.bfp import to_block_fp
 from sim_models.fwht import fwht
 from sim_models.params import FormatParams
+from sim_models.scale_rules import choose_scale_bytes
 from sim_models.scale import ge_pow2, scale_sig_exp, smallest_scale_at_least
 from sim_models.signs import sign_mask
 
@@ -48,12 +49,27 @@ class _Bank(Elaboratable):
         return m
 
 
-def _check_scale_select(qmax: int, cases: list[tuple[int, int]]):
-    """cases: (A, u) pairs; compares byte and sat with the golden binary search."""
+def golden_scale(mode: str, bits: int, rounding: str, a, u):
+    """Golden (byte, sat) of the max rule for block maxima ``a`` at unit exponents ``u``:
+    ``sim_models.scale_rules.choose_scale_bytes`` on blocks whose lane 0 holds A."""
+    a = np.asarray(a, dtype=np.int64)
+    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale_round=rounding)
+    y = np.zeros((a.size, 8), dtype=np.int64)
+    y[:, 0] = a
+    b, s = choose_scale_bytes(y, np.asarray(u, dtype=np.int64), p)
+    return b[:, 0], s
+
+
+def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[int, int]]):
+    """cases: (A, u) pairs; compares byte and sat with the golden model."""
     a = np.array([c[0] for c in cases], dtype=np.int64)
     u = np.array([c[1] for c in cases], dtype=np.int64)
-    exp_b, exp_s = smallest_scale_at_least(qmax, a, u)
-    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, qmax) for _ in range(BANK)])
+    exp_b, exp_s = golden_scale(mode, bits, rounding, a, u)
+    if mode == "midtread" and rounding == "up":       # the version-1 path agrees too
+        v1_b, v1_s = smallest_scale_at_least((1 << (bits - 1)) - 1, a, u)
+        assert (v1_b == exp_b).all() and (v1_s == exp_s).all()
+    k = k_units(mode, bits)
+    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, k, rounding) for _ in range(BANK)])
     bad = []
 
     async def tb(ctx):
@@ -74,16 +90,21 @@ def _check_scale_select(qmax: int, cases: list[tuple[int, int]]):
     return exp_b, exp_s
 
 
-def _j(qmax: int) -> int:
-    return (15 * qmax).bit_length() - 1
+def _j(k: int, rounding: str) -> int:
+    return ((31 if rounding == "nearest" else 15) * k).bit_length() - 1
 
 
-@pytest.mark.parametrize("qmax", [1, 3, 7])
-def test_scale_select_every_a_below_4096(qmax):
+#: (mode, bits, rounding) of every supported quantizer
+QUANTS = [(mode, b, r) for mode in ("midtread", "midrise") for r in ("up", "nearest")
+          for b in (2, 3, 4)]
+
+
+@pytest.mark.parametrize("mode,bits,rounding", QUANTS)
+def test_scale_select_every_a_below_4096(mode, bits, rounding):
     """Every A in [0, 4096), each at a u that puts its exponent field e next to a
     regime boundary (subnormal/normal at e = 0/1, saturation at e = 31/32) or
     mid-range; with HW_FULL=1 every A at every u in [-48, 40]."""
-    j = _j(qmax)
+    j = _j(k_units(mode, bits), rounding)
     if FULL:
         cases = [(a, uu) for uu in range(-48, 41) for a in range(4096)]
     else:
@@ -93,35 +114,69 @@ def test_scale_select_every_a_below_4096(qmax):
             k = max(a.bit_length() - 1, 0)
             e = targets[(a * 7 + (a >> 4)) % len(targets)]
             cases.append((a, e - k - 10 + j))
-    b, s = _check_scale_select(qmax, cases)
+    b, s = _check_scale_select(mode, bits, rounding, cases)
     assert {1, 7, 8, 255} <= set(b.tolist())
     assert s.any() and (~s).any()
 
 
-@pytest.mark.parametrize("qmax", [1, 3, 7])
-def test_scale_select_every_u(qmax):
+@pytest.mark.parametrize("mode,bits,rounding", QUANTS)
+def test_scale_select_every_u(mode, bits, rounding):
     """Every normalized mantissa pattern R = top J+1 bits (+ a sticky variant) at
-    every u from deep subnormal to saturation."""
-    j = _j(qmax)
+    every u from deep subnormal to saturation, plus random 18-bit A."""
+    j = _j(k_units(mode, bits), rounding)
     base = list(range(1 << j, 1 << (j + 1)))
     avals = base + [(v << 5) | 1 for v in base[-4:]] + [1, 3, (1 << A_WIDTH) - 1]
     cases = [(a, uu) for uu in range(-j - 16, 26 - j // 2) for a in avals]
-    # plus random A over the full 18-bit range at random u
-    rng = np.random.default_rng(qmax)
+    rng = np.random.default_rng(bits + 10 * len(rounding))
     ra = rng.integers(0, 1 << A_WIDTH, 256)
     ra[::3] >>= rng.integers(0, A_WIDTH, len(ra[::3]))
     cases += list(zip(ra.tolist(), rng.integers(-40, 20, len(ra)).tolist()))
-    b, s = _check_scale_select(qmax, cases)
+    b, s = _check_scale_select(mode, bits, rounding, cases)
     assert {1, 7, 8, 255} <= set(b.tolist())
 
 
-@pytest.mark.parametrize("qmax", [1, 3, 7])
-def test_thresholds_every_byte(qmax):
+def _decision_values(k: int, rounding: str):
+    """(c, x) with K * D(s) = c * 2^x for every byte s that has a decision value
+    (up: the scale value; nearest: the midpoint to the next byte)."""
+    sig, exp = scale_sig_exp(np.arange(1, 256))
+    if rounding == "up":
+        return k * sig, exp
+    return k * (2 * sig[:-1] + 1), exp[:-1] - 1
+
+
+@pytest.mark.parametrize("mode,bits,rounding", QUANTS)
+def test_scale_select_exact_ties(mode, bits, rounding):
+    """A 2^u exactly on K * D(s) (a scale value for "up", a midpoint of two
+    scale values for "nearest"), one unit below and one above, for every byte,
+    and around the FLAG_SAT edge A 2^u = K scale(255)."""
+    k = k_units(mode, bits)
+    c, x = _decision_values(k, rounding)
+    cases = []
+    for ci, xi in zip(c.tolist(), x.tolist()):
+        for sh in (0, 3, A_WIDTH - 1 - ci.bit_length()):
+            for d in (-1, 0, 1):
+                a = (ci << sh) + d
+                if 0 <= a < (1 << A_WIDTH):
+                    cases.append((a, xi - sh))
+    top = 15 * k                           # K scale(255) = 15 K 2^21
+    for sh in range(0, 12):
+        for d in (-1, 0, 1):
+            cases.append(((top << sh) + d, 21 - sh))
+    b, s = _check_scale_select(mode, bits, rounding, cases)
+    assert s.any() and (~s).any()
+    assert len(set(b.tolist())) > 200
+
+@pytest.mark.parametrize("mode,bits", [(m, b) for m in ("midtread", "midrise") for b in (2, 3, 4)])
+def test_thresholds_every_byte(mode, bits):
+    """Each threshold T_j is exactly the smallest |y| that the golden compare
+    |y| 2^u 2^f >= a_j scale counts (every byte, many u)."""
+    coefs, frac = code_coefs(mode, bits)
+    nth = len(coefs)
     wy = A_WIDTH
     sat_val = 1 << wy
     us = range(-40, 31) if FULL else range(-40, 31, 10)
     cases = [(byte, u) for u in us for byte in range(1, 256)]
-    bank = _Bank([Thresholds(wy, U_SHAPE, qmax) for _ in range(BANK)])
+    bank = _Bank([Thresholds(wy, U_SHAPE, coefs, frac) for _ in range(BANK)])
     got = []
 
     async def tb(ctx):
@@ -131,7 +186,7 @@ def test_thresholds_every_byte(qmax):
                 ctx.set(t.byte, byte)
                 ctx.set(t.u, u)
             for t, _ in zip(bank.units, chunk):
-                got.append([ctx.get(t.th[j]) for j in range(qmax)])
+                got.append([ctx.get(t.th[j]) for j in range(nth)])
 
     sim = Simulator(bank)
     sim.add_testbench(tb)
@@ -140,16 +195,16 @@ def test_thresholds_every_byte(qmax):
     byte = np.array([c[0] for c in cases])
     u = np.array([c[1] for c in cases])
     sig, exp = scale_sig_exp(byte)
-    for j in range(1, qmax + 1):
-        t = th[:, j - 1]
-        c = (2 * j - 1) * sig
+    for j, aj in enumerate(coefs):
+        t = th[:, j]
+        c = aj * sig
         assert (t >= 1).all() and (t <= sat_val).all()
         below = t - 1
         # |y| = t - 1 must not count (also when t is saturated, 2^wy - 1 is the largest |y|)
-        assert not ge_pow2(2 * below, u, c, exp).any()
+        assert not ge_pow2(below << frac, u, c, exp).any()
         ok = t < sat_val
-        assert ge_pow2(2 * t[ok], u[ok], c[ok], exp[ok]).all()
-
+        assert ge_pow2(t[ok] << frac, u[ok], c[ok], exp[ok]).all()
+        assert ok.any() and (~ok).any()
 
 @pytest.mark.parametrize("dtype,mant_bits,n", [
     ("fp16", 12, 16), ("fp16", 6, 16), ("fp16", 11, 8), ("fp16", 16, 16),
