@@ -12,6 +12,9 @@
 //      m = #{j in 1..2^(b-1)-1 : |y| 2^u >= j scale}) -> LSB-first packing.
 // MODE (0 mid-tread, 1 mid-rise) and RND (0 up, 1 nearest) are template parameters
 // (docs/ACCURACY.md "Exact integer rules"; sim_models/quant_modes.py, sim_models/scale_rules.py).
+// No fp32 operation sees a subnormal operand or result where it matters (CuPy's NVRTC runs with
+// -ftz=true): bf16 inputs are scaled by integer exponent arithmetic when -u >= 126 (the only case in
+// which a subnormal lane can round to a nonzero mantissa), the code multiplier stays >= 2^-126.
 // v6 shortcuts (fp32 butterflies, no mantissa clamp; fast quantizer when M - 1 + log2 N <= 20), each
 // argued exact where it is used: mantissa rounding and sign in ONE FMA per lane, the scale byte from a
 // double estimate plus two exact compares, codes by ONE FMA per lane plus one shift-add (LEA) per lane.
@@ -83,8 +86,18 @@ __device__ __forceinline__ kv_u32 max_u16x2(kv_u32 a, kv_u32 b) {
 }
 // 2^e as float, e in [-126, 127]
 __device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
+// bf16 value * 2^64, exact, from a word whose high half is the bf16 pattern (low half 0); for
+// exponent fields <= 190. Subnormal inputs go through an integer -> float conversion instead of a
+// float multiply: CuPy compiles with -ftz=true, which would flush them to zero.
+__device__ __forceinline__ float bf16_x2p64(kv_u32 b) {
+  const kv_u32 mag = b & 0x7FFF0000u;
+  if (mag >= 0x00800000u) return __uint_as_float(b + (64u << 23));  // normal: exponent + 64
+  const float s = __uint2float_rn(mag >> 16) * exp2i(-69);            // F 2^-133 2^64, normal
+  return (b & 0x80000000u) ? -s : s;
+}
 
-// exact a*2^ea >= b*2^eb for 0 <= a < 2^8, 0 <= b < 2^31 (sim_models.scale.ge_pow2)
+// exact a*2^ea >= b*2^eb for 0 <= a, b < 2^31 (sim_models.scale.ge_pow2); the shift is clamped at 32
+// (operands < 2^63), beyond which the outcome depends only on which of a, b is zero
 __device__ __forceinline__ bool ge_pow2(long long a, int ea, long long b, int eb) {
   int d = ea - eb;
   d = d < -32 ? -32 : (d > 32 ? 32 : d);
@@ -126,20 +139,18 @@ __device__ __forceinline__ int scale_search(double rhs) {
   const bool below = s > 1 && ok(s - 1), at = s <= 255 && ok(min(s, 255));
   return below ? s - 1 : (at ? s : s + 1);
 }
-// Scale rounding "nearest" (ties up): the smallest byte c in 1..254 with QMAX*mid(c) > rhs,
-// mid(c) = (2 sig(c) + 1) 2^(exp(c)-1), else 255. `sup` = scale_search<QMAX>(rhs) (smallest byte with
-// QMAX*scale >= rhs, 256 when none). Every byte below sup-1 has mid(c) < scale(c+1) <= scale(sup-1)
-// < rhs/QMAX, and mid(sup) > scale(sup) >= rhs/QMAX, so the answer is sup-1 or sup (one exact compare:
-// QMAX*(2 sig+1) < 2^8 and rhs are exact in double).
+// Scale rounding "nearest" (ties up): the smallest byte c in 1..254 with QMAX*mid(c) > amax*2^u,
+// mid(c) = (2 sig(c) + 1) 2^(exp(c)-1), else 255. `sup` = scale_search<QMAX>(amax*2^u) (smallest byte
+// with QMAX*scale >= amax*2^u, 256 when none). Every byte below sup-1 has mid(c) < scale(c+1) <=
+// scale(sup-1) < amax*2^u/QMAX, and mid(sup) > scale(sup) >= amax*2^u/QMAX, so the answer is sup-1 or
+// sup: one exact integer compare (ge_pow2: amax < 2^31, QMAX (2 sig + 1) < 2^8), branch-free.
 template <int QMAX>
-__device__ __forceinline__ int scale_nearest(int sup, double rhs) {
+__device__ __forceinline__ int scale_nearest(int sup, int amax, int u) {
   const int c = sup - 1;
-  if (c >= 1 && c <= 254) {
-    int sg, ex;
-    scale_sig_exp(c, sg, ex);
-    if ((double)(QMAX * (2 * sg + 1)) * exp2d(ex - 1) > rhs) return c;
-  }
-  return sup < 255 ? sup : 255;
+  int sg, ex;
+  scale_sig_exp(min(max(c, 1), 254), sg, ex);
+  const bool below = !ge_pow2(amax, u, QMAX * (2 * sg + 1), ex - 1);  // QMAX mid(c) > amax 2^u
+  return (c >= 1 && c <= 254 && below) ? c : min(sup, 255);
 }
 
 template <bool B>
@@ -269,7 +280,10 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     if (DT == 0) {
       P1 = exp2i(-u);
     } else {
-      bool big = -u > 126;
+      // -u >= 126 (emax <= M - 1 <= 15): P1 = 2^64 applied by exponent arithmetic (bf16_x2p64), so that
+      // subnormal lanes (mantissa floor(|f| 2^-u + 1/2) may be 1 only here) are exact; below, any
+      // subnormal lane has |f| 2^-u < 1/2 (mantissa 0), which the FTZ flush also gives
+      bool big = -u >= 126;
       P1 = big ? exp2i(64) : exp2i(-u);
       P2 = big ? exp2i(-u - 64) : 1.0f;
     }
@@ -319,7 +333,8 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
           for (int hh = 0; hh < 2; ++hh) {
             float f = DT == 0 ? h2f_half(ww, hh) : __int_as_float(hh ? (ww & 0xFFFF0000u) : (ww << 16));
             const bool dn = TPV == 1 && kv_sign(SEED, HAS_SIGN, 2 * k + hh);
-            float F = BIG ? __fmaf_rn(__fmul_rn(f, P1), dn ? -P2p : P2p, CM) : __fmaf_rn(f, dn ? -P1p : P1p, CM);
+            float F = BIG ? __fmaf_rn(bf16_x2p64(hh ? (ww & 0xFFFF0000u) : (ww << 16)), dn ? -P2p : P2p, CM)
+                          : __fmaf_rn(f, dn ? -P1p : P1p, CM);
             yf[FLT ? 2 * k + hh : 0] = F;  // = CM + lane value; CM removed in the first butterfly
           }
         }
@@ -331,8 +346,8 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     for (int i = 0; i < LPT; ++i) {
       kv_u32 h = (w[i >> 1] >> (16 * (i & 1))) & 0xFFFFu;
       float f = DT == 0 ? h2f(h) : __int_as_float(h << 16);
-      float v = fabsf(f) * P1;
-      if (DT != 0) v *= P2;
+      // bf16 with -u >= 126: |f| 2^64 by exponent arithmetic (exact for subnormal lanes under FTZ)
+      float v = (DT != 0 && P2 != 1.0f) ? fabsf(bf16_x2p64(h << 16)) * P2 : fabsf(f) * P1;
       float r = __fadd_rd(v, 0.5f);
       float n23 = __fadd_rd(r, 8388608.0f);  // 2^23 + floor(v + 1/2), exact
       const bool dneg = TPV == 1 ? kv_sign(SEED, HAS_SIGN, i)
@@ -433,13 +448,14 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       const double rhs = (double)amax * exp2d(u);  // exact (amax < 2^31)
       int lo = scale_search<KU>(rhs);
       if (lo > 255) { flg |= 4u; anysat = true; }  // FLAG_SAT: K*scale(255) < max|y| 2^u (both roundings)
-      lo = RND ? scale_nearest<KU>(lo, rhs) : min(lo, 255);
+      lo = RND ? scale_nearest<KU>(lo, amax, u) : min(lo, 255);
       sbyte[bb] = lo;
       int sg, ex;
       scale_sig_exp(lo, sg, ex);
-      if (FASTQ) {  // (1 + ~1.5 2^-22) / (sig 2^(ex-u)); exponent clamped to [-126, 127]: below 2^-126
-        // |y kq| < 2^-100 (codes 0, or -1 for mid-rise y < 0: kq stays > 0); above 2^127 only when y == 0
-        kq[bb] = kinv_tab[sg] * exp2i(min(max(u - ex, -126), 127));
+      if (FASTQ) {  // (1 + ~1.5 2^-22) / (sig 2^(ex-u)); exponent clamped to [-122, 127]: below 2^-122
+        // |y kq| < 2^-100 (codes 0, or -1 for mid-rise y < 0), and kq >= 2^-126 / 15 stays normal, so
+        // FTZ cannot make it 0; above 2^127 only when y == 0
+        kq[bb] = kinv_tab[sg] * exp2i(min(max(u - ex, -122), 127));
         continue;
       }
       // mid-tread: |y| 2^u >= (2j-1) sig 2^(ex-1);  mid-rise: |y| 2^u >= j sig 2^ex;

@@ -37,9 +37,9 @@ from sim_models import FLAG_INF, FLAG_NAN, FormatParams, decode_float, encode  #
 from sim_models.testvectors import adversarial_vectors, random_vectors  # noqa: E402
 
 try:  # shared with the CPU-only tests (tests/ is on sys.path under pytest; bench imports tests.*)
-    from tests.test_gpu_api import QUANT_IDS, QUANTIZERS, qparams, tie_vectors  # noqa: E402
+    from tests.test_gpu_api import QUANT_IDS, QUANTIZERS, bf16_tiny_bits, qparams, tie_vectors  # noqa: E402
 except ImportError:  # pragma: no cover
-    from test_gpu_api import QUANT_IDS, QUANTIZERS, qparams, tie_vectors  # noqa: E402
+    from test_gpu_api import QUANT_IDS, QUANTIZERS, bf16_tiny_bits, qparams, tie_vectors  # noqa: E402
 
 V1, V2 = QUANTIZERS[0], QUANTIZERS[1]  # (midtread, up), (midrise, nearest)
 
@@ -168,6 +168,8 @@ def test_encode_bitexact_other_params(kw, q):
         if p.mant_bits >= 11:
             sets.append(tie_vectors(p))
         bits = np.concatenate(sets)
+    else:  # bf16: subnormal lanes that round to nonzero mantissas (CuPy compiles with -ftz=true)
+        bits = np.concatenate([bits, bf16_tiny_bits(p.n, 2000, p.mant_bits)])
     _compare(bits, p, f"{kw} {q}")
 
 

@@ -97,7 +97,7 @@ def emulate_fast_quantizer(bits: np.ndarray, p: FormatParams):
     """(scale bytes, codes, sat) as kv_encode.cu computes them on its fast path from the golden FWHT
     output: scale byte = smallest byte with K scale >= max|y| 2^u (exact compares), nearest: the
     byte below when K (2 sig + 1) 2^(ex-1) > max|y| 2^u; codes = RN (mid-tread) or RM (mid-rise) of
-    y * kq with kq = float32(float32((1 + 1.5 2^-22) / sig) * 2^clamp(u - ex, -126, 127)), clamped
+    y * kq with kq = float32(float32((1 + 1.5 2^-22) / sig) * 2^clamp(u - ex, -122, 127)), clamped
     to [-K, 2^(b-1) - 1] unless (mid-tread, up, no saturated block)."""
     tr = encode_trace(bits, p)
     y, u = tr.y, tr.u.astype(np.int64)
@@ -122,8 +122,9 @@ def emulate_fast_quantizer(bits: np.ndarray, p: FormatParams):
         byte = np.minimum(sup, 255)
     sat = (sup > 255).any(axis=1)
     sg, exb = sig[byte - 1], ex[byte - 1]
-    ek = np.clip(u[:, None] - exb, -126, 127)
+    ek = np.clip(u[:, None] - exb, -122, 127)
     kq = _KINV[sg] * np.exp2(ek.astype(np.float64)).astype(np.float32)     # float32 multiply
+    assert np.all(kq >= np.float32(2.0 ** -126)), "kq subnormal: CuPy's -ftz=true would flush it"
     t = yb.astype(np.float64) * kq.astype(np.float64)[..., None]          # exact: < 2^21 x 24 bits
     if mr:
         codes = np.floor(t)
@@ -161,6 +162,57 @@ def test_fast_quantizer_emulation_matches_golden(mode, rnd, kw):
     assert np.array_equal(sat, (tr.flags & FLAG_SAT) != 0)
     bad = np.flatnonzero((codes != tr.codes).any(axis=1))
     assert bad.size == 0, f"codes differ in {bad.size} vectors, first {bad[0]}"
+
+
+def bf16_tiny_bits(n: int, count: int, mant_bits: int, seed: int = 0) -> np.ndarray:
+    """bf16 patterns (uint16 [count, n]) where subnormal lanes matter: all-subnormal vectors with random
+    signs, and vectors whose largest exponent field is near M - 1 (u = -126 +- a few) with subnormal
+    and tiny normal lanes. (With -ftz=true a float multiply would flush the subnormal lanes.)"""
+    rng = np.random.default_rng([seed, n, mant_bits, 7])
+    sub = rng.integers(0, 128, size=(count, n)) | (rng.integers(0, 2, size=(count, n)) << 15)
+    out = sub.copy()
+    half = count // 2
+    emax = rng.integers(max(1, mant_bits - 4), mant_bits + 3, size=half)
+    lane = rng.integers(0, n, size=half)
+    out[np.arange(half), lane] = (emax << 7) | rng.integers(0, 128, size=half) | (rng.integers(0, 2, size=half) << 15)
+    third = count // 3   # a few tiny normal lanes too
+    e2 = rng.integers(1, 3, size=(third, n))
+    mix = rng.random((third, n)) < 0.2
+    out[:third] = np.where(mix, (e2 << 7) | (out[:third] & 0x807F), out[:third])
+    return out.astype(np.uint16)
+
+
+def _round_half_even(v):
+    return np.rint(v)
+
+
+@pytest.mark.parametrize("mant_bits", [12, 16, 9, 6])
+def test_bf16_block_fp_emulation_under_ftz(mant_bits):
+    """kv_encode.cu's bf16 block floating point with CuPy's -ftz=true (subnormal float operands read
+    as 0): for -u >= 126 the lanes are scaled by exponent arithmetic (bf16_x2p64, exact), otherwise a
+    flushed subnormal lane must have mantissa 0 in the golden model too."""
+    p = FormatParams(dtype="bf16", mant_bits=mant_bits)
+    bits = np.concatenate([bf16_tiny_bits(128, 3000, mant_bits),
+                           np.random.default_rng(3).integers(0, 1 << 16, size=(500, 128)).astype(np.uint16)])
+    bits = bits[((bits & 0x7F80) != 0x7F80).all(axis=1)]       # finite vectors only (NaN/inf: other path)
+    tr = encode_trace(bits, p)
+    u = tr.u.astype(np.int64)
+    mag = (bits & 0x7FFF).astype(np.int64)
+    ef, fr = mag >> 7, mag & 0x7F
+    f = np.where(ef > 0, (128 + fr) * np.exp2(ef - 134.0), fr * np.exp2(-133.0))   # |value|, exact
+    sign = np.where(bits >> 15, -1.0, 1.0) * np.where(sign_mask(128, p.sign_seed) == 1, -1.0, 1.0)
+    big = (-u >= 126)[:, None]
+    scale = np.exp2(-u.astype(np.float64))[:, None]                                  # 2^-u
+    flushed = np.where((ef == 0) & ~big, 0.0, f)     # FTZ: a subnormal float operand reads as 0
+    v = flushed * scale
+    if mant_bits - 2 - 7 >= 0:     # FASTB: RN(v (1 + 2^-20) + 1.5 2^23), ties pushed outwards
+        x = _round_half_even(v * (1 + 2.0 ** -20) + 12582912.0) - 12582912.0
+    else:                          # slow path: floor(v + 1/2), clamped to 2^(M-1) - 1
+        x = np.minimum(np.floor(v + 0.5), 2 ** (mant_bits - 1) - 1)
+    x = (sign * x).astype(np.int64)
+    bad = np.flatnonzero((x != tr.x).any(axis=1))
+    assert bad.size == 0, f"{bad.size} of {len(bits)} vectors: block floating point differs, first {bad[0]}"
+    assert big.any() and (~big).any() and ((ef == 0) & big & (tr.x != 0)).any()
 
 
 @pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
