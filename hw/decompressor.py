@@ -1,18 +1,22 @@
 """Top level of the read path: ``KVDecompressor``.
 
-Stream in (packed codes + scale bytes, the epilogue's output without the flags)
--> stream out (N fp16/bf16 bit patterns), bit-exact with ``sim_models.decode``
-(FORMAT.md 5): ``x_hat = D * (H yhat) / N``, ``yhat_i = level(c_i) * scale_k``,
-computed exactly and rounded once to the input type (round to nearest even,
-saturating at the largest finite value, never inf/NaN; an exact zero keeps the
-sign of D as in the golden model).
+Stream in (packed codes + scale bytes [+ zero points], the epilogue's output
+without the flags) -> stream out (N fp16/bf16 bit patterns), bit-exact with
+``sim_models.codec.decode`` (FORMAT.md 5; docs/ACCURACY.md "Exact integer
+rules" for the quantizer modes): ``x_hat = D * (H yhat) / N``,
+``yhat_i = level(c_i) * scale_k`` (:mod:`hw.dequant`), computed exactly and
+rounded once to the input type (round to nearest even, saturating at the
+largest finite value, never inf/NaN; an exact zero keeps the sign of D as in
+the golden model).
 
 Interface (Verilog names after ``amaranth.back.verilog.convert``):
 
     clk, rst                  default sync domain, synchronous active-high reset
     i__valid, i__ready (out)  input stream
-    i__payload [N*b + 8*N/G]  codes | scales << N*b (code plane and scale plane as
-                              little-endian integers, FORMAT.md 4 and 7)
+    i__payload                codes | scales << N*b [| zeros << (N*b + 8*N/G)]
+                              (code plane, scale plane and, for mode asym only,
+                              the zero-point plane, each a little-endian integer
+                              of its bytes, FORMAT.md 4 and 7; :func:`input_fields`)
     o__valid (out), o__ready  output stream
     o__payload [16*N]         lane k's fp16/bf16 pattern at bits [16k, 16k+16)
 
@@ -29,10 +33,12 @@ in ``KVEpilogue``: every register stage carries a valid bit, the whole pipeline
 advances when ``en = o.ready | ~o.valid`` and ``i.ready = en``; one vector per
 cycle while ``o.ready`` is high; data registers have no reset, valid bits do.
 
-Only the version-1 quantizer (mode midtread, scale ue5m3) is implemented;
-other modes are refused (ValueError naming the field). The quantizer enters
-only through :func:`hw.dequant.level_table` (code -> level) and
-:class:`hw.dequant.ScaleDecode` (byte -> significand, exponent field).
+Supported options: :data:`hw.dequant.READ_SUPPORT` (mode and scale encoding);
+decoding does not depend on scale_rule / scale_round / scale_mult / mant_bits,
+which are accepted at any value. Others are refused (ValueError naming the
+field). The quantizer enters only through :func:`hw.dequant.level_table`
+(code -> level) and :class:`hw.dequant.ScaleDecode` (byte -> significand,
+exponent field).
 """
 
 from __future__ import annotations
@@ -44,9 +50,8 @@ from amaranth.lib.wiring import In, Out
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
 
-from .dequant import (SCALE_EF_MAX, SCALE_EF_MIN, SCALE_EXP_OFFSET, ScaleDecode, dequant_lane,
-                      level_negative as lv_neg, level_table, product_shape)
-from .epilogue import check_latency, check_params
+from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
+                      scale_format)
 from .frontend import tree_reduce
 from .ifwht import BlockFWHT
 from .tofloat import FloatConsts, FloatPack, FloatPrep
@@ -55,9 +60,38 @@ from .tofloat import FloatConsts, FloatPack, FloatPrep
 FIXED_LATENCY = 3
 
 
+def check_latency(p: FormatParams, latency) -> int:
+    """Validate the FWHT ``latency`` for ``p``; returns it.
+
+    Raises:
+        TypeError: not an int (bool refused).
+        ValueError: outside [0, log2 N].
+    """
+    if isinstance(latency, bool) or not isinstance(latency, int):
+        raise TypeError(f"latency must be an int, got {type(latency).__name__}")
+    if not 0 <= latency <= p.log2n:
+        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
+                         f"for n={p.n}, got {latency}")
+    return latency
+
+
+def input_fields(p: FormatParams) -> dict:
+    """Fields of i.payload: {name: {"offset": bit, "width": bits}}.
+
+    ``codes`` (N*b bits, the packed code plane), ``scales`` (8 bits per block,
+    block k at ``offset + 8k``) and, for mode ``asym`` only, ``zeros`` (one
+    zero-point byte per block, block k at ``offset + 8k``).
+    """
+    cw, sw = p.n * p.bits, 8 * p.n_blocks
+    f = {"codes": {"offset": 0, "width": cw}, "scales": {"offset": cw, "width": sw}}
+    if p.mode == "asym":
+        f["zeros"] = {"offset": cw + sw, "width": 8 * p.n_blocks}
+    return f
+
+
 def input_width(p: FormatParams) -> int:
-    """Width of i.payload: N*b code bits + 8 bits per block."""
-    return p.n * p.bits + 8 * p.n_blocks
+    """Width of i.payload: N*b code bits + 8 bits per block (+ 8 per block for asym)."""
+    return sum(v["width"] for v in input_fields(p).values())
 
 
 def output_width(p: FormatParams) -> int:
@@ -74,15 +108,16 @@ class KVDecompressor(wiring.Component):
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
-        ValueError: ``latency`` out of range, or a format option the RTL does not
-            implement (``hw.epilogue.RTL_ONLY``; the message names the field).
+        ValueError: ``latency`` out of range, or a format option the read path does
+            not implement (:data:`hw.dequant.READ_SUPPORT`; the message names the field).
     """
 
     def __init__(self, params: FormatParams, latency: int = 2):
-        check_params(params)
+        check_read_params(params)
         self.params = params
         self.latency = check_latency(params, latency)
         self.table = level_table(params)
+        self.scale_fmt = scale_format(params)
         super().__init__({
             "i": In(stream.Signature(input_width(params))),
             "o": Out(stream.Signature(output_width(params))),
@@ -97,34 +132,45 @@ class KVDecompressor(wiring.Component):
         m = Module()
         p = self.params
         n, g, nb = p.n, p.block, p.n_blocks
-        cw = p.n * p.bits
         pshape = product_shape(self.table)
 
         en = Signal()
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
 
         # ---- dequant (combinational) + register -----------------------------------
+        sf = self.scale_fmt
+        fields = input_fields(p)
+        s_off = fields["scales"]["offset"]
         sigs, efs = [], []
         for k in range(nb):
-            sd = ScaleDecode()
+            sd = ScaleDecode(sf)
             m.submodules[f"scale{k}"] = sd
-            m.d.comb += sd.byte.eq(self.i.payload[cw + 8 * k: cw + 8 * k + 8])
+            m.d.comb += sd.byte.eq(self.i.payload[s_off + 8 * k: s_off + 8 * k + 8])
             sigs.append(sd.sig)
             efs.append(sd.ef)
+        zeros = [None] * nb
+        if "zeros" in fields:
+            z_off = fields["zeros"]["offset"]
+            zeros = [self.i.payload[z_off + 8 * k: z_off + 8 * k + 8] for k in range(nb)]
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
-        fields = [self.i.payload[i * p.bits:(i + 1) * p.bits] for i in range(n)]
-        prods = [dequant_lane(m, self.table, fields[i], sigs[i // g], f"dq{i}") for i in range(n)]
+        codes = [self.i.payload[i * p.bits:(i + 1) * p.bits] for i in range(n)]
+        prods, negs = [], []
+        for i in range(n):
+            pr, ng = dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}", zeros[i // g])
+            prods.append(pr)
+            negs.append(ng)
         # signed zeros of the golden float64 path: yhat_i = level * 0.0 is -0.0 for a
-        # negative level (scale byte 0x00); see hw/ifwht.py
+        # negative level (sig 0: scale byte 0x00); see hw/ifwht.py
         zneg = Signal(n, name="dq_zneg_c")
-        m.d.comb += zneg.eq(Cat(*((lv_neg(self.table, fields[i])) & (sigs[i // g] == 0)
-                                  for i in range(n))))
+        m.d.comb += zneg.eq(Cat(*(negs[i] & (sigs[i // g] == 0) for i in range(n))))
         allzero = Signal(name="dq_allzero_c")
         m.d.comb += allzero.eq(~Cat(*(pr != 0 for pr in prods)).any())
 
+        efw = sf.exp_bits
+        dw = max(1, sf.max_align.bit_length())
         p_r = Signal(data.ArrayLayout(pshape, n), name="dq_prod", reset_less=True)
-        d_r = Signal(data.ArrayLayout(5, nb), name="dq_shift", reset_less=True)
-        ef_r = Signal(5, name="dq_efmin", reset_less=True)
+        d_r = Signal(data.ArrayLayout(dw, nb), name="dq_shift", reset_less=True)
+        ef_r = Signal(efw, name="dq_efmin", reset_less=True)
         z_r = Signal(n, name="dq_zneg", reset_less=True)
         az_r = Signal(name="dq_allzero", reset_less=True)
         v_r = Signal(name="dq_valid")
@@ -134,16 +180,17 @@ class KVDecompressor(wiring.Component):
             m.d.sync += [ef_r.eq(ef_min), z_r.eq(zneg), az_r.eq(allzero), v_r.eq(self.i.valid)]
 
         # ---- inverse FWHT ------------------------------------------------------------
-        m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=6)
+        m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=efw + 1,
+                                            max_align=sf.max_align)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(v_r), fw.p.eq(p_r), fw.d.eq(d_r),
                      fw.side_i.eq(Cat(ef_r, az_r)), fw.zneg.eq(z_r)]
 
         # ---- float conversion: prep + register + pack + output register -------------
-        consts = FloatConsts(fw.out_width, p.in_format, (SCALE_EF_MIN, SCALE_EF_MAX),
-                             SCALE_EXP_OFFSET + self.table.exp_offset - p.log2n)
-        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, 5, consts)
-        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o[:5]),
-                     fp.zneg.eq(Mux(fw.side_o[5], fw.zneg_o, 0)),
+        consts = FloatConsts(fw.out_width, p.in_format, (sf.ef_min, sf.ef_max),
+                             sf.exp_offset + self.table.exp_offset - p.log2n)
+        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts)
+        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o[:efw]),
+                     fp.zneg.eq(Mux(fw.side_o[efw], fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
         mag_r = Signal.like(fp.mag, name="fp_mag", reset_less=True)
         lp_r = Signal.like(fp.lp, name="fp_lead", reset_less=True)

@@ -1,30 +1,50 @@
 """Read-path dequantization tables and the per-lane dequantizer of ``KVDecompressor``.
 
-Bit-exact with ``sim_models.quant.dequantize`` (FORMAT.md 5): the
-reconstructed FWHT output of lane i is ``yhat_i = level(code_i) * sig_k * 2^exp_k``
+Bit-exact with ``sim_models.quant.dequantize`` (version-1 quantizer) and
+``sim_models.quant_modes.dequantize`` (every mode; docs/ACCURACY.md "Exact
+integer rules", FORMAT.md 5): the reconstructed FWHT output of lane i is
+
+    yhat_i = level(c_i) * sig_k * 2^(ef_k + scale_offset + exp_offset)
+
 for lane i in block k, with the block's scale byte decoded to an integer
-significand ``sig_k`` and a power-of-two exponent ``exp_k``.
+significand ``sig_k`` and an exponent field ``ef_k`` (:class:`ScaleDecode`).
 
 The hardware never multiplies by the exponent: it keeps ``level * sig`` (a
-small signed integer) per lane and the *exponent field* ``ef_k`` per block
-(``exp_k = ef_k + SCALE_EXP_OFFSET``); :mod:`hw.ifwht` aligns blocks by
-shifting and the float packer (:mod:`hw.tofloat`) applies the exponent.
+small signed integer) per lane and the exponent field ``ef_k`` per block;
+:mod:`hw.ifwht` aligns blocks by shifting and the float packer
+(:mod:`hw.tofloat`) applies ``2^(ef_min + scale_offset + exp_offset - log2 N)``.
 
-Two tables define the format here, so another quantizer mode is a table swap,
-not a restructuring:
+Two tables define the quantizer here, so a mode is a table swap:
 
-* :class:`LevelTable`: code field (0 .. 2^b - 1, the raw b bits) -> integer
-  level. Version 1 (``midtread``) is the two's-complement value of the field
-  (``-2^(b-1) .. 2^(b-1) - 1``; the field ``-2^(b-1)`` is never written by the
-  encoder but decodes like the golden model's ``unpack_codes``). A mode with
-  half-integer levels (midrise) would use ``level = 2c + 1`` and
-  ``exp_offset = -1``; Lloyd-Max would use its integer codebook.
-* :class:`ScaleDecode`: scale byte -> (sig, exponent field). Version 1 is
-  ``ue5m3``: ``sig = m`` (e == 0) or ``8 + m``, ``ef = max(e, 1)``,
-  ``exp = ef - 10``.
+* :class:`LevelTable` (:func:`level_table`): code field f (0 .. 2^b - 1, the raw
+  b bits) -> integer level, and ``exp_offset``:
 
-Only the version-1 quantizer is implemented (``hw.epilogue.check_params``
-refuses the others, naming the field).
+  - ``midtread`` (version 1): the two's-complement value c of f
+    (``-2^(b-1) .. 2^(b-1) - 1``; the field ``-2^(b-1)`` is never written by the
+    encoder but decodes like the golden model's ``unpack_codes``), exp_offset 0.
+  - ``midrise`` (mid-rise, all 2^b levels, none at zero): ``2c + 1``,
+    exp_offset -1 (``yhat = (2c + 1) * scale / 2``).
+  - ``lloydmax``: ``+-L[m]`` with m = c (c >= 0) or -1 - c (c < 0) and the
+    integer Lloyd-Max codebook L (``sim_models.lloyd_max.LEVELS``, units 1/256),
+    exp_offset -8.
+  - ``asym``: the unsigned field f minus the block's zero point z (one byte per
+    block, 0 .. 255: ``level = f - z`` in -255 .. 2^b - 1), exp_offset 0.
+
+* :class:`ScaleFormat` / :class:`ScaleDecode`: scale byte -> (sig, ef) for every
+  encoding of ``sim_models.minifloat`` (``ue5m3``, ``e4m3fn``, ``e5m2``,
+  ``ue4m4``): with e the exponent field and m the mantissa field,
+  ``sig = m`` (e == 0, subnormal) or ``2^mant_bits + m``, ``ef = max(e, 1)``,
+  scale = ``sig * 2^(ef - bias - mant_bits)``.
+
+Bytes that the golden model refuses (``ScaleEncoding.index_of``: the sign bit of
+``e4m3fn``/``e5m2`` set, ``e5m2`` exponent field 31, ``e4m3fn`` 0x7F, and byte
+0x00 for every quantizer but the version-1 one) have no golden output; the RTL
+decodes them by the same bit-field rule (sign bit ignored), deterministically.
+
+:data:`READ_SUPPORT` lists the options the read path implements;
+:func:`check_read_params` refuses the others (ValueError naming the field).
+Decoding does not depend on ``scale_rule``, ``scale_round``, ``scale_mult`` or
+``mant_bits`` (encoder-only fields), so every value of those is accepted.
 """
 
 from __future__ import annotations
@@ -35,17 +55,131 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from sim_models.lloyd_max import LEVEL_FRAC_BITS, LEVELS
+from sim_models.minifloat import scale_encoding
 from sim_models.params import FormatParams
 
-from .epilogue import check_params
+#: FormatParams fields the read path implements only at some values: field -> allowed
+#: values. Fields not listed (n, block, bits, mant_bits, dtype, sign_seed, scale_rule,
+#: scale_round, scale_mult) are supported at every value FormatParams accepts.
+READ_SUPPORT = {
+    "mode": ("midtread", "midrise"),
+    "scale": ("ue5m3",),
+}
 
-#: Scale exponent = exponent field + SCALE_EXP_OFFSET (ue5m3: bias 7 + 3 mantissa bits).
+
+def check_read_params(p: FormatParams) -> FormatParams:
+    """Refuse format options the read path does not implement (see :data:`READ_SUPPORT`).
+
+    Raises:
+        TypeError: ``p`` is not a FormatParams.
+        ValueError: a field outside :data:`READ_SUPPORT`; the message names the field.
+    """
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
+    for field, allowed in READ_SUPPORT.items():
+        value = getattr(p, field)
+        if value not in allowed:
+            raise ValueError(f"{field}={value!r} is not implemented by the read path RTL "
+                             f"(supported: {', '.join(repr(a) for a in allowed)})")
+    return p
+
+
+# ---- scale byte ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScaleFormat:
+    """Bit layout of a scale-byte encoding (``sim_models.minifloat``).
+
+    Attributes:
+        name: ``FormatParams.scale`` value.
+        exp_bits, mant_bits, bias: minifloat layout (bit 7 is a sign bit, ignored,
+            when exp_bits + mant_bits == 7).
+    """
+
+    name: str
+    exp_bits: int
+    mant_bits: int
+    bias: int
+
+    @property
+    def sig_width(self) -> int:
+        """Bits of the significand (hidden bit included)."""
+        return self.mant_bits + 1
+
+    @property
+    def sig_max(self) -> int:
+        """Largest significand, 2^(mant_bits + 1) - 1."""
+        return (1 << self.sig_width) - 1
+
+    @property
+    def ef_min(self) -> int:
+        """Smallest exponent field after the subnormal clamp (field 0 reads as 1)."""
+        return 1
+
+    @property
+    def ef_max(self) -> int:
+        """Largest exponent field the bit layout can hold (2^exp_bits - 1)."""
+        return (1 << self.exp_bits) - 1
+
+    @property
+    def exp_offset(self) -> int:
+        """scale = sig * 2^(ef + exp_offset): -bias - mant_bits."""
+        return -self.bias - self.mant_bits
+
+    @property
+    def max_align(self) -> int:
+        """Largest block-exponent difference ef_k - ef_min."""
+        return self.ef_max - self.ef_min
+
+
+def scale_format(p: FormatParams) -> ScaleFormat:
+    """The :class:`ScaleFormat` of ``p.scale`` (layout from ``sim_models.minifloat``).
+
+    Raises:
+        ValueError: an encoding outside :data:`READ_SUPPORT` (names the field ``scale``).
+    """
+    if p.scale not in READ_SUPPORT["scale"]:
+        raise ValueError(f"scale={p.scale!r} is not implemented by the read path RTL "
+                         f"(supported: {', '.join(repr(a) for a in READ_SUPPORT['scale'])})")
+    enc = scale_encoding(p.scale)
+    return ScaleFormat(enc.name, enc.exp_bits, enc.mant_bits, enc.bias)
+
+
+#: ue5m3 constants (version 1), kept for callers of the version-1 names.
 SCALE_EXP_OFFSET = -10
-#: Exponent field range of ue5m3 (field 0, the subnormals, reads as 1).
 SCALE_EF_MIN, SCALE_EF_MAX = 1, 31
-#: Largest scale significand (ue5m3: 8 + 7).
 SCALE_SIG_MAX = 15
 
+
+class ScaleDecode(wiring.Component):
+    """Scale byte -> significand and exponent field (see module docstring). Combinational.
+
+    Args:
+        fmt: the encoding's :class:`ScaleFormat` (default ue5m3).
+
+    Ports: ``byte`` (8) in; ``sig`` (mant_bits + 1), ``ef`` (exp_bits; 1 .. ef_max) out.
+    """
+
+    def __init__(self, fmt: ScaleFormat | None = None):
+        self.fmt = fmt or ScaleFormat("ue5m3", 5, 3, 7)
+        super().__init__({
+            "byte": In(8),
+            "sig": Out(self.fmt.sig_width),
+            "ef": Out(self.fmt.exp_bits),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        f = self.fmt
+        mm = self.byte[:f.mant_bits]
+        e = self.byte[f.mant_bits:f.mant_bits + f.exp_bits]
+        m.d.comb += [self.sig.eq(Mux(e == 0, mm, Cat(mm, Const(1, 1)))),
+                     self.ef.eq(Mux(e == 0, 1, e))]
+        return m
+
+
+# ---- code -> level --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class LevelTable:
@@ -53,92 +187,111 @@ class LevelTable:
 
     Attributes:
         bits: code width b.
-        levels: ``levels[f]`` is the level of the b-bit field value f.
+        levels: ``levels[f]`` is the level of the b-bit field value f (mode asym:
+            the unsigned field, from which the block's zero point is subtracted).
         exp_offset: extra power of two, ``yhat = level * scale * 2^exp_offset``.
+        zero_point: True for mode asym (``level = levels[f] - z``, z a byte 0..255).
+        sig_max: largest scale significand of the scale encoding (for widths).
     """
 
     bits: int
     levels: tuple[int, ...]
     exp_offset: int = 0
+    zero_point: bool = False
+    sig_max: int = SCALE_SIG_MAX
 
     def __post_init__(self):
         if len(self.levels) != 1 << self.bits:
             raise ValueError(f"a {self.bits}-bit level table needs {1 << self.bits} entries")
 
+    def _tc(self, f: int) -> int:
+        b = self.bits
+        return f - (1 << b) if f >= 1 << (b - 1) else f
+
     @property
     def is_twos_complement(self) -> bool:
         """True when level(f) is the two's-complement value of f (plain sign extension)."""
-        b = self.bits
-        return all(v == (f - (1 << b) if f >= 1 << (b - 1) else f)
-                   for f, v in enumerate(self.levels))
+        return not self.zero_point and all(v == self._tc(f) for f, v in enumerate(self.levels))
+
+    @property
+    def is_odd_twos_complement(self) -> bool:
+        """True when level(f) = 2 c + 1, c the two's-complement value of f (mid-rise)."""
+        return not self.zero_point and all(v == 2 * self._tc(f) + 1
+                                           for f, v in enumerate(self.levels))
+
+    @property
+    def is_unsigned(self) -> bool:
+        """True when level(f) = f (asym before the zero point)."""
+        return all(v == f for f, v in enumerate(self.levels))
+
+    @property
+    def level_range(self) -> tuple[int, int]:
+        """(min, max) of the level, zero point included."""
+        lo, hi = min(self.levels), max(self.levels)
+        return (lo - 255, hi) if self.zero_point else (lo, hi)
 
     @property
     def shape(self) -> Shape:
-        return Shape.cast(range(min(self.levels), max(self.levels) + 1))
+        lo, hi = self.level_range
+        return Shape.cast(range(min(lo, 0), max(hi, 0) + 1))
 
 
 def level_table(p: FormatParams) -> LevelTable:
-    """The level table of ``p`` (version 1: midtread, two's-complement codes).
+    """The level table of ``p`` (module docstring), for its mode, bits and scale encoding.
 
     Raises:
-        ValueError: a quantizer the RTL does not implement (names the field).
+        TypeError: ``p`` is not a FormatParams.
+        ValueError: a mode or scale encoding the read path does not implement (names the field).
     """
-    check_params(p)
+    check_read_params(p)
     b = p.bits
-    return LevelTable(b, tuple(f - (1 << b) if f >= 1 << (b - 1) else f for f in range(1 << b)))
+    sig_max = scale_format(p).sig_max
+    tc = [f - (1 << b) if f >= 1 << (b - 1) else f for f in range(1 << b)]
+    if p.mode == "midtread":
+        return LevelTable(b, tuple(tc), 0, sig_max=sig_max)
+    if p.mode == "midrise":
+        return LevelTable(b, tuple(2 * c + 1 for c in tc), -1, sig_max=sig_max)
+    if p.mode == "lloydmax":
+        lv = LEVELS[b]
+        return LevelTable(b, tuple(lv[c] if c >= 0 else -lv[-1 - c] for c in tc),
+                          -LEVEL_FRAC_BITS, sig_max=sig_max)
+    assert p.mode == "asym", p.mode
+    return LevelTable(b, tuple(range(1 << b)), 0, zero_point=True, sig_max=sig_max)
 
 
 def product_shape(table: LevelTable) -> Shape:
-    """Signed shape of ``level * sig`` over every level and sig in 0..15."""
-    lo = min(0, min(table.levels)) * SCALE_SIG_MAX
-    hi = max(0, max(table.levels)) * SCALE_SIG_MAX
-    return Shape.cast(range(lo, hi + 1))
+    """Signed shape of ``level * sig`` over every level and sig in 0 .. table.sig_max."""
+    lo, hi = table.level_range
+    return Shape.cast(range(min(0, lo) * table.sig_max, max(0, hi) * table.sig_max + 1))
 
 
-class ScaleDecode(wiring.Component):
-    """ue5m3 scale byte -> significand (0..15) and exponent field (1..31). Combinational."""
-
-    def __init__(self):
-        super().__init__({
-            "byte": In(8),
-            "sig": Out(4),
-            "ef": Out(5),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        e, mm = self.byte[3:8], self.byte[:3]
-        m.d.comb += [self.sig.eq(Mux(e == 0, mm, Cat(mm, Const(1, 1)))),
-                     self.ef.eq(Mux(e == 0, 1, e))]
-        return m
-
-
-def level_negative(table: LevelTable, code):
-    """1-bit Value: the level of the b-bit ``code`` field is negative."""
-    neg = [f for f, v in enumerate(table.levels) if v < 0]
-    if table.is_twos_complement:
-        return code[-1]
-    if not neg:
-        return Const(0, 1)
-    return Cat(*(code == f for f in neg)).any()
-
-
-def dequant_lane(m: Module, table: LevelTable, code, sig, name: str) -> Signal:
+def dequant_lane(m: Module, table: LevelTable, code, sig, name: str, zero=None):
     """One lane, combinational: code field -> level (table) -> ``level * sig``.
 
     Args:
         m: module to add the logic to.
         table: the level table.
         code: the lane's b-bit code field (unsigned Value).
-        sig: the block's scale significand (4-bit unsigned Value).
+        sig: the block's scale significand (unsigned Value).
         name: prefix of the created signals.
+        zero: the block's zero point (8-bit unsigned Value); required when
+            ``table.zero_point``, ignored otherwise.
 
     Returns:
-        Signal of :func:`product_shape` (signed).
+        (prod, neg): ``prod`` a Signal of :func:`product_shape` (signed), ``neg``
+        a 1-bit Value, "the level is negative" (for the golden model's -0.0 when
+        sig == 0, see hw/ifwht.py).
     """
     level = Signal(table.shape, name=f"{name}_level")
-    if table.is_twos_complement:
+    if table.zero_point:
+        if zero is None:
+            raise ValueError("zero (the block's zero point) is required for a zero-point table")
+        assert table.is_unsigned
+        m.d.comb += level.eq(code - zero)
+    elif table.is_twos_complement:
         m.d.comb += level.eq(code.as_signed())
+    elif table.is_odd_twos_complement:
+        m.d.comb += level.eq(Cat(Const(1, 1), code).as_signed())
     else:
         with m.Switch(code):
             for f, v in enumerate(table.levels):
@@ -146,8 +299,9 @@ def dequant_lane(m: Module, table: LevelTable, code, sig, name: str) -> Signal:
                     m.d.comb += level.eq(v)
     prod = Signal(product_shape(table), name=f"{name}_prod")
     m.d.comb += prod.eq(level * sig)
-    return prod
+    return prod, level < 0
 
 
-__all__ = ["LevelTable", "dequant_lane", "level_negative", "ScaleDecode", "level_table", "product_shape",
+__all__ = ["LevelTable", "READ_SUPPORT", "ScaleDecode", "ScaleFormat", "check_read_params",
+           "dequant_lane", "level_table", "product_shape", "scale_format",
            "SCALE_EXP_OFFSET", "SCALE_EF_MIN", "SCALE_EF_MAX", "SCALE_SIG_MAX"]

@@ -14,11 +14,12 @@ commute, and the order here is the golden one.
 * Inner stages s < log2 G (stride < G) stay inside a block: every operand has
   the block's exponent, so they run on the narrow integers p (+1 bit per stage).
 * Alignment (only when N/G > 1): before the first outer stage every lane of
-  block k is shifted left by ``d_k = ef_k - ef_min`` (0 .. 30, exact), so all
+  block k is shifted left by ``d_k = ef_k - ef_min`` (0 .. ``max_align``, the
+  exponent-field span of the scale encoding: 30 for ue5m3; exact), so all
   lanes share the unit 2^(ef_min + c).
 * Outer stages s >= log2 G combine blocks on the aligned, wider integers
-  (+1 bit per stage). Width of S: ``w_p + log2 N + 30`` at most (46 bits for
-  b = 4, N = 256), exact for every input.
+  (+1 bit per stage). Width of S: ``w_p + log2 N + max_align`` at most (46 bits
+  for b = 4, N = 256, midtread/ue5m3), exact for every input.
 
 Register placement (``latency`` = L in [0, log2 N]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1),
@@ -46,7 +47,8 @@ from amaranth.lib.wiring import In, Out
 
 from .fwht import register_positions
 
-#: Largest block-exponent difference (ue5m3 exponent fields 1 .. 31).
+#: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
+#: default of ``max_align``.
 MAX_ALIGN = 30
 
 
@@ -60,9 +62,9 @@ def steps_of(n: int, block: int) -> list[tuple[str, int]]:
     return steps
 
 
-def out_width(n: int, block: int, in_width: int) -> int:
+def out_width(n: int, block: int, in_width: int, max_align: int = MAX_ALIGN) -> int:
     """Signed width of the output lanes."""
-    return in_width + (n.bit_length() - 1) + (MAX_ALIGN if n > block else 0)
+    return in_width + (n.bit_length() - 1) + (max_align if n > block else 0)
 
 
 class BlockFWHT(wiring.Component):
@@ -73,13 +75,15 @@ class BlockFWHT(wiring.Component):
         in_shape: signed shape of the input integers p.
         latency: pipeline registers L in [0, log2 N].
         side_width: width of the side band delayed alongside the data.
+        max_align: largest shift amount d (default :data:`MAX_ALIGN`, ue5m3).
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
-    5 bits, each <= 30), ``side_i`` in; ``o_valid``, ``y`` (N lanes,
-    :func:`out_width` bits), ``side_o`` out.
+    ``max_align.bit_length()`` bits, each <= max_align), ``side_i`` in;
+    ``o_valid``, ``y`` (N lanes, :func:`out_width` bits), ``side_o`` out.
     """
 
-    def __init__(self, n: int, block: int, in_shape, latency: int, side_width: int = 0):
+    def __init__(self, n: int, block: int, in_shape, latency: int, side_width: int = 0,
+                 max_align: int = MAX_ALIGN):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
         self.n, self.block = n, block
@@ -90,12 +94,16 @@ class BlockFWHT(wiring.Component):
         if latency > n.bit_length() - 1:
             raise ValueError(f"latency must be in [0, log2(N)={n.bit_length() - 1}], got {latency}")
         self.latency = latency
-        self.out_width = out_width(n, block, self.in_shape.width)
+        if not isinstance(max_align, int) or max_align < 0:
+            raise ValueError(f"max_align must be a non-negative int, got {max_align!r}")
+        self.max_align = max_align
+        self.d_width = max(1, max_align.bit_length())
+        self.out_width = out_width(n, block, self.in_shape.width, max_align)
         super().__init__({
             "en": In(1),
             "i_valid": In(1),
             "p": In(data.ArrayLayout(self.in_shape, n)),
-            "d": In(data.ArrayLayout(5, self.n_blocks)),
+            "d": In(data.ArrayLayout(self.d_width, self.n_blocks)),
             "side_i": In(side_width),
             "zneg": In(n),
             "o_valid": Out(1),
@@ -114,10 +122,10 @@ class BlockFWHT(wiring.Component):
         zn = [self.zneg[i] for i in range(n)]
         for idx, (kind, s) in enumerate(self.steps):
             if kind == "align":
-                width += MAX_ALIGN
+                width += self.max_align
                 nxt = [Signal(signed(width), name=f"al_{i}") for i in range(n)]
                 for i in range(n):
-                    # exact: d <= 30, so the shifted value fits; the shifter's top bits are 0
+                    # exact: d <= max_align, so the shifted value fits
                     m.d.comb += nxt[i].eq(lanes[i] << d[i // g])
             else:
                 width += 1
@@ -142,7 +150,7 @@ class BlockFWHT(wiring.Component):
                 zn = [rz[i] for i in range(n)]
                 if any(k == "align" for k, _ in self.steps[idx + 1:]):
                     # the shift amounts are still needed: they ride along to the alignment
-                    rd = [Signal(5, name=f"r{idx}_d{k}", reset_less=True)
+                    rd = [Signal(self.d_width, name=f"r{idx}_d{k}", reset_less=True)
                           for k in range(self.n_blocks)]
                     with m.If(self.en):
                         m.d.sync += [a.eq(b) for a, b in zip(rd, d)]

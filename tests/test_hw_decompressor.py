@@ -30,9 +30,10 @@ from amaranth.hdl import Module, UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
+from hw.decompressor import input_fields, input_width
 from hw.dec_stimulus import (adversarial_planes, encoded_planes, expected_outputs, int_to_lanes,
-                             pack_planes, random_planes, tie_lanes)
-from hw.dequant import level_table
+                             pack_planes, random_planes, scale_bytes, tie_lanes)
+from hw.dequant import READ_SUPPORT, level_table
 from hw.ifwht import MAX_ALIGN, out_width
 from hw.tofloat import FloatConsts, FloatPack, FloatPrep
 from sim_models.codec import decode_float, round_to_input_type
@@ -44,31 +45,40 @@ FULL = os.environ.get("HW_FULL", "") not in ("", "0")
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
+def _three(p: FormatParams, t):
+    """A plane set as (codes, scales, zeros); zeros all 0 (unused) except for asym."""
+    if len(t) == 3:
+        return t
+    return t[0], t[1], np.zeros_like(t[1])
+
+
 def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
-    """Round-trip encodings + random planes + (every adv_stride-th) adversarial planes."""
+    """Round-trip encodings + random planes + (every adv_stride-th) adversarial planes,
+    as (codes, scales, zeros)."""
     rt_bits = np.concatenate([adversarial_vectors(p.n, seed)[::adv_stride],
                               random_vectors(p.n, n_random, seed)])
     if p.dtype == "bf16":
         from verif.vectors import fp16_to_bf16
         rt_bits = fp16_to_bf16(rt_bits)
-    sets = [encoded_planes(rt_bits, p), random_planes(p, n_random, seed)]
-    ac, as_ = adversarial_planes(p, seed)
-    sets.append((ac[::adv_stride], as_[::adv_stride]))
-    return (np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
+    sets = [_three(p, encoded_planes(rt_bits, p)), _three(p, random_planes(p, n_random, seed))]
+    sets.append(tuple(a[::adv_stride] for a in _three(p, adversarial_planes(p, seed))))
+    return tuple(np.concatenate([s[j] for s in sets]) for j in range(3))
 
 
-def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray, seed: int = 1,
+def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray,
+            zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12):
     """Stream the planes through the DUT; returns (expected, got, stats)."""
-    ins = pack_planes(codes, scales, p)
-    exp = expected_outputs(codes, scales, p)
+    ins = pack_planes(codes, scales, p, zeros)
+    exp = expected_outputs(codes, scales, p, zeros)
     dut = KVDecompressor(p, latency)
     lat = dut.latency_cycles
     assert lat == latency + 3
     rnd = random.Random(seed)
     got, in_cyc, out_cyc = [], [], []
     stats = {"stall_cycles": 0}
-    win = len(ins[0].to_bytes((p.n * p.bits + 8 * p.n_blocks) // 8, "little")) * 8
+    win = input_width(p)
+    assert len(dut.i.payload) == win
 
     async def tb(ctx):
         idx, cyc, held = 0, 0, None
@@ -112,8 +122,8 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
     return exp, got, stats
 
 
-def check(p: FormatParams, latency: int, codes, scales, seed: int = 1, **kw):
-    exp, got, stats = run_dut(p, latency, codes, scales, seed, **kw)
+def check(p: FormatParams, latency: int, codes, scales, zeros=None, seed: int = 1, **kw):
+    exp, got, stats = run_dut(p, latency, codes, scales, zeros, seed, **kw)
     assert len(got) == len(exp)
     bad = [i for i, (g, e) in enumerate(zip(got, exp)) if g != e]
     if bad:
@@ -146,29 +156,65 @@ QUICK = [
 @pytest.mark.parametrize("n,block,bits,latency,n_random,stride", QUICK)
 def test_configs(n, block, bits, latency, n_random, stride):
     p = FormatParams(n=n, block=block, bits=bits, sign_seed=n + bits)
-    codes, scales = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
-                               seed=n + bits + latency)
-    check(p, latency, codes, scales, seed=n + bits + latency)
+    codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
+                                      seed=n + bits + latency)
+    check(p, latency, codes, scales, zeros, seed=n + bits + latency)
 
 
 def test_default_config():
     """N=128, G=64, b=3, seed 0, latency 2: round trip of the shared sets, random
     planes and the adversarial planes (all of them with HW_FULL=1)."""
     p = FormatParams()
-    codes, scales = planes_for(p, 200 if FULL else 8, 1 if FULL else 6, seed=0)
-    check(p, 2, codes, scales)
+    check(p, 2, *planes_for(p, 200 if FULL else 8, 1 if FULL else 6, seed=0))
 
 
 def test_bf16():
     p = FormatParams(n=64, block=32, bits=3, dtype="bf16", sign_seed=5)
-    codes, scales = planes_for(p, 10, 8, seed=2)
-    check(p, 2, codes, scales)
+    check(p, 2, *planes_for(p, 10, 8, seed=2))
 
 
 def test_no_sign_flip():
     p = FormatParams(n=64, block=16, bits=2, sign_seed=None)
-    codes, scales = planes_for(p, 10, 8, seed=3)
-    check(p, 1, codes, scales)
+    check(p, 1, *planes_for(p, 10, 8, seed=3))
+
+
+#: (mode, scale, n, block, bits, dtype, latency, extra FormatParams fields) of the quantizer
+#: modes and scale encodings; decode does not depend on scale_rule / scale_round /
+#: scale_mult, which vary here to show it (the golden decode runs through
+#: sim_models.quant_modes for all of these).
+MODE_QUICK = [
+    ("midrise", "ue5m3", 64, 64, 2, "fp16", 1, {}),
+    ("midrise", "ue5m3", 64, 32, 3, "bf16", 2, {"scale_round": "nearest"}),
+    ("midrise", "ue5m3", 64, 16, 4, "fp16", 0, {"scale_round": "nearest"}),
+    ("midrise", "ue5m3", 64, 8, 2, "bf16", 4, {"scale_rule": "rms"}),
+    ("midrise", "ue5m3", 128, 32, 4, "bf16", 3, {}),
+    ("midrise", "ue5m3", 128, 64, 2, "fp16", 7, {"scale_round": "nearest", "sign_seed": None}),
+    ("midtread", "ue5m3", 64, 32, 3, "fp16", 2, {"scale_round": "nearest", "scale_mult": 300}),
+]
+
+
+def _mode_cases():
+    return [pytest.param(*c, id=f"{c[0]}-{c[1]}-n{c[2]}-g{c[3]}-b{c[4]}-{c[5]}-l{c[6]}")
+            for c in MODE_QUICK if c[0] in READ_SUPPORT["mode"] and c[1] in READ_SUPPORT["scale"]]
+
+
+@pytest.mark.parametrize("mode,scale,n,block,bits,dtype,latency,extra", _mode_cases())
+def test_modes(mode, scale, n, block, bits, dtype, latency, extra):
+    """Quantizer modes / scale encodings vs sim_models.codec.decode: round trip of
+    the shared sets, random planes (valid scale bytes of the encoding) and the
+    adversarial planes (every one with HW_FULL=1)."""
+    p = FormatParams(n=n, block=block, bits=bits, mode=mode, scale=scale, dtype=dtype,
+                     **{"sign_seed": n + bits, **extra})
+    seed = n + bits + latency + 7 * len(mode)
+    check(p, latency, *planes_for(p, 100 if FULL else 8, 1 if FULL else (4 if n <= 64 else 8),
+                                  seed), seed=seed)
+
+
+def test_v2_default_config():
+    """The version-2 default of the format study (midrise, scale rounded to nearest,
+    ue5m3) at N=128, G=64, b=3, latency 2."""
+    p = FormatParams(mode="midrise", scale_round="nearest")
+    check(p, 2, *planes_for(p, 200 if FULL else 8, 1 if FULL else 6, seed=5))
 
 
 def _full_cases():
@@ -185,27 +231,33 @@ def _full_cases():
 @pytest.mark.parametrize("n,block,bits,latency", _full_cases())
 def test_full_cross_product(n, block, bits, latency):
     p = FormatParams(n=n, block=block, bits=bits)
-    codes, scales = planes_for(p, 100 if n <= 128 else 30, 1, seed=3 * n + bits + latency)
-    check(p, latency, codes, scales, seed=latency)
+    check(p, latency, *planes_for(p, 100 if n <= 128 else 30, 1, seed=3 * n + bits + latency),
+          seed=latency)
 
 
-def test_adversarial_coverage():
+@pytest.mark.parametrize("mode", ["midtread", "midrise", "lloydmax", "asym"])
+def test_adversarial_coverage(mode):
     """The adversarial planes reach what they claim (per golden decode): saturation,
-    subnormal outputs, -0.0 before D (scale 0x00), the full 30-binade alignment,
-    and exact rounding ties to both even and odd neighbours."""
+    subnormal outputs, the full alignment span of the encoding, exact rounding ties
+    to both even and odd neighbours, and (version-1 quantizer, scale 0x00) -0.0
+    before D."""
     for n, b in ((64, 2), (128, 3), (256, 4)):
-        p = FormatParams(n=n, block=64, bits=b)
-        codes, scales = adversarial_planes(p, 1)
-        out = round_to_input_type(decode_float(codes, scales, p), p)
+        p = FormatParams(n=n, block=64, bits=b, mode=mode)
+        codes, scales, zeros = _three(p, adversarial_planes(p, 1))
+        out = round_to_input_type(decode_float(codes, scales, p,
+                                               zeros if mode == "asym" else None), p)
         mask = sign_mask(n, p.sign_seed)
         assert ((out & 0x7FFF) == 0x7BFF).any()
         assert (((out & 0x7C00) == 0) & ((out & 0x3FF) != 0)).any()
-        assert (((out == 0x8000) & (mask == 0)) | ((out == 0) & (mask == 1))).any()
+        if p.is_default_quantizer:
+            assert (((out == 0x8000) & (mask == 0)) | ((out == 0) & (mask == 1))).any()
+        sb = scale_bytes(p)
         if p.n_blocks > 1:
-            assert ((scales.min(axis=1) <= 1) & (scales.max(axis=1) == 0xFF)).any()
-        tie, odd = tie_lanes(codes, scales, p)
-        if p.n_blocks == 1 and b == 2:
-            continue                      # |S| < 2^11: no fp16 tie exists
+            assert ((scales.min(axis=1) <= max(1, sb[0])) & (scales.max(axis=1) == sb[-1])).any()
+        assert set(np.unique(scales)) <= set(sb.tolist())
+        tie, odd = tie_lanes(codes, scales, p, zeros)
+        if p.n_blocks == 1 and b == 2 and mode in ("midtread", "midrise"):
+            continue                      # |S| < 2^11 or S even: no fp16 tie exists
         assert (tie & odd).sum() >= 5 and (tie & ~odd).sum() >= 5, (tie & odd).sum()
 
 
@@ -279,6 +331,33 @@ def test_tofloat_unit(dtype, w, log2n):
     assert not fails, fails
 
 
+@pytest.mark.parametrize("w", [1, 2, 3, 5, 8, 9, 13])
+def test_leading_one_exhaustive(w):
+    """hw.tofloat.leading_one (log-depth tree): position of the highest set bit and
+    the any bit, for every value of a w-bit input (widths around powers of two)."""
+    from amaranth.hdl import Signal
+    from hw.tofloat import leading_one
+    m = Module()
+    a = Signal(w)
+    pos, any_ = leading_one(m, a, "t")
+    assert len(pos) == max(1, (w - 1).bit_length())
+    ps, an = Signal(len(pos)), Signal()
+    m.d.comb += [ps.eq(pos), an.eq(any_)]
+    bad = []
+
+    async def tb(ctx):
+        for v in range(1 << w):
+            ctx.set(a, v)
+            await ctx.delay(1e-9)
+            if ctx.get(ps) != max(v.bit_length() - 1, 0) or ctx.get(an) != (v != 0):
+                bad.append(v)
+
+    sim = Simulator(m)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not bad, bad[:5]
+
+
 # ---- structure and error paths ------------------------------------------------------------
 
 def test_widths():
@@ -308,17 +387,44 @@ def test_bad_params_type():
         KVDecompressor({"n": 128}, 2)
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"mode": "midrise"}, "mode"), ({"mode": "asym"}, "mode"), ({"mode": "lloydmax"}, "mode"),
-    ({"scale": "e4m3fn"}, "scale"), ({"scale": "ue4m4"}, "scale"),
-    ({"scale_rule": "rms"}, "scale_rule"), ({"scale_round": "nearest"}, "scale_round"),
-    ({"scale_mult": 300}, "scale_mult"),
-])
-def test_unsupported_format_options(kw, field):
-    """Format-study quantizers of the golden model are refused, naming the field."""
-    p = FormatParams(**kw)
-    with pytest.raises(ValueError, match=field):
-        KVDecompressor(p, 2)
+def _option_cases():
+    from sim_models.params import QUANT_MODES, SCALE_ENCODINGS
+    return [("mode", v) for v in QUANT_MODES] + [("scale", v) for v in SCALE_ENCODINGS]
+
+
+@pytest.mark.parametrize("field,value", _option_cases())
+def test_format_options(field, value):
+    """Every mode / scale encoding of the golden model is either built (in
+    READ_SUPPORT) or refused with a ValueError naming the field."""
+    p = FormatParams(**{field: value})
+    if value in READ_SUPPORT[field]:
+        dut = KVDecompressor(p, 2)
+        assert len(dut.i.payload) == input_width(p)
+    else:
+        with pytest.raises(ValueError, match=field):
+            KVDecompressor(p, 2)
+        with pytest.raises(ValueError, match=field):
+            level_table(p)
+
+
+@pytest.mark.parametrize("field,value,narrow", [("mode", "midrise", ("midtread",)),
+                                                 ("scale", "ue5m3", ("e4m3fn",))])
+def test_refusal_names_field(monkeypatch, field, value, narrow):
+    """The refusal path itself: with READ_SUPPORT narrowed, the option is refused."""
+    monkeypatch.setitem(READ_SUPPORT, field, narrow)
+    with pytest.raises(ValueError, match=f"{field}="):
+        KVDecompressor(FormatParams(**{field: value}), 2)
+
+
+@pytest.mark.parametrize("kw", [{"scale_rule": "rms"}, {"scale_rule": "absmean"},
+                                {"scale_round": "nearest"}, {"scale_mult": 300},
+                                {"mant_bits": 8}])
+def test_decode_independent_options(kw):
+    """Encoder-only fields do not change the read path: same netlist inputs/outputs."""
+    a = KVDecompressor(FormatParams(n=16, block=8, **kw), 1)
+    b = KVDecompressor(FormatParams(n=16, block=8), 1)
+    assert a.table == b.table and a.scale_fmt == b.scale_fmt
+    assert len(a.i.payload) == len(b.i.payload)
 
 
 def test_latency_property():
@@ -403,6 +509,6 @@ def test_rtl_gen_cli_modules(tmp_path, capsys):
         assert json.loads((tmp_path / "b" / f"{name}.manifest.json").read_text()) \
             == both["modules"][name]
     with pytest.raises(SystemExit):
-        cli_main(args + ["--module", "decompressor", "--mode", "midrise", "--out",
-                         str(tmp_path / "x")])
-    assert "mode" in capsys.readouterr().err
+        cli_main(["--n", "16", "--block", "32", "--module", "decompressor", "--out",
+                  str(tmp_path / "x")])
+    assert "block" in capsys.readouterr().err
