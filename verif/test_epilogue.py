@@ -1,8 +1,9 @@
-"""pytest entry points: the kv_epilogue RTL in Verilator + cocotb vs the golden model.
+"""pytest entry points: kv_epilogue in Verilator + cocotb vs the golden model, and the
+testbench's own parts (harness, config names, port words, status checker, faults).
 
-Each configuration is generated with ``rtl_gen.generate`` into build/rtl/<config>/
-and built once (cached in build/sim/<config>/); the cocotb testbench
-verif/tb_epilogue.py then runs on it. Settings come from environment variables:
+Each configuration is generated and built once (cached in build/sim/<config>/,
+verif/dut.py); the cocotb testbench verif/tb_epilogue.py runs on it. Settings
+come from environment variables:
 
     KV_CONFIGS   comma-separated configs (default n128_g64_b3_l2,n64_g64_b3_l2)
     KV_VECTORS   random vectors per config (default 1000)
@@ -10,6 +11,7 @@ verif/tb_epilogue.py then runs on it. Settings come from environment variables:
     KV_STALL_P   P(o__ready low) per cycle (default 0.3)
     KV_GAP_P     P(i__valid gap) per cycle (default 0.2)
     KV_SEED      seed (default 1)
+    KV_WAVES     0: no FST rerun of failing tests
 
 The full regression with summary table is ``python -m verif.sim``.
 """
@@ -22,8 +24,11 @@ import numpy as np
 import pytest
 
 from sim_models import FormatParams
-from verif.dut import SimConfig, build, generate, run
-from verif.vectors import FIXTURE, expected_golden, input_words, real_vectors
+from verif.dut import (BUILD, SimConfig, harness_layout, harness_verilog, module_ports,
+                       prepare, public_vlt, run)
+from verif.stream import StatusChecker, inject_faults
+from verif.vectors import (FIXTURE, expected_golden, input_binstr, input_words, ints_to_binstr,
+                           real_vectors, rows_to_binstr)
 
 CONFIGS = [c for c in os.environ.get("KV_CONFIGS", "n128_g64_b3_l2,n64_g64_b3_l2").split(",") if c]
 N_RANDOM = int(os.environ.get("KV_VECTORS", "1000"))
@@ -32,10 +37,12 @@ N_REAL = None if _real == "all" else int(_real)
 STALL_P = float(os.environ.get("KV_STALL_P", "0.3"))
 GAP_P = float(os.environ.get("KV_GAP_P", "0.2"))
 SEED = int(os.environ.get("KV_SEED", "1"))
+#: The smallest configuration: the deliberate-failure / waveform test.
+TINY = "n8_g8_b2_l1"
+
 
 def _job(sets, **kw) -> dict:
-    job = {"seed": SEED, "sets": sets, "gap_p": GAP_P, "stall_p": STALL_P,
-           "reset_vectors": 1000}
+    job = {"seed": SEED, "sets": sets, "gap_p": GAP_P, "stall_p": STALL_P, "reset_vectors": 1000}
     job.update(kw)
     return job
 
@@ -46,19 +53,16 @@ def _failures(res: dict) -> str:
            for ph in bad]
     if res["tests"]["failed"] and not bad:
         msg.append(f"{res['tests']['failed']} cocotb test(s) failed, see {res['log']}")
-    return "\n".join(msg)
+    return "\n".join(msg + [f"waveform: {w}" for w in res.get("waves", [])])
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
 def dut_build(request):
-    """(config, build dir, manifest) of one configuration, built once per session."""
-    cfg = SimConfig.parse(request.param)
-    v, man = generate(cfg)
-    bdir, _ = build(cfg, v)
-    return cfg, bdir, man
+    """(config, files, build dir, manifest) of one configuration, built once."""
+    return prepare(request.param)
 
 
-# --- testbench helpers without a simulator -------------------------------------
+# --- testbench parts without a simulator ----------------------------------------
 
 def test_input_word_layout():
     bits = np.arange(2 * 8, dtype=np.uint16).reshape(2, 8) * 0x1111
@@ -66,6 +70,12 @@ def test_input_word_layout():
     for v in range(2):
         for k in range(8):
             assert (w[v] >> (16 * k)) & 0xFFFF == bits[v, k]
+    rnd = np.random.default_rng(0).integers(0, 1 << 16, size=(5, 64), dtype=np.uint16)
+    assert input_binstr(rnd) == ints_to_binstr(input_words(rnd), 1024)
+    rows = np.array([[0x01, 0x80], [0xFF, 0x00]], dtype=np.uint8)
+    assert rows_to_binstr(rows, 12) == ["000000000001", "000011111111"]
+    with pytest.raises(ValueError):
+        rows_to_binstr(rows, 17)
 
 
 def test_expected_word_layout():
@@ -101,22 +111,121 @@ def test_real_vectors_layout(tmp_path):
         real_vectors(256, path)
 
 
+def test_config_names():
+    c = SimConfig.parse("n64_g32_b4_l0_bf16")
+    assert (c.n, c.block, c.bits, c.latency, c.dtype) == (64, 32, 4, 0, "bf16")
+    assert c.name == "n64_g32_b4_l0_bf16" and SimConfig.parse("n128").name == "n128_g64_b3_l2"
+    m = SimConfig.parse("rt_n128_midrise_nearest")
+    assert m.roundtrip and m.top == "kv_roundtrip" and m.test_module == "verif.tb_roundtrip"
+    assert (m.params.mode, m.params.scale_round) == ("midrise", "nearest")
+    assert m.name == "rt_n128_g64_b3_l2_midrise_nearest"
+    for name in ("n128_g64_b3_l2_scalemult-300", "n8_g8_b2_l0_signseed-none",
+                 "n128_g64_b3_l2_e4m3fn_rms", m.name):
+        assert SimConfig.parse(name).name == name
+    p = FormatParams(n=64, block=32, mode="midrise", scale="e5m2")
+    assert SimConfig.parse(SimConfig.from_params(p, 3).name).params == p
+    with pytest.raises(ValueError, match="latency"):
+        SimConfig.parse("n64_l7")
+    with pytest.raises(ValueError, match="mode"):
+        SimConfig.parse("n64_mode-sideways")
+    with pytest.raises(ValueError, match="bad config part"):
+        SimConfig.parse("n64_x3")
+
+
+def test_sim_config_lists():
+    from verif import sim
+    names = sim.config_names(None, False) + sim.config_names("all", False)
+    for name in names + sim.config_names(None, True):
+        SimConfig.parse(name)
+    lat = {(c.n, c.latency) for c in map(SimConfig.parse, sim.config_names(None, False))
+           if not c.roundtrip}
+    assert {n for n, _ in lat} == {64, 128, 256}
+    assert {1, 2} <= {l for _, l in lat} and any(l == int(np.log2(n)) for n, l in lat)
+    from hw.epilogue import EPILOGUE_SUPPORT
+    for f in sim.MODE_FIELDS:       # every value the RTL implements has a config
+        for v in EPILOGUE_SUPPORT.get(f, ()):
+            assert any(getattr(SimConfig.parse(n).params, f) == v for n in names), (f, v)
+
+
+def test_harness_verilog():
+    ports = {"clk": ("input", 1), "rst": ("input", 1), "i__valid": ("input", 1),
+             "i__ready": ("output", 1), "i__payload": ("input", 32), "o__valid": ("output", 1),
+             "o__ready": ("input", 1), "o__payload": ("output", 11), "status": ("output", 3),
+             "status_clear": ("input", 1)}
+    watch = {"status": ("status", 3), "o_flags": ("o__payload[10:8]", 3)}
+    v = harness_verilog("dut_top", ports, watch)
+    lay = harness_layout(ports, watch)
+    assert lay["t_ctl"] == {"rst": 0, "i__valid": 1, "o__ready": 2, "status_clear": 3}
+    assert lay["m_ctl"] == {"o_fire": (0, 1), "o_valid": (1, 1), "i_fire": (2, 1),
+                            "status": (3, 3), "o_flags": (6, 3)}
+    assert "m_ctl <= {o__payload[10:8], status, r_i__valid & i__ready, o__valid, " \
+           "o__valid & r_o__ready};" in v
+    assert "always @(negedge clk)" in v and ".i__payload(r_i__payload)" in v
+    hp = module_ports(v, "kvtb")
+    assert hp["t_i__payload"] == ("input", 32) and hp["m_o__payload"] == ("output", 11)
+    vlt = public_vlt(v)
+    assert 'public_flat_rw -module "kvtb" -var "t_ctl"' in vlt
+    assert 'public_flat_rd -module "kvtb" -var "m_ctl"' in vlt and '"*"' not in vlt
+
+
+def test_status_checker_replay():
+    """A flag that shows up in status two cycles late is a violation; one cycle is allowed."""
+    m_fields = {"status": (3, 3), "o_flags": (6, 3)}
+    t_bits = {"rst": 0, "status_clear": 3}
+
+    def hist(delay):
+        h = []
+        for c in range(12):
+            m = 0
+            if c == 3:
+                m |= 1 | 2 | (4 << 6)          # transfer of a word with flag 4
+            if c >= 4 + delay:
+                m |= 4 << 3                    # status shows flag 4
+            h.append(m)
+        return h
+    for delay, bad in ((0, 0), (1, 0), (2, 1)):
+        errs = []
+        st = StatusChecker(errs)
+        st.replay(hist(delay), -1, m_fields, t_bits)
+        assert (st.violations > 0) == bool(bad), (delay, errs)
+    errs = []
+    st = StatusChecker(errs)
+    h = hist(0)
+    h[8] |= 1 << (32 + 3)                      # clear at cycle 8, status stays: violation
+    st.replay(h, -1, m_fields, t_bits)
+    assert st.violations and "status 100" in errs[0]
+
+
+def test_inject_faults():
+    exp = ["0000", "1111", "0101", "0011", "1100", "1010", "0110"]
+    out, n = inject_faults(exp, 2, 4)
+    assert n == 2 and [i for i in range(7) if out[i] != exp[i]] == [3, 5]
+    assert sum(a != b for a, b in zip(out[3], exp[3])) == 1
+
+
+def test_sim_cli_rejects_bad_config(capsys):
+    from verif.sim import main
+    assert main(["--configs", "n100_g64_b3_l2"]) == 2
+    assert "n (N) must be a power of two" in capsys.readouterr().err
+    assert main(["--configs", ","]) == 2
+
+
 # --- RTL ------------------------------------------------------------------------
 
 def test_latency_throughput(dut_build):
     """Measured latency == manifest latency_cycles; 1 vector/cycle at full load."""
-    cfg, bdir, man = dut_build
-    res = run(cfg, bdir, man, _job([]), tag="pytest_lat",
+    cfg, files, bdir, man = dut_build
+    res = run(cfg, files, bdir, man, _job([]), tag="pytest_lat",
               testcase=["test_latency", "test_throughput"])
     assert res["tests"]["failed"] == 0 and len(res["phases"]) == 2, _failures(res)
     lat = {ph["set"]: ph for ph in res["phases"]}
-    assert lat["latency"]["latency_min"] == man["latency_cycles"]
+    assert lat["latency"]["latency_min"] == man["latency_cycles"] == lat["latency"]["latency_max"]
     assert lat["throughput"]["span_cycles_per_vector"] == 1.0
 
 
 def test_vectors_with_stalls(dut_build):
     """Random + adversarial (+ real) vectors, random stalls: every word bit-exact, in order."""
-    cfg, bdir, man = dut_build
+    cfg, files, bdir, man = dut_build
     sets = [{"name": "random", "count": N_RANDOM, "seed": SEED},
             {"name": "adversarial", "count": None, "seed": SEED}]
     fixture = None
@@ -125,39 +234,47 @@ def test_vectors_with_stalls(dut_build):
             pytest.fail(f"real fixture {FIXTURE} missing")
         sets.append({"name": "real", "count": N_REAL})
         fixture = str(FIXTURE)
-    res = run(cfg, bdir, man, _job(sets, fixture=fixture), tag="pytest_stream",
+    res = run(cfg, files, bdir, man, _job(sets, fixture=fixture), tag="pytest_stream",
               testcase="test_stream")
     assert res["tests"]["failed"] == 0 and len(res["phases"]) == len(sets), _failures(res)
     assert sum(ph["mismatches"] for ph in res["phases"]) == 0
+    assert sum(ph["outputs"] for ph in res["phases"]) == sum(ph["vectors"] for ph in res["phases"])
 
 
 def test_reset_and_status(dut_build):
     """Mid-stream resets; sticky status and status_clear."""
-    cfg, bdir, man = dut_build
-    res = run(cfg, bdir, man, _job([]), tag="pytest_reset",
+    cfg, files, bdir, man = dut_build
+    res = run(cfg, files, bdir, man, _job([]), tag="pytest_reset",
               testcase=["test_reset_midstream", "test_status_clear"])
     assert res["tests"]["failed"] == 0 and len(res["phases"]) == 2, _failures(res)
+    by = {ph["set"]: ph for ph in res["phases"]}
+    assert by["reset_midstream"]["resets"] > 0 and by["status_clear"]["status_violations"] == 0
 
 
 def test_scoreboard_catches_faults(dut_build):
     """Self-check of the testbench: expected words with injected bit flips must be
     reported as exactly those mismatches (and nothing else)."""
-    cfg, bdir, man = dut_build
-    res = run(cfg, bdir, man, _job([{"name": "random", "count": 300, "seed": SEED}]),
-              tag="pytest_fault", testcase="test_stream", model="golden_faulty")
+    cfg, files, bdir, man = dut_build
+    res = run(cfg, files, bdir, man,
+              _job([{"name": "random", "count": 300, "seed": SEED}], fault_every=37),
+              tag="pytest_fault", testcase="test_stream", waves=False)
     ph = res["phases"][0]
     assert not ph["ok"] and res["tests"]["failed"] == 1
-    assert ph["mismatches"] == ph["injected_faults"] > 0, ph["errors"][:3]
+    assert ph["mismatches"] == ph["injected_faults"] == len(range(3, 300, 37))
     assert ph["outputs"] == ph["vectors"] and ph["lost"] == 0
 
 
-def test_sim_cli_rejects_bad_config(capsys):
-    from verif.sim import main
-    assert main(["--configs", "n100_g64_b3_l2"]) == 2
-    assert "n (N) must be a power of two" in capsys.readouterr().err
-
-
-def test_config_names():
-    c = SimConfig.parse("n64_g32_b4_l0_bf16")
-    assert (c.n, c.block, c.bits, c.latency, c.dtype) == (64, 32, 4, 0, "bf16")
-    assert c.name == "n64_g32_b4_l0_bf16" and SimConfig.parse("n128").name == "n128_g64_b3_l2"
+def test_failure_keeps_waveform():
+    """A deliberately failing run (one expected word corrupted) is reported as that one
+    mismatch AND leaves an FST of the rerun under build/waves/ (the test itself passes)."""
+    cfg, files, bdir, man = prepare(TINY)
+    res = run(cfg, files, bdir, man,
+              _job([{"name": "random", "count": 40, "seed": SEED}], fault_every=1000),
+              tag="pytest_waves", testcase="test_stream", waves=True)
+    ph = res["phases"][0]
+    assert res["tests"]["failed"] == 1 and ph["mismatches"] == ph["injected_faults"] == 1
+    assert "vector 3:" in ph["errors"][0], ph["errors"]
+    fst = BUILD / "waves" / cfg.name / "pytest_waves" / "test_stream.fst"
+    assert res["waves"] == [str(fst)], res["waves"]
+    data = fst.read_bytes()
+    assert len(data) > 1000 and data[0] == 0   # FST: starts with a header block (type 0)

@@ -1,7 +1,7 @@
 """pytest entry points: kv_epilogue -> kv_decompressor round trip (Verilator + cocotb).
 
-Builds ``rt_<config>`` (verif/roundtrip.py; cached in build/sim/rt_<config>/) and
-runs verif/tb_roundtrip.py on it. Settings from the environment:
+Builds ``rt_<config>`` (verif/dut.py; cached in build/sim/rt_<config>/) and runs
+verif/tb_roundtrip.py on it. Settings from the environment:
 
     KV_RT_CONFIGS  comma-separated round-trip configs (default rt_n64_g32_b3_l2)
     KV_VECTORS     random vectors per set (default 300)
@@ -16,38 +16,31 @@ import os
 
 import pytest
 
-from verif import roundtrip
+from verif.dut import SimConfig, module_ports, prepare, roundtrip_verilog, run
 
 CONFIGS = [c for c in os.environ.get("KV_RT_CONFIGS", "rt_n64_g32_b3_l2").split(",") if c]
 N_RANDOM = int(os.environ.get("KV_VECTORS", "300"))
 SEED = int(os.environ.get("KV_SEED", "1"))
 
 
-def test_config_names():
-    assert roundtrip.is_rt("rt_n128_g64_b3_l2") and not roundtrip.is_rt("n128_g64_b3_l2")
-    cfg = roundtrip.parse("rt_n256_g64_b4_l1_bf16")
-    assert (cfg.n, cfg.block, cfg.bits, cfg.latency, cfg.dtype) == (256, 64, 4, 1, "bf16")
-    with pytest.raises(ValueError):
-        roundtrip.parse("n128_g64_b3_l2")
-    for name in (roundtrip.DEFAULT_RT_CONFIGS + roundtrip.QUICK_RT_CONFIGS
-                 + roundtrip.EXTRA_RT_CONFIGS):
-        roundtrip.parse(name)
-
-
 def test_wrapper_ports():
-    v = roundtrip.wrapper_verilog(roundtrip.parse("rt_n128_g64_b3_l2"))
+    cfg = SimConfig.parse("rt_n128_g64_b3_l2")
+    epi = {"i__payload": ("input", 2048), "o__payload": ("output", 403)}
+    dec = {"i__payload": ("input", 400), "o__payload": ("output", 2048)}
+    v = roundtrip_verilog(cfg, epi, dec)
     for port in ("input wire [2047:0] i__payload", "input wire [399:0] d__payload",
                  "output wire [2047:0] o__payload", "input wire sel"):
         assert port in v
     assert "e_payload[399:0]" in v and "kv_epilogue enc" in v and "kv_decompressor dec" in v
+    ports = module_ports(v, "kv_roundtrip")
+    assert ports["d__payload"] == ("input", 400) and ports["d__ready"] == ("output", 1)
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
 def rt_build(request):
-    cfg = roundtrip.parse(request.param)
-    files, man = roundtrip.generate(cfg)
-    bdir, _ = roundtrip.build(cfg, files)
-    return cfg, bdir, man
+    cfg, files, bdir, man = prepare(request.param)
+    assert cfg.roundtrip, f"{request.param}: round-trip configs start with rt_"
+    return cfg, files, bdir, man
 
 
 def _job(sets, **kw):
@@ -59,13 +52,14 @@ def _job(sets, **kw):
 def test_roundtrip_all_phases(rt_build):
     """Latency (round trip = sum of both manifests), full rate, round-trip and direct
     sets under stalls, mid-stream resets: every decoded word bit-exact."""
-    cfg, bdir, man = rt_build
+    cfg, files, bdir, man = rt_build
     sets = [{"name": "random", "mode": "rt", "count": N_RANDOM, "seed": SEED},
             {"name": "adversarial", "mode": "direct", "count": None, "seed": SEED},
             {"name": "random", "mode": "direct", "count": N_RANDOM, "seed": SEED}]
-    res = roundtrip.run(cfg, bdir, man, _job(sets), tag="pytest_rt")
+    res = run(cfg, files, bdir, man, _job(sets), tag="pytest_rt")
     bad = [ph for ph in res["phases"] if not ph["ok"]]
-    assert res["tests"]["failed"] == 0 and not bad, [ph["errors"][:3] for ph in bad] or res["log"]
+    assert res["tests"]["failed"] == 0 and not bad, \
+        [ph["errors"][:3] for ph in bad] or res["log"]
     by = {ph["set"]: ph for ph in res["phases"]}
     assert by["latency_rt"]["latency_min"] == man["latency_rt"] == (
         man["modules"]["kv_epilogue"]["latency_cycles"]
@@ -77,11 +71,11 @@ def test_roundtrip_all_phases(rt_build):
 
 def test_scoreboard_catches_faults(rt_build):
     """Corrupted expected words must be reported as exactly those mismatches."""
-    cfg, bdir, man = rt_build
+    cfg, files, bdir, man = rt_build
     sets = [{"name": "random", "mode": "direct", "count": 200, "seed": SEED}]
-    res = roundtrip.run(cfg, bdir, man, _job(sets, fault_every=37), tag="pytest_fault",
-                        testcase="test_stream")
+    res = run(cfg, files, bdir, man, _job(sets, fault_every=37), tag="pytest_fault",
+              testcase="test_stream", waves=False)
     ph = res["phases"][0]
     assert not ph["ok"] and res["tests"]["failed"] == 1
-    assert ph["mismatches"] == ph["injected_faults"] > 0
+    assert ph["mismatches"] == ph["injected_faults"] == len(range(3, 200, 37))
     assert ph["outputs"] == ph["vectors"] and ph["lost"] == 0

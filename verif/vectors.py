@@ -115,6 +115,35 @@ def get_set(name: str, n: int, count: int | None = None, seed: int = 0,
 
 # --- port words --------------------------------------------------------------
 
+def rows_to_binstr(rows: np.ndarray, width: int) -> list[str]:
+    """Little-endian words as byte rows (uint8 [V, nbytes]) -> one MSB-first
+    '0'/'1' string of ``width`` characters per row (the VPI binary-string
+    format of a ``width``-bit port), vectorised.
+
+    Raises:
+        ValueError: ``width`` exceeds the bits of a row.
+    """
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    if rows.ndim != 2 or width > 8 * rows.shape[1]:
+        raise ValueError(f"width {width} does not fit rows of shape {rows.shape}")
+    bits = np.unpackbits(rows[:, ::-1], axis=1)[:, 8 * rows.shape[1] - width:]
+    raw = (bits + ord("0")).astype(np.uint8).tobytes()
+    return [raw[i:i + width].decode("ascii") for i in range(0, len(raw), width)]
+
+
+def ints_to_binstr(words, width: int) -> list[str]:
+    """Python ints -> MSB-first binary strings of ``width`` characters."""
+    fmt = f"0{width}b"
+    return [format(w, fmt) for w in words]
+
+
+def input_binstr(bits: np.ndarray) -> list[str]:
+    """uint16 [V, N] -> the i__payload binary string of each vector (lane k at
+    bits [16k, 16k+16)), vectorised."""
+    b = np.ascontiguousarray(bits.astype("<u2"))
+    return rows_to_binstr(b.view(np.uint8).reshape(b.shape[0], -1), 16 * b.shape[1])
+
+
 def input_words(bits: np.ndarray) -> list[int]:
     """uint16 [V, N] -> one Python int per vector (lane k at bits [16k, 16k+16))."""
     b = np.ascontiguousarray(bits.astype("<u2"))
@@ -134,25 +163,6 @@ def expected_golden(bits: np.ndarray, p: FormatParams):
     words = [int.from_bytes(raw[i * step:(i + 1) * step], "little") | (int(f) << sh)
              for i, f in enumerate(flags.tolist())]
     return words, flags
-
-
-FAULT_EVERY = 37
-
-
-def expected_golden_faulty(bits: np.ndarray, p: FormatParams):
-    """Golden words with one code bit flipped in every FAULT_EVERY-th word (vectors
-    3, 3+37, ...): a self-test of the scoreboard, which must report exactly these."""
-    words, flags = expected_golden(bits, p)
-    for i in range(3, len(words), FAULT_EVERY):
-        words[i] ^= 1 << ((i * 7) % (p.n * p.bits))
-    return words, flags
-
-
-def injected_faults(nv: int) -> int:
-    return len(range(3, nv, FAULT_EVERY))
-
-
-MODELS = {"golden": expected_golden, "golden_faulty": expected_golden_faulty}
 
 
 def split_word(w: int, p: FormatParams) -> dict:

@@ -1,0 +1,534 @@
+"""Stream driver, monitor and scoreboard of the cocotb testbenches (one per-cycle loop).
+
+Used inside the simulator by verif/tb_epilogue.py and verif/tb_roundtrip.py on
+the bench harness ``kvtb`` of verif/dut.py (DUT inputs latched from ``t_*`` at
+the falling edge; ``m_ctl`` / ``m_o__payload`` capture at the rising edge what
+that edge transferred; ``m_hold_err`` counts breaks of the output stream rule).
+
+Per cycle, :meth:`Bench.stream` awaits one FallingEdge (its callback runs
+before the simulator evaluates that edge, after the rising edge before it) and then
+
+* samples ``m_ctl`` (one VPI read of a small vector) and, when the rising edge
+  transferred an output word, ``m_o__payload`` as a binary string;
+* drives the next cycle (latched by this falling edge): the next input word (a
+  precomputed binary string; held until accepted, junk while valid is low),
+  o__ready, status_clear and rst from precomputed random patterns (independent
+  gaps / stalls plus long bursts), all 1-bit inputs as one write of ``t_ctl``.
+
+No per-lane work and no comparison happen in the loop: the stimulus and the
+expected words are binary strings computed beforehand with the vectorised golden
+model (verif/vectors.py); the scoreboard compares all output words at the end,
+in order (loss, duplication and reordering show as mismatches or counts), the
+latency of every word comes from the recorded handshake cycles, and the status
+checker (:class:`StatusChecker`) replays the recorded per-cycle samples.
+
+The job (configuration, harness layout, vector sets, stall settings, seed)
+comes from the JSON file named by the environment variable ``KVTB_JOB``
+(written by verif/dut.py); every phase appends one record to the results file
+named in the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import FallingEdge
+
+from sim_models import FormatParams
+
+CLK_NS = 10
+#: GPI write action vpiNoDelay: the value is in the model at once, so a write in
+#: the FallingEdge callback (which runs before the simulator evaluates that edge)
+#: is latched by the harness at this very edge. (A deposit is an inertial write
+#: under COCOTB_TRUST_INERTIAL_WRITES=1: Verilator applies it after the eval.)
+NOW = 3
+MAX_ERRORS_KEPT = 10
+
+DEFAULT_JOB = {
+    "params": FormatParams().to_dict(),
+    "latency": 5,
+    "model": "golden",
+    "seed": 1,
+    # vector sets streamed by test_stream (fields depend on the testbench)
+    "sets": [],
+    "fixture": None,
+    # stall settings: probabilities per cycle
+    "gap_p": 0.2,          # i__valid low (when the driver has a word ready)
+    "stall_p": 0.3,        # o__ready low
+    "burst_p": 0.002,      # start of a long gap / stall burst
+    "burst_max": 200,      # its length is uniform in [8, burst_max]
+    "clear_p": 0.002,      # status_clear pulse (DUTs with status only)
+    "latency_vectors": 16,
+    "throughput_vectors": 1000,
+    "reset_vectors": 3000,
+    "resets": 12,
+    "fault_every": 0,      # scoreboard self-test: corrupt every k-th expected word
+    "results": None,
+}
+
+
+def load_job() -> dict:
+    job = dict(DEFAULT_JOB)
+    path = os.environ.get("KVTB_JOB")
+    if path:
+        job.update(json.loads(Path(path).read_text()))
+    return job
+
+
+def params_of(job: dict) -> FormatParams:
+    return FormatParams(**{k: v for k, v in job["params"].items() if k != "format_version"})
+
+
+def record(job: dict, rec: dict) -> None:
+    """Append one phase record to the results file of the job (if any)."""
+    path = job.get("results")
+    if not path:
+        return
+    p = Path(path)
+    recs = json.loads(p.read_text()) if p.exists() else []
+    recs.append(rec)
+    p.write_text(json.dumps(recs, indent=1))
+
+
+def pattern(rng: np.random.Generator, n: int, p_off: float, burst_p: float,
+            burst_max: int) -> list[bool]:
+    """[n] bools: True where a signal is asserted. Independent dropouts with
+    probability ``p_off`` plus bursts of ``[8, burst_max]`` cycles deasserted."""
+    on = rng.random(n) >= p_off
+    if burst_p > 0:
+        for s in np.flatnonzero(rng.random(n) < burst_p):
+            on[s:s + int(rng.integers(8, max(burst_max, 8) + 1))] = False
+    return on.tolist()
+
+
+def inject_faults(exp: list[str], every: int, bits: int) -> tuple[list[str], int]:
+    """Flip bit ``(i*7) % bits`` (from the LSB) of expected words i = 3, 3+every, ...
+
+    The scoreboard self-test: exactly these words must be reported. Returns
+    (new list, number of corrupted words)."""
+    exp = list(exp)
+    idx = range(3, len(exp), every) if every else range(0)
+    for i in idx:
+        w = exp[i]
+        k = len(w) - 1 - (i * 7) % bits
+        exp[i] = w[:k] + ("1" if w[k] == "0" else "0") + w[k + 1:]
+    return exp, len(idx)
+
+
+class StatusChecker:
+    """status == OR of the flags of the words transferred since reset / clear.
+
+    Fed after the run with the recorded samples, in cycle order. The status seen
+    in cycle c (captured at edge c) must contain the flags of every word
+    transferred at edges <= c-2 (one cycle of registering allowed) and nothing
+    beyond the flags of words transferred at edges <= c-1 or of the word
+    presented now. A word transferred at the same edge as a clear may or may
+    not be counted. The two cycles after a clear / reset are not checked; when
+    idle (the final check), status must equal the OR exactly.
+    """
+
+    def __init__(self, errors: list, status_init: int = 0):
+        self.errors = errors
+        self.lo = self.hi = status_init
+        self.amb = 0
+        self.pending: list = []
+        self.skip_until = -1
+        self.violations = 0
+        self.checks = 0
+
+    def cleared(self, edge: int, same_edge_flags: int = 0) -> None:
+        self.lo = self.hi = 0
+        self.amb = same_edge_flags
+        self.pending.clear()
+        self.skip_until = edge + 2
+
+    def transfer(self, edge: int, flags: int) -> None:
+        if flags:
+            self.hi |= flags
+            self.pending.append((edge, flags))
+
+    def check(self, status: int, cycle: int, presented_flags: int, exact: bool = False) -> None:
+        while self.pending and self.pending[0][0] <= cycle - 2:
+            self.lo |= self.pending.pop(0)[1]
+        if cycle <= self.skip_until:
+            return
+        self.checks += 1
+        if exact:
+            need, allow = self.hi, self.hi | self.amb
+        else:
+            need, allow = self.lo, self.hi | self.amb | presented_flags
+        if (need & ~status) or (status & ~allow):
+            self.violations += 1
+            if len(self.errors) < MAX_ERRORS_KEPT:
+                self.errors.append(f"cycle {cycle}: status {status:03b}, expected it to contain "
+                                   f"{need:03b} and stay within {allow:03b}")
+
+    def replay(self, hist: list[int], c0: int, m_fields: dict, t_bits: dict) -> None:
+        """Run the checks over recorded cycles: ``hist[j]`` = m_ctl sampled at edge
+        c0+1+j | (t_ctl driven for that edge) << 32."""
+        s_pos, f_pos = m_fields["status"][0], m_fields["o_flags"][0]
+        rst, clr = 1 << (32 + t_bits["rst"]), 1 << (32 + t_bits["status_clear"])
+        for j, h in enumerate(hist):
+            c = c0 + 1 + j
+            if h & rst:
+                self.cleared(c)
+                continue
+            ov = h & 2
+            if not h & clr:
+                self.check((h >> s_pos) & 7, c, (h >> f_pos) & 7 if ov else 0)
+            f = (h >> f_pos) & 7 if (ov and h & 1) else 0
+            self.transfer(c, f)
+            if h & clr:
+                self.cleared(c, f)
+
+
+class Bench:
+    """Clock, reset and the streaming loop on the harness, for one cocotb test."""
+
+    def __init__(self, dut, job: dict, test_name: str):
+        self.dut = dut
+        self.job = job
+        self.p = params_of(job)
+        self.lay = job["harness"]
+        self.latency = int(job["latency"])
+        self.seed = int(job["seed"])
+        self.rng = np.random.default_rng([self.seed, zlib.crc32(test_name.encode())])
+        self.test_name = test_name
+        self.cycle = 0
+        self.ctl = 0              # value on t_ctl
+        self.last_m = 0           # last m_ctl sample
+        self.has_status = "status" in self.lay["m_ctl"]
+        self._edge = FallingEdge(dut.clk)
+        trusted = os.environ.get("COCOTB_TRUST_INERTIAL_WRITES") == "1"
+
+        def raw(h):   # GPI object: one call per access, no LogicArray round trip
+            g = getattr(h, "_handle", None)
+            if trusted and g is not None and hasattr(g, "set_signal_val_binstr"):
+                return g
+            return _SlowPort(h)
+
+        self.t_ctl = raw(dut.t_ctl)
+        self.t_wide = {n: raw(getattr(dut, f"t_{n}")) for n in self.lay["wide_in"]}
+        self.m_ctl = raw(dut.m_ctl)
+        self.m_pay = raw(dut.m_o__payload)
+        self.m_hold_err = raw(dut.m_hold_err)
+        self.m_hold_first = raw(dut.m_hold_first)
+        self.widths = {n: len(getattr(dut, f"t_{n}")) for n in self.lay["wide_in"]}
+        self.out_width = len(dut.m_o__payload)
+        assert self.out_width == self.lay["out_payload"], "m_o__payload width"
+
+    def bit(self, name: str) -> int:
+        """t_ctl mask of a 1-bit DUT input (0 if the DUT has no such input)."""
+        k = self.lay["t_ctl"].get(name)
+        return 0 if k is None else 1 << k
+
+    def mfield(self, m: int, name: str) -> int:
+        pos, w = self.lay["m_ctl"][name]
+        return (m >> pos) & ((1 << w) - 1)
+
+    async def start(self, reset_cycles: int = 4):
+        """Zero every input, start the clock, hold rst for ``reset_cycles`` edges."""
+        self.ctl = self.bit("rst")
+        self.t_ctl.set_signal_val_int(NOW, self.ctl)
+        for n, g in self.t_wide.items():
+            g.set_signal_val_binstr(NOW, "0" * self.widths[n])
+        Clock(self.dut.clk, CLK_NS, unit="ns").start()
+        for _ in range(reset_cycles):
+            await self._edge
+            self.cycle += 1
+        await self.idle(2)
+        assert not self.last_m & 2, "o__valid high right after reset"
+        if self.has_status:
+            assert self.mfield(self.last_m, "status") == 0, "status not 0 after reset"
+
+    async def idle(self, cycles: int = 1, ctl: int = 0) -> int:
+        """Drive t_ctl = ``ctl`` for ``cycles`` cycles; returns the last m_ctl sample."""
+        for _ in range(cycles):
+            if ctl != self.ctl:
+                self.t_ctl.set_signal_val_int(NOW, ctl)
+                self.ctl = ctl
+            await self._edge
+            self.cycle += 1
+            self.last_m = self.m_ctl.get_signal_val_long()
+        return self.last_m
+
+    async def clear_status(self) -> None:
+        """Pulse status_clear for one cycle (idle DUT); status must read 0 after it."""
+        await self.idle(1, self.bit("status_clear"))
+        m = await self.idle(1)
+        s = self.mfield(m, "status")
+        assert s == 0, f"status {s:03b} after status_clear"
+
+    async def stream(self, words_in: list[str], exp: list[str], label: str, *,
+                     port: str = "i", fixed: int = 0, gap_p: float = 0.0,
+                     stall_p: float = 0.0, burst_p: float = 0.0, burst_max: int = 0,
+                     clear_p: float = 0.0, resets: int = 0, isolate: bool = False,
+                     timeout: int = 5000, status_init: int | None = None,
+                     describe=None, prep_s: float = 0.0) -> dict:
+        """Send ``words_in`` through input stream ``port`` and check every output.
+
+        Args:
+            words_in: input payloads as binary strings (width of ``t_<port>__payload``).
+            exp: expected output payloads, binary strings of the o__payload width,
+                one per input, in order.
+            fixed: t_ctl bits held during the phase (e.g. ``sel``).
+            gap_p, stall_p, burst_p, burst_max: random valid gaps / o__ready
+                stalls (see :func:`pattern`).
+            clear_p: probability of a status_clear pulse per cycle (DUTs with status).
+            resets: mid-stream resets, at random times with words in flight; the
+                words in flight are dropped and the abandoned input is re-sent.
+            isolate: present a word only when the DUT is empty (latency).
+            timeout: cycles without progress before giving up.
+            status_init: status before the phase (sticky flags of earlier words);
+                None: do not check status.
+            describe: (got int, expected int) -> text for mismatch messages.
+            prep_s: seconds spent preparing stimulus / expected words (reported).
+
+        Returns:
+            the phase record (see :meth:`finish`).
+        """
+        t0 = time.perf_counter()
+        timeout = max(timeout, 3 * burst_max)
+        nv = len(words_in)
+        errors: list[str] = []
+        rng = self.rng
+        rst_b, clr_b = self.bit("rst"), self.bit("status_clear")
+        val_b, ordy_b = self.bit(f"{port}__valid"), self.bit("o__ready")
+        ifire = 1 << self.lay["m_ctl"][f"{port}_fire"][0]
+        tpay = self.t_wide[f"{port}__payload"]
+        junk = "".join(rng.choice(["0", "1"], size=self.widths[f"{port}__payload"]).tolist())
+        set_ctl, get_m, get_pay = (self.t_ctl.set_signal_val_int, self.m_ctl.get_signal_val_long,
+                                   self.m_pay.get_signal_val_binstr)
+        check_status = self.has_status and status_init is not None
+        hist: list[int] = []
+        hold0 = self.m_hold_err.get_signal_val_long()
+        chunk = 8192
+        vp = op = cp = None
+        base = 0
+        reset_at = []
+        if resets and nv >= 8:
+            reset_at = sorted(rng.choice(np.arange(1, nv), size=min(resets, nv - 1),
+                                         replace=False).tolist())
+        rst_on, rst_left, n_resets = False, 0, 0
+        nxt = head = 0            # next input to present / oldest accepted not yet out
+        busy, valid = False, False
+        acc_c: list[int] = []     # cycle of the input handshake of vector i
+        out_w: list[str] = []
+        out_c: list[int] = []
+        out_i: list[int] = []     # input index of each output word (-1: none outstanding)
+        flushed = iready_low = idle_tail = 0
+        timed_out = False
+        c0 = c = self.cycle
+        last_progress = c
+        cur = self.ctl
+        edge = self._edge
+        latency = self.latency
+        while True:
+            k = c - base
+            if vp is None or k >= chunk:
+                base, k = c, 0
+                vp = pattern(rng, chunk, gap_p, burst_p, burst_max)
+                op = pattern(rng, chunk, stall_p, burst_p, burst_max)
+                cp = (rng.random(chunk) < clear_p).tolist() if clr_b and clear_p else [False] * chunk
+            # ---- drive, for the rising edge c+1 ----
+            if rst_on and rst_left == 0:
+                rst_on = False
+            if not rst_on and reset_at and nxt >= reset_at[0] and head < nxt:
+                reset_at.pop(0)
+                rst_on, rst_left = True, int(rng.integers(1, 5))
+                n_resets += 1
+            if rst_on:
+                rst_left -= 1
+                busy = False
+                if valid:
+                    valid = False
+                    tpay.set_signal_val_binstr(NOW, junk)
+            elif not busy:
+                if nxt < nv and vp[k] and (not isolate or head == nxt):
+                    tpay.set_signal_val_binstr(NOW, words_in[nxt])
+                    busy = valid = True
+                elif valid:
+                    valid = False     # junk on the payload while valid is low
+                    tpay.set_signal_val_binstr(NOW, junk)
+            ctl = fixed | (rst_b if rst_on else 0) | (val_b if valid else 0) \
+                | (ordy_b if op[k] else 0) | (clr_b if cp[k] and not rst_on else 0)
+            if ctl != cur:
+                set_ctl(NOW, ctl)
+                cur = ctl
+            await edge
+            c += 1
+            # ---- sample: what rising edge c transferred ----
+            m = get_m()
+            if check_status:
+                hist.append(m | (ctl << 32))
+            if rst_on:
+                flushed += nxt - head
+                head = nxt
+            else:
+                if busy:
+                    if m & ifire:
+                        acc_c.append(c)
+                        nxt += 1
+                        busy = False
+                        last_progress = c
+                    else:
+                        iready_low += 1
+                if m & 1:
+                    out_w.append(get_pay())
+                    out_c.append(c)
+                    if head < nxt:
+                        out_i.append(head)
+                        head += 1
+                    else:
+                        out_i.append(-1)
+                    last_progress = c
+                if nxt >= nv and head == nxt:
+                    idle_tail += 1
+                    if idle_tail > latency + 4:
+                        break
+            if c - last_progress > timeout:
+                timed_out = True
+                errors.append(f"cycle {c}: no progress for {timeout} cycles "
+                              f"(sent {nxt}/{nv}, {nxt - head} in flight): DUT hung?")
+                break
+        self.cycle, self.ctl = c, cur
+        # idle at the end: valid low, no clear: no output, status exact
+        m = await self.idle(1, fixed | (ordy_b if cur & ordy_b else 0))
+        t_loop = time.perf_counter() - t0
+        # ---- scoreboard, latency, status: in bulk ----
+        spurious = out_i.count(-1)
+        bad = [j for j, (w, i) in enumerate(zip(out_w, out_i)) if i < 0 or w != exp[i]]
+        for j in bad[:MAX_ERRORS_KEPT]:
+            i = out_i[j]
+            if i < 0:
+                errors.append(f"cycle {out_c[j]}: output with no input outstanding "
+                              f"(duplicate or spurious word)")
+                continue
+            hint = ""
+            if i + 1 < len(exp) and out_w[j] == exp[i + 1]:
+                hint = " [equals the NEXT expected word: lost vector?]"
+            elif i > 0 and out_w[j] == exp[i - 1]:
+                hint = " [equals the PREVIOUS expected word: duplicate?]"
+            what = (describe(int(out_w[j], 2), int(exp[i], 2)) if describe else
+                    f"got {int(out_w[j], 2):#x} exp {int(exp[i], 2):#x}")
+            errors.append(f"cycle {out_c[j]}: vector {i}: {what}{hint}")
+        if m & 2:
+            errors.append(f"cycle {self.cycle}: o__valid high with no input outstanding")
+            spurious += 1
+            bad.append(-1)
+        hold = self.m_hold_err.get_signal_val_long() - hold0
+        if hold:
+            errors.append(f"output stream rule broken {hold} times: o__valid/o__payload changed "
+                          f"while o__valid & ~o__ready (first at harness cycle "
+                          f"{self.m_hold_first.get_signal_val_long()})")
+        st = None
+        if check_status:
+            st = StatusChecker(errors, status_init)
+            st.replay(hist, c0, self.lay["m_ctl"], self.lay["t_ctl"])
+            st.check(self.mfield(m, "status"), self.cycle, 0, exact=True)
+        oi = np.asarray(out_i, dtype=np.int64)
+        ok_o = oi >= 0
+        lat = (np.asarray(out_c, dtype=np.int64)[ok_o]
+               - np.asarray(acc_c, dtype=np.int64)[oi[ok_o]]) if ok_o.any() else np.zeros(0, int)
+        n_out = int(ok_o.sum())
+        span = (out_c[-1] - out_c[0] + 1) if out_c else 0
+        wall = time.perf_counter() - t0
+        cycles = self.cycle - c0
+        lost = nxt - flushed - n_out
+        rec = {
+            "test": self.test_name, "set": label, "vectors": nv,
+            "accepted": nxt, "outputs": n_out, "flushed_by_reset": flushed,
+            "resets": n_resets, "mismatches": len(bad), "spurious": spurious,
+            "hold_violations": hold, "status_violations": st.violations if st else 0,
+            "status_checks": st.checks if st else 0, "lost": lost, "timed_out": timed_out,
+            "cycles": cycles, "output_span_cycles": span,
+            "cycles_per_vector": cycles / n_out if n_out else None,
+            "span_cycles_per_vector": span / n_out if n_out else None,
+            "latency_min": int(lat.min()) if lat.size else None,
+            "latency_max": int(lat.max()) if lat.size else None,
+            "i_ready_low_cycles": iready_low,
+            "wall_s": wall + prep_s, "prep_s": prep_s, "loop_s": t_loop,
+            "vectors_per_s": n_out / max(wall, 1e-9),
+            "vectors_per_s_with_prep": n_out / max(wall + prep_s, 1e-9),
+            "cycles_per_s": cycles / max(t_loop, 1e-9),
+            "stalls": {"gap_p": gap_p, "stall_p": stall_p, "burst_p": burst_p,
+                       "burst_max": burst_max, "clear_p": clear_p, "isolate": isolate},
+            "errors": errors,
+        }
+        rec["ok"] = (not bad and not hold and not (st and st.violations) and not timed_out
+                     and lost == 0 and nxt == nv and not errors)
+        rec["status_end"] = st.hi if st else None
+        return rec
+
+    def finish(self, rec: dict, extra_errors=()) -> dict:
+        """Add test-level errors to a phase record, log it, append it to the results."""
+        rec["errors"] = list(rec["errors"]) + list(extra_errors)
+        rec["ok"] = rec["ok"] and not extra_errors
+        record(self.job, rec)
+        lat = rec["latency_min"], rec["latency_max"]
+        cocotb.log.info(
+            f"{rec['set']}: {rec['outputs']}/{rec['vectors']} vectors out, {rec['mismatches']} "
+            f"mismatches, {rec['cycles']} cycles ({rec['cycles_per_vector'] or 0:.3f}/vector), "
+            f"latency {lat}, {rec['vectors_per_s']:.0f} vectors/s"
+            + (" OK" if rec["ok"] else " FAILED\n  " + "\n  ".join(rec["errors"])))
+        return rec
+
+
+class _SlowPort:
+    """Stand-in with the GPI method names over the public ``.value`` API (used
+    when writes cannot be trusted to apply at once)."""
+
+    def __init__(self, h):
+        self.h = h
+
+    def set_signal_val_int(self, _action, v):
+        self.h.value = v
+
+    def set_signal_val_binstr(self, _action, s):
+        self.h.value = int(s, 2)
+
+    def get_signal_val_long(self):
+        return int(self.h.value)
+
+    def get_signal_val_binstr(self):
+        return format(int(self.h.value), f"0{len(self.h)}b")
+
+
+def stall_kw(job: dict) -> dict:
+    return {k: job[k] for k in ("gap_p", "stall_p", "burst_p", "burst_max", "clear_p")}
+
+
+def full_rate_errors(rec: dict, latency: int) -> list[str]:
+    """Checks of a phase streamed with valid and ready always high: i__ready never
+    low, one vector per cycle, every word with the same latency == ``latency``."""
+    errs = []
+    if rec["i_ready_low_cycles"]:
+        errs.append(f"i__ready low in {rec['i_ready_low_cycles']} cycles with o__ready always 1")
+    if rec["span_cycles_per_vector"] != 1.0:
+        errs.append(f"{rec['span_cycles_per_vector']} cycles per vector at full load, expected 1")
+    if not (rec["latency_min"] == rec["latency_max"] == latency):
+        errs.append(f"latency {rec['latency_min']}..{rec['latency_max']} under full load, "
+                    f"manifest {latency}")
+    rec["throughput_vectors_per_cycle"] = (1 / rec["span_cycles_per_vector"]
+                                           if rec["span_cycles_per_vector"] else 0.0)
+    return errs
+
+
+def assert_ok(recs) -> None:
+    bad = [r for r in recs if not r["ok"]]
+    assert not bad, "; ".join(f"{r['set']}: {r['mismatches']} mismatches, "
+                              f"{len(r['errors'])} errors, first: {r['errors'][:1]}" for r in bad)
+
+
+async def bench(dut, name: str) -> Bench:
+    b = Bench(dut, load_job(), name)
+    await b.start()
+    return b
