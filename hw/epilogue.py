@@ -13,11 +13,14 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     status [3] (out)              sticky OR of the flags of accepted outputs
     status_clear                  clears ``status``
 
-Pipeline (no stalls): front end (combinational from ``i.payload``) ->
-register -> FWHT with ``latency`` registers (see :mod:`hw.fwht`) -> quantizer
-stage A -> register -> quantizer stage B + packer -> output register. So
-``latency_cycles = latency + 3`` cycles from the ``i`` handshake to
-``o.valid`` (5 for the default latency 2).
+Pipeline (no stalls): front end (``fe_regs`` cuts, default one after the
+exponent max tree) -> register -> FWHT with ``latency`` registers (see
+:mod:`hw.fwht`) -> quantizer with ``quant_regs`` cuts (see :mod:`hw.quantizer`;
+default all five: mid max tree, max tree, normalization, scale byte,
+thresholds) -> lane compares + packer -> output register. So
+``latency_cycles = len(fe_regs) + 1 + latency + len(quant_regs) + 1``
+(:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2).
+The manifest (``rtl_gen``) records the breakdown and the total.
 
 Flow control: every register stage carries a valid bit and the whole pipeline
 advances when ``en = o.ready | ~o.valid``; ``i.ready = en``. One vector per
@@ -42,17 +45,19 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 
-from .frontend import FrontEnd, u_shape
+from .frontend import FrontEnd, check_fe_regs, u_shape
 from .fwht import FWHT
 from .packer import Packer
 from .quantizer import Quantizer, check_regs
 
-#: Default register cut points inside the quantizer (hw.quantizer.QUANT_CUTS).
-DEFAULT_QUANT_REGS = ("scale",)
+#: Default register cut points inside the front end (hw.frontend.FE_CUTS) and
+#: the quantizer (hw.quantizer.QUANT_CUTS): every cut, for Fmax (see hw/README.md).
+DEFAULT_FE_REGS = ("emax",)
+DEFAULT_QUANT_REGS = ("maxhalf", "max", "norm", "scale", "thr")
 
-#: Register stages outside the FWHT with the default placement: front-end
-#: register, quantizer registers, output register.
-FIXED_LATENCY = 2 + len(DEFAULT_QUANT_REGS)
+#: Register stages outside the FWHT with the default placement: front-end cuts,
+#: front-end register, quantizer cuts, output register.
+FIXED_LATENCY = len(DEFAULT_FE_REGS) + 2 + len(DEFAULT_QUANT_REGS)
 
 
 #: FormatParams fields the read path (hw.decompressor / hw.dequant, via
@@ -140,19 +145,23 @@ class KVEpilogue(wiring.Component):
         latency: FWHT pipeline registers, in [0, log2 N] (default 2).
         quant_regs: register cut points inside the quantizer, names from
             ``hw.quantizer.QUANT_CUTS`` (default :data:`DEFAULT_QUANT_REGS`).
+        fe_regs: register cut points inside the front end, names from
+            ``hw.frontend.FE_CUTS`` (default :data:`DEFAULT_FE_REGS`).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
-            ``quant_regs`` not a tuple of names.
+            ``quant_regs`` / ``fe_regs`` not a tuple of names.
         ValueError: ``latency`` out of range, an unknown cut name, or a format
             option the RTL does not implement (see :data:`EPILOGUE_SUPPORT`).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS):
+    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
+                 fe_regs=DEFAULT_FE_REGS):
         check_epilogue_params(params)
         self.params = params
         self.latency = check_latency(params, latency)
         self.quant_regs = check_regs(quant_regs)
+        self.fe_regs = check_fe_regs(fe_regs)
         super().__init__({
             "i": In(stream.Signature(params.n * 16)),
             "o": Out(stream.Signature(output_layout(params))),
@@ -163,8 +172,8 @@ class KVEpilogue(wiring.Component):
     @property
     def latency_breakdown(self) -> dict:
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
-        return {"frontend_reg": 1, "fwht": self.latency, "quant_regs": len(self.quant_regs),
-                "output_reg": 1}
+        return {"frontend_cuts": len(self.fe_regs), "frontend_reg": 1, "fwht": self.latency,
+                "quant_regs": len(self.quant_regs), "output_reg": 1}
 
     @property
     def latency_cycles(self) -> int:
@@ -180,15 +189,15 @@ class KVEpilogue(wiring.Component):
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
 
         # front end + register
-        m.submodules.frontend = fe = FrontEnd(p)
-        m.d.comb += fe.bits.eq(self.i.payload)
+        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs)
+        m.d.comb += [fe.bits.eq(self.i.payload), fe.en.eq(en), fe.i_valid.eq(self.i.valid)]
         x_r = Signal.like(fe.x, name="fe_x", reset_less=True)
         u_r = Signal(ush, name="fe_u", reset_less=True)
         f_r = Signal(2, name="fe_flags", reset_less=True)
         v_r = Signal(name="fe_valid")
         with m.If(en):
             m.d.sync += [x_r.eq(fe.x), u_r.eq(fe.u), f_r.eq(fe.flags),
-                         v_r.eq(self.i.valid)]
+                         v_r.eq(fe.o_valid)]
 
         # FWHT (u and the flags ride along as side band)
         m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency,

@@ -1,7 +1,10 @@
 """Front end: 16-bit float lanes -> sign-flipped block-floating-point mantissas.
 
-Bit-exact with ``sim_models.bfp.to_block_fp`` (FORMAT.md 3.1-3.3). Purely
-combinational; the top level registers its outputs.
+Bit-exact with ``sim_models.bfp.to_block_fp`` (FORMAT.md 3.1-3.3).
+Combinational (the top level registers its outputs), except for the optional
+pipeline register ``regs=("emax",)`` after the exponent max tree (it holds the
+decoded lanes, emax and the flags; ``en`` advances it, ``i_valid`` ->
+``o_valid`` rides along; latency = len(regs)).
 
 Per lane k (bits [16k, 16k+16) of ``bits``):
 
@@ -55,18 +58,57 @@ def tree_reduce(m: Module, items: list, fn, name: str):
     return items[0]
 
 
-class FrontEnd(wiring.Component):
-    """Combinational front end (see module docstring)."""
+#: Pipeline cut points of :class:`FrontEnd`: after the exponent max tree.
+FE_CUTS = ("emax",)
 
-    def __init__(self, p: FormatParams):
+
+def check_fe_regs(regs) -> tuple[str, ...]:
+    """Validate a front-end register placement (names from :data:`FE_CUTS`).
+
+    Raises:
+        TypeError: not a tuple/list/set of str. ValueError: unknown or repeated name.
+    """
+    if isinstance(regs, str) or not isinstance(regs, (tuple, list, set, frozenset)):
+        raise TypeError(f"fe_regs must be a tuple of cut names from {FE_CUTS}, "
+                        f"got {type(regs).__name__}")
+    regs = list(regs)
+    for r in regs:
+        if r not in FE_CUTS:
+            raise ValueError(f"fe_regs: unknown cut {r!r} (cuts: {', '.join(FE_CUTS)})")
+    if len(set(regs)) != len(regs):
+        raise ValueError(f"fe_regs: repeated cut in {regs!r}")
+    return tuple(c for c in FE_CUTS if c in regs)
+
+
+class FrontEnd(wiring.Component):
+    """Front end (see module docstring).
+
+    Args:
+        p: format parameters.
+        regs: pipeline cuts, a subset of :data:`FE_CUTS` (default none: combinational).
+
+    Ports: ``bits`` (N x 16), ``en``, ``i_valid`` in; ``x`` (N signed M-bit),
+    ``u``, ``flags`` (bit0 NaN, bit1 Inf), ``o_valid`` out.
+    """
+
+    def __init__(self, p: FormatParams, regs=()):
         self.p = p
+        self.regs = check_fe_regs(regs)
         self.mask = sign_mask_int(p.n, p.sign_seed)
         super().__init__({
             "bits": In(p.n * 16),
+            "en": In(1),
+            "i_valid": In(1),
             "x": Out(data.ArrayLayout(signed(p.mant_bits), p.n)),
             "u": Out(u_shape(p)),
             "flags": Out(2),
+            "o_valid": Out(1),
         })
+
+    @property
+    def latency(self) -> int:
+        """Register stages inside the front end."""
+        return len(self.regs)
 
     def elaborate(self, platform):
         m = Module()
@@ -107,9 +149,27 @@ class FrontEnd(wiring.Component):
             infs.append(is_inf)
 
         emax = tree_reduce(m, exps, lambda a, b: Mux(a > b, a, b), "emax")
+        flags = Cat(Cat(*nans).any(), Cat(*infs).any())
+        valid = self.i_valid
+        if "emax" in self.regs:
+            def reg(v, name):
+                r = Signal.like(v, name=name, reset_less=True)
+                with m.If(self.en):
+                    m.d.sync += r.eq(v)
+                return r
+            exps = [reg(e, f"emax_exp{k}") for k, e in enumerate(exps)]
+            sigs = [reg(sg, f"emax_sig{k}") for k, sg in enumerate(sigs)]
+            signs = [reg(sg, f"emax_sign{k}") for k, sg in enumerate(signs)]
+            emax = reg(emax, "emax_max")
+            fl = Signal(2, name="emax_flags", reset_less=True)
+            rv = Signal(name="emax_valid")
+            with m.If(self.en):
+                m.d.sync += [fl.eq(flags), rv.eq(valid)]
+            flags, valid = fl, rv
         m.d.comb += [
             self.u.eq(emax - (bias + M - 2)),
-            self.flags.eq(Cat(Cat(*nans).any(), Cat(*infs).any())),
+            self.flags.eq(flags),
+            self.o_valid.eq(valid),
         ]
 
         for k in range(p.n):

@@ -45,11 +45,14 @@ it exceeds every |y|); each lane needs h-1 magnitude compares. Code:
 midtread c = sign(y) m (ties away from zero); midrise c = m if y >= 0 else
 -1-m (ties to the outer level, y = 0 -> c = 0).
 
-Pipeline (:class:`Quantizer`): the steps |y| + block max tree -> scale select
--> thresholds -> lane compares, with an optional register after each of the
-first three (``regs``, names in :data:`QUANT_CUTS`); all registers advance
-with ``en``. The outputs are combinational from the last register (the top
-level registers them again). Latency = len(regs) cycles.
+Pipeline (:class:`Quantizer`): the steps |y| + block max tree -> leading-one
++ normalize -> rest of the scale select -> thresholds -> lane compares, with
+optional registers (``regs``, names in :data:`QUANT_CUTS`): ``maxhalf`` in the
+middle of the max tree, ``max`` after it, ``norm`` inside the scale select,
+``scale`` after it, ``thr`` after the thresholds. Every register carries the
+rest of the vector (|y|, signs, u, flags, valid) and advances with ``en``. The
+outputs are combinational from the last register (the top level registers
+them again). Latency = len(regs) cycles.
 """
 
 from __future__ import annotations
@@ -64,9 +67,11 @@ SCALE_MAX_E = 31
 #: Quantizer modes and scale roundings implemented here.
 MODES = ("midtread", "midrise")
 ROUNDINGS = ("up", "nearest")
-#: Pipeline cut points of :class:`Quantizer`, in data-flow order: after the
-#: block max tree, after the scale select, after the thresholds.
-QUANT_CUTS = ("max", "scale", "thr")
+#: Pipeline cut points of :class:`Quantizer`, in data-flow order: in the middle
+#: of the block max tree (after floor(log2(G)/2) levels), after the block max
+#: tree, inside the scale select (after leading-one + normalization), after the
+#: scale select, after the thresholds.
+QUANT_CUTS = ("maxhalf", "max", "norm", "scale", "thr")
 
 
 def _shape_range(lo: int, hi: int) -> Shape:
@@ -148,21 +153,25 @@ class ScaleSelect(wiring.Component):
         u_shape: shape of the signed unit exponent u.
         k: K, scale units the block maximum maps to (:func:`k_units`), >= 1.
         rounding: ``"up"`` or ``"nearest"`` (``FormatParams.scale_round``).
+        pipelined: register (advanced by ``en``) after the leading-one detect and
+            normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
 
-    Ports: ``a``, ``u`` in; ``byte`` (8), ``sat`` (1) out.
+    Ports: ``a``, ``u``, ``en`` in; ``byte`` (8), ``sat`` (1) out.
 
     Raises:
         ValueError: ``k`` < 1 or an unknown ``rounding``.
     """
 
-    def __init__(self, a_width: int, u_shape, k: int, rounding: str):
+    def __init__(self, a_width: int, u_shape, k: int, rounding: str, pipelined: bool = False):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (scale units of the block maximum) must be an int >= 1, got {k!r}")
         _scale_rule(k, rounding)
         self.a_width, self.u_shape, self.k, self.rounding = a_width, Shape.cast(u_shape), k, rounding
+        self.pipelined = bool(pipelined)
         super().__init__({
             "a": In(a_width),
             "u": In(u_shape),
+            "en": In(1),
             "byte": Out(8),
             "sat": Out(1),
         })
@@ -195,6 +204,19 @@ class ScaleSelect(wiring.Component):
             return r
 
         r = top_bits(J, ceil, "r")
+        r_up = None if ceil else top_bits(J_up, True, "r_up")
+        u = self.u
+        if self.pipelined:
+            def reg(v, name, reset_less=True):
+                q = Signal.like(v, name=name, reset_less=reset_less)
+                with m.If(self.en):
+                    m.d.sync += q.eq(v)
+                return q
+            # norm_nz has a reset only so that the module's rst port is used (lint)
+            k, nz, r, u = (reg(k, "norm_k"), reg(nz, "norm_nz", False), reg(r, "norm_r"),
+                           reg(u, "norm_u"))
+            if r_up is not None:
+                r_up = reg(r_up, "norm_r_up")
         fit_j = Signal()
         m.d.comb += fit_j.eq(r <= cn[7])
         mant = Signal(3)
@@ -204,11 +226,11 @@ class ScaleSelect(wiring.Component):
             m.d.comb += mant.eq(sum(r > 2 * cn[i] for i in range(7)))
         # virtual exponent field e = k + u + E0 - j
         ev = Signal(_shape_range(ulo + e0 - J, W - 1 + uhi + e0 - J + 1))
-        m.d.comb += ev.eq(k + self.u + (e0 - J) + ~fit_j)
+        m.d.comb += ev.eq(k + u + (e0 - J) + ~fit_j)
 
         # bytes 1..8: D(s) = K d_s 2^-(zoff)
         zr = Signal(_shape_range(J - zoff - (W - 1) - uhi, J - zoff - ulo))
-        m.d.comb += zr.eq(J - zoff - k - self.u)
+        m.d.comb += zr.eq(J - zoff - k - u)
         z = Signal(range(J + 2))
         m.d.comb += z.eq(Mux(zr < 0, 0, Mux(zr > J + 1, J + 1, zr)))
         rs = Signal(J + 2)
@@ -222,9 +244,8 @@ class ScaleSelect(wiring.Component):
         if ceil:
             sat_e = ev
         else:
-            r_up = top_bits(J_up, True, "r_up")
             sat_e = Signal(_shape_range(ulo + 10 - J_up, W - 1 + uhi + 10 - J_up + 1), name="ev_up")
-            m.d.comb += sat_e.eq(k + self.u + (10 - J_up) + (r_up > 15 * K))
+            m.d.comb += sat_e.eq(k + u + (10 - J_up) + (r_up > 15 * K))
         m.d.comb += self.sat.eq(nz & (sat_e > SCALE_MAX_E))
 
         with m.If(~nz):
@@ -387,23 +408,36 @@ class Quantizer(wiring.Component):
             m.d.comb += mag.eq(Mux(yv < 0, -yv, yv))
             mags.append(mag)
             m.d.comb += negs[i].eq(yv < 0)
-        amax = [tree_reduce(m, mags[b * g:(b + 1) * g], lambda a, b: Mux(a > b, a, b),
-                            f"bmax{b}") for b in range(nb)]
+        def vmax(a, b):
+            return Mux(a > b, a, b)
+
+        half = (g.bit_length() - 1) // 2         # tree levels before the "maxhalf" cut
+        parts = [tree_reduce(m, mags[b * g + i:b * g + i + (1 << half)], vmax, f"bmax{b}_{i}")
+                 for b in range(nb) for i in range(0, g, 1 << half)]
+        per = g >> half
         st = {"valid": self.i_valid, "u": self.u, "flags": self.flags_i, "neg": negs,
-              **{f"abs{i}": mags[i] for i in range(n)}, **{f"amax{b}": amax[b] for b in range(nb)}}
+              **{f"abs{i}": mags[i] for i in range(n)},
+              **{f"pmax{i}": v for i, v in enumerate(parts)}}
+        st = cut("maxhalf", st)
+        amax = [tree_reduce(m, [st[f"pmax{b * per + i}"] for i in range(per)], vmax, f"bmax{b}")
+                for b in range(nb)]
+        st = {k: v for k, v in st.items() if not k.startswith("pmax")}
+        st.update({f"amax{b}": amax[b] for b in range(nb)})
         st = cut("max", st)
 
         # ---- scale select -------------------------------------------------------------
         bytes_, sats = [], []
         for b in range(nb):
-            sel = ScaleSelect(wy, self.u_shape, self.kunits, self.rounding)
+            sel = ScaleSelect(wy, self.u_shape, self.kunits, self.rounding,
+                              pipelined="norm" in self.regs)
             m.submodules[f"scale{b}"] = sel
-            m.d.comb += [sel.a.eq(st[f"amax{b}"]), sel.u.eq(st["u"])]
+            m.d.comb += [sel.a.eq(st[f"amax{b}"]), sel.u.eq(st["u"]), sel.en.eq(self.en)]
             bytes_.append(sel.byte)
             sats.append(sel.sat)
+        st = {k: v for k, v in st.items() if not k.startswith("amax")}
+        st = cut("norm", st)            # the rest of the vector, in step with ScaleSelect
         flags = Signal(3, name="qflags")
         m.d.comb += flags.eq(Cat(st["flags"], Cat(*sats).any()))
-        st = {k: v for k, v in st.items() if not k.startswith("amax")}
         st.update({"flags": flags, **{f"scale{b}": bytes_[b] for b in range(nb)}})
         st = cut("scale", st)
 

@@ -30,8 +30,9 @@ from amaranth.hdl import UnusedElaboratable
 
 from hw import decompressor as _dec
 from hw.decompressor import KVDecompressor
-from hw.epilogue import (DEFAULT_QUANT_REGS, KVEpilogue, check_epilogue_params, check_latency,
+from hw.epilogue import (DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, KVEpilogue, check_epilogue_params, check_latency,
                          output_layout)
+from hw.frontend import check_fe_regs
 from hw.quantizer import check_regs
 from hw.fwht import register_positions
 from hw.ifwht import out_width as _ifwht_width, steps_of
@@ -53,11 +54,12 @@ def _check_name(name: str) -> str:
     return name
 
 
-def build(params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS) -> KVEpilogue:
+def build(params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
+          fe_regs=DEFAULT_FE_REGS) -> KVEpilogue:
     """Construct the top-level component (validates every argument)."""
     check_epilogue_params(params)
     check_latency(params, latency)
-    return KVEpilogue(params, latency, check_regs(quant_regs))
+    return KVEpilogue(params, latency, check_regs(quant_regs), check_fe_regs(fe_regs))
 
 
 def ports(params: FormatParams) -> dict:
@@ -78,7 +80,8 @@ def ports(params: FormatParams) -> dict:
 
 
 def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
-             manifest_name: str = "manifest.json", quant_regs=DEFAULT_QUANT_REGS) -> dict:
+             manifest_name: str = "manifest.json", quant_regs=DEFAULT_QUANT_REGS,
+             fe_regs=DEFAULT_FE_REGS) -> dict:
     """Write ``<out_dir>/<top>.v`` and ``<out_dir>/manifest.json``.
 
     Args:
@@ -86,6 +89,7 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
             write path does not implement are refused, ``hw.epilogue.EPILOGUE_SUPPORT``).
         latency: FWHT pipeline registers, 0 .. log2(N).
         quant_regs: register cut points in the quantizer (``hw.quantizer.QUANT_CUTS``).
+        fe_regs: register cut points in the front end (``hw.frontend.FE_CUTS``).
         out_dir: output directory (created if missing).
         top: Verilog module name of the top level.
         manifest_name: file name of the manifest in ``out_dir``.
@@ -97,7 +101,7 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         TypeError / ValueError: bad parameters; the message names the parameter.
     """
     _check_name(top)
-    dut = build(params, latency, quant_regs)
+    dut = build(params, latency, quant_regs, fe_regs)
     text = verilog.convert(dut, name=top, emit_src=False)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +120,7 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         "fwht_latency": latency,
         "fwht_register_after_stages": register_positions(p.log2n, latency),
         "quant_register_cuts": list(dut.quant_regs),
+        "frontend_register_cuts": list(dut.fe_regs),
         "latency_cycles": dut.latency_cycles,
         "latency_breakdown": dut.latency_breakdown,
         "throughput_vectors_per_cycle": 1,
@@ -222,7 +227,8 @@ def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *
 
 
 def generate_both(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
-                  dec_top: str = DEC_TOP_NAME, quant_regs=DEFAULT_QUANT_REGS) -> dict:
+                  dec_top: str = DEC_TOP_NAME, quant_regs=DEFAULT_QUANT_REGS,
+                  fe_regs=DEFAULT_FE_REGS) -> dict:
     """Write the write path and the read path into ``out_dir``.
 
     Files: ``<top>.v``, ``<dec_top>.v``, their manifests ``<top>.manifest.json`` and
@@ -246,7 +252,7 @@ def generate_both(params: FormatParams, latency: int = 2, out_dir=".", *, top: s
         del probe
         gc.collect()
     man_e = generate(params, latency, out_dir, top=top, manifest_name=f"{top}.manifest.json",
-                     quant_regs=quant_regs)
+                     quant_regs=quant_regs, fe_regs=fe_regs)
     man_d = generate_decompressor(params, latency, out_dir, top=dec_top,
                                   manifest_name=f"{dec_top}.manifest.json")
     both = dict(man_e)

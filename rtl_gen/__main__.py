@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hw.epilogue import DEFAULT_QUANT_REGS
+from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS
+from hw.frontend import FE_CUTS
 from hw.quantizer import QUANT_CUTS
 from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
                                SCALE_RULES, FormatParams)
@@ -22,7 +23,7 @@ from . import DEC_TOP_NAME, TOP_NAME, generate, generate_both, generate_decompre
 
 
 def _cuts(text: str) -> tuple[str, ...]:
-    """``--quant-regs``: comma-separated cut names, or "none"."""
+    """``--quant-regs`` / ``--fe-regs``: comma-separated cut names, or "none"."""
     if text.strip() == "none":
         return ()
     return tuple(c.strip() for c in text.split(",") if c.strip())
@@ -42,11 +43,14 @@ def main(argv=None) -> int:
                     help=f"code bits b in {{2,3,4}} (default {d.bits})")
     ap.add_argument("--latency", type=int, default=2,
                     help="FWHT pipeline registers, 0..log2(N) (default 2); total latency = "
-                         "latency + 2 + number of --quant-regs cuts (written to the manifest)")
+                         "latency + 2 + number of --quant-regs and --fe-regs cuts (written to the manifest)")
     ap.add_argument("--quant-regs", type=_cuts, default=DEFAULT_QUANT_REGS,
                     help=f"quantizer register cuts, comma-separated from {','.join(QUANT_CUTS)} "
                          f"or 'none' (default {','.join(DEFAULT_QUANT_REGS) or 'none'}); "
                          f"each adds one cycle of latency")
+    ap.add_argument("--fe-regs", type=_cuts, default=DEFAULT_FE_REGS,
+                    help=f"front-end register cuts, comma-separated from {','.join(FE_CUTS)} "
+                         f"or 'none' (default {','.join(DEFAULT_FE_REGS) or 'none'})")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -80,12 +84,13 @@ def main(argv=None) -> int:
                          scale_mult=a.scale_mult)
         if a.module == "epilogue":
             mans = [generate(p, a.latency, a.out, top=a.top or TOP_NAME,
-                             quant_regs=a.quant_regs)]
+                             quant_regs=a.quant_regs, fe_regs=a.fe_regs)]
         elif a.module == "decompressor":
             mans = [generate_decompressor(p, a.latency, a.out, top=a.top or DEC_TOP_NAME)]
         else:
             mans = list(generate_both(p, a.latency, a.out, top=a.top or TOP_NAME,
-                                      dec_top=a.dec_top, quant_regs=a.quant_regs)
+                                      dec_top=a.dec_top, quant_regs=a.quant_regs,
+                                      fe_regs=a.fe_regs)
                         ["modules"].values())
     except (ValueError, TypeError) as err:
         ap.error(str(err))

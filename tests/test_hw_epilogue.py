@@ -25,6 +25,7 @@ from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import KVEpilogue
+from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
 from hw.quantizer import code_coefs, k_units
 from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload, tie_vectors
 from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
@@ -56,7 +57,7 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
     exp = expected_payloads(vecs, p)
     dut = KVEpilogue(p, latency, **dut_kw)
     lat = dut.latency_cycles
-    assert lat == latency + 2 + len(dut.quant_regs)
+    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs)
     assert lat == sum(dut.latency_breakdown.values())
     rnd = random.Random(seed)
     got, in_cyc, out_cyc = [], [], []
@@ -168,6 +169,32 @@ def test_configs(n, block, bits, latency, mant_bits, dtype, n_random):
 def test_no_sign_flip():
     p = FormatParams(n=64, block=32, sign_seed=None)
     check(p, 2, 24)
+
+
+@pytest.mark.parametrize("quant_regs,fe_regs", [
+    ((), ()), (("maxhalf",), ()), (("max",), ("emax",)), (("norm",), ()),
+    (("scale",), ()), (("thr",), ("emax",)), (("maxhalf", "norm", "thr"), ("emax",)),
+    (("max", "scale"), ()),
+])
+def test_register_placements(quant_regs, fe_regs):
+    """Every pipeline cut alone and in combinations: same payloads, latency =
+    sum of the breakdown, full rate, stalls (midrise/nearest and midtread/up)."""
+    for mode, rnd in (("midrise", "nearest"), ("midtread", "up")):
+        p = FormatParams(n=32, block=16, bits=3, mode=mode, scale_round=rnd, sign_seed=2)
+        check(p, 1, 16, seed=len(quant_regs) + 3 * len(fe_regs),
+              dut_kw={"quant_regs": quant_regs, "fe_regs": fe_regs})
+
+
+@pytest.mark.parametrize("kw,exc,word", [
+    ({"quant_regs": ("bogus",)}, ValueError, "quant_regs"),
+    ({"quant_regs": ("max", "max")}, ValueError, "quant_regs"),
+    ({"quant_regs": "max"}, TypeError, "quant_regs"),
+    ({"fe_regs": ("max",)}, ValueError, "fe_regs"),
+    ({"fe_regs": None}, TypeError, "fe_regs"),
+])
+def test_bad_register_placement(kw, exc, word):
+    with pytest.raises(exc, match=word):
+        KVEpilogue(FormatParams(n=16, block=8), 1, **kw)
 
 
 # ---- quantizer modes and scale roundings ------------------------------------------
@@ -295,6 +322,7 @@ def test_latency_property():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedElaboratable)
             dut = KVEpilogue(FormatParams(), lat)
-            assert dut.latency_cycles == lat + 3
+            assert dut.latency_cycles == lat + FIXED_LATENCY
+            assert FIXED_LATENCY == 2 + len(DEFAULT_QUANT_REGS) + len(DEFAULT_FE_REGS)
             del dut
             gc.collect()

@@ -8,6 +8,7 @@ import re
 import pytest
 
 import rtl_gen
+from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
 from rtl_gen.__main__ import main as cli_main
 from sim_models import FORMAT_VERSION, FormatParams, sign_mask_int
 
@@ -45,7 +46,10 @@ def test_default_files_and_manifest(default_gen):
     assert man["params"] == p.to_dict()
     assert man["format_version"] == FORMAT_VERSION
     assert man["top"] == "kv_epilogue" and man["verilog"] == "kv_epilogue.v"
-    assert man["latency_cycles"] == 5
+    assert man["latency_cycles"] == 2 + FIXED_LATENCY == sum(man["latency_breakdown"].values())
+    assert man["latency_breakdown"]["fwht"] == 2
+    assert man["quant_register_cuts"] == list(DEFAULT_QUANT_REGS)
+    assert man["frontend_register_cuts"] == list(DEFAULT_FE_REGS)
     assert man["fwht_register_after_stages"] == [4, 7]
     assert {k: (d["dir"], d["width"]) for k, d in man["ports"].items()} == PORTS
     assert man["o_payload"]["fields"] == {
@@ -95,12 +99,12 @@ def test_cli_small(tmp_path, capsys):
     assert rc == 0
     man = json.loads((out / "manifest.json").read_text())
     assert man["params"]["n"] == 16 and man["params"]["dtype"] == "bf16"
-    assert man["params"]["sign_seed"] == 5 and man["latency_cycles"] == 7
+    assert man["params"]["sign_seed"] == 5 and man["latency_cycles"] == 4 + FIXED_LATENCY
     v = (out / "kv16.v").read_text()
     ports = verilog_ports(v, "kv16")
     assert ports["i__payload"] == ("input", 256)
     assert ports["o__payload"] == ("output", 16 * 2 + 16 + 3)
-    assert "latency 7 cycles" in capsys.readouterr().out
+    assert f"latency {4 + FIXED_LATENCY} cycles" in capsys.readouterr().out
 
 
 def test_cli_no_sign_flip(tmp_path):
@@ -108,7 +112,7 @@ def test_cli_no_sign_flip(tmp_path):
                      "--out", str(tmp_path)]) == 0
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["params"]["sign_seed"] is None and man["sign_mask_hex"] == "00"
-    assert man["latency_cycles"] == 3
+    assert man["latency_cycles"] == FIXED_LATENCY
 
 
 def test_deterministic(tmp_path):
@@ -137,6 +141,7 @@ def test_deterministic(tmp_path):
     (["--scale-round", "down"], "--scale-round"),
     (["--quant-regs", "max,bogus"], "quant_regs"),
     (["--quant-regs", "max,max"], "quant_regs"),
+    (["--fe-regs", "max"], "fe_regs"),
 ])
 def test_cli_errors(tmp_path, capsys, args, word):
     with pytest.raises(SystemExit) as e:
@@ -169,12 +174,13 @@ def test_cli_midrise_nearest(tmp_path):
     out = tmp_path / "mr"
     rc = cli_main(["--n", "16", "--block", "8", "--bits", "3", "--mode", "midrise",
                    "--scale-round", "nearest", "--scale-mult", "256", "--latency", "1",
-                   "--quant-regs", "max,scale,thr", "--out", str(out)])
+                   "--quant-regs", "max,scale,thr", "--fe-regs", "none", "--out", str(out)])
     assert rc == 0
     man = json.loads((out / "manifest.json").read_text())
     assert man["params"]["mode"] == "midrise" and man["params"]["scale_round"] == "nearest"
     assert man["params"]["scale_mult"] == 256
     assert man["quant_register_cuts"] == ["max", "scale", "thr"]
+    assert man["frontend_register_cuts"] == []
     assert man["latency_cycles"] == 1 + 2 + 3 == sum(man["latency_breakdown"].values())
     if rtl_gen.find_verilator() is not None:
         r = rtl_gen.lint(out / man["verilog"], man["top"])
