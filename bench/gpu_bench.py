@@ -468,6 +468,7 @@ def run_versions(a, result, save, t_start):
     save()
     v1, v2 = quant_params(*VERSIONS["v1"]), quant_params(*VERSIONS["v2"])
     cases = [("v1 fp16", v1, None), ("v2 fp16", v2, None), ("v1 fp16 again", v1, None),
+             ("v1 bf16", quant_params(*VERSIONS["v1"], dtype="bf16"), None),
              ("v2 bf16", quant_params(*VERSIONS["v2"], dtype="bf16"), None),
              ("midtread/nearest fp16", quant_params("midtread", "nearest"), None),
              ("midrise/up fp16", quant_params("midrise", "up"), None)]

@@ -86,14 +86,21 @@ __device__ __forceinline__ kv_u32 max_u16x2(kv_u32 a, kv_u32 b) {
 }
 // 2^e as float, e in [-126, 127]
 __device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
-// bf16 value * 2^64, exact, from a word whose high half is the bf16 pattern (low half 0); for
-// exponent fields <= 190. Subnormal inputs go through an integer -> float conversion instead of a
-// float multiply: CuPy compiles with -ftz=true, which would flush them to zero.
-__device__ __forceinline__ float bf16_x2p64(kv_u32 b) {
-  const kv_u32 mag = b & 0x7FFF0000u;
-  if (mag >= 0x00800000u) return __uint_as_float(b + (64u << 23));  // normal: exponent + 64
-  const float s = __uint2float_rn(mag >> 16) * exp2i(-69);            // F 2^-133 2^64, normal
-  return (b & 0x80000000u) ? -s : s;
+// Two packed bf16 values times 2^64, exact, as bf16 patterns (exponent fields <= 190). Normal
+// lanes: exponent field + 64; subnormal lanes (F 2^-133) become the normal bf16 F 2^-69 (F < 2^7
+// fits the 8-bit significand), built by an integer -> float conversion: CuPy compiles with
+// -ftz=true, so a float multiply would flush them to zero.
+__device__ __forceinline__ kv_u32 bf16x2_x2p64(kv_u32 w) {
+  kv_u32 r = 0;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const kv_u32 h = (w >> (16 * hh)) & 0xFFFFu, fr = h & 0x7Fu;
+    kv_u32 o = h;
+    if (h & 0x7F80u) o = h + (64u << 7);
+    else if (fr) o = (h & 0x8000u) | (__float_as_uint(__uint2float_rn(fr) * exp2i(-69)) >> 16);
+    r |= o << (16 * hh);
+  }
+  return r;
 }
 
 // exact a*2^ea >= b*2^eb for 0 <= a, b < 2^31 (sim_models.scale.ge_pow2); the shift is clamped at 32
@@ -276,16 +283,17 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     }
     const int emax = max((int)(rmax >> MB), 1);
     const int u = emax - BIAS - M + 2;  // exponent of one mantissa unit
-    float P1, P2 = 1.0f;
-    if (DT == 0) {
-      P1 = exp2i(-u);
+    float P1;
+    if (DT != 0 && -u >= 126) {
+      // bf16, tiny vector (emax <= M - 1 <= 15; rare): 2^-u is not a normal float, and subnormal
+      // lanes (mantissa floor(|f| 2^-u + 1/2) may be nonzero only here) must not be flushed: scale
+      // every lane by 2^64 in its bit pattern (exact, subnormals made normal) and use P1 = 2^(-u-64).
+      // For -u <= 125 a subnormal lane has |f| 2^-u < 1/2 (mantissa 0), which the FTZ flush also gives.
+#pragma unroll
+      for (int k = 0; k < LPT / 2; ++k) w[k] = bf16x2_x2p64(w[k]);
+      P1 = exp2i(-u - 64);
     } else {
-      // -u >= 126 (emax <= M - 1 <= 15): P1 = 2^64 applied by exponent arithmetic (bf16_x2p64), so that
-      // subnormal lanes (mantissa floor(|f| 2^-u + 1/2) may be 1 only here) are exact; below, any
-      // subnormal lane has |f| 2^-u < 1/2 (mantissa 0), which the FTZ flush also gives
-      bool big = -u >= 126;
-      P1 = big ? exp2i(64) : exp2i(-u);
-      P2 = big ? exp2i(-u - 64) : 1.0f;
+      P1 = exp2i(-u);
     }
 
     // ---- block floating point (+ sign flip D folded in) ----------------------------------
@@ -322,32 +330,23 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       };
       constexpr float CM = 12582912.0f;                    // 1.5 * 2^23
       const float P1p = __int_as_float(__float_as_int(P1) | 8);  // P1 (1 + 2^-20), P1 a power of two
-      const float P2p = __int_as_float(__float_as_int(P2) | 8);
-      auto bfp = [&](auto bigc) {
-        constexpr bool BIG = decltype(bigc)::value;
 #pragma unroll
-        for (int k = 0; k < LPT / 2; ++k) {
-          // one thread per vector: D is a compile-time sign on the multiplier (free FFMA negation)
-          const kv_u32 ww = TPV == 1 ? w[k] : w[k] ^ sgn_pair(k);
+      for (int k = 0; k < LPT / 2; ++k) {
+        // one thread per vector: D is a compile-time sign on the multiplier (free FFMA negation)
+        const kv_u32 ww = TPV == 1 ? w[k] : w[k] ^ sgn_pair(k);
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float f = DT == 0 ? h2f_half(ww, hh) : __int_as_float(hh ? (ww & 0xFFFF0000u) : (ww << 16));
-            const bool dn = TPV == 1 && kv_sign(SEED, HAS_SIGN, 2 * k + hh);
-            float F = BIG ? __fmaf_rn(bf16_x2p64(hh ? (ww & 0xFFFF0000u) : (ww << 16)), dn ? -P2p : P2p, CM)
-                          : __fmaf_rn(f, dn ? -P1p : P1p, CM);
-            yf[FLT ? 2 * k + hh : 0] = F;  // = CM + lane value; CM removed in the first butterfly
-          }
+        for (int hh = 0; hh < 2; ++hh) {
+          float f = DT == 0 ? h2f_half(ww, hh) : __int_as_float(hh ? (ww & 0xFFFF0000u) : (ww << 16));
+          const bool dn = TPV == 1 && kv_sign(SEED, HAS_SIGN, 2 * k + hh);
+          yf[FLT ? 2 * k + hh : 0] = __fmaf_rn(f, dn ? -P1p : P1p, CM);  // = CM + lane value (removed in stage 1)
         }
-      };
-      if (DT != 0 && P2 != 1.0f) bfp(kv_enc::bconst<true>{});
-      else bfp(kv_enc::bconst<false>{});
+      }
     } else {
 #pragma unroll
     for (int i = 0; i < LPT; ++i) {
       kv_u32 h = (w[i >> 1] >> (16 * (i & 1))) & 0xFFFFu;
       float f = DT == 0 ? h2f(h) : __int_as_float(h << 16);
-      // bf16 with -u >= 126: |f| 2^64 by exponent arithmetic (exact for subnormal lanes under FTZ)
-      float v = (DT != 0 && P2 != 1.0f) ? fabsf(bf16_x2p64(h << 16)) * P2 : fabsf(f) * P1;
+      float v = fabsf(f) * P1;
       float r = __fadd_rd(v, 0.5f);
       float n23 = __fadd_rd(r, 8388608.0f);  // 2^23 + floor(v + 1/2), exact
       const bool dneg = TPV == 1 ? kv_sign(SEED, HAS_SIGN, i)
