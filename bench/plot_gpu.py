@@ -4,6 +4,10 @@
 Left: decode time vs context for each batch size, packed 3-bit kernel vs SDPA bf16 (GQA 64/8).
 Right: speed-up over SDPA bf16 and % of the measured copy bandwidth, both GQA ratios.
 
+A version comparison file (gpu_bench_v2.json, written by ``gpu_bench.py --only versions``) gives
+bench/results/gpu_bench_v2.png instead: write-kernel time per quantizer (left) and decode time of the
+version-1 (midtread/up) and version-2 (midrise/nearest) caches next to SDPA bf16 (right).
+
 Usage: python3 bench/plot_gpu.py [JSON] [PNG]
 """
 
@@ -21,12 +25,56 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def plot_versions(r, dst):
+    """gpu_bench_v2.json -> bar charts (write kernel per quantizer; decode v1 / v2 / SDPA bf16)."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    copy = r.get("copy", {}).get("GBps", float("nan"))
+    wr = [w for w in r.get("write", []) if isinstance(w, dict) and "ms" in w]
+    labels = [w["label"] for w in wr]
+    cols = ["tab:blue" if "v1" in w["label"] else ("tab:orange" if "v2" in w["label"] else "tab:gray") for w in wr]
+    bars = a1.bar(range(len(wr)), [w["ms"] for w in wr], color=cols)
+    for b, w in zip(bars, wr):
+        a1.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{w['ms']:.3f}\n{w['pct_copy']:.0f}%",
+                ha="center", va="bottom", fontsize=7)
+    a1.set_xticks(range(len(wr)))
+    a1.set_xticklabels(labels, rotation=25, ha="right", fontsize=7)
+    a1.set_ylabel("ms (median), 16M vectors N=128")
+    a1.set_title(f"write kernel; % of copy bandwidth ({copy:.0f} GB/s)", fontsize=9)
+    a1.set_ylim(0, max([w["ms"] for w in wr] + [1]) * 1.25)
+    dec = [d for d in r.get("decode", []) if "v1_ms" in d]
+    x = range(len(dec))
+    wdt = 0.27
+    for k, (key, lab, col) in enumerate((("v1_ms", "v1 midtread/up", "tab:blue"),
+                                         ("v2_ms", "v2 midrise/nearest", "tab:orange"),
+                                         ("sdpa_bf16_ms", "SDPA bf16", "tab:gray"))):
+        vals = [d.get(key, float("nan")) for d in dec]
+        a2.bar([i + (k - 1) * wdt for i in x], vals, wdt, label=lab, color=col)
+    for i, d in enumerate(dec):
+        a2.text(i, d.get("sdpa_bf16_ms", 0) * 1.05, f"x{d.get('v1_speedup', float('nan')):.2f} / "
+                f"x{d.get('v2_speedup', float('nan')):.2f}", ha="center", fontsize=7)
+    a2.set_yscale("log")
+    a2.set_xticks(list(x))
+    a2.set_xticklabels([f"B{d['batch']} {d['q_heads']}/{d['kv_heads']} {d['context'] // 1024}K" for d in dec])
+    a2.set_ylabel("decode step, ms (median)")
+    a2.set_title(f"{r.get('device', '')}: decode, speed-up over SDPA (v1 / v2)", fontsize=9)
+    a2.legend(fontsize=7)
+    a2.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(f"wrote {dst}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     src = argv[0] if argv else os.path.join(HERE, "results", "gpu_bench.json")
     dst = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "gpu_bench.png")
     with open(src) as f:
         r = json.load(f)
+    if "versions" in r:
+        if len(argv) < 2:
+            dst = os.path.join(HERE, "results", "gpu_bench_v2.png")
+        plot_versions(r, dst)
+        return
     rows = [d for d in r.get("decode", []) if "ours_ms" in d]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = {1: "tab:blue", 8: "tab:orange", 32: "tab:green"}
