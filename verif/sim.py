@@ -28,8 +28,11 @@ planes fed to the decompressor directly vs sim_models.decode).
 
 Quantizer modes: every non-default value of a field the RTL implements
 (hw.epilogue.EPILOGUE_SUPPORT for the write path, RTL_ONLY for the read path)
-is one more config at N=128 (:func:`mode_configs`): adding a mode to the RTL
-adds it here.
+is covered by a config (:func:`mode_configs`) on N=64, G=32 (two blocks), b=3:
+in the default run the values of different fields are combined (config k has
+the k-th value of every field, e.g. midrise + e4m3fn + nearest); ``--configs
+all`` adds one config per value and the combinations on b = 2 and 4. Adding a
+mode to the RTL adds it here.
 
 The streaming sets run with random valid gaps, o__ready stalls, long stall
 bursts and status_clear pulses. Prints a summary table (with simulated
@@ -54,51 +57,82 @@ from .dut import BUILD, SimConfig, build, generate, run
 from .vectors import FIXTURE
 
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
-#: N = 64 / 128 / 256, b = 2 / 3 / 4, FWHT latency 1, 2 and log2 N, bf16 input
-#: (the only way to reach FLAG_SAT); quantizer modes are added by mode_configs().
-DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l6", "n256_g64_b3_l1", "n128_g64_b2_l7",
-                   "n128_g64_b4_l1", "n128_g64_b3_l2_bf16")
-#: Round-trip configs of a plain run: the default, N = 64 / 256 with b = 2 / 4.
-DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6", "rt_n256_g64_b4_l1")
-#: ``--quick`` (make test, CI): the two configs of the real K/V fixture and one
-#: small round trip with block alignment (N/G = 2).
+#: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64, 128,
+#: 256); bf16 input (the only way to reach FLAG_SAT). Chosen for build time (the
+#: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
+#: modes are added by mode_configs().
+DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n128_g64_b2_l7", "n64_g64_b2_l6", "n64_g32_b4_l1",
+                   "n256_g64_b3_l8", "n64_g64_b3_l2_bf16")
+#: Round-trip configs of a plain run: the default, and N = 64, G = 32, b = 2 at log2 N.
+DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6")
+#: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
+#: first mode combination the RTL implements, see quick_configs()) and one small
+#: round trip with block alignment (N/G = 2).
 QUICK_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2", "rt_n64_g32_b3_l2")
-#: Added by ``--configs all``: G = 32, FWHT latency 0, the remaining b / latency
-#: pairs, more round trips.
-EXTRA_CONFIGS = ("n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l2", "n256_g64_b3_l8",
-                 "n128_g64_b2_l2", "n128_g64_b4_l2", "rt_n64_g64_b4_l0", "rt_n128_g64_b2_l7",
-                 "rt_n128_g64_b4_l1", "rt_n256_g64_b2_l8", "rt_n256_g64_b3_l2",
-                 "rt_n128_g64_b3_l2_bf16")
+#: Added by ``--configs all``: G = 32, FWHT latency 0, the remaining N / b /
+#: latency pairs, bf16 at N = 128, more round trips.
+EXTRA_CONFIGS = ("n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l2", "n256_g64_b3_l1",
+                 "n128_g64_b4_l1", "n128_g64_b3_l2_bf16", "rt_n256_g64_b4_l1",
+                 "rt_n64_g64_b4_l0", "rt_n128_g64_b2_l7", "rt_n128_g64_b4_l1",
+                 "rt_n256_g64_b2_l8", "rt_n256_g64_b3_l2", "rt_n128_g64_b3_l2_bf16")
 #: N for which the real fixture supplies vectors.
 REAL_NS = (64, 128)
 #: FormatParams fields whose RTL-supported values get a config each.
 MODE_FIELDS = ("mode", "scale", "scale_rule", "scale_round")
 
 
-def mode_configs(base: str = "n128_g64_b3_l2") -> list[str]:
-    """One config per non-default quantizer mode / scale encoding / scale rule /
-    rounding that the RTL implements, on top of ``base``: the write path from
-    ``hw.epilogue.EPILOGUE_SUPPORT`` (epilogue configs), the read path from
-    ``hw.epilogue.RTL_ONLY`` (round-trip configs: values both paths support)."""
+#: Bases of the quantizer-mode configs: default run / added by ``--configs all``.
+MODE_BASES = ("n64_g32_b3_l2",)
+MODE_BASES_ALL = ("n64_g32_b2_l1", "n64_g32_b4_l6")
+
+
+def mode_values() -> tuple[dict, dict]:
+    """Non-default values the RTL implements per field of MODE_FIELDS: (write path
+    ``hw.epilogue.EPILOGUE_SUPPORT``, read path ``hw.epilogue.RTL_ONLY``)."""
     from hw import epilogue
-    epi = getattr(epilogue, "EPILOGUE_SUPPORT", {})
-    dec = getattr(epilogue, "RTL_ONLY", {})
-    b = SimConfig.parse(base)
     default = FormatParams()
     out = []
-    for f in MODE_FIELDS:
-        for v in epi.get(f, ()):
-            if v != getattr(default, f):
-                p = _with(b.params, f, v)
+    for table in (getattr(epilogue, "EPILOGUE_SUPPORT", {}), getattr(epilogue, "RTL_ONLY", {})):
+        out.append({f: [v for v in table.get(f, ()) if v != getattr(default, f)]
+                    for f in MODE_FIELDS})
+    return out[0], out[1]
+
+
+def mode_configs(bases=MODE_BASES, combine: bool = True) -> list[str]:
+    """Configs that cover every non-default quantizer mode / scale encoding / scale
+    rule / rounding the RTL implements (:func:`mode_values`), on each base.
+
+    ``combine``: config k takes the k-th value of every field at once (e.g.
+    midrise + e4m3fn + nearest), so max(values per field) configs cover all
+    values; a combination FormatParams refuses is split into one config per
+    value. Otherwise one config per value. A round-trip config is added for a
+    combination the read path implements too.
+    """
+    epi, dec = mode_values()
+    out = []
+    for base in bases:
+        b = SimConfig.parse(base)
+        if combine:
+            groups = [{f: vs[k] for f, vs in epi.items() if k < len(vs)}
+                      for k in range(max((len(vs) for vs in epi.values()), default=0))]
+        else:
+            groups = [{f: v} for f, vs in epi.items() for v in vs]
+        for g in groups:
+            try:
+                ps = [_with(b.params, g)]
+            except (ValueError, TypeError):
+                ps = [_with(b.params, {f: v}) for f, v in g.items()]
+            for p in ps:
                 out.append(SimConfig.from_params(p, b.latency).name)
-                if v in dec.get(f, ()):
+                if all(getattr(p, f) in dec[f] or getattr(p, f) == getattr(FormatParams(), f)
+                       for f in MODE_FIELDS):
                     out.append(SimConfig.from_params(p, b.latency, roundtrip=True).name)
-    return out
+    return list(dict.fromkeys(out))
 
 
-def _with(p: FormatParams, field: str, value) -> FormatParams:
+def _with(p: FormatParams, changes: dict) -> FormatParams:
     d = {k: v for k, v in p.to_dict().items() if k != "format_version"}
-    d[field] = value
+    d.update(changes)
     return FormatParams(**d)
 
 
@@ -183,14 +217,23 @@ def _error_row(name: str, what: str) -> dict:
             "cycles_per_vector": None, "vectors_per_s": None, "ok": False}
 
 
+def quick_configs() -> list[str]:
+    """QUICK_CONFIGS with the N=64 config in the first mode combination of
+    :func:`mode_configs` (e.g. midrise + nearest), if the RTL implements any."""
+    modes = [n for n in mode_configs(("n64_g64_b3_l2",)) if not n.startswith("rt_")]
+    return [modes[0] if (c == "n64_g64_b3_l2" and modes) else c for c in QUICK_CONFIGS]
+
+
 def config_names(spec: str | None, quick: bool) -> list[str]:
     if spec is None:
-        return list(QUICK_CONFIGS) if quick else (list(DEFAULT_CONFIGS) + mode_configs()
-                                                  + list(DEFAULT_RT_CONFIGS))
+        return quick_configs() if quick else (list(DEFAULT_CONFIGS) + mode_configs()
+                                              + list(DEFAULT_RT_CONFIGS))
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if names == ["all"]:
         names = list(DEFAULT_CONFIGS) + mode_configs() + list(DEFAULT_RT_CONFIGS) \
-            + list(EXTRA_CONFIGS)
+            + list(EXTRA_CONFIGS) + mode_configs(MODE_BASES, combine=False) \
+            + mode_configs(MODE_BASES_ALL)
+        names = list(dict.fromkeys(names))
     return names
 
 
@@ -198,7 +241,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verif.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help=f"configs {','.join(QUICK_CONFIGS)}, 1,000 random vectors, real set "
+                    help=f"configs {','.join(QUICK_CONFIGS)} (N=64 in the first quantizer-mode "
+                         "combination of the RTL), 1,000 random vectors, real set "
                          "subsampled to 2,000, no long-stall set (make test)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated configs [rt_]nN_gG_bB_lL[_bf16][_midrise]... "
