@@ -67,9 +67,12 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
 
 def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray,
             zeros: np.ndarray | None = None, seed: int = 1,
-            *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12):
-    """Stream the planes through the DUT; returns (expected, got, stats)."""
-    ins = pack_planes(codes, scales, p, zeros)
+            *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
+            raw_scales: np.ndarray | None = None):
+    """Stream the planes through the DUT; returns (expected, got, stats).
+    ``raw_scales``: scale bytes fed to the DUT instead of ``scales`` (the
+    expected outputs still come from ``scales``)."""
+    ins = pack_planes(codes, scales if raw_scales is None else raw_scales, p, zeros)
     exp = expected_outputs(codes, scales, p, zeros)
     dut = KVDecompressor(p, latency)
     lat = dut.latency_cycles
@@ -190,6 +193,17 @@ MODE_QUICK = [
     ("midrise", "ue5m3", 128, 32, 4, "bf16", 3, {}),
     ("midrise", "ue5m3", 128, 64, 2, "fp16", 7, {"scale_round": "nearest", "sign_seed": None}),
     ("midtread", "ue5m3", 64, 32, 3, "fp16", 2, {"scale_round": "nearest", "scale_mult": 300}),
+    ("lloydmax", "ue5m3", 64, 64, 2, "fp16", 2, {}),
+    ("lloydmax", "ue5m3", 64, 16, 3, "bf16", 1, {"scale_rule": "rms"}),
+    ("lloydmax", "ue5m3", 128, 32, 4, "fp16", 3, {"scale_round": "nearest"}),
+    ("lloydmax", "ue4m4", 64, 16, 4, "fp16", 0, {}),
+    ("midrise", "e4m3fn", 64, 16, 3, "fp16", 2, {}),
+    ("midrise", "e5m2", 64, 16, 2, "bf16", 1, {"scale_round": "nearest"}),
+    ("midrise", "ue4m4", 128, 32, 3, "fp16", 2, {}),
+    ("midtread", "e4m3fn", 64, 8, 4, "bf16", 2, {}),
+    ("midtread", "e5m2", 128, 64, 3, "fp16", 4, {}),
+    ("lloydmax", "e5m2", 64, 32, 4, "bf16", 2, {}),
+    ("lloydmax", "e4m3fn", 64, 32, 2, "fp16", 6, {}),
 ]
 
 
@@ -215,6 +229,19 @@ def test_v2_default_config():
     ue5m3) at N=128, G=64, b=3, latency 2."""
     p = FormatParams(mode="midrise", scale_round="nearest")
     check(p, 2, *planes_for(p, 200 if FULL else 8, 1 if FULL else 6, seed=5))
+
+
+@pytest.mark.parametrize("scale", ["e4m3fn", "e5m2"])
+def test_scale_sign_bit_ignored(scale):
+    """OCP FP8 scale bytes with the sign bit set (never written, refused by the golden
+    model) decode like the byte with the sign bit cleared (documented RTL behaviour)."""
+    p = FormatParams(n=64, block=16, bits=3, mode="midrise", scale=scale)
+    codes, scales = random_planes(p, 24, 3)
+    rng = np.random.default_rng(4)
+    raw = scales | (rng.integers(0, 2, scales.shape) << 7).astype(np.uint8)
+    assert (raw != scales).any()
+    exp, got, _ = run_dut(p, 2, codes, scales, None, 3, raw_scales=raw)
+    assert got == exp
 
 
 def _full_cases():
@@ -259,6 +286,24 @@ def test_adversarial_coverage(mode):
         if p.n_blocks == 1 and b == 2 and mode in ("midtread", "midrise"):
             continue                      # |S| < 2^11 or S even: no fp16 tie exists
         assert (tie & odd).sum() >= 5 and (tie & ~odd).sum() >= 5, (tie & odd).sum()
+
+
+@pytest.mark.parametrize("scale", ["e4m3fn", "e5m2", "ue4m4"])
+def test_adversarial_coverage_encodings(scale):
+    """Per scale encoding: subnormal outputs, the full exponent span (smallest next
+    to largest byte), ties both ways, and saturation where the encoding reaches
+    it (e5m2: 57344 * 3/N > 65504 is possible; e4m3fn / ue4m4 top out below)."""
+    for mode in ("midrise", "lloydmax"):
+        for n, b in ((64, 2), (128, 3), (256, 4)):
+            p = FormatParams(n=n, block=64 if n > 64 else 16, bits=b, mode=mode, scale=scale)
+            codes, scales = adversarial_planes(p, 1)
+            out = round_to_input_type(decode_float(codes, scales, p), p)
+            sb = scale_bytes(p)
+            assert (((out & 0x7C00) == 0) & ((out & 0x3FF) != 0)).any()
+            assert ((scales.min(axis=1) == sb[0]) & (scales.max(axis=1) == sb[-1])).any()
+            assert ((out & 0x7FFF) == 0x7BFF).any() == (scale == "e5m2")
+            tie, odd = tie_lanes(codes, scales, p)
+            assert (tie & odd).sum() >= 5 and (tie & ~odd).sum() >= 5
 
 
 # ---- the float conversion on its own ---------------------------------------------------
