@@ -27,7 +27,8 @@ kv_decompressor vs sim_models.decode(encode(x)), plus arbitrary code/scale
 planes fed to the decompressor directly vs sim_models.decode).
 
 Quantizer modes: every non-default value of a field the RTL implements
-(hw.epilogue.EPILOGUE_SUPPORT for the write path, RTL_ONLY for the read path)
+(hw.epilogue.EPILOGUE_SUPPORT for the write path, hw.dequant.READ_SUPPORT for
+the read path: round-trip configs for combinations both paths implement)
 is covered by a config (:func:`mode_configs`) on N=64, G=32 (two blocks), b=3:
 in the default run the values of different fields are combined (config k has
 the k-th value of every field, e.g. midrise + e4m3fn + nearest); ``--configs
@@ -36,7 +37,8 @@ mode to the RTL adds it here.
 
 The streaming sets run with random valid gaps, o__ready stalls, long stall
 bursts and status_clear pulses. Prints a summary table (with simulated
-vectors/s) and writes it as JSON to build/sim_summary.json; exits 1 on any
+vectors per wall-clock second of the streaming loop and per CPU second of the
+simulator process, the latter less sensitive to other load on the machine) and writes it as JSON to build/sim_summary.json; exits 1 on any
 mismatch or error. A failing test is rerun with FST tracing: the waveform's
 path is printed (build/waves/<config>/...; KV_WAVES=0 turns this off).
 """
@@ -88,14 +90,20 @@ MODE_BASES_ALL = ("n64_g32_b2_l1", "n64_g32_b4_l6")
 
 def mode_values() -> tuple[dict, dict]:
     """Non-default values the RTL implements per field of MODE_FIELDS: (write path
-    ``hw.epilogue.EPILOGUE_SUPPORT``, read path ``hw.epilogue.RTL_ONLY``)."""
+    ``hw.epilogue.EPILOGUE_SUPPORT``, read path ``hw.dequant.READ_SUPPORT`` where
+    it exists (fields it does not list: every value), else ``hw.epilogue.RTL_ONLY``)."""
     from hw import epilogue
+    try:
+        from hw.dequant import READ_SUPPORT as read
+        read_all = True
+    except ImportError:
+        read, read_all = getattr(epilogue, "RTL_ONLY", {}), False
     default = FormatParams()
-    out = []
-    for table in (getattr(epilogue, "EPILOGUE_SUPPORT", {}), getattr(epilogue, "RTL_ONLY", {})):
-        out.append({f: [v for v in table.get(f, ()) if v != getattr(default, f)]
-                    for f in MODE_FIELDS})
-    return out[0], out[1]
+    epi = getattr(epilogue, "EPILOGUE_SUPPORT", {})
+    w = {f: [v for v in epi.get(f, ()) if v != getattr(default, f)] for f in MODE_FIELDS}
+    r = {f: [v for v in (read[f] if f in read else (w[f] if read_all else ()))
+             if v != getattr(default, f)] for f in MODE_FIELDS}
+    return w, r
 
 
 def mode_configs(bases=MODE_BASES, combine: bool = True) -> list[str]:
@@ -187,7 +195,7 @@ def _fmt_row(cols, widths):
 
 
 HEADER = ("config", "vector set", "vectors", "mismatches", "latency cycles",
-          "cycles/vector", "sim vectors/s", "result")
+          "cycles/vector", "sim vectors/s", "vectors/CPU s", "result")
 
 
 def table(rows: list[dict]) -> str:
@@ -196,6 +204,7 @@ def table(rows: list[dict]) -> str:
         cells.append((r["config"], r["set"], r["vectors"], r["mismatches"], r["latency"],
                       "-" if r["cycles_per_vector"] is None else f"{r['cycles_per_vector']:.3f}",
                       "-" if r["vectors_per_s"] is None else f"{r['vectors_per_s']:.0f}",
+                      "-" if r.get("vectors_per_cpu_s") is None else f"{r['vectors_per_cpu_s']:.0f}",
                       "ok" if r["ok"] else "FAIL"))
     widths = [max(len(str(c[i])) for c in cells) for i in range(len(HEADER))]
     lines = [_fmt_row(cells[0], widths), _fmt_row(["-" * w for w in widths], widths)]
@@ -209,7 +218,8 @@ def row_of(name: str, ph: dict) -> dict:
     cpv = ph.get("span_cycles_per_vector") if ph["set"] == "throughput" else ph.get("cycles_per_vector")
     return {"config": name, "set": ph["set"], "vectors": ph["vectors"],
             "mismatches": ph["mismatches"], "latency": latency, "cycles_per_vector": cpv,
-            "vectors_per_s": ph.get("vectors_per_s"), "ok": bool(ph["ok"])}
+            "vectors_per_s": ph.get("vectors_per_s"),
+            "vectors_per_cpu_s": ph.get("vectors_per_cpu_s"), "ok": bool(ph["ok"])}
 
 
 def _error_row(name: str, what: str) -> dict:
