@@ -212,13 +212,18 @@ def test_sim_cli_rejects_bad_config(capsys):
 
 # --- RTL ------------------------------------------------------------------------
 
+def _passing(dut_build, tag: str, tests: list[str]) -> dict:
+    """Run cocotb ``tests`` (one phase each); all must pass. Returns {set: phase}."""
+    cfg, files, bdir, man = dut_build
+    res = run(cfg, files, bdir, man, _job([]), tag=tag, testcase=tests)
+    assert res["tests"]["failed"] == 0 and len(res["phases"]) == len(tests), _failures(res)
+    return {ph["set"]: ph for ph in res["phases"]}
+
+
 def test_latency_throughput(dut_build):
     """Measured latency == manifest latency_cycles; 1 vector/cycle at full load."""
-    cfg, files, bdir, man = dut_build
-    res = run(cfg, files, bdir, man, _job([]), tag="pytest_lat",
-              testcase=["test_latency", "test_throughput"])
-    assert res["tests"]["failed"] == 0 and len(res["phases"]) == 2, _failures(res)
-    lat = {ph["set"]: ph for ph in res["phases"]}
+    lat = _passing(dut_build, "pytest_lat", ["test_latency", "test_throughput"])
+    man = dut_build[3]
     assert lat["latency"]["latency_min"] == man["latency_cycles"] == lat["latency"]["latency_max"]
     assert lat["throughput"]["span_cycles_per_vector"] == 1.0
 
@@ -243,11 +248,7 @@ def test_vectors_with_stalls(dut_build):
 
 def test_reset_and_status(dut_build):
     """Mid-stream resets; sticky status and status_clear."""
-    cfg, files, bdir, man = dut_build
-    res = run(cfg, files, bdir, man, _job([]), tag="pytest_reset",
-              testcase=["test_reset_midstream", "test_status_clear"])
-    assert res["tests"]["failed"] == 0 and len(res["phases"]) == 2, _failures(res)
-    by = {ph["set"]: ph for ph in res["phases"]}
+    by = _passing(dut_build, "pytest_reset", ["test_reset_midstream", "test_status_clear"])
     assert by["reset_midstream"]["resets"] > 0 and by["status_clear"]["status_violations"] == 0
 
 
