@@ -31,8 +31,9 @@ Quantizer modes: every non-default value of a field the RTL implements
 the read path: round-trip configs for combinations both paths implement)
 is covered by a config (:func:`mode_configs`) on N=64, G=32 (two blocks), b=3:
 in the default run the values of different fields are combined (config k has
-the k-th value of every field, e.g. midrise + e4m3fn + nearest); ``--configs
-all`` adds one config per value and the combinations on b = 2 and 4. Adding a
+the k-th value of every field, e.g. midrise + e4m3fn + nearest), plus the round
+trip of the first combination; ``--configs all`` adds the round trips of the
+other combinations, one config per value and the combinations on b = 2 and 4. Adding a
 mode to the RTL adds it here.
 
 The streaming sets run with random valid gaps, o__ready stalls, long stall
@@ -59,12 +60,12 @@ from .dut import BUILD, SimConfig, build, generate, run
 from .vectors import FIXTURE
 
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
-#: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64, 128,
+#: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and
 #: 256); bf16 input (the only way to reach FLAG_SAT). Chosen for build time (the
 #: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
 #: modes are added by mode_configs().
-DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n128_g64_b2_l7", "n64_g64_b2_l6", "n64_g32_b4_l1",
-                   "n256_g64_b3_l8", "n64_g64_b3_l2_bf16")
+DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b2_l6", "n64_g32_b4_l1", "n256_g64_b3_l8",
+                   "n64_g64_b3_l2_bf16")
 #: Round-trip configs of a plain run: the default, and N = 64, G = 32, b = 2 at log2 N.
 DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
@@ -73,7 +74,7 @@ DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6")
 QUICK_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2", "rt_n64_g32_b3_l2")
 #: Added by ``--configs all``: G = 32, FWHT latency 0, the remaining N / b /
 #: latency pairs, bf16 at N = 128, more round trips.
-EXTRA_CONFIGS = ("n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l2", "n256_g64_b3_l1",
+EXTRA_CONFIGS = ("n128_g64_b2_l7", "n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l2", "n256_g64_b3_l1",
                  "n128_g64_b4_l1", "n128_g64_b3_l2_bf16", "rt_n256_g64_b4_l1",
                  "rt_n64_g64_b4_l0", "rt_n128_g64_b2_l7", "rt_n128_g64_b4_l1",
                  "rt_n256_g64_b2_l8", "rt_n256_g64_b3_l2", "rt_n128_g64_b3_l2_bf16")
@@ -106,7 +107,7 @@ def mode_values() -> tuple[dict, dict]:
     return w, r
 
 
-def mode_configs(bases=MODE_BASES, combine: bool = True) -> list[str]:
+def mode_configs(bases=MODE_BASES, combine: bool = True, rt_limit: int | None = 1) -> list[str]:
     """Configs that cover every non-default quantizer mode / scale encoding / scale
     rule / rounding the RTL implements (:func:`mode_values`), on each base.
 
@@ -114,12 +115,14 @@ def mode_configs(bases=MODE_BASES, combine: bool = True) -> list[str]:
     midrise + e4m3fn + nearest), so max(values per field) configs cover all
     values; a combination FormatParams refuses is split into one config per
     value. Otherwise one config per value. A round-trip config is added for a
-    combination the read path implements too.
+    combination the read path implements too (at most ``rt_limit`` per base;
+    None: all), first combination first.
     """
     epi, dec = mode_values()
     out = []
     for base in bases:
         b = SimConfig.parse(base)
+        n_rt = 0
         if combine:
             groups = [{f: vs[k] for f, vs in epi.items() if k < len(vs)}
                       for k in range(max((len(vs) for vs in epi.values()), default=0))]
@@ -132,9 +135,11 @@ def mode_configs(bases=MODE_BASES, combine: bool = True) -> list[str]:
                 ps = [_with(b.params, {f: v}) for f, v in g.items()]
             for p in ps:
                 out.append(SimConfig.from_params(p, b.latency).name)
-                if all(getattr(p, f) in dec[f] or getattr(p, f) == getattr(FormatParams(), f)
-                       for f in MODE_FIELDS):
+                if (rt_limit is None or n_rt < rt_limit) and all(
+                        getattr(p, f) in dec[f] or getattr(p, f) == getattr(FormatParams(), f)
+                        for f in MODE_FIELDS):
                     out.append(SimConfig.from_params(p, b.latency, roundtrip=True).name)
+                    n_rt += 1
     return list(dict.fromkeys(out))
 
 
@@ -241,8 +246,9 @@ def config_names(spec: str | None, quick: bool) -> list[str]:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if names == ["all"]:
         names = list(DEFAULT_CONFIGS) + mode_configs() + list(DEFAULT_RT_CONFIGS) \
-            + list(EXTRA_CONFIGS) + mode_configs(MODE_BASES, combine=False) \
-            + mode_configs(MODE_BASES_ALL)
+            + list(EXTRA_CONFIGS) + mode_configs(MODE_BASES, rt_limit=None) \
+            + mode_configs(MODE_BASES, combine=False, rt_limit=None) \
+            + mode_configs(MODE_BASES_ALL, rt_limit=None)
         names = list(dict.fromkeys(names))
     return names
 
