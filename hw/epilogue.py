@@ -73,8 +73,8 @@ RTL_ONLY = {
 
 #: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
 EPILOGUE_SUPPORT = {
-    "mode": ("midtread", "midrise"),
-    "scale": ("ue5m3",),
+    "mode": ("midtread", "midrise", "lloydmax"),
+    "scale": ("ue5m3", "e4m3fn", "e5m2", "ue4m4"),
     "scale_rule": ("max",),
     "scale_round": ("up", "nearest"),
     "scale_mult": (None, 256),
@@ -108,10 +108,10 @@ def check_params(p: FormatParams) -> FormatParams:
 def check_epilogue_params(p: FormatParams) -> FormatParams:
     """Refuse format options the write path (KVEpilogue) does not implement.
 
-    Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise, scale
-    encoding ue5m3, scale rule max with multiplier 1 (None or 256), scale
-    rounding up / nearest; every n / block / bits / mant_bits / dtype /
-    sign_seed that FormatParams accepts.
+    Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise / lloydmax,
+    scale encodings ue5m3 / e4m3fn / e5m2 / ue4m4, scale rule max with
+    multiplier 1 (None or 256), scale rounding up / nearest; every n / block /
+    bits / mant_bits / dtype / sign_seed that FormatParams accepts.
 
     Raises:
         TypeError: not a FormatParams. ValueError: the message names the field.
@@ -208,7 +208,7 @@ class KVEpilogue(wiring.Component):
         # quantizer
         m.submodules.quant = qz = Quantizer(p.n, p.block, p.bits, p.fwht_width, ush,
                                             mode=p.mode, rounding=p.scale_round,
-                                            regs=self.quant_regs)
+                                            regs=self.quant_regs, scale=p.scale)
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o[:ush.width]), qz.flags_i.eq(fw.side_o[ush.width:])]
 

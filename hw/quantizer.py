@@ -3,12 +3,15 @@
 Bit-exact with the golden model (``sim_models.scale_rules.choose_scale_bytes``
 + ``sim_models.quant_modes.quantize``; for the version-1 quantizer also
 ``sim_models.quant``), without dividers. Rules: docs/ACCURACY.md, "Exact
-integer rules". Supported here: mode ``midtread`` / ``midrise``, scale rule
-``max`` (multiplier 1), rounding ``up`` / ``nearest``, encoding ``ue5m3``.
+integer rules". Supported here: mode ``midtread`` / ``midrise`` /
+``lloydmax``, scale rule ``max`` (multiplier 1), rounding ``up`` /
+``nearest``, encodings ``ue5m3`` / ``e4m3fn`` / ``e5m2`` / ``ue4m4`` (written
+below for ue5m3; the others change Mb, the bias and the largest byte).
 
 Scale selection (:class:`ScaleSelect`). Block maximum A = max|y| (units of
 2^u), K = the number of scale units A maps to (midtread h-1, midrise h,
-h = 2^(b-1)). Every byte s has a *decision value* D(s) = c(s) 2^x(s):
+lloydmax L_top/256 = k/2^8, computed as k with u + 8; h = 2^(b-1)). Every
+byte s has a *decision value* D(s) = c(s) 2^x(s):
 
 * ``up``:      D(s) = scale(s) = sig 2^exp;   byte = smallest s in 1..255 with
   A 2^u <= K D(s), else 255.
@@ -61,12 +64,17 @@ from amaranth.hdl import Cat, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from sim_models.lloyd_max import LEVEL_FRAC_BITS, levels, threshold_sums
+from sim_models.minifloat import scale_encoding
+
 from .frontend import tree_reduce
 
 SCALE_MAX_E = 31
 #: Quantizer modes and scale roundings implemented here.
-MODES = ("midtread", "midrise")
+MODES = ("midtread", "midrise", "lloydmax")
 ROUNDINGS = ("up", "nearest")
+#: Scale-byte encodings implemented here (sim_models.minifloat).
+SCALES = ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
 #: Pipeline cut points of :class:`Quantizer`, in data-flow order: in the middle
 #: of the block max tree (after floor(log2(G)/2) levels), after the block max
 #: tree, inside the scale select (after leading-one + normalization), after the
@@ -85,23 +93,30 @@ def _bounds(shape: Shape) -> tuple[int, int]:
     return 0, (1 << shape.width) - 1
 
 
-def k_units(mode: str, bits: int) -> int:
-    """K of the max rule: scale units the block maximum maps to (midtread h-1, midrise h)."""
+def k_units(mode: str, bits: int) -> tuple[int, int]:
+    """(k, k_shift): the max rule's K = k / 2^k_shift, the scale units the block
+    maximum maps to (midtread h-1, midrise h, lloydmax L_top / 256;
+    sim_models.scale_rules.max_units)."""
     h = 1 << (bits - 1)
     if mode == "midtread":
-        return h - 1
+        return h - 1, 0
     if mode == "midrise":
-        return h
+        return h, 0
+    if mode == "lloydmax":
+        return int(levels(bits)[-1]), LEVEL_FRAC_BITS
     raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
 
 
 def code_coefs(mode: str, bits: int) -> tuple[tuple[int, ...], int]:
-    """(a_j for j = 1..h-1, f): lane threshold j is |y| 2^u 2^f >= a_j scale."""
+    """(a_j for j = 1..h-1, f): lane threshold j is |y| 2^u 2^f >= a_j scale
+    (midtread 2j-1, f = 1; midrise j, f = 0; lloydmax L[j-1] + L[j], f = 9)."""
     h = 1 << (bits - 1)
     if mode == "midtread":
         return tuple(2 * j - 1 for j in range(1, h)), 1
     if mode == "midrise":
         return tuple(range(1, h)), 0
+    if mode == "lloydmax":
+        return tuple(int(v) for v in threshold_sums(bits)), LEVEL_FRAC_BITS + 1
     raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
 
 
@@ -136,38 +151,61 @@ def leading_one(m: Module, a, name: str):
     return nodes[0][1], nodes[0][0]
 
 
-def _scale_rule(k: int, rounding: str):
-    """(c_m for m = 0..7, E0, d_s for s = 1..7, z offset, ceil?) of the ue5m3 decision values."""
+def _encoding(name: str):
+    """The sim_models ScaleEncoding ``name`` (ValueError naming ``scale`` if unknown)."""
+    if name not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES} in the RTL quantizer, got {name!r}")
+    return scale_encoding(name)
+
+
+def _scale_rule(k: int, rounding: str, scale: str = "ue5m3"):
+    """Constants of the decision values of encoding ``scale`` (module docstring).
+
+    Returns (c_m for m = 0 .. 2^Mb - 1, E0, d_s for s = 1 .. 2^Mb - 1, z offset, ceil?).
+    """
+    enc = _encoding(scale)
+    mb, bias = enc.mant_bits, enc.bias
+    nm = 1 << mb
     if rounding == "up":
-        return [k * (8 + i) for i in range(8)], 10, [k * s for s in range(1, 8)], 9, True
+        return ([k * (nm + i) for i in range(nm)], bias + mb, [k * s for s in range(1, nm)],
+                bias + mb - 1, True)
     if rounding == "nearest":
-        return [k * (17 + 2 * i) for i in range(8)], 11, [k * (2 * s + 1) for s in range(1, 8)], 10, False
+        return ([k * (2 * (nm + i) + 1) for i in range(nm)], bias + mb + 1,
+                [k * (2 * s + 1) for s in range(1, nm)], bias + mb, False)
     raise ValueError(f"scale_round must be one of {ROUNDINGS} in the RTL quantizer, got {rounding!r}")
 
 
 class ScaleSelect(wiring.Component):
-    """Combinational ue5m3 scale-byte selector for the max rule (see module docstring).
+    """Combinational scale-byte selector for the max rule (see module docstring).
 
     Args:
         a_width: width of the unsigned block maximum A.
         u_shape: shape of the signed unit exponent u.
-        k: K, scale units the block maximum maps to (:func:`k_units`), >= 1.
+        k: K (times 2^k_shift), scale units the block maximum maps to
+            (:func:`k_units`), an int >= 1.
         rounding: ``"up"`` or ``"nearest"`` (``FormatParams.scale_round``).
         pipelined: register (advanced by ``en``) after the leading-one detect and
             normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
+        scale: scale-byte encoding (``FormatParams.scale``), default ``"ue5m3"``.
+        k_shift: K = k / 2^k_shift (lloydmax: L_top / 256); the rule compares
+            ``k D(s) >= A 2^(u + k_shift)``.
 
     Ports: ``a``, ``u``, ``en`` in; ``byte`` (8), ``sat`` (1) out.
 
     Raises:
-        ValueError: ``k`` < 1 or an unknown ``rounding``.
+        ValueError: ``k`` < 1, ``k_shift`` < 0, an unknown ``rounding`` or ``scale``.
     """
 
-    def __init__(self, a_width: int, u_shape, k: int, rounding: str, pipelined: bool = False):
+    def __init__(self, a_width: int, u_shape, k: int, rounding: str, pipelined: bool = False,
+                 scale: str = "ue5m3", k_shift: int = 0):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (scale units of the block maximum) must be an int >= 1, got {k!r}")
-        _scale_rule(k, rounding)
+        if not isinstance(k_shift, int) or k_shift < 0:
+            raise ValueError(f"k_shift must be an int >= 0, got {k_shift!r}")
+        _scale_rule(k, rounding, scale)
         self.a_width, self.u_shape, self.k, self.rounding = a_width, Shape.cast(u_shape), k, rounding
         self.pipelined = bool(pipelined)
+        self.scale, self.k_shift = scale, k_shift
         super().__init__({
             "a": In(a_width),
             "u": In(u_shape),
@@ -179,11 +217,17 @@ class ScaleSelect(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         K = self.k
-        cn, e0, cs, zoff, ceil = _scale_rule(K, self.rounding)
-        J = cn[7].bit_length() - 1
-        J_up = (15 * K).bit_length() - 1
-        W = max(self.a_width, J + 1, J_up + 1)
+        enc = _encoding(self.scale)
+        mb, nm = enc.mant_bits, 1 << enc.mant_bits
+        e_top = (int(enc.bytes[-1]) >> mb)          # largest exponent field in use
+        byte_max = int(enc.bytes[-1])
+        sig_top, exp_top = int(enc.sig[-1]), int(enc.exp[-1])
+        cn, e0, cs, zoff, ceil = _scale_rule(K, self.rounding, self.scale)
+        J = cn[-1].bit_length() - 1
+        J_s = (K * sig_top).bit_length() - 1       # FLAG_SAT: compare with K scale(byte_max)
+        W = max(self.a_width, J + 1, J_s + 1)
         ulo, uhi = _bounds(self.u_shape)
+        ulo, uhi = ulo + self.k_shift, uhi + self.k_shift
 
         a = Signal(W)
         m.d.comb += a.eq(self.a)
@@ -204,8 +248,9 @@ class ScaleSelect(wiring.Component):
             return r
 
         r = top_bits(J, ceil, "r")
-        r_up = None if ceil else top_bits(J_up, True, "r_up")
-        u = self.u
+        r_s = top_bits(J_s, True, "r_sat")
+        u = Signal(_shape_range(ulo, uhi), name="u_eff")
+        m.d.comb += u.eq(self.u + self.k_shift)
         if self.pipelined:
             def reg(v, name, reset_less=True):
                 q = Signal.like(v, name=name, reset_less=reset_less)
@@ -215,20 +260,19 @@ class ScaleSelect(wiring.Component):
             # norm_nz has a reset only so that the module's rst port is used (lint)
             k, nz, r, u = (reg(k, "norm_k"), reg(nz, "norm_nz", False), reg(r, "norm_r"),
                            reg(u, "norm_u"))
-            if r_up is not None:
-                r_up = reg(r_up, "norm_r_up")
+            r_s = reg(r_s, "norm_r_sat")
         fit_j = Signal()
-        m.d.comb += fit_j.eq(r <= cn[7])
-        mant = Signal(3)
+        m.d.comb += fit_j.eq(r <= cn[-1])
+        mant = Signal(mb)
         with m.If(fit_j):
-            m.d.comb += mant.eq(sum(r > cn[i] for i in range(7)))
+            m.d.comb += mant.eq(sum(r > cn[i] for i in range(nm - 1)))
         with m.Else():
-            m.d.comb += mant.eq(sum(r > 2 * cn[i] for i in range(7)))
+            m.d.comb += mant.eq(sum(r > 2 * cn[i] for i in range(nm - 1)))
         # virtual exponent field e = k + u + E0 - j
         ev = Signal(_shape_range(ulo + e0 - J, W - 1 + uhi + e0 - J + 1))
         m.d.comb += ev.eq(k + u + (e0 - J) + ~fit_j)
 
-        # bytes 1..8: D(s) = K d_s 2^-(zoff)
+        # bytes 1 .. 2^Mb: D(s) = K d_s 2^-(zoff)
         zr = Signal(_shape_range(J - zoff - (W - 1) - uhi, J - zoff - ulo))
         m.d.comb += zr.eq(J - zoff - k - u)
         z = Signal(range(J + 2))
@@ -237,23 +281,23 @@ class ScaleSelect(wiring.Component):
         m.d.comb += rs.eq(r >> z)
         rc = Signal(J + 3)
         m.d.comb += rc.eq(rs + ((rs << z) != r))
-        sub = Signal(4)
+        sub = Signal(mb + 1)
         m.d.comb += sub.eq(1 + sum(rc > c for c in cs))
 
-        # FLAG_SAT: the "up" rule's virtual exponent exceeds 31
-        if ceil:
-            sat_e = ev
-        else:
-            sat_e = Signal(_shape_range(ulo + 10 - J_up, W - 1 + uhi + 10 - J_up + 1), name="ev_up")
-            m.d.comb += sat_e.eq(k + u + (10 - J_up) + (r_up > 15 * K))
-        m.d.comb += self.sat.eq(nz & (sat_e > SCALE_MAX_E))
+        # FLAG_SAT: A 2^u > K scale(byte_max) = K sig_top 2^exp_top, in [2^kv, 2^(kv+1))
+        kv = J_s + exp_top
+        ku = Signal(_shape_range(ulo, W - 1 + uhi), name="ku")
+        m.d.comb += ku.eq(k + u)
+        m.d.comb += self.sat.eq(nz & ((ku > kv) | ((ku == kv) & (r_s > K * sig_top))))
 
+        vbyte = Signal(mb + enc.exp_bits + 1, name="vbyte")     # virtual byte, unclamped
+        m.d.comb += vbyte.eq(Cat(mant, ev[:enc.exp_bits + 1]))
         with m.If(~nz):
             m.d.comb += self.byte.eq(1)
-        with m.Elif(ev > SCALE_MAX_E):
-            m.d.comb += self.byte.eq(0xFF)
+        with m.Elif(ev > e_top):
+            m.d.comb += self.byte.eq(byte_max)
         with m.Elif(ev >= 1):
-            m.d.comb += self.byte.eq(Cat(mant, ev[:5]))
+            m.d.comb += self.byte.eq(Mux(vbyte > byte_max, byte_max, vbyte))
         with m.Else():
             m.d.comb += self.byte.eq(sub)
         return m
@@ -265,17 +309,20 @@ class Thresholds(wiring.Component):
     Args:
         y_width: width of |y|; thresholds saturate to 2^y_width (no |y| reaches it).
         u_shape: shape of u.
-        coefs: a_j (positive ints), f: fraction bits (:func:`code_coefs`).
+        coefs: a_j (positive ints), frac: f (:func:`code_coefs`).
+        scale: scale-byte encoding of ``byte`` (default ``"ue5m3"``).
 
-    Ports: ``byte`` (ue5m3), ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
+    Ports: ``byte``, ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
     Combinational.
     """
 
-    def __init__(self, y_width: int, u_shape, coefs, frac: int):
+    def __init__(self, y_width: int, u_shape, coefs, frac: int, scale: str = "ue5m3"):
         self.y_width, self.u_shape = y_width, Shape.cast(u_shape)
         self.coefs, self.frac = tuple(int(c) for c in coefs), int(frac)
         if not self.coefs or min(self.coefs) < 1 or self.frac < 0:
             raise ValueError(f"coefs must be positive ints and frac >= 0, got {coefs!r}, {frac!r}")
+        _encoding(scale)
+        self.scale = scale
         super().__init__({
             "byte": In(8),
             "u": In(u_shape),
@@ -284,16 +331,19 @@ class Thresholds(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        enc = _encoding(self.scale)
+        mb, eb, bias = enc.mant_bits, enc.exp_bits, enc.bias
         wy = self.y_width
-        cbits = (max(self.coefs) * 15).bit_length()
-        e = self.byte[3:8]
-        mm = self.byte[:3]
-        sig = Signal(4)
-        m.d.comb += sig.eq(Mux(e == 0, mm, mm + 8))
+        cbits = (max(self.coefs) * ((2 << mb) - 1)).bit_length()
+        e = self.byte[mb:mb + eb]
+        mm = self.byte[:mb]
+        sig = Signal(mb + 1)
+        m.d.comb += sig.eq(Mux(e == 0, mm, mm + (1 << mb)))
         ulo, uhi = _bounds(self.u_shape)
         f = self.frac
-        d = Signal(_shape_range(1 - 10 - uhi - f, 31 - 10 - ulo - f))
-        m.d.comb += d.eq(Mux(e == 0, 1, e) - 10 - self.u - f)
+        off = bias + mb + f
+        d = Signal(_shape_range(1 - off - uhi, (1 << eb) - 1 - off - ulo))
+        m.d.comb += d.eq(Mux(e == 0, 1, e) - off - self.u)
         dp = Signal(range(wy + 1))
         m.d.comb += dp.eq(Mux(d < 0, 0, Mux(d > wy, wy, d)))
         dn = Signal(range(cbits + 1))
@@ -341,9 +391,10 @@ class Quantizer(wiring.Component):
         n, block, bits: N, G, b.
         y_in_width: signed width of the FWHT output lanes (M + log2 N).
         u_shape: shape of the unit exponent.
-        mode: ``"midtread"`` or ``"midrise"``.
+        mode: ``"midtread"``, ``"midrise"`` or ``"lloydmax"``.
         rounding: scale rounding, ``"up"`` or ``"nearest"``.
         regs: register cut points, a subset of :data:`QUANT_CUTS`; latency = len(regs).
+        scale: scale-byte encoding (:data:`SCALES`).
 
     Ports: ``en`` (advance the registers), ``i_valid``, ``y``, ``u``, ``flags_i``
     (NaN, Inf) in; ``o_valid``, ``codes``, ``scales``, ``flags`` (NaN, Inf, SAT)
@@ -351,11 +402,12 @@ class Quantizer(wiring.Component):
     """
 
     def __init__(self, n: int, block: int, bits: int, y_in_width: int, u_shape, *,
-                 mode: str, rounding: str, regs=("scale",)):
+                 mode: str, rounding: str, regs=("scale",), scale: str = "ue5m3"):
         self.n, self.block, self.bits = n, block, bits
-        self.kunits = k_units(mode, bits)
+        self.kunits, self.k_shift = k_units(mode, bits)
         self.coefs, self.frac = code_coefs(mode, bits)
-        _scale_rule(self.kunits, rounding)
+        _scale_rule(self.kunits, rounding, scale)
+        self.scale = scale
         self.mode, self.rounding = mode, rounding
         self.regs = check_regs(regs)
         self.n_blocks = n // block
@@ -429,7 +481,8 @@ class Quantizer(wiring.Component):
         bytes_, sats = [], []
         for b in range(nb):
             sel = ScaleSelect(wy, self.u_shape, self.kunits, self.rounding,
-                              pipelined="norm" in self.regs)
+                              pipelined="norm" in self.regs, scale=self.scale,
+                              k_shift=self.k_shift)
             m.submodules[f"scale{b}"] = sel
             m.d.comb += [sel.a.eq(st[f"amax{b}"]), sel.u.eq(st["u"]), sel.en.eq(self.en)]
             bytes_.append(sel.byte)
@@ -444,7 +497,7 @@ class Quantizer(wiring.Component):
         # ---- thresholds ---------------------------------------------------------------
         nth = len(self.coefs)
         for b in range(nb):
-            th = Thresholds(wy, self.u_shape, self.coefs, self.frac)
+            th = Thresholds(wy, self.u_shape, self.coefs, self.frac, self.scale)
             m.submodules[f"thr{b}"] = th
             m.d.comb += [th.byte.eq(st[f"scale{b}"]), th.u.eq(st["u"])]
             for j in range(nth):

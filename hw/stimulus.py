@@ -136,39 +136,47 @@ def tie_vectors(p: FormatParams, rng: np.random.Generator, count: int = 48) -> n
 
     Each vector is x = (A H[r] + T H[r+1]) * 2^s / N (after the sign flip D), so
     the FWHT output is exactly A 2^s in lane r and T 2^s in lane r+1 (same block),
-    zero elsewhere. A = K sig 2^t is the block maximum of a scale value (rule
-    ``up``: scale = sig 2^(t+s) exactly) or K (2 sig + 1) 2^t, exactly on the
-    midpoint of two scale values (rule ``nearest``: ties go up); T is a lane
-    threshold a_j sig 2^t / 2^f of that scale (midtread a_j = 2j-1, f = 1;
-    midrise a_j = j, f = 0), or one unit above or below either. s is random, so
-    the scale exponents range over subnormal, normal and (bf16) saturating
-    bytes. Exact for mant_bits >= 12 when the values are representable (the
-    BFP keeps the 10 significant bits needed) and the input type holds A +- T
-    (bf16: significands 8/12 for the threshold vectors, lone spikes for the
-    midpoint vectors); otherwise still valid stimulus.
+    zero elsewhere. With K = k / 2^ks the max rule's scale units
+    (``hw.quantizer.k_units``) and sig a significand of ``p.scale``:
+    A = K sig 2^t, the block maximum of an exact scale value (rule ``up``, and
+    ``nearest`` as the value is its own nearest), with T = a_j sig 2^t / 2^f a
+    lane threshold of that scale (``hw.quantizer.code_coefs``), or one unit
+    above/below it; or A = K (2 sig + 1) 2^t, exactly on the midpoint of two
+    scale values (rule ``nearest``: ties go up), +-0/1 unit; or small maxima
+    (subnormal scale bytes). s is random, so the scale exponents range over
+    subnormal, normal and (bf16) saturating bytes. Exact when the input type
+    holds A +- T (fp16: 11 significant bits; bf16: 8, so bf16 uses
+    significands with few bits and lone spikes for the midpoints) and the BFP
+    keeps them (mant_bits >= 12); otherwise still valid stimulus.
 
     Returns:
         uint16 [count, N] fp16/bf16 bit patterns (``p.dtype``).
     """
+    from hw.quantizer import code_coefs, k_units     # noqa: PLC0415 (hw imports stimulus)
+    from sim_models.minifloat import scale_encoding  # noqa: PLC0415
+
     n = p.n
-    h2 = 1 << (p.bits - 1)
-    k = h2 - 1 if p.mode == "midtread" else h2
+    k, ks = k_units(p.mode, p.bits)
+    coefs, f = code_coefs(p.mode, p.bits)
+    nm = 1 << scale_encoding(p.scale).mant_bits
+    sh = max(f, ks)                       # A and T as integers: common factor 2^-sh
     h = hadamard(n).astype(np.float64)
     flip = np.where(sign_mask(n, p.sign_seed) == 1, -1.0, 1.0)
     s_lo, s_hi = (-12, 6) if p.dtype == "fp16" else (-20, 16)
     out = []
     for i in range(count):
         kind = i % 4
-        # bf16 keeps 8 significant bits: significands 8 and 12 keep A +- T short
-        sig = int(rng.choice((8, 12)) if p.dtype == "bf16" and kind == 0 else rng.integers(8, 16))
-        j = int(rng.integers(1, max(h2, 2)))
-        if kind == 0:                       # block max exactly K * scale, lane on threshold j
-            a = 4 * k * sig
-            t = (2 * j - 1) * sig * 2 if p.mode == "midtread" else 4 * j * sig
-        elif kind == 1:                     # lane one unit below / above threshold j
-            a = 8 * k * sig
-            t = ((2 * j - 1) * sig * 4 if p.mode == "midtread" else 8 * j * sig) \
-                + int(rng.choice((-1, 1)))
+        few_bits = (p.dtype == "bf16" and kind == 0) or ks > 0
+        sig = int(rng.choice((nm, nm + nm // 2)) if few_bits else rng.integers(nm, 2 * nm))
+        if p.dtype == "bf16" and kind == 2:
+            sig = int(rng.choice((nm, nm + 1)))   # K (2 sig + 1) within 8 significant bits
+        cj = coefs[int(rng.integers(0, len(coefs)))]
+        if kind == 0:                       # block max exactly K * scale, lane on a threshold
+            a = (k * sig) << (sh - ks)
+            t = (cj * sig) << (sh - f)
+        elif kind == 1:                     # lane one unit below / above a threshold
+            a = (k * sig) << (sh - ks + 1)
+            t = ((cj * sig) << (sh - f + 1)) + int(rng.choice((-1, 1)))
         elif kind == 2:                     # block max exactly on a scale midpoint (+-0/1 unit)
             a = 2 * k * (2 * sig + 1) + int(rng.choice((-1, 0, 0, 0, 0, 1)))
             t = 0 if p.dtype == "bf16" else int(rng.integers(0, a + 1))
@@ -177,6 +185,6 @@ def tie_vectors(p: FormatParams, rng: np.random.Generator, count: int = 48) -> n
             t = int(rng.integers(0, a + 1))
         r = 2 * int(rng.integers(0, n // 2))
         s = int(rng.integers(s_lo, s_hi) if kind != 3 else rng.integers(s_lo - 8, s_lo + 4))
-        vals = (a * h[r] + t * h[r + 1]) * flip * (2.0 ** s) / n
+        vals = (a * h[r] + t * h[r + 1]) * flip * (2.0 ** (s - sh)) / n
         out.append(_float_bits(vals, p))
     return np.array(out, dtype=np.uint16).reshape(-1, n)

@@ -134,8 +134,8 @@ def test_deterministic(tmp_path):
     (["--top", "9bad"], "top"),
     (["--n", "x"], "--n"),
     (["--mode", "asym"], "mode"),
-    (["--mode", "lloydmax"], "mode"),
-    (["--scale", "e5m2"], "scale"),
+    (["--scale", "e6m1"], "--scale"),
+    (["--scale-rule", "absmean"], "scale_rule"),
     (["--scale-rule", "rms"], "scale_rule"),
     (["--scale-mult", "300"], "scale_mult"),
     (["--scale-round", "down"], "--scale-round"),
@@ -201,3 +201,16 @@ def test_both_refuses_before_writing(tmp_path):
     else:
         assert "midrise" in EPILOGUE_SUPPORT["mode"]
         assert (tmp_path / "b" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["--mode", "lloydmax", "--bits", "4", "--scale", "e4m3fn"],
+    ["--mode", "midrise", "--scale", "e5m2", "--scale-round", "nearest"],
+    ["--mode", "midtread", "--bits", "2", "--scale", "ue4m4"],
+])
+def test_cli_encodings_and_lloydmax(tmp_path, args):
+    out = tmp_path / "g"
+    assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--out", str(out)] + args) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["params"]["scale"] == args[args.index("--scale") + 1]
+    assert man["params"]["mode"] == args[1]

@@ -27,6 +27,7 @@ from hw.stimulus import directed_vectors, pack_input, random_vectors
 from sim_models.bfp import to_block_fp
 from sim_models.fwht import fwht
 from sim_models.params import FormatParams
+from sim_models.minifloat import scale_encoding
 from sim_models.scale_rules import choose_scale_bytes
 from sim_models.scale import ge_pow2, scale_sig_exp, smallest_scale_at_least
 from sim_models.signs import sign_mask
@@ -49,27 +50,29 @@ class _Bank(Elaboratable):
         return m
 
 
-def golden_scale(mode: str, bits: int, rounding: str, a, u):
+def golden_scale(mode: str, bits: int, rounding: str, a, u, scale: str = "ue5m3"):
     """Golden (byte, sat) of the max rule for block maxima ``a`` at unit exponents ``u``:
     ``sim_models.scale_rules.choose_scale_bytes`` on blocks whose lane 0 holds A."""
     a = np.asarray(a, dtype=np.int64)
-    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale_round=rounding)
+    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale_round=rounding, scale=scale)
     y = np.zeros((a.size, 8), dtype=np.int64)
     y[:, 0] = a
     b, s = choose_scale_bytes(y, np.asarray(u, dtype=np.int64), p)
     return b[:, 0], s
 
 
-def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[int, int]]):
+def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[int, int]],
+                        scale: str = "ue5m3"):
     """cases: (A, u) pairs; compares byte and sat with the golden model."""
     a = np.array([c[0] for c in cases], dtype=np.int64)
     u = np.array([c[1] for c in cases], dtype=np.int64)
-    exp_b, exp_s = golden_scale(mode, bits, rounding, a, u)
-    if mode == "midtread" and rounding == "up":       # the version-1 path agrees too
+    exp_b, exp_s = golden_scale(mode, bits, rounding, a, u, scale)
+    if mode == "midtread" and rounding == "up" and scale == "ue5m3":   # the version-1 path too
         v1_b, v1_s = smallest_scale_at_least((1 << (bits - 1)) - 1, a, u)
         assert (v1_b == exp_b).all() and (v1_s == exp_s).all()
-    k = k_units(mode, bits)
-    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, k, rounding) for _ in range(BANK)])
+    k, ks = k_units(mode, bits)
+    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, k, rounding, scale=scale, k_shift=ks)
+                  for _ in range(BANK)])
     bad = []
 
     async def tb(ctx):
@@ -90,93 +93,127 @@ def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[i
     return exp_b, exp_s
 
 
-def _j(k: int, rounding: str) -> int:
-    return ((31 if rounding == "nearest" else 15) * k).bit_length() - 1
+def _j(mode: str, bits: int, rounding: str, scale: str = "ue5m3") -> int:
+    """J = floor(log2(K c_top)) of hw.quantizer.ScaleSelect (k part of K)."""
+    k, _ = k_units(mode, bits)
+    top = (2 << scale_encoding(scale).mant_bits) - 1
+    return ((2 * top + 1 if rounding == "nearest" else top) * k).bit_length() - 1
 
 
-#: (mode, bits, rounding) of every supported quantizer
-QUANTS = [(mode, b, r) for mode in ("midtread", "midrise") for r in ("up", "nearest")
-          for b in (2, 3, 4)]
+def _u_for_field(mode: str, bits: int, rounding: str, scale: str, a: int, e: int) -> int:
+    """u that puts block maximum ``a`` at (virtual) exponent field ``e`` of ``scale``."""
+    enc = scale_encoding(scale)
+    _, ks = k_units(mode, bits)
+    k = max(a.bit_length() - 1, 0)
+    e0 = enc.bias + enc.mant_bits + (rounding == "nearest")
+    return e - k - e0 + _j(mode, bits, rounding, scale) - ks
 
 
-@pytest.mark.parametrize("mode,bits,rounding", QUANTS)
-def test_scale_select_every_a_below_4096(mode, bits, rounding):
+#: (mode, bits, rounding, scale) of every supported quantizer (HW_FULL) or a
+#: selection: every mode/b/rounding with ue5m3, every encoding with three (mode, b)
+ALL_QUANTS = [(mode, b, r, sc) for sc in ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
+              for mode in ("midtread", "midrise", "lloydmax") for r in ("up", "nearest")
+              for b in (2, 3, 4)]
+QUANTS = ALL_QUANTS if FULL else (
+    [q for q in ALL_QUANTS if q[3] == "ue5m3" and (q[0] != "lloydmax" or q[1] == 3)]
+    + [q for q in ALL_QUANTS if q[3] != "ue5m3" and (q[0], q[1]) in
+       (("midrise", 3), ("lloydmax", 4))])
+UE5M3 = [q for q in QUANTS if q[3] == "ue5m3" and (q[0] != "lloydmax" or FULL)]
+
+
+@pytest.mark.parametrize("mode,bits,rounding,scale", UE5M3)
+def test_scale_select_every_a_below_4096(mode, bits, rounding, scale):
     """Every A in [0, 4096), each at a u that puts its exponent field e next to a
     regime boundary (subnormal/normal at e = 0/1, saturation at e = 31/32) or
     mid-range; with HW_FULL=1 every A at every u in [-48, 40]."""
-    j = _j(k_units(mode, bits), rounding)
     if FULL:
         cases = [(a, uu) for uu in range(-48, 41) for a in range(4096)]
     else:
         targets = (-2, -1, 0, 1, 2, 17, 30, 31, 32, 33)
-        cases = []
-        for a in range(4096):
-            k = max(a.bit_length() - 1, 0)
-            e = targets[(a * 7 + (a >> 4)) % len(targets)]
-            cases.append((a, e - k - 10 + j))
-    b, s = _check_scale_select(mode, bits, rounding, cases)
+        cases = [(a, _u_for_field(mode, bits, rounding, scale, a,
+                                  targets[(a * 7 + (a >> 4)) % len(targets)]))
+                 for a in range(4096)]
+    b, s = _check_scale_select(mode, bits, rounding, cases, scale)
     assert {1, 7, 8, 255} <= set(b.tolist())
     assert s.any() and (~s).any()
 
 
-@pytest.mark.parametrize("mode,bits,rounding", QUANTS)
-def test_scale_select_every_u(mode, bits, rounding):
-    """Every normalized mantissa pattern R = top J+1 bits (+ a sticky variant) at
-    every u from deep subnormal to saturation, plus random 18-bit A."""
-    j = _j(k_units(mode, bits), rounding)
+@pytest.mark.parametrize("mode,bits,rounding,scale", QUANTS)
+def test_scale_select_every_u(mode, bits, rounding, scale):
+    """Normalized mantissa patterns R = top J+1 bits (all of them, or 256 spread
+    over the range when there are more; + sticky variants) at u from deep
+    subnormal to saturation, plus random 18-bit A at random u."""
+    j = _j(mode, bits, rounding, scale)
+    enc = scale_encoding(scale)
     base = list(range(1 << j, 1 << (j + 1)))
-    avals = base + [(v << 5) | 1 for v in base[-4:]] + [1, 3, (1 << A_WIDTH) - 1]
-    cases = [(a, uu) for uu in range(-j - 16, 26 - j // 2) for a in avals]
-    rng = np.random.default_rng(bits + 10 * len(rounding))
+    if not FULL and len(base) > 256:
+        base = base[::len(base) // 256] + base[-8:]
+    avals = base + [(v << 2) | 1 for v in base[-4:]] + [1, 3, (1 << A_WIDTH) - 1]
+    e_top = int(enc.bytes[-1]) >> enc.mant_bits
+    lo = _u_for_field(mode, bits, rounding, scale, 1 << j, -enc.mant_bits - 2)
+    hi = _u_for_field(mode, bits, rounding, scale, 1 << j, e_top + 2)
+    step = 1 if FULL or len(avals) <= 64 else 2
+    cases = [(a, uu) for uu in range(lo, hi + 1, step) for a in avals]
+    rng = np.random.default_rng(bits + 10 * len(rounding) + len(scale))
     ra = rng.integers(0, 1 << A_WIDTH, 256)
     ra[::3] >>= rng.integers(0, A_WIDTH, len(ra[::3]))
     cases += list(zip(ra.tolist(), rng.integers(-40, 20, len(ra)).tolist()))
-    b, s = _check_scale_select(mode, bits, rounding, cases)
-    assert {1, 7, 8, 255} <= set(b.tolist())
+    b, s = _check_scale_select(mode, bits, rounding, cases, scale)
+    assert {1, int(enc.bytes[-1])} <= set(b.tolist())
+    assert s.any() and (~s).any()
 
 
-def _decision_values(k: int, rounding: str):
+def _decision_values(mode: str, bits: int, rounding: str, scale: str):
     """(c, x) with K * D(s) = c * 2^x for every byte s that has a decision value
     (up: the scale value; nearest: the midpoint to the next byte)."""
-    sig, exp = scale_sig_exp(np.arange(1, 256))
+    k, ks = k_units(mode, bits)
+    enc = scale_encoding(scale)
     if rounding == "up":
-        return k * sig, exp
-    return k * (2 * sig[:-1] + 1), exp[:-1] - 1
+        return k * enc.sig, enc.exp - ks
+    return k * enc.mid_sig, enc.mid_exp - ks
 
 
-@pytest.mark.parametrize("mode,bits,rounding", QUANTS)
-def test_scale_select_exact_ties(mode, bits, rounding):
+@pytest.mark.parametrize("mode,bits,rounding,scale", QUANTS)
+def test_scale_select_exact_ties(mode, bits, rounding, scale):
     """A 2^u exactly on K * D(s) (a scale value for "up", a midpoint of two
     scale values for "nearest"), one unit below and one above, for every byte,
-    and around the FLAG_SAT edge A 2^u = K scale(255)."""
-    k = k_units(mode, bits)
-    c, x = _decision_values(k, rounding)
+    and around the FLAG_SAT edge A 2^u = K scale(largest byte)."""
+    c, x = _decision_values(mode, bits, rounding, scale)
     cases = []
     for ci, xi in zip(c.tolist(), x.tolist()):
-        for sh in (0, 3, A_WIDTH - 1 - ci.bit_length()):
+        for sh in (0, 1, A_WIDTH - 1 - ci.bit_length()):
             for d in (-1, 0, 1):
                 a = (ci << sh) + d
                 if 0 <= a < (1 << A_WIDTH):
                     cases.append((a, xi - sh))
-    top = 15 * k                           # K scale(255) = 15 K 2^21
-    for sh in range(0, 12):
+    k, ks = k_units(mode, bits)
+    enc = scale_encoding(scale)
+    top, etop = k * int(enc.sig[-1]), int(enc.exp[-1]) - ks     # K scale(largest)
+    for sh in range(0, A_WIDTH - top.bit_length()):
         for d in (-1, 0, 1):
-            cases.append(((top << sh) + d, 21 - sh))
-    b, s = _check_scale_select(mode, bits, rounding, cases)
+            cases.append(((top << sh) + d, etop - sh))
+    b, s = _check_scale_select(mode, bits, rounding, cases, scale)
     assert s.any() and (~s).any()
-    assert len(set(b.tolist())) > 200
+    assert len(set(b.tolist())) > len(enc.bytes) - 8
 
-@pytest.mark.parametrize("mode,bits", [(m, b) for m in ("midtread", "midrise") for b in (2, 3, 4)])
-def test_thresholds_every_byte(mode, bits):
+
+THR_CASES = [(m, b, "ue5m3") for m in ("midtread", "midrise", "lloydmax") for b in (2, 3, 4)] + \
+    [(m, b, sc) for sc in ("e4m3fn", "e5m2", "ue4m4") for m, b in
+     (("midtread", 3), ("midrise", 4), ("lloydmax", 3), ("lloydmax", 2))]
+
+
+@pytest.mark.parametrize("mode,bits,scale", THR_CASES)
+def test_thresholds_every_byte(mode, bits, scale):
     """Each threshold T_j is exactly the smallest |y| that the golden compare
-    |y| 2^u 2^f >= a_j scale counts (every byte, many u)."""
+    |y| 2^u 2^f >= a_j scale counts (every byte of the encoding, many u)."""
     coefs, frac = code_coefs(mode, bits)
+    enc = scale_encoding(scale)
     nth = len(coefs)
     wy = A_WIDTH
     sat_val = 1 << wy
     us = range(-40, 31) if FULL else range(-40, 31, 10)
-    cases = [(byte, u) for u in us for byte in range(1, 256)]
-    bank = _Bank([Thresholds(wy, U_SHAPE, coefs, frac) for _ in range(BANK)])
+    cases = [(int(byte), u) for u in us for byte in enc.bytes]
+    bank = _Bank([Thresholds(wy, U_SHAPE, coefs, frac, scale) for _ in range(BANK)])
     got = []
 
     async def tb(ctx):
@@ -194,7 +231,7 @@ def test_thresholds_every_byte(mode, bits):
     th = np.array(got, dtype=np.int64)
     byte = np.array([c[0] for c in cases])
     u = np.array([c[1] for c in cases])
-    sig, exp = scale_sig_exp(byte)
+    sig, exp = enc.sig_exp(byte)
     for j, aj in enumerate(coefs):
         t = th[:, j]
         c = aj * sig
@@ -205,6 +242,7 @@ def test_thresholds_every_byte(mode, bits):
         ok = t < sat_val
         assert ge_pow2(t[ok] << frac, u[ok], c[ok], exp[ok]).all()
         assert ok.any() and (~ok).any()
+
 
 @pytest.mark.parametrize("dtype,mant_bits,n", [
     ("fp16", 12, 16), ("fp16", 6, 16), ("fp16", 11, 8), ("fp16", 16, 16),
