@@ -104,7 +104,7 @@ def _f(**kw):
     return {"fmt": kw}
 
 
-V1 = {}                                                  # version-1 default quantizer
+V1 = {}                                                  # version-1 quantizer (STUDY_BASE)
 LM = dict(mode="lloydmax", scale_rule="rms", scale_round="nearest")
 MR = dict(mode="midrise", scale_rule="rms", scale_round="nearest")
 
@@ -129,7 +129,7 @@ def configurations() -> list[dict]:
     add(_cfg("published-H-midtread", _f(sign_seed=None), group="baseline",
              note="published 3-bit formula: H (no D) + 7-level mid-tread, max scale"))
     # quantizer mode x scale rule x rounding, b = 3, G = 64, ue5m3, no centering
-    add(_cfg("v1-default", _f(), group="mode", note="D*H midtread, max, up (current default)"))
+    add(_cfg("v1-default", _f(), group="mode", note="D*H midtread, max, up (format version 1 default)"))
     add(_cfg("midtread-max-near", _f(scale_round="nearest"), group="mode"))
     add(_cfg("midtread-rms-near", _f(scale_rule="rms", scale_round="nearest"), group="mode"))
     add(_cfg("asym-max-up", _f(mode="asym"), group="mode", note="zero point byte per block"))
@@ -292,8 +292,14 @@ def int_baseline(x: np.ndarray, bits: int, rot: bool) -> np.ndarray:
     return xh.astype(np.float32)
 
 
+#: The study's format specs are written relative to the version-1 quantizer (the
+#: default when the study ran); format version 2 changed FormatParams' defaults, so
+#: they are applied explicitly and every cached spec keeps its meaning.
+STUDY_BASE = dict(mode="midtread", scale_round="up")
+
+
 def fmt_params(kw: dict, d: int) -> FormatParams:
-    kw = dict(kw)
+    kw = {**STUDY_BASE, **kw}
     n = kw.pop("n", d)
     return FormatParams(n=n, **kw)
 

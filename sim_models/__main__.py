@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from .codec import decode, encode
-from .params import (DEFAULT_SIGN_SEED, FORMAT_VERSION, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS,
+from .params import (DEFAULT_SIGN_SEED, INPUT_DTYPES, READABLE_VERSIONS, QUANT_MODES, SCALE_ENCODINGS,
                      SCALE_ROUNDING, SCALE_RULES, FormatParams)
 
 
@@ -37,16 +37,20 @@ def main(argv=None) -> int:
     enc.add_argument("inp", help="input .npy, float16 or uint16 bit patterns, [..., N]")
     enc.add_argument("out", help="output .npz")
     enc.add_argument("--n", type=int, default=None, help="lanes N (default: last axis of input)")
-    enc.add_argument("--block", type=int, default=64, help="block size G (default 64)")
-    enc.add_argument("--bits", type=int, default=3, help="code bits b (default 3)")
-    enc.add_argument("--mode", choices=QUANT_MODES, default="midtread")
-    enc.add_argument("--mant-bits", type=int, default=12, help="BFP mantissa width M (default 12)")
-    enc.add_argument("--scale", choices=SCALE_ENCODINGS, default="ue5m3")
-    enc.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default="fp16")
+    d = FormatParams()                      # defaults of the current format version
+    enc.add_argument("--block", type=int, default=d.block, help=f"block size G (default {d.block})")
+    enc.add_argument("--bits", type=int, default=d.bits, help=f"code bits b (default {d.bits})")
+    enc.add_argument("--mode", choices=QUANT_MODES, default=d.mode,
+                     help=f"quantizer mode (default {d.mode}; version 1: midtread)")
+    enc.add_argument("--mant-bits", type=int, default=d.mant_bits,
+                     help=f"BFP mantissa width M (default {d.mant_bits})")
+    enc.add_argument("--scale", choices=SCALE_ENCODINGS, default=d.scale)
+    enc.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default=d.dtype)
     enc.add_argument("--sign-seed", type=int, default=DEFAULT_SIGN_SEED)
     enc.add_argument("--no-sign-flip", action="store_true", help="disable the sign flip D")
-    enc.add_argument("--scale-rule", choices=SCALE_RULES, default="max")
-    enc.add_argument("--scale-round", choices=SCALE_ROUNDING, default="up")
+    enc.add_argument("--scale-rule", choices=SCALE_RULES, default=d.scale_rule)
+    enc.add_argument("--scale-round", choices=SCALE_ROUNDING, default=d.scale_round,
+                     help=f"rounding of the scale byte (default {d.scale_round}; version 1: up)")
     enc.add_argument("--scale-mult", type=int, default=None,
                      help="scale multiplier in units of 1/256 (default: the mode's)")
     dec = sub.add_parser("decode", help="code plane + scale plane -> reconstructed vectors")
@@ -79,9 +83,9 @@ def main(argv=None) -> int:
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{a.inp}: params is not valid JSON ({err})") from None
                 version = d.pop("format_version", None)
-                if version != FORMAT_VERSION:
+                if version not in READABLE_VERSIONS:
                     raise ValueError(f"{a.inp}: format_version {version!r} is not supported "
-                                     f"(this decoder reads version {FORMAT_VERSION})")
+                                     f"(this decoder reads versions {READABLE_VERSIONS})")
                 p = FormatParams(**d)
                 out = decode(z["codes"], z["scales"], p, z["zeros"] if "zeros" in z else None)
             np.save(a.out, out.view(np.float16) if p.dtype == "fp16" else out)

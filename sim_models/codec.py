@@ -5,7 +5,7 @@ point -> unnormalized FWHT (log2 N butterfly stages) -> per-block scale byte
 -> b-bit codes -> packing. Decode: unpack -> code * scale -> H / N -> D ->
 round to the input type (round to nearest even, saturating).
 
-The version-1 default quantizer (``FormatParams.is_default_quantizer``) runs
+The version-1 quantizer (``FormatParams.is_v1_quantizer``: midtread, max rule rounded up) runs
 through sim_models/quant.py; every other mode, scale rule, rounding and
 encoding through sim_models/scale_rules.py + sim_models/quant_modes.py.
 """
@@ -102,7 +102,7 @@ def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
     x, u, flags = to_block_fp(bits, p, sign_mask(p.n, p.sign_seed))
     y = fwht(x)
     zeros = None
-    if p.is_default_quantizer:
+    if p.is_v1_quantizer:
         scales, sat = choose_scales(y, u, p)
         codes = quantize_codes(y, u, scales, p)
     else:
@@ -170,7 +170,7 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
     c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits,
                      p.mode != "asym")
     s = _check_plane("scales", scales, lead, p.n_blocks)
-    if p.is_default_quantizer:
+    if p.is_v1_quantizer:
         yhat = dequantize(c, s, p)
     else:
         z = None if zeros is None else _check_plane("zeros", zeros, lead, p.n_blocks)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--bits", type=int, default=3)
     ap.add_argument("--block", type=int, default=64)
-    ap.add_argument("--mode", choices=QUANT_MODES, default="midtread")
+    ap.add_argument("--mode", choices=QUANT_MODES, default=FormatParams().mode)
     ap.add_argument("--sinks", type=int, default=0, help="leading tokens kept in fp16")
     a = ap.parse_args(argv)
     shape = PRESETS.get(a.preset, (None, None, None))

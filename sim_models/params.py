@@ -13,7 +13,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 #: Version of the bit-level format defined by this package (docs/FORMAT.md).
-FORMAT_VERSION = 1
+#: Version 2 (this one) changed the defaults to mode ``midrise`` with the scale
+#: rounded to ``nearest``; version-1 bytes are still produced (and read) by
+#: ``FormatParams(mode="midtread", scale_round="up")``.
+FORMAT_VERSION = 2
+#: Format versions whose files ``python -m sim_models decode`` reads (every
+#: field that differs between them is stored in the file's params).
+READABLE_VERSIONS = (1, 2)
 
 #: Input element types, as (exponent bits, stored mantissa bits, exponent bias).
 INPUT_DTYPES = {
@@ -62,8 +68,11 @@ class FormatParams:
             of two in [8, 4096]. Default 128.
         block: lanes per scale block G; must divide ``n`` and be >= 8. Default 64.
         bits: code width b in {2, 3, 4}. Default 3.
-        mode: quantizer mode; ``"midtread"`` (symmetric mid-tread, codes in
-            [-(2^(b-1)-1), 2^(b-1)-1]).
+        mode: quantizer mode (docs/FORMAT.md 3.6): ``"midrise"`` (default:
+            all 2^b levels (c + 1/2) * scale, codes in [-2^(b-1), 2^(b-1)-1]),
+            ``"midtread"`` (the published symmetric formula, version 1's
+            default: 2^b - 1 levels c * scale), or the study modes
+            ``"lloydmax"`` and ``"asym"`` (docs/ACCURACY.md).
         mant_bits: width M of the signed block-floating-point mantissas that
             enter the FWHT, sign included, in [6, 16]. Default 12 (exact for the
             largest fp16 lane).
@@ -76,15 +85,17 @@ class FormatParams:
         scale_rule: block statistic the scale follows: ``"max"`` (max |y|, the
             default: no code ever clips), ``"rms"`` (sqrt(sum y^2 / G)) or
             ``"absmean"`` (sum |y| / G); ``asym`` needs ``"max"``.
-        scale_round: ``"up"`` (smallest byte >= the ideal scale; default) or
-            ``"nearest"`` (nearest byte, ties up).
+        scale_round: ``"nearest"`` (nearest byte, ties up; default) or
+            ``"up"`` (smallest byte >= the ideal scale; version 1's default).
         scale_mult: multiplier of the ideal scale in units of 1/256, in
             [1, 511], or ``None`` for the mode's default
             (:func:`sim_models.scale_rules.default_scale_mult`).
 
-    The modes ``midrise``, ``asym`` and ``lloydmax``, the encodings other than
-    ``ue5m3`` and the non-default scale rules/rounding are format-study options
-    (docs/ACCURACY.md); the RTL and CUDA kernels implement the default only.
+    The modes ``asym`` and ``lloydmax``, the encodings other than ``ue5m3`` and
+    the rms/absmean scale rules are format-study options (docs/ACCURACY.md);
+    each implementation refuses, with a ValueError naming the field, what it
+    does not implement (the RTL: ``hw.epilogue.check_params``,
+    ``hw.dequant``; the CUDA kernels: ``gpu_ref``).
 
     Raises:
         TypeError: a field has the wrong type.
@@ -94,13 +105,13 @@ class FormatParams:
     n: int = 128
     block: int = 64
     bits: int = 3
-    mode: str = "midtread"
+    mode: str = "midrise"
     mant_bits: int = 12
     scale: str = "ue5m3"
     dtype: str = "fp16"
     sign_seed: int | None = DEFAULT_SIGN_SEED
     scale_rule: str = "max"
-    scale_round: str = "up"
+    scale_round: str = "nearest"
     scale_mult: int | None = None
 
     def __post_init__(self):
@@ -161,10 +172,17 @@ class FormatParams:
         return (1 << (self.bits - 1)) - 1
 
     @property
-    def is_default_quantizer(self) -> bool:
-        """True for the version-1 quantizer (midtread, ue5m3, max rule rounded up, x1)."""
+    def is_v1_quantizer(self) -> bool:
+        """True for the version-1 quantizer (midtread, ue5m3, max rule rounded up, x1),
+        which the golden model runs through its specialised path (sim_models/quant.py)."""
         return (self.mode == "midtread" and self.scale == "ue5m3" and self.scale_rule == "max"
                 and self.scale_round == "up" and self.scale_mult in (None, 256))
+
+    @property
+    def is_default_quantizer(self) -> bool:
+        """Deprecated name of :attr:`is_v1_quantizer` (from format version 1, when the
+        version-1 quantizer was the default); kept for callers not yet renamed."""
+        return self.is_v1_quantizer
 
     @property
     def zero_bytes(self) -> int:

@@ -1,4 +1,8 @@
-"""Block quantizer: scale selection and b-bit codes, docs/FORMAT.md 3.5-3.6.
+"""Version-1 block quantizer (mode midtread, scale rounded up), docs/FORMAT.md 3.5-3.6 and A.1.
+
+The specialised, fast path for ``FormatParams.is_v1_quantizer``; every other
+quantizer (the version-2 default included) is sim_models/scale_rules.py +
+sim_models/quant_modes.py.
 
 Mode ``midtread`` (the published symmetric formula): per block of G lanes of
 the FWHT output y (integers, one unit = 2^u), with qmax = 2^(b-1) - 1,

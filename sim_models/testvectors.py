@@ -14,7 +14,14 @@ Sets (uint16 fp16 bit patterns, [count, N]):
                (after the sign flip D, so all energy lands in one FWHT lane: the
                worst-case bit growth), subnormal-only vectors, NaN/inf mixed into
                normal data, smallest normals, exponent spread across the vector,
-               and inputs sitting exactly on quantizer thresholds.
+               inputs sitting exactly on quantizer thresholds (mid-tread
+               (2j-1)/2 * scale and mid-rise j * scale), and blocks whose ideal
+               scale lies exactly on the midpoint of two scale bytes (the tie of
+               ``scale_round="nearest"``).
+
+:data:`PINNED` lists the parameter sets whose checksums are pinned in
+:data:`CHECKSUMS`: the version-2 default at N = 64/128/256, the version-1
+quantizer, and every study mode, scale rule and scale encoding at N = 128.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from .signs import sign_mask
 
 FP16_MAX = np.float16(65504.0)
 #: Version of the vector generators; bump when any set changes.
-VECTORS_VERSION = 1
+#: 2: mid-rise threshold ties and scale-midpoint ties added to "adversarial".
+VECTORS_VERSION = 2
 SETS = ("random", "adversarial")
 
 
@@ -94,6 +102,20 @@ def adversarial_vectors(n: int, seed: int = 0, p: FormatParams | None = None) ->
     ties[:, 0] = 3 * d[0]
     add(ties)
     add(ties * 2.0 ** -20)
+    # mid-rise ties: D * (sparse small integers); FWHT outputs are sums of 1-3 of them, so
+    # many lanes land exactly on j * scale when the block maximum is a multiple of 2^(b-1)
+    sparse = np.zeros((64, n))
+    for r in range(64):
+        idx = rng.choice(n, size=1 + r % 3, replace=False)
+        sparse[r, idx] = rng.integers(1, 5, size=idx.size) * rng.choice([-1, 1], size=idx.size)
+    add(sparse * d)
+    add(sparse * d * 2.0 ** -16)
+    # scale-midpoint ties: a Hadamard row (one FWHT lane = N * amp) with amp = (2s + 1) 2^k,
+    # s = 8..15, puts A * 2^u / 2^(b-1) on a 5-significant-bit value ending in 1, i.e. on the
+    # midpoint of two ue5m3 values (b = 3, N = 128: t = 32 amp)
+    amps = np.array([(2 * s + 1) * 2.0 ** k for s in range(8, 16) for k in (-12, -4, 0, 6)])
+    rows = hadamard(n)[rng.integers(0, n, size=amps.size)] * d
+    add(rows * amps[:, None])
     return np.concatenate(out, axis=0)
 
 
@@ -107,21 +129,70 @@ def vector_set(name: str, n: int, count: int = 1000, seed: int = 0) -> np.ndarra
 
 
 def checksum(bits: np.ndarray, p: FormatParams) -> str:
-    """SHA-256 (hex, first 16 chars) over the inputs and their golden encoding."""
+    """SHA-256 (hex, first 16 chars) over the inputs and their golden encoding
+    (codes, scales, flags, and the zero-point plane of mode ``asym``)."""
     e = encode(bits, p)
     h = hashlib.sha256()
-    for a in (bits, e.codes, e.scales, e.flags):
+    planes = (bits, e.codes, e.scales, e.flags) + (() if e.zeros is None else (e.zeros,))
+    for a in planes:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:16]
 
 
-#: Pinned checksums of the sets (500 random vectors; default params with G = 64)
-#: under format version 1 and VECTORS_VERSION 1. A change here is a format change.
+#: Parameter sets with pinned checksums: name -> FormatParams fields besides n and block
+#: (block = min(64, n)). "default" is the current format version's default.
+PINNED = {
+    "default": {},
+    "v1": {"mode": "midtread", "scale_round": "up"},
+    "midtread-nearest": {"mode": "midtread"},
+    "midrise-up": {"scale_round": "up"},
+    "lloydmax-rms": {"mode": "lloydmax", "scale_rule": "rms"},
+    "asym": {"mode": "asym"},
+    "absmean": {"scale_rule": "absmean"},
+    "e4m3fn": {"scale": "e4m3fn"},
+    "e5m2": {"scale": "e5m2"},
+    "ue4m4": {"scale": "ue4m4"},
+    "bf16": {"dtype": "bf16"},
+}
+
+
+def pinned_params(config: str, n: int) -> FormatParams:
+    """FormatParams of a :data:`PINNED` configuration at N = n."""
+    return FormatParams(n=n, block=min(64, n), **PINNED[config])
+
+
+#: Pinned checksums (:func:`checksum`) of the sets (500 random vectors; the whole
+#: adversarial set) under format version 2 and VECTORS_VERSION 2, keyed by
+#: (set, N, :data:`PINNED` config). A change here is a format change.
 CHECKSUMS = {
-    ("random", 64): "1bf4b1bfd3bc7698",
-    ("random", 128): "30f71e62d4b8145f",
-    ("random", 256): "fdba45e0316bc307",
-    ("adversarial", 64): "37ef2e0a6df96dd4",
-    ("adversarial", 128): "b0ecd209dd47942c",
-    ("adversarial", 256): "96312a1af3834de7",
+    ("random", 64, "default"): "556e992d94abd779",
+    ("adversarial", 64, "default"): "8b6c36cd3af6fd23",
+    ("random", 128, "default"): "686422981cf79989",
+    ("adversarial", 128, "default"): "1e901641209100a0",
+    ("random", 256, "default"): "9a5a9e79ad83a641",
+    ("adversarial", 256, "default"): "0ae0a3c145c3f979",
+    ("random", 64, "v1"): "1bf4b1bfd3bc7698",
+    ("adversarial", 64, "v1"): "39104ac111c4a580",
+    ("random", 128, "v1"): "30f71e62d4b8145f",
+    ("adversarial", 128, "v1"): "825e03e599413ab0",
+    ("random", 256, "v1"): "fdba45e0316bc307",
+    ("adversarial", 256, "v1"): "a073236b52a516f9",
+    ("random", 128, "midtread-nearest"): "278db654bbb5a66c",
+    ("adversarial", 128, "midtread-nearest"): "4ff6b8d1f5779aac",
+    ("random", 128, "midrise-up"): "8d46b3bcf81ee366",
+    ("adversarial", 128, "midrise-up"): "5afdb9c091687847",
+    ("random", 128, "lloydmax-rms"): "3730106c97f8d7fd",
+    ("adversarial", 128, "lloydmax-rms"): "05881b320f1ca663",
+    ("random", 128, "asym"): "7be52ba835673740",
+    ("adversarial", 128, "asym"): "68aaa3583c26320e",
+    ("random", 128, "absmean"): "e159a8306bfab154",
+    ("adversarial", 128, "absmean"): "75c02c8a72e96529",
+    ("random", 128, "e4m3fn"): "db98da9a1bb33095",
+    ("adversarial", 128, "e4m3fn"): "0ac61a71aae6f128",
+    ("random", 128, "e5m2"): "622564c45309fdf0",
+    ("adversarial", 128, "e5m2"): "95a9db2e86627b9c",
+    ("random", 128, "ue4m4"): "fd72708053980add",
+    ("adversarial", 128, "ue4m4"): "5c598b2c26970d8b",
+    ("random", 128, "bf16"): "e1cb7ba7f40fd8e1",
+    ("adversarial", 128, "bf16"): "247f117cf5914dea",
 }

@@ -18,6 +18,9 @@ from sim_models.pack import pack_codes, unpack_codes
 from sim_models.quant import quantize_codes
 from sim_models.scale import ge_pow2, scale_sig_exp, scale_value, smallest_scale_at_least
 
+#: The version-1 quantizer (mid-tread, scale rounded up), still selectable by parameters.
+V1 = dict(mode="midtread", scale_round="up")
+
 F16 = np.float16
 
 
@@ -305,29 +308,45 @@ def test_pack_rejects_bad_codes():
 
 # --------------------------------------------------------------------------- whole format
 @settings(max_examples=150, deadline=None)
-@given(hnp.arrays(np.uint16, (4, 128)), st.sampled_from([2, 3, 4]), st.sampled_from([32, 64, 128]))
-def test_fuzz_any_fp16_bits(bits, b, g):
-    p = FormatParams(bits=b, block=g)
+@given(hnp.arrays(np.uint16, (4, 128)), st.sampled_from([2, 3, 4]), st.sampled_from([32, 64, 128]),
+       st.sampled_from(["v2", "v1"]))
+def test_fuzz_any_fp16_bits(bits, b, g, version):
+    """Any fp16 bit patterns, the version-2 default and the version-1 quantizer (FORMAT.md 3.5-3.6)."""
+    p = FormatParams(bits=b, block=g, **(V1 if version == "v1" else {}))
+    h = 1 << (b - 1)
     t = sm.encode_trace(bits, p)
     assert np.abs(t.y).max(initial=0) < 2 ** (p.fwht_width - 1)
-    assert (np.abs(t.codes) <= p.qmax).all()
     assert (t.scales >= 1).all()
     assert not (t.flags & FLAG_SAT).any()                  # fp16 never saturates the scale
-    # the quantization error bound: |y*2^u - code*scale| <= scale/2 per lane
     step = np.repeat(scale_value(t.scales), g, axis=1)
     yv = np.ldexp(t.y.astype(np.float64), t.u[:, None].astype(np.int32))
-    assert (np.abs(yv - t.codes * step) <= step / 2).all()
+    if version == "v1":
+        # mid-tread, scale rounded up: |y*2^u - code*scale| <= scale/2 per lane, no clipping
+        assert (np.abs(t.codes) <= p.qmax).all()
+        assert (np.abs(yv - t.codes * step) <= step / 2).all()
+    else:
+        # mid-rise, scale rounded to nearest: codes -h..h-1; the error is <= scale/2 except
+        # above the top cell edge h*scale (the nearest scale may lie below A/h), where the
+        # top code absorbs the excess
+        assert t.codes.min() >= -h and t.codes.max() <= h - 1
+        excess = np.maximum(np.abs(yv) - h * step, 0)
+        assert (np.abs(yv - (2 * t.codes + 1) * step / 2) <= step / 2 + excess).all()
+        # nearest of 4 significant bits (normal scales) or of the 2^-9 grid (subnormal scales)
+        assert (excess <= h * np.maximum(step / 16, 2.0 ** -10)).all()
     e = sm.encode(bits, p)
     assert np.array_equal(unpack_codes(e.codes, 128, b), t.codes)
     assert np.isfinite(sm.decode_float(e.codes, e.scales, p)).all()
 
 
-def test_bf16_large_values_saturate_with_flag():
-    p = FormatParams(dtype="bf16")
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_bf16_large_values_saturate_with_flag(version):
+    p = FormatParams(dtype="bf16", **(V1 if version == "v1" else {}))
     bits = np.full((1, 128), 0x7F00, np.uint16)               # bf16 1.7e38
     e = sm.encode(bits, p)
     assert e.flags[0] & FLAG_SAT and (e.scales == 255).all()
-    assert np.abs(unpack_codes(e.codes, 128, 3)).max() == 3
+    c = unpack_codes(e.codes, 128, 3)
+    # the one non-zero FWHT lane clips to the outermost code (mid-tread +-3, mid-rise 3 or -4)
+    assert np.abs(c).max() == 3 if version == "v1" else c.max() == 3 or c.min() == -4
 
 
 def test_bf16_matches_fp16_on_common_values():
@@ -404,7 +423,7 @@ def test_attention_in_rotated_domain():
     ek, ev = sm.encode(k, p), sm.encode(v, p)
     khat, vhat = sm.decode_float(ek.codes, ek.scales, p), sm.decode_float(ev.codes, ev.scales, p)
     d = np.where(sm.sign_mask(128, p.sign_seed) == 1, -1.0, 1.0)
-    from sim_models.quant import dequantize
+    from sim_models.quant_modes import dequantize
     from sim_models.pack import unpack_codes as up
     yk = dequantize(up(ek.codes, 128, 3), ek.scales, p)
     yv = dequantize(up(ev.codes, 128, 3), ev.scales, p)
@@ -420,9 +439,15 @@ def test_attention_in_rotated_domain():
 # --------------------------------------------------------------------------- test vectors, CLI
 def test_vector_checksums_are_pinned():
     from sim_models import testvectors as tv
-    for (name, n), want in tv.CHECKSUMS.items():
-        p = FormatParams(n=n, block=min(64, n))
-        assert tv.checksum(tv.vector_set(name, n, 500), p) == want, (name, n)
+    assert {c for _, _, c in tv.CHECKSUMS} == set(tv.PINNED)
+    for (name, n, config), want in tv.CHECKSUMS.items():
+        p = tv.pinned_params(config, n)
+        assert tv.checksum(tv.vector_set(name, n, 500), p) == want, (name, n, config)
+    # the version-1 quantizer still writes the bytes pinned under format version 1
+    # (the random set did not change between VECTORS_VERSION 1 and 2)
+    v1_pins = {64: "1bf4b1bfd3bc7698", 128: "30f71e62d4b8145f", 256: "fdba45e0316bc307"}
+    for n, want in v1_pins.items():
+        assert tv.CHECKSUMS[("random", n, "v1")] == want
 
 
 def test_cli_roundtrip(tmp_path):

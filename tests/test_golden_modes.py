@@ -31,6 +31,9 @@ from sim_models.params import QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING, SCAL
 from sim_models.policy import CachePolicy
 from sim_models.quant import choose_scales, quantize_codes
 from sim_models.quant_modes import dequantize, quantize
+
+#: The version-1 quantizer (mid-tread, scale rounded up), still selectable by parameters.
+V1 = dict(mode="midtread", scale_round="up")
 from sim_models.scale import scale_sig_exp
 from sim_models.scale_rules import choose_scale_bytes, max_units, scale_mult
 
@@ -69,9 +72,19 @@ def test_sizes_count_zero_points():
     assert FormatParams(mode="asym").bits_per_element == 3.25
     for mode in ("midrise", "lloydmax"):
         assert FormatParams(mode=mode).bits_per_element == 3.125
-    assert FormatParams().is_default_quantizer
-    assert FormatParams(scale_mult=256).is_default_quantizer
-    assert not FormatParams(scale_round="nearest").is_default_quantizer
+    v1 = dict(mode="midtread", scale_round="up")
+    assert FormatParams(**v1).is_v1_quantizer
+    assert FormatParams(**v1, scale_mult=256).is_v1_quantizer
+    assert not FormatParams(mode="midtread").is_v1_quantizer      # v2 default rounding
+    assert not FormatParams().is_v1_quantizer
+
+
+def test_version2_defaults():
+    """Format version 2 (docs/FORMAT.md 2): mid-rise codes, scale rounded to nearest."""
+    p = FormatParams()
+    assert (p.mode, p.scale_round, p.scale, p.scale_rule) == ("midrise", "nearest", "ue5m3", "max")
+    assert (p.n, p.block, p.bits, p.mant_bits) == (128, 64, 3, 12)
+    assert p.bits_per_element == 3.125
 
 
 def test_params_roundtrip_through_dict():
@@ -206,12 +219,16 @@ def test_scale_selection_matches_brute_force(mode, rule, rnd, enc):
 
 def test_nearest_rounding_ties_go_up():
     # midtread, max rule: t = A 2^u / 3; ue5m3 values 1.0 (0x38) and 1.125 (0x39), midpoint 17/16
-    p = FormatParams(n=8, block=8, scale_round="nearest")
+    p = FormatParams(n=8, block=8, mode="midtread", scale_round="nearest")
     y = np.array([[51, 0, 0, 0, 0, 0, 0, 0], [50, 0, 0, 0, 0, 0, 0, 0]])   # t = 17/16, 50/48
     s, sat = choose_scale_bytes(y, np.array([-4, -4]), p)
     assert s[:, 0].tolist() == [0x39, 0x38] and not sat.any()
-    up = choose_scale_bytes(y, np.array([-4, -4]), FormatParams(n=8, block=8))[0]
+    up = choose_scale_bytes(y, np.array([-4, -4]), FormatParams(n=8, block=8, **V1))[0]
     assert up[:, 0].tolist() == [0x39, 0x39]
+    # version-2 default (midrise, K = 4): t = A 2^u / 4; A = 68 -> t = 17/16, the midpoint
+    y2 = np.array([[68, 0, 0, 0, 0, 0, 0, 0], [67, 0, 0, 0, 0, 0, 0, 0]])
+    s2, _ = choose_scale_bytes(y2, np.array([-4, -4]), FormatParams(n=8, block=8))
+    assert s2[:, 0].tolist() == [0x39, 0x38]
     # rms, G = 8: sum y^2 = 8 * 64 -> sigma = 8; lloydmax mult 256 -> t = 8 * 2^u exactly
     p = FormatParams(n=8, block=8, mode="lloydmax", scale_rule="rms", scale_round="nearest")
     s, _ = choose_scale_bytes(np.full((1, 8), 8), np.array([-3]), p)
@@ -242,7 +259,7 @@ def test_generic_path_equals_version1_default():
     from sim_models import testvectors as tv
     for n in (64, 128):
         bits = np.concatenate([tv.random_vectors(n, 300), tv.adversarial_vectors(n)])
-        p = FormatParams(n=n, block=min(64, n))
+        p = FormatParams(n=n, block=min(64, n), **V1)
         t = sm.encode_trace(bits, p)
         s, sat = choose_scale_bytes(t.y, t.u, p)
         s1, sat1 = choose_scales(t.y, t.u, p)
@@ -328,7 +345,7 @@ def test_midrise_max_rule_error_bound_and_code_range():
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((400, 128)) * np.exp2(rng.uniform(-8, 8, (400, 1)))).astype(F16)
     for b in (2, 3, 4):
-        p = FormatParams(mode="midrise", bits=b)
+        p = FormatParams(mode="midrise", bits=b, scale_round="up")
         t = sm.encode_trace(x.view(np.uint16), p)
         step = np.repeat(scale_encoding("ue5m3").values()[t.scales.astype(int) - 1], 64, axis=1)
         yv = np.ldexp(t.y.astype(np.float64), t.u[:, None].astype(np.int32))
@@ -399,8 +416,8 @@ def test_gaussian_mse_ranking():
         r = sm.decode_float(e.codes, e.scales, p, e.zeros)
         return np.sum((r - ref) ** 2) / np.sum(ref ** 2)
 
-    mt = rel()
-    mr = rel(mode="midrise")
+    mt = rel(**V1)
+    mr = rel(mode="midrise", scale_round="up")
     mr_rms = rel(mode="midrise", scale_rule="rms", scale_round="nearest")
     lm = rel(mode="lloydmax", scale_rule="rms", scale_round="nearest")
     assert lm < mr_rms < mr < mt

@@ -38,12 +38,13 @@ def test_config_names():
 def test_lower_bound():
     # write path: sum_s N (M + s + 1) = 128 * (13 + ... + 19)
     assert fwht_lower_bound(SynthConfig.parse("enc_n128_g64_b3_m12_l2")) == 128 * 112 == 14336
-    # read path, b=3: level*sig is 7 bits; 6 inner stages, then +30 for the outer stage
+    # read path, b=3, mid-rise (format version 2): level 2c+1 in -7..7 times sig <= 15 is
+    # |105| -> 8 bits signed; 6 inner stages, then +30 for the outer stage
     assert fwht_lower_bound(SynthConfig.parse("dec_n128_g64_b3_l2")) == \
-        128 * sum(7 + s + 1 for s in range(6)) + 128 * (7 + 30 + 6 + 1)
+        128 * sum(8 + s + 1 for s in range(6)) + 128 * (8 + 30 + 6 + 1)
     # N = G: no alignment
     assert fwht_lower_bound(SynthConfig.parse("dec_n64_g64_b3_l2")) == \
-        64 * sum(7 + s + 1 for s in range(6))
+        64 * sum(8 + s + 1 for s in range(6))
 
 
 def test_harness():
