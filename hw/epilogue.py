@@ -9,7 +9,9 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     i__valid, i__ready (out)      input stream
     i__payload [N*16]             lane k's 16-bit pattern at bits [16k, 16k+16)
     o__valid (out), o__ready      output stream
-    o__payload [N*b + 8*N/G + 3]  codes | scales << N*b | flags << (N*b + 8*N/G)
+    o__payload [N*b + 8*N/G + 3]  codes | scales << N*b | flags << (N*b + 8*N/G);
+                                  mode asym: codes | scales | zeros | flags, the
+                                  zero-point plane (8*N/G bits) before the flags
     status [3] (out)              sticky OR of the flags of accepted outputs
     status_clear                  clears ``status``
 
@@ -73,7 +75,7 @@ RTL_ONLY = {
 
 #: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
 EPILOGUE_SUPPORT = {
-    "mode": ("midtread", "midrise", "lloydmax"),
+    "mode": ("midtread", "midrise", "lloydmax", "asym"),
     "scale": ("ue5m3", "e4m3fn", "e5m2", "ue4m4"),
     "scale_rule": ("max",),
     "scale_round": ("up", "nearest"),
@@ -108,7 +110,7 @@ def check_params(p: FormatParams) -> FormatParams:
 def check_epilogue_params(p: FormatParams) -> FormatParams:
     """Refuse format options the write path (KVEpilogue) does not implement.
 
-    Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise / lloydmax,
+    Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise / lloydmax / asym,
     scale encodings ue5m3 / e4m3fn / e5m2 / ue4m4, scale rule max with
     multiplier 1 (None or 256), scale rounding up / nearest; every n / block /
     bits / mant_bits / dtype / sign_seed that FormatParams accepts.
@@ -130,11 +132,12 @@ def check_latency(p: FormatParams, latency) -> int:
 
 
 def output_layout(p: FormatParams) -> data.StructLayout:
-    return data.StructLayout({
-        "codes": p.n * p.bits,
-        "scales": 8 * p.n_blocks,
-        "flags": 3,
-    })
+    """Output payload: codes | scales | [zeros (mode asym only)] | flags, LSB first."""
+    fields = {"codes": p.n * p.bits, "scales": 8 * p.n_blocks}
+    if p.zero_bytes:
+        fields["zeros"] = 8 * p.zero_bytes
+    fields["flags"] = 3
+    return data.StructLayout(fields)
 
 
 class KVEpilogue(wiring.Component):
@@ -220,6 +223,8 @@ class KVEpilogue(wiring.Component):
         with m.If(en):
             m.d.sync += [out.codes.eq(pk.plane), out.scales.eq(qz.scales),
                          out.flags.eq(qz.flags), out_v.eq(qz.o_valid)]
+            if p.zero_bytes:
+                m.d.sync += out.zeros.eq(qz.zeros)
         m.d.comb += [self.o.payload.eq(out), self.o.valid.eq(out_v)]
 
         # sticky status

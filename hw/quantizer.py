@@ -4,14 +4,15 @@ Bit-exact with the golden model (``sim_models.scale_rules.choose_scale_bytes``
 + ``sim_models.quant_modes.quantize``; for the version-1 quantizer also
 ``sim_models.quant``), without dividers. Rules: docs/ACCURACY.md, "Exact
 integer rules". Supported here: mode ``midtread`` / ``midrise`` /
-``lloydmax``, scale rule ``max`` (multiplier 1), rounding ``up`` /
+``lloydmax`` / ``asym``, scale rule ``max`` (multiplier 1), rounding ``up`` /
 ``nearest``, encodings ``ue5m3`` / ``e4m3fn`` / ``e5m2`` / ``ue4m4`` (written
 below for ue5m3; the others change Mb, the bias and the largest byte).
 
 Scale selection (:class:`ScaleSelect`). Block maximum A = max|y| (units of
 2^u), K = the number of scale units A maps to (midtread h-1, midrise h,
-lloydmax L_top/256 = k/2^8, computed as k with u + 8; h = 2^(b-1)). Every
-byte s has a *decision value* D(s) = c(s) 2^x(s):
+lloydmax L_top/256 = k/2^8, computed as k with u + 8; asym 2h-1 for the
+block range hi - lo; h = 2^(b-1)). Every byte s has a *decision value*
+D(s) = c(s) 2^x(s):
 
 * ``up``:      D(s) = scale(s) = sig 2^exp;   byte = smallest s in 1..255 with
   A 2^u <= K D(s), else 255.
@@ -48,6 +49,13 @@ it exceeds every |y|); each lane needs h-1 magnitude compares. Code:
 midtread c = sign(y) m (ties away from zero); midrise c = m if y >= 0 else
 -1-m (ties to the outer level, y = 0 -> c = 0).
 
+Mode ``asym`` (unsigned codes 0..Q, Q = 2^b - 1, one zero point per block):
+two max trees give hi = max(y, 0) and -lo = max(-y, 0) per block; the scale
+select sees A = hi - lo with K = Q; the Q thresholds are the midtread ones
+(a_j = 2j-1, f = 1, j = 1..Q); the zero point z = #{j : -lo >= T_j} (round
+half up) goes to the ``zeros`` output (one byte per block) and each lane's code
+is clip(z + sign(y) #{j : |y| >= T_j}, 0, Q).
+
 Pipeline (:class:`Quantizer`): the steps |y| + block max tree -> leading-one
 + normalize -> rest of the scale select -> thresholds -> lane compares, with
 optional registers (``regs``, names in :data:`QUANT_CUTS`): ``maxhalf`` in the
@@ -71,7 +79,7 @@ from .frontend import tree_reduce
 
 SCALE_MAX_E = 31
 #: Quantizer modes and scale roundings implemented here.
-MODES = ("midtread", "midrise", "lloydmax")
+MODES = ("midtread", "midrise", "lloydmax", "asym")
 ROUNDINGS = ("up", "nearest")
 #: Scale-byte encodings implemented here (sim_models.minifloat).
 SCALES = ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
@@ -95,8 +103,8 @@ def _bounds(shape: Shape) -> tuple[int, int]:
 
 def k_units(mode: str, bits: int) -> tuple[int, int]:
     """(k, k_shift): the max rule's K = k / 2^k_shift, the scale units the block
-    maximum maps to (midtread h-1, midrise h, lloydmax L_top / 256;
-    sim_models.scale_rules.max_units)."""
+    maximum (asym: the block range hi - lo) maps to (midtread h-1, midrise h,
+    lloydmax L_top / 256, asym 2h-1; sim_models.scale_rules.max_units)."""
     h = 1 << (bits - 1)
     if mode == "midtread":
         return h - 1, 0
@@ -104,12 +112,15 @@ def k_units(mode: str, bits: int) -> tuple[int, int]:
         return h, 0
     if mode == "lloydmax":
         return int(levels(bits)[-1]), LEVEL_FRAC_BITS
+    if mode == "asym":
+        return 2 * h - 1, 0
     raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
 
 
 def code_coefs(mode: str, bits: int) -> tuple[tuple[int, ...], int]:
-    """(a_j for j = 1..h-1, f): lane threshold j is |y| 2^u 2^f >= a_j scale
-    (midtread 2j-1, f = 1; midrise j, f = 0; lloydmax L[j-1] + L[j], f = 9)."""
+    """(a_j, f): lane threshold j is |y| 2^u 2^f >= a_j scale (midtread
+    2j-1, f = 1; midrise j, f = 0; lloydmax L[j-1] + L[j], f = 9; j = 1..h-1;
+    asym 2j-1, f = 1, j = 1..2h-1, also for the zero point)."""
     h = 1 << (bits - 1)
     if mode == "midtread":
         return tuple(2 * j - 1 for j in range(1, h)), 1
@@ -117,6 +128,8 @@ def code_coefs(mode: str, bits: int) -> tuple[tuple[int, ...], int]:
         return tuple(range(1, h)), 0
     if mode == "lloydmax":
         return tuple(int(v) for v in threshold_sums(bits)), LEVEL_FRAC_BITS + 1
+    if mode == "asym":
+        return tuple(range(1, 2 * (2 * h - 1), 2)), 1
     raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
 
 
@@ -391,7 +404,8 @@ class Quantizer(wiring.Component):
         n, block, bits: N, G, b.
         y_in_width: signed width of the FWHT output lanes (M + log2 N).
         u_shape: shape of the unit exponent.
-        mode: ``"midtread"``, ``"midrise"`` or ``"lloydmax"``.
+        mode: ``"midtread"``, ``"midrise"``, ``"lloydmax"`` or ``"asym"`` (adds
+            the ``zeros`` output: one zero-point byte per block).
         rounding: scale rounding, ``"up"`` or ``"nearest"``.
         regs: register cut points, a subset of :data:`QUANT_CUTS`; latency = len(regs).
         scale: scale-byte encoding (:data:`SCALES`).
@@ -414,7 +428,7 @@ class Quantizer(wiring.Component):
         self.y_in_width = y_in_width
         self.y_width = y_in_width - 1   # |y| < 2^(M-1+log2 N)
         self.u_shape = Shape.cast(u_shape)
-        super().__init__({
+        ports = {
             "en": In(1),
             "i_valid": In(1),
             "y": In(data.ArrayLayout(signed(y_in_width), n)),
@@ -424,7 +438,10 @@ class Quantizer(wiring.Component):
             "codes": Out(data.ArrayLayout(signed(bits), n)),
             "scales": Out(data.ArrayLayout(8, self.n_blocks)),
             "flags": Out(3),
-        })
+        }
+        if mode == "asym":
+            ports["zeros"] = Out(data.ArrayLayout(8, self.n_blocks))
+        super().__init__(ports)
 
     @property
     def latency(self) -> int:
@@ -463,24 +480,46 @@ class Quantizer(wiring.Component):
         def vmax(a, b):
             return Mux(a > b, a, b)
 
+        asym = self.mode == "asym"
+        # max trees: of |y| (symmetric modes); asym: of max(y, 0) ("hi") and of
+        # max(-y, 0) ("nlo" = -lo), whose sum is the block range hi - lo
+        if asym:
+            trees = {"hi": [Mux(negs[i], 0, mags[i]) for i in range(n)],
+                     "nlo": [Mux(negs[i], mags[i], 0) for i in range(n)]}
+        else:
+            trees = {"max": mags}
         half = (g.bit_length() - 1) // 2         # tree levels before the "maxhalf" cut
-        parts = [tree_reduce(m, mags[b * g + i:b * g + i + (1 << half)], vmax, f"bmax{b}_{i}")
-                 for b in range(nb) for i in range(0, g, 1 << half)]
         per = g >> half
         st = {"valid": self.i_valid, "u": self.u, "flags": self.flags_i, "neg": negs,
-              **{f"abs{i}": mags[i] for i in range(n)},
-              **{f"pmax{i}": v for i, v in enumerate(parts)}}
+              **{f"abs{i}": mags[i] for i in range(n)}}
+        for t, items in trees.items():
+            if asym:
+                items = [Signal(wy, name=f"{t}{i}") for i in range(n)]
+                m.d.comb += [d.eq(v) for d, v in zip(items, trees[t])]
+            for b in range(nb):
+                for i in range(per):
+                    lo_i = b * g + (i << half)
+                    st[f"p{t}{b}_{i}"] = tree_reduce(m, items[lo_i:lo_i + (1 << half)], vmax,
+                                                     f"b{t}{b}_{i}")
         st = cut("maxhalf", st)
-        amax = [tree_reduce(m, [st[f"pmax{b * per + i}"] for i in range(per)], vmax, f"bmax{b}")
-                for b in range(nb)]
-        st = {k: v for k, v in st.items() if not k.startswith("pmax")}
-        st.update({f"amax{b}": amax[b] for b in range(nb)})
+        for t in trees:
+            for b in range(nb):
+                st[f"{t}{b}"] = tree_reduce(m, [st.pop(f"p{t}{b}_{i}") for i in range(per)],
+                                            vmax, f"b{t}{b}")
+        if asym:
+            for b in range(nb):
+                rng_ = Signal(wy + 1, name=f"range{b}")
+                m.d.comb += rng_.eq(st.pop(f"hi{b}") + st[f"nlo{b}"])
+                st[f"amax{b}"] = rng_
+        else:
+            for b in range(nb):
+                st[f"amax{b}"] = st.pop(f"max{b}")
         st = cut("max", st)
 
         # ---- scale select -------------------------------------------------------------
         bytes_, sats = [], []
         for b in range(nb):
-            sel = ScaleSelect(wy, self.u_shape, self.kunits, self.rounding,
+            sel = ScaleSelect(wy + asym, self.u_shape, self.kunits, self.rounding,
                               pipelined="norm" in self.regs, scale=self.scale,
                               k_shift=self.k_shift)
             m.submodules[f"scale{b}"] = sel
@@ -508,12 +547,20 @@ class Quantizer(wiring.Component):
         # ---- lane compares ------------------------------------------------------------
         for b in range(nb):
             m.d.comb += self.scales[b].eq(st[f"scale{b}"])
+            if asym:       # zero point z = round(-lo / scale), ties up (Q thresholds)
+                zp = Signal(range(nth + 1), name=f"zero{b}")
+                m.d.comb += zp.eq(sum(st[f"nlo{b}"] >= st[f"th{b}_{j}"] for j in range(nth)))
+                m.d.comb += self.zeros[b].eq(zp)
             for i in range(b * g, (b + 1) * g):
                 cnt = Signal(range(nth + 1), name=f"cnt{i}")
                 m.d.comb += cnt.eq(sum(st[f"abs{i}"] >= st[f"th{b}_{j}"] for j in range(nth)))
                 neg = st["neg"][i]
                 if self.mode == "midtread":
                     m.d.comb += self.codes[i].eq(Mux(neg, -cnt, cnt))
+                elif asym:
+                    v = Signal(range(-nth, 2 * nth + 1), name=f"zr{i}")
+                    m.d.comb += v.eq(zp + Mux(neg, -cnt, cnt))
+                    m.d.comb += self.codes[i].eq(Mux(v < 0, 0, Mux(v > nth, nth, v)))
                 else:
                     m.d.comb += self.codes[i].eq(Mux(neg, -1 - cnt, cnt))
         m.d.comb += [self.o_valid.eq(st["valid"]), self.flags.eq(st["flags"])]

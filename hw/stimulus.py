@@ -22,23 +22,35 @@ def pack_input(bits: np.ndarray) -> list[int]:
 
 
 def expected_payloads(bits: np.ndarray, p: FormatParams) -> list[int]:
-    """Golden output payloads: codes | scales << N*b | flags << (N*b + 8*N/G)."""
+    """Golden output payloads: codes | scales << N*b | flags << (N*b + 8*N/G);
+    mode asym: codes | scales | zeros << (N*b + 8*N/G) | flags << (N*b + 16*N/G)."""
     e = encode(np.ascontiguousarray(bits, dtype=np.uint16), p)
     cw = p.n * p.bits
     sw = 8 * p.n_blocks
+    zw = 8 * p.zero_bytes
+    zeros = e.zeros if zw else [None] * len(e.flags)
     out = []
-    for c, s, f in zip(e.codes, e.scales, e.flags):
+    for c, s, z, f in zip(e.codes, e.scales, zeros, e.flags):
         out.append(int.from_bytes(c.tobytes(), "little")
                    | int.from_bytes(s.tobytes(), "little") << cw
-                   | int(f) << (cw + sw))
+                   | (int.from_bytes(z.tobytes(), "little") << (cw + sw) if zw else 0)
+                   | int(f) << (cw + sw + zw))
     return out
 
 
 def split_payload(v: int, p: FormatParams) -> tuple[int, int, int]:
-    """Output payload int -> (codes, scales, flags) ints."""
+    """Output payload int -> (codes, scales, flags) ints (asym: see :func:`zeros_of`)."""
     cw = p.n * p.bits
     sw = 8 * p.n_blocks
-    return v & ((1 << cw) - 1), (v >> cw) & ((1 << sw) - 1), v >> (cw + sw)
+    zw = 8 * p.zero_bytes
+    return v & ((1 << cw) - 1), (v >> cw) & ((1 << sw) - 1), v >> (cw + sw + zw)
+
+
+def zeros_of(v: int, p: FormatParams) -> int:
+    """The zero-point plane of an output payload int (mode asym; 0 bits otherwise)."""
+    cw = p.n * p.bits
+    sw = 8 * p.n_blocks
+    return (v >> (cw + sw)) & ((1 << (8 * p.zero_bytes)) - 1)
 
 
 def _float_bits(vals: np.ndarray, p: FormatParams) -> np.ndarray:
@@ -168,8 +180,8 @@ def tie_vectors(p: FormatParams, rng: np.random.Generator, count: int = 48) -> n
         kind = i % 4
         few_bits = (p.dtype == "bf16" and kind == 0) or ks > 0
         sig = int(rng.choice((nm, nm + nm // 2)) if few_bits else rng.integers(nm, 2 * nm))
-        if p.dtype == "bf16" and kind == 2:
-            sig = int(rng.choice((nm, nm + 1)))   # K (2 sig + 1) within 8 significant bits
+        if p.dtype == "bf16" and kind == 2:       # K (2 sig + 1) within 8 significant bits
+            sig = int(rng.choice([sg for sg in (nm, nm + 1) if k * (2 * sg + 1) < 256] or [nm]))
         cj = coefs[int(rng.integers(0, len(coefs)))]
         if kind == 0:                       # block max exactly K * scale, lane on a threshold
             a = (k * sig) << (sh - ks)

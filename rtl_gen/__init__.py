@@ -26,7 +26,7 @@ from pathlib import Path
 
 import amaranth
 from amaranth.back import verilog
-from amaranth.hdl import UnusedElaboratable
+from amaranth.hdl import Shape, UnusedElaboratable
 
 from hw import decompressor as _dec
 from hw.decompressor import KVDecompressor
@@ -60,6 +60,12 @@ def build(params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
     check_epilogue_params(params)
     check_latency(params, latency)
     return KVEpilogue(params, latency, check_regs(quant_regs), check_fe_regs(fe_regs))
+
+
+def _fields(p: FormatParams) -> list[tuple[str, int, int]]:
+    """(name, offset, width) of the output payload fields (hw.epilogue.output_layout):
+    codes, scales, zeros (mode asym only), flags."""
+    return [(name, fld.offset, Shape.cast(fld.shape).width) for name, fld in output_layout(p)]
 
 
 def ports(params: FormatParams) -> dict:
@@ -129,12 +135,8 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         "ports": ports(p),
         "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
         "o_payload": {
-            "width": cw + sw + 3,
-            "fields": {
-                "codes": {"offset": 0, "width": cw},
-                "scales": {"offset": cw, "width": sw},
-                "flags": {"offset": cw + sw, "width": 3},
-            },
+            "width": output_layout(p).size,
+            "fields": {name: {"offset": off, "width": w} for name, off, w in _fields(p)},
         },
         "flags": {"nan": 1, "inf": 2, "sat": 4},
         "status": "sticky OR of flags of accepted o vectors; status_clear clears, "
@@ -143,7 +145,7 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         "derived": {
             "log2n": p.log2n, "n_blocks": p.n_blocks, "qmax": p.qmax,
             "code_bytes": p.code_bytes, "bytes_per_vector": p.bytes_per_vector,
-            "fwht_width": p.fwht_width,
+            "zero_bytes": p.zero_bytes, "fwht_width": p.fwht_width,
         },
     }
     assert manifest["latency_cycles"] == sum(dut.latency_breakdown.values())

@@ -62,7 +62,7 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
     assert lat == sum(dut.latency_breakdown.values())
     rnd = random.Random(seed)
     got, in_cyc, out_cyc = [], [], []
-    flags_shift = p.n * p.bits + 8 * p.n_blocks
+    flags_shift = p.n * p.bits + 8 * p.n_blocks + 8 * p.zero_bytes
     stats = {"stall_cycles": 0, "clears": 0}
 
     async def tb(ctx):
@@ -214,7 +214,12 @@ def _exact_ties(bits: np.ndarray, p: FormatParams) -> tuple[int, int]:
     for a in coefs:
         lhs, rhs = (mag << frac, u), (a * sig[:, :, None], exp[:, :, None])
         lanes += int((ge_pow2(*lhs, *rhs) & ge_pow2(*rhs, *lhs) & (mag > 0)).sum())
-    amax = mag.max(axis=2) << ks
+    if p.mode == "asym":      # the block range hi - lo
+        yb = t.y.reshape(len(bits), p.n_blocks, p.block)
+        amax = np.maximum(yb.max(axis=2), 0) - np.minimum(yb.min(axis=2), 0)
+    else:
+        amax = mag.max(axis=2)
+    amax = amax << ks
     if p.scale_round == "nearest":
         every_sig, every_exp = enc.mid_sig, enc.mid_exp
     else:
@@ -248,6 +253,11 @@ MODE_CASES = [
     ("midrise", "nearest", 3, "fp16", 64, 64, 2, 30, "ue4m4"),
     ("midtread", "nearest", 4, "bf16", 16, 8, 2, 30, "ue4m4"),
     ("lloydmax", "up", 3, "fp16", 32, 16, 2, 30, "ue4m4"),
+    ("asym", "up", 3, "fp16", 64, 32, 2, 30),
+    ("asym", "nearest", 2, "fp16", 32, 16, 1, 30),
+    ("asym", "nearest", 4, "bf16", 32, 32, 2, 30),
+    ("asym", "up", 2, "bf16", 16, 8, 0, 30, "e4m3fn"),
+    ("asym", "nearest", 3, "fp16", 128, 64, 2, 12, "ue4m4"),
 ]
 
 
@@ -326,7 +336,7 @@ def test_bad_format_params(kw, field):
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"mode": "asym"}, "mode"),
+    ({"mode": "asym", "scale_mult": 100}, "scale_mult"),
     ({"scale_rule": "rms"}, "scale_rule"), ({"scale_rule": "absmean"}, "scale_rule"),
     ({"scale_mult": 300}, "scale_mult"),
     ({"mode": "midrise", "scale_round": "nearest", "scale": "e5m2", "scale_mult": 200},

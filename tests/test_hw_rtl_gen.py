@@ -133,7 +133,7 @@ def test_deterministic(tmp_path):
     (["--dtype", "fp8"], "dtype"),
     (["--top", "9bad"], "top"),
     (["--n", "x"], "--n"),
-    (["--mode", "asym"], "mode"),
+    (["--mode", "asym", "--scale-mult", "300"], "scale_mult"),
     (["--scale", "e6m1"], "--scale"),
     (["--scale-rule", "absmean"], "scale_rule"),
     (["--scale-rule", "rms"], "scale_rule"),
@@ -214,3 +214,23 @@ def test_cli_encodings_and_lloydmax(tmp_path, args):
     man = json.loads((out / "manifest.json").read_text())
     assert man["params"]["scale"] == args[args.index("--scale") + 1]
     assert man["params"]["mode"] == args[1]
+
+
+def test_asym_manifest(tmp_path):
+    """Mode asym: the zero-point plane sits between the scales and the flags."""
+    out = tmp_path / "a"
+    assert cli_main(["--n", "16", "--block", "8", "--bits", "3", "--mode", "asym", "--latency", "1",
+                     "--out", str(out)]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["o_payload"]["fields"] == {
+        "codes": {"offset": 0, "width": 48},
+        "scales": {"offset": 48, "width": 16},
+        "zeros": {"offset": 64, "width": 16},
+        "flags": {"offset": 80, "width": 3},
+    }
+    assert man["o_payload"]["width"] == 83 == man["ports"]["o__payload"]["width"]
+    assert man["derived"]["zero_bytes"] == 2
+    if rtl_gen.find_verilator() is not None:
+        r = rtl_gen.lint(out / man["verilog"], man["top"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "%Warning" not in r.stdout + r.stderr
