@@ -63,7 +63,7 @@ from sim_models.params import FormatParams
 #: values. Fields not listed (n, block, bits, mant_bits, dtype, sign_seed, scale_rule,
 #: scale_round, scale_mult) are supported at every value FormatParams accepts.
 READ_SUPPORT = {
-    "mode": ("midtread", "midrise", "lloydmax"),
+    "mode": ("midtread", "midrise", "lloydmax", "asym"),
     "scale": ("ue5m3", "e4m3fn", "e5m2", "ue4m4"),
 }
 

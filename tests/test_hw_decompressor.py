@@ -204,6 +204,12 @@ MODE_QUICK = [
     ("midtread", "e5m2", 128, 64, 3, "fp16", 4, {}),
     ("lloydmax", "e5m2", 64, 32, 4, "bf16", 2, {}),
     ("lloydmax", "e4m3fn", 64, 32, 2, "fp16", 6, {}),
+    ("asym", "ue5m3", 64, 64, 2, "fp16", 1, {}),
+    ("asym", "ue5m3", 64, 16, 3, "bf16", 2, {"scale_round": "nearest"}),
+    ("asym", "ue5m3", 128, 32, 4, "fp16", 3, {}),
+    ("asym", "e4m3fn", 64, 32, 4, "fp16", 0, {}),
+    ("asym", "ue4m4", 64, 8, 3, "bf16", 2, {"scale_round": "nearest"}),
+    ("asym", "e5m2", 128, 64, 2, "fp16", 7, {}),
 ]
 
 
@@ -242,6 +248,27 @@ def test_scale_sign_bit_ignored(scale):
     assert (raw != scales).any()
     exp, got, _ = run_dut(p, 2, codes, scales, None, 3, raw_scales=raw)
     assert got == exp
+
+
+def test_asym_payload_layout():
+    """Mode asym: i.payload = codes | scales << N*b | zeros << (N*b + 8 N/G); the other
+    modes have no zero plane. A zero point moves every lane of its block only."""
+    p = FormatParams(n=16, block=8, bits=3, mode="asym")
+    f = input_fields(p)
+    assert f == {"codes": {"offset": 0, "width": 48}, "scales": {"offset": 48, "width": 16},
+                 "zeros": {"offset": 64, "width": 16}}
+    assert input_width(p) == 80 == 8 * p.bytes_per_vector
+    assert "zeros" not in input_fields(FormatParams(n=16, block=8, mode="midrise"))
+    codes = np.zeros((1, p.code_bytes), np.uint8)
+    scales = np.array([[0x40, 0x40]], np.uint8)
+    zeros = np.array([[0, 5]], np.uint8)
+    assert pack_planes(codes, scales, p, zeros) == [(0x4040 << 48) | (0x0500 << 64)]
+    with pytest.raises(ValueError, match="zeros"):
+        pack_planes(codes, scales, p)
+    exp, got, _ = run_dut(p, 1, codes, scales, zeros, free_run_first=1)
+    assert got == exp
+    lanes = int_to_lanes(exp[0], 16)
+    assert (lanes != 0).any()
 
 
 def _full_cases():
@@ -411,8 +438,7 @@ def test_widths():
     dut = KVDecompressor(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
     assert len(dut.i.payload) == 256 * 4 + 32 and len(dut.o.payload) == 256 * 16
-    v1 = FormatParams(n=256, block=64, bits=4, mode="midtread", scale_round="up")
-    assert level_table(v1).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
+    assert level_table(p).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
     assert sign_mask_int(256, 0) != 0
 
 
