@@ -115,14 +115,16 @@ def test_config_names():
     c = SimConfig.parse("n64_g32_b4_l0_bf16")
     assert (c.n, c.block, c.bits, c.latency, c.dtype) == (64, 32, 4, 0, "bf16")
     assert c.name == "n64_g32_b4_l0_bf16" and SimConfig.parse("n128").name == "n128_g64_b3_l2"
-    m = SimConfig.parse("rt_n128_midrise_nearest")
+    m = SimConfig.parse("rt_n128_lloydmax_e5m2")       # values no default has
     assert m.roundtrip and m.top == "kv_roundtrip" and m.test_module == "verif.tb_roundtrip"
-    assert (m.params.mode, m.params.scale_round) == ("midrise", "nearest")
-    assert m.name == "rt_n128_g64_b3_l2_midrise_nearest"
+    assert (m.params.mode, m.params.scale) == ("lloydmax", "e5m2")
+    assert m.name == "rt_n128_g64_b3_l2_lloydmax_e5m2"
+    d = FormatParams()                                   # a default value is no suffix
+    assert SimConfig.parse(f"n64_{d.mode}_{d.scale_round}").name == "n64_g64_b3_l2"
     for name in ("n128_g64_b3_l2_scalemult-300", "n8_g8_b2_l0_signseed-none",
                  "n128_g64_b3_l2_e4m3fn_rms", m.name):
         assert SimConfig.parse(name).name == name
-    p = FormatParams(n=64, block=32, mode="midrise", scale="e5m2")
+    p = FormatParams(n=64, block=32, mode="lloydmax", scale="e5m2", scale_rule="absmean")
     assert SimConfig.parse(SimConfig.from_params(p, 3).name).params == p
     with pytest.raises(ValueError, match="latency"):
         SimConfig.parse("n64_l7")

@@ -13,7 +13,8 @@ Vector sets (uint16 fp16 bit patterns, [V, N]):
 
 Port encodings (docs in tb_epilogue.py): the input payload is lane k's fp16 bits
 at [16k, 16k+16); the output payload is
-``codes | scales << (N*b) | flags << (N*b + 8*N/G)``.
+``codes | scales << (N*b) | flags << (N*b + 8*N/G)``, in mode asym
+``codes | scales << (N*b) | zeros << (N*b + 8*N/G) | flags << (N*b + 16*N/G)``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,18 @@ FIXTURE = REPO / "verif" / "data" / "smollm2_kv.npz"
 
 
 def out_width(p: FormatParams) -> int:
-    """Width of o__payload: N*b code bits + 8 bits per block + 3 flag bits."""
-    return p.n * p.bits + 8 * p.n_blocks + 3
+    """Width of o__payload: N*b code bits + 8 bits per block (scales) [+ 8 bits
+    per block (zero points, mode asym)] + 3 flag bits."""
+    return flags_shift(p) + 3
+
+
+def _zero_bytes(p: FormatParams) -> int:
+    return int(getattr(p, "zero_bytes", 0) or 0)
 
 
 def flags_shift(p: FormatParams) -> int:
-    return p.n * p.bits + 8 * p.n_blocks
+    """Bit offset of the flags in o__payload: codes | scales | [zeros] | flags."""
+    return p.n * p.bits + 8 * p.n_blocks + 8 * _zero_bytes(p)
 
 
 # --- vector sets -------------------------------------------------------------
@@ -153,9 +160,11 @@ def input_words(bits: np.ndarray) -> list[int]:
 
 
 def expected_golden(bits: np.ndarray, p: FormatParams):
-    """Golden output words and their flags: (list[int], uint8 [V])."""
+    """Golden output words (codes | scales | [zeros, mode asym] | flags, LSB first)
+    and their flags: (list[int], uint8 [V])."""
     e = encode(bits, p)
-    planes = np.ascontiguousarray(np.concatenate([e.codes, e.scales], axis=1))
+    parts = [e.codes, e.scales] + ([e.zeros] if _zero_bytes(p) else [])
+    planes = np.ascontiguousarray(np.concatenate(parts, axis=1).astype(np.uint8))
     raw = planes.tobytes()
     step = planes.shape[1]
     sh = flags_shift(p)
@@ -166,11 +175,12 @@ def expected_golden(bits: np.ndarray, p: FormatParams):
 
 
 def split_word(w: int, p: FormatParams) -> dict:
-    """Output word -> {'codes': bytes, 'scales': bytes, 'flags': int} (for messages)."""
-    cb = p.code_bytes
+    """Output word -> {'codes', 'scales', 'zeros': bytes, 'flags': int} (for messages)."""
+    cb, nb, zb = p.code_bytes, p.n_blocks, _zero_bytes(p)
     codes = (w & ((1 << (8 * cb)) - 1)).to_bytes(cb, "little")
-    scales = ((w >> (8 * cb)) & ((1 << (8 * p.n_blocks)) - 1)).to_bytes(p.n_blocks, "little")
-    return {"codes": codes, "scales": scales, "flags": (w >> flags_shift(p)) & 7}
+    scales = ((w >> (8 * cb)) & ((1 << (8 * nb)) - 1)).to_bytes(nb, "little")
+    zeros = ((w >> (8 * (cb + nb))) & ((1 << (8 * zb)) - 1)).to_bytes(zb, "little")
+    return {"codes": codes, "scales": scales, "zeros": zeros, "flags": (w >> flags_shift(p)) & 7}
 
 
 def describe_mismatch(got: int, exp: int, p: FormatParams) -> str:
@@ -183,10 +193,15 @@ def describe_mismatch(got: int, exp: int, p: FormatParams) -> str:
     if sd:
         parts.append("scales differ in blocks " + ", ".join(
             f"{j}: got 0x{g['scales'][j]:02x} exp 0x{e['scales'][j]:02x}" for j in sd[:4]))
+    zd = [j for j in range(len(e["zeros"])) if g["zeros"][j] != e["zeros"][j]]
+    if zd:
+        parts.append("zero points differ in blocks " + ", ".join(
+            f"{j}: got {g['zeros'][j]} exp {e['zeros'][j]}" for j in zd[:4]))
     if g["codes"] != e["codes"]:
         from sim_models.pack import unpack_codes
-        gc = unpack_codes(np.frombuffer(g["codes"], np.uint8)[None], p.n, p.bits)[0]
-        ec = unpack_codes(np.frombuffer(e["codes"], np.uint8)[None], p.n, p.bits)[0]
+        sg = p.mode != "asym"
+        gc = unpack_codes(np.frombuffer(g["codes"], np.uint8)[None], p.n, p.bits, sg)[0]
+        ec = unpack_codes(np.frombuffer(e["codes"], np.uint8)[None], p.n, p.bits, sg)[0]
         lanes = np.flatnonzero(gc != ec)
         parts.append(f"codes differ in {lanes.size} lanes (first: " + ", ".join(
             f"lane {int(k)} got {int(gc[k])} exp {int(ec[k])}" for k in lanes[:6]) + ")")
