@@ -46,6 +46,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
+from sim_models.scale_rules import scale_mult
 
 from .frontend import FrontEnd, check_fe_regs, u_shape
 from .fwht import FWHT
@@ -77,9 +78,8 @@ RTL_ONLY = {
 EPILOGUE_SUPPORT = {
     "mode": ("midtread", "midrise", "lloydmax", "asym"),
     "scale": ("ue5m3", "e4m3fn", "e5m2", "ue4m4"),
-    "scale_rule": ("max",),
+    "scale_rule": ("max", "absmean"),
     "scale_round": ("up", "nearest"),
-    "scale_mult": (None, 256),
 }
 
 
@@ -111,9 +111,9 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     """Refuse format options the write path (KVEpilogue) does not implement.
 
     Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise / lloydmax / asym,
-    scale encodings ue5m3 / e4m3fn / e5m2 / ue4m4, scale rule max with
-    multiplier 1 (None or 256), scale rounding up / nearest; every n / block /
-    bits / mant_bits / dtype / sign_seed that FormatParams accepts.
+    scale encodings ue5m3 / e4m3fn / e5m2 / ue4m4, scale rules max / absmean
+    with any scale_mult, scale rounding up / nearest; every n / block / bits /
+    mant_bits / dtype / sign_seed that FormatParams accepts. Not built: rule rms.
 
     Raises:
         TypeError: not a FormatParams. ValueError: the message names the field.
@@ -211,7 +211,8 @@ class KVEpilogue(wiring.Component):
         # quantizer
         m.submodules.quant = qz = Quantizer(p.n, p.block, p.bits, p.fwht_width, ush,
                                             mode=p.mode, rounding=p.scale_round,
-                                            regs=self.quant_regs, scale=p.scale)
+                                            regs=self.quant_regs, scale=p.scale,
+                                            rule=p.scale_rule, mult=scale_mult(p))
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o[:ush.width]), qz.flags_i.eq(fw.side_o[ush.width:])]
 

@@ -4,7 +4,8 @@ Bit-exact with the golden model (``sim_models.scale_rules.choose_scale_bytes``
 + ``sim_models.quant_modes.quantize``; for the version-1 quantizer also
 ``sim_models.quant``), without dividers. Rules: docs/ACCURACY.md, "Exact
 integer rules". Supported here: mode ``midtread`` / ``midrise`` /
-``lloydmax`` / ``asym``, scale rule ``max`` (multiplier 1), rounding ``up`` /
+``lloydmax`` / ``asym``, scale rules ``max`` / ``absmean`` with any
+multiplier (see "Scale rule and multiplier" below), rounding ``up`` /
 ``nearest``, encodings ``ue5m3`` / ``e4m3fn`` / ``e5m2`` / ``ue4m4`` (written
 below for ue5m3; the others change Mb, the bias and the largest byte).
 
@@ -49,6 +50,12 @@ it exceeds every |y|); each lane needs h-1 magnitude compares. Code:
 midtread c = sign(y) m (ties away from zero); midrise c = m if y >= 0 else
 -1-m (ties to the outer level, y = 0 -> c = 0).
 
+Scale rule and multiplier: the golden compare is C D(s) >= mult Kd X 2^u with
+C = 256 Kn (max) or 256 G (absmean), X = max|y| / hi - lo / sum|y|
+(sim_models.scale_rules). With mult = odd 2^p it is fed to ScaleSelect as
+Kn' D(s) >= (odd X) 2^(u + p + log2 Kd - 8) (absmean: Kn' = 1 and the shift
+lowered by log2 G): one constant multiplier by the odd part per block.
+
 Mode ``asym`` (unsigned codes 0..Q, Q = 2^b - 1, one zero point per block):
 two max trees give hi = max(y, 0) and -lo = max(-y, 0) per block; the scale
 select sees A = hi - lo with K = Q; the Q thresholds are the midtread ones
@@ -88,6 +95,8 @@ SCALES = ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
 #: tree, inside the scale select (after leading-one + normalization), after the
 #: scale select, after the thresholds.
 QUANT_CUTS = ("maxhalf", "max", "norm", "scale", "thr")
+#: Scale rules implemented here (sim_models.scale_rules): max, absmean (sum |y|).
+RULES = ("max", "absmean")
 
 
 def _shape_range(lo: int, hi: int) -> Shape:
@@ -201,20 +210,20 @@ class ScaleSelect(wiring.Component):
             normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
         scale: scale-byte encoding (``FormatParams.scale``), default ``"ue5m3"``.
         k_shift: K = k / 2^k_shift (lloydmax: L_top / 256); the rule compares
-            ``k D(s) >= A 2^(u + k_shift)``.
+            ``k D(s) >= A 2^(u + k_shift)``; any int (negative: K = k 2^-k_shift).
 
     Ports: ``a``, ``u``, ``en`` in; ``byte`` (8), ``sat`` (1) out.
 
     Raises:
-        ValueError: ``k`` < 1, ``k_shift`` < 0, an unknown ``rounding`` or ``scale``.
+        ValueError: ``k`` < 1, an unknown ``rounding`` or ``scale``.
     """
 
     def __init__(self, a_width: int, u_shape, k: int, rounding: str, pipelined: bool = False,
                  scale: str = "ue5m3", k_shift: int = 0):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (scale units of the block maximum) must be an int >= 1, got {k!r}")
-        if not isinstance(k_shift, int) or k_shift < 0:
-            raise ValueError(f"k_shift must be an int >= 0, got {k_shift!r}")
+        if not isinstance(k_shift, int):
+            raise ValueError(f"k_shift must be an int, got {k_shift!r}")
         _scale_rule(k, rounding, scale)
         self.a_width, self.u_shape, self.k, self.rounding = a_width, Shape.cast(u_shape), k, rounding
         self.pipelined = bool(pipelined)
@@ -416,9 +425,25 @@ class Quantizer(wiring.Component):
     """
 
     def __init__(self, n: int, block: int, bits: int, y_in_width: int, u_shape, *,
-                 mode: str, rounding: str, regs=("scale",), scale: str = "ue5m3"):
+                 mode: str, rounding: str, regs=("scale",), scale: str = "ue5m3",
+                 rule: str = "max", mult: int = 256):
         self.n, self.block, self.bits = n, block, bits
-        self.kunits, self.k_shift = k_units(mode, bits)
+        if rule not in RULES:
+            raise ValueError(f"scale_rule must be one of {RULES} in the RTL quantizer, got {rule!r}")
+        if not isinstance(mult, int) or not 1 <= mult <= 511:
+            raise ValueError(f"scale_mult must be an int in [1, 511], got {mult!r}")
+        if mode == "asym" and rule != "max":
+            raise ValueError(f"scale_rule must be 'max' for mode 'asym', got {rule!r}")
+        self.rule, self.mult = rule, mult
+        # the rule: C D(s) >= mult Kd stat 2^u, C = 256 Kn (max) or 256 G (absmean);
+        # with mult = odd 2^p: Kn' D(s) >= (odd stat) 2^(u + p + log2 Kd - 8)
+        p2 = (mult & -mult).bit_length() - 1
+        self.mult_odd = mult >> p2
+        if rule == "max":
+            self.kunits, ks = k_units(mode, bits)
+        else:
+            self.kunits, ks = 1, -(block.bit_length() - 1)
+        self.k_shift = ks + p2 - 8
         self.coefs, self.frac = code_coefs(mode, bits)
         _scale_rule(self.kunits, rounding, scale)
         self.scale = scale
@@ -486,8 +511,26 @@ class Quantizer(wiring.Component):
         if asym:
             trees = {"hi": [Mux(negs[i], 0, mags[i]) for i in range(n)],
                      "nlo": [Mux(negs[i], mags[i], 0) for i in range(n)]}
+        elif self.rule == "absmean":
+            trees = {"sum": mags}
         else:
             trees = {"max": mags}
+
+        def vsum(a, b):
+            return a + b
+
+        def reduce(items, fn, name):
+            if fn is vmax:
+                return tree_reduce(m, items, fn, name)
+            level = 0                        # sums: one more bit per level
+            while len(items) > 1:
+                nxt = []
+                for i in range(0, len(items), 2):
+                    v = Signal(len(items[i]) + 1, name=f"{name}_l{level}_{i // 2}")
+                    m.d.comb += v.eq(items[i] + items[i + 1])
+                    nxt.append(v)
+                items, level = nxt, level + 1
+            return items[0]
         half = (g.bit_length() - 1) // 2         # tree levels before the "maxhalf" cut
         per = g >> half
         st = {"valid": self.i_valid, "u": self.u, "flags": self.flags_i, "neg": negs,
@@ -496,16 +539,18 @@ class Quantizer(wiring.Component):
             if asym:
                 items = [Signal(wy, name=f"{t}{i}") for i in range(n)]
                 m.d.comb += [d.eq(v) for d, v in zip(items, trees[t])]
+            fn = vsum if t == "sum" else vmax
             for b in range(nb):
                 for i in range(per):
                     lo_i = b * g + (i << half)
-                    st[f"p{t}{b}_{i}"] = tree_reduce(m, items[lo_i:lo_i + (1 << half)], vmax,
-                                                     f"b{t}{b}_{i}")
+                    st[f"p{t}{b}_{i}"] = reduce(items[lo_i:lo_i + (1 << half)], fn,
+                                                f"b{t}{b}_{i}")
         st = cut("maxhalf", st)
         for t in trees:
+            fn = vsum if t == "sum" else vmax
             for b in range(nb):
-                st[f"{t}{b}"] = tree_reduce(m, [st.pop(f"p{t}{b}_{i}") for i in range(per)],
-                                            vmax, f"b{t}{b}")
+                st[f"{t}{b}"] = reduce([st.pop(f"p{t}{b}_{i}") for i in range(per)], fn,
+                                       f"b{t}{b}")
         if asym:
             for b in range(nb):
                 rng_ = Signal(wy + 1, name=f"range{b}")
@@ -513,13 +558,19 @@ class Quantizer(wiring.Component):
                 st[f"amax{b}"] = rng_
         else:
             for b in range(nb):
-                st[f"amax{b}"] = st.pop(f"max{b}")
+                st[f"amax{b}"] = st.pop(f"{next(iter(trees))}{b}")
+        if self.mult_odd != 1:       # the statistic times the odd part of scale_mult
+            for b in range(nb):
+                v = st[f"amax{b}"]
+                x = Signal(len(v) + self.mult_odd.bit_length(), name=f"stat{b}")
+                m.d.comb += x.eq(v * self.mult_odd)
+                st[f"amax{b}"] = x
         st = cut("max", st)
 
         # ---- scale select -------------------------------------------------------------
         bytes_, sats = [], []
         for b in range(nb):
-            sel = ScaleSelect(wy + asym, self.u_shape, self.kunits, self.rounding,
+            sel = ScaleSelect(len(st[f"amax{b}"]), self.u_shape, self.kunits, self.rounding,
                               pipelined="norm" in self.regs, scale=self.scale,
                               k_shift=self.k_shift)
             m.submodules[f"scale{b}"] = sel

@@ -260,6 +260,29 @@ MODE_CASES = [
     ("asym", "nearest", 3, "fp16", 128, 64, 2, 12, "ue4m4"),
 ]
 
+#: (mode, scale_round, bits, dtype, n, block, latency, scale, scale_rule, scale_mult)
+RULE_CASES = [
+    ("midrise", "nearest", 3, "fp16", 64, 32, 2, "ue5m3", "absmean", None),
+    ("midtread", "up", 2, "bf16", 32, 16, 1, "ue5m3", "absmean", None),
+    ("lloydmax", "nearest", 4, "fp16", 32, 32, 2, "e4m3fn", "absmean", 300),
+    ("midrise", "up", 4, "fp16", 32, 8, 3, "ue4m4", "absmean", 128),
+    ("midrise", "nearest", 3, "fp16", 64, 64, 2, "ue5m3", "max", 200),
+    ("midtread", "up", 3, "bf16", 32, 16, 2, "e5m2", "max", 511),
+    ("asym", "nearest", 3, "fp16", 32, 16, 1, "ue5m3", "max", 231),
+    ("lloydmax", "up", 2, "fp16", 16, 8, 2, "ue5m3", "max", 64),
+]
+
+
+@pytest.mark.parametrize("mode,rnd,bits,dtype,n,block,latency,scale,rule,mult", RULE_CASES)
+def test_scale_rules_and_mult(mode, rnd, bits, dtype, n, block, latency, scale, rule, mult):
+    """Scale rule absmean (sum |y| per block) and scale multipliers other than 1
+    (odd and power-of-two parts), directed + random + adversarial vectors."""
+    p = FormatParams(n=n, block=block, bits=bits, mode=mode, scale_round=rnd, dtype=dtype,
+                     sign_seed=9, scale=scale, scale_rule=rule, scale_mult=mult)
+    extra = np.concatenate([tie_vectors(p, np.random.default_rng(n), 32),
+                            adversarial_vectors(n, 0, p)[::4]])
+    check(p, latency, 30, seed=n + bits + latency, extra=extra)
+
 
 @pytest.mark.parametrize("mode,rnd,bits,dtype,n,block,latency,n_random,scale",
                          [c if len(c) == 9 else c + ("ue5m3",) for c in MODE_CASES])
@@ -336,11 +359,9 @@ def test_bad_format_params(kw, field):
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"mode": "asym", "scale_mult": 100}, "scale_mult"),
-    ({"scale_rule": "rms"}, "scale_rule"), ({"scale_rule": "absmean"}, "scale_rule"),
-    ({"scale_mult": 300}, "scale_mult"),
-    ({"mode": "midrise", "scale_round": "nearest", "scale": "e5m2", "scale_mult": 200},
-     "scale_mult"),
+    ({"scale_rule": "rms"}, "scale_rule"),
+    ({"mode": "midrise", "scale_round": "nearest", "scale": "e5m2", "scale_rule": "rms"},
+     "scale_rule"),
 ])
 def test_unsupported_format_options(kw, field):
     """Format-study options of the golden model that the RTL does not implement."""
