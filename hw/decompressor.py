@@ -20,15 +20,16 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     o__valid (out), o__ready  output stream
     o__payload [16*N]         lane k's fp16/bf16 pattern at bits [16k, 16k+16)
 
-Pipeline (no stalls):
+Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
 
     i.payload -> dequant (comb: scale decode, level * sig, ef_min, shifts) -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers, see hw/ifwht.py)
-      -> FloatPrep (comb: |S|, leading one, subnormal clamp, sign) -> REG
-      -> FloatPack (comb: shift, RNE, saturate) -> REG -> o.payload
+      -> FloatPrep (|S| [REG abs] leading one, subnormal clamp, sign) [REG prep]
+      -> FloatPack (shift + sticky [REG shift] RNE, pack, saturate) -> REG -> o.payload
 
-``latency_cycles = latency + 3`` (5 for the default latency 2). Flow control as
+``latency_cycles = latency + 2 + len(float_regs)`` (5 for the defaults:
+latency 2, float_regs ("prep",)). Flow control as
 in ``KVEpilogue``: every register stage carries a valid bit, the whole pipeline
 advances when ``en = o.ready | ~o.valid`` and ``i.ready = en``; one vector per
 cycle while ``o.ready`` is high; data registers have no reset, valid bits do.
@@ -56,8 +57,16 @@ from .frontend import tree_reduce
 from .ifwht import BlockFWHT
 from .tofloat import FloatConsts, FloatPack, FloatPrep
 
-#: Register stages outside the FWHT: dequant register, float-prep register, output register.
-FIXED_LATENCY = 3
+#: Optional pipeline registers of the float conversion, in pipeline order:
+#: ``"abs"`` after |S| (before the leading-one tree), ``"prep"`` after FloatPrep
+#: (leading one, subnormal clamp), ``"shift"`` after FloatPack's right shifter and
+#: sticky bit (before RNE, packing, saturation).
+FLOAT_REGS = ("abs", "prep", "shift")
+#: Default float-conversion registers.
+DEFAULT_FLOAT_REGS = ("prep",)
+#: Register stages outside the FWHT with the default placement: dequant register,
+#: the default float registers, output register.
+FIXED_LATENCY = 2 + len(DEFAULT_FLOAT_REGS)
 
 
 def check_latency(p: FormatParams, latency) -> int:
@@ -73,6 +82,25 @@ def check_latency(p: FormatParams, latency) -> int:
         raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
                          f"for n={p.n}, got {latency}")
     return latency
+
+
+def check_float_regs(float_regs) -> tuple[str, ...]:
+    """Validate ``float_regs``; returns it as a tuple in pipeline order.
+
+    Raises:
+        TypeError: not a tuple/list of str.
+        ValueError: an unknown name or a repeated one (the message names float_regs).
+    """
+    if isinstance(float_regs, str) or not isinstance(float_regs, (tuple, list)):
+        raise TypeError(f"float_regs must be a tuple of names, got {type(float_regs).__name__}")
+    for r in float_regs:
+        if not isinstance(r, str):
+            raise TypeError(f"float_regs entries must be str, got {type(r).__name__}")
+        if r not in FLOAT_REGS:
+            raise ValueError(f"float_regs: unknown register {r!r} (choose from {FLOAT_REGS})")
+    if len(set(float_regs)) != len(float_regs):
+        raise ValueError(f"float_regs: repeated register in {tuple(float_regs)}")
+    return tuple(r for r in FLOAT_REGS if r in float_regs)
 
 
 def input_fields(p: FormatParams) -> dict:
@@ -105,6 +133,9 @@ class KVDecompressor(wiring.Component):
     Args:
         params: format parameters (``sim_models.FormatParams``); fp16 or bf16 output.
         latency: FWHT pipeline registers, in [0, log2 N] (default 2).
+        float_regs: which optional registers of the float conversion to place
+            (a subset of :data:`FLOAT_REGS`, any order; default
+            :data:`DEFAULT_FLOAT_REGS`); each adds one cycle of latency.
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -112,8 +143,10 @@ class KVDecompressor(wiring.Component):
             not implement (:data:`hw.dequant.READ_SUPPORT`; the message names the field).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2):
+    def __init__(self, params: FormatParams, latency: int = 2,
+                 float_regs=DEFAULT_FLOAT_REGS):
         check_read_params(params)
+        self.float_regs = check_float_regs(float_regs)
         self.params = params
         self.latency = check_latency(params, latency)
         self.table = level_table(params)
@@ -126,7 +159,7 @@ class KVDecompressor(wiring.Component):
     @property
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
-        return self.latency + FIXED_LATENCY
+        return self.latency + 2 + len(self.float_regs)
 
     def elaborate(self, platform):
         m = Module()
@@ -188,26 +221,44 @@ class KVDecompressor(wiring.Component):
         # ---- float conversion: prep + register + pack + output register -------------
         consts = FloatConsts(fw.out_width, p.in_format, (sf.ef_min, sf.ef_max),
                              sf.exp_offset + self.table.exp_offset - p.log2n)
-        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts)
+        regs = self.float_regs
+        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs)
         m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o[:efw]),
                      fp.zneg.eq(Mux(fw.side_o[efw], fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
-        mag_r = Signal.like(fp.mag, name="fp_mag", reset_less=True)
-        lp_r = Signal.like(fp.lp, name="fp_lead", reset_less=True)
-        neg_r = Signal(n, name="fp_neg", reset_less=True)
-        nz_r = Signal(n, name="fp_nz", reset_less=True)
-        b_r = Signal(consts.b_shape, name="fp_bexp", reset_less=True)
-        v2_r = Signal(name="fp_valid")
-        with m.If(en):
-            m.d.sync += [mag_r.eq(fp.mag), lp_r.eq(fp.lp), neg_r.eq(fp.neg), nz_r.eq(fp.nz),
-                         b_r.eq(fp.b), v2_r.eq(fw.o_valid)]
-
-        m.submodules.fpack = pk = FloatPack(n, consts)
-        m.d.comb += [pk.mag.eq(mag_r), pk.lp.eq(lp_r), pk.neg.eq(neg_r), pk.nz.eq(nz_r),
-                     pk.b.eq(b_r)]
+        valid = fw.o_valid
+        if "abs" in regs:
+            m.d.comb += fp.en.eq(en)
+            va = Signal(name="abs_valid")
+            with m.If(en):
+                m.d.sync += va.eq(valid)
+            valid = va
+        m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs)
+        if "prep" in regs:
+            mag_r = Signal.like(fp.mag, name="fp_mag", reset_less=True)
+            lp_r = Signal.like(fp.lp, name="fp_lead", reset_less=True)
+            neg_r = Signal(n, name="fp_neg", reset_less=True)
+            nz_r = Signal(n, name="fp_nz", reset_less=True)
+            b_r = Signal(consts.b_shape, name="fp_bexp", reset_less=True)
+            v2_r = Signal(name="fp_valid")
+            with m.If(en):
+                m.d.sync += [mag_r.eq(fp.mag), lp_r.eq(fp.lp), neg_r.eq(fp.neg), nz_r.eq(fp.nz),
+                             b_r.eq(fp.b), v2_r.eq(valid)]
+            m.d.comb += [pk.mag.eq(mag_r), pk.lp.eq(lp_r), pk.neg.eq(neg_r), pk.nz.eq(nz_r),
+                         pk.b.eq(b_r)]
+            valid = v2_r
+        else:
+            m.d.comb += [pk.mag.eq(fp.mag), pk.lp.eq(fp.lp), pk.neg.eq(fp.neg), pk.nz.eq(fp.nz),
+                         pk.b.eq(fp.b)]
+        if "shift" in regs:
+            m.d.comb += pk.en.eq(en)
+            vs = Signal(name="shift_valid")
+            with m.If(en):
+                m.d.sync += vs.eq(valid)
+            valid = vs
         out = Signal(output_width(p), name="out_reg", reset_less=True)
         out_v = Signal(name="out_valid")
         with m.If(en):
-            m.d.sync += [out.eq(pk.bits), out_v.eq(v2_r)]
+            m.d.sync += [out.eq(pk.bits), out_v.eq(valid)]
         m.d.comb += [self.o.payload.eq(out), self.o.valid.eq(out_v)]
         return m

@@ -133,15 +133,20 @@ class FloatConsts:
 
 
 class FloatPrep(wiring.Component):
-    """abs, leading-one detect, subnormal clamp (see module docstring). Combinational.
+    """abs, leading-one detect, subnormal clamp (see module docstring).
 
-    Ports: ``y`` (N signed lanes), ``ef_min``, ``mask`` (N bits: D) in;
+    Combinational, or with ``abs_reg`` one pipeline register after ``|S|`` (the
+    negation's carry chain) and before the leading-one tree: then ``en`` (In)
+    advances it and every output is one cycle behind ``y``/``ef_min``/``mask``/``zneg``.
+
+    Ports: ``y`` (N signed lanes), ``ef_min``, ``mask`` (N bits: D), ``zneg`` in;
     ``mag``, ``lp``, ``neg``, ``nz`` (per lane) and ``b`` (per vector) out.
     """
 
-    def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts):
-        self.n, self.c = n, consts
-        super().__init__({
+    def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts,
+                 abs_reg: bool = False):
+        self.n, self.c, self.abs_reg = n, consts, bool(abs_reg)
+        ports = {
             "y": In(data.ArrayLayout(signed(y_width), n)),
             "ef_min": In(ef_width),
             "mask": In(n),
@@ -151,7 +156,10 @@ class FloatPrep(wiring.Component):
             "neg": Out(n),
             "nz": Out(n),
             "b": Out(consts.b_shape),
-        })
+        }
+        if self.abs_reg:
+            ports["en"] = In(1)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -162,52 +170,93 @@ class FloatPrep(wiring.Component):
         m.d.comb += k.eq((1 - c.bias) - t)
         kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
         m.d.comb += kc.eq(Mux(k < 0, 0, k))
-        m.d.comb += self.b.eq(t + (c.bias - 1))
+        b = Signal(c.b_shape, name="b_bias")
+        m.d.comb += b.eq(t + (c.bias - 1))
+        mags = Signal(data.ArrayLayout(c.mag_width, self.n), name="mag")
+        negs = Signal(self.n, name="neg")
         for i in range(self.n):
             yv = self.y[i]
+            m.d.comb += [mags[i].eq(Mux(yv < 0, -yv, yv)),
+                         negs[i].eq(((yv < 0) | self.zneg[i]) ^ self.mask[i])]
+        if self.abs_reg:
+            r_mag = Signal.like(mags, name="abs_mag", reset_less=True)
+            r_neg = Signal(self.n, name="abs_neg", reset_less=True)
+            r_kc = Signal.like(kc, name="abs_kc", reset_less=True)
+            r_b = Signal.like(b, name="abs_b", reset_less=True)
+            with m.If(self.en):
+                m.d.sync += [r_mag.eq(mags), r_neg.eq(negs), r_kc.eq(kc), r_b.eq(b)]
+            mags, negs, kc, b = r_mag, r_neg, r_kc, r_b
+        m.d.comb += [self.b.eq(b), self.neg.eq(negs)]
+        for i in range(self.n):
             mag = Signal(c.mag_width, name=f"mag{i}")
-            m.d.comb += mag.eq(Mux(yv < 0, -yv, yv))
+            m.d.comb += mag.eq(mags[i])
             pos, any_ = leading_one(m, mag, f"lod{i}")
             m.d.comb += [self.mag[i].eq(mag),
                          self.lp[i].eq(Mux(pos > kc, pos, kc)),
-                         self.neg[i].eq(((yv < 0) | self.zneg[i]) ^ self.mask[i]),
                          self.nz[i].eq(any_)]
         return m
 
 
 class FloatPack(wiring.Component):
-    """Shift, round to nearest even, saturate, pack (see module docstring). Combinational.
+    """Shift, round to nearest even, saturate, pack (see module docstring).
+
+    Combinational, or with ``shift_reg`` one pipeline register after the right
+    shifter and its sticky bit (before rounding, packing and saturation): then
+    ``en`` (In) advances it and ``bits`` is one cycle behind the inputs.
 
     Ports: ``mag``, ``lp``, ``neg``, ``nz`` (per lane), ``b`` in; ``bits`` (N x 16) out.
     """
 
-    def __init__(self, n: int, consts: FloatConsts):
-        self.n, self.c = n, consts
-        super().__init__({
+    def __init__(self, n: int, consts: FloatConsts, shift_reg: bool = False):
+        self.n, self.c, self.shift_reg = n, consts, bool(shift_reg)
+        ports = {
             "mag": In(data.ArrayLayout(consts.mag_width, n)),
             "lp": In(data.ArrayLayout(consts.lp_width, n)),
             "neg": In(n),
             "nz": In(n),
             "b": In(consts.b_shape),
             "bits": Out(data.ArrayLayout(16, n)),
-        })
+        }
+        if self.shift_reg:
+            ports["en"] = In(1)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
         c = self.c
-        mb, wm = c.m_bits, c.mag_width
+        mb = c.m_bits
         lp_max = (1 << c.lp_width) - 1
         blo, bhi = -(1 << (c.b_shape.width - 1)), (1 << (c.b_shape.width - 1)) - 1
+        ts, sts = [], []
         for i in range(self.n):
-            mag, lp = self.mag[i], self.lp[i]
-            t, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), mag), lp, mb + 2, f"sh{i}")
+            t, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.mag[i]), self.lp[i],
+                                           mb + 2, f"sh{i}")
+            ts.append(t)
+            sts.append(sticky)
+        lps = [self.lp[i] for i in range(self.n)]
+        neg, nz, b = self.neg, self.nz, self.b
+        if self.shift_reg:
+            r_t = [Signal(mb + 2, name=f"shr_t{i}", reset_less=True) for i in range(self.n)]
+            r_st = Signal(self.n, name="shr_sticky", reset_less=True)
+            r_lp = [Signal(c.lp_width, name=f"shr_lp{i}", reset_less=True) for i in range(self.n)]
+            r_neg = Signal(self.n, name="shr_neg", reset_less=True)
+            r_nz = Signal(self.n, name="shr_nz", reset_less=True)
+            r_b = Signal(c.b_shape, name="shr_b", reset_less=True)
+            with m.If(self.en):
+                m.d.sync += [a.eq(v) for a, v in zip(r_t, ts)]
+                m.d.sync += [a.eq(v) for a, v in zip(r_lp, lps)]
+                m.d.sync += [r_st.eq(Cat(*sts)), r_neg.eq(neg), r_nz.eq(nz), r_b.eq(b)]
+            ts, sts, lps = r_t, [r_st[i] for i in range(self.n)], r_lp
+            neg, nz, b = r_neg, r_nz, r_b
+        for i in range(self.n):
+            t, sticky, lp = ts[i], sts[i], lps[i]
             r0, g = t[1:], t[0]
             r = Signal(mb + 2, name=f"rnd{i}")
             m.d.comb += r.eq(r0 + (g & (sticky | r0[0])))
             pk = Signal(_rng(min(0, blo) << mb, ((lp_max + bhi) << mb) + (1 << (mb + 1))),
                         name=f"packed{i}")
-            m.d.comb += pk.eq(((lp + self.b) << mb) + r)
+            m.d.comb += pk.eq(((lp + b) << mb) + r)
             mbits = Signal(15, name=f"magbits{i}")
-            m.d.comb += mbits.eq(Mux(~self.nz[i], 0, Mux(pk > c.max_finite, c.max_finite, pk)))
-            m.d.comb += self.bits[i].eq(Cat(mbits, self.neg[i]))
+            m.d.comb += mbits.eq(Mux(~nz[i], 0, Mux(pk > c.max_finite, c.max_finite, pk)))
+            m.d.comb += self.bits[i].eq(Cat(mbits, neg[i]))
         return m

@@ -30,7 +30,8 @@ from amaranth.hdl import Module, UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
-from hw.decompressor import input_fields, input_width
+from hw.decompressor import (DEFAULT_FLOAT_REGS, FIXED_LATENCY, FLOAT_REGS, input_fields,
+                             input_width)
 from hw.dec_stimulus import (adversarial_planes, encoded_planes, expected_outputs, int_to_lanes,
                              pack_planes, random_planes, scale_bytes, tie_lanes)
 from hw.dequant import READ_SUPPORT, level_table
@@ -68,15 +69,19 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
 def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray,
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
-            raw_scales: np.ndarray | None = None):
+            raw_scales: np.ndarray | None = None, float_regs=None):
     """Stream the planes through the DUT; returns (expected, got, stats).
     ``raw_scales``: scale bytes fed to the DUT instead of ``scales`` (the
     expected outputs still come from ``scales``)."""
     ins = pack_planes(codes, scales if raw_scales is None else raw_scales, p, zeros)
     exp = expected_outputs(codes, scales, p, zeros)
-    dut = KVDecompressor(p, latency)
+    if float_regs is None:
+        dut = KVDecompressor(p, latency)
+        assert dut.float_regs == DEFAULT_FLOAT_REGS
+    else:
+        dut = KVDecompressor(p, latency, float_regs)
     lat = dut.latency_cycles
-    assert lat == latency + 3
+    assert lat == latency + 2 + len(dut.float_regs)
     rnd = random.Random(seed)
     got, in_cyc, out_cyc = [], [], []
     stats = {"stall_cycles": 0}
@@ -271,6 +276,23 @@ def test_asym_payload_layout():
     assert (lanes != 0).any()
 
 
+@pytest.mark.parametrize("regs,latency", [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1),
+                                          (("shift", "abs"), 3), (("prep", "shift"), 2)])
+def test_float_regs(regs, latency):
+    """Optional float-conversion registers: same outputs, latency + 2 + len(regs) cycles
+    (checked exactly by run_dut), stalls handled."""
+    p = FormatParams(n=64, block=16, bits=3, mode="midrise", sign_seed=9)
+    codes, scales, zeros = planes_for(p, 6, 10, seed=len(regs) + latency)
+    check(p, latency, codes, scales, zeros, seed=latency, float_regs=regs)
+
+
+@pytest.mark.parametrize("regs,err", [("abs", TypeError), ((1,), TypeError),
+                                      (("abs", "abs"), ValueError), (("mult",), ValueError)])
+def test_bad_float_regs(regs, err):
+    with pytest.raises(err, match="float_regs"):
+        KVDecompressor(FormatParams(), 2, regs)
+
+
 def _full_cases():
     cases = []
     for n in (64, 128, 256):
@@ -438,7 +460,8 @@ def test_widths():
     dut = KVDecompressor(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
     assert len(dut.i.payload) == 256 * 4 + 32 and len(dut.o.payload) == 256 * 16
-    assert level_table(p).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
+    v1 = FormatParams(n=256, block=64, bits=4, mode="midtread", scale_round="up")
+    assert level_table(v1).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
     assert sign_mask_int(256, 0) != 0
 
 
@@ -504,7 +527,8 @@ def test_latency_property():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedElaboratable)
             dut = KVDecompressor(FormatParams(), lat)
-            assert dut.latency_cycles == lat + 3
+            assert dut.latency_cycles == lat + FIXED_LATENCY == lat + 3
+            assert KVDecompressor(FormatParams(), lat, FLOAT_REGS).latency_cycles == lat + 5
             del dut
             gc.collect()
 
