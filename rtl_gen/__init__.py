@@ -114,7 +114,6 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
     vfile = out / f"{top}.v"
     vfile.write_text(text)
     p = params
-    cw, sw = p.n * p.bits, 8 * p.n_blocks
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "format_version": FORMAT_VERSION,
@@ -189,7 +188,6 @@ def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *
     vfile = out / f"{top}.v"
     vfile.write_text(text)
     p = params
-    cw, sw = p.n * p.bits, 8 * p.n_blocks
     steps = steps_of(p.n, p.block)
     manifest = {
         "manifest_version": MANIFEST_VERSION,
@@ -213,9 +211,8 @@ def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *
         "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
         "ports": ports_decompressor(p),
         "i_payload": {
-            "width": cw + sw,
-            "fields": {"codes": {"offset": 0, "width": cw},
-                       "scales": {"offset": cw, "width": sw}},
+            "width": _dec.input_width(p),
+            "fields": _dec.input_fields(p),     # codes | scales [| zeros (asym)]
         },
         "o_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)",
                       "type": p.dtype, "rounding": "nearest-even, saturating (never inf/NaN)"},

@@ -29,7 +29,7 @@ from sim_models.fwht import fwht
 from sim_models.params import FormatParams
 from sim_models.minifloat import scale_encoding
 from sim_models.scale_rules import choose_scale_bytes
-from sim_models.scale import ge_pow2, scale_sig_exp, smallest_scale_at_least
+from sim_models.scale import ge_pow2, smallest_scale_at_least
 from sim_models.signs import sign_mask
 
 BANK = 64          # parallel copies of the unit under test per simulation step
