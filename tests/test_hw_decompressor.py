@@ -43,6 +43,8 @@ from sim_models.signs import sign_mask, sign_mask_int
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
+#: The version-1 quantizer, pinned: FormatParams' defaults follow the format version.
+V1 = {"mode": "midtread", "scale_round": "up"}
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
@@ -163,26 +165,26 @@ QUICK = [
 
 @pytest.mark.parametrize("n,block,bits,latency,n_random,stride", QUICK)
 def test_configs(n, block, bits, latency, n_random, stride):
-    p = FormatParams(n=n, block=block, bits=bits, sign_seed=n + bits)
+    p = FormatParams(n=n, block=block, bits=bits, sign_seed=n + bits, **V1)
     codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
                                       seed=n + bits + latency)
     check(p, latency, codes, scales, zeros, seed=n + bits + latency)
 
 
 def test_default_config():
-    """N=128, G=64, b=3, seed 0, latency 2: round trip of the shared sets, random
+    """Version-1 quantizer (pinned), N=128, G=64, b=3, seed 0, latency 2: round trip of the shared sets, random
     planes and the adversarial planes (all of them with HW_FULL=1)."""
-    p = FormatParams()
+    p = FormatParams(**V1)
     check(p, 2, *planes_for(p, 200 if FULL else 8, 1 if FULL else 6, seed=0))
 
 
 def test_bf16():
-    p = FormatParams(n=64, block=32, bits=3, dtype="bf16", sign_seed=5)
+    p = FormatParams(n=64, block=32, bits=3, dtype="bf16", sign_seed=5, **V1)
     check(p, 2, *planes_for(p, 10, 8, seed=2))
 
 
 def test_no_sign_flip():
-    p = FormatParams(n=64, block=16, bits=2, sign_seed=None)
+    p = FormatParams(n=64, block=16, bits=2, sign_seed=None, **V1)
     check(p, 1, *planes_for(p, 10, 8, seed=3))
 
 
@@ -306,7 +308,7 @@ def _full_cases():
 @pytest.mark.skipif(not FULL, reason="set HW_FULL=1 for the full cross product (slow)")
 @pytest.mark.parametrize("n,block,bits,latency", _full_cases())
 def test_full_cross_product(n, block, bits, latency):
-    p = FormatParams(n=n, block=block, bits=bits)
+    p = FormatParams(n=n, block=block, bits=bits, **V1)
     check(p, latency, *planes_for(p, 100 if n <= 128 else 30, 1, seed=3 * n + bits + latency),
           seed=latency)
 
@@ -456,7 +458,7 @@ def test_leading_one_exhaustive(w):
 
 def test_widths():
     """Exact alignment width: w_p + log2 N + 30 (46 bits at b=4, N=256)."""
-    p = FormatParams(n=256, block=64, bits=4)
+    p = FormatParams(n=256, block=64, bits=4, **V1)
     dut = KVDecompressor(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
     assert len(dut.i.payload) == 256 * 4 + 32 and len(dut.o.payload) == 256 * 16
