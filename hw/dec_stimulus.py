@@ -46,7 +46,7 @@ from sim_models.params import FormatParams
 def scale_bytes(p: FormatParams) -> np.ndarray:
     """uint8 [K]: the scale bytes the golden decode accepts for ``p``, ascending by value
     (all 256 for the version-1 quantizer, else ``ScaleEncoding.bytes``)."""
-    if p.is_default_quantizer:
+    if p.is_v1_quantizer:
         return np.arange(256, dtype=np.uint8)
     return scale_encoding(p.scale).bytes
 
@@ -170,7 +170,7 @@ def adversarial_planes(p: FormatParams, seed: int = 0):
     h = 1 << (p.bits - 1)
     lo, hi = code_range(p)
     asym = _is_asym(p)
-    v1 = p.is_default_quantizer
+    v1 = p.is_v1_quantizer
     sb = scale_bytes(p)
     smallest = 0x01 if v1 else int(sb[0])
     largest = int(sb[-1])

@@ -202,7 +202,8 @@ def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *
         "fwht_steps": ["align" if k == "align" else f"stage{s}" for k, s in steps],
         "fwht_register_after_steps": (register_positions(len(steps), latency)
                                       if latency else []),
-        "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width),
+        "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
+                                       dut.scale_fmt.max_align),
         "latency_cycles": dut.latency_cycles,
         "latency_breakdown": {"dequant_reg": 1, "fwht": latency, "float_prep_reg": 1,
                               "output_reg": 1},

@@ -179,12 +179,6 @@ class FormatParams:
                 and self.scale_round == "up" and self.scale_mult in (None, 256))
 
     @property
-    def is_default_quantizer(self) -> bool:
-        """Deprecated name of :attr:`is_v1_quantizer` (from format version 1, when the
-        version-1 quantizer was the default); kept for callers not yet renamed."""
-        return self.is_v1_quantizer
-
-    @property
     def zero_bytes(self) -> int:
         """Bytes of the zero-point plane per vector: N/G for ``asym``, else 0."""
         return self.n_blocks if self.mode == "asym" else 0

@@ -327,7 +327,7 @@ def test_adversarial_coverage(mode):
         mask = sign_mask(n, p.sign_seed)
         assert ((out & 0x7FFF) == 0x7BFF).any()
         assert (((out & 0x7C00) == 0) & ((out & 0x3FF) != 0)).any()
-        if p.is_default_quantizer:
+        if p.is_v1_quantizer:
             assert (((out == 0x8000) & (mask == 0)) | ((out == 0) & (mask == 1))).any()
         sb = scale_bytes(p)
         if p.n_blocks > 1:
