@@ -69,20 +69,22 @@ def _fmt(v, spec="{:,}"):
 
 
 def synth_table(recs: list[dict], default_names: set) -> str:
-    hdr = ("| config | module | N | G | b | M | FWHT regs | latency | LUT4 | CCU2C | LUTs total "
+    hdr = ("| config | module | quantizer | N | G | b | M | FWHT regs | latency | LUT4 | CCU2C | LUTs total "
            "| FF | PFUMX+L6MUX | Fmax MHz | Gelem/s | Melem/s per LUT | generic cells | "
            "FWHT adder bits (lower bound) | FWHT alone: LUTs / lower bound |")
-    sep = "|" + "---|" * 19
+    sep = "|" + "---|" * 20
     lines = [hdr, sep]
     for rec in recs:
         if not rec.get("ok"):
-            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:60]} |" + " |" * 17)
+            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:60]} |" + " |" * 18)
             continue
         d = derived(rec)
         c = d["cfg"]
         name = f"**{rec['config']}**" if rec["config"] in default_names else rec["config"]
+        q = rec.get("params", {})
+        quant = f"{q.get('mode', '?')}/{q.get('scale_round', '?')}"
         lines.append(
-            f"| {name} | {c.module} | {c.n} | {c.block} | {c.bits} | "
+            f"| {name} | {c.module} | {quant} | {c.n} | {c.block} | {c.bits} | "
             f"{c.mant_bits if c.module == 'epilogue' else '—'} | {c.latency} | "
             f"{rec['latency_cycles']} | {d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
             f"{d['ffs']:,} | {d['wide']:,} | {_fmt(d['fmax'], '{:.1f}')} | "

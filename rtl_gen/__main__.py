@@ -21,6 +21,10 @@ from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE
 
 from . import DEC_TOP_NAME, TOP_NAME, generate, generate_both, generate_decompressor, lint
 
+#: Largest N the command line generates (verified in make sim: N = 64, 128, 256; above
+#: 512 elaboration takes minutes and nothing is verified).
+RTL_N_MAX = 512
+
 
 def _cuts(text: str) -> tuple[str, ...]:
     """``--quant-regs`` / ``--fe-regs``: comma-separated cut names, or "none"."""
@@ -77,6 +81,13 @@ def main(argv=None) -> int:
                     help="also run verilator --lint-only -Wall (with rtl_gen's waivers)")
     a = ap.parse_args(argv)
     try:
+        if a.n > RTL_N_MAX:
+            raise ValueError(f"n (N) = {a.n} is above the largest RTL size {RTL_N_MAX} "
+                             f"(verified: N = 64, 128, 256; a 16*N-bit port per lane set)")
+        if a.module == "decompressor" and (a.quant_regs != DEFAULT_QUANT_REGS
+                                           or a.fe_regs != DEFAULT_FE_REGS):
+            raise ValueError("--quant-regs/--fe-regs configure the epilogue (write path); "
+                             "they do not apply to --module decompressor")
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
                          scale=a.scale, dtype=a.dtype,
                          sign_seed=None if a.no_sign_flip else a.seed,
@@ -94,6 +105,8 @@ def main(argv=None) -> int:
                         ["modules"].values())
     except (ValueError, TypeError) as err:
         ap.error(str(err))
+    except OSError as err:
+        ap.error(f"cannot write --out {a.out}: {err}")
     for man in mans:
         width = man["o_payload"].get("width", 16 * man["params"]["n"])
         print(f"wrote {a.out}/{man['verilog']} and {a.out}/manifest.json: "

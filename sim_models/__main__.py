@@ -61,7 +61,9 @@ def main(argv=None) -> int:
         if a.cmd == "encode":
             x = np.load(a.inp, allow_pickle=False)
             if a.n is None:
-                a.n = int(x.shape[-1]) if x.ndim else 0
+                if x.ndim == 0:
+                    raise ValueError(f"{a.inp}: input must have shape [..., N], got a 0-d array")
+                a.n = int(x.shape[-1])
             p = _params_from_args(a)
             e = encode(x, p)
             extra = {} if e.zeros is None else {"zeros": e.zeros}
@@ -82,8 +84,10 @@ def main(argv=None) -> int:
                     d = json.loads(str(z["params"]))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{a.inp}: params is not valid JSON ({err})") from None
+                if not isinstance(d, dict):
+                    raise ValueError(f"{a.inp}: params is not a JSON object; not written by 'encode'")
                 version = d.pop("format_version", None)
-                if version not in READABLE_VERSIONS:
+                if type(version) is not int or version not in READABLE_VERSIONS:
                     raise ValueError(f"{a.inp}: format_version {version!r} is not supported "
                                      f"(this decoder reads versions {READABLE_VERSIONS})")
                 p = FormatParams(**d)

@@ -125,7 +125,7 @@ def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
     Raises:
         TypeError, ValueError: see :func:`as_bits`.
     """
-    p = p or FormatParams()
+    p = _check_params(p)
     lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
     bits = as_bits(x, p)
     t = encode_trace(bits, p)
@@ -133,6 +133,15 @@ def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
     return Encoded(codes=pack_codes(t.codes, p.bits, p.mode != "asym").reshape(*lead, p.code_bytes),
                    scales=t.scales.reshape(*lead, p.n_blocks),
                    flags=t.flags.reshape(lead), zeros=zeros)
+
+
+def _check_params(p) -> FormatParams:
+    """``p`` or the default :class:`FormatParams`; TypeError for anything else."""
+    if p is None:
+        return FormatParams()
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"p must be a sim_models.FormatParams or None, got {type(p).__name__}")
+    return p
 
 
 def _check_plane(name: str, a, lead, width: int) -> np.ndarray:
@@ -165,7 +174,7 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
     Raises:
         TypeError, ValueError: wrong dtype or shape of a plane; asym without zeros.
     """
-    p = p or FormatParams()
+    p = _check_params(p)
     lead = codes.shape[:-1] if isinstance(codes, np.ndarray) else None
     c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits,
                      p.mode != "asym")
@@ -203,5 +212,5 @@ def round_to_input_type(v: np.ndarray, p: FormatParams) -> np.ndarray:
 def decode(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None,
            zeros: np.ndarray | None = None) -> np.ndarray:
     """Read path to the input type: uint16 bit patterns [..., N] (see :func:`decode_float`)."""
-    p = p or FormatParams()
+    p = _check_params(p)
     return round_to_input_type(decode_float(codes, scales, p, zeros), p)

@@ -129,7 +129,11 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
     Raises:
         ValueError: asym without ``zeros``, or zeros of the wrong shape.
     """
-    sig, exp = _block_scale(scales, p)
+    # byte 0x00 is +0 in every encoding: the encoder never writes it, the read path (like the
+    # version-1 path, sim_models/quant.py, and the RTL) decodes it as a zero scale
+    zero = scales == 0
+    sig, exp = _block_scale(np.where(zero, 1, scales), p)
+    sig = np.where(zero, 0, sig)
     step = np.repeat(np.ldexp(sig.astype(np.float64), exp.astype(np.int32)), p.block, axis=1)
     c = codes.astype(np.int64)
     if p.mode == "midtread":

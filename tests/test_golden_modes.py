@@ -521,3 +521,42 @@ def test_memory_llama3_70b_at_128k(capsys):
     assert "40.00 GiB" in out and "7.81 GiB" in out and "5.12x" in out
     assert main(["--layers", "0", "--kv-heads", "8", "--head-dim", "128"]) == 2
     assert "layers" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- read-path edge cases
+def test_zero_scale_byte_decodes_to_zero_independent_of_encoder_options():
+    """Scale byte 0x00 is +0 in every encoding; decode must not depend on scale_round."""
+    codes = np.full((2, 48), 0xA5, np.uint8)
+    scales = np.zeros((2, 2), np.uint8)
+    outs = []
+    for kw in (dict(mode="midtread", scale_round="up"), dict(mode="midtread"), {},
+               dict(scale_round="up")):
+        p = FormatParams(**kw)
+        v = sm.decode_float(codes, scales, p)
+        assert (v == 0).all()
+        if p.mode == "midrise":
+            outs.append(sm.decode(codes, scales, p))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_encode_refuses_non_params():
+    x = np.zeros((1, 128), F16)
+    with pytest.raises(TypeError, match="FormatParams"):
+        sm.encode(x, {"n": 128})
+    with pytest.raises(TypeError, match="FormatParams"):
+        sm.decode_float(np.zeros((1, 48), np.uint8), np.ones((1, 2), np.uint8), {})
+
+
+def test_cli_decode_refuses_malformed_params(tmp_path, capsys):
+    import json
+    from sim_models.__main__ import main
+    e = sm.encode(np.zeros((1, 64), F16), FormatParams(n=64))
+    for params in ("null", "5", '"x"', "[1, 2]",
+                   json.dumps(dict(FormatParams(n=64).to_dict(), format_version=True))):
+        f = tmp_path / "bad.npz"
+        np.savez(f, codes=e.codes, scales=e.scales, params=np.array(params))
+        assert main(["decode", str(f), str(tmp_path / "y.npy")]) == 2
+        assert "error:" in capsys.readouterr().err
+    np.save(tmp_path / "s.npy", np.float16(1.0))
+    assert main(["encode", str(tmp_path / "s.npy"), str(tmp_path / "e.npz")]) == 2
+    assert "shape [..., N]" in capsys.readouterr().err

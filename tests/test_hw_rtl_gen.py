@@ -141,6 +141,8 @@ def test_deterministic(tmp_path):
     (["--quant-regs", "max,bogus"], "quant_regs"),
     (["--quant-regs", "max,max"], "quant_regs"),
     (["--fe-regs", "max"], "fe_regs"),
+    (["--n", "4096"], "n (N)"),
+    (["--module", "decompressor", "--quant-regs", "none"], "--quant-regs"),
 ])
 def test_cli_errors(tmp_path, capsys, args, word):
     with pytest.raises(SystemExit) as e:
@@ -233,3 +235,11 @@ def test_asym_manifest(tmp_path):
         r = rtl_gen.lint(out / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "%Warning" not in r.stdout + r.stderr
+
+
+def test_cli_unwritable_out_is_a_clean_error(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--n", "16", "--block", "8", "--out", str(f)])
+    assert e.value.code == 2 and "cannot write --out" in capsys.readouterr().err

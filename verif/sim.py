@@ -66,8 +66,9 @@ from .vectors import FIXTURE
 #: modes are added by mode_configs().
 DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b2_l6", "n64_g32_b4_l1", "n256_g64_b3_l8",
                    "n64_g64_b3_l2_bf16")
-#: Round-trip configs of a plain run: the default, and N = 64, G = 32, b = 2 at log2 N.
-DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6")
+#: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
+#: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules.
+DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6", "rt_n64_g64_b3_l2_midtread_up")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
 #: first mode combination the RTL implements, see quick_configs()) and one small
 #: round trip with block alignment (N/G = 2).
