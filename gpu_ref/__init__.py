@@ -273,7 +273,7 @@ class KVCache:
     """
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, params: FormatParams | None = None):
-        p = _params(params)
+        p = _check_decode(params)
         for name, v in (("batch", batch), ("kv_heads", kv_heads), ("capacity", capacity)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -338,7 +338,13 @@ _MAX_SPLITS = 128  # the split merge stages (m, l) of all splits in shared memor
 
 
 def decode_supported(p: FormatParams) -> bool:
-    """True when :func:`decode_attention` has a kernel for these parameters (shape and quantizer)."""
+    """True when :func:`decode_attention` has a kernel for these parameters (shape and quantizer).
+
+    Raises:
+        TypeError: ``p`` is not a FormatParams.
+    """
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
     quant_ok = all(getattr(p, f) in allowed for f, allowed in SUPPORTED_QUANTIZER.items())
     return quant_ok and p.bits == 3 and p.n in _DECODE_N and p.block in _DECODE_G and p.block <= p.n
 
@@ -360,8 +366,24 @@ def _decode_smem(p: FormatParams, stages: int) -> int:
 DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0}
 
 
+def _check_decode(params) -> FormatParams:
+    """``params`` (default FormatParams()) if the decode kernel supports it; ValueError naming
+    the unsupported field otherwise (before CuPy is needed)."""
+    p = _params(params)
+    if not decode_supported(p):
+        raise ValueError(f"decode_attention supports bits=3, n in {_DECODE_N}, block in {_DECODE_G}; got "
+                         f"bits={p.bits}, n={p.n}, block={p.block}")
+    return p
+
+
 def decode_kernel_params(p: FormatParams, precise_p: bool = False, stages: int | None = None, tune=None):
-    """(template arguments, dynamic shared memory bytes, CTAs per SM) of the decode kernel."""
+    """(template arguments, dynamic shared memory bytes, CTAs per SM) of the decode kernel.
+
+    Raises:
+        TypeError, ValueError: parameters the decode kernel does not support (see
+        :func:`decode_attention`).
+    """
+    p = _check_decode(p)
     t = dict(DECODE_TUNE, **(tune or {}))
     st = int(t.get("stages") or stages or _decode_stages(p.n))
     seed = 0 if p.sign_seed is None else p.sign_seed
@@ -423,10 +445,7 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
             [0, CAP], unsupported parameters, arrays on another device or not contiguous.
         RuntimeError: CuPy missing.
     """
-    p = _params(params)
-    if not decode_supported(p):
-        raise ValueError(f"decode_attention supports bits=3, n in {_DECODE_N}, block in {_DECODE_G}; got "
-                         f"bits={p.bits}, n={p.n}, block={p.block}")
+    p = _check_decode(params)
     cp = _cupy()
     _check_cupy_array("q", q, cp)
     if q.ndim != 3:
