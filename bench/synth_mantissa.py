@@ -77,6 +77,7 @@ def run(fixture: Path) -> dict:
                              "bfp_relmse": relmse(x, np.ldexp(xb.astype(np.float64),
                                                               u[:, None].astype(np.int32)))})
     return {"fixture": str(fixture.relative_to(REPO)), "default_mant_bits": DEFAULT_M,
+            "quantizer": FormatParams().to_dict(),
             "vectors": {k: int(np.prod(v.shape[:-1])) for k, v in kv.items()},
             "metric": "sum ||x_hat - x||^2 / sum ||x||^2 (decode_float vs fp16 input)",
             "rows": rows}

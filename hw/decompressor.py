@@ -54,6 +54,7 @@ from sim_models.signs import sign_mask_int
 from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
                       scale_format)
 from .frontend import tree_reduce
+from .pipeline import check_cuts, check_latency
 from .ifwht import BlockFWHT
 from .tofloat import FloatConsts, FloatPack, FloatPrep
 
@@ -69,38 +70,11 @@ DEFAULT_FLOAT_REGS = ("prep",)
 FIXED_LATENCY = 2 + len(DEFAULT_FLOAT_REGS)
 
 
-def check_latency(p: FormatParams, latency) -> int:
-    """Validate the FWHT ``latency`` for ``p``; returns it.
-
-    Raises:
-        TypeError: not an int (bool refused).
-        ValueError: outside [0, log2 N].
-    """
-    if isinstance(latency, bool) or not isinstance(latency, int):
-        raise TypeError(f"latency must be an int, got {type(latency).__name__}")
-    if not 0 <= latency <= p.log2n:
-        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
-                         f"for n={p.n}, got {latency}")
-    return latency
-
 
 def check_float_regs(float_regs) -> tuple[str, ...]:
-    """Validate ``float_regs``; returns it as a tuple in pipeline order.
-
-    Raises:
-        TypeError: not a tuple/list of str.
-        ValueError: an unknown name or a repeated one (the message names float_regs).
-    """
-    if isinstance(float_regs, str) or not isinstance(float_regs, (tuple, list)):
-        raise TypeError(f"float_regs must be a tuple of names, got {type(float_regs).__name__}")
-    for r in float_regs:
-        if not isinstance(r, str):
-            raise TypeError(f"float_regs entries must be str, got {type(r).__name__}")
-        if r not in FLOAT_REGS:
-            raise ValueError(f"float_regs: unknown register {r!r} (choose from {FLOAT_REGS})")
-    if len(set(float_regs)) != len(float_regs):
-        raise ValueError(f"float_regs: repeated register in {tuple(float_regs)}")
-    return tuple(r for r in FLOAT_REGS if r in float_regs)
+    """Validate ``float_regs`` (names from :data:`FLOAT_REGS`); see
+    :func:`hw.pipeline.check_cuts`."""
+    return check_cuts("float_regs", float_regs, FLOAT_REGS)
 
 
 def input_fields(p: FormatParams) -> dict:

@@ -51,6 +51,7 @@ from sim_models.scale_rules import scale_mult
 from .frontend import FrontEnd, check_fe_regs, u_shape
 from .fwht import FWHT
 from .packer import Packer
+from .pipeline import check_latency
 from .quantizer import Quantizer, check_regs
 
 #: Default register cut points inside the front end (hw.frontend.FE_CUTS) and
@@ -120,15 +121,6 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     """
     return _check_table(p, EPILOGUE_SUPPORT, "RTL write path")
 
-
-def check_latency(p: FormatParams, latency) -> int:
-    """Validate the FWHT ``latency`` for ``p``; returns it."""
-    if isinstance(latency, bool) or not isinstance(latency, int):
-        raise TypeError(f"latency must be an int, got {type(latency).__name__}")
-    if not 0 <= latency <= p.log2n:
-        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
-                         f"for n={p.n}, got {latency}")
-    return latency
 
 
 def output_layout(p: FormatParams) -> data.StructLayout:

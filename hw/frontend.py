@@ -28,6 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
+from .pipeline import check_cuts
 
 
 def u_range(p: FormatParams) -> tuple[int, int]:
@@ -63,21 +64,9 @@ FE_CUTS = ("emax",)
 
 
 def check_fe_regs(regs) -> tuple[str, ...]:
-    """Validate a front-end register placement (names from :data:`FE_CUTS`).
-
-    Raises:
-        TypeError: not a tuple/list/set of str. ValueError: unknown or repeated name.
-    """
-    if isinstance(regs, str) or not isinstance(regs, (tuple, list, set, frozenset)):
-        raise TypeError(f"fe_regs must be a tuple of cut names from {FE_CUTS}, "
-                        f"got {type(regs).__name__}")
-    regs = list(regs)
-    for r in regs:
-        if r not in FE_CUTS:
-            raise ValueError(f"fe_regs: unknown cut {r!r} (cuts: {', '.join(FE_CUTS)})")
-    if len(set(regs)) != len(regs):
-        raise ValueError(f"fe_regs: repeated cut in {regs!r}")
-    return tuple(c for c in FE_CUTS if c in regs)
+    """Validate a front-end register placement (names from :data:`FE_CUTS`); see
+    :func:`hw.pipeline.check_cuts`."""
+    return check_cuts("fe_regs", regs, FE_CUTS)
 
 
 class FrontEnd(wiring.Component):

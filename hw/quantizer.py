@@ -83,6 +83,7 @@ from sim_models.lloyd_max import LEVEL_FRAC_BITS, levels, threshold_sums
 from sim_models.minifloat import scale_encoding
 
 from .frontend import tree_reduce
+from .pipeline import check_cuts
 
 SCALE_MAX_E = 31
 #: Quantizer modes and scale roundings implemented here.
@@ -388,22 +389,9 @@ class Thresholds(wiring.Component):
 
 
 def check_regs(regs) -> tuple[str, ...]:
-    """Validate a quantizer register placement; returns it in data-flow order.
-
-    Raises:
-        TypeError: not a tuple/list/set of str.
-        ValueError: an unknown or repeated cut name (names: :data:`QUANT_CUTS`).
-    """
-    if isinstance(regs, str) or not isinstance(regs, (tuple, list, set, frozenset)):
-        raise TypeError(f"quant_regs must be a tuple of cut names from {QUANT_CUTS}, "
-                        f"got {type(regs).__name__}")
-    regs = list(regs)
-    for r in regs:
-        if r not in QUANT_CUTS:
-            raise ValueError(f"quant_regs: unknown cut {r!r} (cuts: {', '.join(QUANT_CUTS)})")
-    if len(set(regs)) != len(regs):
-        raise ValueError(f"quant_regs: repeated cut in {regs!r}")
-    return tuple(c for c in QUANT_CUTS if c in regs)
+    """Validate a quantizer register placement (names from :data:`QUANT_CUTS`); see
+    :func:`hw.pipeline.check_cuts`."""
+    return check_cuts("quant_regs", regs, QUANT_CUTS)
 
 
 class Quantizer(wiring.Component):
