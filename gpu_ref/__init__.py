@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim_models.params import FormatParams
+from sim_models.params import FormatParams, check_supported
 
 __all__ = [
     "EncodedGPU", "KVCache", "decode_attention", "decode_supported", "encode_kv",
@@ -114,15 +114,7 @@ def _params(params) -> FormatParams:
     """
     if params is None:
         params = FormatParams()
-    if not isinstance(params, FormatParams):
-        raise TypeError(f"params must be a sim_models.FormatParams, got {type(params).__name__}")
-    for field, allowed in SUPPORTED_QUANTIZER.items():
-        value = getattr(params, field)
-        if value not in allowed:
-            raise ValueError(f"gpu_ref does not implement {field}={value!r}; supported: {field} in {allowed} "
-                             "(mode midtread|midrise x scale_round up|nearest, scale ue5m3, scale_rule max, "
-                             "scale_mult None or 256)")
-    return params
+    return check_supported(params, SUPPORTED_QUANTIZER, "gpu_ref CUDA kernels")
 
 
 def _kernel(kind: str, targs: tuple, smem: int):

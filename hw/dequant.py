@@ -57,7 +57,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.lloyd_max import LEVEL_FRAC_BITS, LEVELS
 from sim_models.minifloat import scale_encoding
-from sim_models.params import FormatParams
+from sim_models.params import FormatParams, check_supported
 
 #: FormatParams fields the read path implements only at some values: field -> allowed
 #: values. Fields not listed (n, block, bits, mant_bits, dtype, sign_seed, scale_rule,
@@ -75,14 +75,7 @@ def check_read_params(p: FormatParams) -> FormatParams:
         TypeError: ``p`` is not a FormatParams.
         ValueError: a field outside :data:`READ_SUPPORT`; the message names the field.
     """
-    if not isinstance(p, FormatParams):
-        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
-    for field, allowed in READ_SUPPORT.items():
-        value = getattr(p, field)
-        if value not in allowed:
-            raise ValueError(f"{field}={value!r} is not implemented by the read path RTL "
-                             f"(supported: {', '.join(repr(a) for a in allowed)})")
-    return p
+    return check_supported(p, READ_SUPPORT, "read path RTL")
 
 
 # ---- scale byte ---------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from sim_models.params import FormatParams
+from sim_models.params import FormatParams, check_supported
 from sim_models.scale_rules import scale_mult
 
 from .frontend import FrontEnd, check_fe_regs, u_shape
@@ -64,17 +64,6 @@ DEFAULT_QUANT_REGS = ("maxhalf", "max", "norm", "scale", "thr")
 FIXED_LATENCY = len(DEFAULT_FE_REGS) + 2 + len(DEFAULT_QUANT_REGS)
 
 
-#: FormatParams fields the read path (hw.decompressor / hw.dequant, via
-#: :func:`check_params`) implements only at one value (the version-1 quantizer):
-#: field -> allowed values.
-RTL_ONLY = {
-    "mode": ("midtread",),
-    "scale": ("ue5m3",),
-    "scale_rule": ("max",),
-    "scale_round": ("up",),
-    "scale_mult": (None, 256),
-}
-
 #: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
 EPILOGUE_SUPPORT = {
     "mode": ("midtread", "midrise", "lloydmax", "asym"),
@@ -82,30 +71,6 @@ EPILOGUE_SUPPORT = {
     "scale_rule": ("max", "absmean"),
     "scale_round": ("up", "nearest"),
 }
-
-
-def _check_table(p: FormatParams, table: dict, what: str) -> FormatParams:
-    if not isinstance(p, FormatParams):
-        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
-    for field, allowed in table.items():
-        value = getattr(p, field, allowed[0])
-        if value not in allowed:
-            raise ValueError(f"{field}={value!r} is not implemented by the {what} "
-                             f"(supported: {', '.join(repr(a) for a in allowed)})")
-    return p
-
-
-def check_params(p: FormatParams) -> FormatParams:
-    """Refuse format options the read-path RTL does not implement (:data:`RTL_ONLY`).
-
-    Every n / block / bits / mant_bits / dtype (fp16 and bf16) / sign_seed that
-    FormatParams accepts is supported; the quantizer must be the version-1
-    default (midtread, ue5m3, scale rule max rounded up, x1).
-
-    Raises:
-        TypeError: not a FormatParams. ValueError: the message names the field.
-    """
-    return _check_table(p, RTL_ONLY, "RTL")
 
 
 def check_epilogue_params(p: FormatParams) -> FormatParams:
@@ -119,7 +84,7 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     Raises:
         TypeError: not a FormatParams. ValueError: the message names the field.
     """
-    return _check_table(p, EPILOGUE_SUPPORT, "RTL write path")
+    return check_supported(p, EPILOGUE_SUPPORT, "RTL write path")
 
 
 

@@ -94,7 +94,7 @@ class FormatParams:
     The modes ``asym`` and ``lloydmax``, the encodings other than ``ue5m3`` and
     the rms/absmean scale rules are format-study options (docs/ACCURACY.md);
     each implementation refuses, with a ValueError naming the field, what it
-    does not implement (the RTL: ``hw.epilogue.check_params``,
+    does not implement (:func:`check_supported`; the RTL: ``hw.epilogue.check_epilogue_params``,
     ``hw.dequant``; the CUDA kernels: ``gpu_ref``).
 
     Raises:
@@ -213,3 +213,29 @@ class FormatParams:
         d = asdict(self)
         d["format_version"] = FORMAT_VERSION
         return d
+
+
+def check_supported(p, table: dict, implementer: str) -> FormatParams:
+    """Refuse parameters an implementation does not build (docs/FORMAT.md 2).
+
+    Args:
+        p: the parameters to check.
+        table: field -> tuple of the values ``implementer`` supports (fields not
+            listed: every value).
+        implementer: named in the message (e.g. "RTL write path").
+
+    Returns:
+        ``p``.
+
+    Raises:
+        TypeError: ``p`` is not a FormatParams.
+        ValueError: a field outside ``table``; the message names the field.
+    """
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
+    for field, allowed in table.items():
+        value = getattr(p, field)
+        if value not in allowed:
+            raise ValueError(f"{field}={value!r} is not implemented by the {implementer} "
+                             f"(supported: {', '.join(repr(a) for a in allowed)})")
+    return p

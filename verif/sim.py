@@ -92,19 +92,14 @@ MODE_BASES_ALL = ("n64_g32_b2_l1", "n64_g32_b4_l6")
 
 def mode_values() -> tuple[dict, dict]:
     """Non-default values the RTL implements per field of MODE_FIELDS: (write path
-    ``hw.epilogue.EPILOGUE_SUPPORT``, read path ``hw.dequant.READ_SUPPORT`` where
-    it exists (fields it does not list: every value), else ``hw.epilogue.RTL_ONLY``)."""
-    from hw import epilogue
-    try:
-        from hw.dequant import READ_SUPPORT as read
-        read_all = True
-    except ImportError:
-        read, read_all = getattr(epilogue, "RTL_ONLY", {}), False
+    ``hw.epilogue.EPILOGUE_SUPPORT``, read path ``hw.dequant.READ_SUPPORT``
+    (fields it does not list: every value the write path has))."""
+    from hw.dequant import READ_SUPPORT as read
+    from hw.epilogue import EPILOGUE_SUPPORT as epi
     default = FormatParams()
-    epi = getattr(epilogue, "EPILOGUE_SUPPORT", {})
     w = {f: [v for v in epi.get(f, ()) if v != getattr(default, f)] for f in MODE_FIELDS}
-    r = {f: [v for v in (read[f] if f in read else (w[f] if read_all else ()))
-             if v != getattr(default, f)] for f in MODE_FIELDS}
+    r = {f: [v for v in (read[f] if f in read else w[f]) if v != getattr(default, f)]
+         for f in MODE_FIELDS}
     return w, r
 
 
