@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from .codec import decode, encode
-from .params import (DEFAULT_SIGN_SEED, INPUT_DTYPES, READABLE_VERSIONS, QUANT_MODES, SCALE_ENCODINGS,
+from .params import (DEFAULT_SIGN_SEED, INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS,
                      SCALE_ROUNDING, SCALE_RULES, FormatParams)
 
 
@@ -86,11 +86,12 @@ def main(argv=None) -> int:
                     raise ValueError(f"{a.inp}: params is not valid JSON ({err})") from None
                 if not isinstance(d, dict):
                     raise ValueError(f"{a.inp}: params is not a JSON object; not written by 'encode'")
-                version = d.pop("format_version", None)
-                if type(version) is not int or version not in READABLE_VERSIONS:
-                    raise ValueError(f"{a.inp}: format_version {version!r} is not supported "
-                                     f"(this decoder reads versions {READABLE_VERSIONS})")
-                p = FormatParams(**d)
+                if "format_version" not in d:
+                    raise ValueError(f"{a.inp}: params lack format_version; not written by 'encode'")
+                try:
+                    p = FormatParams.from_dict(d)
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"{a.inp}: {err}") from None
                 out = decode(z["codes"], z["scales"], p, z["zeros"] if "zeros" in z else None)
             np.save(a.out, out.view(np.float16) if p.dtype == "fp16" else out)
             print(f"decoded {out.size // p.n} vectors")

@@ -4,10 +4,7 @@ Encode, per vector of N lanes: special values -> sign flip D -> block floating
 point -> unnormalized FWHT (log2 N butterfly stages) -> per-block scale byte
 -> b-bit codes -> packing. Decode: unpack -> code * scale -> H / N -> D ->
 round to the input type (round to nearest even, saturating).
-
-The version-1 quantizer (``FormatParams.is_v1_quantizer``: midtread, max rule rounded up) runs
-through sim_models/quant.py; every other mode, scale rule, rounding and
-encoding through sim_models/scale_rules.py + sim_models/quant_modes.py.
+Scale bytes: :mod:`sim_models.scale`; codes: :mod:`sim_models.quant`.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from .bfp import FLAG_SAT, to_block_fp
 from .fwht import fwht
 from .pack import pack_codes, unpack_codes
 from .params import FormatParams
-from . import quant_modes
-from .quant import choose_scales, dequantize, quantize_codes
-from .scale_rules import choose_scale_bytes
+from .quant import dequantize, quantize
+from .scale import choose_scale_bytes
 from .signs import sign_mask
 
 
@@ -101,13 +97,8 @@ def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
     bits = as_bits(bits, p)
     x, u, flags = to_block_fp(bits, p, sign_mask(p.n, p.sign_seed))
     y = fwht(x)
-    zeros = None
-    if p.is_v1_quantizer:
-        scales, sat = choose_scales(y, u, p)
-        codes = quantize_codes(y, u, scales, p)
-    else:
-        scales, sat = choose_scale_bytes(y, u, p)
-        codes, zeros = quant_modes.quantize(y, u, scales, p)
+    scales, sat = choose_scale_bytes(y, u, p)
+    codes, zeros = quantize(y, u, scales, p)
     flags = flags | np.where(sat, FLAG_SAT, 0).astype(np.uint8)
     return Trace(x=x, u=u, y=y, scales=scales, codes=codes, flags=flags, zeros=zeros)
 
@@ -179,11 +170,8 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
     c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits,
                      p.mode != "asym")
     s = _check_plane("scales", scales, lead, p.n_blocks)
-    if p.is_v1_quantizer:
-        yhat = dequantize(c, s, p)
-    else:
-        z = None if zeros is None else _check_plane("zeros", zeros, lead, p.n_blocks)
-        yhat = quant_modes.dequantize(c, s, p, z)
+    z = None if zeros is None else _check_plane("zeros", zeros, lead, p.n_blocks)
+    yhat = dequantize(c, s, p, z)
     xhat = fwht(yhat) / p.n
     xhat = np.where(sign_mask(p.n, p.sign_seed)[None, :] == 1, -xhat, xhat)
     return xhat.reshape(*lead, p.n)

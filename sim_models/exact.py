@@ -1,10 +1,8 @@
 """Exact comparison of integers scaled by powers of two, ``a * 2^ea >= b * 2^eb``.
 
-One concept: the only "arithmetic" the quantizer modes need. The version-1
-default path uses :func:`sim_models.scale.ge_pow2` (operands below 2^31); the
-study modes compare wider quantities (sums of squares of a block), so this
-version accepts int64 operands up to 2^62 and, for parameter sets whose bounds
-exceed that, Python-int (object) arrays. No operation here rounds.
+The only arithmetic the scale selection needs (:mod:`sim_models.scale`): int64 operands
+up to 2^62 and, for parameter sets whose bounds exceed that (sums of squares of a
+block), Python-int (object) arrays. No operation here rounds.
 """
 
 from __future__ import annotations

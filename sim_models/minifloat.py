@@ -14,8 +14,7 @@ order is value order).
 | ue4m4    | no   | 4        | 4         | 7    | none                  | 2^-10    | 1.9375 * 2^8   |
 
 All have subnormals (exponent field 0: ``sig = m``, exponent as for field 1).
-``ue5m3`` is the version-1 default (sim_models/scale.py is its specialised
-implementation; both agree byte for byte). ``e4m3fn`` and ``e5m2`` are the OCP
+``ue5m3`` is the format's encoding (docs/FORMAT.md 3.5). ``e4m3fn`` and ``e5m2`` are the OCP
 8-bit floating point formats (OCP FP8 spec v1.0, 2023; ``torch.float8_e4m3fn``,
 ``torch.float8_e5m2``): scales are never negative, so their sign bit is always 0
 and half the byte's codes are wasted. ``ue4m4`` spends that bit on the mantissa

@@ -8,14 +8,12 @@ of each field is specified in ``docs/FORMAT.md`` section 2.
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-#: Version of the bit-level format defined by this package (docs/FORMAT.md).
-#: Version 2 (this one) changed the defaults to mode ``midrise`` with the scale
-#: rounded to ``nearest``; version-1 bytes are still produced (and read) by
-#: ``FormatParams(mode="midtread", scale_round="up")``.
+#: Version of the bit-level format defined by this package (docs/FORMAT.md); the
+#: quantizer of each version is a preset (:data:`PRESETS`).
 FORMAT_VERSION = 2
 #: Format versions whose files ``python -m sim_models decode`` reads (every
 #: field that differs between them is stored in the file's params).
@@ -27,13 +25,13 @@ INPUT_DTYPES = {
     "bf16": (8, 7, 127),
 }
 
-#: Quantizer modes (docs/FORMAT.md 3.6; sim_models/quant.py, sim_models/quant_modes.py).
+#: Quantizer modes (docs/FORMAT.md 3.6; sim_models/quant.py).
 QUANT_MODES = ("midtread", "midrise", "asym", "lloydmax")
 #: Scale-byte encodings (sim_models/minifloat.py). ``e4m3fn`` is the OCP FP8 E4M3
 #: ("fn": finite, NaN only at S.1111.111; the name ``e4m3`` is reserved so that a bare
 #: "e4m3" stays an error rather than silently meaning one of the E4M3 variants).
 SCALE_ENCODINGS = ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
-#: Block statistic the scale is derived from (sim_models/scale_rules.py).
+#: Block statistic the scale is derived from (sim_models/scale.py).
 SCALE_RULES = ("max", "rms", "absmean")
 #: Rounding of the ideal scale to a scale byte.
 SCALE_ROUNDING = ("up", "nearest")
@@ -89,7 +87,7 @@ class FormatParams:
             ``"up"`` (smallest byte >= the ideal scale; version 1's default).
         scale_mult: multiplier of the ideal scale in units of 1/256, in
             [1, 511], or ``None`` for the mode's default
-            (:func:`sim_models.scale_rules.default_scale_mult`).
+            (:func:`sim_models.scale.default_scale_mult`).
 
     The modes ``asym`` and ``lloydmax``, the encodings other than ``ue5m3`` and
     the rms/absmean scale rules are format-study options (docs/ACCURACY.md);
@@ -172,11 +170,12 @@ class FormatParams:
         return (1 << (self.bits - 1)) - 1
 
     @property
-    def is_v1_quantizer(self) -> bool:
-        """True for the version-1 quantizer (midtread, ue5m3, max rule rounded up, x1),
-        which the golden model runs through its specialised path (sim_models/quant.py)."""
-        return (self.mode == "midtread" and self.scale == "ue5m3" and self.scale_rule == "max"
-                and self.scale_round == "up" and self.scale_mult in (None, 256))
+    def quantizer_preset(self) -> str | None:
+        """Name of the :data:`PRESETS` entry whose quantizer fields ``self`` has, or None."""
+        for name, fields in PRESETS.items():
+            if all(getattr(self, k) == v for k, v in fields.items()):
+                return name
+        return None
 
     @property
     def zero_bytes(self) -> int:
@@ -213,6 +212,61 @@ class FormatParams:
         d = asdict(self)
         d["format_version"] = FORMAT_VERSION
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FormatParams:
+        """Inverse of :meth:`to_dict`: ``FormatParams.from_dict(p.to_dict()) == p``.
+
+        Args:
+            d: field -> value; ``format_version``, if present, must be one of
+                :data:`READABLE_VERSIONS`. Missing fields take their defaults.
+
+        Raises:
+            TypeError: ``d`` is not a dict, or a field has the wrong type.
+            ValueError: an unreadable ``format_version``, an unknown field, or a field
+                out of range (the message names it).
+        """
+        if not isinstance(d, dict):
+            raise TypeError(f"params must be a dict, got {type(d).__name__}")
+        d = dict(d)
+        if "format_version" in d:
+            version = d.pop("format_version")
+            if type(version) is not int or version not in READABLE_VERSIONS:
+                raise ValueError(f"format_version {version!r} is not supported "
+                                 f"(readable versions: {READABLE_VERSIONS})")
+        unknown = sorted(set(d) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown FormatParams field(s) {unknown}; known: {list(_FIELDS)}")
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> FormatParams:
+        """The quantizer of preset ``name`` (:data:`PRESETS`), other fields default.
+
+        Args:
+            name: ``"v1"`` (format version 1: midtread, scale rounded up) or ``"v2"``
+                (format version 2, the default).
+            overrides: any field; a quantizer field overrides the preset's value.
+
+        Raises:
+            ValueError: unknown ``name``, or a field out of range (names it).
+            TypeError: a field has the wrong type.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+_FIELDS = tuple(f.name for f in fields(FormatParams))
+
+#: Named quantizers: preset -> the quantizer fields (mode, scale encoding, rule, rounding,
+#: multiplier) of that format version (docs/FORMAT.md 2); :meth:`FormatParams.preset`.
+PRESETS = {
+    "v1": {"mode": "midtread", "scale": "ue5m3", "scale_rule": "max", "scale_round": "up",
+           "scale_mult": None},
+    "v2": {"mode": "midrise", "scale": "ue5m3", "scale_rule": "max", "scale_round": "nearest",
+           "scale_mult": None},
+}
 
 
 def check_supported(p, table: dict, implementer: str) -> FormatParams:

@@ -1,71 +1,144 @@
-"""Version-1 block quantizer (mode midtread, scale rounded up), docs/FORMAT.md 3.5-3.6 and A.1.
+"""Codes and reconstruction for every quantizer mode (docs/FORMAT.md 3.6 and 3.7).
 
-The specialised, fast path for ``FormatParams.is_v1_quantizer``; every other
-quantizer (the version-2 default included) is sim_models/scale_rules.py +
-sim_models/quant_modes.py.
-
-Mode ``midtread`` (the published symmetric formula): per block of G lanes of
-the FWHT output y (integers, one unit = 2^u), with qmax = 2^(b-1) - 1,
-
-    scale  s = smallest ue5m3 byte with qmax * scale(s) >= max|y| * 2^u
-    code   c = sign(y) * #{ j in 1..qmax : 2|y| * 2^u >= (2j - 1) * scale(s) }
-
-i.e. c = clip(round(y / scale), -qmax, qmax) with ties rounded away from zero,
-computed only by exact integer compares against thresholds (no division).
-The first rule guarantees |y| / scale <= qmax, so codes never need clipping
-except when the scale saturates (FLAG_SAT).
+:func:`quantize` maps each FWHT output ``y`` (int64, unit 2^u) to a b-bit code given
+its block's scale byte, by exact threshold compares (no division, no rounding mode);
+:func:`dequantize` maps codes back to ``yhat``. :func:`threshold_coefs` is the table of
+threshold coefficients per mode, shared with the RTL (``hw.quantizer``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .params import FormatParams
-from .scale import ge_pow2, scale_sig_exp, smallest_scale_at_least
+from .lloyd_max import LEVEL_FRAC_BITS, levels, threshold_sums
+from .minifloat import scale_encoding
+from .params import QUANT_MODES, FormatParams
+from .scale import block_range
 
 
-def block_max(y: np.ndarray, p: FormatParams) -> np.ndarray:
-    """max |y| per block: int64 [V, N] -> int64 [V, N/G]."""
-    return np.abs(y).reshape(y.shape[0], p.n_blocks, p.block).max(axis=2)
+def threshold_coefs(mode: str, bits: int) -> tuple[tuple[int, ...], int]:
+    """(coefs, frac): lane threshold j of ``mode`` is ``|y| 2^u 2^frac >= coefs[j] * scale``.
+
+    midtread: 2j-1, frac 1, j = 1..h-1; midrise: j, frac 0; lloydmax: L[j-1] + L[j],
+    frac 9; asym: 2j-1, frac 1, j = 1..2h-1 (also the zero point's thresholds);
+    h = 2^(bits-1) (docs/FORMAT.md 3.7).
+
+    Raises:
+        ValueError: unknown ``mode`` (the message names the field).
+    """
+    h = 1 << (bits - 1)
+    if mode == "midtread":
+        return tuple(range(1, 2 * h - 1, 2)), 1
+    if mode == "midrise":
+        return tuple(range(1, h)), 0
+    if mode == "lloydmax":
+        return tuple(int(v) for v in threshold_sums(bits)), LEVEL_FRAC_BITS + 1
+    if mode == "asym":
+        return tuple(range(1, 2 * (2 * h - 1), 2)), 1
+    raise ValueError(f"mode must be one of {QUANT_MODES}, got {mode!r}")
 
 
-def choose_scales(y: np.ndarray, u: np.ndarray, p: FormatParams):
-    """Scale bytes per block.
+def _block_scale(scales: np.ndarray, p: FormatParams):
+    """(sig, exp) int64 [V, N/G] of the block scales."""
+    return scale_encoding(p.scale).sig_exp(scales)
+
+
+#: Integer thresholds are capped here: |y| < 2^(M-1+log2 N) <= 2^27 < 2^40.
+_CAP_SHIFT = 40
+
+
+def _ceil_scaled(a: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """ceil(a * 2^e) for int64 a in [1, 2^20), exactly; values above 2^40 may be capped
+    (to a value still above every |y|)."""
+    e = np.clip(e, -62, _CAP_SHIFT)
+    up = np.left_shift(a, np.maximum(e, 0))
+    k = np.maximum(-e, 0)
+    down = (a + (np.left_shift(np.int64(1), k) - 1)) >> k
+    return np.where(e >= 0, up, down)
+
+
+def _count(mag: np.ndarray, u: np.ndarray, coefs, frac: int, sig, exp, block: int) -> np.ndarray:
+    """#{ j : mag * 2^u >= coefs[j] * sig * 2^(exp - frac) } per lane (int64, shape of ``mag``).
+
+    ``mag`` int64 [V, N] >= 0; ``sig``, ``exp`` int64 [V, N/G]. Computed as integer
+    thresholds per block, T_j = ceil(coefs[j] * sig * 2^(exp - frac - u)), so that
+    ``mag * 2^u >= coefs[j] * scale * 2^-frac``  <=>  ``mag >= T_j`` (mag is an integer);
+    this is the form the RTL uses (one threshold set per block, lane compares).
+    """
+    v, n = mag.shape
+    mb = mag.reshape(v, n // block, block)
+    count = np.zeros(mb.shape, dtype=np.int64)
+    e = exp - frac - u[:, None]
+    for cj in coefs:
+        t = _ceil_scaled(int(cj) * sig, e)
+        count += mb >= t[:, :, None]
+    return count.reshape(v, n)
+
+
+def quantize(y: np.ndarray, u: np.ndarray, scales: np.ndarray, p: FormatParams):
+    """Codes of FWHT outputs (docs/FORMAT.md 3.6).
 
     Args:
-        y: int64 [V, N], FWHT output in units of 2^u.
-        u: int64 [V], unit exponent per vector.
+        y: int64 [V, N] FWHT output in units of 2^u.
+        u: int64 [V].
+        scales: uint8 [V, N/G] scale bytes of ``p.scale``.
         p: format parameters.
 
     Returns:
-        (scales, sat): uint8 [V, N/G] and bool [V] (some block saturated).
+        (codes, zeros): int64 [V, N] codes (signed modes: [-2^(b-1), 2^(b-1) - 1],
+        midtread [-(2^(b-1) - 1), 2^(b-1) - 1]; asym [0, 2^b - 1]), and for
+        asym the uint8 [V, N/G] zero points (None otherwise).
     """
-    amax = block_max(y, p)
-    s, sat = smallest_scale_at_least(p.qmax, amax, u[:, None])
-    return s, sat.any(axis=1)
+    sig, exp = _block_scale(scales, p)
+    g = p.block
+    coefs, frac = threshold_coefs(p.mode, p.bits)
+    mag = np.abs(y)
+    neg = y < 0
+    if p.mode == "asym":
+        q = (1 << p.bits) - 1
+        lo, _ = block_range(y, p)
+        z = _count(-lo, u, coefs, frac, sig, exp, 1)        # one "lane" per block
+        r = _count(mag, u, coefs, frac, sig, exp, g)
+        codes = np.clip(np.repeat(z, g, axis=1) + np.where(neg, -r, r), 0, q)
+        return codes, z.astype(np.uint8)
+    m = _count(mag, u, coefs, frac, sig, exp, g)
+    if p.mode == "midtread":
+        return np.where(neg, -m, m), None
+    return np.where(neg, -1 - m, m), None       # midrise, lloydmax
 
 
-def quantize_codes(y: np.ndarray, u: np.ndarray, scales: np.ndarray, p: FormatParams) -> np.ndarray:
-    """Codes by threshold compares.
+def dequantize(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
+               zeros: np.ndarray | None = None) -> np.ndarray:
+    """Reconstructed FWHT output yhat, float64 [V, N] (exact: small integer * 2^k).
 
     Args:
-        y: int64 [V, N]; u: int64 [V]; scales: uint8 [V, N/G]; p: parameters.
+        codes: int64 [V, N] codes as returned by :func:`quantize` (asym: unsigned).
+        scales: uint8 [V, N/G].
+        p: format parameters.
+        zeros: uint8 [V, N/G] zero points; required for asym, ignored otherwise.
 
-    Returns:
-        int64 [V, N], codes in [-qmax, qmax].
+    Raises:
+        ValueError: asym without ``zeros``, or zeros of the wrong shape.
     """
-    sig, exp = scale_sig_exp(scales)
-    sig = np.repeat(sig, p.block, axis=1)
-    exp = np.repeat(exp, p.block, axis=1)
-    mag2 = 2 * np.abs(y)
-    count = np.zeros(y.shape, dtype=np.int64)
-    for j in range(1, p.qmax + 1):
-        count += ge_pow2(mag2, u[:, None], (2 * j - 1) * sig, exp)
-    return np.where(y < 0, -count, count)
-
-
-def dequantize(codes: np.ndarray, scales: np.ndarray, p: FormatParams) -> np.ndarray:
-    """Reconstructed FWHT output: code * scale, float64 [V, N] (exact)."""
-    sig, exp = scale_sig_exp(scales)
-    step = np.ldexp(sig.astype(np.float64), exp.astype(np.int32))
-    return codes.astype(np.float64) * np.repeat(step, p.block, axis=1)
+    # byte 0x00 is +0 in every encoding: the encoder never writes it, the read path (and the
+    # RTL) decodes it as a zero scale
+    zero = scales == 0
+    sig, exp = _block_scale(np.where(zero, 1, scales), p)
+    sig = np.where(zero, 0, sig)
+    step = np.repeat(np.ldexp(sig.astype(np.float64), exp.astype(np.int32)), p.block, axis=1)
+    c = codes.astype(np.int64)
+    if p.mode == "midtread":
+        return c * step
+    if p.mode == "midrise":
+        return (2 * c + 1) * step / 2
+    if p.mode == "lloydmax":
+        m = np.where(c < 0, -1 - c, c)
+        lv = levels(p.bits)[m]
+        return np.where(c < 0, -lv, lv) * step / (1 << LEVEL_FRAC_BITS)
+    if zeros is None:
+        raise ValueError("zeros (the zero-point plane) is required for mode 'asym'")
+    if zeros.shape != scales.shape:
+        raise ValueError(f"zeros must have the scale plane's shape {list(scales.shape)}, "
+                         f"got {list(zeros.shape)}")
+    z = np.repeat(zeros.astype(np.int64), p.block, axis=1)
+    return (c - z) * step

@@ -1,88 +1,131 @@
-"""The 8-bit block scale: unsigned E5M3 float ("ue5m3"), docs/FORMAT.md 3.5.
+"""Block scale selection for every mode, scale rule, rounding and encoding (docs/FORMAT.md 3.5, 3.7).
 
-Byte ``s = e << 3 | m`` (e: 5-bit exponent field, m: 3-bit mantissa field),
-no sign bit (scales are never negative). Value, exactly:
-
-    sig(s) * 2^exp(s),  sig = m if e == 0 else 8 + m,  exp = max(e, 1) - 7 - 3
-
-i.e. bias 7, subnormals for e == 0, no inf/NaN encodings. Byte values order
-like the scales they encode (monotone), so "the smallest scale >= t" is a
-search over bytes. Range: 2^-9 (byte 0x01) .. 1.875 * 2^24 (byte 0xFF); byte
-0x00 (scale 0) is never written by the encoder.
+:func:`choose_scale_bytes` gives the scale byte of each block of G FWHT outputs and the
+FLAG_SAT condition, by exact integer compares against the encoding's values and midpoints
+(:mod:`sim_models.minifloat`). :func:`max_units` (the scale units K the block maximum maps
+to) and :func:`scale_mult` are the constant tables the RTL (``hw.quantizer``) shares.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-SCALE_BIAS = 7
-SCALE_MANT_BITS = 3
-SCALE_MIN_BYTE = 1
-SCALE_MAX_BYTE = 255
-#: Largest shift that :func:`ge_pow2` ever applies (operands are < 2^31).
-_SHIFT_CLAMP = 32
+from .exact import I64_LIMIT, first_true, ge_scaled
+from .lloyd_max import LEVEL_FRAC_BITS, levels
+from .minifloat import scale_encoding
+from .params import FormatParams
+
+#: Default multipliers (units 1/256) for the rms rule: the step minimising the
+#: MSE of a uniform quantizer with that many levels on N(0, 1) (numerical
+#: optimum, e.g. 0.586 sigma for 8 levels, 0.651 sigma for 7: Max 1960 Table II),
+#: and sigma itself (256) for lloydmax.
+_RMS_MULT = {
+    "midtread": {2: 313, 3: 167, 4: 90},
+    "midrise": {2: 255, 3: 150, 4: 86},
+    "lloydmax": {2: 256, 3: 256, 4: 256},
+}
+#: absmean: E|X| = sigma * sqrt(2/pi) for a Gaussian, so mult = rms mult * sqrt(pi/2).
+_ABSMEAN_MULT = {
+    "midtread": {2: 392, 3: 209, 4: 113},
+    "midrise": {2: 320, 3: 188, 4: 108},
+    "lloydmax": {2: 321, 3: 321, 4: 321},
+}
 
 
-def scale_sig_exp(s: np.ndarray):
-    """Integer significand and power-of-two exponent of scale bytes.
+def default_scale_mult(p: FormatParams) -> int:
+    """The multiplier used when ``p.scale_mult`` is None (units of 1/256).
+
+    256 for the max rule (the block maximum maps exactly to K scale units, so
+    no code clips); for rms/absmean the Gaussian MSE-optimal value (tables above).
+    """
+    if p.scale_rule == "max":
+        return 256
+    table = _RMS_MULT if p.scale_rule == "rms" else _ABSMEAN_MULT
+    return table[p.mode][p.bits]
+
+
+def scale_mult(p: FormatParams) -> int:
+    """``p.scale_mult`` or its default."""
+    return default_scale_mult(p) if p.scale_mult is None else p.scale_mult
+
+
+def max_units(p: FormatParams) -> tuple[int, int]:
+    """(Kn, Kd): the block maximum (asym: the block range hi - lo) maps to K = Kn / Kd scale
+    units: midtread h-1, midrise h, asym 2h-1, lloydmax L_top / 256; h = 2^(b-1).
 
     Args:
-        s: integer array of scale bytes (0..255).
-
-    Returns:
-        (sig, exp): int64 arrays with scale value = sig * 2^exp exactly.
+        p: format parameters (only ``mode`` and ``bits`` are read).
     """
-    s = np.asarray(s).astype(np.int64)
-    e = s >> SCALE_MANT_BITS
-    m = s & ((1 << SCALE_MANT_BITS) - 1)
-    sig = np.where(e == 0, m, m + (1 << SCALE_MANT_BITS))
-    exp = np.maximum(e, 1) - SCALE_BIAS - SCALE_MANT_BITS
-    return sig, exp
+    h = 1 << (p.bits - 1)
+    if p.mode == "midtread":
+        return h - 1, 1
+    if p.mode == "midrise":
+        return h, 1
+    if p.mode == "asym":
+        return 2 * h - 1, 1
+    return int(levels(p.bits)[-1]), 1 << LEVEL_FRAC_BITS
 
 
-def scale_value(s: np.ndarray) -> np.ndarray:
-    """Scale bytes -> float64 scale values (exact)."""
-    sig, exp = scale_sig_exp(s)
-    return np.ldexp(sig.astype(np.float64), exp.astype(np.int32))
+def _blocks(y: np.ndarray, p: FormatParams) -> np.ndarray:
+    return y.reshape(y.shape[0], p.n_blocks, p.block)
 
 
-def ge_pow2(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray) -> np.ndarray:
-    """Exact compare ``a * 2^ea >= b * 2^eb`` for integers 0 <= a, b < 2^31.
-
-    The difference of exponents is clamped to +-32, which leaves every result
-    unchanged for operands below 2^31 (the larger side already wins).
-    """
-    a = np.asarray(a, dtype=np.int64)
-    b = np.asarray(b, dtype=np.int64)
-    if a.size and (a.max() >= 2**31 or b.max() >= 2**31 or a.min() < 0 or b.min() < 0):
-        raise OverflowError("ge_pow2 operands must be in [0, 2^31)")
-    d = np.clip(np.asarray(ea, dtype=np.int64) - np.asarray(eb, dtype=np.int64),
-                -_SHIFT_CLAMP, _SHIFT_CLAMP)
-    return np.left_shift(a, np.maximum(d, 0)) >= np.left_shift(b, np.maximum(-d, 0))
+def block_range(y: np.ndarray, p: FormatParams):
+    """(lo, hi) int64 [V, N/G]: min(min y, 0) and max(max y, 0) per block (mode asym)."""
+    yb = _blocks(y, p)
+    return np.minimum(yb.min(axis=2, initial=0), 0), np.maximum(yb.max(axis=2, initial=0), 0)
 
 
-def smallest_scale_at_least(coef: np.ndarray, amax: np.ndarray, u: np.ndarray):
-    """Smallest scale byte s with ``coef * scale(s) >= amax * 2^u`` (binary search).
+def _rule_operands(y: np.ndarray, p: FormatParams):
+    """(power, C, X) of the compare ``C * scale^p >= X * 2^(p*u)`` per block."""
+    mult = scale_mult(p)
+    yb = _blocks(y, p)
+    if p.scale_rule == "max":
+        kn, kd = max_units(p)
+        if p.mode == "asym":
+            lo, hi = block_range(y, p)
+            a = hi - lo
+        else:
+            a = np.abs(yb).max(axis=2, initial=0)
+        return 1, 256 * kn, mult * kd * a
+    if p.scale_rule == "absmean":
+        return 1, 256 * p.block, mult * np.abs(yb).sum(axis=2)
+    # rms: sum of squares; int64 when the static bound allows, else Python ints
+    ymax = 1 << (p.fwht_width - 1)
+    if mult * mult * p.block * ymax * ymax < I64_LIMIT:
+        s2 = (yb * yb).sum(axis=2)
+        return 2, 65536 * p.block, mult * mult * s2
+    obj = yb.astype(object)
+    return 2, 65536 * p.block, (obj * obj).sum(axis=2) * (mult * mult)
+
+
+def choose_scale_bytes(y: np.ndarray, u: np.ndarray, p: FormatParams):
+    """Scale byte per block (docs/FORMAT.md 3.5, 3.7).
 
     Args:
-        coef: int, the scale multiplier (qmax for the mid-tread quantizer).
-        amax: int64 array, non-negative block maxima in mantissa units.
-        u: int64 array broadcastable to ``amax``, exponent of one unit.
+        y: int64 [V, N], FWHT output in units of 2^u.
+        u: int64 [V], unit exponent per vector.
+        p: format parameters (any mode, rule, rounding, encoding).
 
     Returns:
-        (s, sat): uint8 scale bytes in [1, 255] and a bool array, True where
-        even byte 255 is too small (then s = 255).
+        (scales, sat): uint8 [V, N/G] scale bytes of ``p.scale``; bool [V], some
+        block's ideal scale exceeded the largest value.
     """
-    amax = np.asarray(amax, dtype=np.int64)
-    u = np.broadcast_to(np.asarray(u, dtype=np.int64), amax.shape)
-    lo = np.full(amax.shape, SCALE_MIN_BYTE, dtype=np.int64)   # candidate answer
-    hi = np.full(amax.shape, SCALE_MAX_BYTE + 1, dtype=np.int64)  # 256 = "none fits"
-    while np.any(lo < hi):
-        mid = (lo + hi) >> 1
-        sig, exp = scale_sig_exp(np.minimum(mid, SCALE_MAX_BYTE))
-        ok = ge_pow2(coef * sig, exp, amax, u) & (mid <= SCALE_MAX_BYTE)
-        active = lo < hi
-        hi = np.where(active & ok, mid, hi)
-        lo = np.where(active & ~ok, mid + 1, lo)
-    sat = lo > SCALE_MAX_BYTE
-    return np.minimum(lo, SCALE_MAX_BYTE).astype(np.uint8), sat
+    enc = scale_encoding(p.scale)
+    power, c, x = _rule_operands(y, p)
+    ub = np.broadcast_to(u[:, None], x.shape) * power
+    k = enc.bytes.size
+    shape = x.shape
+
+    def value_ge_target(i):          # scale(bytes[i]) >= t
+        return ge_scaled(c * enc.sig[i] ** power, power * enc.exp[i], x, ub)
+
+    above = first_true(value_ge_target, k, shape)      # k: none is large enough
+    sat = above >= k
+    if p.scale_round == "up":
+        idx = np.minimum(above, k - 1)
+    else:
+        def mid_gt_target(i):        # midpoint(i, i+1) > t, i.e. not (t >= midpoint)
+            return ~ge_scaled(x, ub, c * enc.mid_sig[i] ** power, power * enc.mid_exp[i])
+        idx = first_true(mid_gt_target, k - 1, shape)  # k-1: above every midpoint
+    return enc.bytes[idx], sat.any(axis=1)

@@ -32,7 +32,7 @@ import numpy as np
 
 from .codec import encode
 from .fwht import hadamard
-from .params import FormatParams
+from .params import PRESETS, FormatParams
 from .signs import sign_mask
 
 FP16_MAX = np.float16(65504.0)
@@ -143,7 +143,7 @@ def checksum(bits: np.ndarray, p: FormatParams) -> str:
 #: (block = min(64, n)). "default" is the current format version's default.
 PINNED = {
     "default": {},
-    "v1": {"mode": "midtread", "scale_round": "up"},
+    "v1": PRESETS["v1"],
     "midtread-nearest": {"mode": "midtread"},
     "midrise-up": {"scale_round": "up"},
     "lloydmax-rms": {"mode": "lloydmax", "scale_rule": "rms"},

@@ -27,15 +27,11 @@ from sim_models.exact import first_true, ge_scaled
 from sim_models.lloyd_max import LEVELS, gaussian_lloyd_max
 from sim_models.minifloat import scale_encoding
 from sim_models.pack import pack_codes, unpack_codes
-from sim_models.params import QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING, SCALE_RULES
+from sim_models.params import (FORMAT_VERSION, PRESETS, QUANT_MODES, SCALE_ENCODINGS,
+                               SCALE_ROUNDING, SCALE_RULES)
 from sim_models.policy import CachePolicy
-from sim_models.quant import choose_scales, quantize_codes
-from sim_models.quant_modes import dequantize, quantize
-
-#: The version-1 quantizer (mid-tread, scale rounded up), still selectable by parameters.
-V1 = dict(mode="midtread", scale_round="up")
-from sim_models.scale import scale_sig_exp
-from sim_models.scale_rules import choose_scale_bytes, max_units, scale_mult
+from sim_models.quant import dequantize, quantize, threshold_coefs
+from sim_models.scale import choose_scale_bytes, max_units, scale_mult
 
 F16 = np.float16
 TWO = Fraction(2)
@@ -72,11 +68,6 @@ def test_sizes_count_zero_points():
     assert FormatParams(mode="asym").bits_per_element == 3.25
     for mode in ("midrise", "lloydmax"):
         assert FormatParams(mode=mode).bits_per_element == 3.125
-    v1 = dict(mode="midtread", scale_round="up")
-    assert FormatParams(**v1).is_v1_quantizer
-    assert FormatParams(**v1, scale_mult=256).is_v1_quantizer
-    assert not FormatParams(mode="midtread").is_v1_quantizer      # v2 default rounding
-    assert not FormatParams().is_v1_quantizer
 
 
 def test_version2_defaults():
@@ -87,12 +78,82 @@ def test_version2_defaults():
     assert p.bits_per_element == 3.125
 
 
-def test_params_roundtrip_through_dict():
-    p = FormatParams(mode="lloydmax", scale_rule="rms", scale_round="nearest", scale="e4m3fn",
-                     scale_mult=240)
+@pytest.mark.parametrize("p", [
+    FormatParams(), FormatParams.preset("v1", n=64, dtype="bf16", sign_seed=None),
+    FormatParams(mode="lloydmax", scale_rule="rms", scale_round="nearest", scale="e4m3fn",
+                 scale_mult=240)])
+def test_params_roundtrip_through_dict(p):
     d = p.to_dict()
-    d.pop("format_version")
-    assert FormatParams(**d) == p
+    assert d["format_version"] == FORMAT_VERSION
+    assert FormatParams.from_dict(d) == p
+    del d["format_version"]                                     # optional
+    assert FormatParams.from_dict(d) == p
+    assert FormatParams.from_dict({}) == FormatParams()
+
+
+@pytest.mark.parametrize("d, exc, word", [
+    (dict(format_version=99), ValueError, "format_version 99"),
+    (dict(format_version=True), ValueError, "format_version True"),
+    (dict(format_version="2"), ValueError, "format_version '2'"),
+    (dict(blocks=64), ValueError, "blocks"),
+    (dict(format_version=1, mode="mid"), ValueError, "mode"),
+    (dict(bits="3"), TypeError, "bits"),
+    ([("n", 64)], TypeError, "dict"),
+])
+def test_from_dict_errors_name_the_field(d, exc, word):
+    with pytest.raises(exc, match=word):
+        FormatParams.from_dict(d)
+
+
+def test_presets():
+    """v1 = format version 1's quantizer (midtread, rounded up), v2 = today's default."""
+    v1 = FormatParams.preset("v1")
+    assert (v1.mode, v1.scale_round, v1.scale, v1.scale_rule, v1.scale_mult) == (
+        "midtread", "up", "ue5m3", "max", None)
+    assert FormatParams.preset("v2") == FormatParams()
+    assert FormatParams.preset("v1", n=64, block=32, bits=4) == FormatParams(
+        n=64, block=32, bits=4, mode="midtread", scale_round="up")
+    assert FormatParams.preset("v1", scale_round="nearest") == FormatParams(mode="midtread")
+    assert set(PRESETS) >= {"v1", "v2"}
+    for name in PRESETS:
+        assert FormatParams.preset(name).quantizer_preset == name
+        assert FormatParams.preset(name, n=64, dtype="bf16").quantizer_preset == name
+    assert FormatParams(mode="midtread").quantizer_preset is None
+    assert FormatParams(scale_mult=256).quantizer_preset is None
+
+
+@pytest.mark.parametrize("name, kw, exc, word", [
+    ("v9", {}, ValueError, "preset"),
+    ("V1", {}, ValueError, "preset"),
+    ("v1", dict(bits=5), ValueError, "bits"),
+    ("v2", dict(mode="mid"), ValueError, "mode"),
+])
+def test_preset_errors_name_the_field(name, kw, exc, word):
+    with pytest.raises(exc, match=word):
+        FormatParams.preset(name, **kw)
+
+
+@pytest.mark.parametrize("mode", QUANT_MODES)
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_threshold_coefs_and_max_units(mode, bits):
+    """The tables shared with the RTL: thresholds lie between consecutive reconstruction levels,
+    and the block maximum maps to the outermost level (or cell edge, or range)."""
+    coefs, frac = threshold_coefs(mode, bits)
+    kn, kd = max_units(FormatParams(mode=mode, bits=bits))
+    h = 1 << (bits - 1)
+    if mode == "midtread":
+        assert coefs == tuple(range(1, 2 * h - 1, 2)) and frac == 1 and (kn, kd) == (h - 1, 1)
+    elif mode == "midrise":
+        assert coefs == tuple(range(1, h)) and frac == 0 and (kn, kd) == (h, 1)
+    elif mode == "asym":
+        assert coefs == tuple(range(1, 4 * h - 2, 2)) and frac == 1 and (kn, kd) == (2 * h - 1, 1)
+    else:
+        lv = LEVELS[bits]
+        assert [Fraction(c, 2**frac) for c in coefs] == [
+            Fraction(int(a) + int(b), 512) for a, b in zip(lv[:-1], lv[1:])]
+        assert Fraction(kn, kd) == Fraction(int(lv[-1]), 256)
+    with pytest.raises(ValueError, match="mode"):
+        threshold_coefs("lloyd", bits)
 
 
 # --------------------------------------------------------------------------- exact compare
@@ -118,13 +179,6 @@ def test_first_true():
 
 
 # --------------------------------------------------------------------------- scale encodings
-def test_ue5m3_table_matches_version1():
-    enc = scale_encoding("ue5m3")
-    assert enc.bytes.tolist() == list(range(1, 256))
-    sig, exp = scale_sig_exp(np.arange(1, 256))
-    assert np.array_equal(enc.sig, sig) and np.array_equal(enc.exp, exp)
-
-
 @pytest.mark.parametrize("name, count, smallest, largest, first_byte, last_byte", [
     ("ue5m3", 255, 2.0**-9, 1.875 * 2**24, 0x01, 0xFF),
     ("e4m3fn", 126, 2.0**-9, 448.0, 0x01, 0x7E),
@@ -223,7 +277,7 @@ def test_nearest_rounding_ties_go_up():
     y = np.array([[51, 0, 0, 0, 0, 0, 0, 0], [50, 0, 0, 0, 0, 0, 0, 0]])   # t = 17/16, 50/48
     s, sat = choose_scale_bytes(y, np.array([-4, -4]), p)
     assert s[:, 0].tolist() == [0x39, 0x38] and not sat.any()
-    up = choose_scale_bytes(y, np.array([-4, -4]), FormatParams(n=8, block=8, **V1))[0]
+    up = choose_scale_bytes(y, np.array([-4, -4]), FormatParams.preset("v1", n=8, block=8))[0]
     assert up[:, 0].tolist() == [0x39, 0x39]
     # version-2 default (midrise, K = 4): t = A 2^u / 4; A = 68 -> t = 17/16, the midpoint
     y2 = np.array([[68, 0, 0, 0, 0, 0, 0, 0], [67, 0, 0, 0, 0, 0, 0, 0]])
@@ -253,19 +307,6 @@ def test_scale_mult_and_object_path(mult):
     s, _ = choose_scale_bytes(y, u, p)
     for r in range(2):
         assert int(s[r, 0]) == _brute_scale([int(v) for v in y[r]], int(u[r]), p)[0]
-
-
-def test_generic_path_equals_version1_default():
-    from sim_models import testvectors as tv
-    for n in (64, 128):
-        bits = np.concatenate([tv.random_vectors(n, 300), tv.adversarial_vectors(n)])
-        p = FormatParams(n=n, block=min(64, n), **V1)
-        t = sm.encode_trace(bits, p)
-        s, sat = choose_scale_bytes(t.y, t.u, p)
-        s1, sat1 = choose_scales(t.y, t.u, p)
-        assert np.array_equal(s, s1) and np.array_equal(sat, sat1)
-        c, z = quantize(t.y, t.u, s, p)
-        assert z is None and np.array_equal(c, quantize_codes(t.y, t.u, s, p))
 
 
 # --------------------------------------------------------------------------- codes
@@ -416,7 +457,7 @@ def test_gaussian_mse_ranking():
         r = sm.decode_float(e.codes, e.scales, p, e.zeros)
         return np.sum((r - ref) ** 2) / np.sum(ref ** 2)
 
-    mt = rel(**V1)
+    mt = rel(**PRESETS["v1"])
     mr = rel(mode="midrise", scale_round="up")
     mr_rms = rel(mode="midrise", scale_rule="rms", scale_round="nearest")
     lm = rel(mode="lloydmax", scale_rule="rms", scale_round="nearest")
@@ -529,7 +570,7 @@ def test_zero_scale_byte_decodes_to_zero_independent_of_encoder_options():
     codes = np.full((2, 48), 0xA5, np.uint8)
     scales = np.zeros((2, 2), np.uint8)
     outs = []
-    for kw in (dict(mode="midtread", scale_round="up"), dict(mode="midtread"), {},
+    for kw in (PRESETS["v1"], dict(mode="midtread"), {},
                dict(scale_round="up")):
         p = FormatParams(**kw)
         v = sm.decode_float(codes, scales, p)
