@@ -49,6 +49,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import gpu_ref  # noqa: E402
 from sim_models import FormatParams, decode_float, encode  # noqa: E402
+from sim_models.params import PRESETS  # noqa: E402
 
 L2_ROTATE_BYTES = 256 << 20   # rotate input sets until a graph touches at least this much
 
@@ -361,7 +362,8 @@ def quant_params(mode, scale_round, **kw):
     return FormatParams(mode=mode, scale_round=scale_round, scale="ue5m3", scale_rule="max", scale_mult=None, **kw)
 
 
-VERSIONS = {"v1": ("midtread", "up"), "v2": ("midrise", "nearest")}
+#: compared format versions: names of FormatParams presets
+VERSIONS = ("v1", "v2")
 
 
 def check_versions(count=32768):
@@ -370,10 +372,10 @@ def check_versions(count=32768):
     from tests.test_gpu import _attention64, _make_case, _mixed_bits, _rel
     from tests.test_gpu_api import count_ties, tie_vectors
     out = {}
-    for name, (mode, rnd) in VERSIONS.items():
+    for name in VERSIONS:
         r = {}
         for dtype in ("fp16", "bf16"):
-            p = quant_params(mode, rnd, dtype=dtype)
+            p = FormatParams.preset(name, dtype=dtype)
             bits = _mixed_bits(128, count, seed=11, dtype=dtype)
             if dtype == "fp16":
                 bits = np.concatenate([bits, tie_vectors(p)])
@@ -425,7 +427,7 @@ def sdpa_time(bsz, hq, kvh, t, n):
 def bench_decode_versions(bsz, hq, kvh, t, order=("v1", "v2", "v1")):
     """Decode timings of both versions on the same random packed planes (any byte is a valid code
     plane for both modes), v1 timed twice (first and last) to show the run-to-run spread."""
-    ps = {k: quant_params(*v) for k, v in VERSIONS.items()}
+    ps = {k: FormatParams.preset(k) for k in VERSIONS}
     p0 = ps["v1"]
     n = p0.n
     comp_bytes = bsz * kvh * t * 2 * (p0.code_bytes + p0.n_blocks)
@@ -466,10 +468,10 @@ def run_versions(a, result, save, t_start):
         result["checks"] = {"error": traceback.format_exc()}
     log(f"checks ({time.time() - t0:.1f}s): {json.dumps(result['checks'], default=float)[:900]}")
     save()
-    v1, v2 = quant_params(*VERSIONS["v1"]), quant_params(*VERSIONS["v2"])
+    v1, v2 = FormatParams.preset("v1"), FormatParams.preset("v2")
     cases = [("v1 fp16", v1, None), ("v2 fp16", v2, None), ("v1 fp16 again", v1, None),
-             ("v1 bf16", quant_params(*VERSIONS["v1"], dtype="bf16"), None),
-             ("v2 bf16", quant_params(*VERSIONS["v2"], dtype="bf16"), None),
+             ("v1 bf16", FormatParams.preset("v1", dtype="bf16"), None),
+             ("v2 bf16", FormatParams.preset("v2", dtype="bf16"), None),
              ("midtread/nearest fp16", quant_params("midtread", "nearest"), None),
              ("midrise/up fp16", quant_params("midrise", "up"), None)]
     try:
@@ -562,7 +564,7 @@ def main():
         f"read-only kernel {result['copy']['kernel_read_GBps']:.0f})")
     save()
     if a.only == "versions":
-        result["versions"] = {k: {"mode": m, "scale_round": r} for k, (m, r) in VERSIONS.items()}
+        result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}
         run_versions(a, result, save, t_start)
         return
     if not a.skip_checks:

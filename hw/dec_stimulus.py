@@ -23,13 +23,12 @@ Sets (return ``(codes uint8 [V, N*b/8], scales uint8 [V, N/G])``, and for mode
   saturation to +-65504 for fp16), the most extreme block-scale mixes (smallest
   next to largest, so the alignment spans every binade of the encoding),
   one-hot codes, ties of the final rounding (:func:`tie_planes`), scale byte 0x00
-  (version-1 quantizer only: the golden model's float64 signed zeros, -H rows
+  (the "v1" preset only: the golden model's float64 signed zeros, -H rows
   give -0.0 before D) and every scale byte once.
 
-Scale bytes: the version-1 quantizer accepts all 256 ue5m3 bytes (0x00 = zero
-scale); every other configuration goes through ``sim_models.quant_modes``,
-which accepts only the encoding's positive finite bytes
-(``ScaleEncoding.bytes``); the sets use only bytes the golden model decodes.
+Scale bytes: the sets use the encoding's positive finite bytes
+(``ScaleEncoding.bytes``), plus byte 0x00 (a zero scale) for the "v1" preset's
+quantizer.
 """
 
 from __future__ import annotations
@@ -44,9 +43,9 @@ from sim_models.params import FormatParams
 
 
 def scale_bytes(p: FormatParams) -> np.ndarray:
-    """uint8 [K]: the scale bytes the golden decode accepts for ``p``, ascending by value
-    (all 256 for the version-1 quantizer, else ``ScaleEncoding.bytes``)."""
-    if p.is_v1_quantizer:
+    """uint8 [K]: the scale bytes the sets draw from for ``p``, ascending by value
+    (``ScaleEncoding.bytes``, with 0x00 in front for the "v1" preset)."""
+    if p.quantizer_preset == "v1":
         return np.arange(256, dtype=np.uint8)
     return scale_encoding(p.scale).bytes
 
@@ -170,7 +169,7 @@ def adversarial_planes(p: FormatParams, seed: int = 0):
     h = 1 << (p.bits - 1)
     lo, hi = code_range(p)
     asym = _is_asym(p)
-    v1 = p.is_v1_quantizer
+    v1 = p.quantizer_preset == "v1"
     sb = scale_bytes(p)
     smallest = 0x01 if v1 else int(sb[0])
     largest = int(sb[-1])

@@ -1,8 +1,7 @@
 """Read-path dequantization tables and the per-lane dequantizer of ``KVDecompressor``.
 
-Bit-exact with ``sim_models.quant.dequantize`` (version-1 quantizer) and
-``sim_models.quant_modes.dequantize`` (every mode; docs/ACCURACY.md "Exact
-integer rules", FORMAT.md 5): the reconstructed FWHT output of lane i is
+Bit-exact with ``sim_models.quant.dequantize`` (every mode; docs/FORMAT.md 3.7
+and 5): the reconstructed FWHT output of lane i is
 
     yhat_i = level(c_i) * sig_k * 2^(ef_k + scale_offset + exp_offset)
 
@@ -19,7 +18,7 @@ Two tables define the quantizer here, so a mode is a table swap:
 * :class:`LevelTable` (:func:`level_table`): code field f (0 .. 2^b - 1, the raw
   b bits) -> integer level, and ``exp_offset``:
 
-  - ``midtread`` (version 1): the two's-complement value c of f
+  - ``midtread``: the two's-complement value c of f
     (``-2^(b-1) .. 2^(b-1) - 1``; the field ``-2^(b-1)`` is never written by the
     encoder but decodes like the golden model's ``unpack_codes``), exp_offset 0.
   - ``midrise`` (mid-rise, all 2^b levels, none at zero): ``2c + 1``,
@@ -139,12 +138,6 @@ def scale_format(p: FormatParams) -> ScaleFormat:
     return ScaleFormat(enc.name, enc.exp_bits, enc.mant_bits, enc.bias)
 
 
-#: ue5m3 constants (version 1), kept for callers of the version-1 names.
-SCALE_EXP_OFFSET = -10
-SCALE_EF_MIN, SCALE_EF_MAX = 1, 31
-SCALE_SIG_MAX = 15
-
-
 class ScaleDecode(wiring.Component):
     """Scale byte -> significand and exponent field (see module docstring). Combinational.
 
@@ -191,7 +184,7 @@ class LevelTable:
     levels: tuple[int, ...]
     exp_offset: int = 0
     zero_point: bool = False
-    sig_max: int = SCALE_SIG_MAX
+    sig_max: int = 15                   # ue5m3: 2^4 - 1
 
     def __post_init__(self):
         if len(self.levels) != 1 << self.bits:
@@ -296,5 +289,4 @@ def dequant_lane(m: Module, table: LevelTable, code, sig, name: str, zero=None):
 
 
 __all__ = ["LevelTable", "READ_SUPPORT", "ScaleDecode", "ScaleFormat", "check_read_params",
-           "dequant_lane", "level_table", "product_shape", "scale_format",
-           "SCALE_EXP_OFFSET", "SCALE_EF_MIN", "SCALE_EF_MAX", "SCALE_SIG_MAX"]
+           "dequant_lane", "level_table", "product_shape", "scale_format"]

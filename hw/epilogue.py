@@ -46,7 +46,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams, check_supported
-from sim_models.scale_rules import scale_mult
+from sim_models.scale import scale_mult
 
 from .frontend import FrontEnd, check_fe_regs, u_shape
 from .fwht import FWHT

@@ -1,9 +1,8 @@
 """Block quantizer: one ue5m3 scale byte per block of G lanes, then b-bit codes.
 
-Bit-exact with the golden model (``sim_models.scale_rules.choose_scale_bytes``
-+ ``sim_models.quant_modes.quantize``; for the version-1 quantizer also
-``sim_models.quant``), without dividers. Rules: docs/ACCURACY.md, "Exact
-integer rules". Supported here: mode ``midtread`` / ``midrise`` /
+Bit-exact with the golden model (``sim_models.scale.choose_scale_bytes``
++ ``sim_models.quant.quantize``), without dividers. Rules: docs/FORMAT.md 3.7;
+this docstring is their hardware derivation. Supported here: mode ``midtread`` / ``midrise`` /
 ``lloydmax`` / ``asym``, scale rules ``max`` / ``absmean`` with any
 multiplier (see "Scale rule and multiplier" below), rounding ``up`` /
 ``nearest``, encodings ``ue5m3`` / ``e4m3fn`` / ``e5m2`` / ``ue4m4`` (written
@@ -52,7 +51,7 @@ midtread c = sign(y) m (ties away from zero); midrise c = m if y >= 0 else
 
 Scale rule and multiplier: the golden compare is C D(s) >= mult Kd X 2^u with
 C = 256 Kn (max) or 256 G (absmean), X = max|y| / hi - lo / sum|y|
-(sim_models.scale_rules). With mult = odd 2^p it is fed to ScaleSelect as
+(sim_models.scale). With mult = odd 2^p it is fed to ScaleSelect as
 Kn' D(s) >= (odd X) 2^(u + p + log2 Kd - 8) (absmean: Kn' = 1 and the shift
 lowered by log2 G): one constant multiplier by the odd part per block.
 
@@ -79,25 +78,19 @@ from amaranth.hdl import Cat, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from sim_models.lloyd_max import LEVEL_FRAC_BITS, levels, threshold_sums
 from sim_models.minifloat import scale_encoding
+from sim_models.params import SCALE_ENCODINGS, SCALE_ROUNDING, FormatParams
+from sim_models.quant import threshold_coefs
+from sim_models.scale import max_units
 
 from .frontend import tree_reduce
 from .pipeline import check_cuts
 
-SCALE_MAX_E = 31
-#: Quantizer modes and scale roundings implemented here.
-MODES = ("midtread", "midrise", "lloydmax", "asym")
-ROUNDINGS = ("up", "nearest")
-#: Scale-byte encodings implemented here (sim_models.minifloat).
-SCALES = ("ue5m3", "e4m3fn", "e5m2", "ue4m4")
 #: Pipeline cut points of :class:`Quantizer`, in data-flow order: in the middle
 #: of the block max tree (after floor(log2(G)/2) levels), after the block max
 #: tree, inside the scale select (after leading-one + normalization), after the
 #: scale select, after the thresholds.
 QUANT_CUTS = ("maxhalf", "max", "norm", "scale", "thr")
-#: Scale rules implemented here (sim_models.scale_rules): max, absmean (sum |y|).
-RULES = ("max", "absmean")
 
 
 def _shape_range(lo: int, hi: int) -> Shape:
@@ -111,36 +104,10 @@ def _bounds(shape: Shape) -> tuple[int, int]:
     return 0, (1 << shape.width) - 1
 
 
-def k_units(mode: str, bits: int) -> tuple[int, int]:
-    """(k, k_shift): the max rule's K = k / 2^k_shift, the scale units the block
-    maximum (asym: the block range hi - lo) maps to (midtread h-1, midrise h,
-    lloydmax L_top / 256, asym 2h-1; sim_models.scale_rules.max_units)."""
-    h = 1 << (bits - 1)
-    if mode == "midtread":
-        return h - 1, 0
-    if mode == "midrise":
-        return h, 0
-    if mode == "lloydmax":
-        return int(levels(bits)[-1]), LEVEL_FRAC_BITS
-    if mode == "asym":
-        return 2 * h - 1, 0
-    raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
-
-
-def code_coefs(mode: str, bits: int) -> tuple[tuple[int, ...], int]:
-    """(a_j, f): lane threshold j is |y| 2^u 2^f >= a_j scale (midtread
-    2j-1, f = 1; midrise j, f = 0; lloydmax L[j-1] + L[j], f = 9; j = 1..h-1;
-    asym 2j-1, f = 1, j = 1..2h-1, also for the zero point)."""
-    h = 1 << (bits - 1)
-    if mode == "midtread":
-        return tuple(2 * j - 1 for j in range(1, h)), 1
-    if mode == "midrise":
-        return tuple(range(1, h)), 0
-    if mode == "lloydmax":
-        return tuple(int(v) for v in threshold_sums(bits)), LEVEL_FRAC_BITS + 1
-    if mode == "asym":
-        return tuple(range(1, 2 * (2 * h - 1), 2)), 1
-    raise ValueError(f"mode must be one of {MODES} in the RTL quantizer, got {mode!r}")
+def _k_units(mode: str, bits: int) -> tuple[int, int]:
+    """(k, k_shift) with K = k / 2^k_shift = ``sim_models.scale.max_units``."""
+    kn, kd = max_units(FormatParams(mode=mode, bits=bits))
+    return kn, kd.bit_length() - 1
 
 
 def leading_one(m: Module, a, name: str):
@@ -176,8 +143,8 @@ def leading_one(m: Module, a, name: str):
 
 def _encoding(name: str):
     """The sim_models ScaleEncoding ``name`` (ValueError naming ``scale`` if unknown)."""
-    if name not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES} in the RTL quantizer, got {name!r}")
+    if name not in SCALE_ENCODINGS:
+        raise ValueError(f"scale must be one of {SCALE_ENCODINGS}, got {name!r}")
     return scale_encoding(name)
 
 
@@ -195,7 +162,7 @@ def _scale_rule(k: int, rounding: str, scale: str = "ue5m3"):
     if rounding == "nearest":
         return ([k * (2 * (nm + i) + 1) for i in range(nm)], bias + mb + 1,
                 [k * (2 * s + 1) for s in range(1, nm)], bias + mb, False)
-    raise ValueError(f"scale_round must be one of {ROUNDINGS} in the RTL quantizer, got {rounding!r}")
+    raise ValueError(f"scale_round must be one of {SCALE_ROUNDING}, got {rounding!r}")
 
 
 class ScaleSelect(wiring.Component):
@@ -205,7 +172,7 @@ class ScaleSelect(wiring.Component):
         a_width: width of the unsigned block maximum A.
         u_shape: shape of the signed unit exponent u.
         k: K (times 2^k_shift), scale units the block maximum maps to
-            (:func:`k_units`), an int >= 1.
+            (``sim_models.scale.max_units``), an int >= 1.
         rounding: ``"up"`` or ``"nearest"`` (``FormatParams.scale_round``).
         pipelined: register (advanced by ``en``) after the leading-one detect and
             normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
@@ -332,7 +299,7 @@ class Thresholds(wiring.Component):
     Args:
         y_width: width of |y|; thresholds saturate to 2^y_width (no |y| reaches it).
         u_shape: shape of u.
-        coefs: a_j (positive ints), frac: f (:func:`code_coefs`).
+        coefs: a_j (positive ints), frac: f (``sim_models.quant.threshold_coefs``).
         scale: scale-byte encoding of ``byte`` (default ``"ue5m3"``).
 
     Ports: ``byte``, ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
@@ -405,7 +372,7 @@ class Quantizer(wiring.Component):
             the ``zeros`` output: one zero-point byte per block).
         rounding: scale rounding, ``"up"`` or ``"nearest"``.
         regs: register cut points, a subset of :data:`QUANT_CUTS`; latency = len(regs).
-        scale: scale-byte encoding (:data:`SCALES`).
+        scale: scale-byte encoding (``FormatParams.scale``).
 
     Ports: ``en`` (advance the registers), ``i_valid``, ``y``, ``u``, ``flags_i``
     (NaN, Inf) in; ``o_valid``, ``codes``, ``scales``, ``flags`` (NaN, Inf, SAT)
@@ -416,8 +383,8 @@ class Quantizer(wiring.Component):
                  mode: str, rounding: str, regs=("scale",), scale: str = "ue5m3",
                  rule: str = "max", mult: int = 256):
         self.n, self.block, self.bits = n, block, bits
-        if rule not in RULES:
-            raise ValueError(f"scale_rule must be one of {RULES} in the RTL quantizer, got {rule!r}")
+        if rule not in ("max", "absmean"):      # rms: refused by hw.epilogue.EPILOGUE_SUPPORT
+            raise ValueError(f"scale_rule must be 'max' or 'absmean' in the RTL quantizer, got {rule!r}")
         if not isinstance(mult, int) or not 1 <= mult <= 511:
             raise ValueError(f"scale_mult must be an int in [1, 511], got {mult!r}")
         if mode == "asym" and rule != "max":
@@ -428,11 +395,11 @@ class Quantizer(wiring.Component):
         p2 = (mult & -mult).bit_length() - 1
         self.mult_odd = mult >> p2
         if rule == "max":
-            self.kunits, ks = k_units(mode, bits)
+            self.kunits, ks = _k_units(mode, bits)
         else:
             self.kunits, ks = 1, -(block.bit_length() - 1)
         self.k_shift = ks + p2 - 8
-        self.coefs, self.frac = code_coefs(mode, bits)
+        self.coefs, self.frac = threshold_coefs(mode, bits)
         _scale_rule(self.kunits, rounding, scale)
         self.scale = scale
         self.mode, self.rounding = mode, rounding

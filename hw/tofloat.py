@@ -2,7 +2,7 @@
 
 Bit-exact with ``sim_models.codec.round_to_input_type`` applied to the exact
 value ``v_i = (-1)^(D_i) * S_i * 2^T`` of lane i, where ``S_i`` is the signed
-integer from :mod:`hw.ifwht` and ``T = ef_min + SCALE_EXP_OFFSET + exp_offset
+integer from :mod:`hw.ifwht` and ``T = ef_min + scale_offset + exp_offset
 - log2 N`` is shared by the vector (the /N of the inverse transform is this
 exponent offset: no divider). Input type: ``e`` exponent bits, ``mb`` stored
 mantissa bits, bias ``bias`` (fp16 5/10/15, bf16 8/7/127).
@@ -115,7 +115,7 @@ class FloatConsts:
         log2n: log2 N.
         in_format: (exponent bits, mantissa bits, bias) of the output type.
         ef_range: (min, max) of the shared exponent field ef_min.
-        exp_add: T = ef_min + exp_add (SCALE_EXP_OFFSET + exp_offset - log2 N).
+        exp_add: T = ef_min + exp_add (scale_offset + exp_offset - log2 N).
     """
 
     def __init__(self, y_width: int, in_format, ef_range, exp_add: int):

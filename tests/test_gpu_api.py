@@ -13,18 +13,29 @@ import gpu_ref
 from sim_models import FLAG_SAT, FormatParams
 from sim_models.codec import encode_trace
 from sim_models.pack import pack_codes
-from sim_models.scale import scale_value
+from sim_models.minifloat import scale_encoding
+from sim_models.params import PRESETS
+from sim_models.quant import threshold_coefs
+from sim_models.scale import max_units
 from sim_models.signs import sign_mask
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
-#: the four quantizers the kernels implement, (mode, scale_round); written as explicit fields, never
-#: relying on what FormatParams() defaults to
-QUANTIZERS = [("midtread", "up"), ("midrise", "nearest"), ("midtread", "nearest"), ("midrise", "up")]
+#: the four quantizers the kernels implement, (mode, scale_round): the "v1" and "v2" presets, then
+#: the other two combinations; never relying on what FormatParams() defaults to
+QUANTIZERS = [(PRESETS[v]["mode"], PRESETS[v]["scale_round"]) for v in ("v1", "v2")] + [
+    ("midtread", "nearest"), ("midrise", "up")]
 QUANT_IDS = [f"{m}-{r}" for m, r in QUANTIZERS]
 
 
 def qparams(mode: str, scale_round: str, **kw) -> FormatParams:
     return FormatParams(mode=mode, scale_round=scale_round, scale="ue5m3", scale_rule="max", **kw)
+
+
+def scale_value(s: np.ndarray) -> np.ndarray:
+    """float64 values of ue5m3 scale bytes (exact; byte 0x00 reads as 0)."""
+    s = np.asarray(s)
+    sig, exp = scale_encoding("ue5m3").sig_exp(np.maximum(s, 1))
+    return np.where(s == 0, 0.0, np.ldexp(sig.astype(np.float64), exp.astype(np.int32)))
 
 
 def tie_vectors(p: FormatParams) -> np.ndarray:
@@ -38,9 +49,8 @@ def tie_vectors(p: FormatParams) -> np.ndarray:
     subnormal 1..7), every threshold j and all four sign patterns. Exact in fp16 and in the block
     floating point for mant_bits >= 11.
     """
-    h = 1 << (p.bits - 1)
-    mr = p.mode == "midrise"
-    k_units = h if mr else h - 1
+    k_units, _ = max_units(p)
+    coefs, frac = threshold_coefs(p.mode, p.bits)
     d = np.where(sign_mask(p.n, p.sign_seed) == 1, -1.0, 1.0)
     rows = []
     for sigs, exps in ((range(8, 16), range(-9, 7)), (range(1, 8), (-9,))):
@@ -52,8 +62,8 @@ def tie_vectors(p: FormatParams) -> np.ndarray:
                 else:
                     sv = s * 2.0 ** ex
                     amax = k_units * sv
-                for j in range(1, h):
-                    t = (j if mr else (2 * j - 1) / 2) * sv
+                for c in coefs:
+                    t = c / 2**frac * sv
                     if t >= amax:
                         continue
                     a, b = (amax + t) / 2, (amax - t) / 2
@@ -69,13 +79,12 @@ def count_ties(bits: np.ndarray, p: FormatParams):
     """(lanes exactly on a code threshold, blocks whose ideal scale is exactly a midpoint (nearest) or
     a scale value (up)) per the golden trace, so that tie tests can check that ties really occur."""
     tr = encode_trace(bits, p)
-    h = 1 << (p.bits - 1)
-    mr = p.mode == "midrise"
-    k_units = h if mr else h - 1
+    k_units, _ = max_units(p)
+    thr, frac = threshold_coefs(p.mode, p.bits)
     v, n, g = len(tr.y), p.n, p.block
     sval = np.repeat(scale_value(tr.scales.astype(np.int64)), g, axis=1)
     yr = np.abs(tr.y) * np.exp2(tr.u.astype(np.float64))[:, None]      # exact
-    coefs = np.arange(1, h) if mr else (2 * np.arange(1, h) - 1) / 2
+    coefs = np.array(thr) / 2**frac
     lane_ties = int((yr[..., None] == coefs * sval[..., None]).any(axis=-1).sum())
     amax = yr.reshape(v, n // g, g).max(axis=2)
     sv = scale_value(tr.scales.astype(np.int64))
@@ -103,7 +112,7 @@ def emulate_fast_quantizer(bits: np.ndarray, p: FormatParams):
     y, u = tr.y, tr.u.astype(np.int64)
     h = 1 << (p.bits - 1)
     mr = p.mode == "midrise"
-    k_units = h if mr else h - 1
+    k_units, _ = max_units(p)
     v, nb, g = len(y), p.n_blocks, p.block
     yb = y.reshape(v, nb, g)
     rhs = np.abs(yb).max(axis=2) * np.exp2(u.astype(np.float64))[:, None]   # exact in float64

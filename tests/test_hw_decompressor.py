@@ -43,8 +43,6 @@ from sim_models.signs import sign_mask, sign_mask_int
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
-#: The version-1 quantizer, pinned: FormatParams' defaults follow the format version.
-V1 = {"mode": "midtread", "scale_round": "up"}
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
@@ -165,7 +163,7 @@ QUICK = [
 
 @pytest.mark.parametrize("n,block,bits,latency,n_random,stride", QUICK)
 def test_configs(n, block, bits, latency, n_random, stride):
-    p = FormatParams(n=n, block=block, bits=bits, sign_seed=n + bits, **V1)
+    p = FormatParams.preset("v1", n=n, block=block, bits=bits, sign_seed=n + bits)
     codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
                                       seed=n + bits + latency)
     check(p, latency, codes, scales, zeros, seed=n + bits + latency)
@@ -174,24 +172,24 @@ def test_configs(n, block, bits, latency, n_random, stride):
 def test_default_config():
     """Version-1 quantizer (pinned), N=128, G=64, b=3, seed 0, latency 2: round trip of the shared sets, random
     planes and the adversarial planes (all of them with HW_FULL=1)."""
-    p = FormatParams(**V1)
+    p = FormatParams.preset("v1")
     check(p, 2, *planes_for(p, 200 if FULL else 8, 1 if FULL else 6, seed=0))
 
 
 def test_bf16():
-    p = FormatParams(n=64, block=32, bits=3, dtype="bf16", sign_seed=5, **V1)
+    p = FormatParams.preset("v1", n=64, block=32, bits=3, dtype="bf16", sign_seed=5)
     check(p, 2, *planes_for(p, 10, 8, seed=2))
 
 
 def test_no_sign_flip():
-    p = FormatParams(n=64, block=16, bits=2, sign_seed=None, **V1)
+    p = FormatParams.preset("v1", n=64, block=16, bits=2, sign_seed=None)
     check(p, 1, *planes_for(p, 10, 8, seed=3))
 
 
 #: (mode, scale, n, block, bits, dtype, latency, extra FormatParams fields) of the quantizer
 #: modes and scale encodings; decode does not depend on scale_rule / scale_round /
 #: scale_mult, which vary here to show it (the golden decode runs through
-#: sim_models.quant_modes for all of these).
+#: sim_models.quant for all of these).
 MODE_QUICK = [
     ("midrise", "ue5m3", 64, 64, 2, "fp16", 1, {}),
     ("midrise", "ue5m3", 64, 32, 3, "bf16", 2, {"scale_round": "nearest"}),
@@ -308,33 +306,33 @@ def _full_cases():
 @pytest.mark.skipif(not FULL, reason="set HW_FULL=1 for the full cross product (slow)")
 @pytest.mark.parametrize("n,block,bits,latency", _full_cases())
 def test_full_cross_product(n, block, bits, latency):
-    p = FormatParams(n=n, block=block, bits=bits, **V1)
+    p = FormatParams.preset("v1", n=n, block=block, bits=bits)
     check(p, latency, *planes_for(p, 100 if n <= 128 else 30, 1, seed=3 * n + bits + latency),
           seed=latency)
 
 
-@pytest.mark.parametrize("mode", ["midtread", "midrise", "lloydmax", "asym"])
+@pytest.mark.parametrize("mode", ["midtread", "midrise", "lloydmax", "asym", "v1"])
 def test_adversarial_coverage(mode):
     """The adversarial planes reach what they claim (per golden decode): saturation,
     subnormal outputs, the full alignment span of the encoding, exact rounding ties
-    to both even and odd neighbours, and (version-1 quantizer, scale 0x00) -0.0
-    before D."""
+    to both even and odd neighbours, and ("v1" preset, scale 0x00) -0.0 before D."""
     for n, b in ((64, 2), (128, 3), (256, 4)):
-        p = FormatParams(n=n, block=64, bits=b, mode=mode)
+        p = (FormatParams.preset("v1", n=n, block=64, bits=b) if mode == "v1" else
+             FormatParams(n=n, block=64, bits=b, mode=mode))
         codes, scales, zeros = _three(p, adversarial_planes(p, 1))
         out = round_to_input_type(decode_float(codes, scales, p,
                                                zeros if mode == "asym" else None), p)
         mask = sign_mask(n, p.sign_seed)
         assert ((out & 0x7FFF) == 0x7BFF).any()
         assert (((out & 0x7C00) == 0) & ((out & 0x3FF) != 0)).any()
-        if p.is_v1_quantizer:
+        if mode == "v1":
             assert (((out == 0x8000) & (mask == 0)) | ((out == 0) & (mask == 1))).any()
         sb = scale_bytes(p)
         if p.n_blocks > 1:
             assert ((scales.min(axis=1) <= max(1, sb[0])) & (scales.max(axis=1) == sb[-1])).any()
         assert set(np.unique(scales)) <= set(sb.tolist())
         tie, odd = tie_lanes(codes, scales, p, zeros)
-        if p.n_blocks == 1 and b == 2 and mode in ("midtread", "midrise"):
+        if p.n_blocks == 1 and b == 2 and p.mode in ("midtread", "midrise"):
             continue                      # |S| < 2^11 or S even: no fp16 tie exists
         assert (tie & odd).sum() >= 5 and (tie & ~odd).sum() >= 5, (tie & odd).sum()
 
@@ -458,12 +456,11 @@ def test_leading_one_exhaustive(w):
 
 def test_widths():
     """Exact alignment width: w_p + log2 N + 30 (46 bits at b=4, N=256)."""
-    p = FormatParams(n=256, block=64, bits=4, **V1)
+    p = FormatParams.preset("v1", n=256, block=64, bits=4)
     dut = KVDecompressor(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
     assert len(dut.i.payload) == 256 * 4 + 32 and len(dut.o.payload) == 256 * 16
-    v1 = FormatParams(n=256, block=64, bits=4, mode="midtread", scale_round="up")
-    assert level_table(v1).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
+    assert level_table(p).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
     assert sign_mask_int(256, 0) != 0
 
 

@@ -26,13 +26,14 @@ from amaranth.sim import Simulator
 
 from hw import KVEpilogue
 from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
-from hw.quantizer import code_coefs, k_units
 from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload, tie_vectors
 from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
 from sim_models.codec import encode_trace
 from sim_models.params import FormatParams
 from sim_models.minifloat import scale_encoding
-from sim_models.scale import ge_pow2
+from sim_models.exact import ge_scaled
+from sim_models.quant import threshold_coefs
+from sim_models.scale import max_units
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
@@ -179,9 +180,9 @@ def test_no_sign_flip():
 ])
 def test_register_placements(quant_regs, fe_regs):
     """Every pipeline cut alone and in combinations: same payloads, latency =
-    sum of the breakdown, full rate, stalls (midrise/nearest and midtread/up)."""
-    for mode, rnd in (("midrise", "nearest"), ("midtread", "up")):
-        p = FormatParams(n=32, block=16, bits=3, mode=mode, scale_round=rnd, sign_seed=2)
+    sum of the breakdown, full rate, stalls (presets v2 and v1)."""
+    for preset in ("v2", "v1"):
+        p = FormatParams.preset(preset, n=32, block=16, bits=3, sign_seed=2)
         check(p, 1, 16, seed=len(quant_regs) + 3 * len(fe_regs),
               dut_kw={"quant_regs": quant_regs, "fe_regs": fe_regs})
 
@@ -206,27 +207,27 @@ def _exact_ties(bits: np.ndarray, p: FormatParams) -> tuple[int, int]:
     t = encode_trace(bits, p)
     enc = scale_encoding(p.scale)
     sig, exp = enc.sig_exp(t.scales)
-    coefs, frac = code_coefs(p.mode, p.bits)
-    k, ks = k_units(p.mode, p.bits)
+    coefs, frac = threshold_coefs(p.mode, p.bits)
+    k, kd = max_units(p)                  # K = k / kd
     mag = np.abs(t.y).reshape(len(bits), p.n_blocks, p.block)
     u = t.u[:, None, None]
     lanes = 0
     for a in coefs:
         lhs, rhs = (mag << frac, u), (a * sig[:, :, None], exp[:, :, None])
-        lanes += int((ge_pow2(*lhs, *rhs) & ge_pow2(*rhs, *lhs) & (mag > 0)).sum())
+        lanes += int((ge_scaled(*lhs, *rhs) & ge_scaled(*rhs, *lhs) & (mag > 0)).sum())
     if p.mode == "asym":      # the block range hi - lo
         yb = t.y.reshape(len(bits), p.n_blocks, p.block)
         amax = np.maximum(yb.max(axis=2), 0) - np.minimum(yb.min(axis=2), 0)
     else:
         amax = mag.max(axis=2)
-    amax = amax << ks
+    amax = amax * kd
     if p.scale_round == "nearest":
         every_sig, every_exp = enc.mid_sig, enc.mid_exp
     else:
         every_sig, every_exp = enc.sig, enc.exp
     blocks = 0
     for cs, ce in zip(every_sig.tolist(), every_exp.tolist()):
-        eq = ge_pow2(amax, t.u[:, None], k * cs, ce) & ge_pow2(k * cs, ce, amax, t.u[:, None])
+        eq = ge_scaled(amax, t.u[:, None], k * cs, ce) & ge_scaled(k * cs, ce, amax, t.u[:, None])
         blocks += int(eq.sum())
     return lanes, blocks
 

@@ -22,14 +22,15 @@ from amaranth.sim import Simulator
 
 from hw.frontend import FrontEnd, u_range
 from hw.fwht import FWHT, register_positions
-from hw.quantizer import ScaleSelect, Thresholds, code_coefs, k_units
+from hw.quantizer import ScaleSelect, Thresholds
 from hw.stimulus import directed_vectors, pack_input, random_vectors
 from sim_models.bfp import to_block_fp
+from sim_models.exact import ge_scaled
 from sim_models.fwht import fwht
 from sim_models.params import FormatParams
 from sim_models.minifloat import scale_encoding
-from sim_models.scale_rules import choose_scale_bytes
-from sim_models.scale import ge_pow2, smallest_scale_at_least
+from sim_models.quant import threshold_coefs
+from sim_models.scale import choose_scale_bytes, max_units
 from sim_models.signs import sign_mask
 
 BANK = 64          # parallel copies of the unit under test per simulation step
@@ -37,6 +38,12 @@ U_SHAPE = signed(8)
 A_WIDTH = 18       # |y| width of the default configuration (M - 1 + log2 N)
 #: HW_FULL=1: exhaustive sweeps (minutes) instead of the quick selection
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
+
+
+def k_units(mode: str, bits: int) -> tuple[int, int]:
+    """(k, k_shift) of ScaleSelect: K = k / 2^k_shift = ``sim_models.scale.max_units``."""
+    kn, kd = max_units(FormatParams(mode=mode, bits=bits))
+    return kn, kd.bit_length() - 1
 
 
 class _Bank(Elaboratable):
@@ -52,7 +59,7 @@ class _Bank(Elaboratable):
 
 def golden_scale(mode: str, bits: int, rounding: str, a, u, scale: str = "ue5m3"):
     """Golden (byte, sat) of the max rule for block maxima ``a`` at unit exponents ``u``:
-    ``sim_models.scale_rules.choose_scale_bytes`` on blocks whose lane 0 holds A."""
+    ``sim_models.scale.choose_scale_bytes`` on blocks whose lane 0 holds A."""
     a = np.asarray(a, dtype=np.int64)
     p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale_round=rounding, scale=scale)
     y = np.zeros((a.size, 8), dtype=np.int64)
@@ -67,9 +74,6 @@ def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[i
     a = np.array([c[0] for c in cases], dtype=np.int64)
     u = np.array([c[1] for c in cases], dtype=np.int64)
     exp_b, exp_s = golden_scale(mode, bits, rounding, a, u, scale)
-    if mode == "midtread" and rounding == "up" and scale == "ue5m3":   # the version-1 path too
-        v1_b, v1_s = smallest_scale_at_least((1 << (bits - 1)) - 1, a, u)
-        assert (v1_b == exp_b).all() and (v1_s == exp_s).all()
     k, ks = k_units(mode, bits)
     bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, k, rounding, scale=scale, k_shift=ks)
                   for _ in range(BANK)])
@@ -206,7 +210,7 @@ THR_CASES = [(m, b, "ue5m3") for m in ("midtread", "midrise", "lloydmax") for b 
 def test_thresholds_every_byte(mode, bits, scale):
     """Each threshold T_j is exactly the smallest |y| that the golden compare
     |y| 2^u 2^f >= a_j scale counts (every byte of the encoding, many u)."""
-    coefs, frac = code_coefs(mode, bits)
+    coefs, frac = threshold_coefs(mode, bits)
     enc = scale_encoding(scale)
     nth = len(coefs)
     wy = A_WIDTH
@@ -238,9 +242,9 @@ def test_thresholds_every_byte(mode, bits, scale):
         assert (t >= 1).all() and (t <= sat_val).all()
         below = t - 1
         # |y| = t - 1 must not count (also when t is saturated, 2^wy - 1 is the largest |y|)
-        assert not ge_pow2(below << frac, u, c, exp).any()
+        assert not ge_scaled(below << frac, u, c, exp).any()
         ok = t < sat_val
-        assert ge_pow2(t[ok] << frac, u[ok], c[ok], exp[ok]).all()
+        assert ge_scaled(t[ok] << frac, u[ok], c[ok], exp[ok]).all()
         assert ok.any() and (~ok).any()
 
 

@@ -85,7 +85,7 @@ def load_job() -> dict:
 
 
 def params_of(job: dict) -> FormatParams:
-    return FormatParams(**{k: v for k, v in job["params"].items() if k != "format_version"})
+    return FormatParams.from_dict(job["params"])
 
 
 def record(job: dict, rec: dict) -> None:
