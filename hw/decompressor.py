@@ -2,8 +2,8 @@
 
 Stream in (packed codes + scale bytes [+ zero points], the epilogue's output
 without the flags) -> stream out (N fp16/bf16 bit patterns), bit-exact with
-``sim_models.codec.decode`` (FORMAT.md 5; docs/ACCURACY.md "Exact integer
-rules" for the quantizer modes): ``x_hat = D * (H yhat) / N``,
+``sim_models.codec.decode`` (docs/FORMAT.md 5; 3.7 for the quantizer
+modes): ``x_hat = D * (H yhat) / N``,
 ``yhat_i = level(c_i) * scale_k`` (:mod:`hw.dequant`), computed exactly and
 rounded once to the input type (round to nearest even, saturating at the
 largest finite value, never inf/NaN; an exact zero keeps the sign of D as in

@@ -1,0 +1,30 @@
+"""Generated documentation matches the results it is generated from."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("measurements_report",
+                                                  REPO / "bench" / "measurements_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_measurements_md_is_generated_from_the_results():
+    """docs/MEASUREMENTS.md is what bench/measurements_report.py renders from bench/results/."""
+    assert _report().main(["--check"]) == 0
+
+
+def test_measurements_check_catches_a_stale_file(tmp_path, monkeypatch):
+    mod = _report()
+    stale = tmp_path / "MEASUREMENTS.md"
+    stale.write_text(mod.render().replace("0 mismatches", "1 mismatches", 1))
+    monkeypatch.setattr(mod, "DOC", stale)
+    monkeypatch.setattr(mod, "REPO", tmp_path)
+    assert mod.main(["--check"]) == 1
