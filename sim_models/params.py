@@ -172,8 +172,8 @@ class FormatParams:
     @property
     def quantizer_preset(self) -> str | None:
         """Name of the :data:`PRESETS` entry whose quantizer fields ``self`` has, or None."""
-        for name, fields in PRESETS.items():
-            if all(getattr(self, k) == v for k, v in fields.items()):
+        for name, quantizer in PRESETS.items():
+            if all(getattr(self, k) == v for k, v in quantizer.items()):
                 return name
         return None
 
