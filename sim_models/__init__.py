@@ -9,13 +9,13 @@ from .bfp import FLAG_INF, FLAG_NAN, FLAG_SAT
 from .center import center
 from .codec import Encoded, Trace, decode, decode_float, encode, encode_trace
 from .fwht import fwht, hadamard
-from .params import FORMAT_VERSION, FormatParams
+from .params import FORMAT_VERSION, PRESETS, FormatParams
 from .policy import CachePolicy
 from .signs import sign_mask, sign_mask_int
 
 __all__ = [
     "CachePolicy", "center",
-    "FLAG_INF", "FLAG_NAN", "FLAG_SAT", "FORMAT_VERSION", "Encoded", "FormatParams", "Trace",
+    "FLAG_INF", "FLAG_NAN", "FLAG_SAT", "FORMAT_VERSION", "Encoded", "FormatParams", "PRESETS", "Trace",
     "decode", "decode_float", "encode", "encode_trace", "fwht", "hadamard", "sign_mask",
     "sign_mask_int",
 ]
