@@ -129,7 +129,7 @@ def _kernel(kind: str, targs: tuple, smem: int):
             with open(path, encoding="utf-8") as f:
                 src = f.read()
             name = ("kv_encode" if kind == "encode" else "kv_decode_attn") + "<" + ",".join(targs) + ">"
-            mod = cp.RawModule(code=src, options=("-std=c++17", "-DKV_NVRTC"), name_expressions=[name])
+            mod = cp.RawModule(code=src, options=("-std=c++17", "-DKV_NVRTC", f"-I{_HERE}"), name_expressions=[name])
             k = mod.get_function(name)
             if smem > 48 * 1024:
                 k.max_dynamic_shared_size_bytes = smem

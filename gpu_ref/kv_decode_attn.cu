@@ -30,39 +30,18 @@
 // domain); the last CTA of a (batch, head tile) (atomic ticket) merges the splits, applies
 // D H / N and writes the output. Nothing but the packed bytes is read from the cache.
 //
-// Self-contained (no headers) so that NVRTC (CuPy) and nvcc both compile it.
+// Shared definitions: kv_common.cuh (NVRTC gets -I of this folder).
 
-typedef unsigned long long kv_u64;
-typedef unsigned int kv_u32;
-typedef unsigned short kv_u16;
-typedef unsigned char kv_u8;
-
-#ifndef KV_COMMON_DEFINED
-#define KV_COMMON_DEFINED
-__host__ __device__ constexpr kv_u64 kv_splitmix64(kv_u64 seed, int w) {
-  kv_u64 z = seed + (kv_u64)(w + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__host__ __device__ constexpr bool kv_sign(kv_u64 seed, int has_sign, int i) {
-  return has_sign != 0 && ((kv_splitmix64(seed, i >> 6) >> (i & 63)) & 1ull) != 0;
-}
-__host__ __device__ constexpr int kv_ilog2(int v) { return v <= 1 ? 0 : 1 + kv_ilog2(v >> 1); }
-#endif
+#include "kv_common.cuh"
 
 namespace kv_dec {
+using namespace kv_common;
 
 // Lanes (within a 16-lane chunk = one mma k-step) that thread tig = lane % 4 feeds to the
 // QK mma: pair 0 -> virtual k (2tig, 2tig+1), pair 1 -> (2tig+8, 2tig+9); (lo lane, hi lane).
 // Chosen so that each pair's two 3-bit fields sit in byte pairs that one PRMT can gather.
 __constant__ int kpairs[4][2][2] = {{{0, 3}, {1, 4}}, {{8, 11}, {9, 12}}, {{6, 14}, {7, 15}}, {{2, 5}, {10, 13}}};
 
-__device__ __forceinline__ float h2f(kv_u32 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-  return f;
-}
 __device__ __forceinline__ kv_u32 f2h(float f) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
@@ -73,7 +52,6 @@ __device__ __forceinline__ kv_u32 pack_h2(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
-__device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));  // ftz: no denormal range fix-up
@@ -117,9 +95,6 @@ __device__ __forceinline__ void cp_async_rows(unsigned s, const void* gk, const 
     cp_async_rows<K + 1, NCK, VOFF>(s, gk, gv);
   }
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int K>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(K)); }
 
 // ue5m3 scale byte -> float (exact): (8+m) 2^(e-10) for e >= 1, m 2^-9 for e == 0
 __device__ __forceinline__ float scale_f(kv_u32 s) {
