@@ -575,8 +575,8 @@ def test_shape_fuzz_vs_float64():
         lengths[int(rng.integers(bsz))] = cap
         kb, vb = _BITS[int(rng.integers(3))]
         sinks = int(rng.choice([0, 0, 1, 4, 64]))
-        page = [None, None, 16, 32, 64][int(rng.integers(5))]
-        g = int(rng.choice([16, 32, 64]))
+        page = [None, None, 16, 64][int(rng.integers(4))]
+        g = 64  # other G are covered by the fixed-case tests (each kernel variant costs an NVRTC compile)
         cache, q16, k16, v16, mu16, s = _policy_case(bsz, hq, kvh, n, g, lengths, kb, vb, sinks,
                                                       bool(rng.integers(2)), bool(rng.integers(2)), page,
                                                       seed=done, chunks=int(rng.integers(1, 3)))
