@@ -540,7 +540,7 @@ def ncu_driver():
 # ---------------------------------------------------------------------------------------------
 # cache policy (issue 10): bits per tensor, sinks, paging, against SDPA bf16
 POLICY_BITS = ((3, 3), (4, 3), (4, 4))
-POLICY_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072), (32, 32768),
+POLICY_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072),
                  (32, 131072))
 
 
@@ -567,7 +567,7 @@ def policy_planes(bsz, kvh, t, n_sets, kp, vp, page):
 def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
     """Decode ms for each (bits, variant) on one shape, plus SDPA bf16 on the same shape."""
     n = 128
-    rows = []
+    out_rows = []
     for kb, vb in bits_list:
         kp = quant_params("midrise", "nearest", bits=kb)
         vp = quant_params("midrise", "nearest", bits=vb)
@@ -575,7 +575,8 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
         for var in variants:
             sinks, page = var.get("sinks", 0), var.get("page")
             n_sets = max(1, min(32, math.ceil(L2_ROTATE_BYTES / packed)))
-            sets = policy_planes(bsz, kvh, t - sinks, n_sets, kp, vp, page)
+            rows = -(-(t - sinks) // 16) * 16  # contiguous capacity: packed tokens rounded up to 16
+            sets = policy_planes(bsz, kvh, rows, n_sets, kp, vp, page)
             q = cp.random.standard_normal((bsz, hq, n), dtype=cp.float32).astype(cp.float16)
             lens = cp.full((bsz,), t, dtype=cp.int32)
             out = cp.empty((bsz, hq, n), cp.float16)
@@ -584,20 +585,20 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
                 sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
                 sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
             pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                              page_size=page, capacity=None if page else t - sinks, tune=var.get("tune"))
+                              page_size=page, capacity=None if page else rows, tune=var.get("tune"))
             ws = pl.workspace()
             fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(
                 pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out)) for s in sets]
             ms, times, how = graph_time(fns, reps=5 if quick else 7)
-            rows.append({"bits": f"K{kb}V{vb}", "sinks": sinks, "page": page, "tune": var.get("tune"),
+            out_rows.append({"bits": f"K{kb}V{vb}", "sinks": sinks, "page": page, "tune": var.get("tune"),
                          "ms": ms, "all_ms": times, "timing": how, "packed_bytes": packed,
                          "GBps": packed / (ms * 1e-3) / 1e9, "splits": pl.num_splits, "sets": n_sets})
             log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} page {page} {var.get('tune') or ''}: "
-                f"{ms:.4f} ms, {rows[-1]['GBps']:.0f} GB/s, {pl.num_splits} splits")
+                f"{ms:.4f} ms, {out_rows[-1]['GBps']:.0f} GB/s, {pl.num_splits} splits")
             del sets
             free()
     sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
-    return {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n, "rows": rows,
+    return {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n, "rows": out_rows,
             "sdpa_bf16_ms": sms, "sdpa_bytes": bf_bytes, "sdpa_variants": res,
             "gpu_state_after": gpu_state()}
 

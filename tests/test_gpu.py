@@ -389,7 +389,8 @@ def _policy_case(bsz, hq, kvh, n, g, lengths, kb=3, vb=3, sinks=0, center=False,
     vf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))
     q16 = _f16(rng.standard_normal((bsz, hq, n)) * 1.5)
     k16, v16 = _f16(kf), _f16(vf)
-    mu16 = _f16(np.asarray(base) * np.ones((kvh, n)) + rng.normal(0, 0.1, (kvh, n))) if center else None
+    mu16 = _f16((np.asarray(base) * np.ones((1, 1, kvh, n))).reshape(kvh, n) + rng.normal(0, 0.1, (kvh, n))) \
+        if center else None
     s = np.exp2(rng.integers(-3, 4, (kvh, n))).astype(np.float32) if kscale else None
     cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), kp, v_params=vp, sinks=sinks, mu=mu16, key_scale=s,
                             page_size=page)
