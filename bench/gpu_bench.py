@@ -612,9 +612,9 @@ def run_policy(a, result, save, t_start):
         for dt in ("fp16", "bf16"):
             p = quant_params("midrise", "nearest", bits=kb, dtype=dt)
             nvec = 1 << 24 if not a.quick else 1 << 22
-            x = (cp.random.standard_normal((nvec, 128), dtype=cp.float32)).astype(cp.float16).view(cp.uint16)
-            if dt == "bf16":
-                x = (x.astype(cp.uint32) << 3).astype(cp.uint16)  # varied bf16 patterns, mostly finite
+            g = cp.random.standard_normal((nvec, 128), dtype=cp.float32)
+            x = g.astype(cp.float16).view(cp.uint16) if dt == "fp16" else (g.view(cp.uint32) >> 16).astype(cp.uint16)
+            del g
             codes = cp.empty((nvec, p.code_bytes), cp.uint8)
             scales = cp.empty((nvec, p.n_blocks), cp.uint8)
             flags = cp.empty((nvec,), cp.uint8)

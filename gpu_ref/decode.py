@@ -17,7 +17,7 @@ Layout (paged, vLLM/FlashInfer convention, HND): ``k_codes [P, KVH, page, N*KB/8
 ``v_codes [P, KVH, page, N*VB/8]``, ``k_scales, v_scales [P, KVH, page, N/G]`` uint8 pools, a block
 table int32 ``[B, max_pages]``: packed token i of sequence b is row ``i % page`` of page
 ``block_table[b, i // page]``. Contiguous ``[B, KVH, CAP, *]`` planes are the case ``page = CAP``,
-``block_table[b] = [b]``. Page sizes: 16, 32 or any multiple of 64 (powers of two).
+sequence b in page b (no block table). Page sizes: 16, 32 or any multiple of 64 (powers of two).
 
 Numerical budget (docs/FORMAT.md, implementation notes): K codes enter the tensor cores exactly, q~ as
 one or two fp16 parts (``qlo``), softmax weights times V scales as fp16, fp32 accumulation. The
@@ -321,8 +321,7 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
     if contiguous:
         if npool != pl.batch:
             raise ValueError(f"contiguous planes must have batch {pl.batch} as first axis, got {npool}")
-        block_table = _identity_table(pl.batch, cp)
-        page_shift = -1
+        bt_arg, bt_cols, page_shift = np.uint64(0), 1, -1  # sequence b is page b; no table read
     else:
         if block_table is None:
             raise ValueError("block_table is required for a paged plan")
@@ -330,7 +329,7 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
         if block_table.dtype != cp.int32 or block_table.shape != (pl.batch, pl.max_pages):
             raise ValueError(f"block_table must be cupy int32 [{pl.batch}, {pl.max_pages}], got "
                              f"{block_table.dtype} {list(block_table.shape)}")
-        page_shift = int(pl.page_size).bit_length() - 1
+        bt_arg, bt_cols, page_shift = block_table, pl.max_pages, int(pl.page_size).bit_length() - 1
     sink_args = (np.uint64(0), np.uint64(0))
     if pl.sinks:
         for name, a in (("k_sink", k_sink), ("v_sink", v_sink)):
@@ -367,26 +366,13 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
     k = kernel("decode", pl.targs, pl.smem)
     kvh, ht = pl.kv_heads, pl.head_tiles
     k((pl.batch * kvh * ht, pl.num_splits), (128,),
-      (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, block_table, np.int32(block_table.shape[1]),
+      (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, bt_arg, np.int32(bt_cols),
        np.int32(page_shift), np.int64(rows), lengths, sink_args[0], sink_args[1], np.int32(pl.sinks), qs_arg,
        ws.acc, ws.ml, ws.counters, out, np.int32(okind), np.int32(pl.q_heads), np.int32(kvh), np.int32(ht),
        np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.num_splits), np.int32(pl.chunk),
        np.float32(scale)),
       shared_mem=pl.smem)
     return out
-
-
-_identity: dict = {}
-
-
-def _identity_table(bsz: int, cp):
-    """int32 [B, 1] = [[0], [1], ...] (cached per device and B; read-only)."""
-    key = (cp.cuda.Device().id, bsz)
-    t = _identity.get(key)
-    if t is None:
-        t = cp.arange(bsz, dtype=cp.int32).reshape(bsz, 1)
-        _identity[key] = t
-    return t
 
 
 def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: FormatParams | None = None,

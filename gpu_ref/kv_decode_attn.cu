@@ -186,7 +186,10 @@ __device__ __forceinline__ const kv_u8* tile_addr(const kv_u8* const* base, int 
     return base[0] + off;
   } else {
     const int j = off / (PG * RB);
-    return base[j] + (off - j * PG * RB);
+    const kv_u8* p = base[0];
+#pragma unroll
+    for (int jj = 1; jj < PSUB; ++jj) p = j == jj ? base[jj] : p;  // select: no run-time array index
+    return p + (off - j * PG * RB);
   }
 }
 
@@ -206,15 +209,17 @@ __device__ void sink_stage(const kv_u16* __restrict__ q, int q_bf16, const float
     qs[i] = v;
   }
   __syncthreads();
-  for (int i = tid; i < 8 * 64; i += 128) {
-    const int h = i >> 6, t = i & 63;
-    float x = KV_NEG_INF;
-    if (h < nh && t < ns) {
-      float d = 0.0f;
-      for (int l = 0; l < N; ++l) d = fmaf(qs[h * N + l], ld(ksink[(long long)t * N + l]), d);
-      x = d * kap;
-    }
-    sp[i] = x;
+  for (int i = tid; i < 8 * 64; i += 128) sp[i] = KV_NEG_INF;
+  __syncthreads();
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int pr = warp; pr < nh * ns; pr += 4) {  // one warp per (head, sink token): lanes split N
+    const int h = pr / ns, t = pr - h * ns;
+    float d = 0.0f;
+#pragma unroll
+    for (int l = lane; l < N; l += 32) d = fmaf(qs[h * N + l], ld(ksink[(long long)t * N + l]), d);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (lane == 0) sp[h * 64 + t] = d * kap;
   }
   __syncthreads();
   if (tid < 8) {
@@ -248,8 +253,8 @@ __device__ void sink_stage(const kv_u16* __restrict__ q, int q_bf16, const float
 //
 // Cache addressing (vLLM/FlashInfer paged convention, HND): the four planes are page pools
 // [pages, KVH, page, row bytes]; packed token i of sequence b (its token sinks + i) lives in page
-// block_table[b * max_pages + i / page], row i % page. The contiguous layout [B, KVH, CAP, *] is
-// the case page = CAP, block_table[b] = {b}.
+// block_table[b * max_pages + i / page], row i % page (page = 2^page_shift). The contiguous layout
+// [B, KVH, CAP, *] is the case page = CAP, page_shift = -1: sequence b is page b (the table is not read).
 // lengths[b] counts every token of sequence b; the first `sinks` of them are in the fp16 side planes
 // k_sink, v_sink [B, KVH, sinks, N] (same bits as q), the rest are packed (at most cap of them).
 // q_scale: [KVH, N] factor applied to q (1/s of per-channel key scales s), or null.
@@ -307,7 +312,15 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   const int ntw = ntile > warp ? (ntile - warp + 3) / 4 : 0;
   const int* bt = block_table + (long long)b * max_pages;
 
-  auto issue = [&](int ti, int st) {
+  const int page0 = b;  // contiguous layout (page_shift < 0): page b, the block table is not read
+  // pool pages of the PSUB page slots of tile ti (block-table reads, issued one tile ahead of use)
+  auto tile_pages = [&](int ti, int* pgs) {
+    const int t0 = tbeg + (warp + 4 * ti) * TT;
+#pragma unroll
+    for (int j = 0; j < PSUB; ++j)
+      pgs[j] = page_shift < 0 ? page0 : __ldg(bt + min((t0 + j * PG) >> page_shift, max_pages - 1));
+  };
+  auto issue = [&](int ti, int st, const int* pgs) {
     const int t0 = tbeg + (warp + 4 * ti) * TT;
     const int nv = min(TT, tend - t0);
     kv_u8* dst = wbase + st * C::STB;
@@ -319,9 +332,8 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 #pragma unroll
     for (int j = 0; j < PSUB; ++j) {
       const int t = t0 + j * PG;
-      const int pg = page_shift < 0 ? 0 : t >> page_shift;  // page_shift < 0: contiguous (one page)
-      const long long pidx = __ldg(bt + min(pg, max_pages - 1));
-      const long long rb = (pidx * KVH + kvh) * page + (t - (page_shift < 0 ? 0 : pg << page_shift));
+      const int row = page_shift < 0 ? t : t & ((1 << page_shift) - 1);
+      const long long rb = ((long long)pgs[j] * KVH + kvh) * page + row;
       gkc[j] = kc + rb * CBK;
       gvc[j] = vc + rb * CBV;
       gks[j] = ks + rb * NB;
@@ -350,7 +362,9 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         if (c < 2 * NSC) {
           const bool isv = c >= NSC;
           const int cc = isv ? c - NSC : c;
-          cp_async16((isv ? dvs : dks) + 16 * cc, tile_addr<PSUB, NB, PG>(isv ? gvs : gks, 16 * cc));
+          const kv_u8* srck = tile_addr<PSUB, NB, PG>(gks, 16 * cc);
+          const kv_u8* srcv = tile_addr<PSUB, NB, PG>(gvs, 16 * cc);
+          cp_async16((isv ? dvs : dks) + 16 * cc, isv ? srcv : srck);
         }
       }
       return;
@@ -364,11 +378,16 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     }
   };
 
+  int pf[PSUB];  // pages of the next tile to issue
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntw) issue(s, s);
+    if (s < ntw) {
+      tile_pages(s, pf);
+      issue(s, s, pf);
+    }
     cp_async_commit();
   }
+  tile_pages(STAGES - 1, pf);
 
   // ue5m3 byte -> float table (exact; read once per scale byte in the token loop)
   float* slut = reinterpret_cast<float*>(smem + C::LUT_OFF);
@@ -460,7 +479,10 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     __syncwarp();
     {
       int nx = it + STAGES - 1;
-      if (nx < ntw) issue(nx, nx % STAGES);
+      if (nx < ntw) {
+        issue(nx, nx % STAGES, pf);
+        tile_pages(nx + 1, pf);  // used next iteration: the load latency overlaps this tile
+      }
       cp_async_commit();
     }
     const kv_u8* st = wbase + (it % STAGES) * C::STB;
