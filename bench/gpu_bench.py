@@ -21,7 +21,12 @@ decode GQA 64/8 N=128 at B1/4K, B8/128K, B32/128K for both (v1 timed twice, for 
 SDPA bf16 on the same shapes. The quantizer fields are set explicitly (never FormatParams()'s
 defaults).
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions]
+``--only policy`` (file gpu_bench_policy.json, issue 10): write kernel for b = 3 and 4; decode for
+K3/V3, K4/V3, K4/V4, each plain, with 4 fp16 sinks, paged (16- and 64-token pages in a shuffled pool),
+and with one q part (``qlo`` 0), at B 1/8/32 x T 4K/32K/128K, GQA 64/8 (32/8 for the plain
+kernel), against SDPA bf16 on the same shapes.
+
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy]
 """
 
 from __future__ import annotations
@@ -241,7 +246,7 @@ def write_variant_exact(p, tune, count=65536):
     codes = cp.empty((count, p.code_bytes), cp.uint8)
     scales = cp.empty((count, p.n_blocks), cp.uint8)
     flags = cp.empty((count,), cp.uint8)
-    gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune)
+    gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, tune)
     return bool(np.array_equal(g.codes, cp.asnumpy(codes)) and np.array_equal(g.scales, cp.asnumpy(scales))
                 and np.array_equal(g.flags, cp.asnumpy(flags)))
 
@@ -269,8 +274,8 @@ def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2, cases=N
         scales = cp.empty((nvec, 2), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
         # (tune None: the gpu_ref defaults, ENCODE_TUNE)
-        gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune)  # compile + warm
-        fn = on_torch_stream(lambda: gpu_ref._launch_encode(x, p, codes, scales, flags, None, cp, tune))
+        gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, tune)  # compile + warm
+        fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, tune))
         ms, times, how = graph_time([fn], reps=9, inner=3)
         nbytes = nvec * (256 + 48 + 2 + 1)
         res.append({"dtype": dtype, "tune": tune, "bit_exact_65536": exact, "vectors": nvec, "ms": ms, "bytes": nbytes,
@@ -308,8 +313,9 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
            "compressed_bytes": comp_bytes, "sets_rotated": n_sets}
     var_rows = []
     for var in (variants or [{}]):
-        fns = [on_torch_stream(lambda s=s, var=var: gpu_ref.decode_attention(
-            q, *s, lens, p, max_length=t, out=out, **var)) for s in sets]
+        pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t, **var)
+        ws = pl.workspace()
+        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(pl, ws, q, *s, lens, out=out)) for s in sets]
         ms, times, how = graph_time(fns, reps=7)
         gbs = comp_bytes / (ms * 1e-3) / 1e9
         var_rows.append({"variant": var, "ms": ms, "GBps": gbs, "all_ms": times, "timing": how})
@@ -440,8 +446,9 @@ def bench_decode_versions(bsz, hq, kvh, t, order=("v1", "v2", "v1")):
            "compressed_bytes": comp_bytes, "sets_rotated": n_sets, "runs": []}
     for name in order:
         p = ps[name]
-        fns = [on_torch_stream(lambda s=s, p=p: gpu_ref.decode_attention(q, *s, lens, p, max_length=t, out=out))
-               for s in sets]
+        pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t)
+        ws = pl.workspace()
+        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(pl, ws, q, *s, lens, out=out)) for s in sets]
         ms, times, how = graph_time(fns, reps=7)
         row["runs"].append({"version": name, "mode": p.mode, "ms": ms, "GBps": comp_bytes / (ms * 1e-3) / 1e9,
                             "all_ms": times, "timing": how, "gpu_state_after": gpu_state()})
@@ -526,10 +533,126 @@ def ncu_driver():
         gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tune)
     x = cp.random.standard_normal((1 << 22, 128), dtype=cp.float32).astype(cp.float16)
     for tune in ({"lptm": 64, "minb": 4}, {"lptm": 128, "minb": 2}):
-        gpu_ref.encode_kv(x, p) if tune is None else gpu_ref._launch_encode(
+        gpu_ref.encode_kv(x, p) if tune is None else gpu_ref.launch_encode(
             x.view(cp.uint16), p, cp.empty((1 << 22, 48), cp.uint8), cp.empty((1 << 22, 2), cp.uint8),
             cp.empty((1 << 22,), cp.uint8), None, cp, tune)
     cp.cuda.Device().synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# cache policy (issue 10): bits per tensor, sinks, paging, against SDPA bf16
+POLICY_BITS = ((3, 3), (4, 3), (4, 4))
+POLICY_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072),
+                 (32, 131072))
+
+
+def policy_planes(bsz, kvh, t, n_sets, kp, vp, page):
+    """Random packed planes (any byte is a valid code) for K/V formats; paged: a pool with the pages
+    of all sequences in a random order and its block table."""
+    sets = []
+    rng = np.random.default_rng(0)
+    for _ in range(n_sets):
+        if page is None:
+            shp, bt = (bsz, kvh, t), None
+        else:
+            mp = -(-t // page)
+            shp = (bsz * mp, kvh, page)
+            bt = cp.asarray(rng.permutation(bsz * mp).reshape(bsz, mp).astype(np.int32))
+        kc = cp.random.randint(0, 256, (*shp, kp.code_bytes), dtype=cp.uint8)
+        vc = cp.random.randint(0, 256, (*shp, vp.code_bytes), dtype=cp.uint8)
+        ks = cp.random.randint(40, 72, (*shp, kp.n_blocks), dtype=cp.uint8)
+        vs = cp.random.randint(40, 72, (*shp, vp.n_blocks), dtype=cp.uint8)
+        sets.append((kc, ks, vc, vs, bt))
+    return sets
+
+
+def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
+    """Decode ms for each (bits, variant) on one shape, plus SDPA bf16 on the same shape."""
+    n = 128
+    out_rows = []
+    for kb, vb in bits_list:
+        kp = quant_params("midrise", "nearest", bits=kb)
+        vp = quant_params("midrise", "nearest", bits=vb)
+        packed = bsz * kvh * t * (kp.code_bytes + vp.code_bytes + 2 * kp.n_blocks)
+        for var in variants:
+            sinks, page = var.get("sinks", 0), var.get("page")
+            n_sets = max(1, min(32, math.ceil(L2_ROTATE_BYTES / packed)))
+            rows = -(-(t - sinks) // 16) * 16  # contiguous capacity: packed tokens rounded up to 16
+            sets = policy_planes(bsz, kvh, rows, n_sets, kp, vp, page)
+            q = cp.random.standard_normal((bsz, hq, n), dtype=cp.float32).astype(cp.float16)
+            lens = cp.full((bsz,), t, dtype=cp.int32)
+            out = cp.empty((bsz, hq, n), cp.float16)
+            sk = sv = None
+            if sinks:
+                sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+                sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+            pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
+                              page_size=page, capacity=None if page else rows, tune=var.get("tune"))
+            ws = pl.workspace()
+            fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(
+                pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out)) for s in sets]
+            ms, times, how = graph_time(fns, reps=5 if quick else 7)
+            out_rows.append({"bits": f"K{kb}V{vb}", "sinks": sinks, "page": page, "tune": var.get("tune"),
+                         "ms": ms, "all_ms": times, "timing": how, "packed_bytes": packed,
+                         "GBps": packed / (ms * 1e-3) / 1e9, "splits": pl.num_splits, "sets": n_sets})
+            log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} page {page} {var.get('tune') or ''}: "
+                f"{ms:.4f} ms, {out_rows[-1]['GBps']:.0f} GB/s, {pl.num_splits} splits")
+            del sets
+            free()
+    sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
+    return {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n, "rows": out_rows,
+            "sdpa_bf16_ms": sms, "sdpa_bytes": bf_bytes, "sdpa_variants": res,
+            "gpu_state_after": gpu_state()}
+
+
+def run_policy(a, result, save, t_start):
+    """--only policy: write kernel per bits, decode for K3/V3, K4/V3, K4/V4 x (plain, 4 sinks, pages of
+    16 and 64 tokens) at B 1/8/32 x T 4K..128K, GQA 64/8 (and 32/8 for the plain kernel), SDPA bf16."""
+    copy_gbs = result["copy"]["GBps"]
+    result["write"] = []
+    for kb in (3, 4):
+        for dt in ("fp16", "bf16"):
+            p = quant_params("midrise", "nearest", bits=kb, dtype=dt)
+            nvec = 1 << 24 if not a.quick else 1 << 22
+            g = cp.random.standard_normal((nvec, 128), dtype=cp.float32)
+            x = g.astype(cp.float16).view(cp.uint16) if dt == "fp16" else (g.view(cp.uint32) >> 16).astype(cp.uint16)
+            del g
+            codes = cp.empty((nvec, p.code_bytes), cp.uint8)
+            scales = cp.empty((nvec, p.n_blocks), cp.uint8)
+            flags = cp.empty((nvec,), cp.uint8)
+            fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp))
+            ms, times, how = graph_time([fn], reps=7, inner=2)
+            byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
+            r = {"bits": kb, "dtype": dt, "vectors": nvec, "ms": ms, "GBps": byts / (ms * 1e-3) / 1e9,
+                 "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / copy_gbs, "timing": how}
+            result["write"].append(r)
+            log(f"write b={kb} {dt}: {ms:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy")
+            del x, codes, scales, flags
+            free()
+    save()
+    variants = [{}, {"sinks": 4}, {"page": 16}, {"page": 64}, {"sinks": 4, "page": 16}]
+    shapes = POLICY_SHAPES if not a.quick else ((1, 4096), (8, 32768))
+    result["decode"] = []
+    for bsz, t in shapes:
+        for hq, kvh in ((64, 8), (32, 8)):
+            bl = POLICY_BITS if hq == 64 else POLICY_BITS[:2]
+            vs = variants if hq == 64 else [{}, {"tune": {"qlo": 0}}]
+            if hq == 64:
+                vs = vs + [{"tune": {"qlo": 0}}]
+            try:
+                row = bench_policy_shape(bsz, hq, kvh, t, bl, vs, a.quick)
+            except Exception:  # noqa: BLE001
+                row = {"batch": bsz, "context": t, "q_heads": hq, "error": traceback.format_exc()}
+                log(row["error"])
+            result["decode"].append(row)
+            if row.get("sdpa_bf16_ms"):
+                for r in row["rows"]:
+                    r["speedup"] = row["sdpa_bf16_ms"] / r["ms"]
+                    r["pct_copy"] = 100 * r["GBps"] / copy_gbs
+                log(f"  SDPA bf16 {row['sdpa_bf16_ms']:.4f} ms")
+            save()
+    result["seconds"] = time.time() - t_start
+    save()
 
 
 def main():
@@ -540,7 +663,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--only", choices=("all", "write", "versions"), default="all",
+    ap.add_argument("--only", choices=("all", "write", "versions", "policy"), default="all",
                     help="write: copy ceilings, encode check and the write-kernel timings only (no decode); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
     a = ap.parse_args()
@@ -551,7 +674,7 @@ def main():
               "torch": torch.__version__, "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     log(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cupy {cp.__version__}")
 
-    fname = "gpu_bench_v2.json" if a.only == "versions" else "gpu_bench.json"
+    fname = {"versions": "gpu_bench_v2.json", "policy": "gpu_bench_policy.json"}.get(a.only, "gpu_bench.json")
 
     def save():
         with open(os.path.join(a.out, fname), "w") as f:
@@ -563,6 +686,9 @@ def main():
         f"memcpy {result['copy']['memcpy_GBps']:.0f}, copy kernel {result['copy']['kernel_copy_GBps']:.0f}; "
         f"read-only kernel {result['copy']['kernel_read_GBps']:.0f})")
     save()
+    if a.only == "policy":
+        run_policy(a, result, save, t_start)
+        return
     if a.only == "versions":
         result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}
         run_versions(a, result, save, t_start)

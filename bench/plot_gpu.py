@@ -8,6 +8,10 @@ A version comparison file (gpu_bench_v2.json, written by ``gpu_bench.py --only v
 bench/results/gpu_bench_v2.png instead: write-kernel time per quantizer (left) and decode time of the
 version-1 (midtread/up) and version-2 (midrise/nearest) caches next to SDPA bf16 (right).
 
+A cache-policy file (gpu_bench_policy.json, ``gpu_bench.py --only policy``) gives
+bench/results/gpu_bench_policy.png (speed-up over SDPA bf16 per bits setting, GQA 64/8; cost of sinks
+and paging relative to the plain kernel) and prints the README's Markdown table.
+
 Usage: python3 bench/plot_gpu.py [JSON] [PNG]
 """
 
@@ -64,12 +68,106 @@ def plot_versions(r, dst):
     print(f"wrote {dst}")
 
 
+def _policy_rows(r):
+    out = []
+    for d in r.get("decode", []):
+        for row in d.get("rows", []):
+            out.append(dict(row, batch=d["batch"], context=d["context"], q_heads=d["q_heads"],
+                            sdpa=d.get("sdpa_bf16_ms")))
+    return out
+
+
+def _variant(row):
+    if row.get("tune"):
+        return "one q part"
+    parts = []
+    if row.get("sinks"):
+        parts.append(f"{row['sinks']} sinks")
+    if row.get("page"):
+        parts.append(f"page {row['page']}")
+    return ", ".join(parts) or "plain"
+
+
+def policy_table(r) -> str:
+    """Markdown: per (B, T), GQA 64/8, ms of each bits setting (plain), SDPA bf16, speed-ups, and the
+    cost of 4 sinks / 16-token pages / 64-token pages relative to plain (K3/V3)."""
+    rows = [x for x in _policy_rows(r) if x["q_heads"] == 64]
+    shapes = sorted({(x["batch"], x["context"]) for x in rows})
+    lines = ["| batch | context | K3/V3 ms | K4/V3 ms | K4/V4 ms | SDPA bf16 ms | speed-up K3/V3, K4/V3, K4/V4 "
+             "| K3/V3 + 4 sinks | K3/V3 paged 16 | K3/V3 paged 64 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for b, t in shapes:
+        sel = [x for x in rows if (x["batch"], x["context"]) == (b, t)]
+
+        def ms(bits, var):
+            m = [x["ms"] for x in sel if x["bits"] == bits and _variant(x) == var]
+            return m[0] if m else float("nan")
+        sd = sel[0]["sdpa"] or float("nan")
+        plain = [ms(bits, "plain") for bits in ("K3V3", "K4V3", "K4V4")]
+        cost = [100 * (ms("K3V3", v) / plain[0] - 1) for v in ("4 sinks", "page 16", "page 64")]
+        lines.append(f"| {b} | {t // 1024}K | " + " | ".join(f"{m:.4f}" for m in plain) + f" | {sd:.4f} | "
+                     + ", ".join(f"{sd / m:.2f}x" for m in plain) + " | "
+                     + " | ".join(f"{c:+.1f}%" for c in cost) + " |")
+    return "\n".join(lines)
+
+
+def plot_policy(r, dst):
+    rows = _policy_rows(r)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    colors = {"K3V3": "tab:blue", "K4V3": "tab:orange", "K4V4": "tab:green"}
+    marks = {1: "o", 8: "s", 32: "^"}
+    for bits, col in colors.items():
+        for b, mk in marks.items():
+            sel = sorted([x for x in rows if x["bits"] == bits and x["batch"] == b and x["q_heads"] == 64
+                          and _variant(x) == "plain" and x.get("sdpa")], key=lambda x: x["context"])
+            if sel:
+                a1.plot([x["context"] / 1024 for x in sel], [x["sdpa"] / x["ms"] for x in sel], mk + "-",
+                        color=col, label=f"{bits}, B={b}")
+    a1.axhline(1.0, color="gray", ls=":", lw=1)
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("context (K tokens)")
+    a1.set_ylabel("speed-up over SDPA bf16 (same run)")
+    a1.set_title("decode, GQA 64/8, N=128, plain kernel")
+    a1.legend(fontsize=7, ncol=3)
+    a1.grid(alpha=0.3)
+    vars_ = ["4 sinks", "page 16", "page 64", "4 sinks, page 16", "one q part"]
+    shapes = sorted({(x["batch"], x["context"]) for x in rows if x["q_heads"] == 64})
+    w = 0.8 / len(vars_)
+    for i, v in enumerate(vars_):
+        ys = []
+        for b, t in shapes:
+            p = [x["ms"] for x in rows if (x["batch"], x["context"], x["bits"], x["q_heads"]) == (b, t, "K3V3", 64)
+                 and _variant(x) == "plain"]
+            q = [x["ms"] for x in rows if (x["batch"], x["context"], x["bits"], x["q_heads"]) == (b, t, "K3V3", 64)
+                 and _variant(x) == v]
+            ys.append(100 * (q[0] / p[0] - 1) if p and q else float("nan"))
+        a2.bar([j + i * w for j in range(len(shapes))], ys, width=w, label=v)
+    a2.axhline(3, color="k", ls=":", lw=1)
+    a2.axhline(-3, color="k", ls=":", lw=1)
+    a2.set_xticks([j + 0.4 - w / 2 for j in range(len(shapes))])
+    a2.set_xticklabels([f"B{b}\n{t // 1024}K" for b, t in shapes], fontsize=7)
+    a2.set_ylabel("time vs plain kernel, % (K3/V3)")
+    copy = r.get("copy", {}).get("GBps", float("nan"))
+    a2.set_title(f"{r.get('device', '')}: copy {copy:.0f} GB/s; target within 3%")
+    a2.legend(fontsize=7)
+    a2.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(f"wrote {dst}")
+    print(policy_table(r))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     src = argv[0] if argv else os.path.join(HERE, "results", "gpu_bench.json")
     dst = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "gpu_bench.png")
     with open(src) as f:
         r = json.load(f)
+    if r.get("decode") and "rows" in r["decode"][0]:
+        if len(argv) < 2:
+            dst = os.path.join(HERE, "results", "gpu_bench_policy.png")
+        plot_policy(r, dst)
+        return
     if "versions" in r:
         if len(argv) < 2:
             dst = os.path.join(HERE, "results", "gpu_bench_v2.png")

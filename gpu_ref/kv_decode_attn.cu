@@ -8,12 +8,16 @@
 // where y_hat = code * scale (scale per block of G lanes). So the kernel rotates q once
 // (q~ = H D q, fp32 in shared memory), never rotates K or V, and rotates the output back once.
 //
-// Cache layout (all uint8, one plane each, contiguous, 16-byte aligned):
-//   k_codes, v_codes  [B, KVH, CAP, N*3/8]   the golden model's code rows (LSB-first 3-bit fields)
-//   k_scales, v_scales [B, KVH, CAP, N/G]     ue5m3 scale bytes
-// CAP must be a multiple of 16 (so 16-byte copies of a partial tile stay inside the plane).
+// Cache layout (all uint8, 16-byte aligned): page pools (vLLM/FlashInfer convention, HND)
+//   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields)
+//   k_scales, v_scales [P, KVH, page, N/G]                           ue5m3 scale bytes
+// addressed by a block table [B, max_pages]; the contiguous layout [B, KVH, CAP, *] is one page of
+// CAP rows per sequence (CAP a multiple of 16, so 16-byte copies of a partial tile stay inside).
+// KB, VB (key / value bits) are 3 or 4 each. Optional: fp16/bf16 sink tokens (the first `sinks`
+// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged as one more softmax
+// participant (log-sum-exp), and a per-(kv head, lane) factor on q (1/s of power-of-two key scales).
 //
-// Work split: grid (S splits, KVH * HT head tiles, B). A CTA of 4 warps handles one
+// Work split: grid (B * KVH * HT head tiles, S splits). A CTA of 4 warps handles one
 // (batch, kv head, tile of <= 8 q heads of its GQA group) over one token range; each warp
 // streams its own 64-token tiles through a STAGES-deep cp.async pipeline in shared memory.
 // Per tile, in registers:
@@ -30,39 +34,22 @@
 // domain); the last CTA of a (batch, head tile) (atomic ticket) merges the splits, applies
 // D H / N and writes the output. Nothing but the packed bytes is read from the cache.
 //
-// Self-contained (no headers) so that NVRTC (CuPy) and nvcc both compile it.
+// Shared definitions: kv_common.cuh (NVRTC gets -I of this folder).
 
-typedef unsigned long long kv_u64;
-typedef unsigned int kv_u32;
-typedef unsigned short kv_u16;
-typedef unsigned char kv_u8;
-
-#ifndef KV_COMMON_DEFINED
-#define KV_COMMON_DEFINED
-__host__ __device__ constexpr kv_u64 kv_splitmix64(kv_u64 seed, int w) {
-  kv_u64 z = seed + (kv_u64)(w + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__host__ __device__ constexpr bool kv_sign(kv_u64 seed, int has_sign, int i) {
-  return has_sign != 0 && ((kv_splitmix64(seed, i >> 6) >> (i & 63)) & 1ull) != 0;
-}
-__host__ __device__ constexpr int kv_ilog2(int v) { return v <= 1 ? 0 : 1 + kv_ilog2(v >> 1); }
-#endif
+#include "kv_common.cuh"
 
 namespace kv_dec {
+using namespace kv_common;
 
 // Lanes (within a 16-lane chunk = one mma k-step) that thread tig = lane % 4 feeds to the
 // QK mma: pair 0 -> virtual k (2tig, 2tig+1), pair 1 -> (2tig+8, 2tig+9); (lo lane, hi lane).
 // Chosen so that each pair's two 3-bit fields sit in byte pairs that one PRMT can gather.
-__constant__ int kpairs[4][2][2] = {{{0, 3}, {1, 4}}, {{8, 11}, {9, 12}}, {{6, 14}, {7, 15}}, {{2, 5}, {10, 13}}};
+// 3-bit keys:
+__constant__ int kpairs3[4][2][2] = {{{0, 3}, {1, 4}}, {{8, 11}, {9, 12}}, {{6, 14}, {7, 15}}, {{2, 5}, {10, 13}}};
+// 4-bit keys: thread tig reads bytes 2tig, 2tig+1 of the chunk (lanes 4tig..4tig+3); pair 0 takes the
+// low nibbles (bit offset 0), pair 1 the high nibbles (offset 4).
+__constant__ int kpairs4[4][2][2] = {{{0, 2}, {1, 3}}, {{4, 6}, {5, 7}}, {{8, 10}, {9, 11}}, {{12, 14}, {13, 15}}};
 
-__device__ __forceinline__ float h2f(kv_u32 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-  return f;
-}
 __device__ __forceinline__ kv_u32 f2h(float f) {
   unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
@@ -73,7 +60,6 @@ __device__ __forceinline__ kv_u32 pack_h2(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
-__device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));  // ftz: no denormal range fix-up
@@ -105,22 +91,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
-// lane's 16-byte chunks k = 0..NCK-1 of a full K tile and of a full V tile (chunk lane + 32 k):
-// one shared and two global base registers, the offsets as immediates (no per-chunk address math)
-template <int K, int NCK, int VOFF>
-__device__ __forceinline__ void cp_async_rows(unsigned s, const void* gk, const void* gv) {
-  if constexpr (K < NCK) {
-    asm volatile(
-        "cp.async.cg.shared.global [%0+%3], [%1+%3], 16;\n"
-        "cp.async.cg.shared.global [%0+%4], [%2+%3], 16;\n" ::"r"(s),
-        "l"(gk), "l"(gv), "n"(512 * K), "n"(VOFF + 512 * K));
-    cp_async_rows<K + 1, NCK, VOFF>(s, gk, gv);
-  }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int K>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(K)); }
-
 // ue5m3 scale byte -> float (exact): (8+m) 2^(e-10) for e >= 1, m 2^-9 for e == 0
 __device__ __forceinline__ float scale_f(kv_u32 s) {
   return s >= 8 ? __int_as_float((int)((s << 20) + (120u << 23))) : (float)s * 0.001953125f;
@@ -132,21 +102,24 @@ __host__ __device__ constexpr kv_u32 h_int(int v) {
 }
 
 // half2 of the V values of segment lane J from two tokens' segments (lo <- sx, hi <- sy), exact:
-// c (mid-tread) or c + 1/2 (mid-rise, MR = 1).
-// Mid-rise: for O >= 1 the half is the mantissa bit below the field, set by the same LOP3
-// (1024 + (c + 4.5) 2^O); for O == 0 there is no such bit (1027.5 needs 12 significant bits), so
-// those lanes (1 in 8) take one HADD2 of +1/2.
-template <int J, int MR = 0>
+// c (mid-tread) or c + 1/2 (mid-rise, MR = 1), for VB-bit fields (VB = 3 or 4; T = 2^(VB-1)).
+// The LOP3 builds 1024 + (c + T) 2^O (the field's top bit flipped: two's complement -> offset binary),
+// the HFMA2 multiplies by 2^-O and subtracts 2^(10-O) + T. Mid-rise: for O >= 1 the half is the
+// mantissa bit below the field, set by the same LOP3; for O == 0 there is no such bit, so those lanes
+// take one HADD2 of +1/2.
+template <int J, int MR = 0, int VB = 3>
 __device__ __forceinline__ kv_u32 vext(kv_u32 sx, kv_u32 sy) {
-  constexpr int BETA = (3 * J) >> 3, O = (3 * J) & 7;
-  constexpr kv_u32 SEL = BETA | ((BETA + 1) << 4) | ((BETA + 4) << 8) | ((BETA + 5) << 12);
-  constexpr kv_u32 AM = (7u << O) | (7u << (16 + O));
+  constexpr int BETA = (VB * J) >> 3, O = (VB * J) & 7, T = 1 << (VB - 1), FM = (1 << VB) - 1;
+  constexpr int B1 = BETA + 1 < 4 ? BETA + 1 : 3;  // second byte (only read when the field crosses)
+  constexpr kv_u32 SEL = BETA | (B1 << 4) | ((BETA + 4) << 8) | ((B1 + 4) << 12);
+  constexpr kv_u32 AM = ((kv_u32)FM << O) | ((kv_u32)FM << (16 + O));
   constexpr kv_u32 HALF = (MR && O > 0) ? ((1u << (O - 1)) | (1u << (15 + O))) : 0u;
-  constexpr kv_u32 BM = (4u << O) | (4u << (16 + O)) | 0x64006400u | HALF;  // exponent of 1024
-  constexpr kv_u32 MUL = ((kv_u32)(15 - O) << 10) * 0x10001u;        // 2^-O
-  constexpr kv_u32 ADD = (0x8000u | h_int((1 << (10 - O)) + 4)) * 0x10001u;  // -(2^(10-O) + 4)
+  constexpr kv_u32 BM = ((kv_u32)T << O) | ((kv_u32)T << (16 + O)) | 0x64006400u | HALF;  // exponent of 1024
+  constexpr kv_u32 MUL = ((kv_u32)(15 - O) << 10) * 0x10001u;                                // 2^-O
+  constexpr kv_u32 ADD = (0x8000u | h_int((1 << (10 - O)) + T)) * 0x10001u;                 // -(2^(10-O) + T)
+  static_assert(O + VB <= 10 && (VB == 4 || O + VB <= 16), "field inside the fp16 mantissa");
   kv_u32 r = __byte_perm(sx, sy, SEL);
-  r = lop_field(r, AM, BM);  // 1024 + (c + 4) 2^O  (+ 2^(O-1): mid-rise, O >= 1)
+  r = lop_field(r, AM, BM);  // 1024 + (c + T) 2^O  (+ 2^(O-1): mid-rise, O >= 1)
   r = hfma2(r, MUL, ADD);    // c  (c + 1/2)
   if (MR && O == 0) {
     kv_u32 d;
@@ -174,63 +147,161 @@ __device__ __forceinline__ void fwht_rows8(float* s, int tid) {
 
 #define KV_NEG_INF __int_as_float(0xff800000)
 
-template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN>
+// KB, VB: key / value code bits (3 or 4). PSUB: pages per 64-token tile (1: the page holds whole
+// tiles -- page size a multiple of 64, or the contiguous layout, one page per sequence; 2 or 4: pages
+// of 32 or 16 tokens).
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, int PSUB>
 struct KvDecCfg {
   static constexpr int TT = 64;             // tokens per tile
-  static constexpr int CB = N * 3 / 8;      // code bytes per token
+  static constexpr int CBK = N * KB / 8;    // key code bytes per token
+  static constexpr int CBV = N * VB / 8;    // value code bytes per token
   static constexpr int NB = N / G;          // scale bytes per token
   static constexpr int NCH = N / 16;        // QK k-steps (16-lane chunks)
   static constexpr int NMT = N / 16;        // PV m-tiles (16 output lanes)
   static constexpr int MPB = G / 16;        // PV m-tiles per scale block
   static constexpr int SEGL = G / 8;        // lanes per V segment (per thread and block)
-  static constexpr int STB = 2 * TT * CB + 2 * TT * NB;  // one pipeline stage
-  static constexpr int SCF = 2 * NB * 64 * 4;            // decoded scale floats
+  static constexpr int PG = TT / PSUB;      // tokens per page when PSUB > 1
+  static constexpr int STB = TT * CBK + TT * CBV + 2 * TT * NB;  // one pipeline stage
+  static constexpr int SCF = 2 * NB * 64 * 4;                    // decoded scale floats
   static constexpr int WREG_RAW = STAGES * STB + 16 + SCF;
   static constexpr int WACC = 8 * N * 4;
-  static constexpr int WREG = ((WREG_RAW > WACC ? WREG_RAW : WACC) + 15) / 16 * 16;
+  static constexpr int WREG = ((WREG_RAW > WACC + 2048 ? WREG_RAW : WACC + 2048) + 15) / 16 * 16;
   static constexpr int QS_OFF = 4 * WREG;                 // q~ / output rows [8][N] fp32
-  static constexpr int MISC_OFF = QS_OFF + 8 * N * 4;     // wm[4][8], wl[4][8], wE[4], hm[8], hl[8], last
-  static constexpr int LUT_OFF = MISC_OFF + (32 + 32 + 4 + 8 + 8 + 4) * 4;  // ue5m3 -> float [256]
+  // wm[5][8], wl[5][8], wE[5] (+3 pad), hm[8], hl[8], last (+3 pad): participant 4 = the sink tokens
+  static constexpr int MISC_OFF = QS_OFF + 8 * N * 4;
+  static constexpr int LUT_OFF = MISC_OFF + (40 + 40 + 8 + 8 + 8 + 4) * 4;  // ue5m3 -> float [256]
   static constexpr int SMEM = LUT_OFF + 256 * 4;
+  static constexpr int SINKP_OFF = 3 * WREG + WACC;       // sink weights [8][64] fp32 (after the loop)
+  static_assert(PSUB == 1 || PSUB == 2 || PSUB == 4, "PSUB");
+  static_assert((PG * CBK) % 16 == 0 && (PG * CBV) % 16 == 0 && (PG * NB) % 16 == 0 || PSUB == 1,
+                "16-byte copies stay inside one page");
 };
 
+namespace kv_dec {
+
+// Global address of byte `off` of a tile plane (row bytes RB) whose PSUB pages start at base[j].
+template <int PSUB, int RB, int PG>
+__device__ __forceinline__ const kv_u8* tile_addr(const kv_u8* const* base, int off) {
+  if constexpr (PSUB == 1) {
+    return base[0] + off;
+  } else {
+    const int j = off / (PG * RB);
+    const kv_u8* p = base[0];
+#pragma unroll
+    for (int jj = 1; jj < PSUB; ++jj) p = j == jj ? base[jj] : p;  // select: no run-time array index
+    return p + (off - j * PG * RB);
+  }
+}
+
+// Sink tokens (fp16/bf16, unquantized) of one (batch, kv head) as a fifth softmax participant:
+// logits in the log2 domain (scale * log2 e * q.k, q times q_scale), m = max, l = sum 2^(x - m),
+// acc = H D sum_s 2^(x_s - m) v_s (the rotated-domain equivalent of the packed tokens' sum, written
+// into qs, unnormalised like H D v = y). All 128 threads call it (it contains barriers).
+template <int N, kv_u64 SEED, int HAS_SIGN>
+__device__ void sink_stage(const kv_u16* __restrict__ q, int q_bf16, const float* __restrict__ q_scale,
+                           const kv_u16* __restrict__ ksink, const kv_u16* __restrict__ vsink, int ns,
+                           int nh, float kap, float* qs, float* sp, float* sm, float* sl, int tid) {
+  auto ld = [&](kv_u16 bits) { return q_bf16 ? __int_as_float((kv_u32)bits << 16) : h2f(bits); };
+  for (int i = tid; i < 8 * N; i += 128) {  // q (scaled), unrotated
+    const int h = i / N, l = i % N;
+    float v = 0.0f;
+    if (h < nh) v = ld(q[(long long)h * N + l]) * (q_scale ? q_scale[l] : 1.0f);
+    qs[i] = v;
+  }
+  __syncthreads();
+  for (int i = tid; i < 8 * 64; i += 128) sp[i] = KV_NEG_INF;
+  __syncthreads();
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int pr = warp; pr < nh * ns; pr += 4) {  // one warp per (head, sink token): lanes split N
+    const int h = pr / ns, t = pr - h * ns;
+    float d = 0.0f;
+#pragma unroll
+    for (int l = lane; l < N; l += 32) d = fmaf(qs[h * N + l], ld(ksink[(long long)t * N + l]), d);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (lane == 0) sp[h * 64 + t] = d * kap;
+  }
+  __syncthreads();
+  if (tid < 8) {
+    float m = KV_NEG_INF;
+    for (int t = 0; t < ns; ++t) m = fmaxf(m, sp[tid * 64 + t]);
+    float l = 0.0f;
+    for (int t = 0; t < 64; ++t) {
+      const float w = (t < ns && m > KV_NEG_INF) ? exp2f(sp[tid * 64 + t] - m) : 0.0f;
+      sp[tid * 64 + t] = w;
+      l += w;
+    }
+    sm[tid] = m;
+    sl[tid] = l;
+  }
+  __syncthreads();
+  for (int i = tid; i < 8 * N; i += 128) {  // D sum_s w_s v_s
+    const int h = i / N, l = i % N;
+    float a = 0.0f;
+    for (int t = 0; t < ns; ++t) a = fmaf(sp[h * 64 + t], ld(vsink[(long long)t * N + l]), a);
+    qs[i] = kv_sign(SEED, HAS_SIGN, l) ? -a : a;
+  }
+  __syncthreads();
+  fwht_rows8<N>(qs, tid);
+}
+
+}  // namespace kv_dec
 
 // MINB: CTAs per SM for the register budget; QLO: also feed the low fp16 part of q~;
 // ABL: ablation for profiling only (1: no PV, 2: no QK) -- results are wrong when ABL != 0.
 // MR: 0 mid-tread (y_hat = c scale), 1 mid-rise (y_hat = (c + 1/2) scale).
-template <int N, int G, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2, int QLO = 1, int ABL = 0,
-          int MR = 0>
+//
+// Cache addressing (vLLM/FlashInfer paged convention, HND): the four planes are page pools
+// [pages, KVH, page, row bytes]; packed token i of sequence b (its token sinks + i) lives in page
+// block_table[b * max_pages + i / page], row i % page (page = 2^page_shift). The contiguous layout
+// [B, KVH, CAP, *] is the case page = CAP, page_shift = -1: sequence b is page b (the table is not read).
+// lengths[b] counts every token of sequence b; the first `sinks` of them are in the fp16 side planes
+// k_sink, v_sink [B, KVH, sinks, N] (same bits as q), the rest are packed (at most cap of them).
+// q_scale: [KVH, N] factor applied to q (1/s of per-channel key scales s), or null.
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
+          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
 __global__ void __launch_bounds__(128, MINB)
 kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
                const kv_u8* __restrict__ kc, const kv_u8* __restrict__ ks,
                const kv_u8* __restrict__ vc, const kv_u8* __restrict__ vs,
+               const int* __restrict__ block_table, int max_pages, int page_shift, long long page,
                const int* __restrict__ lengths,
+               const kv_u16* __restrict__ k_sink, const kv_u16* __restrict__ v_sink, int sinks,
+               const float* __restrict__ q_scale,
                float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ counters,
                void* __restrict__ out, int out_kind,
                int Hq, int KVH, int HT, int group, long long cap, int S, int chunk, float sm_scale) {
   using namespace kv_dec;
-  typedef KvDecCfg<N, G, PSPLIT, STAGES, SEED, HAS_SIGN> C;
-  constexpr int TT = C::TT, CB = C::CB, NB = C::NB, NCH = C::NCH, NMT = C::NMT, MPB = C::MPB, SEGL = C::SEGL;
+  typedef KvDecCfg<N, G, KB, VB, PSPLIT, STAGES, PSUB> C;
+  constexpr int TT = C::TT, CBK = C::CBK, CBV = C::CBV, NB = C::NB, NCH = C::NCH, NMT = C::NMT,
+                MPB = C::MPB, SEGL = C::SEGL, PG = C::PG;
   static_assert(N == 64 || N == 128 || N == 256, "N");
   static_assert(G == 16 || G == 32 || G == 64, "G");
   static_assert(N % G == 0, "G | N");
+  static_assert(KB == 3 || KB == 4, "KB");
+  static_assert(VB == 3 || VB == 4, "VB");
 
   extern __shared__ __align__(16) kv_u8 smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int split = blockIdx.x, hh = blockIdx.y, b = blockIdx.z;
+  // grid (B * KVH * HT, S): the (batch, head tile) index in x has no 65535 limit
+  const int split = blockIdx.y;
+  const int pair = blockIdx.x;
+  const int b = pair / (KVH * HT), hh = pair - b * (KVH * HT);
   const int kvh = hh / HT, ht = hh - kvh * HT;
   const int h0 = kvh * group + ht * 8;
   const int nh = min(8, group - ht * 8);
-  const int len = (int)min((long long)max(lengths[b], 0), cap);  // never read past the planes
+  const int total = max(lengths[b], 0);
+  const int nsink = min(total, sinks);
+  const int len = (int)min((long long)(total - nsink), cap);  // packed tokens; never read past the planes
   const int tbeg = split * chunk;
   const int tend = min(len, tbeg + chunk);
   const int ntile = tend > tbeg ? (tend - tbeg + TT - 1) / TT : 0;
 
   float* qs = reinterpret_cast<float*>(smem + C::QS_OFF);
   float* wm = reinterpret_cast<float*>(smem + C::MISC_OFF);
-  float* wl = wm + 32;
-  int* wE = reinterpret_cast<int*>(wl + 32);
-  float* hm = reinterpret_cast<float*>(wE + 4);
+  float* wl = wm + 40;
+  int* wE = reinterpret_cast<int*>(wl + 40);
+  float* hm = reinterpret_cast<float*>(wE + 8);
   float* hl = hm + 8;
   int* s_last = reinterpret_cast<int*>(hl + 8);
 
@@ -239,22 +310,51 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   kv_u8* wbase = smem + warp * C::WREG;
   float* scf = reinterpret_cast<float*>(wbase + STAGES * C::STB + 16);  // [2][NB][8][8]
   const int ntw = ntile > warp ? (ntile - warp + 3) / 4 : 0;
-  const long long slice = ((long long)b * KVH + kvh) * cap;
+  const int* bt = block_table + (long long)b * max_pages;
 
-  auto issue = [&](int ti, int st) {
+  const int page0 = b;  // contiguous layout (page_shift < 0): page b, the block table is not read
+  // pool pages of the PSUB page slots of tile ti (block-table reads, issued one tile ahead of use)
+  auto tile_pages = [&](int ti, int* pgs) {
+    const int t0 = tbeg + (warp + 4 * ti) * TT;
+#pragma unroll
+    for (int j = 0; j < PSUB; ++j)
+      pgs[j] = page_shift < 0 ? page0 : __ldg(bt + min((t0 + j * PG) >> page_shift, max_pages - 1));
+  };
+  auto issue = [&](int ti, int st, const int* pgs) {
     const int t0 = tbeg + (warp + 4 * ti) * TT;
     const int nv = min(TT, tend - t0);
     kv_u8* dst = wbase + st * C::STB;
-    const long long rb = slice + t0;
-    const kv_u8* gkc = kc + rb * CB;
-    const kv_u8* gvc = vc + rb * CB;
-    const kv_u8* gks = ks + rb * NB;
-    const kv_u8* gvs = vs + rb * NB;
-    if (nv == TT) {  // full tile: fixed, unrolled copies (TT*CB/16 = 4*CB chunks per code plane)
-      constexpr int NCK = TT * CB / 16 / 32;  // 16-byte chunks per lane and code plane
-      static_assert(TT * CB / 16 % 32 == 0, "code chunks");
-      cp_async_rows<0, NCK, TT * CB>((unsigned)__cvta_generic_to_shared(dst + 16 * lane), gkc + 16 * lane,
-                                     gvc + 16 * lane);
+    // first row of each page of this tile in the pools
+    const kv_u8* gkc[PSUB];
+    const kv_u8* gvc[PSUB];
+    const kv_u8* gks[PSUB];
+    const kv_u8* gvs[PSUB];
+#pragma unroll
+    for (int j = 0; j < PSUB; ++j) {
+      const int t = t0 + j * PG;
+      const int row = page_shift < 0 ? t : t & ((1 << page_shift) - 1);
+      const long long rb = ((long long)pgs[j] * KVH + kvh) * page + row;
+      gkc[j] = kc + rb * CBK;
+      gvc[j] = vc + rb * CBV;
+      gks[j] = ks + rb * NB;
+      gvs[j] = vs + rb * NB;
+    }
+    kv_u8* dkc = dst;
+    kv_u8* dvc = dst + TT * CBK;
+    kv_u8* dks = dst + TT * (CBK + CBV);
+    kv_u8* dvs = dks + TT * NB;
+    if (nv == TT) {  // full tile: fixed, unrolled copies
+      static_assert((TT * CBK / 16) % 32 == 0 && (TT * CBV / 16) % 32 == 0, "code chunks per lane");
+#pragma unroll
+      for (int k = 0; k < TT * CBK / 16 / 32; ++k) {
+        const int c = lane + 32 * k;
+        cp_async16(dkc + 16 * c, tile_addr<PSUB, CBK, PG>(gkc, 16 * c));
+      }
+#pragma unroll
+      for (int k = 0; k < TT * CBV / 16 / 32; ++k) {
+        const int c = lane + 32 * k;
+        cp_async16(dvc + 16 * c, tile_addr<PSUB, CBV, PG>(gvc, 16 * c));
+      }
       constexpr int NSC = TT * NB / 16;  // chunks per scale plane (4 NB)
 #pragma unroll
       for (int c0 = 0; c0 < 2 * NSC; c0 += 32) {
@@ -262,39 +362,45 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         if (c < 2 * NSC) {
           const bool isv = c >= NSC;
           const int cc = isv ? c - NSC : c;
-          cp_async16(dst + 2 * TT * CB + (isv ? TT * NB : 0) + 16 * cc, (isv ? gvs : gks) + 16 * cc);
+          const kv_u8* srck = tile_addr<PSUB, NB, PG>(gks, 16 * cc);
+          const kv_u8* srcv = tile_addr<PSUB, NB, PG>(gvs, 16 * cc);
+          cp_async16((isv ? dvs : dks) + 16 * cc, isv ? srcv : srck);
         }
       }
       return;
     }
-    const int nc = (nv * CB + 15) >> 4, ns = (nv * NB + 15) >> 4;
-    for (int c = lane; c < nc; c += 32) {
-      cp_async16(dst + 16 * c, gkc + 16 * c);
-      cp_async16(dst + TT * CB + 16 * c, gvc + 16 * c);
-    }
+    const int nck = (nv * CBK + 15) >> 4, ncv = (nv * CBV + 15) >> 4, ns = (nv * NB + 15) >> 4;
+    for (int c = lane; c < nck; c += 32) cp_async16(dkc + 16 * c, tile_addr<PSUB, CBK, PG>(gkc, 16 * c));
+    for (int c = lane; c < ncv; c += 32) cp_async16(dvc + 16 * c, tile_addr<PSUB, CBV, PG>(gvc, 16 * c));
     for (int c = lane; c < ns; c += 32) {
-      cp_async16(dst + 2 * TT * CB + 16 * c, gks + 16 * c);
-      cp_async16(dst + 2 * TT * CB + TT * NB + 16 * c, gvs + 16 * c);
+      cp_async16(dks + 16 * c, tile_addr<PSUB, NB, PG>(gks, 16 * c));
+      cp_async16(dvs + 16 * c, tile_addr<PSUB, NB, PG>(gvs, 16 * c));
     }
   };
 
+  int pf[PSUB];  // pages of the next tile to issue
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntw) issue(s, s);
+    if (s < ntw) {
+      tile_pages(s, pf);
+      issue(s, s, pf);
+    }
     cp_async_commit();
   }
+  tile_pages(STAGES - 1, pf);
 
   // ue5m3 byte -> float table (exact; read once per scale byte in the token loop)
   float* slut = reinterpret_cast<float*>(smem + C::LUT_OFF);
   for (int i = tid; i < 256; i += 128) slut[i] = scale_f((kv_u32)i);
 
-  // ---- q~ = H D q (fp32, shared) -------------------------------------------------------------
+  // ---- q~ = H D (q * q_scale) (fp32, shared) ---------------------------------------------------
   for (int i = tid; i < 8 * N; i += 128) {
     int h = i / N, l = i % N;
     float v = 0.0f;
     if (h < nh) {
       kv_u32 bits = q[((long long)b * Hq + h0 + h) * N + l];
       v = q_bf16 ? __int_as_float(bits << 16) : h2f(bits);
+      if (q_scale) v *= q_scale[kvh * N + l];
     }
     qs[i] = kv_sign(SEED, HAS_SIGN, l) ? -v : v;
   }
@@ -314,14 +420,16 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 #pragma unroll
   for (int bb = 0; bb < NB; ++bb) zp[bb] = 0.0f;
   kv_u32 selE[2], selO[2], mA[2], mB[2];
+  constexpr int KT = 1 << (KB - 1), KFM = (1 << KB) - 1;
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
-    int jl = kpairs[tig][p][0], jh = kpairs[tig][p][1];
-    int bl = (3 * jl) >> 3, ol = (3 * jl) & 7, bh = (3 * jh) >> 3, oh = (3 * jh) & 7;
+    int jl = KB == 3 ? kpairs3[tig][p][0] : kpairs4[tig][p][0];
+    int jh = KB == 3 ? kpairs3[tig][p][1] : kpairs4[tig][p][1];
+    int bl = (KB * jl) >> 3, ol = (KB * jl) & 7, bh = (KB * jh) >> 3, oh = (KB * jh) & 7;
     selE[p] = bl | (min(bl + 1, 7) << 4) | (bh << 8) | (min(bh + 1, 7) << 12);
     selO[p] = (bl + 2) | (min(bl + 3, 7) << 4) | ((bh + 2) << 8) | (min(bh + 3, 7) << 12);
-    mA[p] = (7u << ol) | (7u << (16 + oh));
-    mB[p] = (4u << ol) | (4u << (16 + oh)) | 0x3C003C00u;  // exponent of 1.0
+    mA[p] = ((kv_u32)KFM << ol) | ((kv_u32)KFM << (16 + oh));
+    mB[p] = ((kv_u32)KT << ol) | ((kv_u32)KT << (16 + oh)) | 0x3C003C00u;  // exponent of 1.0
 #pragma unroll
     for (int c = 0; c < NCH; ++c) {
       float vlo = qs[g * N + 16 * c + jl] * exp2i(10 - ol - eqg);
@@ -331,9 +439,9 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       kv_u32 llo = f2h(rlo), lhi = f2h(rhi);
       qh[c][p] = hlo | (hhi << 16);
       ql[c][p] = llo | (lhi << 16);
-      // constant part of the K operand: 1 + 4 * 2^(o-10) (exactly the fp16 values the tensor cores
-      // will see); mid-rise removes only 1 + 3.5 * 2^(o-10), leaving (c + 1/2) 2^(o-10)
-      constexpr float KOFF = MR ? 3.5f : 4.0f;
+      // constant part of the K operand: 1 + T * 2^(o-10) (exactly the fp16 values the tensor cores
+      // will see); mid-rise removes only 1 + (T - 1/2) * 2^(o-10), leaving (c + 1/2) 2^(o-10)
+      constexpr float KOFF = MR ? (float)KT - 0.5f : (float)KT;
       zp[(16 * c) / G] += (h2f(hlo) + (QLO ? h2f(llo) : 0.0f)) * (1.0f + KOFF * exp2i(ol - 10)) +
                           (h2f(hhi) + (QLO ? h2f(lhi) : 0.0f)) * (1.0f + KOFF * exp2i(oh - 10));
     }
@@ -350,11 +458,11 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   const int eq0 = __shfl_sync(0xffffffffu, eqg, 8 * tig), eq1 = __shfl_sync(0xffffffffu, eqg, 8 * tig + 4);
   const float kap0 = sm_scale * LOG2E * exp2i(eq0) / (float)N;
   const float kap1 = sm_scale * LOG2E * exp2i(eq1) / (float)N;
-  // V segment of this thread in block bb: lanes [bb*G + g*SEGL, +SEGL), bit offset 3*lane
+  // V segment of this thread in block bb: lanes [bb*G + g*SEGL, +SEGL), bit offset VB*lane
   int vwi[NB], vsh[NB];
 #pragma unroll
   for (int bb = 0; bb < NB; ++bb) {
-    int boff = 3 * (bb * G + g * SEGL);
+    int boff = VB * (bb * G + g * SEGL);
     vwi[bb] = boff >> 5;
     vsh[bb] = boff & 31;
   }
@@ -371,13 +479,16 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     __syncwarp();
     {
       int nx = it + STAGES - 1;
-      if (nx < ntw) issue(nx, nx % STAGES);
+      if (nx < ntw) {
+        issue(nx, nx % STAGES, pf);
+        tile_pages(nx + 1, pf);  // used next iteration: the load latency overlaps this tile
+      }
       cp_async_commit();
     }
     const kv_u8* st = wbase + (it % STAGES) * C::STB;
     const kv_u8* sKC = st;
-    const kv_u8* sVC = st + TT * CB;
-    const kv_u8* sKS = st + 2 * TT * CB;
+    const kv_u8* sVC = st + TT * CBK;
+    const kv_u8* sKS = st + TT * (CBK + CBV);
     const kv_u8* sVS = sKS + TT * NB;
     const int nv = min(TT, tend - (tbeg + (warp + 4 * it) * TT));
 
@@ -411,20 +522,21 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
       const int ta = 16 * mt + g;
-      kv_u32 RA[CB / 4], RB[CB / 4];
-      if (CB % 16 == 0) {
+      kv_u32 RA[CBK / 4 + 1], RB[CBK / 4 + 1];
+      RA[CBK / 4] = RB[CBK / 4] = 0u;
+      if (CBK % 16 == 0) {
 #pragma unroll
-        for (int k = 0; k < CB / 16; ++k) {
-          uint4 va = *reinterpret_cast<const uint4*>(sKC + ta * CB + 16 * k);
-          uint4 vb = *reinterpret_cast<const uint4*>(sKC + (ta + 8) * CB + 16 * k);
+        for (int k = 0; k < CBK / 16; ++k) {
+          uint4 va = *reinterpret_cast<const uint4*>(sKC + ta * CBK + 16 * k);
+          uint4 vb = *reinterpret_cast<const uint4*>(sKC + (ta + 8) * CBK + 16 * k);
           RA[4 * k] = va.x; RA[4 * k + 1] = va.y; RA[4 * k + 2] = va.z; RA[4 * k + 3] = va.w;
           RB[4 * k] = vb.x; RB[4 * k + 1] = vb.y; RB[4 * k + 2] = vb.z; RB[4 * k + 3] = vb.w;
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < CB / 8; ++k) {
-          uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CB + 8 * k);
-          uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CB + 8 * k);
+        for (int k = 0; k < CBK / 8; ++k) {
+          uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CBK + 8 * k);
+          uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CBK + 8 * k);
           RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
           RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
         }
@@ -437,9 +549,11 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       }
 #pragma unroll
       for (int c = 0; c < (ABL == 2 ? 0 : NCH); ++c) {
-        const int wl0 = (c & 1) ? (3 * c - 1) / 2 : (3 * c) / 2;
-        const kv_u32 sa = (c & 1) ? selO[0] : selE[0];
-        const kv_u32 sb = (c & 1) ? selO[1] : selE[1];
+        // chunk c = key bits [16 KB c, 16 KB (c+1)): 3-bit chunks start at byte 0 (even c) or 2 (odd c)
+        // of word (3c)/2 resp. (3c-1)/2; 4-bit chunks are words 2c, 2c+1
+        const int wl0 = KB == 4 ? 2 * c : ((c & 1) ? (3 * c - 1) / 2 : (3 * c) / 2);
+        const kv_u32 sa = (KB == 3 && (c & 1)) ? selO[0] : selE[0];
+        const kv_u32 sb = (KB == 3 && (c & 1)) ? selO[1] : selE[1];
         kv_u32 a0 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sa), mA[0], mB[0]);
         kv_u32 a1 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sa), mA[0], mB[0]);
         kv_u32 a2 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sb), mA[1], mB[1]);
@@ -519,28 +633,33 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
         }
       }
       const int tv = 16 * mt + 2 * tig;
-      const kv_u8* r0 = sVC + tv * CB;
-      const kv_u8* r1 = r0 + CB;
-      const kv_u8* r2 = r0 + 8 * CB;
-      const kv_u8* r3 = r0 + 9 * CB;
+      const kv_u8* r0 = sVC + tv * CBV;
+      const kv_u8* r1 = r0 + CBV;
+      const kv_u8* r2 = r0 + 8 * CBV;
+      const kv_u8* r3 = r0 + 9 * CBV;
 #pragma unroll
       for (int bb = 0; bb < NB; ++bb) {
         const kv_u32* w0 = reinterpret_cast<const kv_u32*>(r0) + vwi[bb];
         const kv_u32* w1 = reinterpret_cast<const kv_u32*>(r1) + vwi[bb];
         const kv_u32* w2 = reinterpret_cast<const kv_u32*>(r2) + vwi[bb];
         const kv_u32* w3 = reinterpret_cast<const kv_u32*>(r3) + vwi[bb];
-        const kv_u32 s0v = __funnelshift_r(w0[0], w0[1], vsh[bb]);
-        const kv_u32 s1v = __funnelshift_r(w1[0], w1[1], vsh[bb]);
-        const kv_u32 s2v = __funnelshift_r(w2[0], w2[1], vsh[bb]);
-        const kv_u32 s3v = __funnelshift_r(w3[0], w3[1], vsh[bb]);
+        kv_u32 s0v, s1v, s2v, s3v;
+        if (VB == 4 && SEGL * 4 <= 32 && (4 * SEGL) % 32 == 0) {  // segment = one aligned word
+          s0v = w0[0]; s1v = w1[0]; s2v = w2[0]; s3v = w3[0];
+        } else {
+          s0v = __funnelshift_r(w0[0], w0[1], vsh[bb]);
+          s1v = __funnelshift_r(w1[0], w1[1], vsh[bb]);
+          s2v = __funnelshift_r(w2[0], w2[1], vsh[bb]);
+          s3v = __funnelshift_r(w3[0], w3[1], vsh[bb]);
+        }
 #pragma unroll
         for (int ip = 0; ip < MPB; ++ip) {
           kv_u32 a0, a1, a2, a3;
           switch (ip) {  // J must be a compile-time constant
-            case 0: a0 = vext<0, MR>(s0v, s1v); a1 = vext<1, MR>(s0v, s1v); a2 = vext<0, MR>(s2v, s3v); a3 = vext<1, MR>(s2v, s3v); break;
-            case 1: a0 = vext<2, MR>(s0v, s1v); a1 = vext<3, MR>(s0v, s1v); a2 = vext<2, MR>(s2v, s3v); a3 = vext<3, MR>(s2v, s3v); break;
-            case 2: a0 = vext<4, MR>(s0v, s1v); a1 = vext<5, MR>(s0v, s1v); a2 = vext<4, MR>(s2v, s3v); a3 = vext<5, MR>(s2v, s3v); break;
-            default: a0 = vext<6, MR>(s0v, s1v); a1 = vext<7, MR>(s0v, s1v); a2 = vext<6, MR>(s2v, s3v); a3 = vext<7, MR>(s2v, s3v); break;
+            case 0: a0 = vext<0, MR, VB>(s0v, s1v); a1 = vext<1, MR, VB>(s0v, s1v); a2 = vext<0, MR, VB>(s2v, s3v); a3 = vext<1, MR, VB>(s2v, s3v); break;
+            case 1: a0 = vext<2, MR, VB>(s0v, s1v); a1 = vext<3, MR, VB>(s0v, s1v); a2 = vext<2, MR, VB>(s2v, s3v); a3 = vext<3, MR, VB>(s2v, s3v); break;
+            case 2: a0 = vext<4, MR, VB>(s0v, s1v); a1 = vext<5, MR, VB>(s0v, s1v); a2 = vext<4, MR, VB>(s2v, s3v); a3 = vext<5, MR, VB>(s2v, s3v); break;
+            default: a0 = vext<6, MR, VB>(s0v, s1v); a1 = vext<7, MR, VB>(s0v, s1v); a2 = vext<6, MR, VB>(s2v, s3v); a3 = vext<7, MR, VB>(s2v, s3v); break;
           }
           mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0[bb], B1[bb]);
           if (PSPLIT) mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0l[bb], B1l[bb]);
@@ -574,20 +693,29 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   }
   if (lane == 0) wE[warp] = Erun;
   __syncthreads();
+  // participant 4: the fp16 sink tokens, in the CTA of split 0 only (CTA-uniform branch)
+  const int npart = (split == 0 && nsink > 0) ? 5 : 4;
+  if (npart == 5) {
+    const long long sb = ((long long)b * KVH + kvh) * sinks * N;
+    sink_stage<N, SEED, HAS_SIGN>(q + ((long long)b * Hq + h0) * N, q_bf16, q_scale ? q_scale + kvh * N : nullptr,
+                                  k_sink + sb, v_sink + sb, nsink, nh, sm_scale * LOG2E, qs,
+                                  reinterpret_cast<float*>(smem + C::SINKP_OFF), wm + 32, wl + 32, tid);
+    if (tid == 0) wE[4] = 0;
+    __syncthreads();
+  }
 
   const long long pidx = ((long long)b * KVH * HT + hh) * S + split;
   for (int e = tid; e < 8 * N; e += 128) {
     const int h = e / N;
     float M = KV_NEG_INF;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, wm[w * 8 + h]);
+    for (int w = 0; w < npart; ++w) M = fmaxf(M, wm[w * 8 + h]);
     float a = 0.0f, L = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
+    for (int w = 0; w < npart; ++w) {
       const float mw = wm[w * 8 + h];
       if (mw > KV_NEG_INF) {
         const float f = ex2(mw - M);
-        a += f * exp2i(wE[w]) * reinterpret_cast<const float*>(smem + w * C::WREG)[e];
+        const float* src = w < 4 ? reinterpret_cast<const float*>(smem + w * C::WREG) : qs;
+        a += f * exp2i(wE[w]) * src[e];
         L += f * wl[w * 8 + h];
       }
     }
@@ -610,7 +738,7 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   // ---- last CTA: merge the splits, rotate back, write --------------------------------------------
   // (m, l) of all splits -> shared (warp region 0 is free now), then per-split weights
   const long long pbase = ((long long)b * KVH * HT + hh) * S;
-  float* sml = reinterpret_cast<float*>(smem);  // [S][16], S * 64 B <= region sizes checked on the host
+  float* sml = reinterpret_cast<float*>(smem);  // [S][16], S * 64 B <= WREG (checked on the host)
   for (int i = tid; i < S * 16; i += 128) sml[i] = __ldcg(part_ml + pbase * 16 + i);
   __syncthreads();
   if (tid < 8) {
@@ -669,20 +797,31 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 }
 
 #ifndef KV_NVRTC
-#define KV_DEC_INST(N_, G_, P_, S_, MR_)                                                              \
-  template __global__ void kv_decode_attn<N_, G_, P_, S_, 0ull, 1, 2, 1, 0, MR_>(                  \
-      const kv_u16*, int, const kv_u8*, const kv_u8*, const kv_u8*, const kv_u8*, const int*, float*, \
-      float*, int*, void*, int, int, int, int, int, long long, int, int, float);
+#define KV_DEC_SIG                                                                                        \
+  (const kv_u16*, int, const kv_u8*, const kv_u8*, const kv_u8*, const kv_u8*, const int*, int, int,      \
+   long long, const int*, const kv_u16*, const kv_u16*, int, const float*, float*, float*, int*, void*,   \
+   int, int, int, int, int, long long, int, int, float)
+#define KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, MR_, PS_) \
+  template __global__ void kv_decode_attn<N_, G_, KB_, VB_, P_, S_, 0ull, 1, 2, 1, 0, MR_, PS_> KV_DEC_SIG;
 // every N and G the Python side launches, both reconstructions (MR 0: mid-tread, 1: mid-rise)
-#define KV_DEC_MODES(N_, G_, P_, S_) KV_DEC_INST(N_, G_, P_, S_, 0) KV_DEC_INST(N_, G_, P_, S_, 1)
-KV_DEC_MODES(128, 64, 0, 3)
-KV_DEC_MODES(128, 64, 1, 3)
-KV_DEC_MODES(64, 64, 0, 4)
-KV_DEC_MODES(64, 32, 0, 4)
-KV_DEC_MODES(64, 16, 0, 4)
-KV_DEC_MODES(256, 64, 0, 2)
-KV_DEC_MODES(256, 32, 0, 2)
-KV_DEC_MODES(256, 16, 0, 2)
-KV_DEC_MODES(128, 32, 0, 3)
-KV_DEC_MODES(128, 16, 0, 3)
+#define KV_DEC_MODES(N_, G_, KB_, VB_, P_, S_) \
+  KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, 0, 1) KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, 1, 1)
+#define KV_DEC_BITS(N_, G_, P_, S_) \
+  KV_DEC_MODES(N_, G_, 3, 3, P_, S_) KV_DEC_MODES(N_, G_, 4, 3, P_, S_) KV_DEC_MODES(N_, G_, 4, 4, P_, S_)
+KV_DEC_BITS(128, 64, 0, 3)
+KV_DEC_BITS(128, 64, 1, 3)
+KV_DEC_BITS(64, 64, 0, 4)
+KV_DEC_BITS(64, 32, 0, 4)
+KV_DEC_BITS(64, 16, 0, 4)
+KV_DEC_BITS(256, 64, 0, 2)
+KV_DEC_BITS(256, 32, 0, 2)
+KV_DEC_BITS(256, 16, 0, 2)
+KV_DEC_BITS(128, 32, 0, 3)
+KV_DEC_BITS(128, 16, 0, 3)
+// paged pools with 16- and 32-token pages (PSUB 4, 2)
+KV_DEC_INST(128, 64, 3, 3, 0, 3, 1, 4)
+KV_DEC_INST(128, 64, 4, 3, 0, 3, 1, 4)
+KV_DEC_INST(128, 64, 3, 3, 0, 3, 0, 2)
+KV_DEC_INST(64, 16, 4, 4, 0, 4, 1, 4)
+KV_DEC_INST(256, 32, 4, 4, 0, 2, 1, 4)
 #endif

@@ -28,31 +28,12 @@
 // A persistent grid of 128-thread blocks double-buffers 128*LPT input lanes per tile in
 // shared memory with cp.async (coalesced 16-byte copies).
 //
-// Self-contained (no headers) so that NVRTC (CuPy) and nvcc both compile it.
+// Shared definitions: kv_common.cuh (NVRTC gets -I of this folder).
 
-typedef unsigned long long kv_u64;
-typedef unsigned int kv_u32;
-typedef unsigned short kv_u16;
-typedef unsigned char kv_u8;
-
-#ifndef KV_COMMON_DEFINED
-#define KV_COMMON_DEFINED
-// SplitMix64 (Steele, Lea, Flood 2014): word w of the sign mask is output w of the generator
-// started at state `seed` (sim_models/signs.py).
-__host__ __device__ constexpr kv_u64 kv_splitmix64(kv_u64 seed, int w) {
-  kv_u64 z = seed + (kv_u64)(w + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-// true when lane i is negated by D
-__host__ __device__ constexpr bool kv_sign(kv_u64 seed, int has_sign, int i) {
-  return has_sign != 0 && ((kv_splitmix64(seed, i >> 6) >> (i & 63)) & 1ull) != 0;
-}
-__host__ __device__ constexpr int kv_ilog2(int v) { return v <= 1 ? 0 : 1 + kv_ilog2(v >> 1); }
-#endif
+#include "kv_common.cuh"
 
 namespace kv_enc {
+using namespace kv_common;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -62,15 +43,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
 __device__ __forceinline__ void cp_async16_full(void* smem, const void* gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int K>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(K)); }
-
-__device__ __forceinline__ float h2f(kv_u32 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-  return f;
 }
 // fp16 half `hi` (0: bits 0-15, 1: bits 16-31) of a packed pair -> float, no extraction op
 __device__ __forceinline__ float h2f_half(kv_u32 w, int hi) {
@@ -84,8 +56,6 @@ __device__ __forceinline__ kv_u32 max_u16x2(kv_u32 a, kv_u32 b) {
   asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
-// 2^e as float, e in [-126, 127]
-__device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
 // Two packed bf16 values times 2^64, exact, as bf16 patterns (exponent fields <= 190). Normal
 // lanes: exponent field + 64; subnormal lanes (F 2^-133) become the normal bf16 F 2^-69 (F < 2^7
 // fits the 8-bit significand), built by an integer -> float conversion: CuPy compiles with

@@ -5,7 +5,8 @@ KV_NVRTC is defined), so the PTX contains real kernels, not just declarations: e
 variant the Python side launches -- write kernel MODE (mid-tread 0, mid-rise 1) x RND (scale
 rounding up 0, nearest 1) on the fast-quantizer path (fp16, bf16) and on both threshold-compare
 paths (fp32 and int32 butterflies); decode kernel MR (mid-tread 0, mid-rise 1) for every N and G
-it accepts. The test reads the template arguments back from the mangled entry names.
+it accepts, for key/value bits K3/V3, K4/V3 and K4/V4, and the paged variants (pages of 16 and 32
+tokens). The test reads the template arguments back from the mangled entry names.
 """
 
 from __future__ import annotations
@@ -48,12 +49,14 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
     if "decode" in src:
         assert "mma.sync.aligned.m16n8k16" in ptx and "movmatrix" in ptx
         args = _template_args(ptx, "kv_decode_attn")
-        # <N, G, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR>
-        assert args and all(len(a) == 10 for a in args), args
+        # <N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB>
+        assert args and all(len(a) == 13 for a in args), args
         for n in (64, 128, 256):
             for g in (16, 32, 64):
-                got = {a[9] for a in args if a[0] == n and a[1] == g}
-                assert got == {0, 1}, f"decode N={n} G={g}: MR variants {got}"
+                for kb, vb in ((3, 3), (4, 3), (4, 4)):
+                    got = {a[11] for a in args if a[:4] == (n, g, kb, vb) and a[12] == 1}
+                    assert got == {0, 1}, f"decode N={n} G={g} K{kb}V{vb}: MR variants {got}"
+        assert {a[12] for a in args} == {1, 2, 4}  # contiguous / 64-token pages, 32- and 16-token pages
         assert "add.rn.f16x2" in ptx  # the mid-rise + 1/2 of V lanes at bit offset 0
     if "encode" in src:
         assert "cp.async" in ptx

@@ -252,9 +252,10 @@ def test_unsupported_params_refused_without_gpu():
     with pytest.raises(ValueError, match="capacity"):
         gpu_ref.KVCache(1, 1, 0)
     with pytest.raises(ValueError, match="supports"):
-        gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(bits=4))
+        gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(bits=2))
     with pytest.raises(ValueError, match="supports"):
         gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(n=512))
+    assert gpu_ref.decode_supported(FormatParams(bits=4))
     with pytest.raises(TypeError):
         gpu_ref.encode_kv(None, {"n": 128})
     assert gpu_ref.decode_supported(FormatParams())
@@ -279,51 +280,64 @@ def _h_int(v):  # h_int in kv_decode_attn.cu: fp16 bits of a small non-negative 
     return 0 if v == 0 else ((lg + 15) << 10) | ((v << (10 - lg)) & 0x3FF)
 
 
+KPAIRS = {3: [[[0, 3], [1, 4]], [[8, 11], [9, 12]], [[6, 14], [7, 15]], [[2, 5], [10, 13]]],  # kv_decode_attn.cu
+          4: [[[0, 2], [1, 3]], [[4, 6], [5, 7]], [[8, 10], [9, 11]], [[12, 14], [13, 15]]]}
+
+
+@pytest.mark.parametrize("bits", [3, 4])
 @pytest.mark.parametrize("mr", [0, 1], ids=["midtread", "midrise"])
-def test_decode_fragment_tricks_match_golden_codes(mr):
-    """K: PRMT + LOP3 give 1 + (c+4) 2^(o-10); V: PRMT + LOP3 + HFMA2 (+ HADD2 1/2 for mid-rise lanes
-    at bit offset 0) give c (mid-tread) or c + 1/2 (mid-rise) exactly; the mid-rise K offset
-    1 + 3.5 2^(o-10) leaves (c + 1/2) 2^(o-10)."""
-    kpairs = [[[0, 3], [1, 4]], [[8, 11], [9, 12]], [[6, 14], [7, 15]], [[2, 5], [10, 13]]]  # kv_decode_attn.cu
-    rng = np.random.default_rng(0)
+def test_decode_fragment_tricks_match_golden_codes(mr, bits):
+    """K: PRMT + LOP3 give 1 + (c+T) 2^(o-10) (T = 2^(b-1)); V: PRMT + LOP3 + HFMA2 (+ HADD2 1/2 for
+    mid-rise lanes at bit offset 0) give c (mid-tread) or c + 1/2 (mid-rise) exactly; the mid-rise K
+    offset 1 + (T - 1/2) 2^(o-10) leaves (c + 1/2) 2^(o-10). Also: every thread's four K lanes per
+    16-lane chunk together cover the chunk once (the pairing is a permutation)."""
+    kpairs = KPAIRS[bits]
+    assert sorted(j for t in kpairs for pr in t for j in pr) == list(range(16))
+    top, fm = 1 << (bits - 1), (1 << bits) - 1
+    rng = np.random.default_rng(bits)
     n = 128
-    codes = rng.integers(-4 if mr else -3, 4, size=(2, n))
-    rows = pack_codes(codes, 3)
+    codes = rng.integers(-top if mr else -top + 1, top, size=(2, n))
+    rows = pack_codes(codes, bits)
     words = [np.concatenate([r, np.zeros(8, np.uint8)]).view("<u4").astype(np.int64) for r in rows]
     w = words[0]
     for tig in range(4):
         for p in range(2):
             jl, jh = kpairs[tig][p]
-            bl, ol, bh, oh = (3 * jl) >> 3, (3 * jl) & 7, (3 * jh) >> 3, (3 * jh) & 7
+            bl, ol, bh, oh = (bits * jl) >> 3, (bits * jl) & 7, (bits * jh) >> 3, (bits * jh) & 7
             sel_e = bl | (min(bl + 1, 7) << 4) | (bh << 8) | (min(bh + 1, 7) << 12)
             sel_o = (bl + 2) | (min(bl + 3, 7) << 4) | ((bh + 2) << 8) | (min(bh + 3, 7) << 12)
-            ma = (7 << ol) | (7 << (16 + oh))
-            mb = (4 << ol) | (4 << (16 + oh)) | 0x3C003C00
+            ma = (fm << ol) | (fm << (16 + oh))
+            mb = (top << ol) | (top << (16 + oh)) | 0x3C003C00
             for c in range(n // 16):
-                wl0 = (3 * c - 1) // 2 if c & 1 else (3 * c) // 2
-                r = _lop_6a(_byte_perm(int(w[wl0]), int(w[wl0 + 1]), sel_o if c & 1 else sel_e), ma, mb)
+                if bits == 4:
+                    wl0, sel = 2 * c, sel_e
+                else:
+                    wl0 = (3 * c - 1) // 2 if c & 1 else (3 * c) // 2
+                    sel = sel_o if c & 1 else sel_e
+                r = _lop_6a(_byte_perm(int(w[wl0]), int(w[wl0 + 1]), sel), ma, mb)
                 for half, j, o in ((0, jl, ol), (1, jh, oh)):
                     kv = _h((r >> (16 * half)) & 0xFFFF)
-                    assert kv == 1 + (codes[0, 16 * c + j] + 4) * 2.0 ** (o - 10)
-                    koff = 3.5 if mr else 4.0
+                    assert kv == 1 + (codes[0, 16 * c + j] + top) * 2.0 ** (o - 10)
+                    koff = top - 0.5 if mr else float(top)
                     assert (kv - (1 + koff * 2.0 ** (o - 10))) * 2.0 ** (10 - o) == codes[0, 16 * c + j] + 0.5 * mr
     for g_blk in (16, 32, 64):
         segl = g_blk // 8
         for bb in range(n // g_blk):
             for g in range(8):
-                boff = 3 * (bb * g_blk + g * segl)
+                boff = bits * (bb * g_blk + g * segl)
                 segs = [int(((int(x[boff >> 5]) | (int(x[(boff >> 5) + 1]) << 32)) >> (boff & 31)) & 0xFFFFFFFF)
                         for x in words]
                 for j in range(segl):
-                    beta, o = (3 * j) >> 3, (3 * j) & 7
-                    sel = beta | ((beta + 1) << 4) | ((beta + 4) << 8) | ((beta + 5) << 12)
+                    beta, o = (bits * j) >> 3, (bits * j) & 7
+                    b1 = min(beta + 1, 3)
+                    sel = beta | (b1 << 4) | ((beta + 4) << 8) | ((b1 + 4) << 12)
                     hbit = ((1 << (o - 1)) | (1 << (15 + o))) if (mr and o > 0) else 0
-                    r = _lop_6a(_byte_perm(segs[0], segs[1], sel), (7 << o) | (7 << (16 + o)),
-                                (4 << o) | (4 << (16 + o)) | 0x64006400 | hbit)
+                    r = _lop_6a(_byte_perm(segs[0], segs[1], sel), (fm << o) | (fm << (16 + o)),
+                                (top << o) | (top << (16 + o)) | 0x64006400 | hbit)
                     for half in range(2):
                         # fma.rn.f16x2: exact product and sum, one rounding to fp16
                         v = float(np.float16(_h((r >> (16 * half)) & 0xFFFF) * 2.0 ** -o
-                                             + _h(0x8000 | _h_int((1 << (10 - o)) + 4))))
+                                             + _h(0x8000 | _h_int((1 << (10 - o)) + top))))
                         if mr and o == 0:
                             v = float(np.float16(v + 0.5))
                         assert v == codes[half, bb * g_blk + g * segl + j] + 0.5 * mr
@@ -335,3 +349,62 @@ def test_scale_byte_to_float_formula():
     hi = ((s << 20) + (120 << 23)).view(np.float32).astype(np.float64)
     lo = s.astype(np.float64) * 2.0 ** -9
     assert np.array_equal(np.where(s >= 8, hi, lo), scale_value(np.arange(256)))
+
+
+# ---------------------------------------------------------------------------------------------
+# decode planning (no GPU: num_sms given)
+# ---------------------------------------------------------------------------------------------
+def test_plan_mqa_70000_tokens_within_merge_limit():
+    """Issue 10: batch 1, 16 q heads, 1 KV head, N=64, 70,000 tokens raised 'num_splits must be in
+    [1, 128], got 132'; the default split count is now clamped to what the merge stages."""
+    for kb, vb in ((3, 3), (4, 3), (4, 4)):
+        pl = gpu_ref.plan(FormatParams(n=64, bits=kb), FormatParams(n=64, bits=vb), batch=1, q_heads=16,
+                          kv_heads=1, max_length=70000, num_sms=132)
+        _, smem, _, wreg = gpu_ref.decode_kernel_params(FormatParams(n=64, bits=kb), FormatParams(n=64, bits=vb))
+        assert 1 <= pl.num_splits <= wreg // 64 and pl.num_splits * pl.chunk >= 70000
+        assert pl.smem == smem <= 227 * 1024
+
+
+def test_plan_split_bound_over_shape_space():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.choice([64, 128, 256]))
+        kvh = int(rng.integers(1, 65))
+        hq = kvh * int(rng.choice([1, 2, 3, 4, 7, 8, 16, 32]))
+        if hq > 256:
+            continue
+        kb, vb = [(3, 3), (4, 3), (4, 4)][int(rng.integers(3))]
+        page = [None, 16, 32, 64, 128][int(rng.integers(5))]
+        sinks = int(rng.choice([0, 4, 64]))
+        t = int(rng.choice([0, 1, 63, 64, 5000, 70000, 1 << 20]))
+        pl = gpu_ref.plan(FormatParams(n=n, bits=kb), FormatParams(n=n, bits=vb), batch=int(rng.integers(1, 65)),
+                          q_heads=hq, kv_heads=kvh, max_length=t, page_size=page, sinks=sinks,
+                          num_sms=int(rng.choice([1, 78, 132])))
+        wreg = gpu_ref.decode_kernel_params(FormatParams(n=n, bits=kb), FormatParams(n=n, bits=vb))[3]
+        assert 1 <= pl.num_splits <= wreg // 64
+        assert pl.num_splits * pl.chunk >= max(t - sinks, 1) and pl.chunk % 64 == 0
+        assert pl.smem <= 227 * 1024
+        assert pl.capacity >= t - sinks
+
+
+def test_plan_refusals_name_the_parameter():
+    p = FormatParams()
+    for kw, word in ((dict(q_heads=3, kv_heads=2), "multiple"), (dict(sinks=65), "sinks"),
+                     (dict(page_size=48), "page_size"), (dict(page_size=96), "page_size"),
+                     (dict(num_splits=0), "num_splits"), (dict(num_splits=10**6), "num_splits"),
+                     (dict(batch=0), "batch"), (dict(max_length=-1), "max_length"),
+                     (dict(capacity=100), "capacity"), (dict(max_length=5000, capacity=1024), "capacity"),
+                     (dict(page_size=16, max_pages=2, max_length=100), "max_pages")):
+        args = dict(batch=2, q_heads=8, kv_heads=2, max_length=1000, num_sms=132)
+        args.update(kw)
+        with pytest.raises(ValueError, match=word):
+            gpu_ref.plan(p, **args)
+    with pytest.raises(ValueError, match="bits"):
+        gpu_ref.plan(FormatParams(bits=2), batch=1, q_heads=1, kv_heads=1, max_length=1, num_sms=1)
+    with pytest.raises(ValueError, match="block"):
+        gpu_ref.plan(FormatParams(block=32), FormatParams(block=64), batch=1, q_heads=1, kv_heads=1,
+                     max_length=1, num_sms=1)
+    with pytest.raises(ValueError, match="sinks"):
+        gpu_ref.KVCache(1, 1, 16, sinks=65)
+    with pytest.raises(ValueError, match="page_size"):
+        gpu_ref.KVCache(1, 1, 16, page_size=24)

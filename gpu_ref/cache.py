@@ -1,0 +1,231 @@
+"""Packed K/V cache of one attention layer on the GPU, in the layout the decode kernel reads.
+
+Policy (sim_models.policy.CachePolicy, per layer): key and value formats (bits 3 or 4 each), the
+first ``sinks`` tokens of every sequence kept unquantized in side planes, key centering (mu per kv
+head, sim_models.center) and per-channel power-of-two key scales ``s`` (keys stored as
+``k * s - mu * s``, queries read as ``q / s``: q.k is unchanged up to the constant q.mu, to which
+softmax is invariant). Layout: contiguous ``[B, KVH, CAP, *]`` planes, or a pool of fixed-size pages
+with a per-sequence block table (vLLM/FlashInfer convention); pages are handed out on append.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim_models.params import FormatParams
+
+from . import decode as _dec
+from ._build import check_cupy_array, cupy
+from .encode import as_bits, center_scale_keys, launch_encode
+
+
+def _check_pos(name, v, lo=1):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+class KVCache:
+    """Packed K/V cache on the GPU.
+
+    Args:
+        batch: number of sequences B.
+        kv_heads: KV heads per token.
+        capacity: tokens per sequence (incl. sinks); the packed rows are rounded up to a multiple of 16.
+        params: key format (decode needs bits 3/4, N in {64, 128, 256}, G in {16, 32, 64}; quantizer in
+            :data:`gpu_ref.SUPPORTED_QUANTIZER`, else ValueError naming the field).
+        v_params: value format (default: ``params``); may differ from it only in ``bits``.
+        sinks: unquantized leading tokens per sequence (0..64), stored in ``k_sink``/``v_sink``.
+        mu: centering vectors ``[KVH, N]`` (NumPy float16, or uint16 fp16 bits), or None.
+        key_scale: per-channel key scales ``[KVH, N]`` (NumPy, powers of two), or None.
+        page_size: None (contiguous) or tokens per page (16, 32 or a power-of-two multiple of 64).
+        num_pages: pages in the pool (default: enough for every sequence at capacity).
+
+    Attributes:
+        k_codes, v_codes, k_scales, v_scales: uint8 planes (contiguous ``[B, KVH, CAP, *]`` or pools
+        ``[P, KVH, page, *]``); k_flags, v_flags: uint8 ``[B|P, KVH, CAP|page]``; k_sink, v_sink:
+        uint16 ``[B, KVH, sinks, N]`` (None without sinks); block_table: int32 ``[B, max_pages]``
+        (paged); lengths: int32 cupy ``[B]`` tokens per sequence (host copy in ``host_lengths``);
+        q_scale: float32 cupy ``[KVH, N]`` = 1/s (None without key scales).
+
+    Raises:
+        ValueError: a bad size, format pair, policy value or page size (named).
+        TypeError: wrong array types for mu / key_scale.
+    """
+
+    def __init__(self, batch: int, kv_heads: int, capacity: int, params: FormatParams | None = None, *,
+                 v_params: FormatParams | None = None, sinks: int = 0, mu=None, key_scale=None,
+                 page_size: int | None = None, num_pages: int | None = None):
+        kp, vp = _dec.check_kv_pair(params, v_params)
+        self.batch = _check_pos("batch", batch)
+        self.kv_heads = _check_pos("kv_heads", kv_heads)
+        _check_pos("capacity", capacity)
+        self.sinks = _check_pos("sinks", sinks, 0)
+        if self.sinks > _dec.MAX_SINKS:
+            raise ValueError(f"sinks must be in [0, {_dec.MAX_SINKS}], got {sinks}")
+        n = kp.n
+        if (mu is not None or key_scale is not None) and kp.dtype != "fp16":
+            raise ValueError(f"mu / key_scale need dtype fp16, got dtype={kp.dtype!r}")
+        mu16 = None
+        if mu is not None:
+            if not isinstance(mu, np.ndarray):
+                raise TypeError(f"mu must be a NumPy array, got {type(mu).__name__}")
+            mu16 = mu.view(np.float16) if mu.dtype == np.uint16 else mu
+            if mu16.dtype != np.float16 or mu16.shape != (self.kv_heads, n) or not np.isfinite(mu16).all():
+                raise ValueError(f"mu must be finite float16 [{self.kv_heads}, {n}], got {mu.dtype} {mu.shape}")
+        s = None
+        if key_scale is not None:
+            if not isinstance(key_scale, np.ndarray):
+                raise TypeError(f"key_scale must be a NumPy array, got {type(key_scale).__name__}")
+            s = key_scale.astype(np.float64)
+            if s.shape != (self.kv_heads, n) or not np.all(s > 0) or not np.all(np.exp2(np.round(np.log2(s))) == s):
+                raise ValueError(f"key_scale must be powers of two [{self.kv_heads}, {n}]")
+            if np.abs(np.log2(s)).max() > 14:
+                raise ValueError("key_scale exponents must be in [-14, 14]")
+        self.params, self.v_params = kp, vp
+        packed = max(int(capacity) - self.sinks, 1)
+        self.page_size = page_size
+        if page_size is None:
+            cap = (packed + 15) // 16 * 16
+            self.capacity = cap + self.sinks
+            rows, npool, self.max_pages = cap, self.batch, 1
+        else:
+            pg = _check_pos("page_size", page_size)
+            if pg & (pg - 1) or not (pg in (16, 32) or pg % _dec.TT == 0):
+                raise ValueError(f"page_size must be 16, 32 or a multiple of 64 (a power of two), got {pg}")
+            self.max_pages = -(-packed // pg)
+            self.capacity = self.max_pages * pg + self.sinks
+            npool = self.batch * self.max_pages if num_pages is None else _check_pos("num_pages", num_pages)
+            rows = pg
+        self._rows = rows
+        cp = cupy()
+        shp = (npool, self.kv_heads, rows)
+        self.k_codes = cp.zeros((*shp, kp.code_bytes), cp.uint8)
+        self.v_codes = cp.zeros((*shp, vp.code_bytes), cp.uint8)
+        self.k_scales = cp.ones((*shp, kp.n_blocks), cp.uint8)
+        self.v_scales = cp.ones((*shp, vp.n_blocks), cp.uint8)
+        self.k_flags = cp.zeros(shp, cp.uint8)
+        self.v_flags = cp.zeros(shp, cp.uint8)
+        self.k_sink = self.v_sink = None
+        if self.sinks:
+            self.k_sink = cp.zeros((self.batch, self.kv_heads, self.sinks, n), cp.uint16)
+            self.v_sink = cp.zeros((self.batch, self.kv_heads, self.sinks, n), cp.uint16)
+        self._mu = self._s = None
+        self.q_scale = None
+        if s is not None:
+            self._s = cp.asarray(s.astype(np.float32))
+            self.q_scale = cp.asarray((1.0 / s).astype(np.float32))
+        if mu16 is not None:
+            sc = s if s is not None else 1.0
+            self._mu = cp.asarray((mu16.astype(np.float32) * sc).astype(np.float16).astype(np.float32))
+        self._host_table = np.full((self.batch, self.max_pages), -1, np.int64)
+        self._free = list(range(npool - 1, -1, -1)) if page_size is not None else None
+        self.block_table = None
+        if page_size is not None:
+            self.block_table = cp.zeros((self.batch, self.max_pages), cp.int32)
+        self.host_lengths = np.zeros(self.batch, dtype=np.int64)
+        self.lengths = cp.zeros(self.batch, dtype=cp.int32)
+
+    # ---------------------------------------------------------------------------------- write
+    def _packed_rows(self, b: np.ndarray, i: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Flat plane rows of packed token i (0-based after the sinks) of sequence b, kv head h."""
+        if self.page_size is None:
+            return (b * self.kv_heads + h) * self._rows + i
+        pg = self.page_size
+        page = self._host_table[b, i // pg]
+        return (page * self.kv_heads + h) * pg + i % pg
+
+    def _allocate(self, b: int, n_packed: int):
+        if self.page_size is None:
+            return
+        need = -(-n_packed // self.page_size)
+        for j in range(need):
+            if self._host_table[b, j] < 0:
+                if not self._free:
+                    raise ValueError("the page pool is exhausted (num_pages too small)")
+                self._host_table[b, j] = self._free.pop()
+
+    def append(self, k, v):
+        """Encode and append ``T`` tokens to every sequence at its current length.
+
+        Args:
+            k, v: cupy ``[B, T, KVH, N]`` float16 or uint16 bit patterns of ``params.dtype``.
+
+        Raises:
+            ValueError: shapes do not match the cache, or a sequence would exceed the capacity.
+            TypeError: wrong array type or dtype.
+        """
+        cp = cupy()
+        kp, vp = self.params, self.v_params
+        kb, vb = as_bits(k, kp, cp, "k"), as_bits(v, vp, cp, "v")
+        if kb.shape != vb.shape or kb.ndim != 4 or kb.shape[0] != self.batch or kb.shape[2] != self.kv_heads:
+            raise ValueError(f"k and v must both be [B={self.batch}, T, KVH={self.kv_heads}, N={kp.n}], "
+                             f"got {list(kb.shape)} and {list(vb.shape)}")
+        t = kb.shape[1]
+        if np.any(self.host_lengths + t > self.capacity):
+            raise ValueError(f"appending {t} tokens exceeds the capacity {self.capacity}")
+        if t == 0:
+            return
+        if self._mu is not None or self._s is not None:
+            kb = center_scale_keys(kb, self._mu, self._s)
+        s = self.sinks
+        pos = self.host_lengths[:, None] + np.arange(t)[None, :]           # [B, T] token positions
+        bi, ti = np.nonzero(pos >= s)                                        # packed tokens
+        for b in range(self.batch):
+            self._allocate(b, int(pos[b, -1]) + 1 - s)
+        if bi.size:
+            hh = np.arange(self.kv_heads)
+            rows = self._packed_rows(np.repeat(bi, self.kv_heads), np.repeat(pos[bi, ti] - s, self.kv_heads),
+                                     np.tile(hh, bi.size))
+            sel_b, sel_t = cp.asarray(bi), cp.asarray(ti)
+            rows_d = cp.asarray(rows.astype(np.int64))
+            for bits, p, codes, scales, flags in ((kb, kp, self.k_codes, self.k_scales, self.k_flags),
+                                                  (vb, vp, self.v_codes, self.v_scales, self.v_flags)):
+                src = bits if bi.size == self.batch * t else bits[sel_b, sel_t]
+                launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp)
+        sb, st = np.nonzero(pos < s)                                         # sink tokens
+        if sb.size:
+            ib, it, ip = cp.asarray(sb), cp.asarray(st), cp.asarray(pos[sb, st])
+            self.k_sink[ib, :, ip] = kb[ib, it]
+            self.v_sink[ib, :, ip] = vb[ib, it]
+        self.host_lengths += t
+        self.lengths = cp.asarray(self.host_lengths, dtype=cp.int32)
+        if self.block_table is not None:
+            self.block_table = cp.asarray(np.maximum(self._host_table, 0).astype(np.int32))
+
+    # ---------------------------------------------------------------------------------- read
+    def plan(self, q_heads: int, max_length: int | None = None, **kw) -> "_dec.DecodePlan":
+        """:func:`gpu_ref.decode.plan` for this cache (``max_length`` default: the capacity)."""
+        ml = self.capacity if max_length is None else max_length
+        if self.page_size is None:
+            kw.setdefault("capacity", self._rows)
+        else:
+            kw.setdefault("max_pages", self.max_pages)
+        return _dec.plan(self.params, self.v_params, batch=self.batch, q_heads=q_heads, kv_heads=self.kv_heads,
+                         max_length=ml, page_size=self.page_size, sinks=self.sinks, **kw)
+
+    def run(self, pl, ws, q, **kw):
+        """:func:`gpu_ref.decode.run` over this cache with its current lengths (device array)."""
+        return _dec.run(pl, ws, q, self.k_codes, self.k_scales, self.v_codes, self.v_scales, self.lengths,
+                        self.block_table, k_sink=self.k_sink, v_sink=self.v_sink, q_scale=self.q_scale, **kw)
+
+    def attend(self, q, *, lengths=None, num_splits=None, precise_p=False, tune=None, **kw):
+        """One-call decode over the cache (plan for the current lengths, fresh workspace, run).
+
+        ``lengths`` (host ints, optional) overrides the current lengths (each <= its current one).
+        """
+        cp = cupy()
+        check_cupy_array("q", q, cp)
+        if q.ndim != 3:
+            raise ValueError(f"q must be [B, Hq, N], got {list(q.shape)}")
+        host = self.host_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
+        if host.shape != (self.batch,) or host.min(initial=0) < 0 or np.any(host > self.capacity):
+            raise ValueError(f"lengths must be {self.batch} ints in [0, capacity={self.capacity}]")
+        pl = self.plan(q.shape[1], int(host.max(initial=0)), num_splits=num_splits, precise_p=precise_p,
+                       tune=tune)
+        saved = self.lengths
+        self.lengths = cp.asarray(host, dtype=cp.int32)
+        try:
+            return self.run(pl, pl.workspace(), q, **kw)
+        finally:
+            self.lengths = saved

@@ -1,0 +1,441 @@
+"""Fused decode attention over the packed cache (``kv_decode_attn.cu``): plan once, run many times.
+
+``plan(...)`` fixes everything that depends only on shapes and a bound on the lengths (kernel
+variant, split count, chunk, shared memory, workspace size); ``run(plan, workspace, ...)`` checks
+the arrays against the plan and launches one kernel. The caller owns the workspace
+(:meth:`DecodePlan.workspace`), so a CUDA graph that captures ``run`` keeps pointing at memory the
+caller keeps alive (the FlashInfer ``BatchDecodeWithPagedKVCacheWrapper`` convention).
+:func:`decode_attention` is the one-call form (plan + private workspace + run).
+
+Computes, per sequence b and query head h (kv head ``h // (Hq // KVH)``),
+``softmax(scale * (q * q_scale) . k_hat_t) @ v_hat_t`` over the ``lengths[b]`` tokens of b: the first
+``sinks`` of them from the fp16/bf16 side planes, the rest from the packed planes, where
+``k_hat, v_hat`` are the golden-model reconstructions (:func:`sim_models.decode_float`). Nothing
+but the packed bytes (and the sink rows) is read; no fp16 K/V is written anywhere.
+
+Layout (paged, vLLM/FlashInfer convention, HND): ``k_codes [P, KVH, page, N*KB/8]``,
+``v_codes [P, KVH, page, N*VB/8]``, ``k_scales, v_scales [P, KVH, page, N/G]`` uint8 pools, a block
+table int32 ``[B, max_pages]``: packed token i of sequence b is row ``i % page`` of page
+``block_table[b, i // page]``. Contiguous ``[B, KVH, CAP, *]`` planes are the case ``page = CAP``,
+sequence b in page b (no block table). Page sizes: 16, 32 or any multiple of 64 (powers of two).
+
+Numerical budget (docs/FORMAT.md, implementation notes): K codes enter the tensor cores exactly, q~ as
+one or two fp16 parts (``qlo``), softmax weights times V scales as fp16, fp32 accumulation. The
+relative error against a float64 reference over the same dequantized cache must not exceed torch
+SDPA bf16's own error against float64 on unquantized K/V of the same shape (tests/test_gpu.py
+measures both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim_models.params import FormatParams
+
+from ._build import MODE_ID, SUPPORTED_QUANTIZER, check_cupy_array, checked_params, cupy, kernel
+
+DECODE_N = (64, 128, 256)
+DECODE_G = (16, 32, 64)
+DECODE_BITS = (3, 4)
+MAX_SINKS = 64
+TT = 64  # tokens per tile
+
+#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
+#: (profiling only: 1 = no PV, 2 = no QK; gives wrong results).
+DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0}
+
+
+def decode_supported(p: FormatParams) -> bool:
+    """True when the decode kernel reads caches of this format (shape, bits and quantizer).
+
+    Raises:
+        TypeError: ``p`` is not a FormatParams.
+    """
+    if not isinstance(p, FormatParams):
+        raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
+    quant_ok = all(getattr(p, f) in allowed for f, allowed in SUPPORTED_QUANTIZER.items())
+    return (quant_ok and p.bits in DECODE_BITS and p.n in DECODE_N and p.block in DECODE_G
+            and p.block <= p.n)
+
+
+def check_decode(params) -> FormatParams:
+    """``params`` (default FormatParams()) if the decode kernel supports it; ValueError naming
+    the unsupported field otherwise (before CuPy is needed)."""
+    p = checked_params(params)
+    if not decode_supported(p):
+        raise ValueError(f"decode_attention supports bits in {DECODE_BITS}, n in {DECODE_N}, block in "
+                         f"{DECODE_G}; got bits={p.bits}, n={p.n}, block={p.block}")
+    return p
+
+
+def check_kv_pair(k_params, v_params) -> tuple[FormatParams, FormatParams]:
+    """(K format, V format): both decodable, equal in every field but ``bits`` (V defaults to K).
+
+    Raises:
+        ValueError: naming the first field that differs, or an unsupported one.
+    """
+    kp = check_decode(k_params)
+    vp = kp if v_params is None else check_decode(v_params)
+    for f in ("n", "block", "mode", "dtype", "sign_seed", "mant_bits", "scale", "scale_round"):
+        if getattr(kp, f) != getattr(vp, f):
+            raise ValueError(f"K and V formats may differ only in bits; {f}: {getattr(kp, f)!r} != "
+                             f"{getattr(vp, f)!r}")
+    return kp, vp
+
+
+def _stages(n: int) -> int:
+    return {64: 4, 128: 3, 256: 2}[n]
+
+
+def _smem(kp: FormatParams, vp: FormatParams, stages: int) -> tuple[int, int]:
+    """(dynamic shared memory bytes, one warp region's bytes) -- KvDecCfg in kv_decode_attn.cu."""
+    n, nb = kp.n, kp.n_blocks
+    stb = TT * kp.code_bytes + TT * vp.code_bytes + 2 * TT * nb
+    wraw = stages * stb + 16 + 2 * nb * 64 * 4
+    wacc = 8 * n * 4
+    wreg = (max(wraw, wacc + 2048) + 15) // 16 * 16
+    return 4 * wreg + 8 * n * 4 + (40 + 40 + 8 + 8 + 8 + 4) * 4 + 256 * 4, wreg
+
+
+def _pages_per_tile(page: int | None) -> int:
+    if page is None or page % TT == 0:
+        return 1
+    return TT // page
+
+
+def kernel_params(kp: FormatParams, vp: FormatParams | None = None, precise_p: bool = False,
+                  stages: int | None = None, tune=None, page_size: int | None = None):
+    """(template arguments, dynamic shared memory bytes, CTAs per SM, warp region bytes).
+
+    Raises:
+        TypeError, ValueError: parameters the decode kernel does not support.
+    """
+    kp, vp = check_kv_pair(kp, vp)
+    t = dict(DECODE_TUNE, **(tune or {}))
+    st = int(t.get("stages") or stages or _stages(kp.n))
+    seed = 0 if kp.sign_seed is None else kp.sign_seed
+    targs = (str(kp.n), str(kp.block), str(kp.bits), str(vp.bits), "1" if precise_p else "0", str(st),
+             f"{seed}ull", "0" if kp.sign_seed is None else "1", str(int(t["minb"])), str(int(t["qlo"])),
+             str(int(t["abl"])), str(MODE_ID[kp.mode]), str(_pages_per_tile(page_size)))
+    smem, wreg = _smem(kp, vp, st)
+    return targs, smem, int(t["minb"]), wreg
+
+
+def _pos_int(name, v, lo=1):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+@dataclass
+class Workspace:
+    """Split-KV scratch owned by the caller (cupy arrays; keep it alive while a graph uses it).
+
+    Attributes: acc float32 partial outputs, ml float32 (max, sum) pairs, counters int32 tickets
+    (zero between runs: the kernel resets them).
+    """
+
+    acc: object
+    ml: object
+    counters: object
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What :func:`plan` fixed. Attributes are plain values (see :func:`plan`)."""
+
+    k_params: FormatParams
+    v_params: FormatParams
+    batch: int
+    q_heads: int
+    kv_heads: int
+    max_length: int
+    capacity: int
+    page_size: int | None
+    max_pages: int
+    sinks: int
+    num_splits: int
+    chunk: int
+    head_tiles: int
+    targs: tuple
+    smem: int
+    workspace_floats: tuple = field(default=(0, 0, 0))
+
+    @property
+    def workspace_bytes(self) -> int:
+        a, m, c = self.workspace_floats
+        return 4 * (a + m + c)
+
+    def workspace(self) -> Workspace:
+        """A fresh workspace for this plan (zeroed counters)."""
+        cp = cupy()
+        a, m, c = self.workspace_floats
+        return Workspace(cp.empty(max(a, 1), cp.float32), cp.empty(max(m, 1), cp.float32),
+                         cp.zeros(max(c, 1), cp.int32))
+
+
+def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = None, *, batch: int,
+         q_heads: int, kv_heads: int, max_length: int, capacity: int | None = None,
+         page_size: int | None = None, max_pages: int | None = None, sinks: int = 0,
+         num_splits: int | None = None, precise_p: bool = False, stages: int | None = None,
+         tune: dict | None = None, num_sms: int | None = None) -> DecodePlan:
+    """Plan decode attention for fixed shapes and a bound on the sequence lengths.
+
+    Args:
+        k_params, v_params: key / value formats (V defaults to K); bits 3 or 4 each, otherwise equal.
+        batch, q_heads, kv_heads: B, Hq (a multiple of KVH), KVH.
+        max_length: bound on every ``lengths[b]`` passed to :func:`run` (tokens incl. sinks).
+        capacity: contiguous layout: packed rows per sequence (CAP, multiple of 16; default
+            ``max_length - sinks`` rounded up). Ignored when ``page_size`` is given.
+        page_size: paged layout: tokens per page (16, 32 or a multiple of 64, power of two);
+            None = contiguous.
+        max_pages: paged layout: block-table columns (default: enough for max_length).
+        sinks: fp16 sink tokens per sequence (0..64).
+        num_splits: split-KV factor (default: one wave of CTAs, clamped to the merge limit).
+        precise_p: also split the softmax weights into two fp16 parts.
+        stages, tune: kernel tuning (benchmarks).
+        num_sms: multiprocessors to plan for (default: the current device's).
+
+    Returns:
+        :class:`DecodePlan`.
+
+    Raises:
+        ValueError: a bad shape, length bound, page size, sink count or split count (named).
+    """
+    kp, vp = check_kv_pair(k_params, v_params)
+    bsz = _pos_int("batch", batch)
+    hq = _pos_int("q_heads", q_heads)
+    kvh = _pos_int("kv_heads", kv_heads)
+    if hq % kvh:
+        raise ValueError(f"q_heads {hq} must be a multiple of kv_heads {kvh}")
+    maxlen = _pos_int("max_length", max_length, 0)
+    s = _pos_int("sinks", sinks, 0)
+    if s > MAX_SINKS:
+        raise ValueError(f"sinks must be in [0, {MAX_SINKS}], got {s}")
+    packed = max(maxlen - s, 0)
+    if page_size is None:
+        cap = _pos_int("capacity", capacity) if capacity is not None else max(16, -(-packed // 16) * 16)
+        if cap % 16:
+            raise ValueError(f"capacity must be a multiple of 16, got {cap}")
+        if packed > cap:
+            raise ValueError(f"max_length - sinks = {packed} exceeds the capacity {cap}")
+        mp = 1
+    else:
+        pg = _pos_int("page_size", page_size)
+        if pg & (pg - 1) or not (pg in (16, 32) or pg % TT == 0):
+            raise ValueError(f"page_size must be 16, 32 or a multiple of 64 (a power of two), got {pg}")
+        need = max(1, -(-packed // pg))
+        mp = need if max_pages is None else _pos_int("max_pages", max_pages)
+        if mp < need:
+            raise ValueError(f"max_pages {mp} cannot hold max_length - sinks = {packed} tokens of {pg}")
+        cap = mp * pg
+    group = hq // kvh
+    ht = (group + 7) // 8
+    pairs = bsz * kvh * ht
+    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size)
+    max_splits = min(wreg // 64, 65535)  # the last CTA stages (m, l) of every split in one warp region
+    if num_splits is None:
+        if num_sms is None:
+            num_sms = cupy().cuda.Device().attributes["MultiProcessorCount"]
+        per_sm = max(1, min(minb, (227 * 1024) // (smem + 1024)))
+        slots = int(num_sms) * per_sm
+        # >= 2 tiles per warp: at 4K/B=1, 8 splits ran 2 % faster than 16 (bench/GPU_NOTES.md, round 4)
+        want = max(1, -(-packed // (TT * 4 * 2)))
+        num_splits = max(1, min(slots // pairs, want)) if pairs < slots else 1
+        num_splits = min(num_splits, max_splits)
+    ns = _pos_int("num_splits", num_splits)
+    if ns > max_splits:
+        raise ValueError(f"num_splits must be in [1, {max_splits}], got {ns}")
+    chunk = -(-max(packed, 1) // ns)
+    chunk = -(-chunk // TT) * TT
+    ns = max(1, -(-max(packed, 1) // chunk))
+    n = kp.n
+    return DecodePlan(k_params=kp, v_params=vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=maxlen,
+                      capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns, chunk=chunk,
+                      head_tiles=ht, targs=targs, smem=smem,
+                      workspace_floats=(pairs * ns * 8 * n, pairs * ns * 16, pairs))
+
+
+def _check_plane(name, a, width, lead, cp):
+    check_cupy_array(name, a, cp)
+    if a.dtype != cp.uint8:
+        raise TypeError(f"{name} must be uint8, got {a.dtype}")
+    if a.ndim != 4 or a.shape[-1] != width or (lead is not None and a.shape[1:3] != lead):
+        want = f"[*, {lead[0]}, {lead[1]}, {width}]" if lead is not None else f"[*, KVH, rows, {width}]"
+        raise ValueError(f"{name} must be {want}, got {list(a.shape)}")
+    if a.data.ptr % 16:
+        raise ValueError(f"{name} must be 16-byte aligned")
+
+
+def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, lengths, block_table=None, *,
+        k_sink=None, v_sink=None, q_scale=None, scale: float | None = None, out=None,
+        out_dtype: str | None = None):
+    """Launch the planned decode (no device->host copies: capturable in a CUDA graph).
+
+    Args:
+        pl: from :func:`plan`; ws: its :meth:`DecodePlan.workspace` (not shared by concurrent runs).
+        q: cupy ``[B, Hq, N]`` float16, or uint16 bf16 bit patterns.
+        k_codes, k_scales, v_codes, v_scales: uint8 pools ``[P, KVH, page, *]`` (contiguous:
+            ``[B, KVH, CAP, *]``), 16-byte aligned, C-contiguous.
+        lengths: cupy int32 ``[B]``, tokens per sequence incl. sinks, each <= ``pl.max_length``
+            (the kernel clamps the packed part to the capacity; it never reads outside the planes).
+        block_table: cupy int32 ``[B, max_pages]`` (paged), ignored / None for contiguous planes.
+        k_sink, v_sink: ``[B, KVH, sinks, N]`` rows of the same type as q (when ``pl.sinks`` > 0).
+        q_scale: cupy float32 ``[KVH, N]`` factor on q (``1 / s`` for key scales ``s``), or None.
+        scale: softmax scale (default ``1/sqrt(N)``).
+        out: optional output; out_dtype "fp16", "bf16" (uint16 bits) or "fp32" (default: q's type).
+
+    Returns:
+        cupy ``[B, Hq, N]``.
+
+    Raises:
+        TypeError, ValueError: arrays that do not match the plan (named).
+    """
+    cp = cupy()
+    kp, vp = pl.k_params, pl.v_params
+    n = kp.n
+    check_cupy_array("q", q, cp)
+    if q.shape != (pl.batch, pl.q_heads, n):
+        raise ValueError(f"q must be [{pl.batch}, {pl.q_heads}, {n}], got {list(q.shape)}")
+    if q.dtype == cp.float16:
+        q_bf16 = 0
+    elif q.dtype == cp.uint16:
+        q_bf16 = 1
+    else:
+        raise TypeError(f"q must be float16 or uint16 (bf16 bit patterns), got {q.dtype}")
+    contiguous = pl.page_size is None
+    rows = pl.capacity if contiguous else pl.page_size
+    lead = (pl.kv_heads, rows)
+    for name, a, w in (("k_codes", k_codes, kp.code_bytes), ("k_scales", k_scales, kp.n_blocks),
+                       ("v_codes", v_codes, vp.code_bytes), ("v_scales", v_scales, vp.n_blocks)):
+        _check_plane(name, a, w, lead, cp)
+    npool = k_codes.shape[0]
+    if any(a.shape[0] != npool for a in (k_scales, v_codes, v_scales)):
+        raise ValueError("the four planes must have the same number of pages")
+    check_cupy_array("lengths", lengths, cp)
+    if lengths.dtype != cp.int32 or lengths.shape != (pl.batch,):
+        raise ValueError(f"lengths must be cupy int32 [{pl.batch}], got {lengths.dtype} {list(lengths.shape)}")
+    if contiguous:
+        if npool != pl.batch:
+            raise ValueError(f"contiguous planes must have batch {pl.batch} as first axis, got {npool}")
+        bt_arg, bt_cols, page_shift = np.uint64(0), 1, -1  # sequence b is page b; no table read
+    else:
+        if block_table is None:
+            raise ValueError("block_table is required for a paged plan")
+        check_cupy_array("block_table", block_table, cp)
+        if block_table.dtype != cp.int32 or block_table.shape != (pl.batch, pl.max_pages):
+            raise ValueError(f"block_table must be cupy int32 [{pl.batch}, {pl.max_pages}], got "
+                             f"{block_table.dtype} {list(block_table.shape)}")
+        bt_arg, bt_cols, page_shift = block_table, pl.max_pages, int(pl.page_size).bit_length() - 1
+    sink_args = (np.uint64(0), np.uint64(0))
+    if pl.sinks:
+        for name, a in (("k_sink", k_sink), ("v_sink", v_sink)):
+            if a is None:
+                raise ValueError(f"{name} is required: the plan has sinks={pl.sinks}")
+            check_cupy_array(name, a, cp)
+            if a.dtype not in (cp.float16, cp.uint16) or a.shape != (pl.batch, pl.kv_heads, pl.sinks, n):
+                raise ValueError(f"{name} must be float16/uint16 [{pl.batch}, {pl.kv_heads}, {pl.sinks}, {n}], "
+                                 f"got {a.dtype} {list(a.shape)}")
+        sink_args = (k_sink, v_sink)
+    qs_arg = np.uint64(0)
+    if q_scale is not None:
+        check_cupy_array("q_scale", q_scale, cp)
+        if q_scale.dtype != cp.float32 or q_scale.shape != (pl.kv_heads, n):
+            raise ValueError(f"q_scale must be cupy float32 [{pl.kv_heads}, {n}], got {q_scale.dtype} "
+                             f"{list(q_scale.shape)}")
+        qs_arg = q_scale
+    odt = out_dtype or ("bf16" if q_bf16 else "fp16")
+    kinds = {"fp16": (0, cp.float16), "bf16": (1, cp.uint16), "fp32": (2, cp.float32)}
+    if odt not in kinds:
+        raise ValueError(f"out_dtype must be one of {tuple(kinds)}, got {odt!r}")
+    okind, ocp = kinds[odt]
+    if out is None:
+        out = cp.empty((pl.batch, pl.q_heads, n), dtype=ocp)
+    else:
+        check_cupy_array("out", out, cp)
+        if out.shape != (pl.batch, pl.q_heads, n) or out.dtype != ocp:
+            raise ValueError(f"out must be {ocp.__name__} [{pl.batch}, {pl.q_heads}, {n}]")
+    a, m, c = pl.workspace_floats
+    if ws.acc.size < a or ws.ml.size < m or ws.counters.size < c:
+        raise ValueError("workspace is smaller than the plan needs (use plan.workspace())")
+    if scale is None:
+        scale = 1.0 / math.sqrt(n)
+    k = kernel("decode", pl.targs, pl.smem)
+    kvh, ht = pl.kv_heads, pl.head_tiles
+    k((pl.batch * kvh * ht, pl.num_splits), (128,),
+      (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, bt_arg, np.int32(bt_cols),
+       np.int32(page_shift), np.int64(rows), lengths, sink_args[0], sink_args[1], np.int32(pl.sinks), qs_arg,
+       ws.acc, ws.ml, ws.counters, out, np.int32(okind), np.int32(pl.q_heads), np.int32(kvh), np.int32(ht),
+       np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.num_splits), np.int32(pl.chunk),
+       np.float32(scale)),
+      shared_mem=pl.smem)
+    return out
+
+
+def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: FormatParams | None = None,
+                     *, v_params: FormatParams | None = None, scale: float | None = None,
+                     out_dtype: str | None = None, num_splits: int | None = None, precise_p: bool = False,
+                     max_length: int | None = None, stages: int | None = None, out=None,
+                     tune: dict | None = None):
+    """One-call decode over contiguous planes ``[B, KVH, CAP, *]`` (plan + fresh workspace + run).
+
+    Not for CUDA-graph capture (the workspace is allocated per call): use :func:`plan` / :func:`run`.
+
+    Args:
+        q: cupy ``[B, Hq, N]`` float16 or uint16 bf16 bits.
+        k_codes, k_scales, v_codes, v_scales: contiguous planes (see the module docstring).
+        lengths: host ints / NumPy ``[B]`` (checked against CAP), or cupy int32 ``[B]`` (checked with
+            one device->host copy unless ``max_length`` bounds it).
+        params, v_params: key / value formats (V defaults to K).
+        Other arguments as :func:`plan` and :func:`run`.
+
+    Raises:
+        TypeError, ValueError: as :func:`plan` and :func:`run`; lengths outside [0, CAP].
+    """
+    kp, vp = check_kv_pair(params, v_params)
+    cp = cupy()
+    check_cupy_array("q", q, cp)
+    if q.ndim != 3:
+        raise ValueError(f"q must be [B, Hq, N], got {list(q.shape)}")
+    hd = q.shape[-1]
+    if hd != kp.n:
+        extra = "" if hd > 0 and hd & (hd - 1) == 0 else " (head_dim must be a power of two)"
+        raise ValueError(f"q head_dim {hd} != params.n {kp.n}{extra}")
+    check_cupy_array("k_codes", k_codes, cp)
+    if k_codes.ndim != 4:
+        raise ValueError(f"k_codes must be [B, KVH, CAP, {kp.code_bytes}], got {list(k_codes.shape)}")
+    bsz, kvh, cap = k_codes.shape[:3]
+    if q.shape[0] != bsz:
+        raise ValueError(f"q batch {q.shape[0]} != cache batch {bsz}")
+    if cap % 16:
+        raise ValueError(f"cache capacity {cap} must be a multiple of 16")
+    if q.shape[1] % kvh:
+        raise ValueError(f"q heads {q.shape[1]} must be a multiple of kv heads {kvh}")
+    if isinstance(lengths, cp.ndarray):
+        if lengths.shape != (bsz,):
+            raise ValueError(f"lengths must be [B={bsz}], got {list(lengths.shape)}")
+        host = cp.asnumpy(lengths).astype(np.int64) if max_length is None else None
+        dev = cp.ascontiguousarray(lengths.astype(cp.int32, copy=False))
+    else:
+        host = np.asarray(lengths)
+        if host.shape != (bsz,) or not np.issubdtype(host.dtype, np.integer):
+            raise ValueError(f"lengths must be {bsz} integers, got {host!r}")
+        host = host.astype(np.int64)
+        dev = None
+    if host is not None:
+        if host.min(initial=0) < 0 or host.max(initial=0) > cap:
+            raise ValueError(f"lengths must be in [0, capacity={cap}], got min {host.min()} max {host.max()}")
+        maxlen = int(host.max(initial=0))
+        if dev is None:
+            dev = cp.asarray(host, dtype=cp.int32)
+    else:
+        if not 0 <= int(max_length) <= cap:
+            raise ValueError(f"max_length must be in [0, capacity={cap}], got {max_length}")
+        maxlen = int(max_length)
+    pl = plan(kp, vp, batch=bsz, q_heads=q.shape[1], kv_heads=kvh, max_length=maxlen, capacity=cap,
+              num_splits=num_splits, precise_p=precise_p, stages=stages, tune=tune)
+    return run(pl, pl.workspace(), q, k_codes, k_scales, v_codes, v_scales, dev, scale=scale, out=out,
+               out_dtype=out_dtype)
