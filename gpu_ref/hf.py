@@ -135,7 +135,11 @@ def _layer_format(f: FormatParams | None, head_dim: int, dtype: str) -> FormatPa
     """The policy's format with n = head_dim (block clipped to n) and the cache's 16-bit type."""
     if f is None:
         return None
-    return dataclasses.replace(f, n=head_dim, block=min(f.block, head_dim), dtype=dtype)
+    try:
+        return dataclasses.replace(f, n=head_dim, block=min(f.block, head_dim), dtype=dtype)
+    except ValueError as err:
+        raise ValueError(f"head_dim {head_dim} cannot be stored in the packed format (one vector per "
+                         f"head): {err}") from None
 
 
 def _check_cuda_layer(layer: int, kf, vf, sinks: int):
@@ -299,6 +303,7 @@ class PackedLayer(CacheLayerMixin):
         self.packed = k_fmt is not None or v_fmt is not None
         self.length = 0
         self.store = None
+        self.prefill = "exact"
         self.last_chunk = 0          # tokens appended by the last update (read by the attention function)
 
     # ---------------------------------------------------------------- transformers API
@@ -366,6 +371,23 @@ class PackedLayer(CacheLayerMixin):
             q = q / self._ks.repeat_interleave(rep, 0)[None]
         return self.store.attend(q, scaling)
 
+    def attend_chunk(self, query, scaling):
+        """Causal attention of ``query`` ``[B, Hq, T, D]`` (the last T tokens) over the golden
+        reconstructions of every cached token -> ``[B, T, Hq, D]`` (``prefill="packed"``: the
+        golden model's fake-quant forward)."""
+        torch = _torch()
+        t, n = query.shape[2], self.length
+        q = query.float()
+        if self.key_scale is not None:
+            rep = self.num_heads // self.num_kv_heads
+            q = q / self._ks.repeat_interleave(rep, 0)[None, :, None, :]
+        rep = self.num_heads // self.num_kv_heads
+        k = self.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
+        v = self.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
+        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        return o.to(query.dtype).transpose(1, 2)
+
     def get_mask_sizes(self, query_length):
         return self.length + query_length, 0
 
@@ -407,6 +429,9 @@ class PackedCache(Cache):
             ``policy.center_keys``.
         key_scales: float32 ``[layers, KVH, D]`` per-channel power-of-two key scales, or None.
         backend: ``"cuda"`` (the kernels) or ``"golden"`` (NumPy golden model).
+        prefill: ``"exact"`` (multi-token chunks attend to their unquantized K/V) or ``"packed"``
+            (golden backend only: they attend to the reconstructions, the fake-quant forward of
+            bench/accuracy.py).
         dtype: 16-bit type of the stored values, ``"fp16"`` or ``"bf16"`` (default: bf16 for
             bf16 models, fp16 otherwise; decided at the first update if None).
 
@@ -416,7 +441,7 @@ class PackedCache(Cache):
     """
 
     def __init__(self, config, policy, batch_size: int, capacity: int, mu=None, key_scales=None,
-                 backend: str = "cuda", dtype: str | None = None):
+                 backend: str = "cuda", dtype: str | None = None, prefill: str = "exact"):
         if isinstance(policy, str):
             policy = parse_policy(policy)
         if not isinstance(policy, CachePolicy):
@@ -426,6 +451,8 @@ class PackedCache(Cache):
         for name, v in (("batch_size", batch_size), ("capacity", capacity)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if prefill not in ("exact", "packed") or (prefill == "packed" and backend != "golden"):
+            raise ValueError(f"prefill must be 'exact', or 'packed' with backend 'golden'; got {prefill!r}")
         if dtype not in (None, "fp16", "bf16"):
             raise ValueError(f"dtype must be 'fp16', 'bf16' or None, got {dtype!r}")
         n_layers, hq, kvh, d = _shape(config)
@@ -464,12 +491,14 @@ class PackedCache(Cache):
                 _check_cuda_layer(l, kf, vf, policy.sinks)
             m = None
             if policy.center_keys and kf is not None:
-                m = arrays["mu"][l].astype(np.float16).astype(np.float64)
-                if ks is not None:
-                    m = m * ks[l]                                   # mu in the scaled domain (exact)
+                m = arrays["mu"][l].astype(np.float16).astype(np.float32)
+                if ks is not None:                                  # mu in the scaled domain, as
+                    m = m * ks[l]                                   # bench/accuracy.py: fp16(mu * s)
+                m = m.astype(np.float16).astype(np.float64)
             s = ks[l] if (ks is not None and kf is not None) else None
             layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
                                       hq, kvh, d, backend))
+            layers[-1].prefill = prefill
         super().__init__(layers=layers)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -529,6 +558,8 @@ def fwht_kv_attention(module, query, key, value, attention_mask, scaling=None, d
     if t == 1:
         o = layer.attend(query[:, :, 0], scaling)                       # [B, Hq, D]
         return o.to(query.dtype)[:, None], None
+    if layer.prefill == "packed":
+        return layer.attend_chunk(query, scaling), None
     if layer.length != layer.last_chunk:
         raise NotImplementedError(f"layer {layer.layer_idx}: a {t}-token chunk after {layer.length - t} cached "
                                   "tokens (chunked prefill) is not supported; feed one token at a time")
