@@ -221,20 +221,33 @@ class _GoldenStore:
 
 
 class _CudaStore:
-    """The project's kernels (adapter: every call into gpu_ref's cache API is in this class)."""
+    """The project's kernels. Adapter: every call into gpu_ref is in this class. It uses
+    ``KVCache`` for the planes and the write kernel's row-addressed launch and passes the decode
+    kernel device lengths with ``max_length``, so a decode step makes no host<->device copy."""
+
+    _streams: dict = {}
 
     def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device):
+        import cupy as cp
         from . import KVCache
         self.fmt = fmts[0]
         self.bf16 = torch_dtype != _torch().float16
         with self._stream():
             self.kv = KVCache(batch, kvh, cap, self.fmt)
+            # row of token 0 of (b, h) in the [B, KVH, CAP] planes, in the append order [B, T, KVH]
+            self._base = ((cp.arange(batch, dtype=cp.int64)[:, None] * kvh
+                           + cp.arange(kvh, dtype=cp.int64)[None, :]) * self.kv.capacity)
+            self._dlen = cp.zeros(batch, dtype=cp.int32)
         self.length = 0
 
-    @staticmethod
-    def _stream():
+    @classmethod
+    def _stream(cls):
         import cupy
-        return cupy.cuda.ExternalStream(_torch().cuda.current_stream().cuda_stream)
+        ptr = _torch().cuda.current_stream().cuda_stream
+        s = cls._streams.get(ptr)
+        if s is None:
+            s = cls._streams[ptr] = cupy.cuda.ExternalStream(ptr)
+        return s
 
     @staticmethod
     def _cp(x):
@@ -242,27 +255,46 @@ class _CudaStore:
         torch = _torch()
         x = x.contiguous()
         if x.dtype == torch.bfloat16:
-            x = x.view(torch.int16)
-            return cupy.from_dlpack(x).view(cupy.uint16)
+            return cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
         return cupy.from_dlpack(x)
 
     def append(self, k16, v16):
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (stored domain)."""
+        import cupy as cp
+        from . import _as_bits, _launch_encode
+        t = k16.shape[2]
         k = self._cp(k16.transpose(1, 2))      # [B, T, KVH, D]
         v = self._cp(v16.transpose(1, 2))
+        kv, p = self.kv, self.fmt
         with self._stream():
-            self.kv.append(k, v)
-        self.length += k16.shape[2]
+            if t == 1:
+                rows = (self._base + self.length).ravel()
+            else:
+                rows = (self._base[:, None, :] + cp.arange(self.length, self.length + t,
+                                                            dtype=cp.int64)[None, :, None]).ravel()
+            for x, codes, scales, flags in ((k, kv.k_codes, kv.k_scales, kv.k_flags),
+                                            (v, kv.v_codes, kv.v_scales, kv.v_flags)):
+                _launch_encode(_as_bits(x, p, cp), p, codes, scales, flags, rows, cp)
+            self.length += t
+            self._dlen.fill(self.length)
+        kv.host_lengths[:] = self.length
+        kv.lengths = self._dlen
 
     def attend(self, q, scaling):
+        from . import decode_attention
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
+        kv = self.kv
         with self._stream():
-            out = self.kv.attend(self._cp(q16), scale=float(scaling), out_dtype="fp32")
+            out = decode_attention(self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales,
+                                   self._dlen, self.fmt, scale=float(scaling), out_dtype="fp32",
+                                   max_length=self.length)
         return torch.from_dlpack(out)
 
     def set_length(self, n: int):
-        self.kv.host_lengths[:] = n
         self.length = n
+        self._dlen.fill(n)
+        self.kv.host_lengths[:] = n
 
     def nbytes(self):
         kv = self.kv
