@@ -69,6 +69,7 @@ SHAPES = {
 BATCHES = (1, 8, 32)
 CONTEXTS = (4096, 32768, 131072)
 CACHES = {"bf16": "fp16", "K3V3": "K3V3"}     # name -> policy spec ("fp16" = the 16-bit cache)
+MAX_BATCH = 256                                # concurrency search limit
 RESERVE = 6 << 30                              # bytes kept free for activations / workspaces
 
 
@@ -309,7 +310,7 @@ def run_speed(log, quick=False):
             ctx = max(CONTEXTS)
             per = _per_seq_bytes(model.config, spec, ctx)
             free = torch.cuda.mem_get_info()[0]
-            bmax = int((free - RESERVE) // per)
+            bmax = min(MAX_BATCH, int((free - RESERVE) // per))
             r = dict(shape=shape, cache=cname, context=ctx, per_seq_gib=per / 2 ** 30,
                      weights_gib=wbytes / 2 ** 30, free_gib=free / 2 ** 30, max_batch=bmax)
             while bmax >= 1:
