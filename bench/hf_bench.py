@@ -404,6 +404,22 @@ def floor(specs):
 # =========================================================================== report (CPU)
 def report():
     r = json.loads(RESULTS.read_text())
+    print("\n".join(tables(r)))
+    if "generation" in r:
+        from bench.smollm2 import gguf_path
+        from transformers import AutoTokenizer
+        p = gguf_path()
+        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        for name, g in r["generation"].items():
+            g["text"] = tok.decode(g["tokens"])
+            print(f"--- {name} ({g.get('agree', GEN_TOKENS)}/{GEN_TOKENS} agree)\n{g['text']}")
+        RESULTS.write_text(json.dumps(r, indent=1))
+    if "speed" in r:
+        _plot(r)
+
+
+def tables(r) -> list:
+    """Markdown tables (perplexity, speed, concurrency) of a results dict."""
     lines = []
     if "ppl" in r:
         lines.append("| configuration | policy | ppl through the kernels | golden fake-quant (same run) | rel. diff | CPU accuracy.json |")
@@ -422,23 +438,19 @@ def report():
             if c != "K3V3":
                 continue
             y = idx.get((s, "bf16", b, t), {})
-            f = lambda d, k, fmt: (fmt.format(d[k]) if k in d else "OOM")  # noqa: E731
+            f = lambda d, k, fmt: (fmt.format(d[k]) if k in d else "no fit")  # noqa: E731
             sp = f"{y['step_ms'] / x['step_ms']:.2f}x" if "step_ms" in y and "step_ms" in x else ""
             share = f"{f(y, 'attn_share', '{:.0%}')} / {f(x, 'attn_share', '{:.0%}')}"
             lines.append(f"| {s} | {b} | {t // 1024}K | {f(y, 'step_ms', '{:.2f}')} | {f(y, 'tokens_per_s', '{:.0f}')} | "
                          f"{f(x, 'step_ms', '{:.2f}')} | {f(x, 'tokens_per_s', '{:.0f}')} | {sp} | {share} |")
-    print("\n".join(lines))
-    if "generation" in r:
-        from bench.smollm2 import gguf_path
-        from transformers import AutoTokenizer
-        p = gguf_path()
-        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        for name, g in r["generation"].items():
-            g["text"] = tok.decode(g["tokens"])
-            print(f"--- {name} ({g.get('agree', GEN_TOKENS)}/{GEN_TOKENS} agree)\n{g['text']}")
-        RESULTS.write_text(json.dumps(r, indent=1))
-    if "speed" in r:
-        _plot(r)
+    if "concurrency" in r:
+        lines.append("")
+        lines.append("| shape | cache | GiB per 128K sequence | largest batch | ms/step | tokens/s |")
+        lines.append("|---|---|---|---|---|---|")
+        for x in r["concurrency"]:
+            lines.append(f"| {x['shape']} | {x['cache']} | {x['per_seq_gib']:.2f} | {x['max_batch']} | "
+                         f"{x.get('step_ms', float('nan')):.1f} | {x.get('tokens_per_s', float('nan')):.0f} |")
+    return lines
 
 
 def _plot(r):
