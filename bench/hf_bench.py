@@ -363,44 +363,6 @@ def device_run(data: Path, out: Path, quick: bool, parts: str):
     out.write_text(json.dumps(res, indent=1))
 
 
-# =========================================================================== noise floor (CPU)
-def floor(specs):
-    """CPU, golden backend only: teacher-forced perplexity one token per step vs the fake-quant
-    forward (prefill='packed'). Both encode with the golden model; they differ only in how the
-    float projections are chunked (1 row vs 2048 rows), which moves some K/V across a code
-    threshold: the spread a kernel-vs-golden comparison of this protocol cannot go below."""
-    import torch
-    from bench.accuracy import CTX, EVAL_START
-    from bench.smollm2 import load_model, load_text
-    from gpu_ref import hf
-    torch.set_num_threads(1)
-    model, tok = load_model(torch.float32)
-    hf.enable(model)
-    ids = torch.tensor(tok(load_text(), add_special_tokens=False)["input_ids"][EVAL_START:EVAL_START + CTX])[None]
-    mu = np.load(CALIB)["mu"]
-    n = ids.shape[1]
-
-    def ppl_of(logits):
-        ce = torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")
-        return math.exp(float(ce) / (n - 1))
-    r = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    out = r.setdefault("floor_cpu", {})
-    for name in specs:
-        spec = PPL_CONFIGS[name]
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            g = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="golden", prefill="packed")
-            p_full = ppl_of(model(ids, past_key_values=g).logits)
-            c = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="golden")
-            lg = [model(ids[:, i:i + 1], past_key_values=c, logits_to_keep=1).logits for i in range(n)]
-        p_step = ppl_of(torch.cat(lg, 1))
-        out[name] = {"spec": spec, "ppl_golden_forward": p_full, "ppl_golden_one_token_per_step": p_step,
-                     "rel_diff": p_step / p_full - 1, "seconds": time.perf_counter() - t0,
-                     "torch": torch.__version__}
-        print(name, out[name], flush=True)
-        RESULTS.write_text(json.dumps(r, indent=1))
-
-
 # =========================================================================== report (CPU)
 def report():
     r = json.loads(RESULTS.read_text())
@@ -477,7 +439,7 @@ def _plot(r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cmd", choices=("prep", "run", "report", "floor"))
+    ap.add_argument("cmd", choices=("prep", "run", "report"))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--data", type=Path)
     ap.add_argument("--quick", action="store_true")
@@ -490,8 +452,6 @@ def main(argv=None):
         if a.smoke:
             _smoke()
         device_run(a.data, a.out or RESULTS, a.quick, a.parts)
-    elif a.cmd == "floor":
-        floor(list(PPL_CONFIGS))
     else:
         report()
     return 0
