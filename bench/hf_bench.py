@@ -174,8 +174,9 @@ def run_ppl(model, toks, log):
                 lg = ref.layers[i]
                 lg.update(torch.cat([r[0] for r in rec], 2), torch.cat([r[1] for r in rec], 2))
                 kv = lk.store.kv
-                same += int(all(np.array_equal(getattr(kv, f"{kind}_{pl}").get()[:, :, :n],
-                                               getattr(lg.store, pl)[kind][:, :, :n, 0])
+                s0 = lk.sinks                                   # packed rows start after the sinks
+                same += int(all(np.array_equal(getattr(kv, f"{kind}_{pl}").get()[:, :, :n - s0],
+                                               getattr(lg.store, pl)[kind][:, :, s0:n, 0])
                                 for kind in "kv" for pl in ("codes", "scales")))
             out[name] = {"spec": spec, "ppl_kernels": p_k, "ppl_golden": p_gold,
                          "rel_diff": p_k / p_gold - 1,
@@ -338,8 +339,17 @@ def run_speed(log, quick=False):
     return rows, conc
 
 
+def _policy_api_configs():
+    """With issue 10's kernels (gpu_ref policy API): also K4/V3 and 4 sink tokens."""
+    from gpu_ref import hf
+    if hf.gpu_api() == "policy":
+        PPL_CONFIGS.update({"midrise-max-near+C+S4": "K3V3+C+S4", "K4V3-midrise-max-near+C+S4": "K4V3+C+S4"})
+        CACHES.update({"K4V3": "K4V3", "K3V3+S4": "K3V3+S4"})
+
+
 def device_run(data: Path, out: Path, quick: bool, parts: str):
     import torch
+    _policy_api_configs()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import transformers

@@ -28,11 +28,14 @@ What each step does (Llama and Qwen2 families; GQA of any ratio):
 Backends (the store behind each packed layer): ``"cuda"`` (the kernels, CUDA tensors) and
 ``"golden"`` (NumPy golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over
 the reconstructions; any device, any format; the reference of tests/test_hf.py). The calls into
-``gpu_ref``'s cache API are all in :class:`_CudaStore` (a few lines to change when that API
-changes). Today's kernels (format version 2 API of ``gpu_ref``): the same format for K and V,
-b = 3, N = head_dim in {64, 128, 256}, no sink plane; anything else raises ``ValueError`` naming
-the field at cache creation. Centering and key scales are applied around the kernels here (k*s
-and k - mu before the write kernel, q / s before decode; exact).
+``gpu_ref`` are all in :func:`gpu_api`, :func:`_check_cuda_layer` and the two CUDA stores, chosen
+by the installed gpu_ref: :class:`_CudaStore` for the format-version-2 API (one format for K and V,
+b = 3, no sink plane: the kernels measured in bench/results/hf_bench.json) and
+:class:`_CudaPolicyStore` for the plan/run policy API of issue 10 (K/V bits chosen separately,
+sinks; not yet run on a GPU from here). What the installed kernels cannot serve (head_dim not in
+{64, 128, 256}, a format) raises ``ValueError`` naming the field at cache creation. Centering and
+key scales are applied around the kernels here (k*s and k - mu before the write kernel, q / s
+before decode; exact), for every backend.
 
 Sequences of a batch have equal lengths (no padding: a padded attention mask is not applied in
 decode).
@@ -142,19 +145,35 @@ def _layer_format(f: FormatParams | None, head_dim: int, dtype: str) -> FormatPa
                          f"head): {err}") from None
 
 
+def gpu_api() -> str:
+    """Which gpu_ref cache API is installed: ``"policy"`` (plan/run, a KVCache with K/V bits chosen
+    separately and sinks: issue 10) or ``"v2"`` (one format for K and V, b = 3, no sinks)."""
+    import gpu_ref
+    return "policy" if hasattr(gpu_ref, "plan") and hasattr(gpu_ref, "run") else "v2"
+
+
 def _check_cuda_layer(layer: int, kf, vf, sinks: int):
-    """ValueError naming the field if today's kernels cannot serve this layer."""
-    from . import _check_decode
+    """ValueError naming the field if the installed kernels cannot serve this layer."""
     if kf is None and vf is None:
         return
     if kf is None or vf is None:
         raise ValueError(f"layer {layer}: backend 'cuda' needs both K and V packed or both 16-bit "
                          f"(got k={kf and kf.bits} bits, v={vf and vf.bits} bits)")
+    if gpu_api() == "policy":
+        from gpu_ref import decode as dec
+        if sinks > dec.MAX_SINKS:
+            raise ValueError(f"sinks={sinks}: the decode kernel keeps at most {dec.MAX_SINKS} sink tokens")
+        try:
+            dec.check_kv_pair(kf, vf)
+        except ValueError as err:
+            raise ValueError(f"layer {layer}: head_dim / format not served by the decode kernel: {err}") from None
+        return
+    from gpu_ref import _check_decode
     if kf != vf:
-        raise ValueError(f"layer {layer}: backend 'cuda' stores K and V in one format today; got "
+        raise ValueError(f"layer {layer}: backend 'cuda' stores K and V in one format with this gpu_ref; got "
                          f"k bits={kf.bits}, v bits={vf.bits} (K/V bits chosen separately: issue 10)")
     if sinks:
-        raise ValueError(f"sinks={sinks}: backend 'cuda' has no 16-bit sink plane yet (issue 10); "
+        raise ValueError(f"sinks={sinks}: this gpu_ref has no 16-bit sink plane (issue 10); "
                          "use sinks=0 or backend='golden'")
     try:
         _check_decode(kf)
@@ -176,7 +195,7 @@ class _GoldenStore:
     ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows).
     """
 
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device):
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None):
         torch = _torch()
         self.fmts, self.sinks, self.dtype = fmts, sinks, torch_dtype
         self.hat = {k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
@@ -227,7 +246,7 @@ class _CudaStore:
 
     _streams: dict = {}
 
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device):
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None):
         import cupy as cp
         from . import KVCache
         self.fmt = fmts[0]
@@ -301,6 +320,51 @@ class _CudaStore:
         return sum(a.nbytes for a in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales, kv.k_flags, kv.v_flags))
 
 
+class _CudaPolicyStore(_CudaStore):
+    """The kernels through gpu_ref's policy API (issue 10: ``KVCache(..., v_params=, sinks=)``,
+    ``plan``/``run`` with a caller-owned workspace). Centering and key scales stay in
+    :meth:`PackedLayer.stored_keys` (keys arrive centered, q divided by s), so the golden and both
+    CUDA stores see the same input. One plan (and workspace) per power-of-two length bucket.
+    Written against gpu_ref at gpu branch 17a7351."""
+
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq):
+        from gpu_ref import KVCache
+        self.fmt = fmts[0]
+        self.bf16 = torch_dtype != _torch().float16
+        self.hq = hq
+        with self._stream():
+            self.kv = KVCache(batch, kvh, cap, fmts[0], v_params=fmts[1], sinks=sinks)
+        self._plans = {}
+        self.length = 0
+
+    def append(self, k16, v16):
+        with self._stream():
+            self.kv.append(self._cp(k16.transpose(1, 2)), self._cp(v16.transpose(1, 2)))
+        self.length += k16.shape[2]
+
+    def attend(self, q, scaling):
+        torch = _torch()
+        q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
+        bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
+        with self._stream():
+            if bucket not in self._plans:
+                pl = self.kv.plan(self.hq, bucket)
+                self._plans[bucket] = (pl, pl.workspace())
+            pl, ws = self._plans[bucket]
+            out = self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out_dtype="fp32")
+        return torch.from_dlpack(out)
+
+    def set_length(self, n: int):
+        import cupy as cp
+        self.length = n
+        self.kv.host_lengths[:] = n
+        self.kv.lengths = cp.full(self.kv.batch, n, dtype=cp.int32)
+
+    def nbytes(self):
+        extra = sum(a.nbytes for a in (self.kv.k_sink, self.kv.v_sink) if a is not None)
+        return super().nbytes() + extra
+
+
 # ============================================================================ cache
 try:
     from transformers.cache_utils import Cache, CacheLayerMixin
@@ -345,11 +409,13 @@ class PackedLayer(CacheLayerMixin):
         self.dtype = key_states.dtype if key_states.dtype in (torch.float16, torch.bfloat16) else torch.float16
         b, h, d = self.batch_size, self.num_kv_heads, self.head_dim
         if self.packed:
-            cls = _CudaStore if self.backend == "cuda" else _GoldenStore
+            cls = _GoldenStore
+            if self.backend == "cuda":
+                cls = _CudaPolicyStore if gpu_api() == "policy" else _CudaStore
             if self.backend == "cuda" and self.device.type != "cuda":
                 raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
             self.store = cls((self.k_fmt, self.v_fmt), self.sinks, b, h, self.capacity, d, self.dtype,
-                             self.device)
+                             self.device, self.num_heads)
             if self.mu is not None:
                 self._mu = torch.as_tensor(np.asarray(self.mu, np.float64), device=self.device)
             if self.key_scale is not None:
@@ -558,7 +624,7 @@ class PackedCache(Cache):
                 raise ValueError("set_length needs initialized layers (run one forward first)")
             l.length = n
             if l.packed:
-                if isinstance(l.store, _CudaStore):
+                if isinstance(l.store, _CudaStore):            # both CUDA stores
                     l.store.set_length(n)
                 else:
                     l.store.length = n

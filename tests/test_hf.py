@@ -94,12 +94,21 @@ def test_cuda_backend_refuses_what_the_kernels_cannot_serve():
         hf.PackedCache(tiny(head_dim=80, heads=2).config, "K3V3", 1, 16, backend="cuda")
     with pytest.raises(ValueError, match="head_dim / format not served.*n in"):
         hf.PackedCache(tiny(head_dim=32, heads=4).config, "K3V3", 1, 16, backend="cuda")
-    with pytest.raises(ValueError, match="head_dim / format not served.*bits=3"):
-        hf.PackedCache(tiny().config, "K4V4", 1, 16, backend="cuda")
-    with pytest.raises(ValueError, match="sinks=4"):
-        hf.PackedCache(tiny().config, "K3V3+S4", 1, 16, backend="cuda")
-    with pytest.raises(ValueError, match="k bits=4, v bits=3"):
-        hf.PackedCache(tiny().config, "K4V3", 1, 16, backend="cuda")
+    with pytest.raises(ValueError, match="both K and V packed or both 16-bit"):
+        hf.PackedCache(tiny().config, "K3V16", 1, 16, backend="cuda")
+    if hf.gpu_api() == "policy":                       # issue 10's kernels: K/V bits, sinks
+        hf.PackedCache(tiny().config, "K4V3+S4", 1, 16, backend="cuda")
+        with pytest.raises(ValueError, match="sinks=65"):
+            hf.PackedCache(tiny().config, "K3V3+S65", 1, 128, backend="cuda")
+        with pytest.raises(ValueError, match="head_dim / format not served.*bits"):
+            hf.PackedCache(tiny().config, "K2V3", 1, 16, backend="cuda")
+    else:
+        with pytest.raises(ValueError, match="head_dim / format not served.*bits=3"):
+            hf.PackedCache(tiny().config, "K4V4", 1, 16, backend="cuda")
+        with pytest.raises(ValueError, match="sinks=4"):
+            hf.PackedCache(tiny().config, "K3V3+S4", 1, 16, backend="cuda")
+        with pytest.raises(ValueError, match="k bits=4, v bits=3"):
+            hf.PackedCache(tiny().config, "K4V3", 1, 16, backend="cuda")
     hf.PackedCache(tiny(head_dim=128).config, "K3V3", 1, 16, backend="cuda")   # served: no error
 
 
