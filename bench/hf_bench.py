@@ -408,19 +408,26 @@ def tables(r) -> list:
             lines.append(f"| {name} | {x['spec']} | {x['ppl_kernels']:.3f} | {x['ppl_golden']:.3f} | "
                          f"{100 * x['rel_diff']:+.3f}% | {x['ppl_cpu_accuracy_json']:.3f} |")
     if "speed" in r:
-        lines.append("")
-        lines.append("| shape | batch | context | bf16 ms/step | bf16 tok/s | K3V3 ms/step | K3V3 tok/s | speed-up | attention share bf16 / K3V3 |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        caches = list(dict.fromkeys(x["cache"] for x in r["speed"]))        # bf16 first, as run
+        packed = [c for c in caches if c != "bf16"]
+        head = ["shape", "batch", "context", "bf16 ms/step", "bf16 tok/s"]
+        for c in packed:
+            head += [f"{c} ms/step", f"{c} tok/s", f"{c} vs bf16"]
+        head.append("attention share " + " / ".join(caches))
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         idx = {(x["shape"], x["cache"], x["batch"], x["context"]): x for x in r["speed"]}
-        for (s, c, b, t), x in idx.items():
-            if c != "K3V3":
-                continue
-            y = idx.get((s, "bf16", b, t), {})
+        keys = list(dict.fromkeys((x["shape"], x["batch"], x["context"]) for x in r["speed"]))
+        keys.sort(key=lambda k: (list(SHAPES).index(k[0]) if k[0] in SHAPES else 99, k[2], k[1]))
+        for s_, b, t in keys:
+            y = idx.get((s_, "bf16", b, t), {})
             f = lambda d, k, fmt: (fmt.format(d[k]) if k in d else "no fit")  # noqa: E731
-            sp = f"{y['step_ms'] / x['step_ms']:.2f}x" if "step_ms" in y and "step_ms" in x else ""
-            share = f"{f(y, 'attn_share', '{:.0%}')} / {f(x, 'attn_share', '{:.0%}')}"
-            lines.append(f"| {s} | {b} | {t // 1024}K | {f(y, 'step_ms', '{:.2f}')} | {f(y, 'tokens_per_s', '{:.0f}')} | "
-                         f"{f(x, 'step_ms', '{:.2f}')} | {f(x, 'tokens_per_s', '{:.0f}')} | {sp} | {share} |")
+            row = [s_, str(b), f"{t // 1024}K", f(y, "step_ms", "{:.2f}"), f(y, "tokens_per_s", "{:.0f}")]
+            for c in packed:
+                x = idx.get((s_, c, b, t), {})
+                sp = f"{y['step_ms'] / x['step_ms']:.2f}x" if "step_ms" in y and "step_ms" in x else ""
+                row += [f(x, "step_ms", "{:.2f}"), f(x, "tokens_per_s", "{:.0f}"), sp]
+            row.append(" / ".join(f(idx.get((s_, c, b, t), {}), "attn_share", "{:.0%}") for c in caches))
+            lines.append("| " + " | ".join(row) + " |")
     if "concurrency" in r:
         lines.append("")
         lines.append("| shape | cache | GiB per 128K sequence | largest batch | ms/step | tokens/s |")
@@ -437,7 +444,9 @@ def _plot(r):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(SHAPES), figsize=(6 * len(SHAPES), 4.2))
     for ax, shape in zip(np.atleast_1d(axes), SHAPES):
-        for cache, mk in (("bf16", "o--"), ("K3V3", "s-")):
+        caches = list(dict.fromkeys(x["cache"] for x in r["speed"]))
+        for cache in caches:
+            mk = "o--" if cache == "bf16" else "s-"
             for b in BATCHES:
                 pts = [(x["context"], x["tokens_per_s"]) for x in r["speed"]
                        if x["shape"] == shape and x["cache"] == cache and x["batch"] == b and "tokens_per_s" in x]
