@@ -1,0 +1,88 @@
+"""Generate with a Hugging Face model whose KV cache is in the packed format (gpu_ref/hf.py).
+
+    python -m gpu_ref.generate --model DIR [--gguf FILE] --policy K3V3+C --calib bench/calib/x.npz \\
+        --prompt "..." --max-new-tokens 128
+
+Loads the model (a local directory, or a GGUF file inside it; offline), switches its attention to
+``fwht_kv``, generates greedily while streaming the text, and prints the decode tokens/s and the
+cache bytes (packed and what a 16-bit cache of the same length would hold). ``--policy fp16``
+runs the 16-bit cache for comparison. Needs a CUDA GPU and CuPy for ``--backend cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpu_ref.generate", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="model directory (transformers format, or holding --gguf)")
+    ap.add_argument("--gguf", help="GGUF file name inside --model")
+    ap.add_argument("--policy", default="K3V3", help="cache policy spec (gpu_ref.hf.parse_policy), e.g. K3V3+C")
+    ap.add_argument("--calib", help=".npz with 'mu' [layers, kv_heads, head_dim] (needed for +C), "
+                                    "optional 'key_scales'")
+    ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.")
+    ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "golden"))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    a = ap.parse_args(argv)
+    if a.max_new_tokens < 1:
+        ap.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    if a.batch < 1:
+        ap.error(f"--batch must be >= 1, got {a.batch}")
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+
+    from gpu_ref import hf
+
+    device = "cuda" if a.backend == "cuda" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    kw = {"gguf_file": a.gguf} if a.gguf else {}
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(a.model, **kw)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, **kw).to(device).eval()
+    print(f"loaded {a.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    hf.enable(model)
+    text = a.prompt
+    if a.chat:
+        text = tok.apply_chat_template([{"role": "user", "content": a.prompt}], add_generation_prompt=True,
+                                       tokenize=False)
+    ids = tok(text, return_tensors="pt", add_special_tokens=not a.chat)["input_ids"].to(device)
+    ids = ids.repeat(a.batch, 1)
+    calib = dict(np.load(a.calib)) if a.calib else {}
+    cap = ids.shape[1] + a.max_new_tokens
+    cache = hf.PackedCache(model.config, a.policy, a.batch, cap, mu=calib.get("mu"),
+                           key_scales=calib.get("key_scales"), backend=a.backend)
+    streamer = TextStreamer(tok, skip_prompt=True) if a.batch == 1 else None
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                             max_new_tokens=a.max_new_tokens, do_sample=False, streamer=streamer,
+                             pad_token_id=tok.pad_token_id or tok.eos_token_id)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    new = out.shape[1] - ids.shape[1]
+    if streamer is None:
+        print(tok.decode(out[0, ids.shape[1]:]))
+    s = cache.shape
+    full = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2 * a.batch * cap
+    print(f"policy {hf.policy_spec(cache.policy)}, backend {a.backend}: {new} tokens x batch {a.batch} in "
+          f"{dt:.2f} s = {new * a.batch / dt:.1f} tokens/s (prefill included); cache {cache.nbytes() / 2**20:.2f} MiB "
+          f"for {cap} tokens x {a.batch} (16-bit: {full / 2**20:.2f} MiB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

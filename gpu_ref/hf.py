@@ -1,0 +1,680 @@
+"""Hugging Face transformers integration: a KV cache that stores every layer in the packed format.
+
+:class:`PackedCache` is a ``transformers.Cache`` (one :class:`PackedLayer` per decoder layer) and
+:func:`enable` registers the attention function ``"fwht_kv"`` that reads it. Usage::
+
+    from gpu_ref import hf
+    hf.enable(model)                                   # model.config._attn_implementation = "fwht_kv"
+    cache = hf.PackedCache(model.config, hf.parse_policy("K3V3+C"), batch_size=1, capacity=4096,
+                           mu=calib["mu"])
+    model.generate(ids, past_key_values=cache, max_new_tokens=64)
+
+What each step does (Llama and Qwen2 families; GQA of any ratio):
+
+* ``update`` (called by the model with post-RoPE K/V ``[B, KVH, T, D]``): keys are multiplied by
+  the per-channel power-of-two key scales ``s`` (exact), centered (``RNE(k - mu)``,
+  :func:`sim_models.center`'s rule), rounded to the format's 16-bit type and appended with the
+  write kernel; values are rounded and appended. The first ``policy.sinks`` tokens of each
+  sequence are kept 16-bit instead (:class:`sim_models.CachePolicy`).
+* prefill (a chunk of T > 1 tokens into an empty layer): attention uses the chunk's
+  *unquantized* K/V (SDPA, causal), as serving engines do; only later tokens see the packed
+  prompt. A multi-token chunk after cached tokens (chunked prefill) raises ``NotImplementedError``.
+* decode (T = 1): the token is appended first, then the query (``q / s``) attends over the packed
+  cache with the fused decode kernel (:func:`gpu_ref.decode_attention`), the new token included:
+  the same thing the golden model's fake-quant forward computes (bench/accuracy.py).
+* layers whose K and V formats are both ``None`` keep a preallocated 16-bit cache (the model's
+  dtype, fp16 for fp32 models) and attend with SDPA: the baseline.
+
+Backends (the store behind each packed layer): ``"cuda"`` (the kernels, CUDA tensors) and
+``"golden"`` (NumPy golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over
+the reconstructions; any device, any format; the reference of tests/test_hf.py). The calls into
+``gpu_ref`` are all in :func:`gpu_api`, :func:`_check_cuda_layer` and the two CUDA stores, chosen
+by the installed gpu_ref: :class:`_CudaStore` for the format-version-2 API (one format for K and V,
+b = 3, no sink plane: the kernels measured in bench/results/hf_bench.json) and
+:class:`_CudaPolicyStore` for the plan/run policy API of issue 10 (K/V bits chosen separately,
+sinks; not yet run on a GPU from here). What the installed kernels cannot serve (head_dim not in
+{64, 128, 256}, a format) raises ``ValueError`` naming the field at cache creation. Centering and
+key scales are applied around the kernels here (k*s and k - mu before the write kernel, q / s
+before decode; exact), for every backend.
+
+Sequences of a batch have equal lengths (no padding: a padded attention mask is not applied in
+decode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+
+import numpy as np
+
+from sim_models import CachePolicy, FormatParams, center, decode_float, encode
+
+__all__ = ["ATTN_NAME", "PackedCache", "PackedLayer", "enable", "parse_policy", "policy_spec"]
+
+ATTN_NAME = "fwht_kv"
+BACKENDS = ("cuda", "golden")
+_pending = threading.local()   # the layer whose update() ran last, read by the attention function
+
+
+# ============================================================================ policy
+_SPEC_RE = re.compile(r"^K(\d|16)V(\d|16)$")
+
+
+def parse_policy(spec: str, base: FormatParams | None = None) -> CachePolicy:
+    """Cache policy from a short spec: ``K<b>V<b>`` then optional ``+`` terms.
+
+    Terms: ``C`` keys centered (needs mu), ``S<n>`` n fp16 sink tokens, ``K<b>@l,l,..`` keys of
+    the listed layers at b bits (``V<b>@..`` for values). ``16`` as a width means unquantized
+    (fp16/bf16). ``fp16`` alone is the unquantized cache. Example: ``K3V3+C+S4+K4@0,1``.
+
+    Args:
+        spec: the spec string (case-insensitive).
+        base: format of the other fields (default ``FormatParams()``; n is set per model).
+
+    Returns:
+        :class:`sim_models.CachePolicy`.
+
+    Raises:
+        ValueError: a malformed term (named in the message).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"policy spec must be a non-empty string, got {spec!r}")
+    base = base or FormatParams()
+    terms = [t.strip().upper() for t in spec.split("+")]
+
+    def fmt(bits: str):
+        return None if bits == "16" else dataclasses.replace(base, bits=int(bits))
+
+    if terms[0] == "FP16":
+        k = v = None
+    else:
+        m = _SPEC_RE.match(terms[0])
+        if not m:
+            raise ValueError(f"policy spec {spec!r}: first term must be K<b>V<b> or fp16, got {terms[0]!r}")
+        k, v = fmt(m.group(1)), fmt(m.group(2))
+    sinks, centered, layer_k, layer_v = 0, False, [], []
+    for t in terms[1:]:
+        if t == "C":
+            centered = True
+        elif re.fullmatch(r"S\d+", t):
+            sinks = int(t[1:])
+        elif re.fullmatch(r"[KV](\d|16)@\d+(,\d+)*", t):
+            bits, layers = t[1:].split("@")
+            dest = layer_k if t[0] == "K" else layer_v
+            dest.extend((int(l), fmt(bits)) for l in layers.split(","))
+        else:
+            raise ValueError(f"policy spec {spec!r}: unknown term {t!r} (C, S<n>, K<b>@layers, V<b>@layers)")
+    return CachePolicy(k=k, v=v, sinks=sinks, center_keys=centered, layer_k=tuple(layer_k),
+                       layer_v=tuple(layer_v))
+
+
+def policy_spec(policy: CachePolicy) -> str:
+    """Short name of a policy (inverse of :func:`parse_policy` for the fields it covers)."""
+    w = lambda f: "16" if f is None else str(f.bits)  # noqa: E731
+    s = f"K{w(policy.k)}V{w(policy.v)}"
+    s += "+C" if policy.center_keys else ""
+    s += f"+S{policy.sinks}" if policy.sinks else ""
+    for kind, over in (("K", policy.layer_k), ("V", policy.layer_v)):
+        by_w: dict = {}
+        for l, f in over:
+            by_w.setdefault(w(f), []).append(str(l))
+        s += "".join(f"+{kind}{b}@{','.join(ls)}" for b, ls in by_w.items())
+    return s
+
+
+# ============================================================================ model shape
+def _shape(config):
+    """(layers, q heads, kv heads, head_dim) of a transformers decoder config."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hq = cfg.num_attention_heads
+    kvh = getattr(cfg, "num_key_value_heads", None) or hq
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+    return cfg.num_hidden_layers, hq, kvh, d
+
+
+def _layer_format(f: FormatParams | None, head_dim: int, dtype: str) -> FormatParams | None:
+    """The policy's format with n = head_dim (block clipped to n) and the cache's 16-bit type."""
+    if f is None:
+        return None
+    try:
+        return dataclasses.replace(f, n=head_dim, block=min(f.block, head_dim), dtype=dtype)
+    except ValueError as err:
+        raise ValueError(f"head_dim {head_dim} cannot be stored in the packed format (one vector per "
+                         f"head): {err}") from None
+
+
+def gpu_api() -> str:
+    """Which gpu_ref cache API is installed: ``"policy"`` (plan/run, a KVCache with K/V bits chosen
+    separately and sinks: issue 10) or ``"v2"`` (one format for K and V, b = 3, no sinks)."""
+    import gpu_ref
+    return "policy" if hasattr(gpu_ref, "plan") and hasattr(gpu_ref, "run") else "v2"
+
+
+def _check_cuda_layer(layer: int, kf, vf, sinks: int):
+    """ValueError naming the field if the installed kernels cannot serve this layer."""
+    if kf is None and vf is None:
+        return
+    if kf is None or vf is None:
+        raise ValueError(f"layer {layer}: backend 'cuda' needs both K and V packed or both 16-bit "
+                         f"(got k={kf and kf.bits} bits, v={vf and vf.bits} bits)")
+    if gpu_api() == "policy":
+        from gpu_ref import decode as dec
+        if sinks > dec.MAX_SINKS:
+            raise ValueError(f"sinks={sinks}: the decode kernel keeps at most {dec.MAX_SINKS} sink tokens")
+        try:
+            dec.check_kv_pair(kf, vf)
+        except ValueError as err:
+            raise ValueError(f"layer {layer}: head_dim / format not served by the decode kernel: {err}") from None
+        return
+    from gpu_ref import _check_decode
+    if kf != vf:
+        raise ValueError(f"layer {layer}: backend 'cuda' stores K and V in one format with this gpu_ref; got "
+                         f"k bits={kf.bits}, v bits={vf.bits} (K/V bits chosen separately: issue 10)")
+    if sinks:
+        raise ValueError(f"sinks={sinks}: this gpu_ref has no 16-bit sink plane (issue 10); "
+                         "use sinks=0 or backend='golden'")
+    try:
+        _check_decode(kf)
+    except ValueError as err:
+        raise ValueError(f"layer {layer}: head_dim / format not served by the decode kernel: {err}") from None
+
+
+# ============================================================================ stores
+def _torch():
+    import torch
+    return torch
+
+
+class _GoldenStore:
+    """Golden-model store: encodes with ``sim_models.encode`` and keeps the reconstructions.
+
+    Tensors (torch, on ``device``): ``hat[kind]`` float32 ``[B, KVH, CAP, D]`` (decode_float, or
+    the 16-bit value for sinks / unquantized kinds); ``codes[kind]``/``scales[kind]`` NumPy uint8
+    ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows).
+    """
+
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None):
+        torch = _torch()
+        self.fmts, self.sinks, self.dtype = fmts, sinks, torch_dtype
+        self.hat = {k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
+        self.codes, self.scales = {}, {}
+        for kind, f in zip("kv", fmts):
+            if f is not None:
+                self.codes[kind] = np.zeros((batch, kvh, cap, d // f.n, f.code_bytes), np.uint8)
+                self.scales[kind] = np.zeros((batch, kvh, cap, d // f.n, f.n_blocks), np.uint8)
+        self.length = 0
+
+    def append(self, k16, v16):
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` in the stored domain."""
+        torch = _torch()
+        t0, t = self.length, k16.shape[2]
+        for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
+            xf = x.float()
+            out = xf.clone()
+            if f is not None:
+                bits = x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+                b, h, _, d = bits.shape
+                e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+                rec = decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d)
+                first = max(0, min(self.sinks - t0, t))         # rows of this chunk that are sinks
+                out[:, :, first:] = torch.from_numpy(rec[:, :, first:].astype(np.float32)).to(x.device)
+                self.codes[kind][:, :, t0 + first:t0 + t] = e.codes[:, :, first:]
+                self.scales[kind][:, :, t0 + first:t0 + t] = e.scales[:, :, first:]
+            self.hat[kind][:, :, t0:t0 + t] = out
+        self.length += t
+
+    def attend(self, q, scaling):
+        """q float32 ``[B, Hq, D]`` (already divided by the key scales) -> float32 ``[B, Hq, D]``."""
+        torch = _torch()
+        n = self.length
+        k, v = self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(q.float()[:, :, None], k, v, scale=scaling)
+        return o[:, :, 0]
+
+    def nbytes(self):
+        return sum(a.nbytes for a in (*self.codes.values(), *self.scales.values()))
+
+
+class _CudaStore:
+    """The project's kernels. Adapter: every call into gpu_ref is in this class. It uses
+    ``KVCache`` for the planes and the write kernel's row-addressed launch and passes the decode
+    kernel device lengths with ``max_length``, so a decode step makes no host<->device copy."""
+
+    _streams: dict = {}
+
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None):
+        import cupy as cp
+        from . import KVCache
+        self.fmt = fmts[0]
+        self.bf16 = torch_dtype != _torch().float16
+        with self._stream():
+            self.kv = KVCache(batch, kvh, cap, self.fmt)
+            # row of token 0 of (b, h) in the [B, KVH, CAP] planes, in the append order [B, T, KVH]
+            self._base = ((cp.arange(batch, dtype=cp.int64)[:, None] * kvh
+                           + cp.arange(kvh, dtype=cp.int64)[None, :]) * self.kv.capacity)
+            self._dlen = cp.zeros(batch, dtype=cp.int32)
+        self.length = 0
+
+    @classmethod
+    def _stream(cls):
+        import cupy
+        ptr = _torch().cuda.current_stream().cuda_stream
+        s = cls._streams.get(ptr)
+        if s is None:
+            s = cls._streams[ptr] = cupy.cuda.ExternalStream(ptr)
+        return s
+
+    @staticmethod
+    def _cp(x):
+        import cupy
+        torch = _torch()
+        x = x.contiguous()
+        if x.dtype == torch.bfloat16:
+            return cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
+        return cupy.from_dlpack(x)
+
+    def append(self, k16, v16):
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (stored domain)."""
+        import cupy as cp
+        from . import _as_bits, _launch_encode
+        t = k16.shape[2]
+        k = self._cp(k16.transpose(1, 2))      # [B, T, KVH, D]
+        v = self._cp(v16.transpose(1, 2))
+        kv, p = self.kv, self.fmt
+        with self._stream():
+            if t == 1:
+                rows = (self._base + self.length).ravel()
+            else:
+                rows = (self._base[:, None, :] + cp.arange(self.length, self.length + t,
+                                                            dtype=cp.int64)[None, :, None]).ravel()
+            for x, codes, scales, flags in ((k, kv.k_codes, kv.k_scales, kv.k_flags),
+                                            (v, kv.v_codes, kv.v_scales, kv.v_flags)):
+                _launch_encode(_as_bits(x, p, cp), p, codes, scales, flags, rows, cp)
+            self.length += t
+            self._dlen.fill(self.length)
+        kv.host_lengths[:] = self.length
+        kv.lengths = self._dlen
+
+    def attend(self, q, scaling):
+        from . import decode_attention
+        torch = _torch()
+        q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
+        kv = self.kv
+        with self._stream():
+            out = decode_attention(self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales,
+                                   self._dlen, self.fmt, scale=float(scaling), out_dtype="fp32",
+                                   max_length=self.length)
+        return torch.from_dlpack(out)
+
+    def set_length(self, n: int):
+        self.length = n
+        self._dlen.fill(n)
+        self.kv.host_lengths[:] = n
+
+    def nbytes(self):
+        kv = self.kv
+        return sum(a.nbytes for a in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales, kv.k_flags, kv.v_flags))
+
+
+class _CudaPolicyStore(_CudaStore):
+    """The kernels through gpu_ref's policy API (issue 10: ``KVCache(..., v_params=, sinks=)``,
+    ``plan``/``run`` with a caller-owned workspace). Centering and key scales stay in
+    :meth:`PackedLayer.stored_keys` (keys arrive centered, q divided by s), so the golden and both
+    CUDA stores see the same input. One plan (and workspace) per power-of-two length bucket.
+    Written against gpu_ref at gpu branch 17a7351."""
+
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq):
+        from gpu_ref import KVCache
+        self.fmt = fmts[0]
+        self.bf16 = torch_dtype != _torch().float16
+        self.hq = hq
+        with self._stream():
+            self.kv = KVCache(batch, kvh, cap, fmts[0], v_params=fmts[1], sinks=sinks)
+        self._plans = {}
+        self.length = 0
+
+    def append(self, k16, v16):
+        with self._stream():
+            self.kv.append(self._cp(k16.transpose(1, 2)), self._cp(v16.transpose(1, 2)))
+        self.length += k16.shape[2]
+
+    def attend(self, q, scaling):
+        torch = _torch()
+        q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
+        bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
+        with self._stream():
+            if bucket not in self._plans:
+                pl = self.kv.plan(self.hq, bucket)
+                self._plans[bucket] = (pl, pl.workspace())
+            pl, ws = self._plans[bucket]
+            out = self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out_dtype="fp32")
+        return torch.from_dlpack(out)
+
+    def set_length(self, n: int):
+        import cupy as cp
+        self.length = n
+        self.kv.host_lengths[:] = n
+        self.kv.lengths = cp.full(self.kv.batch, n, dtype=cp.int32)
+
+    def nbytes(self):
+        extra = sum(a.nbytes for a in (self.kv.k_sink, self.kv.v_sink) if a is not None)
+        return super().nbytes() + extra
+
+
+# ============================================================================ cache
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin
+except ImportError:  # pragma: no cover - transformers is optional for the rest of gpu_ref
+    Cache = CacheLayerMixin = object
+
+
+class PackedLayer(CacheLayerMixin):
+    """One decoder layer's K/V (see the module docstring).
+
+    Args:
+        layer_idx: decoder layer index.
+        k_fmt, v_fmt: FormatParams (n = head_dim, dtype = the cache's 16-bit type) or None (16-bit).
+        sinks: leading tokens kept 16-bit.
+        mu: None or float ``[KVH, D]`` centering vector (stored-domain units: already scaled).
+        key_scale: None or float32 ``[KVH, D]`` powers of two.
+        batch_size, capacity, num_heads, num_kv_heads, head_dim: the shapes.
+        backend: ``"cuda"`` or ``"golden"``.
+    """
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, layer_idx, k_fmt, v_fmt, sinks, mu, key_scale, batch_size, capacity,
+                 num_heads, num_kv_heads, head_dim, backend):
+        super().__init__()
+        self.layer_idx, self.k_fmt, self.v_fmt, self.sinks = layer_idx, k_fmt, v_fmt, sinks
+        self.mu, self.key_scale = mu, key_scale
+        self.batch_size, self.capacity = batch_size, capacity
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.backend = backend
+        self.packed = k_fmt is not None or v_fmt is not None
+        self.length = 0
+        self.store = None
+        self.prefill = "exact"
+        self.last_chunk = 0          # tokens appended by the last update (read by the attention function)
+
+    # ---------------------------------------------------------------- transformers API
+    def lazy_initialization(self, key_states, value_states):
+        torch = _torch()
+        self.model_dtype, self.device = key_states.dtype, key_states.device
+        self.dtype = key_states.dtype if key_states.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        b, h, d = self.batch_size, self.num_kv_heads, self.head_dim
+        if self.packed:
+            cls = _GoldenStore
+            if self.backend == "cuda":
+                cls = _CudaPolicyStore if gpu_api() == "policy" else _CudaStore
+            if self.backend == "cuda" and self.device.type != "cuda":
+                raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
+            self.store = cls((self.k_fmt, self.v_fmt), self.sinks, b, h, self.capacity, d, self.dtype,
+                             self.device, self.num_heads)
+            if self.mu is not None:
+                self._mu = torch.as_tensor(np.asarray(self.mu, np.float64), device=self.device)
+            if self.key_scale is not None:
+                self._ks = torch.as_tensor(np.asarray(self.key_scale, np.float32), device=self.device)
+        else:
+            self.keys = torch.zeros(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
+            self.values = torch.zeros_like(self.keys)
+        self.is_initialized = True
+
+    def stored_keys(self, key_states):
+        """Post-RoPE keys ``[B, KVH, T, D]`` -> the write kernel's 16-bit input ``RNE(k*s - mu)``."""
+        torch = _torch()
+        k = key_states
+        if self.key_scale is not None:
+            k = k.float() * self._ks[None, :, None, :]                 # powers of two: exact
+        k16 = k.to(self.dtype)
+        if self.mu is None:
+            return k16
+        fmax = torch.finfo(self.dtype).max
+        d = (k16.double() - self._mu[None, :, None, :]).clamp(-fmax, fmax)
+        special = ~torch.isfinite(k16)
+        return torch.where(special, k16, d.to(self.dtype))
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b, h, t, d = key_states.shape
+        if (b, h, d) != (self.batch_size, self.num_kv_heads, self.head_dim):
+            raise ValueError(f"layer {self.layer_idx}: K/V of shape {list(key_states.shape)} do not match the "
+                             f"cache [batch_size={self.batch_size}, kv_heads={self.num_kv_heads}, T, "
+                             f"head_dim={self.head_dim}]")
+        if self.length + t > self.capacity:
+            raise ValueError(f"layer {self.layer_idx}: {self.length} + {t} tokens exceed capacity={self.capacity}")
+        _pending.layer = self
+        self.last_chunk = t
+        if not self.packed:
+            self.keys[:, :, self.length:self.length + t] = key_states
+            self.values[:, :, self.length:self.length + t] = value_states
+            self.length += t
+            return (self.keys[:, :, :self.length].to(self.model_dtype),
+                    self.values[:, :, :self.length].to(self.model_dtype))
+        self.store.append(self.stored_keys(key_states), value_states.to(self.dtype))
+        self.length += t
+        return key_states, value_states
+
+    def attend(self, query, scaling):
+        """Decode attention of ``query`` ``[B, Hq, D]`` over the packed layer -> float32 ``[B, Hq, D]``."""
+        q = query.float()
+        if self.key_scale is not None:
+            rep = self.num_heads // self.num_kv_heads
+            q = q / self._ks.repeat_interleave(rep, 0)[None]
+        return self.store.attend(q, scaling)
+
+    def attend_chunk(self, query, scaling):
+        """Causal attention of ``query`` ``[B, Hq, T, D]`` (the last T tokens) over the golden
+        reconstructions of every cached token -> ``[B, T, Hq, D]`` (``prefill="packed"``: the
+        golden model's fake-quant forward)."""
+        torch = _torch()
+        t, n = query.shape[2], self.length
+        q = query.float()
+        if self.key_scale is not None:
+            rep = self.num_heads // self.num_kv_heads
+            q = q / self._ks.repeat_interleave(rep, 0)[None, :, None, :]
+        rep = self.num_heads // self.num_kv_heads
+        k = self.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
+        v = self.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
+        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        return o.to(query.dtype).transpose(1, 2)
+
+    def get_mask_sizes(self, query_length):
+        return self.length + query_length, 0
+
+    def get_seq_length(self):
+        return self.length
+
+    def get_max_length(self):
+        return self.capacity
+
+    def reset(self):
+        self.length = 0
+        self.is_initialized = False
+        self.store = self.keys = self.values = None
+
+    def reorder_cache(self, beam_idx):
+        raise NotImplementedError("PackedCache does not support beam search")
+
+    def crop(self, tokens_to_remove):
+        raise NotImplementedError("PackedCache does not support cropping")
+
+    def nbytes(self) -> int:
+        """Bytes this layer holds on its device (packed planes, or the 16-bit K/V)."""
+        if not self.is_initialized:
+            return 0
+        if self.packed:
+            return self.store.nbytes()
+        return self.keys.nbytes + self.values.nbytes
+
+
+class PackedCache(Cache):
+    """A transformers ``Cache`` keeping every layer's K/V in the packed format.
+
+    Args:
+        config: the model's transformers config (Llama / Qwen2 family).
+        policy: :class:`sim_models.CachePolicy` or a spec for :func:`parse_policy`.
+        batch_size: sequences B (equal lengths).
+        capacity: tokens per sequence (prompt + generated).
+        mu: float ``[layers, KVH, D]`` centering vectors (calibration file ``mu``); required when
+            ``policy.center_keys``.
+        key_scales: float32 ``[layers, KVH, D]`` per-channel power-of-two key scales, or None.
+        backend: ``"cuda"`` (the kernels) or ``"golden"`` (NumPy golden model).
+        prefill: ``"exact"`` (multi-token chunks attend to their unquantized K/V) or ``"packed"``
+            (golden backend only: they attend to the reconstructions, the fake-quant forward of
+            bench/accuracy.py).
+        dtype: 16-bit type of the stored values, ``"fp16"`` or ``"bf16"`` (default: bf16 for
+            bf16 models, fp16 otherwise; decided at the first update if None).
+
+    Raises:
+        ValueError: a parameter out of range (named), head_dim or a format the backend cannot
+            serve, mu/key_scales of the wrong shape or not powers of two, centering without mu.
+    """
+
+    def __init__(self, config, policy, batch_size: int, capacity: int, mu=None, key_scales=None,
+                 backend: str = "cuda", dtype: str | None = None, prefill: str = "exact"):
+        if isinstance(policy, str):
+            policy = parse_policy(policy)
+        if not isinstance(policy, CachePolicy):
+            raise TypeError(f"policy must be a CachePolicy or a spec string, got {type(policy).__name__}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        for name, v in (("batch_size", batch_size), ("capacity", capacity)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if prefill not in ("exact", "packed") or (prefill == "packed" and backend != "golden"):
+            raise ValueError(f"prefill must be 'exact', or 'packed' with backend 'golden'; got {prefill!r}")
+        if dtype not in (None, "fp16", "bf16"):
+            raise ValueError(f"dtype must be 'fp16', 'bf16' or None, got {dtype!r}")
+        n_layers, hq, kvh, d = _shape(config)
+        for name, l in (("layer_k", policy.layer_k), ("layer_v", policy.layer_v)):
+            bad = [e[0] for e in l if e[0] >= n_layers]
+            if bad:
+                raise ValueError(f"policy.{name} names layers {bad}, the model has {n_layers}")
+        want = (n_layers, kvh, d)
+        arrays = {}
+        for name, a in (("mu", mu), ("key_scales", key_scales)):
+            if a is not None:
+                a = np.asarray(a, np.float32)
+                if a.shape != want:
+                    raise ValueError(f"{name} must have shape [layers, kv_heads, head_dim] = {list(want)}, "
+                                     f"got {list(a.shape)}")
+                if not np.isfinite(a).all():
+                    raise ValueError(f"{name} must be finite")
+            arrays[name] = a
+        if policy.center_keys and arrays["mu"] is None:
+            raise ValueError("policy.center_keys needs mu (the calibration file's 'mu')")
+        ks = arrays["key_scales"]
+        if ks is not None and (np.any(ks <= 0) or np.any(np.frexp(ks)[0] != 0.5)):
+            raise ValueError("key_scales must be positive powers of two (the reparametrization is exact)")
+        self.policy, self.backend, self.n_seqs, self.capacity = policy, backend, int(batch_size), int(capacity)
+        self.shape = dict(layers=n_layers, q_heads=hq, kv_heads=kvh, head_dim=d)
+        self._dtype = dtype
+        fmt_dtype = dtype or "fp16"
+        layers = []
+        for l in range(n_layers):
+            kf = _layer_format(policy.format_for(l, "k"), d, fmt_dtype)
+            vf = _layer_format(policy.format_for(l, "v"), d, fmt_dtype)
+            for kind, f in (("k", kf), ("v", vf)):
+                if f is not None and d % f.n:
+                    raise ValueError(f"head_dim {d} is not a multiple of the {kind} format's n={f.n}")
+            if backend == "cuda":
+                _check_cuda_layer(l, kf, vf, policy.sinks)
+            m = None
+            if policy.center_keys and kf is not None:
+                m = arrays["mu"][l].astype(np.float16).astype(np.float32)
+                if ks is not None:                                  # mu in the scaled domain, as
+                    m = m * ks[l]                                   # bench/accuracy.py: fp16(mu * s)
+                m = m.astype(np.float16).astype(np.float64)
+            s = ks[l] if (ks is not None and kf is not None) else None
+            layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
+                                      hq, kvh, d, backend))
+            layers[-1].prefill = prefill
+        super().__init__(layers=layers)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        if not layer.is_initialized and self._dtype is None:
+            torch = _torch()
+            self._dtype = "bf16" if key_states.dtype == torch.bfloat16 else "fp16"
+        if not layer.is_initialized and self._dtype == "bf16":
+            for f in ("k_fmt", "v_fmt"):
+                if getattr(layer, f) is not None:
+                    setattr(layer, f, dataclasses.replace(getattr(layer, f), dtype="bf16"))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def nbytes(self) -> int:
+        """Bytes the cache holds on its device (all layers)."""
+        return sum(l.nbytes() for l in self.layers)
+
+    def set_length(self, n: int):
+        """Benchmarks only: declare that every sequence holds ``n`` tokens (whatever the planes hold:
+        zeros after allocation); the layers must be initialized (one update done)."""
+        if not 0 <= n <= self.capacity:
+            raise ValueError(f"n must be in [0, capacity={self.capacity}], got {n}")
+        for l in self.layers:
+            if not l.is_initialized:
+                raise ValueError("set_length needs initialized layers (run one forward first)")
+            l.length = n
+            if l.packed:
+                if isinstance(l.store, _CudaStore):            # both CUDA stores
+                    l.store.set_length(n)
+                else:
+                    l.store.length = n
+
+
+# ============================================================================ attention function
+def fwht_kv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function ``"fwht_kv"`` (signature of ``sdpa_attention_forward``).
+
+    query ``[B, Hq, T, D]``; returns ``([B, T, Hq, D], None)``. Decode (T = 1) on a packed layer:
+    the fused decode kernel (or the golden store); anything else: SDPA over what the cache's
+    ``update`` returned (prefill: the chunk's unquantized K/V).
+
+    Raises:
+        RuntimeError: the cache's last update was for another layer.
+        NotImplementedError: a multi-token chunk after cached tokens on a packed layer.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    layer = getattr(_pending, "layer", None)
+    _pending.layer = None
+    if layer is None or not layer.packed:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if layer.layer_idx != getattr(module, "layer_idx", layer.layer_idx):
+        raise RuntimeError(f"attention of layer {module.layer_idx} after the cache update of layer {layer.layer_idx}")
+    b, hq, t, d = query.shape
+    if scaling is None:
+        scaling = d ** -0.5
+    if t == 1:
+        o = layer.attend(query[:, :, 0], scaling)                       # [B, Hq, D]
+        return o.to(query.dtype)[:, None], None
+    if layer.prefill == "packed":
+        return layer.attend_chunk(query, scaling), None
+    if layer.length != layer.last_chunk:
+        raise NotImplementedError(f"layer {layer.layer_idx}: a {t}-token chunk after {layer.length - t} cached "
+                                  "tokens (chunked prefill) is not supported; feed one token at a time")
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=scaling, **kwargs)
+
+
+def enable(model=None):
+    """Register ``"fwht_kv"`` with transformers' attention and mask interfaces; switch ``model`` to it.
+
+    Returns:
+        the attention implementation name.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(ATTN_NAME, fwht_kv_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    if model is not None:
+        model.set_attn_implementation(ATTN_NAME)
+    return ATTN_NAME

@@ -1,0 +1,271 @@
+"""gpu_ref.hf: the transformers cache over the packed format.
+
+CPU tests (tiny randomly initialised Llama / Qwen2 built here, golden backend): policy parsing,
+errors naming the parameter, shapes and seen tokens through ``generate``, the stored bytes equal
+``sim_models.encode`` of the model's post-RoPE keys/values (centered, key-scaled, sinks), and
+decode one token at a time == the fake-quant forward. GPU tests (skipped without CUDA/CuPy):
+the kernels' bytes equal the golden store's at every layer for a prefill and a few decode steps,
+and their logits agree. Skipped when torch or transformers are missing (the ``hf`` extra).
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from gpu_ref import hf  # noqa: E402
+from sim_models import CachePolicy, FormatParams, center, encode  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _gpu():
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+gpu = pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU, torch with CUDA and CuPy")
+
+
+def tiny(family="llama", head_dim=64, layers=2, heads=4, kv_heads=2, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    cls_cfg, cls = (LlamaConfig, LlamaForCausalLM) if family == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = cls_cfg(vocab_size=96, hidden_size=heads * head_dim // 2, intermediate_size=128,
+                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  head_dim=head_dim, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    m = cls(cfg).eval()
+    hf.enable(m)
+    return m
+
+
+# ------------------------------------------------------------------------- policy specs
+def test_parse_policy():
+    p = hf.parse_policy("K4V3+C+S4+K16@0+V4@1,2")
+    assert p.k.bits == 4 and p.v.bits == 3 and p.sinks == 4 and p.center_keys
+    assert p.format_for(0, "k") is None and p.format_for(1, "k").bits == 4
+    assert p.format_for(2, "v").bits == 4 and p.format_for(0, "v").bits == 3
+    assert hf.parse_policy("fp16") == CachePolicy(k=None, v=None)
+    assert hf.parse_policy("k3v3") == CachePolicy()
+    for spec in ("K3V3", "K4V3+C+S4", "K3V3+K4@0,1", "K16V16"):
+        assert hf.policy_spec(hf.parse_policy(spec)) == spec
+
+
+@pytest.mark.parametrize("spec,word", [("", "non-empty"), ("K3", "first term"), ("K3V3+X", "unknown term"),
+                                        ("K3V3+S-1", "unknown term"), ("K9V3", "bits")])
+def test_parse_policy_errors(spec, word):
+    with pytest.raises(ValueError, match=word):
+        hf.parse_policy(spec)
+
+
+# ------------------------------------------------------------------------- cache creation errors
+def test_errors_name_the_parameter():
+    m = tiny()
+    c = m.config
+    with pytest.raises(ValueError, match="batch_size"):
+        hf.PackedCache(c, "K3V3", 0, 16, backend="golden")
+    with pytest.raises(ValueError, match="capacity"):
+        hf.PackedCache(c, "K3V3", 1, -1, backend="golden")
+    with pytest.raises(ValueError, match="backend"):
+        hf.PackedCache(c, "K3V3", 1, 16, backend="tpu")
+    with pytest.raises(ValueError, match="needs mu"):
+        hf.PackedCache(c, "K3V3+C", 1, 16, backend="golden")
+    with pytest.raises(ValueError, match=r"mu must have shape \[layers, kv_heads, head_dim\] = \[2, 2, 64\]"):
+        hf.PackedCache(c, "K3V3+C", 1, 16, mu=np.zeros((2, 2, 32)), backend="golden")
+    with pytest.raises(ValueError, match="key_scales must be positive powers of two"):
+        hf.PackedCache(c, "K3V3", 1, 16, key_scales=np.full((2, 2, 64), 3.0), backend="golden")
+    with pytest.raises(ValueError, match=r"policy.layer_k names layers \[5\]"):
+        hf.PackedCache(c, "K3V3+K4@5", 1, 16, backend="golden")
+    with pytest.raises(ValueError, match="prefill"):
+        hf.PackedCache(c, "K3V3", 1, 16, prefill="packed", backend="cuda")
+    with pytest.raises(TypeError, match="policy"):
+        hf.PackedCache(c, 3, 1, 16)
+
+
+def test_cuda_backend_refuses_what_the_kernels_cannot_serve():
+    """Checked at cache creation, without a GPU: head_dim the decode kernel lacks, formats it lacks."""
+    with pytest.raises(ValueError, match="head_dim 80 cannot be stored.*power of two"):
+        hf.PackedCache(tiny(head_dim=80, heads=2).config, "K3V3", 1, 16, backend="cuda")
+    with pytest.raises(ValueError, match="head_dim / format not served.*n in"):
+        hf.PackedCache(tiny(head_dim=32, heads=4).config, "K3V3", 1, 16, backend="cuda")
+    with pytest.raises(ValueError, match="both K and V packed or both 16-bit"):
+        hf.PackedCache(tiny().config, "K3V16", 1, 16, backend="cuda")
+    if hf.gpu_api() == "policy":                       # issue 10's kernels: K/V bits, sinks
+        hf.PackedCache(tiny().config, "K4V3+S4", 1, 16, backend="cuda")
+        with pytest.raises(ValueError, match="sinks=65"):
+            hf.PackedCache(tiny().config, "K3V3+S65", 1, 128, backend="cuda")
+        with pytest.raises(ValueError, match="head_dim / format not served.*bits"):
+            hf.PackedCache(tiny().config, "K2V3", 1, 16, backend="cuda")
+    else:
+        with pytest.raises(ValueError, match="head_dim / format not served.*bits=3"):
+            hf.PackedCache(tiny().config, "K4V4", 1, 16, backend="cuda")
+        with pytest.raises(ValueError, match="sinks=4"):
+            hf.PackedCache(tiny().config, "K3V3+S4", 1, 16, backend="cuda")
+        with pytest.raises(ValueError, match="k bits=4, v bits=3"):
+            hf.PackedCache(tiny().config, "K4V3", 1, 16, backend="cuda")
+    hf.PackedCache(tiny(head_dim=128).config, "K3V3", 1, 16, backend="cuda")   # served: no error
+
+
+def test_capacity_and_shape_errors_at_update():
+    m = tiny()
+    c = hf.PackedCache(m.config, "K3V3", 1, 8, backend="golden")
+    with torch.no_grad(), pytest.raises(ValueError, match="capacity=8"):
+        m(torch.zeros(1, 9, dtype=torch.long), past_key_values=c)
+    c = hf.PackedCache(m.config, "K3V3", 2, 8, backend="golden")
+    with torch.no_grad(), pytest.raises(ValueError, match="batch_size=2"):
+        m(torch.zeros(1, 3, dtype=torch.long), past_key_values=c)
+
+
+def test_chunked_prefill_after_cached_tokens_is_refused():
+    m = tiny()
+    c = hf.PackedCache(m.config, "K3V3", 1, 16, backend="golden")
+    with torch.no_grad():
+        m(torch.zeros(1, 3, dtype=torch.long), past_key_values=c)
+        with pytest.raises(NotImplementedError, match="chunked prefill"):
+            m(torch.zeros(1, 2, dtype=torch.long), past_key_values=c)
+
+
+# ------------------------------------------------------------------------- bookkeeping
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_generate_shapes_and_seen_tokens(family):
+    m = tiny(family)
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(1))
+    c = hf.PackedCache(m.config, "K3V3+S2", 2, 32, backend="golden")
+    with torch.no_grad():
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c, max_new_tokens=5,
+                         min_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 12)
+    assert torch.equal(out[:, :7], ids)
+    assert c.get_seq_length() == 11          # the last generated token is never fed back
+    assert all(l.get_seq_length() == 11 for l in c.layers)
+    assert c.layers[0].store.hat["k"].shape == (2, 2, 32, 64)
+    p = FormatParams(n=64)
+    assert c.nbytes() == 2 * 2 * 2 * 2 * 32 * (p.code_bytes + p.n_blocks)   # layers*K,V*B*KVH*CAP
+
+
+def test_fp16_policy_matches_dynamic_cache():
+    """The 16-bit baseline layer returns the same attention as transformers' own cache."""
+    from transformers import DynamicCache
+    m = tiny()
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = m(ids, past_key_values=DynamicCache(config=m.config)).logits
+        c = hf.PackedCache(m.config, "fp16", 1, 16, backend="golden")
+        got = torch.cat([m(ids[:, i:i + 1], past_key_values=c).logits for i in range(10)], 1)
+    assert c.get_seq_length() == 10
+    assert torch.allclose(got, ref, atol=2e-3), float((got - ref).abs().max())
+
+
+def _record_updates(cache):
+    """Wrap every layer's update to record the post-RoPE K/V ``[B, KVH, T, D]`` it was given."""
+    seen = [[] for _ in cache.layers]
+    for layer, rec in zip(cache.layers, seen):
+        def update(k, v, *a, _orig=layer.update, _rec=rec, **kw):
+            _rec.append((k.clone(), v.clone()))
+            return _orig(k, v, *a, **kw)
+        layer.update = update
+    return seen
+
+
+def test_stored_bytes_equal_golden_encode():
+    """Centered, key-scaled keys with sinks and per-layer K bits: the store holds exactly
+    sim_models.encode of RNE(k*s - mu) for every non-sink token, and fp16 values for the sinks."""
+    m = tiny()
+    rng = np.random.default_rng(3)
+    ids = torch.tensor(rng.integers(0, 96, (2, 9)))
+    mu = (rng.normal(size=(2, 2, 64)) * 0.3).astype(np.float16)
+    ks = np.exp2(rng.integers(-2, 3, size=(2, 2, 64))).astype(np.float32)
+    pol = hf.parse_policy("K3V3+C+S2+K4@1")
+    c = hf.PackedCache(m.config, pol, 2, 16, mu=mu, key_scales=ks, backend="golden")
+    seen = _record_updates(c)
+    with torch.no_grad():
+        m(ids[:, :5], past_key_values=c)
+        for i in range(5, 9):
+            m(ids[:, i:i + 1], past_key_values=c)
+    for layer, rec in enumerate(seen):
+        k, v = (torch.cat(x, 2) for x in zip(*rec))
+        st = c.layers[layer].store
+        kf = pol.format_for(layer, "k")
+        p = FormatParams(**{**kf.__dict__, "n": 64})
+        k16 = (k.float() * torch.from_numpy(ks[layer])[None, :, None, :]).half().numpy()
+        mu_s = (mu[layer].astype(np.float32) * ks[layer]).astype(np.float16)    # mu in the scaled domain
+        kc = center(np.ascontiguousarray(k16), np.broadcast_to(mu_s[None, :, None, :], k16.shape), p)
+        e = encode(kc[:, :, 2:], p)
+        assert np.array_equal(st.codes["k"][:, :, 2:9, 0], e.codes), f"layer {layer} key codes"
+        assert np.array_equal(st.scales["k"][:, :, 2:9, 0], e.scales)
+        ev = encode(v.half().numpy()[:, :, 2:], FormatParams(n=64))
+        assert np.array_equal(st.codes["v"][:, :, 2:9, 0], ev.codes), f"layer {layer} value codes"
+        assert not st.codes["k"][:, :, :2].any()                        # sinks are not encoded
+        sink = torch.from_numpy(kc[:, :, :2].view(np.float16).astype(np.float32))
+        assert torch.equal(st.hat["k"][:, :, :2], sink)
+
+
+def test_decode_one_token_at_a_time_equals_fake_quant_forward():
+    """prefill='packed' (the golden fake-quant forward) == appending and decoding token by token."""
+    m = tiny("qwen2")
+    rng = np.random.default_rng(4)
+    ids = torch.tensor(rng.integers(0, 96, (1, 12)))
+    mu = (rng.normal(size=(2, 2, 64)) * 0.3).astype(np.float16)
+    a = hf.PackedCache(m.config, "K3V3+C+S1", 1, 16, mu=mu, backend="golden", prefill="packed")
+    b = hf.PackedCache(m.config, "K3V3+C+S1", 1, 16, mu=mu, backend="golden")
+    with torch.no_grad():
+        full = m(ids, past_key_values=a).logits
+        step = torch.cat([m(ids[:, i:i + 1], past_key_values=b).logits for i in range(12)], 1)
+        exact = m(ids).logits
+    # the one-row and 12-row projections round differently in the last bit of fp32
+    assert torch.allclose(full, step, atol=1e-3), float((full - step).abs().max())
+    assert not torch.allclose(full, exact, atol=1e-3)       # the quantization is really applied
+
+
+# ------------------------------------------------------------------------- GPU: kernels vs golden
+@gpu
+@pytest.mark.parametrize("family,head_dim,dtype", [("llama", 64, torch.float32), ("qwen2", 128, torch.bfloat16),
+                                                  ("llama", 128, torch.float16)])
+def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
+    m = tiny(family, head_dim=head_dim, heads=8, kv_heads=2).to("cuda", dtype)
+    rng = np.random.default_rng(5)
+    ids = torch.tensor(rng.integers(0, 96, (2, 20)), device="cuda")
+    mu = (rng.normal(size=(2, 2, head_dim)) * 0.3).astype(np.float16)
+    ks = np.exp2(rng.integers(-1, 2, size=(2, 2, head_dim))).astype(np.float32)
+    caches = {be: hf.PackedCache(m.config, "K3V3+C", 2, 64, mu=mu, key_scales=ks, backend=be)
+              for be in ("cuda", "golden")}
+    seen = _record_updates(caches["cuda"])
+    logits = {}
+    with torch.no_grad():
+        for be, c in caches.items():
+            out = [m(ids[:, :12], past_key_values=c).logits[:, -1:]]
+            for i in range(12, 20):                                  # 8 decode steps
+                out.append(m(ids[:, i:i + 1], past_key_values=c).logits)
+            logits[be] = torch.cat(out, 1).float()
+    # the bytes: the K/V the kernels were given (each layer's input depends on the earlier layers'
+    # attention, which differs in float rounding between the two runs), written by the golden store
+    ref = hf.PackedCache(m.config, "K3V3+C", 2, 64, mu=mu, key_scales=ks, backend="golden")
+    for i, (lk, rec) in enumerate(zip(caches["cuda"].layers, seen)):
+        for k, v in rec:
+            ref.layers[i].update(k, v)
+        lg, kv = ref.layers[i], lk.store.kv
+        assert kv.host_lengths.tolist() == [20, 20]
+        for kind in "kv":
+            assert np.array_equal(getattr(kv, f"{kind}_codes").get()[:, :, :20], lg.store.codes[kind][:, :, :20, 0]), \
+                f"layer {i} {kind} codes"
+            assert np.array_equal(getattr(kv, f"{kind}_scales").get()[:, :, :20], lg.store.scales[kind][:, :, :20, 0])
+    err = (logits["cuda"] - logits["golden"]).abs().max() / logits["golden"].abs().max()
+    assert err < 2e-2, float(err)          # the kernels take q in 16 bits
+
+
+@gpu
+def test_generate_on_gpu_with_kernels():
+    m = tiny(head_dim=128, heads=8, kv_heads=2).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 96, (3, 5), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
+    c = hf.PackedCache(m.config, "K3V3", 3, 40, backend="cuda")
+    with torch.no_grad():
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c, max_new_tokens=16,
+                         min_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert out.shape == (3, 21) and c.get_seq_length() == 20
+    assert all(l.store.kv.host_lengths.tolist() == [20] * 3 for l in c.layers)
