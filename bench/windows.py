@@ -61,8 +61,11 @@ class TokenizedText:
         """
         if context < 2:
             raise ValueError(f"context must be >= 2, got {context}")
-        c = char_start if char_start == 0 or self.text[char_start - 1] == "\n" else \
-            self.text.index("\n", char_start) + 1
+        if not 0 <= char_start <= len(self.text):
+            raise ValueError(f"char_start must be in 0..{len(self.text)}, got {char_start}")
+        c = char_start
+        if c and self.text[c - 1] != "\n":
+            c = self.text.find("\n", c) + 1 or len(self.text)
         i = bisect.bisect_left(self.starts, c)
         n = context - len(self.prefix)
         if i + n > len(self.ids):
@@ -82,15 +85,16 @@ class TokenizedText:
                 c += 1
         return out
 
-    def evaluation(self, context: int, count: int, calib_end: int) -> list[Window]:
-        """The first ``count`` of :data:`EVAL_CHARS` windows.
+    def evaluation(self, context: int, count: int, calib_end: int,
+                   chars: tuple = EVAL_CHARS) -> list[Window]:
+        """Windows at the first ``count`` character offsets of ``chars``.
 
         Raises:
             ValueError: count outside 1..len(EVAL_CHARS), or a window overlaps calibration.
         """
-        if not 1 <= count <= len(EVAL_CHARS):
-            raise ValueError(f"windows must be in 1..{len(EVAL_CHARS)}, got {count}")
-        ws = [self.window(c, context) for c in EVAL_CHARS[:count]]
+        if not 1 <= count <= len(chars):
+            raise ValueError(f"windows must be in 1..{len(chars)}, got {count}")
+        ws = [self.window(c, context) for c in chars[:count]]
         for w in ws:
             if w.char_start < calib_end:
                 raise ValueError(f"evaluation window {w.name} overlaps the calibration text "
