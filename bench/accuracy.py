@@ -12,7 +12,8 @@ bench/windows.py; metrics and calibration: bench/runs.py; tables and plot:
 bench/report.py.
 
 Outputs, keyed by model id:
-  bench/calib/<model_id>.npz                 calibration (automatic when missing)
+  bench/calib/<model_id>.npz                 calibration (automatic when missing and a
+                                             configuration needs it)
   bench/results/accuracy/<model_id>.json     every (configuration, window) run
   bench/results/accuracy/<model_id>_pareto.png
   docs/ACCURACY.md                           the model's generated table
@@ -58,6 +59,8 @@ def run(args) -> int:
         if "meta" not in results:
             print(f"no results in {path}", file=sys.stderr)
             return 2
+        if args.windows < len(results["meta"]["windows"]):      # report the first ones
+            results["meta"]["windows"] = results["meta"]["windows"][:args.windows]
         report(results, by_name())
         return 0
     from bench.runs import Study
@@ -65,7 +68,10 @@ def run(args) -> int:
     print(f"loaded {st.src.model_id} ({st.family}: {st.L} layers, {st.H} KV heads, head_dim "
           f"{st.D}) in {st.load_s:.0f} s; {st.n_text_tokens} tokens of text", flush=True)
     cpath = st.calib_path()
-    if args.calibrate or not cpath.exists():
+    needs = any(c.center or c.reparam or c.layer_k for c in configs)
+    if not (needs or args.calibrate):
+        pass                                   # no configuration reads the calibration
+    elif args.calibrate or not cpath.exists():
         t0 = time.perf_counter()
         st.calibrate(cpath)
         print(f"calibration written to {cpath} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -75,18 +81,19 @@ def run(args) -> int:
     runs = results.setdefault("runs", {})
     order = sorted(configs, key=lambda c: c.name != "fp16")       # fp16 first (reference)
     for w in st.windows:
-        for c in order:
-            key, rk = f"{c.name}{w.name}", st.run_key(c, w)
-            if not args.force and runs.get(key, {}).get("key") == rk:
-                continue
-            r = st.evaluate(c, w)
-            r.update(key=rk, name=c.name, group=c.group, note=c.note, window=w.name,
-                     spec=c.spec())
+        todo = [c for c in order if args.force
+                or runs.get(f"{c.name}{w.name}", {}).get("key") != st.run_key(c, w)]
+        if not todo:
+            continue
+        for c, r in zip(todo, st.evaluate(todo, w)):
+            key = f"{c.name}{w.name}"
+            r.update(key=st.run_key(c, w), name=c.name, group=c.group, note=c.note,
+                     window=w.name, spec=c.spec())
             runs[key] = r
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(results, indent=1))
             print(f"{key:48s} bits {r['bits']:.3f} ppl {r['ppl']:.3f} kl {r['kl']:.4f} "
                   f"({r['seconds']:.0f} s)", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1))
     report(results, by_name())
     return 0
 

@@ -139,31 +139,49 @@ class Study:
                                                                        metrics=False))[0]
         return self._ref[w.name]
 
-    def evaluate(self, cfg: Config, w) -> dict:
+    def evaluate(self, cfgs: list[Config], w) -> list[dict]:
+        """Metrics (module docstring) of each configuration on window ``w``.
+
+        The configurations share the window's output-head passes: the fp16 reference's
+        log-probabilities of a chunk of positions are computed once for all of them.
+        ``seconds``: the configuration's decoder pass, metrics and own head passes.
+        """
         torch = self.torch
-        is_ref = cfg.spec() == _cfg("fp16", None).spec()
-        href = None if is_ref and w.name not in self._ref else self.ref_hidden(w)
-        t0 = time.perf_counter()
-        fq = self._fq(cfg)
-        h = self._hidden(w.tokens[None], fq)[0]
-        if href is None:                    # the fp16 configuration is the reference
-            self._ref[w.name] = href = h
-        tgt = torch.from_numpy(w.tokens[1:])
-        nll = kl = 0.0
-        with torch.no_grad():
-            for a in range(0, len(tgt), VOCAB_CHUNK):
-                b = min(a + VOCAB_CHUNK, len(tgt))
-                lp, lr = self._logp(h[a:b]), self._logp(href[a:b])
-                nll -= float(lp.gather(1, tgt[a:b, None]).sum())
-                kl += float((lr.exp() * (lr - lp)).sum())
-        n = len(tgt)
+        ref_spec = _cfg("fp16", None).spec()
         ks = None if self.calib is None else self.calib.get("k_sens")
-        r = {"ppl": math.exp(nll / n), "nll": nll, "n": n, "kl": kl / n,
-             **fq.relative(), "bits": cfg.bits(self.L, self.H, self.D, len(w.tokens), ks),
-             "seconds": time.perf_counter() - t0}
-        if cfg.layer_k:
-            r["layer_k_layers"] = cfg.wide_layers(ks)
-        return r
+        runs = []
+        for cfg in cfgs:
+            t0 = time.perf_counter()
+            fq = self._fq(cfg)
+            h = self._hidden(w.tokens[None], fq)[0]
+            if cfg.spec() == ref_spec:
+                self._ref.setdefault(w.name, h)
+            runs.append({"cfg": cfg, "h": h, "fq": fq, "t": time.perf_counter() - t0,
+                         "nll": 0.0, "kl": 0.0})
+        href = self.ref_hidden(w)
+        tgt = torch.from_numpy(w.tokens[1:])
+        n = len(tgt)
+        with torch.no_grad():
+            for a in range(0, n, VOCAB_CHUNK):
+                b = min(a + VOCAB_CHUNK, n)
+                lr = self._logp(href[a:b])
+                for r in runs:
+                    t0 = time.perf_counter()
+                    lp = self._logp(r["h"][a:b])
+                    r["nll"] -= float(lp.gather(1, tgt[a:b, None]).sum())
+                    r["kl"] += float((lr.exp() * (lr - lp)).sum())
+                    r["t"] += time.perf_counter() - t0
+        out = []
+        for r in runs:
+            cfg = r["cfg"]
+            res = {"ppl": math.exp(r["nll"] / n), "nll": r["nll"], "n": n, "kl": r["kl"] / n,
+                   **r["fq"].relative(),
+                   "bits": cfg.bits(self.L, self.H, self.D, len(w.tokens), ks),
+                   "seconds": r["t"]}
+            if cfg.layer_k:
+                res["layer_k_layers"] = cfg.wide_layers(ks)
+            out.append(res)
+        return out
 
     # ------------------------------------------------------------------ calibration
     def calibrate(self, path: Path) -> dict:
