@@ -69,8 +69,9 @@ def section(results: dict, configs: list[Config]) -> str:
             f"(BOS first: {'yes' if m['bos'] else 'no'}) starting at characters {wins}; "
             f"calibration {m['calib_file']} on characters "
             f"{m['calib_windows'][0]['chars'][0]}..{m['calib_windows'][-1]['chars'][1]}; "
-            f"torch threads {m['torch_threads']}; s/window: CPU seconds of wall time per "
-            f"window and configuration on the shared 2-core machine.\n\n"
+            f"torch threads {m['torch_threads']}; s/window: wall seconds per window and "
+            f"configuration (its decoder pass, metrics and output-head passes) on the shared "
+            f"2-core machine.\n\n"
             f"{table(results, configs)}\n")
 
 
