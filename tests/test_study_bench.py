@@ -1,0 +1,114 @@
+"""The accuracy study's model-independent parts: configurations, windows, baselines, --model.
+
+(The model runs themselves need torch + transformers + a model wheel: `make accuracy`.)
+"""
+
+import numpy as np
+import pytest
+
+from bench.configs import CONFIRM, RECOMMENDED, V2_DEFAULT, Config, by_name
+from bench.kvquant import Baseline, baseline_roundtrip, roundtrip
+from bench.models import resolve, slug
+from bench.windows import TokenizedText
+from sim_models import CachePolicy, FormatParams
+
+
+def test_table_names_unique_and_leading_known():
+    names = [c.name for c in by_name()]
+    assert len(names) == len(set(names))
+    assert set(CONFIRM) <= set(names)
+    assert {RECOMMENDED, V2_DEFAULT} <= set(names)
+    with pytest.raises(ValueError, match="unknown configuration"):
+        by_name(["no-such-config"])
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_v2_default_is_format_v2_at_head_dim(head_dim):
+    (c,) = by_name([V2_DEFAULT])
+    pol = c.policy(head_dim)
+    assert pol == CachePolicy(k=FormatParams(n=head_dim), v=FormatParams(n=head_dim))
+    assert c.bits(18, 1, head_dim, 2048) == pytest.approx(3.125)
+
+
+def test_policy_bits_sinks_layers_and_baselines():
+    (c,) = by_name(["midrise-max-near+C+S4+K4top4"])
+    k_sens = np.arange(10.0)
+    pol = c.policy(64, k_sens)
+    assert pol.sinks == 4 and pol.center_keys
+    assert [l for l, _ in pol.layer_k] == [6, 7, 8, 9]
+    assert c.bits(10, 3, 64, 2048, k_sens) == pol.bits_per_element(10, 3, 64, 2048)
+    with pytest.raises(ValueError, match="k_sens"):
+        c.policy(64)
+    (b,) = by_name(["int4-asym-DH"])
+    assert b.policy(64) is None
+    assert b.bits(30, 3, 64, 2048) == pytest.approx(4.5)
+    assert len({c.spec_hash() for c in by_name()}) == len(by_name())
+
+
+def test_baseline_roundtrip_error_bounded():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((100, 64)).astype(np.float32)
+    y = baseline_roundtrip(x, Baseline(4))
+    # half a step of the 4-bit grid over each vector's range (+ fp16 rounding of scale, min)
+    step = np.ptp(x, axis=-1) / 15
+    assert (np.abs(y - x).max(axis=-1) <= 0.5 * step * 1.01 + 1e-2).all()
+    yr = baseline_roundtrip(x, Baseline(4, rotate=True))
+    rel = np.sum((yr - x) ** 2) / np.sum(x ** 2)
+    assert 1e-4 < rel < 0.02          # rotated: Gaussian lanes, 4 bits, ~0.5% relative MSE
+    assert not np.array_equal(yr, y)
+    assert np.array_equal(roundtrip(x, None), x.astype(np.float16).astype(np.float32))
+    with pytest.raises(ValueError, match="bits"):
+        Baseline(0)
+
+
+class _WordTokenizer:
+    """Whitespace tokenizer with character offsets; BOS id 1 first when ``bos``."""
+
+    def __init__(self, bos: bool):
+        self.bos_token_id = 1 if bos else None
+        self.bos = bos
+
+    def __call__(self, text, add_special_tokens=True, return_offsets_mapping=False):
+        import re
+        spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+        ids = [2 + (hash(text[a:b]) % 1000) for a, b in spans]
+        if add_special_tokens and self.bos:
+            ids = [1] + ids
+        out = {"input_ids": ids}
+        if return_offsets_mapping:
+            out["offset_mapping"] = spans
+        return out
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_windows_start_at_lines_and_skip_calibration(bos):
+    text = "\n".join(f"line {i} has some words" for i in range(2000))
+    tt = TokenizedText(text, _WordTokenizer(bos))
+    cal = tt.calibration(64, count=2)
+    assert cal[0].char_start == 0 and cal[1].char_start > cal[0].char_end - 30
+    assert text[cal[1].char_start - 1] == "\n"
+    w = tt.window(1000, 64)
+    assert len(w.tokens) == 64 and text[w.char_start - 1] == "\n" and w.char_start >= 1000
+    assert (w.tokens[0] == 1) == bos
+    first = tt.ids[np.searchsorted(tt.starts, w.char_start)]
+    assert w.tokens[1 if bos else 0] == first
+    with pytest.raises(ValueError, match="tokens"):
+        tt.window(len(text) - 10, 64)
+    with pytest.raises(ValueError, match="overlaps"):
+        tt.evaluation(8, 1, calib_end=cal[1].char_end, chars=(100,))
+    ev = tt.evaluation(8, 2, calib_end=cal[1].char_end, chars=(30000, 20000))
+    assert [w.char_start >= c for w, c in zip(ev, (30000, 20000))] == [True, True]
+    with pytest.raises(ValueError, match="windows"):
+        tt.evaluation(8, 3, calib_end=0, chars=(30000, 20000))
+
+
+def test_model_argument_errors(tmp_path):
+    assert slug("SmolLM2-135M-Instruct.Q4_1") == "smollm2-135m-instruct.q4_1"
+    with pytest.raises(ValueError, match="--model"):
+        resolve(str(tmp_path / "missing.gguf"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert resolve(str(tmp_path / "m.gguf")).model_id == "m"
+    d = tmp_path / "Qwen2-0.5B"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    assert resolve(str(d)).model_id == "qwen2-0.5b"
