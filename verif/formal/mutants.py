@@ -3,7 +3,7 @@ each proof must FAIL on one of these, so no proof passes vacuously."""
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 
 from hw.fwht import FWHT
@@ -48,22 +48,22 @@ def drop_first(m, dut, o_ready):
     seen = Signal()
     with m.If(dut.o.valid & o_ready):
         m.d.sync += seen.eq(1)
-    return dut.o.valid & seen, dut.o.payload.as_value()
+    return dut.o.valid & seen, Value.cast(dut.o.payload)
 
 
 def flip_while_stalled(m, dut, o_ready):
     """Flip payload bit 0 in the second cycle of a stall."""
     stalled = Signal()
     m.d.sync += stalled.eq(dut.o.valid & ~o_ready)
-    return dut.o.valid, dut.o.payload.as_value() ^ stalled
+    return dut.o.valid, Value.cast(dut.o.payload) ^ stalled
 
 
 def duplicate_first(m, dut, o_ready):
     """Show the first output vector once more in the cycle after its handshake."""
     again, done = Signal(), Signal()
-    last = Signal.like(dut.o.payload.as_value())
+    last = Signal.like(Value.cast(dut.o.payload))
     first = dut.o.valid & o_ready & ~done
-    m.d.sync += [again.eq(first), last.eq(dut.o.payload.as_value())]
+    m.d.sync += [again.eq(first), last.eq(Value.cast(dut.o.payload))]
     with m.If(first):
         m.d.sync += done.eq(1)
-    return dut.o.valid | again, Mux(again, last, dut.o.payload.as_value())
+    return dut.o.valid | again, Mux(again, last, Value.cast(dut.o.payload))

@@ -95,8 +95,7 @@ def plan(name: str) -> list:
                       partial(_roundtrip, 16, 8)))
     streams = [("enc", 16, 8, "min", 5, False), ("dec", 16, 8, "min", 5, False)]
     if name == "full":
-        streams += [("enc", 16, 8, "default", 13, False), ("dec", 16, 8, "default", 8, False),
-                    ("enc", 8, 8, "min", 6, True), ("dec", 8, 8, "min", 6, True)]
+        streams += [("enc", 8, 8, "min", 6, True), ("dec", 8, 8, "min", 6, True)]
     items += [(f"stream_{k}_n{n}_g{g}_{c}_d{d}{'_ref' if r else ''}",
                f"stream: hold, count, drain{', order (reference copy)' if r else ''} "
                f"(BMC {d} cycles)", partial(_stream, k, n, g, c, d, r))

@@ -1,10 +1,11 @@
 """Stream-interface harness: a top level (``KVEpilogue`` / ``KVDecompressor``)
 never drops, duplicates or reorders a vector and holds its output while stalled.
 
-:class:`StreamHarness` wraps the design under test A (its ``o.ready``,
-``i.valid`` and ``i.payload`` free every cycle) with a reference copy B of the
-same design that is never stalled (``o.ready`` = 1) and accepts exactly the
-vectors A accepts, in the same cycle. B is a plain delay line of ``latency``
+:class:`StreamHarness` drives the design under test A (its ``o.ready``,
+``i.valid`` and ``i.payload`` free every cycle). With ``reference=True`` it adds
+a reference copy B of the same design that is never stalled (``o.ready`` = 1)
+and accepts exactly the vectors A accepts, in the same cycle (properties 2 and
+5; two copies of the data path make this proof far larger). B is a plain delay line of ``latency``
 cycles (asserted: B's ``o.valid`` is A's input handshake ``latency`` cycles
 earlier), so B's k-th output is the design's function of A's k-th input.
 A symbolic index k (a free input, assumed constant) selects one vector: the
@@ -15,10 +16,17 @@ carries the same payload. Assertions (``Assert``, every cycle):
    high and ``o.payload`` unchanged;
 2. order: A's k-th output equals B's k-th output (no drop, duplicate or reorder:
    any of these makes some k-th output another vector's, visible for some inputs);
-3. count: A never emits more vectors than it accepted, nor more than B;
-4. drain: if ``o.ready`` was high in each of the last ``latency`` cycles, A has
-   emitted as many vectors as B (nothing is held back or lost);
-5. delay: B's ``o.valid`` equals A's input handshake ``latency`` cycles earlier.
+3. count: A never emits more vectors than it accepted, and holds at most
+   ``latency`` vectors;
+4. drain / delay: if ``o.ready`` was high in each of the last ``latency``
+   cycles, ``o.valid`` equals the input handshake ``latency`` cycles earlier and
+   every vector accepted before then has been emitted (nothing lost or held back);
+5. B's ``o.valid`` equals A's input handshake ``latency`` cycles earlier, and A
+   never emits more vectors than B.
+
+Without the reference copy (1, 3, 4) the vectors are counted, not identified: a
+stage register that advances during a stall (dropping one vector and repeating
+the next) keeps the counts and is caught only by property 2.
 
 Checked by bounded model checking (:func:`verif.formal.prove.prove_bmc`) from
 reset; ``rst`` is assumed low (reset in mid-stream is covered by ``make sim``).
@@ -26,7 +34,7 @@ reset; ``rst`` is assumed low (reset in mid-stream is covered by ``make sim``).
 
 from __future__ import annotations
 
-from amaranth.hdl import Assert, Assume, Cat, Module, ResetSignal, Signal
+from amaranth.hdl import Assert, Assume, Cat, Module, ResetSignal, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 
@@ -40,6 +48,7 @@ class StreamHarness(wiring.Component):
         mutate: optional callable ``(m, dut) -> (o_valid, o_payload, i_ready_hs)``
             for mutation tests: replaces what the harness sees of A's output.
         count_width: width of the vector counters (>= log2 of the BMC depth + 1).
+        reference: add the reference copy B (properties 2 and 5).
     """
 
     def __init__(self, make_dut, mutate=None, count_width: int = 5, reference: bool = True):
@@ -63,7 +72,7 @@ class StreamHarness(wiring.Component):
         m.d.comb += Assume(~ResetSignal())
         m.d.comb += [a.i.valid.eq(self.i_valid), a.i.payload.eq(self.i_payload),
                      a.o.ready.eq(self.o_ready)]
-        o_valid, o_payload = a.o.valid, a.o.payload.as_value()
+        o_valid, o_payload = a.o.valid, Value.cast(a.o.payload)
         if self.mutate is not None:
             o_valid, o_payload = self.mutate(m, a, self.o_ready)
         in_hs = a.i.valid & a.i.ready
@@ -118,9 +127,9 @@ class StreamHarness(wiring.Component):
         # 2. order: A's k-th output == B's k-th output
         ref, have = Signal.like(o_payload), Signal()
         with m.If(b.o.valid & (n_b == self.k)):
-            m.d.sync += [ref.eq(b.o.payload.as_value()), have.eq(1)]
+            m.d.sync += [ref.eq(Value.cast(b.o.payload)), have.eq(1)]
         with m.If(out_hs & (n_a == self.k)):
             m.d.comb += Assert((have & (o_payload == ref))
                                | (b.o.valid & (n_b == self.k)
-                                  & (o_payload == b.o.payload.as_value())))
+                                  & (o_payload == Value.cast(b.o.payload))))
         return m
