@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from amaranth.hdl import signed  # noqa: F401  (re-exported for callers building shapes)
 
 from hw.decompressor import KVDecompressor
 from hw.dequant import level_table, product_shape, scale_format

@@ -58,7 +58,7 @@ def _yosys(top, name: str, workdir: Path, commands: list[str], timeout: int) -> 
     size = re.findall(r"Solving problem with (\d+) variables and (\d+) clauses", text)
     if "SUCCESS!" in text and r.returncode == 0:
         result = "proved"
-    elif re.search(r"FAIL!|failed|SAT temporal induction proof finished - model found", text):
+    elif re.search(r"model found: FAIL!|proof did fail", text):
         result = "failed"
     else:
         raise FormalError(f"{name}: yosys exited {r.returncode} without a verdict "
