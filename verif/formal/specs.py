@@ -114,7 +114,8 @@ class FWHTMiter(wiring.Component):
 
 
 class BlockFWHTMiter(wiring.Component):
-    """``ok`` = (``hw.ifwht.BlockFWHT`` output == H (p_i << d_{i // G})) whenever every d_k <= max_align.
+    """``ok`` = (``hw.ifwht.BlockFWHT`` output == H (p_i << d_{i // G})) whenever every
+    d_k <= max_align and some d_k == 0 (d_k = ef_k - ef_min in the read path).
 
     This is the read path's spec (hw/ifwht.py): output S with (H yhat)_i =
     S_i * 2^(ef_min + c), lane i of block k entering as p_i * 2^(d_k + ef_min + c).
@@ -153,7 +154,10 @@ class BlockFWHTMiter(wiring.Component):
             want = butterflies(aligned, g.bit_length() - 1, log2n)
         else:
             want = spec_transform([self.p[i] << self.d[i // g] for i in range(self.n)], "direct")
-        d_ok = Cat(*(self.d[k] <= self.max_align for k in range(nb))).all()
+        # the read path's contract: d_k = ef_k - ef_min, so every d_k <= max_align and
+        # some d_k == 0 (with one block, d is 0 and the RTL has no shifter)
+        d_ok = (Cat(*(self.d[k] <= self.max_align for k in range(nb))).all()
+                & Cat(*(self.d[k] == 0 for k in range(nb))).any())
         match = Cat(*(dut.y[i] == want[i] for i in range(self.n))).all()
         m.d.comb += self.ok.eq(~d_ok | match)
         return m
