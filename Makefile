@@ -5,7 +5,7 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-sim
 OUT    ?= build
 
-.PHONY: sim test verilog synth synth-ci accuracy bench-gpu clean distclean
+.PHONY: sim test verilog synth synth-ci formal formal-ci accuracy bench-gpu clean distclean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,16 @@ synth: $(STAMP)
 synth-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
+
+## formal: all proofs (FWHT == H x for N = 16..256, read-path FWHT, round trip, stream properties; yosys sat) -> build/formal.json
+formal: $(STAMP)
+	$(VPY) -m pip install -q -e ".[formal]"
+	$(VPY) -m verif.formal --set full --out $(OUT)/formal.json --work $(OUT)/formal
+
+## formal-ci: the small proof set + the mutation tests (CI, a few minutes)
+formal-ci: $(STAMP)
+	$(VPY) -m pip install -q -e ".[formal]"
+	$(VPY) -m pytest tests/test_formal.py -q
 
 ## accuracy: format study, perplexity with fake-quantized K/V (CPU torch, slow); MODEL=gemma3-270m for Gemma 3
 MODEL ?= smollm2-135m

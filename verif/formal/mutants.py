@@ -1,0 +1,69 @@
+"""Deliberately broken designs for the mutation tests (tests/test_formal.py):
+each proof must FAIL on one of these, so no proof passes vacuously."""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal, Value
+from amaranth.lib import wiring
+
+from hw.fwht import FWHT
+
+
+class SwappedFWHT(wiring.Component):
+    """``hw.fwht.FWHT`` with output lanes ``a`` and ``b`` swapped (same ports)."""
+
+    def __init__(self, n: int, in_width: int, latency: int, side_width: int = 0, a: int = 1,
+                 b: int = 2):
+        self.inner = FWHT(n, in_width, latency, side_width)
+        self.n, self.out_width, self.swap = n, self.inner.out_width, (a, b)
+        super().__init__(self.inner.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = f = self.inner
+        a, b = self.swap
+        m.d.comb += [f.en.eq(self.en), f.i_valid.eq(self.i_valid), f.x.eq(self.x),
+                     f.side_i.eq(self.side_i), self.o_valid.eq(f.o_valid),
+                     self.side_o.eq(f.side_o)]
+        for i in range(self.n):
+            j = b if i == a else a if i == b else i
+            m.d.comb += self.y[i].eq(f.y[j])
+        return m
+
+
+class FreeRunningFWHT(FWHT):
+    """``hw.fwht.FWHT`` whose pipeline registers ignore ``en`` (advance during stalls)."""
+
+    def elaborate(self, platform):
+        en = self.en
+        self.en = Const(1)
+        try:
+            return super().elaborate(platform)
+        finally:
+            self.en = en
+
+
+def drop_first(m, dut, o_ready):
+    """Hide the first output vector from the consumer while still acknowledging it."""
+    seen = Signal()
+    with m.If(dut.o.valid & o_ready):
+        m.d.sync += seen.eq(1)
+    return dut.o.valid & seen, Value.cast(dut.o.payload)
+
+
+def flip_while_stalled(m, dut, o_ready):
+    """Flip payload bit 0 in the second cycle of a stall."""
+    stalled = Signal()
+    m.d.sync += stalled.eq(dut.o.valid & ~o_ready)
+    return dut.o.valid, Value.cast(dut.o.payload) ^ stalled
+
+
+def duplicate_first(m, dut, o_ready):
+    """Show the first output vector once more in the cycle after its handshake."""
+    again, done = Signal(), Signal()
+    last = Signal.like(Value.cast(dut.o.payload))
+    first = dut.o.valid & o_ready & ~done
+    m.d.sync += [again.eq(first), last.eq(Value.cast(dut.o.payload))]
+    with m.If(first):
+        m.d.sync += done.eq(1)
+    return dut.o.valid | again, Mux(again, last, Value.cast(dut.o.payload))

@@ -1,0 +1,126 @@
+"""The proof sets of ``python -m verif.formal``: ``full`` (``make formal``) and ``ci``.
+
+Each entry is (name, what it proves, thunk returning a proof record of
+:mod:`verif.formal.prove`). Widths come from the default format
+(``sim_models.FormatParams``: FWHT input = ``mant_bits``; read path: the
+dequantized product shape and the ue5m3 alignment span).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+
+from hw.decompressor import KVDecompressor
+from hw.dequant import level_table, product_shape, scale_format
+from hw.epilogue import KVEpilogue
+from sim_models.params import FormatParams
+
+from .prove import FormalError, prove_bmc, prove_comb
+from .specs import BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, RoundTripMiter, check_factorization
+from .stream import StreamHarness
+
+
+def fwht_width() -> int:
+    """FWHT input width of the default format (``FormatParams.mant_bits``)."""
+    return FormatParams.__dataclass_fields__["mant_bits"].default
+
+
+def read_widths(n: int, block: int) -> tuple[int, int]:
+    """(BlockFWHT input width, max_align) of the read path for the default format at (n, block)."""
+    p = FormatParams(n=n, block=block)
+    return product_shape(level_table(p)).width, scale_format(p).max_align
+
+
+def _fwht(n, spec, work, timeout):
+    check_factorization(n)
+    return prove_comb(FWHTMiter(n, fwht_width(), spec), f"fwht_n{n}_{spec}",
+                      work, timeout)
+
+
+def _pipe(n, width, latency, work, timeout):
+    return prove_bmc(FWHTPipeMiter(n, width, latency), f"fwht_pipe_n{n}_w{width}_l{latency}",
+                     work, depth=latency + 2, timeout=timeout)
+
+
+def _block(n, g, spec, work, timeout):
+    check_factorization(n)
+    w, ma = read_widths(n, g)
+    return prove_comb(BlockFWHTMiter(n, g, w, ma, spec), f"ifwht_n{n}_g{g}_{spec}", work, timeout)
+
+
+def _roundtrip(n, g, work, timeout):
+    return prove_comb(RoundTripMiter(n, g, fwht_width()), f"roundtrip_n{n}_g{g}",
+                      work, timeout)
+
+
+def stream_design(kind: str, n: int, g: int, cuts: str):
+    """A factory for the stream proofs: kind "enc" (KVEpilogue) or "dec" (KVDecompressor);
+    cuts "min" (FWHT latency 1, no optional registers) or "default"."""
+    p = FormatParams(n=n, block=g)
+    if kind == "enc":
+        if cuts == "min":
+            return lambda: KVEpilogue(p, latency=1, quant_regs=(), fe_regs=())
+        return lambda: KVEpilogue(p)
+    if cuts == "min":
+        return lambda: KVDecompressor(p, latency=1, float_regs=())
+    return lambda: KVDecompressor(p)
+
+
+def _stream(kind, n, g, cuts, depth, ref, work, timeout):
+    h = StreamHarness(stream_design(kind, n, g, cuts), reference=ref)
+    tag = "_ref" if ref else ""
+    return prove_bmc(h, f"stream_{kind}_n{n}_g{g}_{cuts}_d{depth}{tag}", work, depth=depth,
+                     timeout=timeout)
+
+
+def plan(name: str) -> list:
+    """[(proof name, claim, callable(work, timeout))] of the set ``name``."""
+    fw = "FWHT(latency 0) == H x, all inputs"
+    items = [(f"fwht_n{n}_stages", fw + " (stage product)", partial(_fwht, n, "stages"))
+             for n in ((16, 32) if name == "ci" else (16, 32, 64, 128, 256))]
+    if name == "full":
+        items.append(("fwht_n16_direct", fw + " (matrix row sums)", partial(_fwht, 16, "direct")))
+    pipes = [(4, 12, 1), (4, 12, 2)] if name == "ci" else \
+        [(8, 12, 1), (8, 12, 2), (8, 12, 3), (16, 12, 2)]
+    items += [(f"fwht_pipe_n{n}_w{w}_l{lat}", f"FWHT(latency {lat}): y == H x({lat} enabled "
+               "cycles earlier), BMC", partial(_pipe, n, w, lat)) for n, w, lat in pipes]
+    blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
+    items += [(f"ifwht_n{n}_g{g}_stages", "BlockFWHT == H (p << d), all p, d <= max_align",
+               partial(_block, n, g, "stages")) for n, g in blocks]
+    if name == "full":
+        items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
+                      partial(_roundtrip, 16, 8)))
+    streams = [("enc", 16, 8, "min", 5, False), ("dec", 16, 8, "min", 5, False)]
+    if name == "full":
+        streams += [("enc", 8, 8, "min", 6, True), ("dec", 8, 8, "min", 6, True)]
+    items += [(f"stream_{k}_n{n}_g{g}_{c}_d{d}{'_ref' if r else ''}",
+               f"stream: hold, count, drain{', order (reference copy)' if r else ''} "
+               f"(BMC {d} cycles)", partial(_stream, k, n, g, c, d, r))
+              for k, n, g, c, d, r in streams]
+    return items
+
+
+PLANS = {"full": "make formal", "ci": "the CI subset (tests/test_formal.py)"}
+
+
+def run_plan(name: str, work, only=None, timeout: int = 1800, log=print):
+    """Run the set; returns (records, exit status: 0 all proved, 1 a proof failed, 2 no verdict)."""
+    records, status = [], 0
+    log(f"{'proof':34s} {'result':8s} {'cells':>7s} {'SAT vars':>9s} {'clauses':>9s} {'s':>7s}")
+    for pname, claim, fn in plan(name):
+        if only and only not in pname:
+            continue
+        try:
+            rec = fn(Path(work), timeout)
+        except FormalError as err:
+            rec, status = {"name": pname, "result": "error", "error": str(err)}, 2
+        rec["claim"] = claim
+        if rec["result"] == "failed":
+            status = max(status, 1)
+        records.append(rec)
+        log(f"{pname:34s} {rec['result']:8s} {rec.get('cells') or '':>7} "
+            f"{rec.get('sat_vars') or '':>9} {rec.get('sat_clauses') or '':>9} "
+            f"{rec.get('seconds', ''):>7}")
+    return records, status

@@ -1,0 +1,237 @@
+"""Proof harnesses (miters) for the transform blocks: Amaranth components whose
+one-bit output ``ok`` is 1 for every input exactly when the RTL meets its spec.
+
+The specs are written here in exact integer arithmetic (Amaranth widens every
+sum, so ``a + b`` never wraps) and take the Hadamard matrix from
+``sim_models.fwht.hadamard`` (Sylvester order, the golden definition):
+
+* ``spec="direct"``: ``y_i = sum_j H[i, j] * x_j``, one row sum per lane (the
+  matrix itself; expensive for SAT beyond N = 16).
+* ``spec="stages"``: the butterfly factorization ``H_N = B_{S-1} ... B_1 B_0``
+  with ``B_s`` mapping lanes (i, i + 2^s), bit s of i clear, to (a + b, a - b),
+  at exact widths. That the product of the B_s equals ``hadamard(N)`` is an
+  integer matrix identity, checked exactly by :func:`check_factorization`
+  (tests/test_formal.py); the tool proves RTL == the stage product.
+
+Used by :mod:`verif.formal.prove` (yosys ``sat -prove ok 1``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from amaranth.hdl import Cat, Module, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.fwht import FWHT
+from hw.ifwht import BlockFWHT
+from sim_models.fwht import hadamard
+
+SPECS = ("direct", "stages")
+
+
+def stage_matrix(n: int, s: int) -> np.ndarray:
+    """Butterfly stage B_s as an int64 [n, n] matrix: (i, i + 2^s) -> (a + b, a - b)."""
+    h = 1 << s
+    b = np.zeros((n, n), dtype=np.int64)
+    for i in range(n):
+        if i & h:
+            b[i, i - h], b[i, i] = 1, -1
+        else:
+            b[i, i], b[i, i + h] = 1, 1
+    return b
+
+
+def check_factorization(n: int) -> None:
+    """Exact integer checks behind the stage proofs: B_{S-1} ... B_0 == H_N and H_N H_N == N I.
+
+    Raises:
+        AssertionError: an identity does not hold for ``n``.
+    """
+    prod = np.eye(n, dtype=np.int64)
+    for s in range(n.bit_length() - 1):
+        prod = stage_matrix(n, s) @ prod
+    h = hadamard(n)
+    assert np.array_equal(prod, h), f"stage product != hadamard({n})"
+    assert np.array_equal(h @ h, n * np.eye(n, dtype=np.int64)), f"H H != N I for n={n}"
+
+
+def spec_transform(lanes: list, spec: str) -> list:
+    """H x on a list of Amaranth values, exact (see module docstring)."""
+    n = len(lanes)
+    if spec == "direct":
+        h = hadamard(n)
+        out = []
+        for i in range(n):
+            acc = 0
+            for j in range(n):
+                acc = acc + lanes[j] if h[i, j] > 0 else acc - lanes[j]
+            out.append(acc)
+        return out
+    if spec == "stages":
+        return butterflies(lanes, 0, n.bit_length() - 1)
+    raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
+
+
+def butterflies(lanes: list, first: int, stop: int) -> list:
+    """Stages B_first .. B_(stop-1) applied to a list of Amaranth values, exact widths."""
+    n = len(lanes)
+    for s in range(first, stop):
+        h = 1 << s
+        lanes = [lanes[i] + lanes[i + h] if not i & h else lanes[i - h] - lanes[i]
+                 for i in range(n)]
+    return lanes
+
+
+def _check_spec(spec: str) -> str:
+    if spec not in SPECS:
+        raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
+    return spec
+
+
+class FWHTMiter(wiring.Component):
+    """``ok`` = (``hw.fwht.FWHT(n, in_width, latency=0)`` output == H x) for input ``x``.
+
+    Args:
+        n, in_width: the FWHT parameters (latency 0: the combinational core;
+            the registers are covered by :class:`FWHTPipeMiter`).
+        spec: ``"direct"`` or ``"stages"``.
+        dut: a component to check instead of the FWHT (mutation tests); same ports.
+    """
+
+    def __init__(self, n: int, in_width: int, spec: str = "stages", dut=None):
+        self.n, self.in_width, self.spec = n, in_width, _check_spec(spec)
+        self.dut = dut if dut is not None else FWHT(n, in_width, 0)
+        super().__init__({"x": In(data.ArrayLayout(signed(in_width), n)), "ok": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        m.d.comb += [dut.x.eq(self.x), dut.en.eq(1), dut.i_valid.eq(1)]
+        want = spec_transform([self.x[i] for i in range(self.n)], self.spec)
+        m.d.comb += self.ok.eq(Cat(*(dut.y[i] == want[i] for i in range(self.n))).all())
+        return m
+
+
+class BlockFWHTMiter(wiring.Component):
+    """``ok`` = (``hw.ifwht.BlockFWHT`` output == H (p_i << d_{i // G})) whenever every
+    d_k <= max_align and some d_k == 0 (d_k = ef_k - ef_min in the read path).
+
+    This is the read path's spec (hw/ifwht.py): output S with (H yhat)_i =
+    S_i * 2^(ef_min + c), lane i of block k entering as p_i * 2^(d_k + ef_min + c).
+    Latency 0 (the combinational core).
+
+    Args:
+        n, block, in_width, max_align: the BlockFWHT parameters (``in_shape`` signed).
+        spec: ``"direct"`` or ``"stages"``.
+        dut: a component to check instead (mutation tests); same ports.
+    """
+
+    def __init__(self, n: int, block: int, in_width: int, max_align: int, spec: str = "stages",
+                 dut=None):
+        self.n, self.block, self.spec = n, block, _check_spec(spec)
+        self.max_align = max_align
+        self.dut = dut if dut is not None else BlockFWHT(n, block, signed(in_width), 0,
+                                                         max_align=max_align)
+        super().__init__({
+            "p": In(data.ArrayLayout(signed(in_width), n)),
+            "d": In(data.ArrayLayout(self.dut.d_width, n // block)),
+            "ok": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        nb = self.n // self.block
+        m.d.comb += [dut.p.eq(self.p), dut.d.eq(self.d), dut.en.eq(1), dut.i_valid.eq(1),
+                     dut.zneg.eq(0)]
+        g, log2n = self.block, self.n.bit_length() - 1
+        if self.spec == "stages":
+            # H (p << d) = B_outer (align (B_inner p)): inside a block every lane has the
+            # same shift d_k, and (a << d) +- (b << d) == (a +- b) << d in exact integers
+            inner = butterflies([self.p[i] for i in range(self.n)], 0, g.bit_length() - 1)
+            aligned = [inner[i] << self.d[i // g] for i in range(self.n)]
+            want = butterflies(aligned, g.bit_length() - 1, log2n)
+        else:
+            want = spec_transform([self.p[i] << self.d[i // g] for i in range(self.n)], "direct")
+        # the read path's contract: d_k = ef_k - ef_min, so every d_k <= max_align and
+        # some d_k == 0 (with one block, d is 0 and the RTL has no shifter)
+        d_ok = (Cat(*(self.d[k] <= self.max_align for k in range(nb))).all()
+                & Cat(*(self.d[k] == 0 for k in range(nb))).any())
+        match = Cat(*(dut.y[i] == want[i] for i in range(self.n))).all()
+        m.d.comb += self.ok.eq(~d_ok | match)
+        return m
+
+
+class RoundTripMiter(wiring.Component):
+    """``ok`` = (BlockFWHT(FWHT(x)) == N x): the inverse path returns N times the
+    forward transform's input (one block exponent: d = 0). Latency 0.
+
+    Args:
+        n, block, in_width: the forward FWHT's input width; the BlockFWHT takes its
+            output width (``in_width + log2 N``).
+        fwd, inv: components to check instead (mutation tests).
+    """
+
+    def __init__(self, n: int, block: int, in_width: int, fwd=None, inv=None):
+        self.n = n
+        self.fwd = fwd if fwd is not None else FWHT(n, in_width, 0)
+        self.inv = inv if inv is not None else BlockFWHT(n, block, signed(self.fwd.out_width), 0)
+        super().__init__({"x": In(data.ArrayLayout(signed(in_width), n)), "ok": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.fwd, m.submodules.inv = fwd, inv = self.fwd, self.inv
+        m.d.comb += [fwd.x.eq(self.x), fwd.en.eq(1), fwd.i_valid.eq(1),
+                     inv.p.eq(fwd.y), inv.d.eq(0), inv.en.eq(1), inv.i_valid.eq(1),
+                     inv.zneg.eq(0)]
+        m.d.comb += self.ok.eq(Cat(*(inv.y[i] == self.x[i] * self.n
+                                     for i in range(self.n))).all())
+        return m
+
+
+class FWHTPipeMiter(wiring.Component):
+    """The pipelined FWHT against H applied to its input ``latency`` enabled cycles earlier.
+
+    A shadow delay line (``latency`` registers of x that advance with ``en``, as
+    the FWHT's do) and a counter of enabled cycles (saturating at ``latency``);
+    ``Assert``: once ``latency`` enabled cycles have passed, y == H (delayed x)
+    and ``o_valid`` == the delayed ``i_valid``. ``en``, ``i_valid`` and ``x`` are
+    free every cycle (checked by bounded model checking, :mod:`verif.formal.prove`).
+
+    Args:
+        n, in_width, latency: the FWHT parameters (latency >= 1).
+        spec: ``"direct"`` or ``"stages"``.
+        dut: a component to check instead (mutation tests); same ports.
+    """
+
+    def __init__(self, n: int, in_width: int, latency: int, spec: str = "stages", dut=None):
+        if latency < 1:
+            raise ValueError(f"latency must be >= 1 (latency 0 is FWHTMiter), got {latency}")
+        self.n, self.latency, self.spec = n, latency, _check_spec(spec)
+        self.dut = dut if dut is not None else FWHT(n, in_width, latency)
+        super().__init__({
+            "en": In(1), "i_valid": In(1),
+            "x": In(data.ArrayLayout(signed(in_width), n)),
+        })
+
+    def elaborate(self, platform):
+        from amaranth.hdl import Assert
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        m.d.comb += [dut.x.eq(self.x), dut.en.eq(self.en), dut.i_valid.eq(self.i_valid)]
+        xs, vs = self.x, self.i_valid
+        for r in range(self.latency):
+            xr = Signal.like(self.x, name=f"shadow_x{r}")
+            vr = Signal(name=f"shadow_v{r}")
+            with m.If(self.en):
+                m.d.sync += [xr.eq(xs), vr.eq(vs)]
+            xs, vs = xr, vr
+        filled = Signal(range(self.latency + 1))
+        with m.If(self.en & (filled < self.latency)):
+            m.d.sync += filled.eq(filled + 1)
+        want = spec_transform([xs[i] for i in range(self.n)], self.spec)
+        match = Cat(*(dut.y[i] == want[i] for i in range(self.n))).all()
+        with m.If(filled == self.latency):
+            m.d.comb += Assert(match & (dut.o_valid == vs))
+        return m
