@@ -18,7 +18,7 @@ _SOURCES = {"encode": ("kv_encode.cu", "kv_encode"), "decode": ("kv_decode_attn.
 _lock = threading.Lock()
 _kernels: dict = {}
 
-#: Quantizer fields the kernels implement (docs/ACCURACY.md "Exact integer rules"): the version-1
+#: Quantizer fields the kernels implement (docs/FORMAT.md 3.7): the version-1
 #: quantizer (midtread, up) and the version-2 one (midrise, nearest), and the two cross terms.
 SUPPORTED_QUANTIZER = {
     "mode": ("midtread", "midrise"),

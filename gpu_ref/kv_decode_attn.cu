@@ -1,6 +1,6 @@
 // fwht-kv fused decode attention over the packed 3-bit cache (flash-decoding, split-KV).
 //
-// Reconstruction (sim_models/quant_modes.py): mid-tread y_hat = c * scale; mid-rise (template MR = 1)
+// Reconstruction (sim_models/quant.py): mid-tread y_hat = c * scale; mid-rise (template MR = 1)
 // y_hat = (2c + 1) * scale / 2 = (c + 1/2) * scale: the value fed to the tensor cores is c + 1/2 (exact
 // in fp16), the scale is used as stored (the 1/2 folded into the code -> value map).
 // Math (sim_models/fwht.py): with y = H D x and H H = N I,

@@ -11,7 +11,7 @@
 //   -> mid-tread codes (ties away from zero) or mid-rise codes (c = m if y >= 0 else -1 - m,
 //      m = #{j in 1..2^(b-1)-1 : |y| 2^u >= j scale}) -> LSB-first packing.
 // MODE (0 mid-tread, 1 mid-rise) and RND (0 up, 1 nearest) are template parameters
-// (docs/ACCURACY.md "Exact integer rules"; sim_models/quant_modes.py, sim_models/scale_rules.py).
+// (docs/FORMAT.md 3.7; sim_models/quant.py, sim_models/scale.py).
 // No fp32 operation sees a subnormal operand or result where it matters (CuPy's NVRTC runs with
 // -ftz=true): bf16 inputs are scaled by integer exponent arithmetic when -u >= 126 (the only case in
 // which a subnormal lane can round to a nonzero mantissa), the code multiplier stays >= 2^-126.
@@ -73,7 +73,7 @@ __device__ __forceinline__ kv_u32 bf16x2_x2p64(kv_u32 w) {
   return r;
 }
 
-// exact a*2^ea >= b*2^eb for 0 <= a, b < 2^31 (sim_models.scale.ge_pow2); the shift is clamped at 32
+// exact a*2^ea >= b*2^eb for 0 <= a, b < 2^31 (sim_models.exact.ge_scaled); the shift is clamped at 32
 // (operands < 2^63), beyond which the outcome depends only on which of a, b is zero
 __device__ __forceinline__ bool ge_pow2(long long a, int ea, long long b, int eb) {
   int d = ea - eb;
