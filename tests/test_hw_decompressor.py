@@ -429,10 +429,10 @@ def test_tofloat_unit(dtype, w, log2n):
 
 @pytest.mark.parametrize("w", [1, 2, 3, 5, 8, 9, 13])
 def test_leading_one_exhaustive(w):
-    """hw.tofloat.leading_one (log-depth tree): position of the highest set bit and
+    """hw.scale_select.leading_one (log-depth tree): position of the highest set bit and
     the any bit, for every value of a w-bit input (widths around powers of two)."""
     from amaranth.hdl import Signal
-    from hw.tofloat import leading_one
+    from hw.scale_select import leading_one
     m = Module()
     a = Signal(w)
     pos, any_ = leading_one(m, a, "t")

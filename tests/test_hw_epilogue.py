@@ -26,7 +26,8 @@ from amaranth.sim import Simulator
 
 from hw import KVEpilogue
 from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
-from hw.quantizer import code_coefs, k_units
+from hw.scale_select import k_units
+from hw.thresholds import code_coefs
 from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload, tie_vectors
 from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
 from sim_models.codec import encode_trace

@@ -22,7 +22,8 @@ from amaranth.sim import Simulator
 
 from hw.frontend import FrontEnd, u_range
 from hw.fwht import FWHT, register_positions
-from hw.quantizer import ScaleSelect, Thresholds, code_coefs, k_units
+from hw.scale_select import ScaleSelect, k_units
+from hw.thresholds import Thresholds, code_coefs
 from hw.stimulus import directed_vectors, pack_input, random_vectors
 from sim_models.bfp import to_block_fp
 from sim_models.fwht import fwht
@@ -70,9 +71,8 @@ def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[i
     if mode == "midtread" and rounding == "up" and scale == "ue5m3":   # the version-1 path too
         v1_b, v1_s = smallest_scale_at_least((1 << (bits - 1)) - 1, a, u)
         assert (v1_b == exp_b).all() and (v1_s == exp_s).all()
-    k, ks = k_units(mode, bits)
-    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, k, rounding, scale=scale, k_shift=ks)
-                  for _ in range(BANK)])
+    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale_round=rounding, scale=scale)
+    bank = _Bank([ScaleSelect(p, A_WIDTH, U_SHAPE) for _ in range(BANK)])
     bad = []
 
     async def tb(ctx):
@@ -94,7 +94,7 @@ def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[i
 
 
 def _j(mode: str, bits: int, rounding: str, scale: str = "ue5m3") -> int:
-    """J = floor(log2(K c_top)) of hw.quantizer.ScaleSelect (k part of K)."""
+    """J = floor(log2(K c_top)) of hw.scale_select.ScaleSelect (k part of K)."""
     k, _ = k_units(mode, bits)
     top = (2 << scale_encoding(scale).mant_bits) - 1
     return ((2 * top + 1 if rounding == "nearest" else top) * k).bit_length() - 1
@@ -213,7 +213,8 @@ def test_thresholds_every_byte(mode, bits, scale):
     sat_val = 1 << wy
     us = range(-40, 31) if FULL else range(-40, 31, 10)
     cases = [(int(byte), u) for u in us for byte in enc.bytes]
-    bank = _Bank([Thresholds(wy, U_SHAPE, coefs, frac, scale) for _ in range(BANK)])
+    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale=scale)
+    bank = _Bank([Thresholds(p, wy, U_SHAPE) for _ in range(BANK)])
     got = []
 
     async def tb(ctx):
