@@ -11,8 +11,8 @@ Two combinational halves, with a pipeline register between them in the top
 level (``KVDecompressor``):
 
 :class:`FloatPrep` (per lane): ``mag = |S|``, ``L`` = position of its leading
-one (log-depth leading-one tree, :func:`hw.scale_select.leading_one`), ``Lp = max(L, K)`` with
-``K = (1 - bias) - T`` (the leading-one position of the smallest normal
+one (:func:`hw.scale_select.leading_one`), ``Lp = max(L, K)`` with ``K = (1 -
+bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
 the exact zero is -0.0 in the golden float64 path, see hw/ifwht.py) and

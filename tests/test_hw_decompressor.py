@@ -535,6 +535,21 @@ def test_latency_property():
             gc.collect()
 
 
+@pytest.mark.parametrize("regs", [(), ("prep",), ("abs", "shift"), FLOAT_REGS])
+def test_latency_breakdown(regs):
+    """KVDecompressor.latency_breakdown: one entry per register section, summing to
+    latency_cycles; the default placement gives the keys rtl_gen's manifest records."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        dut = KVDecompressor(FormatParams(n=16, block=8), 3, regs)
+    bd = dut.latency_breakdown
+    assert sum(bd.values()) == dut.latency_cycles == 3 + 2 + len(regs)
+    assert bd["fwht"] == 3 and bd["dequant_reg"] == bd["output_reg"] == 1
+    assert [k for k in bd if k.startswith("float_")] == [f"float_{r}_reg" for r in regs]
+    if regs == DEFAULT_FLOAT_REGS:
+        assert bd == {"dequant_reg": 1, "fwht": 3, "float_prep_reg": 1, "output_reg": 1}
+
+
 # ---- rtl_gen: Verilog, manifest, CLI, lint ------------------------------------------------
 
 def _verilog_ports(text: str, top: str) -> dict:

@@ -367,3 +367,51 @@ def test_fwht_matches_golden_with_stalls(n, latency):
     for i, (y, side) in enumerate(got):
         assert y == want[i].tolist(), f"vector {i}"
         assert side == i & 15
+
+
+def test_cuts():
+    """hw.pipeline.Cuts: placements come back in data-flow order; bad ones are refused
+    with the option's name; the latency is the number of cuts."""
+    from hw.pipeline import Cuts
+    c = Cuts("demo_regs", ("a", "b", "c"), default=("c", "a"))
+    assert c.default == ("a", "c") and list(c) == ["a", "b", "c"] and "b" in c
+    assert c.check(["c", "b"]) == ("b", "c") and c.latency(("c", "b", "a")) == 3
+    for bad, err in ((("d",), ValueError), (("a", "a"), ValueError), ("a", TypeError),
+                     ((1,), TypeError), (None, TypeError)):
+        with pytest.raises(err, match="demo_regs"):
+            c.check(bad)
+    with pytest.raises(ValueError, match="demo_regs"):
+        Cuts("demo_regs", ("a",), default=("z",))
+
+
+def test_stage():
+    """hw.pipeline.stage: registers advance only while en is high; valid resets to 0,
+    data keeps no reset; lists are registered element by element."""
+    from hw.pipeline import stage
+    m = Module()
+    en, valid, x = Signal(), Signal(), Signal(signed(6))
+    xs = [Signal(3), Signal(4)]
+    r = stage(m, en, "s", valid=valid, x=x, xs=xs)
+    assert [v.name for v in r["xs"]] == ["s_xs0", "s_xs1"] and r["x"].name == "s_x"
+    assert r["valid"].reset_less is False and r["x"].reset_less and r["xs"][1].reset_less
+    assert r["x"].shape() == signed(6) and len(r["xs"][1]) == 4
+
+    async def tb(ctx):
+        assert ctx.get(r["valid"]) == 0
+        ctx.set(valid, 1)
+        ctx.set(x, -5)
+        ctx.set(xs[1], 9)
+        await ctx.tick()                # en low: nothing moves
+        assert ctx.get(r["valid"]) == 0
+        ctx.set(en, 1)
+        await ctx.tick()
+        assert (ctx.get(r["valid"]), ctx.get(r["x"]), ctx.get(r["xs"][1])) == (1, -5, 9)
+        ctx.set(en, 0)
+        ctx.set(x, 3)
+        await ctx.tick()
+        assert ctx.get(r["x"]) == -5
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
