@@ -69,35 +69,27 @@ class _Vector:
     th: list | None = None
 
     def cut(self, m: Module, en, name: str, regs: tuple) -> "_Vector":
-        """The vector after cut ``name``: registered if ``name`` is in ``regs``."""
+        """The vector after cut ``name``: registered (:func:`hw.pipeline.stage`) if
+        ``name`` is in ``regs``, else unchanged."""
         if name not in regs:
             return self
         flat = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None:
-                continue
-            if f.name == "partial":
+            if f.name == "partial" and v is not None:
                 flat.update({f"p{t}{b}_": parts for t, blocks in v.items()
                              for b, parts in enumerate(blocks)})
-            elif f.name == "th":
+            elif f.name == "th" and v is not None:
                 flat.update({f"th{b}_": ths for b, ths in enumerate(v)})
-            else:
-                flat[{"mags": "abs", "stat": "amax", "scales": "scale"}.get(f.name, f.name)] = v
+            elif v is not None:
+                flat[f.name] = v
         r = stage(m, en, name, **flat)
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is None:
-                out[f.name] = None
-            elif f.name == "partial":
-                out[f.name] = {t: [r[f"p{t}{b}_"] for b in range(len(blocks))]
-                               for t, blocks in v.items()}
-            elif f.name == "th":
-                out[f.name] = [r[f"th{b}_"] for b in range(len(v))]
-            else:
-                out[f.name] = r[{"mags": "abs", "stat": "amax", "scales": "scale"}.get(f.name,
-                                                                                      f.name)]
+        out = {f.name: r.get(f.name) for f in fields(self)}
+        if self.partial is not None:
+            out["partial"] = {t: [r[f"p{t}{b}_"] for b in range(len(blocks))]
+                              for t, blocks in self.partial.items()}
+        if self.th is not None:
+            out["th"] = [r[f"th{b}_"] for b in range(len(self.th))]
         return _Vector(**out)
 
 
