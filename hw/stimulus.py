@@ -149,10 +149,10 @@ def tie_vectors(p: FormatParams, rng: np.random.Generator, count: int = 48) -> n
     Each vector is x = (A H[r] + T H[r+1]) * 2^s / N (after the sign flip D), so
     the FWHT output is exactly A 2^s in lane r and T 2^s in lane r+1 (same block),
     zero elsewhere. With K = k / 2^ks the max rule's scale units
-    (``hw.quantizer.k_units``) and sig a significand of ``p.scale``:
+    (``hw.scale_select.k_units``) and sig a significand of ``p.scale``:
     A = K sig 2^t, the block maximum of an exact scale value (rule ``up``, and
     ``nearest`` as the value is its own nearest), with T = a_j sig 2^t / 2^f a
-    lane threshold of that scale (``hw.quantizer.code_coefs``), or one unit
+    lane threshold of that scale (``hw.thresholds.code_coefs``), or one unit
     above/below it; or A = K (2 sig + 1) 2^t, exactly on the midpoint of two
     scale values (rule ``nearest``: ties go up), +-0/1 unit; or small maxima
     (subnormal scale bytes). s is random, so the scale exponents range over
@@ -164,7 +164,8 @@ def tie_vectors(p: FormatParams, rng: np.random.Generator, count: int = 48) -> n
     Returns:
         uint16 [count, N] fp16/bf16 bit patterns (``p.dtype``).
     """
-    from hw.quantizer import code_coefs, k_units     # noqa: PLC0415 (hw imports stimulus)
+    from hw.scale_select import k_units              # noqa: PLC0415 (hw imports stimulus)
+    from hw.thresholds import code_coefs             # noqa: PLC0415
     from sim_models.minifloat import scale_encoding  # noqa: PLC0415
 
     n = p.n
