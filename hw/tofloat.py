@@ -34,7 +34,7 @@ S = 0 gives +-0 with the sign of D_i (the golden model negates +0.0).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
