@@ -1,11 +1,14 @@
 """Amaranth 0.5 RTL of the fwht-kv write path (bit-exact with sim_models.encode).
 
 Modules:
-    frontend   special values, sign flip D, block floating point (combinational)
-    fwht       log2(N)-stage butterfly FWHT with ``latency`` pipeline registers
-    quantizer  per-block scale byte (ue5m3) and b-bit codes (2 pipeline stages)
-    packer     b-bit two's-complement codes packed LSB first (combinational)
-    epilogue   top level ``KVEpilogue`` (stream in, stream out, sticky status)
+    frontend      special values, sign flip D, block floating point (``fe_regs`` cut)
+    fwht          log2(N)-stage butterfly FWHT with ``latency`` pipeline registers
+    quantizer     per-block scale byte and b-bit codes (``quant_regs`` pipeline cuts)
+    scale_select  scale byte without dividers; the leading-one detector
+    thresholds    per-block code thresholds
+    packer        b-bit two's-complement codes packed LSB first (combinational)
+    epilogue      top level ``KVEpilogue`` (stream in, stream out, sticky status)
+    pipeline      register stages (``stage``) and placements (``Cuts``); trees: reduction trees
 
 Read path (bit-exact with sim_models.decode):
     dequant       code -> level table, scale-byte decode, level * sig per lane

@@ -53,28 +53,22 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
                       scale_format)
-from .frontend import tree_reduce
-from .pipeline import check_cuts, check_latency
 from .ifwht import BlockFWHT
+from .pipeline import Cuts, check_latency, stage
 from .tofloat import FloatConsts, FloatPack, FloatPrep
+from .trees import tree_reduce
 
 #: Optional pipeline registers of the float conversion, in pipeline order:
 #: ``"abs"`` after |S| (before the leading-one tree), ``"prep"`` after FloatPrep
 #: (leading one, subnormal clamp), ``"shift"`` after FloatPack's right shifter and
-#: sticky bit (before RNE, packing, saturation).
-FLOAT_REGS = ("abs", "prep", "shift")
-#: Default float-conversion registers.
-DEFAULT_FLOAT_REGS = ("prep",)
-#: Register stages outside the FWHT with the default placement: dequant register,
-#: the default float registers, output register.
+#: sticky bit (before RNE, packing, saturation). Default: ``"prep"``.
+FLOAT_CUTS = Cuts("float_regs", ("abs", "prep", "shift"), default=("prep",))
+#: Names kept for rtl_gen and the tests (derived from :data:`FLOAT_CUTS`): the cut
+#: names, the default placement, and the register stages outside the FWHT with it
+#: (dequant register, the default float registers, output register).
+FLOAT_REGS = FLOAT_CUTS.names
+DEFAULT_FLOAT_REGS = FLOAT_CUTS.default
 FIXED_LATENCY = 2 + len(DEFAULT_FLOAT_REGS)
-
-
-
-def check_float_regs(float_regs) -> tuple[str, ...]:
-    """Validate ``float_regs`` (names from :data:`FLOAT_REGS`); see
-    :func:`hw.pipeline.check_cuts`."""
-    return check_cuts("float_regs", float_regs, FLOAT_REGS)
 
 
 def input_fields(p: FormatParams) -> dict:
@@ -120,7 +114,7 @@ class KVDecompressor(wiring.Component):
     def __init__(self, params: FormatParams, latency: int = 2,
                  float_regs=DEFAULT_FLOAT_REGS):
         check_read_params(params)
-        self.float_regs = check_float_regs(float_regs)
+        self.float_regs = FLOAT_CUTS.check(float_regs)
         self.params = params
         self.latency = check_latency(params, latency)
         self.table = level_table(params)
@@ -131,9 +125,17 @@ class KVDecompressor(wiring.Component):
         })
 
     @property
+    def latency_breakdown(self) -> dict:
+        """Register stages per pipeline section (sums to :attr:`latency_cycles`); the
+        float registers appear only where placed (``float_abs_reg`` / ``float_prep_reg``
+        / ``float_shift_reg``)."""
+        return {"dequant_reg": 1, "fwht": self.latency,
+                **{f"float_{r}_reg": 1 for r in self.float_regs}, "output_reg": 1}
+
+    @property
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
-        return self.latency + 2 + len(self.float_regs)
+        return sum(self.latency_breakdown.values())
 
     def elaborate(self, platform):
         m = Module()
@@ -175,61 +177,43 @@ class KVDecompressor(wiring.Component):
 
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
-        p_r = Signal(data.ArrayLayout(pshape, n), name="dq_prod", reset_less=True)
-        d_r = Signal(data.ArrayLayout(dw, nb), name="dq_shift", reset_less=True)
-        ef_r = Signal(efw, name="dq_efmin", reset_less=True)
-        z_r = Signal(n, name="dq_zneg", reset_less=True)
-        az_r = Signal(name="dq_allzero", reset_less=True)
-        v_r = Signal(name="dq_valid")
-        with m.If(en):
-            m.d.sync += [p_r[i].eq(prods[i]) for i in range(n)]
-            m.d.sync += [d_r[k].eq(efs[k] - ef_min) for k in range(nb)]
-            m.d.sync += [ef_r.eq(ef_min), z_r.eq(zneg), az_r.eq(allzero), v_r.eq(self.i.valid)]
+        prod = Signal(data.ArrayLayout(pshape, n), name="dq_prod_c")
+        m.d.comb += [prod[i].eq(prods[i]) for i in range(n)]
+        shift = Signal(data.ArrayLayout(dw, nb), name="dq_shift_c")
+        m.d.comb += [shift[k].eq(efs[k] - ef_min) for k in range(nb)]
+        dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, zneg=zneg,
+                   allzero=allzero, valid=self.i.valid)
 
-        # ---- inverse FWHT ------------------------------------------------------------
-        m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=efw + 1,
+        # ---- inverse FWHT (ef_min and "all zero" ride along as side band) --------------
+        side = data.StructLayout({"ef_min": efw, "allzero": 1})
+        m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=side,
                                             max_align=sf.max_align)
-        m.d.comb += [fw.en.eq(en), fw.i_valid.eq(v_r), fw.p.eq(p_r), fw.d.eq(d_r),
-                     fw.side_i.eq(Cat(ef_r, az_r)), fw.zneg.eq(z_r)]
+        m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
+                     fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"]),
+                     fw.side_i.allzero.eq(dq["allzero"]), fw.zneg.eq(dq["zneg"])]
 
-        # ---- float conversion: prep + register + pack + output register -------------
+        # ---- float conversion: prep [+ register] + pack + output register -------------
         consts = FloatConsts(fw.out_width, p.in_format, (sf.ef_min, sf.ef_max),
                              sf.exp_offset + self.table.exp_offset - p.log2n)
         regs = self.float_regs
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs)
-        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o[:efw]),
-                     fp.zneg.eq(Mux(fw.side_o[efw], fw.zneg_o, 0)),
+        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o.ef_min),
+                     fp.zneg.eq(Mux(fw.side_o.allzero, fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
         valid = fw.o_valid
-        if "abs" in regs:
+        if "abs" in regs:               # the data registers are inside FloatPrep
             m.d.comb += fp.en.eq(en)
-            va = Signal(name="abs_valid")
-            with m.If(en):
-                m.d.sync += va.eq(valid)
-            valid = va
-        m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs)
+            valid = stage(m, en, "abs", valid=valid)["valid"]
+        prep = {"mag": fp.mag, "lead": fp.lp, "neg": fp.neg, "nz": fp.nz, "bexp": fp.b}
         if "prep" in regs:
-            mag_r = Signal.like(fp.mag, name="fp_mag", reset_less=True)
-            lp_r = Signal.like(fp.lp, name="fp_lead", reset_less=True)
-            neg_r = Signal(n, name="fp_neg", reset_less=True)
-            nz_r = Signal(n, name="fp_nz", reset_less=True)
-            b_r = Signal(consts.b_shape, name="fp_bexp", reset_less=True)
-            v2_r = Signal(name="fp_valid")
-            with m.If(en):
-                m.d.sync += [mag_r.eq(fp.mag), lp_r.eq(fp.lp), neg_r.eq(fp.neg), nz_r.eq(fp.nz),
-                             b_r.eq(fp.b), v2_r.eq(valid)]
-            m.d.comb += [pk.mag.eq(mag_r), pk.lp.eq(lp_r), pk.neg.eq(neg_r), pk.nz.eq(nz_r),
-                         pk.b.eq(b_r)]
-            valid = v2_r
-        else:
-            m.d.comb += [pk.mag.eq(fp.mag), pk.lp.eq(fp.lp), pk.neg.eq(fp.neg), pk.nz.eq(fp.nz),
-                         pk.b.eq(fp.b)]
-        if "shift" in regs:
+            prep = stage(m, en, "fp", **prep, valid=valid)
+            valid = prep["valid"]
+        m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs)
+        m.d.comb += [pk.mag.eq(prep["mag"]), pk.lp.eq(prep["lead"]), pk.neg.eq(prep["neg"]),
+                     pk.nz.eq(prep["nz"]), pk.b.eq(prep["bexp"])]
+        if "shift" in regs:             # the data registers are inside FloatPack
             m.d.comb += pk.en.eq(en)
-            vs = Signal(name="shift_valid")
-            with m.If(en):
-                m.d.sync += vs.eq(valid)
-            valid = vs
+            valid = stage(m, en, "shift", valid=valid)["valid"]
         out = Signal(output_width(p), name="out_reg", reset_less=True)
         out_v = Signal(name="out_valid")
         with m.If(en):

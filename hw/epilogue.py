@@ -41,26 +41,24 @@ handshake.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams, check_supported
-from sim_models.scale import scale_mult
 
-from .frontend import FrontEnd, check_fe_regs, u_shape
+from .frontend import FE_CUTS, FrontEnd, u_shape
 from .fwht import FWHT
 from .packer import Packer
-from .pipeline import check_latency
-from .quantizer import Quantizer, check_regs
+from .pipeline import check_latency, stage
+from .quantizer import QUANT_CUTS, Quantizer
 
-#: Default register cut points inside the front end (hw.frontend.FE_CUTS) and
-#: the quantizer (hw.quantizer.QUANT_CUTS): every cut, for Fmax (see hw/README.md).
-DEFAULT_FE_REGS = ("emax",)
-DEFAULT_QUANT_REGS = ("maxhalf", "max", "norm", "scale", "thr")
-
-#: Register stages outside the FWHT with the default placement: front-end cuts,
-#: front-end register, quantizer cuts, output register.
+#: Names kept for rtl_gen and the tests (derived from :data:`hw.frontend.FE_CUTS`
+#: and :data:`hw.quantizer.QUANT_CUTS`): the default cut placements, and the
+#: register stages outside the FWHT with them (front-end cuts, front-end
+#: register, quantizer cuts, output register).
+DEFAULT_FE_REGS = FE_CUTS.default
+DEFAULT_QUANT_REGS = QUANT_CUTS.default
 FIXED_LATENCY = len(DEFAULT_FE_REGS) + 2 + len(DEFAULT_QUANT_REGS)
 
 
@@ -120,8 +118,8 @@ class KVEpilogue(wiring.Component):
         check_epilogue_params(params)
         self.params = params
         self.latency = check_latency(params, latency)
-        self.quant_regs = check_regs(quant_regs)
-        self.fe_regs = check_fe_regs(fe_regs)
+        self.quant_regs = QUANT_CUTS.check(quant_regs)
+        self.fe_regs = FE_CUTS.check(fe_regs)
         super().__init__({
             "i": In(stream.Signature(params.n * 16)),
             "o": Out(stream.Signature(output_layout(params))),
@@ -143,7 +141,6 @@ class KVEpilogue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p = self.params
-        ush = u_shape(p)
 
         en = Signal()
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
@@ -151,27 +148,18 @@ class KVEpilogue(wiring.Component):
         # front end + register
         m.submodules.frontend = fe = FrontEnd(p, self.fe_regs)
         m.d.comb += [fe.bits.eq(self.i.payload), fe.en.eq(en), fe.i_valid.eq(self.i.valid)]
-        x_r = Signal.like(fe.x, name="fe_x", reset_less=True)
-        u_r = Signal(ush, name="fe_u", reset_less=True)
-        f_r = Signal(2, name="fe_flags", reset_less=True)
-        v_r = Signal(name="fe_valid")
-        with m.If(en):
-            m.d.sync += [x_r.eq(fe.x), u_r.eq(fe.u), f_r.eq(fe.flags),
-                         v_r.eq(fe.o_valid)]
+        fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)
 
         # FWHT (u and the flags ride along as side band)
-        m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency,
-                                      side_width=ush.width + 2)
-        m.d.comb += [fw.en.eq(en), fw.i_valid.eq(v_r), fw.x.eq(x_r),
-                     fw.side_i.eq(Cat(u_r, f_r))]
+        side = data.StructLayout({"u": u_shape(p), "flags": 2})
+        m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency, side_width=side)
+        m.d.comb += [fw.en.eq(en), fw.i_valid.eq(fe_r["valid"]), fw.x.eq(fe_r["x"]),
+                     fw.side_i.u.eq(fe_r["u"]), fw.side_i.flags.eq(fe_r["flags"])]
 
         # quantizer
-        m.submodules.quant = qz = Quantizer(p.n, p.block, p.bits, p.fwht_width, ush,
-                                            mode=p.mode, rounding=p.scale_round,
-                                            regs=self.quant_regs, scale=p.scale,
-                                            rule=p.scale_rule, mult=scale_mult(p))
+        m.submodules.quant = qz = Quantizer(p, self.quant_regs)
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
-                     qz.u.eq(fw.side_o[:ush.width]), qz.flags_i.eq(fw.side_o[ush.width:])]
+                     qz.u.eq(fw.side_o.u), qz.flags_i.eq(fw.side_o.flags)]
 
         # packer + output register
         m.submodules.packer = pk = Packer(p.n, p.bits)

@@ -28,7 +28,8 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import check_cuts
+from .pipeline import Cuts, stage
+from .trees import tree_reduce
 
 
 def u_range(p: FormatParams) -> tuple[int, int]:
@@ -43,30 +44,11 @@ def u_shape(p: FormatParams) -> Shape:
     return Shape.cast(range(lo, hi + 1))
 
 
-def tree_reduce(m: Module, items: list, fn, name: str):
-    """Balanced binary reduction; every node is a named Signal (readable Verilog)."""
-    level = 0
-    while len(items) > 1:
-        nxt = []
-        for i in range(0, len(items) - 1, 2):
-            s = Signal.like(items[i], name=f"{name}_l{level}_{i // 2}")
-            m.d.comb += s.eq(fn(items[i], items[i + 1]))
-            nxt.append(s)
-        if len(items) % 2:
-            nxt.append(items[-1])
-        items = nxt
-        level += 1
-    return items[0]
-
-
-#: Pipeline cut points of :class:`FrontEnd`: after the exponent max tree.
-FE_CUTS = ("emax",)
-
-
-def check_fe_regs(regs) -> tuple[str, ...]:
-    """Validate a front-end register placement (names from :data:`FE_CUTS`); see
-    :func:`hw.pipeline.check_cuts`."""
-    return check_cuts("fe_regs", regs, FE_CUTS)
+#: Pipeline cut points of :class:`FrontEnd`: after the exponent max tree
+#: (default: placed, for Fmax; hw/README.md).
+FE_CUTS = Cuts("fe_regs", ("emax",), default=("emax",))
+#: The validation of ``fe_regs`` (:meth:`hw.pipeline.Cuts.check`), under the name rtl_gen imports.
+check_fe_regs = FE_CUTS.check
 
 
 class FrontEnd(wiring.Component):
@@ -82,7 +64,7 @@ class FrontEnd(wiring.Component):
 
     def __init__(self, p: FormatParams, regs=()):
         self.p = p
-        self.regs = check_fe_regs(regs)
+        self.regs = FE_CUTS.check(regs)
         self.mask = sign_mask_int(p.n, p.sign_seed)
         super().__init__({
             "bits": In(p.n * 16),
@@ -141,20 +123,10 @@ class FrontEnd(wiring.Component):
         flags = Cat(Cat(*nans).any(), Cat(*infs).any())
         valid = self.i_valid
         if "emax" in self.regs:
-            def reg(v, name):
-                r = Signal.like(v, name=name, reset_less=True)
-                with m.If(self.en):
-                    m.d.sync += r.eq(v)
-                return r
-            exps = [reg(e, f"emax_exp{k}") for k, e in enumerate(exps)]
-            sigs = [reg(sg, f"emax_sig{k}") for k, sg in enumerate(sigs)]
-            signs = [reg(sg, f"emax_sign{k}") for k, sg in enumerate(signs)]
-            emax = reg(emax, "emax_max")
-            fl = Signal(2, name="emax_flags", reset_less=True)
-            rv = Signal(name="emax_valid")
-            with m.If(self.en):
-                m.d.sync += [fl.eq(flags), rv.eq(valid)]
-            flags, valid = fl, rv
+            r = stage(m, self.en, "emax", exp=exps, sig=sigs, sign=signs, max=emax,
+                      flags=flags, valid=valid)
+            exps, sigs, signs, emax = r["exp"], r["sig"], r["sign"], r["max"]
+            flags, valid = r["flags"], r["valid"]
         m.d.comb += [
             self.u.eq(emax - (bias + M - 2)),
             self.flags.eq(flags),

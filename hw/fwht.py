@@ -15,9 +15,10 @@ registers after stages 4 and 7 (4 + 3 adder levels per cycle); L=1 -> one
 register at the output; L=S -> one register after every stage; L=0 -> purely
 combinational.
 
-All registers advance together when ``en`` is high (global stall). A
-``valid`` bit and an arbitrary side band (``side_i`` -> ``side_o``) travel
-through the same registers.
+All registers advance together when ``en`` is high (global stall,
+:func:`hw.pipeline.stage`). A ``valid`` bit and an arbitrary side band
+(``side_i`` -> ``side_o``, a plain width or a layout) travel through the same
+registers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
+
+from .pipeline import stage
 
 
 def register_positions(log2n: int, latency: int) -> list[int]:
@@ -41,10 +44,11 @@ class FWHT(wiring.Component):
         n: lanes N (a power of two, >= 2).
         in_width: signed width of the input lanes.
         latency: pipeline registers L in [0, log2 N] (cycles from ``x`` to ``y``).
-        side_width: width of the side band delayed alongside the data.
+        side_width: width of the side band delayed alongside the data, or its
+            shape (e.g. a ``data.StructLayout``: ``side_i``/``side_o`` are then Views).
     """
 
-    def __init__(self, n: int, in_width: int, latency: int, side_width: int = 0):
+    def __init__(self, n: int, in_width: int, latency: int, side_width=0):
         if n < 2 or n & (n - 1):
             raise ValueError(f"n must be a power of two >= 2, got {n}")
         self.n = n
@@ -80,13 +84,8 @@ class FWHT(wiring.Component):
                 m.d.comb += [nxt[i].eq(a + b), nxt[i + h].eq(a - b)]
             lanes = nxt
             if s + 1 in self.positions:
-                r = [Signal(signed(width), name=f"r{s}_{i}", reset_less=True) for i in range(n)]
-                rv = Signal(name=f"r{s}_valid")
-                rs = Signal.like(side, name=f"r{s}_side", reset_less=True)
-                with m.If(self.en):
-                    m.d.sync += [d.eq(q) for d, q in zip(r, lanes)]
-                    m.d.sync += [rv.eq(valid), rs.eq(side)]
-                lanes, valid, side = r, rv, rs
+                r = stage(m, self.en, f"r{s}", lane=lanes, valid=valid, side=side)
+                lanes, valid, side = r["lane"], r["valid"], r["side"]
         m.d.comb += [self.y[i].eq(lanes[i]) for i in range(n)]
         m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side)]
         return m

@@ -26,7 +26,8 @@ butterfly stages with the alignment counted as one more step (when N/G > 1),
 S steps in all; pipeline register r (r = 1 .. L) follows the first
 ``ceil(r * S / L)`` steps (:func:`hw.fwht.register_positions`), so the last one
 is at the output. All registers advance together when ``en`` is high; a valid
-bit and a side band travel with the data.
+bit and a side band (a plain width or a layout) travel with the data
+(:func:`hw.pipeline.stage`).
 
 Signed zeros (``zneg`` -> ``zneg_o``): the golden model computes the FWHT in
 float64, where ``level * 0.0`` is -0.0 for a negative level (scale byte 0x00,
@@ -46,6 +47,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fwht import register_positions
+from .pipeline import stage
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
 #: default of ``max_align``.
@@ -74,7 +76,8 @@ class BlockFWHT(wiring.Component):
         n, block: N and G.
         in_shape: signed shape of the input integers p.
         latency: pipeline registers L in [0, log2 N].
-        side_width: width of the side band delayed alongside the data.
+        side_width: width of the side band delayed alongside the data, or its
+            shape (e.g. a ``data.StructLayout``).
         max_align: largest shift amount d (default :data:`MAX_ALIGN`, ue5m3).
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
@@ -82,7 +85,7 @@ class BlockFWHT(wiring.Component):
     ``o_valid``, ``y`` (N lanes, :func:`out_width` bits), ``side_o`` out.
     """
 
-    def __init__(self, n: int, block: int, in_shape, latency: int, side_width: int = 0,
+    def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
                  max_align: int = MAX_ALIGN):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
@@ -139,22 +142,13 @@ class BlockFWHT(wiring.Component):
                 zn = [(zn[i] & zn[i + h]) if not i & h else (zn[i - h] & ~zn[i]) for i in range(n)]
             lanes = nxt
             if idx + 1 in self.positions:
-                r = [Signal(signed(width), name=f"r{idx}_{i}", reset_less=True) for i in range(n)]
-                rv = Signal(name=f"r{idx}_valid")
-                rs = Signal.like(side, name=f"r{idx}_side", reset_less=True)
-                rz = Signal(n, name=f"r{idx}_zneg", reset_less=True)
-                with m.If(self.en):
-                    m.d.sync += [a.eq(b) for a, b in zip(r, lanes)]
-                    m.d.sync += [rv.eq(valid), rs.eq(side), rz.eq(Cat(*zn))]
-                lanes, valid, side = r, rv, rs
-                zn = [rz[i] for i in range(n)]
-                if any(k == "align" for k, _ in self.steps[idx + 1:]):
-                    # the shift amounts are still needed: they ride along to the alignment
-                    rd = [Signal(self.d_width, name=f"r{idx}_d{k}", reset_less=True)
-                          for k in range(self.n_blocks)]
-                    with m.If(self.en):
-                        m.d.sync += [a.eq(b) for a, b in zip(rd, d)]
-                    d = rd
+                # the shift amounts ride along while the alignment is still ahead
+                carry_d = any(k == "align" for k, _ in self.steps[idx + 1:])
+                r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side,
+                          zneg=Cat(*zn), **({"d": d} if carry_d else {}))
+                lanes, valid, side = r["lane"], r["valid"], r["side"]
+                zn = [r["zneg"][i] for i in range(n)]
+                d = r.get("d", d)
         assert width == self.out_width
         m.d.comb += [self.y[i].eq(lanes[i]) for i in range(n)]
         m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side), self.zneg_o.eq(Cat(*zn))]

@@ -1,16 +1,55 @@
-"""Validation of pipeline-register placements shared by the RTL components.
+"""Pipeline plumbing shared by the RTL components: register stages and their placements.
 
-Two kinds of knobs place registers: the FWHT ``latency`` (how many of the
-log2 N butterfly stages end in a register, :mod:`hw.fwht` / :mod:`hw.ifwht`)
-and named *cuts* (a subset of a component's fixed list of cut points, e.g.
-``hw.quantizer.QUANT_CUTS``, ``hw.frontend.FE_CUTS``,
-``hw.decompressor.FLOAT_REGS``). Every component validates them here, so the
+Every pipeline register of the design advances with one enable, ``en = o.ready
+| ~o.valid`` of the top level (a global stall): :func:`stage` builds one such
+register stage. Two kinds of knobs place the optional registers: the FWHT
+``latency`` (how many of the log2 N butterfly stages end in a register,
+:mod:`hw.fwht` / :mod:`hw.ifwht`, checked by :func:`check_latency`) and named
+*cuts*, a subset of a component's cut points (:class:`Cuts`:
+``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
+``hw.decompressor.FLOAT_CUTS``). Every component validates them here, so the
 error messages name the same fields everywhere.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from amaranth.hdl import Module, Signal
+
 from sim_models.params import FormatParams
+
+
+def stage(m: Module, en, name: str, *, reset=("valid",), **values) -> dict:
+    """One pipeline register stage: every value of ``values`` registered while ``en`` is high.
+
+    The entries named in ``reset`` (default: ``valid``, so that a stage is empty
+    after reset) get registers with reset; every other register is reset-less
+    (data). A list of Values is registered element by element.
+
+    Args:
+        m: the module to add the registers to (``sync`` domain).
+        en: 1-bit enable of the stage.
+        reset: keys whose registers have a (synchronous) reset to 0.
+        name: prefix of the register names: ``{name}_{key}``, ``{name}_{key}{i}`` for lists.
+        values: key -> Value (or View), or list of Values.
+
+    Returns:
+        key -> the registered Signal (View for a View, list for a list), in the order given.
+    """
+    out = {}
+    for key, v in values.items():
+        if isinstance(v, (list, tuple)):
+            regs = [Signal.like(e, name=f"{name}_{key}{i}", reset_less=key not in reset)
+                    for i, e in enumerate(v)]
+            srcs = list(v)
+        else:
+            regs = [Signal.like(v, name=f"{name}_{key}", reset_less=key not in reset)]
+            srcs = [v]
+        with m.If(en):
+            m.d.sync += [r.eq(s) for r, s in zip(regs, srcs)]
+        out[key] = regs if isinstance(v, (list, tuple)) else regs[0]
+    return out
 
 
 def check_latency(p: FormatParams, latency) -> int:
@@ -31,25 +70,59 @@ def check_latency(p: FormatParams, latency) -> int:
     return latency
 
 
-def check_cuts(field: str, regs, cuts: tuple[str, ...]) -> tuple[str, ...]:
-    """Validate a register placement ``regs`` (names from ``cuts``) for the argument ``field``.
+@dataclass(frozen=True)
+class Cuts:
+    """The optional register positions (cut points) of one component.
 
-    Returns:
-        The chosen cuts as a tuple in data-flow order (the order of ``cuts``).
+    Iterating a ``Cuts`` gives its cut names in data-flow order; every chosen
+    cut adds one register stage, so a placement's latency is its length.
 
-    Raises:
-        TypeError: ``regs`` is not a tuple/list/set, or an entry is not a str.
-        ValueError: an unknown or repeated name; the message names ``field``.
+    Args:
+        option: the constructor option that chooses them (``"quant_regs"``), used in errors.
+        names: the cut points, in data-flow order.
+        default: the placement of the top level's default configuration.
     """
-    if isinstance(regs, str) or not isinstance(regs, (tuple, list, set, frozenset)):
-        raise TypeError(f"{field} must be a tuple of cut names from {cuts}, "
-                        f"got {type(regs).__name__}")
-    regs = list(regs)
-    for r in regs:
-        if not isinstance(r, str):
-            raise TypeError(f"{field} entries must be str, got {type(r).__name__}")
-        if r not in cuts:
-            raise ValueError(f"{field}: unknown cut {r!r} (cuts: {', '.join(cuts)})")
-    if len(set(regs)) != len(regs):
-        raise ValueError(f"{field}: repeated cut in {tuple(regs)!r}")
-    return tuple(c for c in cuts if c in regs)
+
+    option: str
+    names: tuple[str, ...]
+    default: tuple[str, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "default", self.check(self.default))
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name) -> bool:
+        return name in self.names
+
+    def check(self, regs) -> tuple[str, ...]:
+        """Validate a register placement ``regs`` (names from :attr:`names`).
+
+        Returns:
+            The chosen cuts as a tuple in data-flow order.
+
+        Raises:
+            TypeError: ``regs`` is not a tuple/list/set, or an entry is not a str.
+            ValueError: an unknown or repeated name; the message names :attr:`option`.
+        """
+        field, cuts = self.option, self.names
+        if isinstance(regs, str) or not isinstance(regs, (tuple, list, set, frozenset)):
+            raise TypeError(f"{field} must be a tuple of cut names from {cuts}, "
+                            f"got {type(regs).__name__}")
+        regs = list(regs)
+        for r in regs:
+            if not isinstance(r, str):
+                raise TypeError(f"{field} entries must be str, got {type(r).__name__}")
+            if r not in cuts:
+                raise ValueError(f"{field}: unknown cut {r!r} (cuts: {', '.join(cuts)})")
+        if len(set(regs)) != len(regs):
+            raise ValueError(f"{field}: repeated cut in {tuple(regs)!r}")
+        return tuple(c for c in cuts if c in regs)
+
+    def latency(self, regs) -> int:
+        """Register stages (cycles) that the placement ``regs`` adds."""
+        return len(self.check(regs))

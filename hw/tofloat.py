@@ -11,8 +11,8 @@ Two combinational halves, with a pipeline register between them in the top
 level (``KVDecompressor``):
 
 :class:`FloatPrep` (per lane): ``mag = |S|``, ``L`` = position of its leading
-one (log-depth leading-one tree), ``Lp = max(L, K)`` with
-``K = (1 - bias) - T`` (the leading-one position of the smallest normal
+one (:func:`hw.scale_select.leading_one`), ``Lp = max(L, K)`` with ``K = (1 -
+bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
 the exact zero is -0.0 in the golden float64 path, see hw/ifwht.py) and
@@ -34,44 +34,12 @@ S = 0 gives +-0 with the sign of D_i (the golden model negates +0.0).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-
-def leading_one(m: Module, a, name: str):
-    """Position of the highest set bit of ``a`` (0 when a == 0), log depth.
-
-    A binary tree over the bits padded to 2^k: a node over two children reports
-    ``any = any_lo | any_hi`` and ``pos = Cat(any_hi ? pos_hi : pos_lo, any_hi)``,
-    so each tree level costs one 3-input function per position bit (k LUT
-    levels in all; the critical path of ``FloatPrep`` on the FPGA). All nodes
-    of one level share a Signal pair, which keeps the netlist readable and the
-    Python simulation small.
-
-    Returns:
-        (pos, any): Values; ``pos`` is unsigned with ceil(log2 len(a)) bits.
-    """
-    w = len(a)
-    k = max(1, (w - 1).bit_length())
-    p2 = 1 << k
-    any_v = Signal(p2, name=f"{name}_any0")
-    m.d.comb += any_v.eq(a)
-    pos_v, pw, cnt = None, 0, p2
-    for level in range(1, k + 1):
-        cnt //= 2
-        na = Signal(cnt, name=f"{name}_any{level}")
-        npos = Signal(cnt * (pw + 1), name=f"{name}_pos{level}")
-        m.d.comb += na.eq(Cat(*(any_v[2 * j] | any_v[2 * j + 1] for j in range(cnt))))
-        if pos_v is None:
-            m.d.comb += npos.eq(Cat(*(any_v[2 * j + 1] for j in range(cnt))))
-        else:
-            m.d.comb += npos.eq(Cat(*(
-                Cat(Mux(any_v[2 * j + 1], pos_v[(2 * j + 1) * pw:(2 * j + 2) * pw],
-                        pos_v[2 * j * pw:(2 * j + 1) * pw]), any_v[2 * j + 1])
-                for j in range(cnt))))
-        any_v, pos_v, pw = na, npos, pw + 1
-    return pos_v, any_v[0]
+from .pipeline import stage
+from .scale_select import leading_one
 
 
 def shift_right_sticky(m: Module, v, amount, out_width: int, name: str):
@@ -179,13 +147,8 @@ class FloatPrep(wiring.Component):
             m.d.comb += [mags[i].eq(Mux(yv < 0, -yv, yv)),
                          negs[i].eq(((yv < 0) | self.zneg[i]) ^ self.mask[i])]
         if self.abs_reg:
-            r_mag = Signal.like(mags, name="abs_mag", reset_less=True)
-            r_neg = Signal(self.n, name="abs_neg", reset_less=True)
-            r_kc = Signal.like(kc, name="abs_kc", reset_less=True)
-            r_b = Signal.like(b, name="abs_b", reset_less=True)
-            with m.If(self.en):
-                m.d.sync += [r_mag.eq(mags), r_neg.eq(negs), r_kc.eq(kc), r_b.eq(b)]
-            mags, negs, kc, b = r_mag, r_neg, r_kc, r_b
+            r = stage(m, self.en, "abs", mag=mags, neg=negs, kc=kc, b=b)
+            mags, negs, kc, b = r["mag"], r["neg"], r["kc"], r["b"]
         m.d.comb += [self.b.eq(b), self.neg.eq(negs)]
         for i in range(self.n):
             mag = Signal(c.mag_width, name=f"mag{i}")
@@ -236,18 +199,9 @@ class FloatPack(wiring.Component):
         lps = [self.lp[i] for i in range(self.n)]
         neg, nz, b = self.neg, self.nz, self.b
         if self.shift_reg:
-            r_t = [Signal(mb + 2, name=f"shr_t{i}", reset_less=True) for i in range(self.n)]
-            r_st = Signal(self.n, name="shr_sticky", reset_less=True)
-            r_lp = [Signal(c.lp_width, name=f"shr_lp{i}", reset_less=True) for i in range(self.n)]
-            r_neg = Signal(self.n, name="shr_neg", reset_less=True)
-            r_nz = Signal(self.n, name="shr_nz", reset_less=True)
-            r_b = Signal(c.b_shape, name="shr_b", reset_less=True)
-            with m.If(self.en):
-                m.d.sync += [a.eq(v) for a, v in zip(r_t, ts)]
-                m.d.sync += [a.eq(v) for a, v in zip(r_lp, lps)]
-                m.d.sync += [r_st.eq(Cat(*sts)), r_neg.eq(neg), r_nz.eq(nz), r_b.eq(b)]
-            ts, sts, lps = r_t, [r_st[i] for i in range(self.n)], r_lp
-            neg, nz, b = r_neg, r_nz, r_b
+            r = stage(m, self.en, "shr", t=ts, lp=lps, sticky=Cat(*sts), neg=neg, nz=nz, b=b)
+            ts, sts, lps = r["t"], [r["sticky"][i] for i in range(self.n)], r["lp"]
+            neg, nz, b = r["neg"], r["nz"], r["b"]
         for i in range(self.n):
             t, sticky, lp = ts[i], sts[i], lps[i]
             r0, g = t[1:], t[0]

@@ -427,10 +427,10 @@ def test_tofloat_unit(dtype, w, log2n):
 
 @pytest.mark.parametrize("w", [1, 2, 3, 5, 8, 9, 13])
 def test_leading_one_exhaustive(w):
-    """hw.tofloat.leading_one (log-depth tree): position of the highest set bit and
+    """hw.scale_select.leading_one (log-depth tree): position of the highest set bit and
     the any bit, for every value of a w-bit input (widths around powers of two)."""
     from amaranth.hdl import Signal
-    from hw.tofloat import leading_one
+    from hw.scale_select import leading_one
     m = Module()
     a = Signal(w)
     pos, any_ = leading_one(m, a, "t")
@@ -530,6 +530,21 @@ def test_latency_property():
             assert KVDecompressor(FormatParams(), lat, FLOAT_REGS).latency_cycles == lat + 5
             del dut
             gc.collect()
+
+
+@pytest.mark.parametrize("regs", [(), ("prep",), ("abs", "shift"), FLOAT_REGS])
+def test_latency_breakdown(regs):
+    """KVDecompressor.latency_breakdown: one entry per register section, summing to
+    latency_cycles; the default placement gives the keys rtl_gen's manifest records."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        dut = KVDecompressor(FormatParams(n=16, block=8), 3, regs)
+    bd = dut.latency_breakdown
+    assert sum(bd.values()) == dut.latency_cycles == 3 + 2 + len(regs)
+    assert bd["fwht"] == 3 and bd["dequant_reg"] == bd["output_reg"] == 1
+    assert [k for k in bd if k.startswith("float_")] == [f"float_{r}_reg" for r in regs]
+    if regs == DEFAULT_FLOAT_REGS:
+        assert bd == {"dequant_reg": 1, "fwht": 3, "float_prep_reg": 1, "output_reg": 1}
 
 
 # ---- rtl_gen: Verilog, manifest, CLI, lint ------------------------------------------------

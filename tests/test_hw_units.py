@@ -22,7 +22,8 @@ from amaranth.sim import Simulator
 
 from hw.frontend import FrontEnd, u_range
 from hw.fwht import FWHT, register_positions
-from hw.quantizer import ScaleSelect, Thresholds
+from hw.scale_select import ScaleSelect
+from hw.thresholds import Thresholds
 from hw.stimulus import directed_vectors, pack_input, random_vectors
 from sim_models.bfp import to_block_fp
 from sim_models.exact import ge_scaled
@@ -74,9 +75,8 @@ def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[i
     a = np.array([c[0] for c in cases], dtype=np.int64)
     u = np.array([c[1] for c in cases], dtype=np.int64)
     exp_b, exp_s = golden_scale(mode, bits, rounding, a, u, scale)
-    k, ks = k_units(mode, bits)
-    bank = _Bank([ScaleSelect(A_WIDTH, U_SHAPE, k, rounding, scale=scale, k_shift=ks)
-                  for _ in range(BANK)])
+    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale_round=rounding, scale=scale)
+    bank = _Bank([ScaleSelect(p, A_WIDTH, U_SHAPE) for _ in range(BANK)])
     bad = []
 
     async def tb(ctx):
@@ -98,7 +98,7 @@ def _check_scale_select(mode: str, bits: int, rounding: str, cases: list[tuple[i
 
 
 def _j(mode: str, bits: int, rounding: str, scale: str = "ue5m3") -> int:
-    """J = floor(log2(K c_top)) of hw.quantizer.ScaleSelect (k part of K)."""
+    """J = floor(log2(K c_top)) of hw.scale_select.ScaleSelect (k part of K)."""
     k, _ = k_units(mode, bits)
     top = (2 << scale_encoding(scale).mant_bits) - 1
     return ((2 * top + 1 if rounding == "nearest" else top) * k).bit_length() - 1
@@ -217,7 +217,8 @@ def test_thresholds_every_byte(mode, bits, scale):
     sat_val = 1 << wy
     us = range(-40, 31) if FULL else range(-40, 31, 10)
     cases = [(int(byte), u) for u in us for byte in enc.bytes]
-    bank = _Bank([Thresholds(wy, U_SHAPE, coefs, frac, scale) for _ in range(BANK)])
+    p = FormatParams(n=8, block=8, bits=bits, mode=mode, scale=scale)
+    bank = _Bank([Thresholds(p, wy, U_SHAPE) for _ in range(BANK)])
     got = []
 
     async def tb(ctx):
@@ -370,3 +371,51 @@ def test_fwht_matches_golden_with_stalls(n, latency):
     for i, (y, side) in enumerate(got):
         assert y == want[i].tolist(), f"vector {i}"
         assert side == i & 15
+
+
+def test_cuts():
+    """hw.pipeline.Cuts: placements come back in data-flow order; bad ones are refused
+    with the option's name; the latency is the number of cuts."""
+    from hw.pipeline import Cuts
+    c = Cuts("demo_regs", ("a", "b", "c"), default=("c", "a"))
+    assert c.default == ("a", "c") and list(c) == ["a", "b", "c"] and "b" in c
+    assert c.check(["c", "b"]) == ("b", "c") and c.latency(("c", "b", "a")) == 3
+    for bad, err in ((("d",), ValueError), (("a", "a"), ValueError), ("a", TypeError),
+                     ((1,), TypeError), (None, TypeError)):
+        with pytest.raises(err, match="demo_regs"):
+            c.check(bad)
+    with pytest.raises(ValueError, match="demo_regs"):
+        Cuts("demo_regs", ("a",), default=("z",))
+
+
+def test_stage():
+    """hw.pipeline.stage: registers advance only while en is high; valid resets to 0,
+    data keeps no reset; lists are registered element by element."""
+    from hw.pipeline import stage
+    m = Module()
+    en, valid, x = Signal(), Signal(), Signal(signed(6))
+    xs = [Signal(3), Signal(4)]
+    r = stage(m, en, "s", valid=valid, x=x, xs=xs)
+    assert [v.name for v in r["xs"]] == ["s_xs0", "s_xs1"] and r["x"].name == "s_x"
+    assert r["valid"].reset_less is False and r["x"].reset_less and r["xs"][1].reset_less
+    assert r["x"].shape() == signed(6) and len(r["xs"][1]) == 4
+
+    async def tb(ctx):
+        assert ctx.get(r["valid"]) == 0
+        ctx.set(valid, 1)
+        ctx.set(x, -5)
+        ctx.set(xs[1], 9)
+        await ctx.tick()                # en low: nothing moves
+        assert ctx.get(r["valid"]) == 0
+        ctx.set(en, 1)
+        await ctx.tick()
+        assert (ctx.get(r["valid"]), ctx.get(r["x"]), ctx.get(r["xs"][1])) == (1, -5, 9)
+        ctx.set(en, 0)
+        ctx.set(x, 3)
+        await ctx.tick()
+        assert ctx.get(r["x"]) == -5
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
