@@ -48,6 +48,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpu_ref  # noqa: E402
+from kvtest.gpu_cases import attention64, make_case, rel_err  # noqa: E402
+from kvtest.inputs import mixed_bits  # noqa: E402
+from kvtest.ties import count_ties, kernel_tie_vectors  # noqa: E402
 from sim_models import FormatParams, decode_float, encode  # noqa: E402
 
 L2_ROTATE_BYTES = 256 << 20   # rotate input sets until a graph touches at least this much
@@ -189,11 +192,10 @@ def free():
 
 # ---------------------------------------------------------------------------------------------
 def check_encode(count=32768):
-    from tests.test_gpu import _mixed_bits  # noqa: F401 - reuse the test generator if importable
     out = {}
     for dtype in ("fp16", "bf16"):
         p = FormatParams(dtype=dtype)
-        bits = _mixed_bits(128, count, seed=11, dtype=dtype)
+        bits = mixed_bits(128, count, seed=11, dtype=dtype)
         g = encode(bits, p)
         e = gpu_ref.encode_kv(cp.asarray(bits), p)
         ok = (np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
@@ -203,13 +205,12 @@ def check_encode(count=32768):
 
 
 def check_decode():
-    from tests.test_gpu import _attention64, _make_case, _rel
     lengths = [4096, 1500]
-    p, cache, qb, q64, k64, v64 = _make_case(2, 64, 8, 128, 64, lengths, seed=1)
+    p, cache, qb, q64, k64, v64 = make_case(2, 64, 8, 128, 64, lengths, seed=1)
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
-    ref = _attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
-    exact = _attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
+    ref = attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
+    exact = attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
     o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
     o32p = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32", precise_p=True))
     o32q = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32", tune={"qlo": 0}))
@@ -223,8 +224,8 @@ def check_decode():
         errs_bf16.append(o[0, :, 0].float().cpu().numpy())
     ob = np.stack(errs_bf16)
     return {"shape": "B2 Hq64 KVH8 N128 lengths 4096,1500",
-            "rel_err_vs_float64_packed": _rel(o32, ref), "rel_err_precise_p": _rel(o32p, ref), "rel_err_qlo0": _rel(o32q, ref),
-            "quant_rel_err_vs_exact": _rel(o32, exact), "sdpa_bf16_rel_err_vs_exact": _rel(ob, exact)}
+            "rel_err_vs_float64_packed": rel_err(o32, ref), "rel_err_precise_p": rel_err(o32p, ref), "rel_err_qlo0": rel_err(o32q, ref),
+            "quant_rel_err_vs_exact": rel_err(o32, exact), "sdpa_bf16_rel_err_vs_exact": rel_err(ob, exact)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +234,7 @@ WRITE_VARIANTS = ({"lptm": 128, "minb": 3}, {"lptm": 128, "minb": 2}, {"lptm": 6
 
 def write_variant_exact(p, tune, count=65536):
     """Bit-exactness of one write-kernel variant (tuning knobs) vs the golden model, mixed set."""
-    from tests.test_gpu import _mixed_bits
-    bits = _mixed_bits(p.n, count, seed=23, dtype=p.dtype)
+    bits = mixed_bits(p.n, count, seed=23, dtype=p.dtype)
     g = encode(bits, p)
     x = cp.asarray(bits)
     codes = cp.empty((count, p.code_bytes), cp.uint8)
@@ -367,32 +367,30 @@ VERSIONS = {"v1": ("midtread", "up"), "v2": ("midrise", "nearest")}
 def check_versions(count=32768):
     """Bit-exactness of the write kernel (mixed set incl. NaN/inf/subnormal salt, and the tie vectors)
     and decode error vs float64 over the golden-dequantized cache, for v1 and v2."""
-    from tests.test_gpu import _attention64, _make_case, _mixed_bits, _rel
-    from tests.test_gpu_api import count_ties, tie_vectors
     out = {}
     for name, (mode, rnd) in VERSIONS.items():
         r = {}
         for dtype in ("fp16", "bf16"):
             p = quant_params(mode, rnd, dtype=dtype)
-            bits = _mixed_bits(128, count, seed=11, dtype=dtype)
+            bits = mixed_bits(128, count, seed=11, dtype=dtype)
             if dtype == "fp16":
-                bits = np.concatenate([bits, tie_vectors(p)])
+                bits = np.concatenate([bits, kernel_tie_vectors(p)])
             g = encode(bits, p)
             e = gpu_ref.encode_kv(cp.asarray(bits), p)
             ok = (np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
                   and np.array_equal(g.flags, cp.asnumpy(e.flags)))
             r[f"encode_{dtype}"] = {"vectors": len(bits), "bit_exact": bool(ok)}
             if dtype == "fp16":
-                r["tie_lanes_blocks"] = count_ties(tie_vectors(p), p)
+                r["tie_lanes_blocks"] = count_ties(kernel_tie_vectors(p), p)
         lengths = [4096, 1500]
-        p, cache, qb, q64, k64, v64 = _make_case(2, 64, 8, 128, 64, lengths, seed=1, quant=(mode, rnd))
+        p, cache, qb, q64, k64, v64 = make_case(2, 64, 8, 128, 64, lengths, seed=1, quant=(mode, rnd))
         khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
         vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
-        ref = _attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
-        exact = _attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
+        ref = attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
+        exact = attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
         o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
         r["decode"] = {"shape": "B2 Hq64 KVH8 N128 lengths 4096,1500",
-                       "rel_err_vs_float64_packed": _rel(o32, ref), "quant_rel_err_vs_exact": _rel(o32, exact)}
+                       "rel_err_vs_float64_packed": rel_err(o32, ref), "quant_rel_err_vs_exact": rel_err(o32, exact)}
         out[name] = r
     return out
 
