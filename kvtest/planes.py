@@ -11,7 +11,7 @@ Sets (return ``(codes uint8 [V, N*b/8], scales uint8 [V, N/G])``, and for mode
   epilogue writes: the round trip).
 * :func:`random_planes`: uniformly random code planes (every field, including
   the midtread code -2^(b-1) the encoder never writes) with random scale bytes
-  of the encoding (:func:`scale_bytes`), mixed per vector: all blocks alike,
+  of the encoding (:func:`kvtest.levels.scale_bytes`), mixed per vector: all blocks alike,
   independent bytes over the whole range, and scale bytes within a few steps of
   each other; asym: zero points mostly in 0 .. 2^b - 1 (what the encoder
   writes), a quarter over the whole byte range.
@@ -20,9 +20,10 @@ Sets (return ``(codes uint8 [V, N*b/8], scales uint8 [V, N/G])``, and for mode
   with the smallest scale, the largest scale with full codes (the largest values:
   saturation to +-65504 for fp16), the most extreme block-scale mixes (smallest
   next to largest, so the alignment spans every binade of the encoding),
-  one-hot codes, ties of the final rounding (:func:`kvtest.ties.tie_planes`), scale byte 0x00
-  (version-1 quantizer only: the golden model's float64 signed zeros, -H rows
-  give -0.0 before D) and every scale byte once.
+  one-hot codes, ties of the final rounding (:func:`kvtest.ties.tie_planes`),
+  scale byte 0x00 (version-1 quantizer only: the golden model's float64 signed
+  zeros, -H rows give -0.0 before D) and every scale byte once.
+
 Scale bytes: :func:`kvtest.levels.scale_bytes`.
 """
 
