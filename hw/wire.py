@@ -3,8 +3,9 @@
 The components publish them in their signatures (``KVEpilogue.o``,
 ``KVDecompressor.i``, the lane words of ``KVEpilogue.i`` / ``KVDecompressor.o``);
 the field list, offsets and the NumPy pack / unpack are defined once, in
-:mod:`sim_models.wire`. A field of several elements is an ``ArrayLayout`` of
-them, except the code plane, which stays one packed integer.
+:mod:`sim_models.wire`. A field the RTL addresses element by element
+(``Field.array``: scale bytes, zero points, lanes) is an ``ArrayLayout``, also
+with one element (N = G); the code plane and the flags are plain integers.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ def struct_layout(lay: wire.WireLayout) -> data.StructLayout:
     """The ``StructLayout`` of a :class:`sim_models.wire.WireLayout` (same offsets)."""
     fields = {}
     for f in lay.fields:
-        fields[f.name] = (data.ArrayLayout(f.elem_bits, f.count)
-                          if f.count > 1 and f.name != "codes" else f.width)
+        fields[f.name] = data.ArrayLayout(f.elem_bits, f.count) if f.array else f.width
     out = data.StructLayout(fields)
     assert all(out[f.name].offset == f.offset for f in lay.fields) and out.size == lay.width
     return out
@@ -38,4 +38,5 @@ def decoder_input_layout(p: FormatParams) -> data.StructLayout:
 
 def lanes_layout(p: FormatParams) -> data.ArrayLayout:
     """Encoder input / decoder output: N lanes of 16 bits."""
-    return data.ArrayLayout(wire.LANE_BITS, p.n)
+    (f,) = wire.lanes(p).fields
+    return data.ArrayLayout(f.elem_bits, f.count)

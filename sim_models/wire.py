@@ -31,12 +31,15 @@ FLAG_BITS = 3
 @dataclass(frozen=True)
 class Field:
     """One payload field: ``count`` elements of ``elem_bits`` bits, element j at
-    bits ``[offset + j*elem_bits, +elem_bits)`` of the word."""
+    bits ``[offset + j*elem_bits, +elem_bits)`` of the word. ``array``: the RTL
+    addresses the elements one by one (per-block bytes, lanes), else it treats
+    the field as one integer (the packed code plane, the flags)."""
 
     name: str
     elem_bits: int
     count: int
     offset: int
+    array: bool = False
 
     @property
     def width(self) -> int:
@@ -117,23 +120,23 @@ class WireLayout:
 
 def _layout(*spec) -> WireLayout:
     fields, off = [], 0
-    for name, elem_bits, count in spec:
-        fields.append(Field(name, elem_bits, count, off))
+    for name, elem_bits, count, array in spec:
+        fields.append(Field(name, elem_bits, count, off, array))
         off += elem_bits * count
     return WireLayout(tuple(fields))
 
 
-def _planes(p: FormatParams) -> list[tuple[str, int, int]]:
-    spec = [("codes", p.bits, p.n), ("scales", 8, p.n_blocks)]
+def _planes(p: FormatParams) -> list[tuple[str, int, int, bool]]:
+    spec = [("codes", p.bits, p.n, False), ("scales", 8, p.n_blocks, True)]
     if p.zero_bytes:
-        spec.append(("zeros", 8, p.zero_bytes))
+        spec.append(("zeros", 8, p.zero_bytes, True))
     return spec
 
 
 def encoder_output(p: FormatParams) -> WireLayout:
     """``KVEpilogue.o`` payload: codes (N*b) | scales (8 per block) | [zeros (8 per
     block, mode asym)] | flags (3)."""
-    return _layout(*_planes(p), ("flags", FLAG_BITS, 1))
+    return _layout(*_planes(p), ("flags", FLAG_BITS, 1, False))
 
 
 def decoder_input(p: FormatParams) -> WireLayout:
@@ -144,7 +147,7 @@ def decoder_input(p: FormatParams) -> WireLayout:
 
 def lanes(p: FormatParams) -> WireLayout:
     """Encoder input / decoder output: N lanes of 16 bits."""
-    return _layout(("lanes", LANE_BITS, p.n))
+    return _layout(("lanes", LANE_BITS, p.n, True))
 
 
 # --- NumPy side: planes -> words ------------------------------------------------------

@@ -44,14 +44,17 @@ def test_encoder_output_word():
     assert lay.elements(w, "scales") == e.scales[0].tolist()
 
 
-@pytest.mark.parametrize("mode", ["midrise", "asym"])
-def test_layouts_match_components(mode):
-    """The components publish the layouts of sim_models.wire: same fields, offsets, widths."""
-    p = FormatParams(n=32, block=16, bits=3, mode=mode)
+@pytest.mark.parametrize("mode,block", [("midrise", 16), ("asym", 16), ("midtread", 32)])
+def test_layouts_match_components(mode, block):
+    """The components publish the layouts of sim_models.wire: same fields, offsets,
+    widths; scale bytes and zero points are arrays also with one block (N = G)."""
+    p = FormatParams(n=32, block=block, bits=3, mode=mode)
+    nb = 32 // block
     enc, dec = wire.encoder_output(p), wire.decoder_input(p)
     names = ["codes", "scales"] + (["zeros"] if mode == "asym" else [])
     assert enc.names() == names + ["flags"] and dec.names() == names
-    assert enc["flags"].offset == 96 + 16 + (16 if mode == "asym" else 0)
+    assert enc["flags"].offset == 96 + 8 * nb + (8 * nb if mode == "asym" else 0)
+    assert len(decoder_input_layout(p)["scales"].shape) == nb
     for lay, sl, port in ((enc, encoder_output_layout(p), KVEpilogue(p).o),
                           (dec, decoder_input_layout(p), KVDecompressor(p).i)):
         assert port.payload.shape() == sl and sl.size == lay.width
