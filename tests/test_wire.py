@@ -54,7 +54,7 @@ def test_layouts_match_components(mode, block):
     names = ["codes", "scales"] + (["zeros"] if mode == "asym" else [])
     assert enc.names() == names + ["flags"] and dec.names() == names
     assert enc["flags"].offset == 96 + 8 * nb + (8 * nb if mode == "asym" else 0)
-    assert len(decoder_input_layout(p)["scales"].shape) == nb
+    assert decoder_input_layout(p)["scales"].shape.length == nb
     for lay, sl, port in ((enc, encoder_output_layout(p), KVEpilogue(p).o),
                           (dec, decoder_input_layout(p), KVDecompressor(p).i)):
         assert port.payload.shape() == sl and sl.size == lay.width
