@@ -435,7 +435,7 @@ def test_widths():
     p = FormatParams(n=256, block=64, bits=4, **V1)
     dut = KVDecompressor(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
-    assert len(dut.i.payload) == 256 * 4 + 32 and len(dut.o.payload) == 256 * 16
+    assert dut.i.payload.shape().size == 256 * 4 + 32 and dut.o.payload.shape().size == 256 * 16
     v1 = FormatParams(n=256, block=64, bits=4, mode="midtread", scale_round="up")
     assert level_table(v1).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
     assert sign_mask_int(256, 0) != 0
@@ -495,7 +495,7 @@ def test_decode_independent_options(kw):
     a = KVDecompressor(FormatParams(n=16, block=8, **kw), 1)
     b = KVDecompressor(FormatParams(n=16, block=8), 1)
     assert a.table == b.table and a.scale_fmt == b.scale_fmt
-    assert len(a.i.payload) == len(b.i.payload)
+    assert a.i.payload.shape() == b.i.payload.shape()
 
 
 def test_latency_property():
