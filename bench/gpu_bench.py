@@ -53,6 +53,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpu_ref  # noqa: E402
+from kvtest.gpu_cases import attention64, make_case, qparams, rel_err  # noqa: E402
+from kvtest.inputs import mixed_bits  # noqa: E402
+from kvtest.ties import count_ties, kernel_tie_vectors  # noqa: E402
 from sim_models import FormatParams, decode_float, encode  # noqa: E402
 from sim_models.params import PRESETS  # noqa: E402
 
@@ -195,11 +198,10 @@ def free():
 
 # ---------------------------------------------------------------------------------------------
 def check_encode(count=32768):
-    from tests.test_gpu import _mixed_bits  # noqa: F401 - reuse the test generator if importable
     out = {}
     for dtype in ("fp16", "bf16"):
         p = FormatParams(dtype=dtype)
-        bits = _mixed_bits(128, count, seed=11, dtype=dtype)
+        bits = mixed_bits(128, count, seed=11, dtype=dtype)
         g = encode(bits, p)
         e = gpu_ref.encode_kv(cp.asarray(bits), p)
         ok = (np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
@@ -209,13 +211,12 @@ def check_encode(count=32768):
 
 
 def check_decode():
-    from tests.test_gpu import _attention64, _make_case, _rel
     lengths = [4096, 1500]
-    p, cache, qb, q64, k64, v64 = _make_case(2, 64, 8, 128, 64, lengths, seed=1)
+    p, cache, qb, q64, k64, v64 = make_case(2, 64, 8, 128, 64, lengths, seed=1)
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
-    ref = _attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
-    exact = _attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
+    ref = attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
+    exact = attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
     o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
     o32p = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32", precise_p=True))
     o32q = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32", tune={"qlo": 0}))
@@ -229,8 +230,8 @@ def check_decode():
         errs_bf16.append(o[0, :, 0].float().cpu().numpy())
     ob = np.stack(errs_bf16)
     return {"shape": "B2 Hq64 KVH8 N128 lengths 4096,1500",
-            "rel_err_vs_float64_packed": _rel(o32, ref), "rel_err_precise_p": _rel(o32p, ref), "rel_err_qlo0": _rel(o32q, ref),
-            "quant_rel_err_vs_exact": _rel(o32, exact), "sdpa_bf16_rel_err_vs_exact": _rel(ob, exact)}
+            "rel_err_vs_float64_packed": rel_err(o32, ref), "rel_err_precise_p": rel_err(o32p, ref), "rel_err_qlo0": rel_err(o32q, ref),
+            "quant_rel_err_vs_exact": rel_err(o32, exact), "sdpa_bf16_rel_err_vs_exact": rel_err(ob, exact)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,8 +240,7 @@ WRITE_VARIANTS = ({"lptm": 128, "minb": 3}, {"lptm": 128, "minb": 2}, {"lptm": 6
 
 def write_variant_exact(p, tune, count=65536):
     """Bit-exactness of one write-kernel variant (tuning knobs) vs the golden model, mixed set."""
-    from tests.test_gpu import _mixed_bits
-    bits = _mixed_bits(p.n, count, seed=23, dtype=p.dtype)
+    bits = mixed_bits(p.n, count, seed=23, dtype=p.dtype)
     g = encode(bits, p)
     x = cp.asarray(bits)
     codes = cp.empty((count, p.code_bytes), cp.uint8)
@@ -363,11 +363,6 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
 
 # ---------------------------------------------------------------------------------------------
 # version 1 (midtread / up) vs version 2 (midrise / nearest), one run
-def quant_params(mode, scale_round, **kw):
-    """FormatParams with the quantizer fields written out (independent of FormatParams() defaults)."""
-    return FormatParams(mode=mode, scale_round=scale_round, scale="ue5m3", scale_rule="max", scale_mult=None, **kw)
-
-
 #: compared format versions: names of FormatParams presets
 VERSIONS = ("v1", "v2")
 
@@ -375,32 +370,31 @@ VERSIONS = ("v1", "v2")
 def check_versions(count=32768):
     """Bit-exactness of the write kernel (mixed set incl. NaN/inf/subnormal salt, and the tie vectors)
     and decode error vs float64 over the golden-dequantized cache, for v1 and v2."""
-    from tests.test_gpu import _attention64, _make_case, _mixed_bits, _rel
-    from tests.test_gpu_api import count_ties, tie_vectors
     out = {}
     for name in VERSIONS:
         r = {}
         for dtype in ("fp16", "bf16"):
             p = FormatParams.preset(name, dtype=dtype)
-            bits = _mixed_bits(128, count, seed=11, dtype=dtype)
+            bits = mixed_bits(128, count, seed=11, dtype=dtype)
             if dtype == "fp16":
-                bits = np.concatenate([bits, tie_vectors(p)])
+                bits = np.concatenate([bits, kernel_tie_vectors(p)])
             g = encode(bits, p)
             e = gpu_ref.encode_kv(cp.asarray(bits), p)
             ok = (np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
                   and np.array_equal(g.flags, cp.asnumpy(e.flags)))
             r[f"encode_{dtype}"] = {"vectors": len(bits), "bit_exact": bool(ok)}
             if dtype == "fp16":
-                r["tie_lanes_blocks"] = count_ties(tie_vectors(p), p)
+                r["tie_lanes_blocks"] = count_ties(kernel_tie_vectors(p), p)
         lengths = [4096, 1500]
-        p, cache, qb, q64, k64, v64 = _make_case(2, 64, 8, 128, 64, lengths, seed=1, quant=(mode, rnd))
+        p, cache, qb, q64, k64, v64 = make_case(2, 64, 8, 128, 64, lengths, seed=1,
+                                                 quant=(PRESETS[name]["mode"], PRESETS[name]["scale_round"]))
         khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
         vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
-        ref = _attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
-        exact = _attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
+        ref = attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
+        exact = attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
         o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
         r["decode"] = {"shape": "B2 Hq64 KVH8 N128 lengths 4096,1500",
-                       "rel_err_vs_float64_packed": _rel(o32, ref), "quant_rel_err_vs_exact": _rel(o32, exact)}
+                       "rel_err_vs_float64_packed": rel_err(o32, ref), "quant_rel_err_vs_exact": rel_err(o32, exact)}
         out[name] = r
     return out
 
@@ -479,8 +473,8 @@ def run_versions(a, result, save, t_start):
     cases = [("v1 fp16", v1, None), ("v2 fp16", v2, None), ("v1 fp16 again", v1, None),
              ("v1 bf16", FormatParams.preset("v1", dtype="bf16"), None),
              ("v2 bf16", FormatParams.preset("v2", dtype="bf16"), None),
-             ("midtread/nearest fp16", quant_params("midtread", "nearest"), None),
-             ("midrise/up fp16", quant_params("midrise", "up"), None)]
+             ("midtread/nearest fp16", qparams("midtread", "nearest"), None),
+             ("midrise/up fp16", qparams("midrise", "up"), None)]
     try:
         result["write"] = bench_write(cases=cases)
         for r in result["write"]:
@@ -571,8 +565,8 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
     n = 128
     out_rows = []
     for kb, vb in bits_list:
-        kp = quant_params("midrise", "nearest", bits=kb)
-        vp = quant_params("midrise", "nearest", bits=vb)
+        kp = qparams("midrise", "nearest", bits=kb)
+        vp = qparams("midrise", "nearest", bits=vb)
         packed = bsz * kvh * t * (kp.code_bytes + vp.code_bytes + 2 * kp.n_blocks)
         for var in variants:
             sinks, page = var.get("sinks", 0), var.get("page")
@@ -612,7 +606,7 @@ def run_policy(a, result, save, t_start):
     result["write"] = []
     for kb in (3, 4):
         for dt in ("fp16", "bf16"):
-            p = quant_params("midrise", "nearest", bits=kb, dtype=dt)
+            p = qparams("midrise", "nearest", bits=kb, dtype=dt)
             nvec = 1 << 24 if not a.quick else 1 << 22
             g = cp.random.standard_normal((nvec, 128), dtype=cp.float32)
             x = g.astype(cp.float16).view(cp.uint16) if dt == "fp16" else (g.view(cp.uint32) >> 16).astype(cp.uint16)

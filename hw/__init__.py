@@ -16,6 +16,8 @@ Read path (bit-exact with sim_models.decode):
                   exact block alignment, wide outer stages), pipelined
     tofloat       exact integer -> fp16/bf16 (leading one, RNE, saturation)
     decompressor  top level ``KVDecompressor`` (stream in, stream out)
+
+Both: wire (the stream payload ``StructLayout``s, from ``sim_models.wire``).
 """
 
 from .decompressor import KVDecompressor

@@ -13,10 +13,11 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
 
     clk, rst                  default sync domain, synchronous active-high reset
     i__valid, i__ready (out)  input stream
-    i__payload                codes | scales << N*b [| zeros << (N*b + 8*N/G)]
+    i__payload                codes | scales | [zeros (mode asym)]
                               (code plane, scale plane and, for mode asym only,
                               the zero-point plane, each a little-endian integer
-                              of its bytes, FORMAT.md 4 and 7; :func:`input_fields`)
+                              of its bytes, FORMAT.md 4 and 7;
+                              :func:`hw.wire.decoder_input_layout`)
     o__valid (out), o__ready  output stream
     o__payload [16*N]         lane k's fp16/bf16 pattern at bits [16k, 16k+16)
 
@@ -57,6 +58,7 @@ from .ifwht import BlockFWHT
 from .pipeline import Cuts, check_latency, stage
 from .tofloat import FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
+from .wire import decoder_input_layout, lanes_layout
 
 #: Optional pipeline registers of the float conversion, in pipeline order:
 #: ``"abs"`` after |S| (before the leading-one tree), ``"prep"`` after FloatPrep
@@ -71,28 +73,6 @@ DEFAULT_FLOAT_REGS = FLOAT_CUTS.default
 FIXED_LATENCY = 2 + len(DEFAULT_FLOAT_REGS)
 
 
-def input_fields(p: FormatParams) -> dict:
-    """Fields of i.payload: {name: {"offset": bit, "width": bits}}.
-
-    ``codes`` (N*b bits, the packed code plane), ``scales`` (8 bits per block,
-    block k at ``offset + 8k``) and, for mode ``asym`` only, ``zeros`` (one
-    zero-point byte per block, block k at ``offset + 8k``).
-    """
-    cw, sw = p.n * p.bits, 8 * p.n_blocks
-    f = {"codes": {"offset": 0, "width": cw}, "scales": {"offset": cw, "width": sw}}
-    if p.mode == "asym":
-        f["zeros"] = {"offset": cw + sw, "width": 8 * p.n_blocks}
-    return f
-
-
-def input_width(p: FormatParams) -> int:
-    """Width of i.payload: N*b code bits + 8 bits per block (+ 8 per block for asym)."""
-    return sum(v["width"] for v in input_fields(p).values())
-
-
-def output_width(p: FormatParams) -> int:
-    """Width of o.payload: 16 bits per lane."""
-    return 16 * p.n
 
 
 class KVDecompressor(wiring.Component):
@@ -120,8 +100,8 @@ class KVDecompressor(wiring.Component):
         self.table = level_table(params)
         self.scale_fmt = scale_format(params)
         super().__init__({
-            "i": In(stream.Signature(input_width(params))),
-            "o": Out(stream.Signature(output_width(params))),
+            "i": In(stream.Signature(decoder_input_layout(params))),
+            "o": Out(stream.Signature(lanes_layout(params))),
         })
 
     @property
@@ -148,21 +128,17 @@ class KVDecompressor(wiring.Component):
 
         # ---- dequant (combinational) + register -----------------------------------
         sf = self.scale_fmt
-        fields = input_fields(p)
-        s_off = fields["scales"]["offset"]
+        pay = self.i.payload
         sigs, efs = [], []
         for k in range(nb):
             sd = ScaleDecode(sf)
             m.submodules[f"scale{k}"] = sd
-            m.d.comb += sd.byte.eq(self.i.payload[s_off + 8 * k: s_off + 8 * k + 8])
+            m.d.comb += sd.byte.eq(pay.scales[k])
             sigs.append(sd.sig)
             efs.append(sd.ef)
-        zeros = [None] * nb
-        if "zeros" in fields:
-            z_off = fields["zeros"]["offset"]
-            zeros = [self.i.payload[z_off + 8 * k: z_off + 8 * k + 8] for k in range(nb)]
+        zeros = [pay.zeros[k] for k in range(nb)] if p.zero_bytes else [None] * nb
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
-        codes = [self.i.payload[i * p.bits:(i + 1) * p.bits] for i in range(n)]
+        codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
         prods, negs = [], []
         for i in range(n):
             pr, ng = dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}", zeros[i // g])
@@ -214,7 +190,7 @@ class KVDecompressor(wiring.Component):
         if "shift" in regs:             # the data registers are inside FloatPack
             m.d.comb += pk.en.eq(en)
             valid = stage(m, en, "shift", valid=valid)["valid"]
-        out = Signal(output_width(p), name="out_reg", reset_less=True)
+        out = Signal(16 * n, name="out_reg", reset_less=True)
         out_v = Signal(name="out_valid")
         with m.If(en):
             m.d.sync += [out.eq(pk.bits), out_v.eq(valid)]

@@ -9,9 +9,9 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     i__valid, i__ready (out)      input stream
     i__payload [N*16]             lane k's 16-bit pattern at bits [16k, 16k+16)
     o__valid (out), o__ready      output stream
-    o__payload [N*b + 8*N/G + 3]  codes | scales << N*b | flags << (N*b + 8*N/G);
-                                  mode asym: codes | scales | zeros | flags, the
-                                  zero-point plane (8*N/G bits) before the flags
+    o__payload [N*b + 8*N/G + 3]  codes | scales | [zeros (mode asym)] | flags
+                                  (:func:`hw.wire.encoder_output_layout`, defined
+                                  in :mod:`sim_models.wire`)
     status [3] (out)              sticky OR of the flags of accepted outputs
     status_clear                  clears ``status``
 
@@ -52,6 +52,7 @@ from .fwht import FWHT
 from .packer import Packer
 from .pipeline import check_latency, stage
 from .quantizer import QUANT_CUTS, Quantizer
+from .wire import encoder_output_layout, lanes_layout
 
 #: Names kept for rtl_gen and the tests (derived from :data:`hw.frontend.FE_CUTS`
 #: and :data:`hw.quantizer.QUANT_CUTS`): the default cut placements, and the
@@ -85,16 +86,6 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     return check_supported(p, EPILOGUE_SUPPORT, "RTL write path")
 
 
-
-def output_layout(p: FormatParams) -> data.StructLayout:
-    """Output payload: codes | scales | [zeros (mode asym only)] | flags, LSB first."""
-    fields = {"codes": p.n * p.bits, "scales": 8 * p.n_blocks}
-    if p.zero_bytes:
-        fields["zeros"] = 8 * p.zero_bytes
-    fields["flags"] = 3
-    return data.StructLayout(fields)
-
-
 class KVEpilogue(wiring.Component):
     """KV-cache write path (see module docstring).
 
@@ -121,8 +112,8 @@ class KVEpilogue(wiring.Component):
         self.quant_regs = QUANT_CUTS.check(quant_regs)
         self.fe_regs = FE_CUTS.check(fe_regs)
         super().__init__({
-            "i": In(stream.Signature(params.n * 16)),
-            "o": Out(stream.Signature(output_layout(params))),
+            "i": In(stream.Signature(lanes_layout(params))),
+            "o": Out(stream.Signature(encoder_output_layout(params))),
             "status": Out(3),
             "status_clear": In(1),
         })
@@ -164,7 +155,7 @@ class KVEpilogue(wiring.Component):
         # packer + output register
         m.submodules.packer = pk = Packer(p.n, p.bits)
         m.d.comb += pk.codes.eq(qz.codes)
-        out = Signal(output_layout(p), name="out_reg", reset_less=True)
+        out = Signal(encoder_output_layout(p), name="out_reg", reset_less=True)
         out_v = Signal(name="out_valid")
         with m.If(en):
             m.d.sync += [out.codes.eq(pk.plane), out.scales.eq(qz.scales),

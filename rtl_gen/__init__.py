@@ -26,16 +26,17 @@ from pathlib import Path
 
 import amaranth
 from amaranth.back import verilog
-from amaranth.hdl import Shape, UnusedElaboratable
+from amaranth.hdl import UnusedElaboratable
 
 from hw import decompressor as _dec
 from hw.decompressor import KVDecompressor
-from hw.epilogue import (DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, KVEpilogue, check_epilogue_params, check_latency,
-                         output_layout)
+from hw.epilogue import (DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, KVEpilogue, check_epilogue_params,
+                         check_latency)
 from hw.frontend import check_fe_regs
 from hw.quantizer import check_regs
 from hw.fwht import register_positions
 from hw.ifwht import out_width as _ifwht_width, steps_of
+from sim_models import wire
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
 
@@ -62,12 +63,6 @@ def build(params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
     return KVEpilogue(params, latency, check_regs(quant_regs), check_fe_regs(fe_regs))
 
 
-def _fields(p: FormatParams) -> list[tuple[str, int, int]]:
-    """(name, offset, width) of the output payload fields (hw.epilogue.output_layout):
-    codes, scales, zeros (mode asym only), flags."""
-    return [(name, fld.offset, Shape.cast(fld.shape).width) for name, fld in output_layout(p)]
-
-
 def ports(params: FormatParams) -> dict:
     """Verilog ports of the top level: {name: {"dir": "input"|"output", "width": w}}."""
     p = params
@@ -79,7 +74,7 @@ def ports(params: FormatParams) -> dict:
         "i__payload": {"dir": "input", "width": 16 * p.n},
         "o__valid": {"dir": "output", "width": 1},
         "o__ready": {"dir": "input", "width": 1},
-        "o__payload": {"dir": "output", "width": output_layout(p).size},
+        "o__payload": {"dir": "output", "width": wire.encoder_output(p).width},
         "status": {"dir": "output", "width": 3},
         "status_clear": {"dir": "input", "width": 1},
     }
@@ -134,8 +129,8 @@ def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = 
         "ports": ports(p),
         "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
         "o_payload": {
-            "width": output_layout(p).size,
-            "fields": {name: {"offset": off, "width": w} for name, off, w in _fields(p)},
+            "width": wire.encoder_output(p).width,
+            "fields": wire.encoder_output(p).offsets(),   # codes | scales [| zeros] | flags
         },
         "flags": {"nan": 1, "inf": 2, "sat": 4},
         "status": "sticky OR of flags of accepted o vectors; status_clear clears, "
@@ -166,10 +161,10 @@ def ports_decompressor(params: FormatParams) -> dict:
         "rst": {"dir": "input", "width": 1},
         "i__valid": {"dir": "input", "width": 1},
         "i__ready": {"dir": "output", "width": 1},
-        "i__payload": {"dir": "input", "width": _dec.input_width(p)},
+        "i__payload": {"dir": "input", "width": wire.decoder_input(p).width},
         "o__valid": {"dir": "output", "width": 1},
         "o__ready": {"dir": "input", "width": 1},
-        "o__payload": {"dir": "output", "width": _dec.output_width(p)},
+        "o__payload": {"dir": "output", "width": wire.lanes(p).width},
     }
 
 
@@ -212,8 +207,8 @@ def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *
         "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
         "ports": ports_decompressor(p),
         "i_payload": {
-            "width": _dec.input_width(p),
-            "fields": _dec.input_fields(p),     # codes | scales [| zeros (asym)]
+            "width": wire.decoder_input(p).width,
+            "fields": wire.decoder_input(p).offsets(),     # codes | scales [| zeros (asym)]
         },
         "o_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)",
                       "type": p.dtype, "rounding": "nearest-even, saturating (never inf/NaN)"},

@@ -36,10 +36,10 @@ import gpu_ref  # noqa: E402
 from sim_models import FLAG_INF, FLAG_NAN, FormatParams, decode_float, encode  # noqa: E402
 from sim_models.testvectors import adversarial_vectors, random_vectors  # noqa: E402
 
-try:  # shared with the CPU-only tests (tests/ is on sys.path under pytest; bench imports tests.*)
-    from tests.test_gpu_api import QUANT_IDS, QUANTIZERS, bf16_tiny_bits, qparams, tie_vectors  # noqa: E402
-except ImportError:  # pragma: no cover
-    from test_gpu_api import QUANT_IDS, QUANTIZERS, bf16_tiny_bits, qparams, tie_vectors  # noqa: E402
+from kvtest.gpu_cases import (QUANT_IDS, QUANTIZERS, attention64, make_case, qparams,  # noqa: E402
+                              rel_err)
+from kvtest.inputs import bf16_tiny_bits, mixed_bits  # noqa: E402
+from kvtest.ties import kernel_tie_vectors  # noqa: E402
 
 V1, V2 = QUANTIZERS[0], QUANTIZERS[1]  # (midtread, up), (midrise, nearest)
 
@@ -77,48 +77,19 @@ def _compare(bits, p, what):
     return gf
 
 
-def _mixed_bits(n: int, count: int, seed: int, dtype: str = "fp16") -> np.ndarray:
-    """Fast mixed set: scaled Gaussians, heavy tails, spikes, sparse, random bit patterns."""
-    rng = np.random.default_rng([seed, n, 99])
-    kind = rng.integers(0, 6, size=(count, 1))
-    lo, hi = (-26, 17) if dtype == "fp16" else (-140, 130)
-    sc = np.exp2(rng.uniform(lo, hi, size=(count, 1)))
-    g = rng.standard_normal((count, n)) * sc
-    heavy = rng.standard_t(1.5, size=(count, n)) * sc
-    spikes = np.where(rng.random((count, n)) < 0.02, g * 100, g * 1e-3)
-    sparse = np.where(rng.random((count, n)) < 0.1, g, 0.0)
-    vals = np.select([kind == 0, kind == 1, kind == 2, kind == 3], [g, heavy, spikes, sparse], g)
-    if dtype == "fp16":
-        with np.errstate(over="ignore"):
-            bits = np.clip(vals, -65504, 65504).astype(np.float16).view(np.uint16)
-    else:
-        with np.errstate(over="ignore"):
-            f32 = vals.astype(np.float32)
-        bits = (f32.view(np.uint32) >> 16).astype(np.uint16)  # truncation: any bf16 pattern is valid
-    raw = rng.integers(0, 1 << 16, size=(count, n), dtype=np.uint16)
-    out = np.where(kind >= 4, raw, bits).astype(np.uint16)
-    # salt special values into some vectors
-    m = rng.random(count) < 0.05
-    idx = rng.integers(0, n, size=count)
-    special = np.array([0x7E00, 0x7C00, 0xFC00, 0x0001, 0x8000] if dtype == "fp16"
-                       else [0x7FC0, 0x7F80, 0xFF80, 0x0001, 0x8000], dtype=np.uint16)
-    out[np.flatnonzero(m), idx[m]] = special[rng.integers(0, len(special), m.sum())]
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # write kernel
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
 def test_encode_bitexact_million_default(mode, rnd):
     p = qparams(mode, rnd)
-    sets = [adversarial_vectors(128), tie_vectors(p)]
+    sets = [adversarial_vectors(128), kernel_tie_vectors(p)]
     sets += list(_pool().map(random_vectors, [128] * 4, [65536] * 4, [1, 2, 3, 4]))
     allpat = np.arange(1 << 16, dtype=np.uint16)
     rng = np.random.default_rng(7)
     sets.append(allpat.reshape(-1, 128))                       # every fp16 pattern, in order
     sets.append(rng.permutation(allpat).reshape(-1, 128))      # and shuffled
-    sets.append(_mixed_bits(128, 786432, seed=5))
+    sets.append(mixed_bits(128, 786432, seed=5))
     bits = np.concatenate(sets)
     assert len(bits) >= 1_000_000
     gf = _compare(bits, p, f"default-shape fp16 set, {mode}/{rnd}")
@@ -129,7 +100,7 @@ def test_encode_bitexact_million_default(mode, rnd):
 @pytest.mark.parametrize("count", [1, 127, 129, 8193, 65539])
 def test_encode_odd_row_counts(count, mode, rnd):
     p = qparams(mode, rnd)
-    bits = _mixed_bits(128, count, seed=count)
+    bits = mixed_bits(128, count, seed=count)
     _compare(bits, p, f"{count} rows")
     # leading axes are kept
     e = gpu_ref.encode_kv(cp.asarray(bits).reshape(count, 1, 128), p)
@@ -162,11 +133,11 @@ _OTHER_CASES = [(kw, q) for kw in _OTHER for q in (V1, V2)] + \
 def test_encode_bitexact_other_params(kw, q):
     p = qparams(*q, **kw)
     count = max(64, min(20000, 2_000_000 // p.n))
-    bits = _mixed_bits(p.n, count, seed=p.n + p.bits, dtype=p.dtype)
+    bits = mixed_bits(p.n, count, seed=p.n + p.bits, dtype=p.dtype)
     if p.dtype == "fp16" and p.n >= 8:
         sets = [adversarial_vectors(p.n, p=FormatParams(n=p.n, block=min(64, p.n), sign_seed=p.sign_seed)), bits]
         if p.mant_bits >= 11:
-            sets.append(tie_vectors(p))
+            sets.append(kernel_tie_vectors(p))
         bits = np.concatenate(sets)
     else:  # bf16: subnormal lanes that round to nonzero mantissas (CuPy compiles with -ftz=true)
         bits = np.concatenate([bits, bf16_tiny_bits(p.n, 2000, p.mant_bits)])
@@ -196,56 +167,6 @@ def test_encode_input_checks():
 # --------------------------------------------------------------------------------------------
 # decode attention
 # --------------------------------------------------------------------------------------------
-def _attention64(q, k, v, lengths, scale):
-    """float64 reference: q [B, Hq, N], k/v [B, KVH, T, N] -> [B, Hq, N]."""
-    bsz, hq, n = q.shape
-    kvh = k.shape[1]
-    grp = hq // kvh
-    out = np.zeros((bsz, hq, n))
-    for b in range(bsz):
-        L = int(lengths[b])
-        if L == 0:
-            continue
-        for h in range(hq):
-            kk, vv = k[b, h // grp, :L], v[b, h // grp, :L]
-            s = kk @ q[b, h] * scale
-            w = np.exp(s - s.max())
-            out[b, h] = (w / w.sum()) @ vv
-    return out
-
-
-def _rel(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
-
-
-def _make_case(bsz, hq, kvh, n, g, lengths, dtype="fp16", seed=0, quant=V1):
-    p = qparams(*quant, n=n, block=g, dtype=dtype)
-    rng = np.random.default_rng(seed)
-    t = int(max(lengths))
-    cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), p)
-    # per-token magnitudes spread over ~3 decades so that scales differ between tokens
-    kf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))
-    vf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))
-    qf = rng.standard_normal((bsz, hq, n)) * 1.5
-
-    def bits(a):
-        if dtype == "fp16":
-            return a.astype(np.float16).view(np.uint16)
-        return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-    def back(bb):
-        if dtype == "fp16":
-            return bb.view(np.float16).astype(np.float64)
-        return (bb.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-    kb, vb, qb = bits(kf), bits(vf), bits(qf)
-    if t:
-        cache.append(cp.asarray(kb), cp.asarray(vb))
-    # a sequence shorter than t: only its first lengths[b] tokens count
-    cache.host_lengths[:] = np.asarray(lengths)
-    return p, cache, qb, back(qb), back(kb).transpose(0, 2, 1, 3), back(vb).transpose(0, 2, 1, 3)
-
-
 _DECODE_CASES = [
     # (B, Hq, KVH, N, G, lengths)
     (3, 8, 1, 128, 64, [1, 100, 1000]),
@@ -266,7 +187,7 @@ _DECODE_CASES = [
 @pytest.mark.parametrize("case", _DECODE_CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-KVH{c[2]}-N{c[3]}-G{c[4]}")
 def test_decode_vs_float64(case, quant):
     bsz, hq, kvh, n, g, lengths = case
-    p, cache, qb, q64, k64, v64 = _make_case(bsz, hq, kvh, n, g, lengths, seed=sum(lengths) + hq, quant=quant)
+    p, cache, qb, q64, k64, v64 = make_case(bsz, hq, kvh, n, g, lengths, seed=sum(lengths) + hq, quant=quant)
     # the cache holds exactly the golden encoding
     t = max(lengths)
     gk = encode(np.ascontiguousarray(k64.transpose(0, 2, 1, 3)).astype(np.float16), p)
@@ -277,14 +198,14 @@ def test_decode_vs_float64(case, quant):
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
     scale = 1.0 / math.sqrt(n)
-    ref = _attention64(q64, khat, vhat, lengths, scale)
+    ref = attention64(q64, khat, vhat, lengths, scale)
     out = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
-    err = _rel(out, ref)
+    err = rel_err(out, ref)
     assert err <= 1e-3, f"relative error {err:.3g} vs float64 over the packed cache"
     out16 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)))).astype(np.float64)
-    assert _rel(out16, ref) <= 2e-3
-    exact = _attention64(q64, k64, v64, lengths, scale)
-    qerr = _rel(out, exact)
+    assert rel_err(out16, ref) <= 2e-3
+    exact = attention64(q64, k64, v64, lengths, scale)
+    qerr = rel_err(out, exact)
     print(f"\n{case} {p.mode}/{p.scale_round}: kernel vs float64(packed) {err:.2e}; "
           f"3-bit quantization error vs exact {qerr:.3f}")
     assert qerr < 1.5  # sanity only: the 3-bit format error on random data is large (reported)
@@ -293,38 +214,38 @@ def test_decode_vs_float64(case, quant):
 @pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
 def test_decode_bf16_and_splits(quant):
     lengths = [20000, 3]
-    p, cache, qb, q64, k64, v64 = _make_case(2, 16, 2, 128, 64, lengths, dtype="bf16", seed=3, quant=quant)
+    p, cache, qb, q64, k64, v64 = make_case(2, 16, 2, 128, 64, lengths, dtype="bf16", seed=3, quant=quant)
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
-    ref = _attention64(q64, khat, vhat, lengths, 0.2)
+    ref = attention64(q64, khat, vhat, lengths, 0.2)
     outs = []
     for ns in (1, 5, 33, None):
         for prec in (False, True):
             o = cp.asnumpy(cache.attend(cp.asarray(qb), out_dtype="fp32", scale=0.2, num_splits=ns,
                                         precise_p=prec))
-            err = _rel(o, ref)
+            err = rel_err(o, ref)
             assert err <= 1e-3, f"splits={ns} precise_p={prec}: {err:.3g}"
             outs.append(err)
     ob = cp.asnumpy(cache.attend(cp.asarray(qb), scale=0.2))  # bf16 bits out
     assert ob.dtype == np.uint16
     of = (ob.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    assert _rel(of, ref) <= 8e-3
+    assert rel_err(of, ref) <= 8e-3
     print(f"\nbf16 {p.mode}/{p.scale_round}, 20000 tokens: errors {', '.join(f'{e:.1e}' for e in outs)}")
 
 
 @pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
 def test_decode_zero_length_and_device_lengths(quant):
-    p, cache, qb, q64, k64, v64 = _make_case(3, 8, 2, 128, 64, [0, 50, 7], seed=5, quant=quant)
+    p, cache, qb, q64, k64, v64 = make_case(3, 8, 2, 128, 64, [0, 50, 7], seed=5, quant=quant)
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
-    ref = _attention64(q64, khat, vhat, [0, 50, 7], 1 / math.sqrt(128))
+    ref = attention64(q64, khat, vhat, [0, 50, 7], 1 / math.sqrt(128))
     q = cp.asarray(qb.view(np.float16))
     dl = cp.asarray([0, 50, 7], dtype=cp.int32)
     for kw in ({}, {"max_length": 50}):
         o = cp.asnumpy(gpu_ref.decode_attention(q, cache.k_codes, cache.k_scales, cache.v_codes,
                                                 cache.v_scales, dl, p, out_dtype="fp32", **kw))
         assert np.all(o[0] == 0)
-        assert _rel(o, ref) <= 1e-3
+        assert rel_err(o, ref) <= 1e-3
 
 
 def test_decode_input_checks():
@@ -465,7 +386,7 @@ def _reference(cache, q16, lengths, scale):
         qs = cp.asnumpy(cache.q_scale).astype(np.float64)      # [KVH, N]
         grp = q64.shape[1] // cache.kv_heads
         q64 = q64 * np.repeat(qs, grp, axis=0)[None]
-    return _attention64(q64, khat, vhat, lengths, scale)
+    return attention64(q64, khat, vhat, lengths, scale)
 
 
 def _sdpa_bf16_error(q16, k16, v16, lengths, scale):
@@ -475,7 +396,7 @@ def _sdpa_bf16_error(q16, k16, v16, lengths, scale):
     kvh = k16.shape[2]
     grp = hq // kvh
     errs_num, errs_den = 0.0, 0.0
-    ref = _attention64(q16.astype(np.float64), k16.astype(np.float64).transpose(0, 2, 1, 3),
+    ref = attention64(q16.astype(np.float64), k16.astype(np.float64).transpose(0, 2, 1, 3),
                        v16.astype(np.float64).transpose(0, 2, 1, 3), lengths, scale)
     outs = np.zeros_like(ref)
     for b in range(bsz):
@@ -489,7 +410,7 @@ def _sdpa_bf16_error(q16, k16, v16, lengths, scale):
         o = torch.nn.functional.scaled_dot_product_attention(qq, kt.permute(1, 0, 2), vt.permute(1, 0, 2),
                                                              scale=scale)
         outs[b] = o.reshape(hq, n).float().cpu().numpy()
-    return _rel(outs, ref)
+    return rel_err(outs, ref)
 
 
 @pytest.mark.parametrize("kb,vb", _BITS, ids=[f"K{a}V{b}" for a, b in _BITS])
@@ -513,10 +434,10 @@ def test_policy_writes_bitexact_and_decode_within_budget(case, kb, vb):
     pl = cache.plan(hq)
     ws = pl.workspace()
     out = cp.asnumpy(cache.run(pl, ws, cp.asarray(q16), out_dtype="fp32"))
-    err = _rel(out, ref)
+    err = rel_err(out, ref)
     budget = _sdpa_bf16_error(q16, k16, v16, lengths, scale)
     pl0 = cache.plan(hq, tune={"qlo": 0})
-    err0 = _rel(cp.asnumpy(cache.run(pl0, pl0.workspace(), cp.asarray(q16), out_dtype="fp32")), ref)
+    err0 = rel_err(cp.asnumpy(cache.run(pl0, pl0.workspace(), cp.asarray(q16), out_dtype="fp32")), ref)
     print(f"\n{case} K{kb}V{vb}: kernel vs float64(cache) {err:.2e} (one q part: {err0:.2e}); "
           f"SDPA bf16 vs float64 {budget:.2e}")
     assert err <= budget and err <= 1e-3, (err, budget)
@@ -554,7 +475,7 @@ def test_mqa_70000_tokens():
     pl = cache.plan(16)
     assert pl.num_splits > 1
     out = cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32"))
-    err = _rel(out, _reference(cache, q16, lengths, 1 / 8))
+    err = rel_err(out, _reference(cache, q16, lengths, 1 / 8))
     print(f"\nMQA 70000: {pl.num_splits} splits, error {err:.2e}")
     assert err <= 1e-3
 
@@ -588,7 +509,7 @@ def test_shape_fuzz_vs_float64():
         pl = cache.plan(hq)
         out = cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32", scale=sc))
         ref = _reference(cache, q16, lengths, sc)
-        err = _rel(out, ref) if np.any(np.asarray(lengths) > 0) else float(np.abs(out).max())
+        err = rel_err(out, ref) if np.any(np.asarray(lengths) > 0) else float(np.abs(out).max())
         assert err <= 1e-3, (dict(B=bsz, Hq=hq, KVH=kvh, N=n, G=g, K=kb, V=vb, sinks=sinks, page=page,
                                   lengths=lengths), err)
         done += 1

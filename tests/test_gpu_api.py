@@ -1,7 +1,7 @@
 """gpu_ref checks that need no GPU (run in CI): parameter refusals happen before CuPy is needed,
 the arithmetic of the write kernel's fast quantizer (scale rounding up/nearest, mid-tread/mid-rise
 codes by one FMA) and the bit tricks the decode kernel uses reproduce the golden model (emulated in
-NumPy). Also the tie-vector generator shared with tests/test_gpu.py.
+NumPy).
 """
 
 from __future__ import annotations
@@ -14,21 +14,13 @@ from sim_models import FLAG_SAT, FormatParams
 from sim_models.codec import encode_trace
 from sim_models.pack import pack_codes
 from sim_models.minifloat import scale_encoding
-from sim_models.params import PRESETS
-from sim_models.quant import threshold_coefs
 from sim_models.scale import max_units
 from sim_models.signs import sign_mask
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
-#: the four quantizers the kernels implement, (mode, scale_round): the "v1" and "v2" presets, then
-#: the other two combinations; never relying on what FormatParams() defaults to
-QUANTIZERS = [(PRESETS[v]["mode"], PRESETS[v]["scale_round"]) for v in ("v1", "v2")] + [
-    ("midtread", "nearest"), ("midrise", "up")]
-QUANT_IDS = [f"{m}-{r}" for m, r in QUANTIZERS]
-
-
-def qparams(mode: str, scale_round: str, **kw) -> FormatParams:
-    return FormatParams(mode=mode, scale_round=scale_round, scale="ue5m3", scale_rule="max", **kw)
+from kvtest.gpu_cases import QUANT_IDS, QUANTIZERS, qparams
+from kvtest.inputs import bf16_tiny_bits
+from kvtest.ties import count_ties, kernel_tie_vectors
 
 
 def scale_value(s: np.ndarray) -> np.ndarray:
@@ -36,64 +28,6 @@ def scale_value(s: np.ndarray) -> np.ndarray:
     s = np.asarray(s)
     sig, exp = scale_encoding("ue5m3").sig_exp(np.maximum(s, 1))
     return np.where(s == 0, 0.0, np.ldexp(sig.astype(np.float64), exp.astype(np.int32)))
-
-
-def tie_vectors(p: FormatParams) -> np.ndarray:
-    """fp16 vectors (uint16 [V, N]) whose FWHT outputs sit exactly on the code thresholds of ``p``'s
-    mode and whose block maxima sit exactly on a scale midpoint (``nearest``: the tie goes up) or on a
-    scale value (``up``: max|y| 2^u = K * scale, so mid-rise codes must clip at 2^(b-1) - 1).
-
-    Construction: x = D w with w = (w0, w1, 0, ...), so y_i = w0 + (-1)^i w1: every block holds
-    |y| = A = |w0| + |w1| and |y| = T = ||w0| - |w1||, with A = K * mid (or K * scale) and T = a
-    threshold of the rounded scale, for every scale significand (normal 8..15 over exponents -9..6,
-    subnormal 1..7), every threshold j and all four sign patterns. Exact in fp16 and in the block
-    floating point for mant_bits >= 11.
-    """
-    k_units, _ = max_units(p)
-    coefs, frac = threshold_coefs(p.mode, p.bits)
-    d = np.where(sign_mask(p.n, p.sign_seed) == 1, -1.0, 1.0)
-    rows = []
-    for sigs, exps in ((range(8, 16), range(-9, 7)), (range(1, 8), (-9,))):
-        for s in sigs:
-            for ex in exps:
-                if p.scale_round == "nearest":
-                    sv = (s + 1) * 2.0 ** ex                   # the tie rounds up to the next value
-                    amax = k_units * (2 * s + 1) * 2.0 ** (ex - 1)
-                else:
-                    sv = s * 2.0 ** ex
-                    amax = k_units * sv
-                for c in coefs:
-                    t = c / 2**frac * sv
-                    if t >= amax:
-                        continue
-                    a, b = (amax + t) / 2, (amax - t) / 2
-                    for w0, w1 in ((a, b), (-a, -b), (b, a), (-b, -a)):
-                        x = np.zeros(p.n)
-                        x[0], x[1] = w0 * d[0], w1 * d[1]
-                        if np.all(x.astype(np.float16).astype(np.float64) == x):
-                            rows.append(x)
-    return np.array(rows).astype(np.float16).view(np.uint16)
-
-
-def count_ties(bits: np.ndarray, p: FormatParams):
-    """(lanes exactly on a code threshold, blocks whose ideal scale is exactly a midpoint (nearest) or
-    a scale value (up)) per the golden trace, so that tie tests can check that ties really occur."""
-    tr = encode_trace(bits, p)
-    k_units, _ = max_units(p)
-    thr, frac = threshold_coefs(p.mode, p.bits)
-    v, n, g = len(tr.y), p.n, p.block
-    sval = np.repeat(scale_value(tr.scales.astype(np.int64)), g, axis=1)
-    yr = np.abs(tr.y) * np.exp2(tr.u.astype(np.float64))[:, None]      # exact
-    coefs = np.array(thr) / 2**frac
-    lane_ties = int((yr[..., None] == coefs * sval[..., None]).any(axis=-1).sum())
-    amax = yr.reshape(v, n // g, g).max(axis=2)
-    sv = scale_value(tr.scales.astype(np.int64))
-    prev = scale_value(np.maximum(tr.scales.astype(np.int64) - 1, 1))
-    if p.scale_round == "nearest":
-        blk = (amax == k_units * (sv + prev) / 2) & (tr.scales > 1)
-    else:
-        blk = amax == k_units * sv
-    return lane_ties, int(blk.sum())
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,7 +97,7 @@ def test_fast_quantizer_emulation_matches_golden(mode, rnd, kw):
         sets += [adversarial_vectors(p.n, p=FormatParams(n=p.n, block=min(64, p.n), sign_seed=p.sign_seed)),
                  np.arange(1 << 16, dtype=np.uint16).reshape(-1, p.n)]
         if p.mant_bits >= 11:
-            sets.append(tie_vectors(p))
+            sets.append(kernel_tie_vectors(p))
     bits = np.concatenate(sets)
     byte, codes, sat, tr = emulate_fast_quantizer(bits, p)
     bad = np.flatnonzero((byte != tr.scales).any(axis=1))
@@ -171,24 +105,6 @@ def test_fast_quantizer_emulation_matches_golden(mode, rnd, kw):
     assert np.array_equal(sat, (tr.flags & FLAG_SAT) != 0)
     bad = np.flatnonzero((codes != tr.codes).any(axis=1))
     assert bad.size == 0, f"codes differ in {bad.size} vectors, first {bad[0]}"
-
-
-def bf16_tiny_bits(n: int, count: int, mant_bits: int, seed: int = 0) -> np.ndarray:
-    """bf16 patterns (uint16 [count, n]) where subnormal lanes matter: all-subnormal vectors with random
-    signs, and vectors whose largest exponent field is near M - 1 (u = -126 +- a few) with subnormal
-    and tiny normal lanes. (With -ftz=true a float multiply would flush the subnormal lanes.)"""
-    rng = np.random.default_rng([seed, n, mant_bits, 7])
-    sub = rng.integers(0, 128, size=(count, n)) | (rng.integers(0, 2, size=(count, n)) << 15)
-    out = sub.copy()
-    half = count // 2
-    emax = rng.integers(max(1, mant_bits - 4), mant_bits + 3, size=half)
-    lane = rng.integers(0, n, size=half)
-    out[np.arange(half), lane] = (emax << 7) | rng.integers(0, 128, size=half) | (rng.integers(0, 2, size=half) << 15)
-    third = count // 3   # a few tiny normal lanes too
-    e2 = rng.integers(1, 3, size=(third, n))
-    mix = rng.random((third, n)) < 0.2
-    out[:third] = np.where(mix, (e2 << 7) | (out[:third] & 0x807F), out[:third])
-    return out.astype(np.uint16)
 
 
 def _round_half_even(v):
@@ -227,7 +143,7 @@ def test_bf16_block_fp_emulation_under_ftz(mant_bits):
 @pytest.mark.parametrize("mode,rnd", QUANTIZERS, ids=QUANT_IDS)
 def test_tie_vectors_hit_ties(mode, rnd):
     p = qparams(mode, rnd)
-    bits = tie_vectors(p)
+    bits = kernel_tie_vectors(p)
     lanes, blocks = count_ties(bits, p)
     assert len(bits) >= 200 and lanes >= len(bits) * p.n // 2 and blocks >= len(bits), (len(bits), lanes, blocks)
 

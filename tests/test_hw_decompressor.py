@@ -8,7 +8,7 @@ valid held while stalled, ``i.ready == o.ready | ~o.valid``), the exact latency
 
 Inputs: the golden encoding of the shared fp16 test vectors (the round trip),
 uniformly random code planes with random scale bytes, and the structured
-worst cases of ``hw.dec_stimulus.adversarial_planes`` (Hadamard rows, all-zero
+worst cases of ``kvtest.planes.adversarial_planes`` (Hadamard rows, all-zero
 blocks with scale 0x01, scale 0xFF, 0x01 next to 0xFF, scale 0x00, ties).
 Every N in {64, 128, 256} and b in {2, 3, 4} runs in the quick selection (a
 subset of the adversarial set for N >= 128); HW_FULL=1 streams the whole sets
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import os
-import random
 import warnings
 
 import numpy as np
@@ -30,13 +29,16 @@ from amaranth.hdl import Module, UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
-from hw.decompressor import (DEFAULT_FLOAT_REGS, FIXED_LATENCY, FLOAT_REGS, input_fields,
-                             input_width)
-from hw.dec_stimulus import (adversarial_planes, encoded_planes, expected_outputs, int_to_lanes,
-                             pack_planes, random_planes, scale_bytes, tie_lanes)
+from hw.decompressor import DEFAULT_FLOAT_REGS, FIXED_LATENCY, FLOAT_REGS
+from kvtest.inputs import fp16_to_bf16
+from kvtest.levels import scale_bytes
+from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
+from kvtest.simstream import check_run, run_stream, stream_get, stream_put
+from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
 from hw.ifwht import MAX_ALIGN, out_width
 from hw.tofloat import FloatConsts, FloatPack, FloatPrep
+from sim_models import wire
 from sim_models.codec import decode_float, round_to_input_type
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask, sign_mask_int
@@ -59,7 +61,6 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
     rt_bits = np.concatenate([adversarial_vectors(p.n, seed)[::adv_stride],
                               random_vectors(p.n, n_random, seed)])
     if p.dtype == "bf16":
-        from verif.vectors import fp16_to_bf16
         rt_bits = fp16_to_bf16(rt_bits)
     sets = [_three(p, encoded_planes(rt_bits, p)), _three(p, random_planes(p, n_random, seed))]
     sets.append(tuple(a[::adv_stride] for a in _three(p, adversarial_planes(p, seed))))
@@ -70,79 +71,35 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
             raw_scales: np.ndarray | None = None, float_regs=None):
-    """Stream the planes through the DUT; returns (expected, got, stats).
-    ``raw_scales``: scale bytes fed to the DUT instead of ``scales`` (the
-    expected outputs still come from ``scales``)."""
-    ins = pack_planes(codes, scales if raw_scales is None else raw_scales, p, zeros)
-    exp = expected_outputs(codes, scales, p, zeros)
+    """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
+    returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
+    instead of ``scales`` (the expected outputs still come from ``scales``)."""
+    ins = wire.rows_to_ints(wire.decoder_input_rows(
+        p, codes, scales if raw_scales is None else raw_scales, zeros))
+    exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
         dut = KVDecompressor(p, latency)
         assert dut.float_regs == DEFAULT_FLOAT_REGS
     else:
         dut = KVDecompressor(p, latency, float_regs)
-    lat = dut.latency_cycles
-    assert lat == latency + 2 + len(dut.float_regs)
-    rnd = random.Random(seed)
-    got, in_cyc, out_cyc = [], [], []
-    stats = {"stall_cycles": 0}
-    win = input_width(p)
-    assert len(dut.i.payload) == win
-
-    async def tb(ctx):
-        idx, cyc, held = 0, 0, None
-        while len(got) < len(ins):
-            assert cyc < 40 * len(ins) + 100, "DUT stopped producing outputs"
-            free = cyc < free_run_first + lat
-            if free:
-                iv = idx < min(free_run_first, len(ins))
-            else:
-                iv = idx < len(ins) and rnd.random() < p_valid
-            ordy = free or rnd.random() < p_ready
-            ctx.set(dut.i.valid, iv)
-            ctx.set(dut.i.payload, ins[idx] if iv else rnd.getrandbits(win))
-            ctx.set(dut.o.ready, ordy)
-            ov = ctx.get(dut.o.valid)
-            op = ctx.get(dut.o.payload)
-            ir = ctx.get(dut.i.ready)
-            assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
-            if held is not None:
-                assert ov and op == held, f"output changed while stalled at cycle {cyc}"
-            if iv and ir:
-                in_cyc.append(cyc)
-                idx += 1
-            if ov and ordy:
-                got.append(op)
-                out_cyc.append(cyc)
-            stats["stall_cycles"] += bool(ov and not ordy)
-            held = op if ov and not ordy else None
-            await ctx.tick()
-            cyc += 1
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    for i in range(min(free_run_first, len(ins))):
-        assert out_cyc[i] - in_cyc[i] == lat, f"latency of vector {i}"
-        if i:
-            assert in_cyc[i] == in_cyc[i - 1] + 1 and out_cyc[i] == out_cyc[i - 1] + 1
-    assert all(o - i >= lat for i, o in zip(in_cyc, out_cyc))
-    return exp, got, stats
+    assert dut.latency_cycles == latency + 2 + len(dut.float_regs)
+    assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
+    run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready,
+                     free_run_first=free_run_first)
+    return exp, run
 
 
 def check(p: FormatParams, latency: int, codes, scales, zeros=None, seed: int = 1, **kw):
-    exp, got, stats = run_dut(p, latency, codes, scales, zeros, seed, **kw)
-    assert len(got) == len(exp)
-    bad = [i for i, (g, e) in enumerate(zip(got, exp)) if g != e]
-    if bad:
-        i = bad[0]
-        gl, el = int_to_lanes(got[i], p.n), int_to_lanes(exp[i], p.n)
+    exp, run = run_dut(p, latency, codes, scales, zeros, seed, **kw)
+
+    def describe(got, e):
+        gl, el = wire.int_to_lanes(got, p.n), wire.int_to_lanes(e, p.n)
         lanes = np.flatnonzero(gl != el)
-        pytest.fail(f"{len(bad)}/{len(exp)} vectors differ; first #{i} (scales "
-                    f"{scales[i].tolist()}): lanes " + ", ".join(
-                        f"{k}: got {gl[k]:#06x} exp {el[k]:#06x}" for k in lanes[:6]))
+        return "lanes " + ", ".join(f"{k}: got {gl[k]:#06x} exp {el[k]:#06x}" for k in lanes[:6])
+
+    check_run(run, exp, kw.get("free_run_first", 12), describe)
     if len(exp) > 20:
-        assert stats["stall_cycles"] > 0
+        assert run["stall_cycles"] > 0
     return exp
 
 
@@ -251,28 +208,45 @@ def test_scale_sign_bit_ignored(scale):
     rng = np.random.default_rng(4)
     raw = scales | (rng.integers(0, 2, scales.shape) << 7).astype(np.uint8)
     assert (raw != scales).any()
-    exp, got, _ = run_dut(p, 2, codes, scales, None, 3, raw_scales=raw)
-    assert got == exp
+    exp, run = run_dut(p, 2, codes, scales, None, 3, raw_scales=raw)
+    check_run(run, exp, 12)
 
 
 def test_asym_payload_layout():
-    """Mode asym: i.payload = codes | scales << N*b | zeros << (N*b + 8 N/G); the other
-    modes have no zero plane. A zero point moves every lane of its block only."""
+    """Mode asym: i.payload = codes | scales | zeros (sim_models.wire.decoder_input,
+    published as the component's input layout); the other modes have no zero plane.
+    A zero point moves every lane of its block only. One word in and out with
+    stream_put / stream_get."""
     p = FormatParams(n=16, block=8, bits=3, mode="asym")
-    f = input_fields(p)
-    assert f == {"codes": {"offset": 0, "width": 48}, "scales": {"offset": 48, "width": 16},
-                 "zeros": {"offset": 64, "width": 16}}
-    assert input_width(p) == 80 == 8 * p.bytes_per_vector
-    assert "zeros" not in input_fields(FormatParams(n=16, block=8, mode="midrise"))
+    lay = wire.decoder_input(p)
+    assert lay.offsets() == {"codes": {"offset": 0, "width": 48},
+                             "scales": {"offset": 48, "width": 16},
+                             "zeros": {"offset": 64, "width": 16}}
+    assert lay.width == 80 == 8 * p.bytes_per_vector
+    assert "zeros" not in wire.decoder_input(FormatParams(n=16, block=8, mode="midrise"))
     codes = np.zeros((1, p.code_bytes), np.uint8)
     scales = np.array([[0x40, 0x40]], np.uint8)
     zeros = np.array([[0, 5]], np.uint8)
-    assert pack_planes(codes, scales, p, zeros) == [(0x4040 << 48) | (0x0500 << 64)]
+    word = wire.rows_to_ints(wire.decoder_input_rows(p, codes, scales, zeros))
+    assert word == [(0x4040 << 48) | (0x0500 << 64)]
     with pytest.raises(ValueError, match="zeros"):
-        pack_planes(codes, scales, p)
-    exp, got, _ = run_dut(p, 1, codes, scales, zeros, free_run_first=1)
+        wire.decoder_input_rows(p, codes, scales)
+    dut = KVDecompressor(p, 1)
+    assert dut.i.payload.shape().size == lay.width
+    assert [dut.i.payload.shape()[f.name].offset for f in lay.fields] == [0, 48, 64]
+    got = []
+
+    async def tb(ctx):
+        await stream_put(ctx, dut.i, word[0])
+        got.append(await stream_get(ctx, dut.o))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     assert got == exp
-    lanes = int_to_lanes(exp[0], 16)
+    lanes = wire.int_to_lanes(exp[0], 16)
     assert (lanes != 0).any()
 
 
@@ -459,7 +433,7 @@ def test_widths():
     p = FormatParams.preset("v1", n=256, block=64, bits=4)
     dut = KVDecompressor(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
-    assert len(dut.i.payload) == 256 * 4 + 32 and len(dut.o.payload) == 256 * 16
+    assert dut.i.payload.shape().size == 256 * 4 + 32 and dut.o.payload.shape().size == 256 * 16
     assert level_table(p).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
     assert sign_mask_int(256, 0) != 0
 
@@ -493,7 +467,7 @@ def test_format_options(field, value):
     p = FormatParams(**{field: value})
     if value in READ_SUPPORT[field]:
         dut = KVDecompressor(p, 2)
-        assert len(dut.i.payload) == input_width(p)
+        assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
     else:
         with pytest.raises(ValueError, match=field):
             KVDecompressor(p, 2)
@@ -518,7 +492,7 @@ def test_decode_independent_options(kw):
     a = KVDecompressor(FormatParams(n=16, block=8, **kw), 1)
     b = KVDecompressor(FormatParams(n=16, block=8), 1)
     assert a.table == b.table and a.scale_fmt == b.scale_fmt
-    assert len(a.i.payload) == len(b.i.payload)
+    assert a.i.payload.shape() == b.i.payload.shape()
 
 
 def test_latency_property():

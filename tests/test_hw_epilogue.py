@@ -16,24 +16,20 @@ from __future__ import annotations
 
 import gc
 import os
-import random
 import warnings
 
 import numpy as np
 import pytest
 from amaranth.hdl import UnusedElaboratable
-from amaranth.sim import Simulator
 
 from hw import KVEpilogue
 from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
-from hw.stimulus import expected_payloads, make_vectors, pack_input, split_payload, tie_vectors
-from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT
-from sim_models.codec import encode_trace
+from kvtest.inputs import encoder_rows, make_vectors
+from kvtest.simstream import check_run, run_stream
+from kvtest.streamcheck import describe_encoder_word
+from kvtest.ties import count_ties, threshold_tie_vectors
+from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT, wire
 from sim_models.params import FormatParams
-from sim_models.minifloat import scale_encoding
-from sim_models.exact import ge_scaled
-from sim_models.quant import threshold_coefs
-from sim_models.scale import max_units
 from sim_models.testvectors import adversarial_vectors, random_vectors
 
 FULL = os.environ.get("HW_FULL", "") not in ("", "0")
@@ -45,7 +41,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable
 def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
             p_valid: float = 0.8, p_ready: float = 0.7, p_clear: float = 0.05,
             free_run_first: int = 12, extra: np.ndarray | None = None, dut_kw=None):
-    """Push directed + random vectors through the DUT; returns (inputs, expected, got, stats).
+    """Push directed + random vectors through the DUT (:func:`kvtest.simstream.run_stream`,
+    status checked every cycle); returns (expected words, the run).
 
     The first ``free_run_first`` vectors go with i.valid and o.ready held high
     (latency and full-rate check); the rest with random gaps and stalls.
@@ -55,83 +52,30 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
     vecs = make_vectors(p, n_random, seed)
     if extra is not None:
         vecs = np.concatenate([vecs, extra.astype(np.uint16)])
-    ins = pack_input(vecs)
-    exp = expected_payloads(vecs, p)
+    ins = wire.rows_to_ints(wire.lane_rows(vecs))
+    exp = wire.rows_to_ints(encoder_rows(vecs, p)[0])
     dut = KVEpilogue(p, latency, **dut_kw)
     lat = dut.latency_cycles
     assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs)
     assert lat == sum(dut.latency_breakdown.values())
-    rnd = random.Random(seed)
-    got, in_cyc, out_cyc = [], [], []
-    flags_shift = p.n * p.bits + 8 * p.n_blocks + 8 * p.zero_bytes
-    stats = {"stall_cycles": 0, "clears": 0}
-
-    async def tb(ctx):
-        idx, cyc, held, status_model = 0, 0, None, 0
-        while len(got) < len(ins):
-            assert cyc < 40 * len(ins) + 100, "DUT stopped producing outputs"
-            free = cyc < free_run_first + lat           # phase 1: no stalls, no gaps
-            if free:
-                iv = idx < min(free_run_first, len(ins))
-            else:
-                iv = idx < len(ins) and rnd.random() < p_valid
-            ordy = free or rnd.random() < p_ready
-            clr = not free and rnd.random() < p_clear
-            ctx.set(dut.i.valid, iv)
-            ctx.set(dut.i.payload, ins[idx] if iv else rnd.getrandbits(16 * p.n))
-            ctx.set(dut.o.ready, ordy)
-            ctx.set(dut.status_clear, clr)
-            ov = ctx.get(dut.o.valid)
-            op = ctx.get(dut.o.payload.as_value())
-            ir = ctx.get(dut.i.ready)
-            assert ctx.get(dut.status) == status_model, f"status at cycle {cyc}"
-            assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
-            if held is not None:
-                assert ov and op == held, f"output changed while stalled at cycle {cyc}"
-            if iv and ir:
-                in_cyc.append(cyc)
-                idx += 1
-            if ov and ordy:
-                got.append(op)
-                out_cyc.append(cyc)
-            stats["stall_cycles"] += bool(ov and not ordy)
-            stats["clears"] += clr
-            held = op if ov and not ordy else None
-            status_model = (0 if clr else status_model) | ((op >> flags_shift) if ov and ordy else 0)
-            await ctx.tick()
-            cyc += 1
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    # exact latency and one vector per cycle while nothing stalls
-    for i in range(free_run_first):
-        assert out_cyc[i] - in_cyc[i] == lat, f"latency of vector {i}"
-        if i:
-            assert in_cyc[i] == in_cyc[i - 1] + 1 and out_cyc[i] == out_cyc[i - 1] + 1
-    assert all(o - i >= lat for i, o in zip(in_cyc, out_cyc))
-    return ins, exp, got, stats
+    flags_at = wire.encoder_output(p)["flags"].offset
+    run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready, p_clear=p_clear,
+                     free_run_first=free_run_first, flags_of=lambda w: w >> flags_at)
+    return exp, run
 
 
 def check(p: FormatParams, latency: int, n_random: int, seed: int = 1, **kw):
-    ins, exp, got, stats = run_dut(p, latency, n_random, seed, **kw)
-    assert len(got) == len(exp)
-    bad = [i for i, (g, e) in enumerate(zip(got, exp)) if g != e]
-    if bad:
-        i = bad[0]
-        gc, gs, gf = split_payload(got[i], p)
-        ec, es, ef = split_payload(exp[i], p)
-        pytest.fail(f"{len(bad)}/{len(exp)} vectors differ; first #{i}: scales {gs:#x} vs {es:#x}, "
-                    f"flags {gf} vs {ef}, codes {'equal' if gc == ec else 'differ'}")
-    assert stats["stall_cycles"] > 0
+    exp, run = run_dut(p, latency, n_random, seed, **kw)
+    check_run(run, exp, kw.get("free_run_first", 12),
+              describe=lambda g, e: describe_encoder_word(g, e, p))
+    assert run["stall_cycles"] > 0
     return exp
 
 
 def _flags_seen(exp, p):
     f = 0
     for v in exp:
-        f |= split_payload(v, p)[2]
+        f |= wire.encoder_output(p).unpack(v)["flags"]
     return f
 
 
@@ -201,37 +145,6 @@ def test_bad_register_placement(kw, exc, word):
 
 # ---- quantizer modes and scale roundings ------------------------------------------
 
-def _exact_ties(bits: np.ndarray, p: FormatParams) -> tuple[int, int]:
-    """(lanes exactly on a code threshold, blocks whose ideal scale A 2^u / K lies
-    exactly on a scale value (up) / midpoint (nearest) of p.scale), by the golden trace."""
-    t = encode_trace(bits, p)
-    enc = scale_encoding(p.scale)
-    sig, exp = enc.sig_exp(t.scales)
-    coefs, frac = threshold_coefs(p.mode, p.bits)
-    k, kd = max_units(p)                  # K = k / kd
-    mag = np.abs(t.y).reshape(len(bits), p.n_blocks, p.block)
-    u = t.u[:, None, None]
-    lanes = 0
-    for a in coefs:
-        lhs, rhs = (mag << frac, u), (a * sig[:, :, None], exp[:, :, None])
-        lanes += int((ge_scaled(*lhs, *rhs) & ge_scaled(*rhs, *lhs) & (mag > 0)).sum())
-    if p.mode == "asym":      # the block range hi - lo
-        yb = t.y.reshape(len(bits), p.n_blocks, p.block)
-        amax = np.maximum(yb.max(axis=2), 0) - np.minimum(yb.min(axis=2), 0)
-    else:
-        amax = mag.max(axis=2)
-    amax = amax * kd
-    if p.scale_round == "nearest":
-        every_sig, every_exp = enc.mid_sig, enc.mid_exp
-    else:
-        every_sig, every_exp = enc.sig, enc.exp
-    blocks = 0
-    for cs, ce in zip(every_sig.tolist(), every_exp.tolist()):
-        eq = ge_scaled(amax, t.u[:, None], k * cs, ce) & ge_scaled(k * cs, ce, amax, t.u[:, None])
-        blocks += int(eq.sum())
-    return lanes, blocks
-
-
 #: (mode, scale_round, bits, dtype, n, block, latency, n_random[, scale])
 MODE_CASES = [
     ("midrise", "nearest", 3, "fp16", 128, 64, 2, 24),   # the proposed version-2 default
@@ -280,7 +193,7 @@ def test_scale_rules_and_mult(mode, rnd, bits, dtype, n, block, latency, scale, 
     (odd and power-of-two parts), directed + random + adversarial vectors."""
     p = FormatParams(n=n, block=block, bits=bits, mode=mode, scale_round=rnd, dtype=dtype,
                      sign_seed=9, scale=scale, scale_rule=rule, scale_mult=mult)
-    extra = np.concatenate([tie_vectors(p, np.random.default_rng(n), 32),
+    extra = np.concatenate([threshold_tie_vectors(p, np.random.default_rng(n), 32),
                             adversarial_vectors(n, 0, p)[::4]])
     check(p, latency, 30, seed=n + bits + latency, extra=extra)
 
@@ -291,13 +204,13 @@ def test_modes(mode, rnd, bits, dtype, n, block, latency, n_random, scale):
     """Mid-rise / mid-tread / Lloyd-Max x scale rounding up / nearest x scale
     encodings (E4M3, E5M2, UE4M4, UE5M3): own directed + random
     vectors, the shared adversarial set (every 4th vector) and exact ties
-    (hw.stimulus.tie_vectors: lanes on code thresholds, block maxima on scale
+    (kvtest.ties.threshold_tie_vectors: lanes on code thresholds, block maxima on scale
     values and on scale midpoints, +-1 unit)."""
     p = FormatParams(n=n, block=block, bits=bits, mode=mode, scale_round=rnd, dtype=dtype,
                      sign_seed=5, scale=scale)
     rng = np.random.default_rng(n + bits)
-    ties = tie_vectors(p, rng, 64)
-    lanes, blocks = _exact_ties(ties, p)
+    ties = threshold_tie_vectors(p, rng, 64)
+    lanes, blocks = count_ties(ties, p)
     # Lloyd-Max constants (L_top = 387/551/700, sums of levels) need more significant
     # bits than bf16 holds, and its midpoints K (2 sig + 1) more than fp16 holds in a
     # lone spike: there the exact ties are left to the ScaleSelect/Thresholds unit tests

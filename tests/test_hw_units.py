@@ -24,7 +24,8 @@ from hw.frontend import FrontEnd, u_range
 from hw.fwht import FWHT, register_positions
 from hw.scale_select import ScaleSelect
 from hw.thresholds import Thresholds
-from hw.stimulus import directed_vectors, pack_input, random_vectors
+from kvtest.inputs import directed_vectors, random_patterns
+from sim_models import wire
 from sim_models.bfp import to_block_fp
 from sim_models.exact import ge_scaled
 from sim_models.fwht import fwht
@@ -256,12 +257,12 @@ def test_thresholds_every_byte(mode, bits, scale):
 def test_frontend_matches_bfp(dtype, mant_bits, n):
     p = FormatParams(n=n, block=8, mant_bits=mant_bits, dtype=dtype, sign_seed=3)
     rng = np.random.default_rng(mant_bits)
-    vecs = np.concatenate([directed_vectors(p, rng), random_vectors(p, 48, rng)])
+    vecs = np.concatenate([directed_vectors(p, rng), random_patterns(p, 48, rng)])
     x, u, flags = to_block_fp(vecs, p, sign_mask(p.n, p.sign_seed))
     lo, hi = u_range(p)
     assert lo <= u.min() and u.max() <= hi
     fe = FrontEnd(p)
-    ins = pack_input(vecs)
+    ins = wire.rows_to_ints(wire.lane_rows(vecs))
     bad = []
 
     async def tb(ctx):
@@ -283,11 +284,11 @@ def test_frontend_emax_register(dtype, mant_bits, n):
     """FrontEnd(regs=("emax",)): the same results one cycle later, held while en is low."""
     p = FormatParams(n=n, block=8, mant_bits=mant_bits, dtype=dtype, sign_seed=3)
     rng = np.random.default_rng(n)
-    vecs = np.concatenate([directed_vectors(p, rng), random_vectors(p, 24, rng)])
+    vecs = np.concatenate([directed_vectors(p, rng), random_patterns(p, 24, rng)])
     x, u, flags = to_block_fp(vecs, p, sign_mask(p.n, p.sign_seed))
     fe = FrontEnd(p, ("emax",))
     assert fe.latency == 1
-    ins = pack_input(vecs)
+    ins = wire.rows_to_ints(wire.lane_rows(vecs))
     bad, seen = [], []
     rnd = random.Random(n)
 

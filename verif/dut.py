@@ -51,10 +51,10 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from sim_models import FormatParams
+from sim_models import FormatParams, wire
 from sim_models import params as _pm
 
-from .vectors import REPO
+REPO = Path(__file__).resolve().parent.parent
 
 BUILD = REPO / "build"
 HARNESS = "kvtb"
@@ -372,7 +372,7 @@ def watch_fields(cfg: SimConfig, ports: dict) -> dict[str, tuple[str, int]]:
     """``m_ctl`` watch fields of a DUT: status and the flags of the presented word."""
     if cfg.roundtrip or "status" not in ports:
         return {}
-    fs = ports["o__payload"][1] - 3
+    fs = wire.encoder_output(cfg.params)["flags"].offset
     return {"status": ("status", 3), "o_flags": (f"o__payload[{fs + 2}:{fs}]", 3)}
 
 

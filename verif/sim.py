@@ -55,10 +55,10 @@ import time
 import traceback
 from pathlib import Path
 
+from kvtest.inputs import FIXTURE
 from sim_models import FormatParams
 
 from .dut import BUILD, SimConfig, build, generate, run
-from .vectors import FIXTURE
 
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
 #: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and

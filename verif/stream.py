@@ -15,12 +15,14 @@ before the simulator evaluates that edge, after the rising edge before it) and t
   o__ready, status_clear and rst from precomputed random patterns (independent
   gaps / stalls plus long bursts), all 1-bit inputs as one write of ``t_ctl``.
 
-No per-lane work and no comparison happen in the loop: the stimulus and the
-expected words are binary strings computed beforehand with the vectorised golden
-model (verif/vectors.py); the scoreboard compares all output words at the end,
-in order (loss, duplication and reordering show as mismatches or counts), the
-latency of every word comes from the recorded handshake cycles, and the status
-checker (:class:`StatusChecker`) replays the recorded per-cycle samples.
+No per-lane work and no comparison happen in the loop: it only drives and
+records. The stimulus and the expected words are binary strings computed
+beforehand with the vectorised golden model (kvtest.inputs / kvtest.planes,
+sim_models.wire); after the loop, :func:`kvtest.streamcheck.phase_record`
+scores all output words in order (loss, duplication and reordering show as
+mismatches or counts), takes the latency of every word from the recorded
+handshake cycles and replays the recorded per-cycle samples through the status
+checker (:class:`kvtest.streamcheck.StatusChecker`).
 
 The job (configuration, harness layout, vector sets, stall settings, seed)
 comes from the JSON file named by the environment variable ``KVTB_JOB``
@@ -43,6 +45,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge
 
+from kvtest.streamcheck import StatusChecker, phase_record
 from sim_models import FormatParams
 
 CLK_NS = 10
@@ -51,7 +54,6 @@ CLK_NS = 10
 #: is latched by the harness at this very edge. (A deposit is an inertial write
 #: under COCOTB_TRUST_INERTIAL_WRITES=1: Verilator applies it after the eval.)
 NOW = 3
-MAX_ERRORS_KEPT = 10
 
 DEFAULT_JOB = {
     "params": FormatParams().to_dict(),
@@ -122,73 +124,6 @@ def inject_faults(exp: list[str], every: int, bits: int) -> tuple[list[str], int
         k = len(w) - 1 - (i * 7) % bits
         exp[i] = w[:k] + ("1" if w[k] == "0" else "0") + w[k + 1:]
     return exp, len(idx)
-
-
-class StatusChecker:
-    """status == OR of the flags of the words transferred since reset / clear.
-
-    Fed after the run with the recorded samples, in cycle order. The status seen
-    in cycle c (captured at edge c) must contain the flags of every word
-    transferred at edges <= c-2 (one cycle of registering allowed) and nothing
-    beyond the flags of words transferred at edges <= c-1 or of the word
-    presented now. A word transferred at the same edge as a clear may or may
-    not be counted. The two cycles after a clear / reset are not checked; when
-    idle (the final check), status must equal the OR exactly.
-    """
-
-    def __init__(self, errors: list, status_init: int = 0):
-        self.errors = errors
-        self.lo = self.hi = status_init
-        self.amb = 0
-        self.pending: list = []
-        self.skip_until = -1
-        self.violations = 0
-        self.checks = 0
-
-    def cleared(self, edge: int, same_edge_flags: int = 0) -> None:
-        self.lo = self.hi = 0
-        self.amb = same_edge_flags
-        self.pending.clear()
-        self.skip_until = edge + 2
-
-    def transfer(self, edge: int, flags: int) -> None:
-        if flags:
-            self.hi |= flags
-            self.pending.append((edge, flags))
-
-    def check(self, status: int, cycle: int, presented_flags: int, exact: bool = False) -> None:
-        while self.pending and self.pending[0][0] <= cycle - 2:
-            self.lo |= self.pending.pop(0)[1]
-        if cycle <= self.skip_until:
-            return
-        self.checks += 1
-        if exact:
-            need, allow = self.hi, self.hi | self.amb
-        else:
-            need, allow = self.lo, self.hi | self.amb | presented_flags
-        if (need & ~status) or (status & ~allow):
-            self.violations += 1
-            if len(self.errors) < MAX_ERRORS_KEPT:
-                self.errors.append(f"cycle {cycle}: status {status:03b}, expected it to contain "
-                                   f"{need:03b} and stay within {allow:03b}")
-
-    def replay(self, hist: list[int], c0: int, m_fields: dict, t_bits: dict) -> None:
-        """Run the checks over recorded cycles: ``hist[j]`` = m_ctl sampled at edge
-        c0+1+j | (t_ctl driven for that edge) << 32."""
-        s_pos, f_pos = m_fields["status"][0], m_fields["o_flags"][0]
-        rst, clr = 1 << (32 + t_bits["rst"]), 1 << (32 + t_bits["status_clear"])
-        for j, h in enumerate(hist):
-            c = c0 + 1 + j
-            if h & rst:
-                self.cleared(c)
-                continue
-            ov = h & 2
-            if not h & clr:
-                self.check((h >> s_pos) & 7, c, (h >> f_pos) & 7 if ov else 0)
-            f = (h >> f_pos) & 7 if (ov and h & 1) else 0
-            self.transfer(c, f)
-            if h & clr:
-                self.cleared(c, f)
 
 
 class Bench:
@@ -413,72 +348,34 @@ class Bench:
         m = await self.idle(1, fixed | (ordy_b if cur & ordy_b else 0))
         t_loop = time.perf_counter() - t0
         cpu_loop = time.process_time() - cpu0
-        # ---- scoreboard, latency, status: in bulk ----
-        spurious = out_i.count(-1)
-        bad = [j for j, (w, i) in enumerate(zip(out_w, out_i)) if i < 0 or w != exp[i]]
-        for j in bad[:MAX_ERRORS_KEPT]:
-            i = out_i[j]
-            if i < 0:
-                errors.append(f"cycle {out_c[j]}: output with no input outstanding "
-                              f"(duplicate or spurious word)")
-                continue
-            hint = ""
-            if i + 1 < len(exp) and out_w[j] == exp[i + 1]:
-                hint = " [equals the NEXT expected word: lost vector?]"
-            elif i > 0 and out_w[j] == exp[i - 1]:
-                hint = " [equals the PREVIOUS expected word: duplicate?]"
-            what = (describe(int(out_w[j], 2), int(exp[i], 2)) if describe else
-                    f"got {int(out_w[j], 2):#x} exp {int(exp[i], 2):#x}")
-            errors.append(f"cycle {out_c[j]}: vector {i}: {what}{hint}")
+        # ---- scoreboard, latency, status: kvtest.streamcheck ----
+        extra, spurious_end = [], 0
         if m & 2:
-            errors.append(f"cycle {self.cycle}: o__valid high with no input outstanding")
-            spurious += 1
-            bad.append(-1)
+            extra.append(f"cycle {self.cycle}: o__valid high with no input outstanding")
+            spurious_end = 1
         hold = self.m_hold_err.get_signal_val_long() - hold0
         if hold:
-            errors.append(f"output stream rule broken {hold} times: o__valid/o__payload changed "
-                          f"while o__valid & ~o__ready (first at harness cycle "
-                          f"{self.m_hold_first.get_signal_val_long()})")
+            extra.append(f"output stream rule broken {hold} times: o__valid/o__payload changed "
+                         f"while o__valid & ~o__ready (first at harness cycle "
+                         f"{self.m_hold_first.get_signal_val_long()})")
         st = None
         if check_status:
-            st = StatusChecker(errors, status_init)
-            st.replay(hist, c0, self.lay["m_ctl"], self.lay["t_ctl"])
+            mf, tb = self.lay["m_ctl"], self.lay["t_ctl"]
+            st = StatusChecker([], status_init)
+            st.replay(hist, c0, status_pos=mf["status"][0], flags_pos=mf["o_flags"][0],
+                      out_valid=2, out_fire=1, rst=1 << (32 + tb["rst"]),
+                      clear=1 << (32 + tb["status_clear"]))
             st.check(self.mfield(m, "status"), self.cycle, 0, exact=True)
-        oi = np.asarray(out_i, dtype=np.int64)
-        ok_o = oi >= 0
-        lat = (np.asarray(out_c, dtype=np.int64)[ok_o]
-               - np.asarray(acc_c, dtype=np.int64)[oi[ok_o]]) if ok_o.any() else np.zeros(0, int)
-        n_out = int(ok_o.sum())
-        span = (out_c[-1] - out_c[0] + 1) if out_c else 0
-        wall = time.perf_counter() - t0
-        cycles = self.cycle - c0
-        lost = nxt - flushed - n_out
-        rec = {
-            "test": self.test_name, "set": label, "vectors": nv,
-            "accepted": nxt, "outputs": n_out, "flushed_by_reset": flushed,
-            "resets": n_resets, "mismatches": len(bad), "spurious": spurious,
-            "hold_violations": hold, "status_violations": st.violations if st else 0,
-            "status_checks": st.checks if st else 0, "lost": lost, "timed_out": timed_out,
-            "cycles": cycles, "output_span_cycles": span,
-            "cycles_per_vector": cycles / n_out if n_out else None,
-            "span_cycles_per_vector": span / n_out if n_out else None,
-            "latency_min": int(lat.min()) if lat.size else None,
-            "latency_max": int(lat.max()) if lat.size else None,
-            "i_ready_low_cycles": iready_low,
-            "wall_s": wall + prep_s, "prep_s": prep_s, "loop_s": t_loop,
-            "vectors_per_s": n_out / max(wall, 1e-9),
-            "vectors_per_s_with_prep": n_out / max(wall + prep_s, 1e-9),
-            "cycles_per_s": cycles / max(t_loop, 1e-9),
-            # per CPU second of the simulator process: less sensitive to other load
-            "vectors_per_cpu_s": n_out / max(cpu_loop, 1e-9),
-            "stalls": {"gap_p": gap_p, "stall_p": stall_p, "burst_p": burst_p,
-                       "burst_max": burst_max, "clear_p": clear_p, "isolate": isolate},
-            "errors": errors,
-        }
-        rec["ok"] = (not bad and not hold and not (st and st.violations) and not timed_out
-                     and lost == 0 and nxt == nv and not errors)
-        rec["status_end"] = st.hi if st else None
-        return rec
+        return phase_record(
+            test=self.test_name, label=label, vectors=nv, accepted=nxt, out_words=out_w,
+            out_index=out_i, out_cycles=out_c, acc_cycles=acc_c, expected=exp,
+            describe=describe, flushed=flushed, resets=n_resets, extra_errors=errors + extra,
+            spurious_extra=spurious_end, hold_violations=hold, status=st, timed_out=timed_out,
+            cycles=self.cycle - c0, i_ready_low=iready_low,
+            timing={"wall_s": time.perf_counter() - t0, "prep_s": prep_s, "loop_s": t_loop,
+                    "cpu_s": cpu_loop},
+            stalls={"gap_p": gap_p, "stall_p": stall_p, "burst_p": burst_p,
+                    "burst_max": burst_max, "clear_p": clear_p, "isolate": isolate})
 
     def finish(self, rec: dict, extra_errors=()) -> dict:
         """Add test-level errors to a phase record, log it, append it to the results."""
@@ -516,22 +413,6 @@ class _SlowPort:
 
 def stall_kw(job: dict) -> dict:
     return {k: job[k] for k in ("gap_p", "stall_p", "burst_p", "burst_max", "clear_p")}
-
-
-def full_rate_errors(rec: dict, latency: int) -> list[str]:
-    """Checks of a phase streamed with valid and ready always high: i__ready never
-    low, one vector per cycle, every word with the same latency == ``latency``."""
-    errs = []
-    if rec["i_ready_low_cycles"]:
-        errs.append(f"i__ready low in {rec['i_ready_low_cycles']} cycles with o__ready always 1")
-    if rec["span_cycles_per_vector"] != 1.0:
-        errs.append(f"{rec['span_cycles_per_vector']} cycles per vector at full load, expected 1")
-    if not (rec["latency_min"] == rec["latency_max"] == latency):
-        errs.append(f"latency {rec['latency_min']}..{rec['latency_max']} under full load, "
-                    f"manifest {latency}")
-    rec["throughput_vectors_per_cycle"] = (1 / rec["span_cycles_per_vector"]
-                                           if rec["span_cycles_per_vector"] else 0.0)
-    return errs
 
 
 def assert_ok(recs) -> None:

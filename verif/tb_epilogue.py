@@ -2,11 +2,13 @@
 
 DUT ports (Verilog, as emitted by rtl_gen): clk, rst (synchronous, active high),
 i__valid, i__ready, i__payload[N*16] (lane k fp16/bf16 bits at [16k, 16k+16)),
-o__valid, o__ready, o__payload = codes | scales << (N*b) | flags << (N*b + 8*N/G),
-status[3] (sticky OR of output flags), status_clear.
+o__valid, o__ready, o__payload = codes | scales | [zeros (asym)] | flags
+(``sim_models.wire.encoder_output``), status[3] (sticky OR of output flags),
+status_clear.
 
-Driver, monitor, scoreboard and status checker: verif/stream.py. Expected
-words: the golden model (``sim_models.encode``) via verif/vectors.py. Tests:
+Driver and monitor: verif/stream.py; scoreboard, latency and status checker:
+kvtest.streamcheck. Expected words: the golden model (``sim_models.encode``) via
+``kvtest.inputs.encoder_rows``. Tests:
 
 * test_latency       isolated vectors: latency == the manifest's latency_cycles
 * test_throughput    valid/ready always high: 1 vector per cycle, constant latency
@@ -23,8 +25,10 @@ import numpy as np
 
 import cocotb
 
-from verif.stream import assert_ok, bench, full_rate_errors, inject_faults, stall_kw
-from verif.vectors import describe_mismatch, expected_golden, get_set, input_binstr, ints_to_binstr
+from kvtest.inputs import encoder_rows, get_set
+from kvtest.streamcheck import describe_encoder_word, full_rate_record_errors
+from sim_models import wire
+from verif.stream import assert_ok, bench, inject_faults, stall_kw
 
 
 def vectors(b, name: str, count, seed=None) -> np.ndarray:
@@ -35,18 +39,19 @@ def vectors(b, name: str, count, seed=None) -> np.ndarray:
 def expected(b, bits: np.ndarray):
     """(input strings, expected output strings, flags, seconds) of uint16 [V, N]."""
     t0 = time.perf_counter()
-    words, flags = expected_golden(bits, b.p)
-    exp = ints_to_binstr(words, b.out_width)
+    rows, flags = encoder_rows(bits, b.p)
+    exp = wire.rows_to_binstr(rows, b.out_width)
     k = int(b.job.get("fault_every") or 0)
     if k:
         exp, _ = inject_faults(exp, k, b.p.n * b.p.bits)
-    return input_binstr(bits), exp, flags, time.perf_counter() - t0
+    win = wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(b.p).width)
+    return win, exp, flags, time.perf_counter() - t0
 
 
 async def run_set(b, bits, label: str, **kw) -> dict:
     win, exp, flags, prep = expected(b, bits)
-    rec = await b.stream(win, exp, label, describe=lambda g, e: describe_mismatch(g, e, b.p),
-                         prep_s=prep, **kw)
+    rec = await b.stream(win, exp, label, prep_s=prep, **kw,
+                         describe=lambda g, e: describe_encoder_word(int(g, 2), int(e, 2), b.p))
     rec["flags_or"] = int(np.bitwise_or.reduce(flags)) if len(flags) else 0
     if b.job.get("fault_every"):
         rec["injected_faults"] = len(range(3, len(exp), int(b.job["fault_every"])))
@@ -73,7 +78,7 @@ async def test_throughput(dut):
     b = await bench(dut, "test_throughput")
     rec = await run_set(b, vectors(b, "random", b.job["throughput_vectors"], b.seed + 202),
                         "throughput", status_init=0)
-    errs = full_rate_errors(rec, b.latency)
+    errs = full_rate_record_errors(rec, b.latency)
     assert_ok([b.finish(rec, errs)])
 
 
@@ -109,7 +114,7 @@ async def test_status_clear(dut):
     b = await bench(dut, "test_status_clear")
     cand = np.concatenate([vectors(b, "adversarial", None),
                            vectors(b, "random", 512, b.seed + 404)])
-    words, flags = expected_golden(cand, b.p)
+    _, flags = encoder_rows(cand, b.p)
     by_flag = {f: np.flatnonzero(flags == f) for f in range(8)}
     present = sorted(f for f in range(8) if by_flag[f].size)
     errs = []

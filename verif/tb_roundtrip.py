@@ -14,7 +14,8 @@ bits [16k, 16k+16).
 Every output word is compared bit-exact, in order, with the golden read path:
 ``sim_models.decode(sim_models.encode(x))`` for the round trip and
 ``sim_models.decode(codes, scales)`` for the direct planes. Driver, monitor and
-scoreboard: verif/stream.py (the same per-cycle loop as the epilogue bench).
+scoreboard: verif/stream.py and kvtest.streamcheck (the same per-cycle loop as
+the epilogue bench).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import numpy as np
 
 import cocotb
 
-from hw.dec_stimulus import (adversarial_planes, encoded_planes, expected_outputs, int_to_lanes,
-                             pack_planes, random_planes)
-from verif.stream import assert_ok, bench, full_rate_errors, inject_faults, stall_kw
-from verif.vectors import get_set, input_binstr, ints_to_binstr
+from kvtest.inputs import get_set
+from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
+from kvtest.streamcheck import full_rate_record_errors
+from sim_models import wire
+from verif.stream import assert_ok, bench, inject_faults, stall_kw
 
 
 def words_for(b, mode: str, name: str, count, seed: int):
@@ -37,8 +39,8 @@ def words_for(b, mode: str, name: str, count, seed: int):
     t0 = time.perf_counter()
     if mode == "rt":
         bits = get_set(name, p.n, count, seed, b.job.get("fixture"), p.dtype)
-        win = input_binstr(bits)
-        exp = expected_outputs(*encoded_planes(bits, p), p)
+        win = wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(p).width)
+        exp = decoder_rows(*encoded_planes(bits, p), p)
     else:
         if name == "random":
             planes = random_planes(p, 1000 if count is None else count, seed)
@@ -48,15 +50,15 @@ def words_for(b, mode: str, name: str, count, seed: int):
                 planes = tuple(x[:count] for x in planes)
         else:
             raise ValueError(f"unknown direct set {name!r} (random, adversarial)")
-        win = ints_to_binstr(pack_planes(*planes[:2], p, *planes[2:]), b.widths["d__payload"])
-        exp = expected_outputs(*planes[:2], p, *planes[2:])
-    exp = ints_to_binstr(exp, b.out_width)
+        win = wire.rows_to_binstr(wire.decoder_input_rows(p, *planes), b.widths["d__payload"])
+        exp = decoder_rows(*planes[:2], p, *planes[2:])
+    exp = wire.rows_to_binstr(exp, b.out_width)
     return win, exp, time.perf_counter() - t0
 
 
 def describe(n: int):
-    def f(got: int, exp: int) -> str:
-        g, e = int_to_lanes(got, n), int_to_lanes(exp, n)
+    def f(got: str, exp: str) -> str:
+        g, e = wire.int_to_lanes(int(got, 2), n), wire.int_to_lanes(int(exp, 2), n)
         lanes = np.flatnonzero(g != e)
         return f"{lanes.size} lanes differ (first: " + ", ".join(
             f"lane {int(k)} got {int(g[k]):#06x} exp {int(e[k]):#06x}" for k in lanes[:6]) + ")"
@@ -98,7 +100,7 @@ async def test_throughput(dut):
     """Valid and ready always high: one vector per cycle through both modules."""
     b = await bench(dut, "test_throughput")
     rec = await run_set(b, "rt", "random", b.job["throughput_vectors"], b.seed + 202, "throughput")
-    assert_ok([b.finish(rec, full_rate_errors(rec, b.latency))])
+    assert_ok([b.finish(rec, full_rate_record_errors(rec, b.latency))])
 
 
 @cocotb.test()

@@ -1,5 +1,5 @@
 """pytest entry points: kv_epilogue in Verilator + cocotb vs the golden model, and the
-testbench's own parts (harness, config names, port words, status checker, faults).
+testbench's own parts (harness, config names, status checker, faults).
 
 Each configuration is generated and built once (cached in build/sim/<config>/,
 verif/dut.py); the cocotb testbench verif/tb_epilogue.py runs on it. Settings
@@ -26,9 +26,9 @@ import pytest
 from sim_models import FormatParams
 from verif.dut import (BUILD, SimConfig, harness_layout, harness_verilog, module_ports,
                        prepare, public_vlt, run)
-from verif.stream import StatusChecker, inject_faults
-from verif.vectors import (FIXTURE, expected_golden, input_binstr, input_words, ints_to_binstr,
-                           real_vectors, rows_to_binstr)
+from kvtest.inputs import FIXTURE, real_vectors
+from kvtest.streamcheck import StatusChecker
+from verif.stream import inject_faults
 
 CONFIGS = [c for c in os.environ.get("KV_CONFIGS", "n128_g64_b3_l2,n64_g64_b3_l2").split(",") if c]
 N_RANDOM = int(os.environ.get("KV_VECTORS", "1000"))
@@ -63,34 +63,6 @@ def dut_build(request):
 
 
 # --- testbench parts without a simulator ----------------------------------------
-
-def test_input_word_layout():
-    bits = np.arange(2 * 8, dtype=np.uint16).reshape(2, 8) * 0x1111
-    w = input_words(bits)
-    for v in range(2):
-        for k in range(8):
-            assert (w[v] >> (16 * k)) & 0xFFFF == bits[v, k]
-    rnd = np.random.default_rng(0).integers(0, 1 << 16, size=(5, 64), dtype=np.uint16)
-    assert input_binstr(rnd) == ints_to_binstr(input_words(rnd), 1024)
-    rows = np.array([[0x01, 0x80], [0xFF, 0x00]], dtype=np.uint8)
-    assert rows_to_binstr(rows, 12) == ["000000000001", "000011111111"]
-    with pytest.raises(ValueError):
-        rows_to_binstr(rows, 17)
-
-
-def test_expected_word_layout():
-    p = FormatParams(n=64, block=32, bits=3)
-    bits = np.zeros((1, 64), dtype=np.uint16)
-    bits[0, 5] = 0x7E00            # NaN -> flag bit 0
-    bits[0, 9] = 0x3C00            # 1.0
-    words, flags = expected_golden(bits, p)
-    from sim_models import encode
-    e = encode(bits, p)
-    w = words[0]
-    assert w & ((1 << 192) - 1) == int.from_bytes(e.codes[0].tobytes(), "little")
-    assert (w >> 192) & 0xFFFF == int.from_bytes(e.scales[0].tobytes(), "little")
-    assert w >> 208 == int(e.flags[0]) == 1 == flags[0]
-
 
 def test_real_vectors_layout(tmp_path):
     rng = np.random.default_rng(0)
@@ -172,8 +144,8 @@ def test_harness_verilog():
 
 def test_status_checker_replay():
     """A flag that shows up in status two cycles late is a violation; one cycle is allowed."""
-    m_fields = {"status": (3, 3), "o_flags": (6, 3)}
-    t_bits = {"rst": 0, "status_clear": 3}
+    bits = {"status_pos": 3, "flags_pos": 6, "out_valid": 2, "out_fire": 1, "rst": 1 << 32,
+            "clear": 1 << (32 + 3)}
 
     def hist(delay):
         h = []
@@ -188,13 +160,13 @@ def test_status_checker_replay():
     for delay, bad in ((0, 0), (1, 0), (2, 1)):
         errs = []
         st = StatusChecker(errs)
-        st.replay(hist(delay), -1, m_fields, t_bits)
+        st.replay(hist(delay), -1, **bits)
         assert (st.violations > 0) == bool(bad), (delay, errs)
     errs = []
     st = StatusChecker(errs)
     h = hist(0)
     h[8] |= 1 << (32 + 3)                      # clear at cycle 8, status stays: violation
-    st.replay(h, -1, m_fields, t_bits)
+    st.replay(h, -1, **bits)
     assert st.violations and "status 100" in errs[0]
 
 

@@ -1,0 +1,115 @@
+"""amaranth.sim stream helpers: put / get, and a random-stall stream run.
+
+:func:`stream_put` / :func:`stream_get` move one payload through a stream
+interface (directed tests). :func:`run_stream` drives a component with
+``i`` / ``o`` streams (and optionally ``status`` / ``status_clear``) with random
+input gaps, output stalls and clear pulses in one per-cycle testbench, checks the
+stream rules every cycle, and returns what it recorded; the scoring is
+:mod:`kvtest.streamcheck`.
+"""
+
+from __future__ import annotations
+
+import random
+
+from amaranth.hdl import Value
+from amaranth.sim import Simulator
+
+from .streamcheck import full_rate_errors, score, sticky_status
+
+
+async def stream_put(ctx, stream, payload: int) -> None:
+    """Present ``payload`` (an int) on ``stream`` until the handshake, then drop valid."""
+    ctx.set(stream.valid, 1)
+    ctx.set(Value.cast(stream.payload), payload)
+    await ctx.tick().until(stream.ready)
+    ctx.set(stream.valid, 0)
+
+
+async def stream_get(ctx, stream) -> int:
+    """Raise ready until ``stream`` transfers a payload; returns it as an int."""
+    ctx.set(stream.ready, 1)
+    (payload,) = await ctx.tick().sample(Value.cast(stream.payload)).until(stream.valid)
+    ctx.set(stream.ready, 0)
+    return payload
+
+
+def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_ready: float = 0.7,
+               p_clear: float | None = None, free_run_first: int = 12, flags_of=None) -> dict:
+    """Stream ``ins`` (payload ints) through ``dut`` in amaranth.sim.
+
+    The first ``free_run_first`` vectors go with i.valid and o.ready held high;
+    then random gaps (``p_valid``), stalls (``p_ready``) and, when ``p_clear`` is
+    given, ``status_clear`` pulses. Checked every cycle (assert): ``i.ready ==
+    o.ready | ~o.valid``, payload and valid held while stalled, and, with
+    ``p_clear``, ``status`` against :func:`kvtest.streamcheck.sticky_status` of
+    ``flags_of(payload)`` (exact, one cycle after the handshake).
+
+    Returns:
+        {"got": output ints, "in_cycles", "out_cycles": handshake cycles,
+        "stall_cycles", "clears", "latency": dut.latency_cycles}.
+    """
+    rnd = random.Random(seed)
+    lat = dut.latency_cycles
+    ipay, opay = Value.cast(dut.i.payload), Value.cast(dut.o.payload)
+    win = len(ipay)
+    status = p_clear is not None
+    got, in_cyc, out_cyc = [], [], []
+    stats = {"stall_cycles": 0, "clears": 0}
+
+    async def tb(ctx):
+        idx, cyc, held, status_model = 0, 0, None, 0
+        while len(got) < len(ins):
+            assert cyc < 40 * len(ins) + 100, "DUT stopped producing outputs"
+            free = cyc < free_run_first + lat           # phase 1: no stalls, no gaps
+            if free:
+                iv = idx < min(free_run_first, len(ins))
+            else:
+                iv = idx < len(ins) and rnd.random() < p_valid
+            ordy = free or rnd.random() < p_ready
+            clr = status and not free and rnd.random() < p_clear
+            ctx.set(dut.i.valid, iv)
+            ctx.set(ipay, ins[idx] if iv else rnd.getrandbits(win))
+            ctx.set(dut.o.ready, ordy)
+            if status:
+                ctx.set(dut.status_clear, clr)
+            ov = ctx.get(dut.o.valid)
+            op = ctx.get(opay)
+            ir = ctx.get(dut.i.ready)
+            if status:
+                assert ctx.get(dut.status) == status_model, f"status at cycle {cyc}"
+            assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
+            if held is not None:
+                assert ov and op == held, f"output changed while stalled at cycle {cyc}"
+            if iv and ir:
+                in_cyc.append(cyc)
+                idx += 1
+            if ov and ordy:
+                got.append(op)
+                out_cyc.append(cyc)
+            stats["stall_cycles"] += bool(ov and not ordy)
+            stats["clears"] += clr
+            held = op if ov and not ordy else None
+            if status:
+                status_model = sticky_status(status_model, clr, ov and ordy, flags_of(op))
+            await ctx.tick()
+            cyc += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    return {"got": got, "in_cycles": in_cyc, "out_cycles": out_cyc, "latency": lat, **stats}
+
+
+def check_run(run: dict, expected: list[int], free_run_first: int, describe=None) -> None:
+    """Assert a :func:`run_stream` result: every word equal to ``expected`` in order
+    (:func:`kvtest.streamcheck.score`), the exact latency and full rate over the
+    first ``free_run_first`` vectors, and no word faster than the latency."""
+    got = run["got"]
+    assert len(got) == len(expected), f"{len(got)} outputs for {len(expected)} inputs"
+    bad, _, errors = score(got, list(range(len(got))), expected, run["out_cycles"], describe)
+    assert not bad, f"{len(bad)}/{len(expected)} vectors differ; first: {errors[0]}"
+    errs = full_rate_errors(run["in_cycles"], run["out_cycles"], run["latency"], free_run_first)
+    assert not errs, errs[0]
+    assert all(o - i >= run["latency"] for i, o in zip(run["in_cycles"], run["out_cycles"]))
