@@ -23,13 +23,13 @@ import numpy as np
 
 import cocotb
 
-from verif.stream import assert_ok, bench, full_rate_errors, inject_faults, stall_kw
+from verif.stream import assert_ok, bench, full_rate_errors, inject_faults
 from verif.vectors import describe_mismatch, expected_golden, get_set, input_binstr, ints_to_binstr
 
 
 def vectors(b, name: str, count, seed=None) -> np.ndarray:
     return get_set(name, b.p.n, count, b.seed if seed is None else seed,
-                   b.job.get("fixture") or None, b.p.dtype)
+                   b.job.fixture, b.p.dtype)
 
 
 def expected(b, bits: np.ndarray):
@@ -37,7 +37,7 @@ def expected(b, bits: np.ndarray):
     t0 = time.perf_counter()
     words, flags = expected_golden(bits, b.p)
     exp = ints_to_binstr(words, b.out_width)
-    k = int(b.job.get("fault_every") or 0)
+    k = b.job.fault_every
     if k:
         exp, _ = inject_faults(exp, k, b.p.n * b.p.bits)
     return input_binstr(bits), exp, flags, time.perf_counter() - t0
@@ -48,8 +48,8 @@ async def run_set(b, bits, label: str, **kw) -> dict:
     rec = await b.stream(win, exp, label, describe=lambda g, e: describe_mismatch(g, e, b.p),
                          prep_s=prep, **kw)
     rec["flags_or"] = int(np.bitwise_or.reduce(flags)) if len(flags) else 0
-    if b.job.get("fault_every"):
-        rec["injected_faults"] = len(range(3, len(exp), int(b.job["fault_every"])))
+    if b.job.fault_every:
+        rec["injected_faults"] = len(range(3, len(exp), b.job.fault_every))
     return rec
 
 
@@ -57,7 +57,7 @@ async def run_set(b, bits, label: str, **kw) -> dict:
 async def test_latency(dut):
     """Isolated vectors, no stalls: cycles from i handshake to o handshake == manifest."""
     b = await bench(dut, "test_latency")
-    rec = await run_set(b, vectors(b, "random", b.job["latency_vectors"], b.seed + 101),
+    rec = await run_set(b, vectors(b, "random", b.job.latency_vectors, b.seed + 101),
                         "latency", isolate=True, status_init=0)
     errs = []
     if not (rec["latency_min"] == rec["latency_max"] == b.latency):
@@ -71,7 +71,7 @@ async def test_latency(dut):
 async def test_throughput(dut):
     """i__valid always 1, o__ready always 1: one vector per cycle, constant latency."""
     b = await bench(dut, "test_throughput")
-    rec = await run_set(b, vectors(b, "random", b.job["throughput_vectors"], b.seed + 202),
+    rec = await run_set(b, vectors(b, "random", b.job.throughput_vectors, b.seed + 202),
                         "throughput", status_init=0)
     errs = full_rate_errors(rec, b.latency)
     assert_ok([b.finish(rec, errs)])
@@ -82,10 +82,10 @@ async def test_stream(dut):
     """Every configured vector set with random gaps, stalls, bursts and status clears."""
     b = await bench(dut, "test_stream")
     recs = []
-    for s in b.job["sets"]:
+    for s in b.job.sets:
         bits = vectors(b, s["name"], s.get("count"), s.get("seed"))
         await b.clear_status()
-        kw = stall_kw(b.job)
+        kw = b.job.stalls()
         kw.update(s.get("stalls") or {})     # per-set stall settings (e.g. long bursts)
         rec = await run_set(b, bits, s.get("label", s["name"]), status_init=0, **kw)
         recs.append(b.finish(rec))
@@ -96,9 +96,9 @@ async def test_stream(dut):
 async def test_reset_midstream(dut):
     """Resets with words in flight: afterwards exactly the words sent after the reset."""
     b = await bench(dut, "test_reset_midstream")
-    rec = await run_set(b, vectors(b, "random", b.job["reset_vectors"], b.seed + 303),
-                        "reset_midstream", resets=b.job["resets"], status_init=0,
-                        **stall_kw(b.job))
+    rec = await run_set(b, vectors(b, "random", b.job.reset_vectors, b.seed + 303),
+                        "reset_midstream", resets=b.job.resets, status_init=0,
+                        **b.job.stalls())
     errs = [] if rec["resets"] else ["no reset happened with words in flight"]
     assert_ok([b.finish(rec, errs)])
 

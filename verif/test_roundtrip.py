@@ -1,9 +1,9 @@
 """pytest entry points: kv_epilogue -> kv_decompressor round trip (Verilator + cocotb).
 
-Builds ``rt_<config>`` (verif/dut.py; cached in build/sim/rt_<config>/) and runs
+Builds ``rt_<config>`` (verif/build.py; cached in build/sim/rt_<config>/) and runs
 verif/tb_roundtrip.py on it. Settings from the environment:
 
-    KV_RT_CONFIGS  comma-separated round-trip configs (default rt_n64_g32_b3_l2)
+    KV_RT_CONFIGS  comma-separated round-trip configs (default rt_v2_n64_g32_b3_l2)
     KV_VECTORS     random vectors per set (default 300)
     KV_SEED        seed (default 1)
 
@@ -16,9 +16,11 @@ import os
 
 import pytest
 
-from verif.dut import prepare, run
+from verif.build import prepare
+from verif.job import Job
+from verif.run import run
 
-CONFIGS = [c for c in os.environ.get("KV_RT_CONFIGS", "rt_n64_g32_b3_l2").split(",") if c]
+CONFIGS = [c for c in os.environ.get("KV_RT_CONFIGS", "rt_v2_n64_g32_b3_l2").split(",") if c]
 N_RANDOM = int(os.environ.get("KV_VECTORS", "300"))
 SEED = int(os.environ.get("KV_SEED", "1"))
 
@@ -30,10 +32,9 @@ def rt_build(request):
     return cfg, files, bdir, man
 
 
-def _job(sets, **kw):
-    job = {"seed": SEED, "sets": sets, "reset_vectors": 300, "throughput_vectors": 300}
-    job.update(kw)
-    return job
+def _job(sets, **kw) -> Job:
+    return Job(**{"seed": SEED, "sets": sets, "reset_vectors": 300, "throughput_vectors": 300,
+                  **kw})
 
 
 def test_roundtrip_all_phases(rt_build):
