@@ -54,7 +54,6 @@ import sys
 import time
 from pathlib import Path
 
-from sim_models.params import FormatParams
 
 from .config import RTLConfig
 from .tools import find_tool
