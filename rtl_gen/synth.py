@@ -54,7 +54,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from .config import RTLConfig
 from .tools import find_tool
 
