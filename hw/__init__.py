@@ -13,6 +13,8 @@ Read path (bit-exact with sim_models.decode):
                   exact block alignment, wide outer stages), pipelined
     tofloat       exact integer -> fp16/bf16 (leading one, RNE, saturation)
     decompressor  top level ``KVDecompressor`` (stream in, stream out)
+
+Round trip (verification DUT): roundtrip ``KVRoundTrip`` = KVEpilogue -> KVDecompressor.
 """
 
 from .decompressor import KVDecompressor
