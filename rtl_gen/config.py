@@ -4,9 +4,10 @@
 ``rt_v1_n64_g64_b3_l2``, ``dec_v2_n64_g32_b3_l2_e4m3fn``:
 
 * kind: ``enc`` (write path), ``dec`` (read path), ``rt`` (round trip), see rtl_gen.KINDS;
-* preset: a named, frozen set of every FormatParams field (``FormatParams.preset``:
-  ``v1`` = format version 1, mid-tread / scale rounded up; ``v2`` = format version 2,
-  mid-rise / nearest). A name never depends on today's defaults;
+* preset: a named quantizer (``FormatParams.preset``: ``v1`` = format version 1,
+  mid-tread / scale rounded up; ``v2`` = format version 2, mid-rise / nearest), so the
+  quantizer of a name never depends on today's defaults (the other fields: the
+  FormatParams defaults, e.g. M = 12, sign seed 0, fp16);
 * ``n g b``: N, block size G, code bits b; ``l``: FWHT pipeline registers (the
   components' ``latency`` argument; the latency in cycles is in the manifest);
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
@@ -30,7 +31,7 @@ from sim_models.params import FormatParams
 KIND_TAGS = {"enc": "encoder", "dec": "decoder", "rt": "roundtrip"}
 _TAG_OF = {k: t for t, k in KIND_TAGS.items()}
 #: Preset names, oldest first.
-PRESETS = ("v1", "v2")
+PRESETS = tuple(getattr(_pm, "PRESETS", ("v1", "v2")))
 
 
 def preset_params(name: str) -> FormatParams:
