@@ -52,6 +52,7 @@ path is printed (build/waves/<config>/...; KV_WAVES=0 turns this off).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -136,9 +137,9 @@ def mode_configs(bases=MODE_BASES, combine: bool = True, rt_limit: int | None = 
             groups = [{f: v} for f, vs in epi.items() for v in vs]
         for g in groups:
             try:
-                ps = [_with(b.params, g)]
+                ps = [dataclasses.replace(b.params, **g)]
             except (ValueError, TypeError):
-                ps = [_with(b.params, {f: v}) for f, v in g.items()]
+                ps = [dataclasses.replace(b.params, **{f: v}) for f, v in g.items()]
             for p in ps:
                 out.append(RTLConfig("encoder", p, b.latency).name)
                 if (rt_limit is None or n_rt < rt_limit) and all(
@@ -147,12 +148,6 @@ def mode_configs(bases=MODE_BASES, combine: bool = True, rt_limit: int | None = 
                     out.append(RTLConfig("roundtrip", p, b.latency).name)
                     n_rt += 1
     return list(dict.fromkeys(out))
-
-
-def _with(p: FormatParams, changes: dict) -> FormatParams:
-    d = {k: v for k, v in p.to_dict().items() if k != "format_version"}
-    d.update(changes)
-    return FormatParams(**d)
 
 
 def sets_for(cfg: RTLConfig, quick: bool, n_random: int | None, fixture: Path, seed: int) -> list:
