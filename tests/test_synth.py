@@ -15,35 +15,39 @@ import sys
 import pytest
 
 from rtl_gen import synth
-from rtl_gen.synth import SynthConfig, SynthError, adder_bits, fwht_lower_bound, harness_verilog
+from rtl_gen.synth import SynthError, adder_bits, fwht_lower_bound, harness_verilog, synth_config
 
 RUN = os.environ.get("SYNTH_RUN", "") not in ("", "0")
 
 
 def test_config_names():
-    c = SynthConfig.parse("enc_n128_g64_b3_m12_l2")
-    assert (c.module, c.n, c.block, c.bits, c.mant_bits, c.latency) == ("epilogue", 128, 64, 3, 12, 2)
-    assert c.name == "enc_n128_g64_b3_m12_l2"
-    d = SynthConfig.parse("dec_n64_g32_b4_l6")
-    assert d.module == "decompressor" and d.name == "dec_n64_g32_b4_l6"
-    for bad in ("n128", "enc_x3", "dec_n100", "enc_n128_g48"):
+    """Synth names use the one grammar of rtl_gen.config (preset stated, not default-relative)."""
+    c = synth_config("enc_v2_n128_g64_b3_l2")
+    assert (c.kind, c.params.n, c.params.block, c.params.bits, c.params.mant_bits, c.latency) == \
+        ("encoder", 128, 64, 3, 12, 2)
+    assert c.params.mode == "midrise" and c.name == "enc_v2_n128_g64_b3_l2"
+    d = synth_config("dec_v1_n64_g32_b4_l6")
+    assert d.kind == "decoder" and d.params.mode == "midtread" and d.name == "dec_v1_n64_g32_b4_l6"
+    assert synth_config("enc_v2_n64_g64_b3_l2_m8").params.mant_bits == 8
+    for bad in ("n128", "enc_x3", "enc_v2_n100_g64_b3_l2", "enc_v2_n128_g48_b3_l2",
+                "enc_n128_g64_b3_m12_l2", "rt_v2_n64_g64_b3_l2"):
         with pytest.raises(ValueError):
-            SynthConfig.parse(bad)
+            synth_config(bad)
     for plan in synth.SETS.values():
         for n, pnr in plan:
-            assert SynthConfig.parse(n).name == n and isinstance(pnr, bool)
-    assert synth.DEFAULT_SET[:2] == ("enc_n128_g64_b3_m12_l2", "dec_n128_g64_b3_l2")
+            assert synth_config(n).name == n and isinstance(pnr, bool)
+    assert synth.DEFAULT_SET[:2] == ("enc_v2_n128_g64_b3_l2", "dec_v2_n128_g64_b3_l2")
 
 
 def test_lower_bound():
     # write path: sum_s N (M + s + 1) = 128 * (13 + ... + 19)
-    assert fwht_lower_bound(SynthConfig.parse("enc_n128_g64_b3_m12_l2")) == 128 * 112 == 14336
+    assert fwht_lower_bound(synth_config("enc_v2_n128_g64_b3_l2")) == 128 * 112 == 14336
     # read path, b=3, mid-rise (format version 2): level 2c+1 in -7..7 times sig <= 15 is
     # |105| -> 8 bits signed; 6 inner stages, then +30 for the outer stage
-    assert fwht_lower_bound(SynthConfig.parse("dec_n128_g64_b3_l2")) == \
+    assert fwht_lower_bound(synth_config("dec_v2_n128_g64_b3_l2")) == \
         128 * sum(8 + s + 1 for s in range(6)) + 128 * (8 + 30 + 6 + 1)
     # N = G: no alignment
-    assert fwht_lower_bound(SynthConfig.parse("dec_n64_g64_b3_l2")) == \
+    assert fwht_lower_bound(synth_config("dec_v2_n64_g64_b3_l2")) == \
         64 * sum(8 + s + 1 for s in range(6))
 
 

@@ -2,9 +2,14 @@
 
 For each configuration: generate the Verilog (rtl_gen) and the bench harness
 into build/rtl/<config>/, build it with Verilator (cached in
-build/sim/<config>/), and run its cocotb testbench (verif/dut.py does all three).
+build/sim/<config>/) (verif/build.py), and run its cocotb testbench (verif/run.py).
 
-Epilogue configs ``nN_gG_bB_lL[_...]`` (verif/tb_epilogue.py, kv_epilogue vs
+Configurations are named in the grammar of rtl_gen/config.py:
+``<kind>_<preset>_nN_gG_bB_lL[_change...]``, e.g. ``enc_v2_n128_g64_b3_l2`` (the
+write path, format-version-2 quantizer, FWHT pipeline registers L) or
+``rt_v1_n64_g64_b3_l2`` (round trip, version-1 quantizer).
+
+Encoder configs ``enc_...`` (verif/tb_epilogue.py, kv_epilogue vs
 sim_models.encode, every output word bit-exact: codes, scales, flags):
 
 * latency      isolated vectors, no stalls: measured == manifest latency_cycles
@@ -22,7 +27,7 @@ sim_models.encode, every output word bit-exact: codes, scales, flags):
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
-Round-trip configs ``rt_<config>`` (verif/tb_roundtrip.py, kv_epilogue ->
+Round-trip configs ``rt_...`` (verif/tb_roundtrip.py, kv_epilogue ->
 kv_decompressor vs sim_models.decode(encode(x)), plus arbitrary code/scale
 planes fed to the decompressor directly vs sim_models.decode).
 
@@ -58,28 +63,33 @@ from pathlib import Path
 from kvtest.inputs import FIXTURE
 from sim_models import FormatParams
 
-from .dut import BUILD, SimConfig, build, generate, run
+from rtl_gen.config import RTLConfig
+
+from .build import BUILD, build, generate, sim_config
+from .job import Job
+from .run import run
 
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
 #: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and
 #: 256); bf16 input (the only way to reach FLAG_SAT). Chosen for build time (the
 #: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
 #: modes are added by mode_configs().
-DEFAULT_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b2_l6", "n64_g32_b4_l1", "n256_g64_b3_l8",
-                   "n64_g64_b3_l2_bf16")
+DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
+                   "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
 #: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules.
-DEFAULT_RT_CONFIGS = ("rt_n128_g64_b3_l2", "rt_n64_g32_b2_l6", "rt_n64_g64_b3_l2_midtread_up")
+DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_g64_b3_l2")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
 #: first mode combination the RTL implements, see quick_configs()) and one small
 #: round trip with block alignment (N/G = 2).
-QUICK_CONFIGS = ("n128_g64_b3_l2", "n64_g64_b3_l2", "rt_n64_g32_b3_l2")
+QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2")
 #: Added by ``--configs all``: G = 32, FWHT latency 0, the remaining N / b /
 #: latency pairs, bf16 at N = 128, more round trips.
-EXTRA_CONFIGS = ("n128_g64_b2_l7", "n128_g32_b3_l2", "n64_g64_b3_l0", "n64_g64_b3_l2", "n256_g64_b3_l1",
-                 "n128_g64_b4_l1", "n128_g64_b3_l2_bf16", "rt_n256_g64_b4_l1",
-                 "rt_n64_g64_b4_l0", "rt_n128_g64_b2_l7", "rt_n128_g64_b4_l1",
-                 "rt_n256_g64_b2_l8", "rt_n256_g64_b3_l2", "rt_n128_g64_b3_l2_bf16")
+EXTRA_CONFIGS = ("enc_v2_n128_g64_b2_l7", "enc_v2_n128_g32_b3_l2", "enc_v2_n64_g64_b3_l0",
+                 "enc_v2_n64_g64_b3_l2", "enc_v2_n256_g64_b3_l1", "enc_v2_n128_g64_b4_l1",
+                 "enc_v2_n128_g64_b3_l2_bf16", "rt_v2_n256_g64_b4_l1",
+                 "rt_v2_n64_g64_b4_l0", "rt_v2_n128_g64_b2_l7", "rt_v2_n128_g64_b4_l1",
+                 "rt_v2_n256_g64_b2_l8", "rt_v2_n256_g64_b3_l2", "rt_v2_n128_g64_b3_l2_bf16")
 #: N for which the real fixture supplies vectors.
 REAL_NS = (64, 128)
 #: FormatParams fields whose RTL-supported values get a config each.
@@ -87,8 +97,8 @@ MODE_FIELDS = ("mode", "scale", "scale_rule", "scale_round")
 
 
 #: Bases of the quantizer-mode configs: default run / added by ``--configs all``.
-MODE_BASES = ("n64_g32_b3_l2",)
-MODE_BASES_ALL = ("n64_g32_b2_l1", "n64_g32_b4_l6")
+MODE_BASES = ("enc_v2_n64_g32_b3_l2",)
+MODE_BASES_ALL = ("enc_v2_n64_g32_b2_l1", "enc_v2_n64_g32_b4_l6")
 
 
 def mode_values() -> tuple[dict, dict]:
@@ -118,7 +128,7 @@ def mode_configs(bases=MODE_BASES, combine: bool = True, rt_limit: int | None = 
     epi, dec = mode_values()
     out = []
     for base in bases:
-        b = SimConfig.parse(base)
+        b = sim_config(base)
         n_rt = 0
         if combine:
             groups = [{f: vs[k] for f, vs in epi.items() if k < len(vs)}
@@ -131,18 +141,18 @@ def mode_configs(bases=MODE_BASES, combine: bool = True, rt_limit: int | None = 
             except (ValueError, TypeError):
                 ps = [dataclasses.replace(b.params, **{f: v}) for f, v in g.items()]
             for p in ps:
-                out.append(SimConfig.from_params(p, b.latency).name)
+                out.append(RTLConfig("encoder", p, b.latency).name)
                 if (rt_limit is None or n_rt < rt_limit) and all(
                         getattr(p, f) in dec[f] or getattr(p, f) == getattr(FormatParams(), f)
                         for f in MODE_FIELDS):
-                    out.append(SimConfig.from_params(p, b.latency, roundtrip=True).name)
+                    out.append(RTLConfig("roundtrip", p, b.latency).name)
                     n_rt += 1
     return list(dict.fromkeys(out))
 
 
-def sets_for(cfg: SimConfig, quick: bool, n_random: int | None, fixture: Path, seed: int) -> list:
+def sets_for(cfg: RTLConfig, quick: bool, n_random: int | None, fixture: Path, seed: int) -> list:
     """The streamed sets of one config (see the module docstring)."""
-    real = cfg.n in REAL_NS and cfg.dtype == "fp16"
+    real = cfg.params.n in REAL_NS and cfg.params.dtype == "fp16"
     long_stalls = {"gap_p": 0.5, "stall_p": 0.5, "burst_p": 0.001, "burst_max": 1000}
     if cfg.roundtrip:
         nr = n_random if n_random is not None else (300 if quick else 3000)
@@ -162,22 +172,21 @@ def sets_for(cfg: SimConfig, quick: bool, n_random: int | None, fixture: Path, s
                      "seed": seed + 7, "stalls": long_stalls})
     if real:
         sets.append({"name": "real", "count": 2000 if quick else None})
-    if cfg.dtype == "bf16":
+    if cfg.params.dtype == "bf16":
         sets.append({"name": "raw", "count": max(nr // 4, 250), "seed": seed})
     return sets
 
 
-def job_for(cfg: SimConfig, quick: bool, n_random, fixture: Path, seed: int, stall: dict) -> dict:
+def job_for(cfg: RTLConfig, quick: bool, n_random, fixture: Path, seed: int, stall: dict) -> Job:
     sets = sets_for(cfg, quick, n_random, fixture, seed)
-    job = {"seed": seed, "sets": sets, "fixture": str(fixture), **stall}
     if cfg.roundtrip:
-        job.update(reset_vectors=300 if quick else 2000, throughput_vectors=300 if quick else 1000)
+        size = {"reset_vectors": 300 if quick else 2000, "throughput_vectors": 300 if quick else 1000}
     else:
-        job.update(reset_vectors=1000 if quick else 3000)
-    return job
+        size = {"reset_vectors": 1000 if quick else 3000}
+    return Job(seed=seed, sets=sets, fixture=str(fixture), **stall, **size)
 
 
-def expected_phases(cfg: SimConfig, sets: list) -> set:
+def expected_phases(cfg: RTLConfig, sets: list) -> set:
     if cfg.roundtrip:
         return {"latency_rt", "latency_direct", "throughput", "rt:reset_midstream",
                 *(f"{s['mode']}:{s.get('label', s['name'])}" for s in sets)}
@@ -226,8 +235,8 @@ def _error_row(name: str, what: str) -> dict:
 def quick_configs() -> list[str]:
     """QUICK_CONFIGS with the N=64 config in the first mode combination of
     :func:`mode_configs` (e.g. midrise + nearest), if the RTL implements any."""
-    modes = [n for n in mode_configs(("n64_g64_b3_l2",)) if not n.startswith("rt_")]
-    return [modes[0] if (c == "n64_g64_b3_l2" and modes) else c for c in QUICK_CONFIGS]
+    modes = [n for n in mode_configs(("enc_v2_n64_g64_b3_l2",)) if not n.startswith("rt_")]
+    return [modes[0] if (c == "enc_v2_n64_g64_b3_l2" and modes) else c for c in QUICK_CONFIGS]
 
 
 def config_names(spec: str | None, quick: bool) -> list[str]:
@@ -252,9 +261,9 @@ def main(argv=None) -> int:
                          "combination of the RTL), 1,000 random vectors, real set "
                          "subsampled to 2,000, no long-stall set (make test)")
     ap.add_argument("--configs", default=None,
-                    help="comma-separated configs [rt_]nN_gG_bB_lL[_bf16][_midrise]... "
+                    help="comma-separated configs (enc|rt)_(v1|v2)_nN_gG_bB_lL[_bf16][_asym]... "
                          "(lL: FWHT pipeline registers; rt_: epilogue -> decompressor round "
-                         "trip; see verif.dut.SimConfig.parse); 'all' adds "
+                         "trip; see rtl_gen.config); 'all' adds "
                          f"{','.join(EXTRA_CONFIGS)}; default {','.join(DEFAULT_CONFIGS)} + "
                          f"the RTL's quantizer modes + {','.join(DEFAULT_RT_CONFIGS)}")
     ap.add_argument("--list", action="store_true", help="print the configs and exit")
@@ -276,7 +285,7 @@ def main(argv=None) -> int:
         print("error: --configs names no configuration", file=sys.stderr)
         return 2
     try:
-        cfgs = [SimConfig.parse(s) for s in names]
+        cfgs = [sim_config(s) for s in names]
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -318,7 +327,7 @@ def main(argv=None) -> int:
             do_build(cfg)
         ready[cfg.name].wait()
         info = built[cfg.name]
-        entry = {"config": cfg.name, "kind": "roundtrip" if cfg.roundtrip else "epilogue",
+        entry = {"config": cfg.name, "kind": cfg.kind,
                  "params": cfg.params.to_dict(), "latency_param": cfg.latency,
                  "gen_s": round(info["gen_s"], 2), "build_s": round(info["build_s"], 2)}
         if "error" in info:
@@ -332,15 +341,15 @@ def main(argv=None) -> int:
         man = info["manifest"]
         entry["manifest_latency_cycles"] = man["latency"]
         job = job_for(cfg, a.quick, a.random, a.fixture, a.seed, stall)
-        if any(s["name"] == "real" for s in job["sets"]) and not a.fixture.exists():
-            job["sets"] = [s for s in job["sets"] if s["name"] != "real"]
+        if any(s["name"] == "real" for s in job.sets) and not a.fixture.exists():
+            job.sets = [s for s in job.sets if s["name"] != "real"]
             log(f"[{cfg.name}] ERROR: real fixture {a.fixture} missing")
             rows.append(_error_row(cfg.name, "real"))
             entry.setdefault("errors", []).append(f"real fixture {a.fixture} missing")
             ok_all = False
         log(f"[{cfg.name}] simulating (latency {man['latency']} cycles): "
             + ", ".join(s.get("label", s["name"]) if not cfg.roundtrip else
-                        f"{s['mode']}:{s['name']}" for s in job["sets"]) + " ...")
+                        f"{s['mode']}:{s['name']}" for s in job.sets) + " ...")
         try:
             res = run(cfg, info["files"], info["bdir"], man, job, tag="sim",
                       waves=False if a.no_waves else None, log=log)
@@ -349,7 +358,7 @@ def main(argv=None) -> int:
                    "error": f"{type(err).__name__}: {err}", "waves": []}
         entry.update(run_s=round(res["wall_s"], 2), tests=res["tests"], log=res.get("log"),
                      phases=res["phases"], waves=res.get("waves", []))
-        expected = expected_phases(cfg, job["sets"])
+        expected = expected_phases(cfg, job.sets)
         got = {ph["set"] for ph in res["phases"]}
         if got != expected or res["tests"]["failed"] or "error" in res:
             why = res.get("error") or (f"missing phases {sorted(expected - got)}"

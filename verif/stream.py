@@ -1,7 +1,7 @@
 """Stream driver, monitor and scoreboard of the cocotb testbenches (one per-cycle loop).
 
 Used inside the simulator by verif/tb_epilogue.py and verif/tb_roundtrip.py on
-the bench harness ``kvtb`` of verif/dut.py (DUT inputs latched from ``t_*`` at
+the bench harness ``kvtb`` of verif/harness.py (DUT inputs latched from ``t_*`` at
 the falling edge; ``m_ctl`` / ``m_o__payload`` capture at the rising edge what
 that edge transferred; ``m_hold_err`` counts breaks of the output stream rule).
 
@@ -24,20 +24,18 @@ mismatches or counts), takes the latency of every word from the recorded
 handshake cycles and replays the recorded per-cycle samples through the status
 checker (:class:`kvtest.streamcheck.StatusChecker`).
 
-The job (configuration, harness layout, vector sets, stall settings, seed)
-comes from the JSON file named by the environment variable ``KVTB_JOB``
-(written by verif/dut.py); every phase appends one record to the results file
-named in the job.
+The job (:class:`verif.job.Job`: configuration, harness layout, vector sets,
+stall settings, seed) comes from the JSON file named by the environment variable
+``KVTB_JOB`` (written by verif/run.py); every phase appends one record to the
+results file named in the job.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
 import zlib
-from pathlib import Path
 
 import numpy as np
 
@@ -46,7 +44,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge
 
 from kvtest.streamcheck import StatusChecker, phase_record
-from sim_models import FormatParams
+
+from .job import Job
 
 CLK_NS = 10
 #: GPI write action vpiNoDelay: the value is in the model at once, so a write in
@@ -54,51 +53,6 @@ CLK_NS = 10
 #: is latched by the harness at this very edge. (A deposit is an inertial write
 #: under COCOTB_TRUST_INERTIAL_WRITES=1: Verilator applies it after the eval.)
 NOW = 3
-
-DEFAULT_JOB = {
-    "params": FormatParams().to_dict(),
-    "latency": 5,
-    "model": "golden",
-    "seed": 1,
-    # vector sets streamed by test_stream (fields depend on the testbench)
-    "sets": [],
-    "fixture": None,
-    # stall settings: probabilities per cycle
-    "gap_p": 0.2,          # i__valid low (when the driver has a word ready)
-    "stall_p": 0.3,        # o__ready low
-    "burst_p": 0.002,      # start of a long gap / stall burst
-    "burst_max": 200,      # its length is uniform in [8, burst_max]
-    "clear_p": 0.002,      # status_clear pulse (DUTs with status only)
-    "latency_vectors": 16,
-    "throughput_vectors": 1000,
-    "reset_vectors": 3000,
-    "resets": 12,
-    "fault_every": 0,      # scoreboard self-test: corrupt every k-th expected word
-    "results": None,
-}
-
-
-def load_job() -> dict:
-    job = dict(DEFAULT_JOB)
-    path = os.environ.get("KVTB_JOB")
-    if path:
-        job.update(json.loads(Path(path).read_text()))
-    return job
-
-
-def params_of(job: dict) -> FormatParams:
-    return FormatParams.from_dict(job["params"])
-
-
-def record(job: dict, rec: dict) -> None:
-    """Append one phase record to the results file of the job (if any)."""
-    path = job.get("results")
-    if not path:
-        return
-    p = Path(path)
-    recs = json.loads(p.read_text()) if p.exists() else []
-    recs.append(rec)
-    p.write_text(json.dumps(recs, indent=1))
 
 
 def pattern(rng: np.random.Generator, n: int, p_off: float, burst_p: float,
@@ -129,13 +83,13 @@ def inject_faults(exp: list[str], every: int, bits: int) -> tuple[list[str], int
 class Bench:
     """Clock, reset and the streaming loop on the harness, for one cocotb test."""
 
-    def __init__(self, dut, job: dict, test_name: str):
+    def __init__(self, dut, job: Job, test_name: str):
         self.dut = dut
         self.job = job
-        self.p = params_of(job)
-        self.lay = job["harness"]
-        self.latency = int(job["latency"])
-        self.seed = int(job["seed"])
+        self.p = job.params
+        self.lay = job.harness
+        self.latency = job.latency
+        self.seed = job.seed
         self.rng = np.random.default_rng([self.seed, zlib.crc32(test_name.encode())])
         self.test_name = test_name
         self.cycle = 0
@@ -381,7 +335,7 @@ class Bench:
         """Add test-level errors to a phase record, log it, append it to the results."""
         rec["errors"] = list(rec["errors"]) + list(extra_errors)
         rec["ok"] = rec["ok"] and not extra_errors
-        record(self.job, rec)
+        self.job.record(rec)
         lat = rec["latency_min"], rec["latency_max"]
         cocotb.log.info(
             f"{rec['set']}: {rec['outputs']}/{rec['vectors']} vectors out, {rec['mismatches']} "
@@ -411,8 +365,6 @@ class _SlowPort:
         return format(int(self.h.value), f"0{len(self.h)}b")
 
 
-def stall_kw(job: dict) -> dict:
-    return {k: job[k] for k in ("gap_p", "stall_p", "burst_p", "burst_max", "clear_p")}
 
 
 def assert_ok(recs) -> None:
@@ -423,6 +375,6 @@ def assert_ok(recs) -> None:
 
 async def bench(dut, name: str) -> Bench:
     gc.enable()
-    b = Bench(dut, load_job(), name)
+    b = Bench(dut, Job.load(), name)
     await b.start()
     return b

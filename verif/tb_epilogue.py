@@ -28,12 +28,12 @@ import cocotb
 from kvtest.inputs import encoder_rows, get_set
 from kvtest.streamcheck import describe_encoder_word, full_rate_record_errors
 from sim_models import wire
-from verif.stream import assert_ok, bench, inject_faults, stall_kw
+from verif.stream import assert_ok, bench, inject_faults
 
 
 def vectors(b, name: str, count, seed=None) -> np.ndarray:
     return get_set(name, b.p.n, count, b.seed if seed is None else seed,
-                   b.job.get("fixture") or None, b.p.dtype)
+                   b.job.fixture, b.p.dtype)
 
 
 def expected(b, bits: np.ndarray):
@@ -41,7 +41,7 @@ def expected(b, bits: np.ndarray):
     t0 = time.perf_counter()
     rows, flags = encoder_rows(bits, b.p)
     exp = wire.rows_to_binstr(rows, b.out_width)
-    k = int(b.job.get("fault_every") or 0)
+    k = b.job.fault_every
     if k:
         exp, _ = inject_faults(exp, k, b.p.n * b.p.bits)
     win = wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(b.p).width)
@@ -53,8 +53,8 @@ async def run_set(b, bits, label: str, **kw) -> dict:
     rec = await b.stream(win, exp, label, prep_s=prep, **kw,
                          describe=lambda g, e: describe_encoder_word(int(g, 2), int(e, 2), b.p))
     rec["flags_or"] = int(np.bitwise_or.reduce(flags)) if len(flags) else 0
-    if b.job.get("fault_every"):
-        rec["injected_faults"] = len(range(3, len(exp), int(b.job["fault_every"])))
+    if b.job.fault_every:
+        rec["injected_faults"] = len(range(3, len(exp), b.job.fault_every))
     return rec
 
 
@@ -62,7 +62,7 @@ async def run_set(b, bits, label: str, **kw) -> dict:
 async def test_latency(dut):
     """Isolated vectors, no stalls: cycles from i handshake to o handshake == manifest."""
     b = await bench(dut, "test_latency")
-    rec = await run_set(b, vectors(b, "random", b.job["latency_vectors"], b.seed + 101),
+    rec = await run_set(b, vectors(b, "random", b.job.latency_vectors, b.seed + 101),
                         "latency", isolate=True, status_init=0)
     errs = []
     if not (rec["latency_min"] == rec["latency_max"] == b.latency):
@@ -76,7 +76,7 @@ async def test_latency(dut):
 async def test_throughput(dut):
     """i__valid always 1, o__ready always 1: one vector per cycle, constant latency."""
     b = await bench(dut, "test_throughput")
-    rec = await run_set(b, vectors(b, "random", b.job["throughput_vectors"], b.seed + 202),
+    rec = await run_set(b, vectors(b, "random", b.job.throughput_vectors, b.seed + 202),
                         "throughput", status_init=0)
     errs = full_rate_record_errors(rec, b.latency)
     assert_ok([b.finish(rec, errs)])
@@ -87,10 +87,10 @@ async def test_stream(dut):
     """Every configured vector set with random gaps, stalls, bursts and status clears."""
     b = await bench(dut, "test_stream")
     recs = []
-    for s in b.job["sets"]:
+    for s in b.job.sets:
         bits = vectors(b, s["name"], s.get("count"), s.get("seed"))
         await b.clear_status()
-        kw = stall_kw(b.job)
+        kw = b.job.stalls()
         kw.update(s.get("stalls") or {})     # per-set stall settings (e.g. long bursts)
         rec = await run_set(b, bits, s.get("label", s["name"]), status_init=0, **kw)
         recs.append(b.finish(rec))
@@ -101,9 +101,9 @@ async def test_stream(dut):
 async def test_reset_midstream(dut):
     """Resets with words in flight: afterwards exactly the words sent after the reset."""
     b = await bench(dut, "test_reset_midstream")
-    rec = await run_set(b, vectors(b, "random", b.job["reset_vectors"], b.seed + 303),
-                        "reset_midstream", resets=b.job["resets"], status_init=0,
-                        **stall_kw(b.job))
+    rec = await run_set(b, vectors(b, "random", b.job.reset_vectors, b.seed + 303),
+                        "reset_midstream", resets=b.job.resets, status_init=0,
+                        **b.job.stalls())
     errs = [] if rec["resets"] else ["no reset happened with words in flight"]
     assert_ok([b.finish(rec, errs)])
 

@@ -2,10 +2,10 @@
 testbench's own parts (harness, config names, status checker, faults).
 
 Each configuration is generated and built once (cached in build/sim/<config>/,
-verif/dut.py); the cocotb testbench verif/tb_epilogue.py runs on it. Settings
+verif/build.py); the cocotb testbench verif/tb_epilogue.py runs on it. Settings
 come from environment variables:
 
-    KV_CONFIGS   comma-separated configs (default n128_g64_b3_l2,n64_g64_b3_l2)
+    KV_CONFIGS   comma-separated configs (default enc_v2_n128_g64_b3_l2,enc_v2_n64_g64_b3_l2)
     KV_VECTORS   random vectors per config (default 1000)
     KV_REAL      real-fixture vectors per config (default 1000, 0 = skip, all = whole set)
     KV_STALL_P   P(o__ready low) per cycle (default 0.3)
@@ -24,13 +24,16 @@ import numpy as np
 import pytest
 
 from sim_models import FormatParams
-from verif.dut import (BUILD, SimConfig, harness_layout, harness_verilog, module_ports,
-                       prepare, public_vlt, run)
 from kvtest.inputs import FIXTURE, real_vectors
 from kvtest.streamcheck import StatusChecker
+from rtl_gen.config import RTLConfig
+from verif.build import BUILD, PUBLIC_ALL, prepare, runner, sim_config, tool_env
+from verif.harness import harness_layout, harness_verilog, module_ports, public_vlt
+from verif.job import Job
+from verif.run import run
 from verif.stream import inject_faults
 
-CONFIGS = [c for c in os.environ.get("KV_CONFIGS", "n128_g64_b3_l2,n64_g64_b3_l2").split(",") if c]
+CONFIGS = [c for c in os.environ.get("KV_CONFIGS", "enc_v2_n128_g64_b3_l2,enc_v2_n64_g64_b3_l2").split(",") if c]
 N_RANDOM = int(os.environ.get("KV_VECTORS", "1000"))
 _real = os.environ.get("KV_REAL", "1000")
 N_REAL = None if _real == "all" else int(_real)
@@ -38,13 +41,12 @@ STALL_P = float(os.environ.get("KV_STALL_P", "0.3"))
 GAP_P = float(os.environ.get("KV_GAP_P", "0.2"))
 SEED = int(os.environ.get("KV_SEED", "1"))
 #: The smallest configuration: the deliberate-failure / waveform test.
-TINY = "n8_g8_b2_l1"
+TINY = "enc_v2_n8_g8_b2_l1"
 
 
-def _job(sets, **kw) -> dict:
-    job = {"seed": SEED, "sets": sets, "gap_p": GAP_P, "stall_p": STALL_P, "reset_vectors": 1000}
-    job.update(kw)
-    return job
+def _job(sets, **kw) -> Job:
+    return Job(**{"seed": SEED, "sets": sets, "gap_p": GAP_P, "stall_p": STALL_P,
+                  "reset_vectors": 1000, **kw})
 
 
 def _failures(res: dict) -> str:
@@ -84,41 +86,50 @@ def test_real_vectors_layout(tmp_path):
 
 
 def test_config_names():
-    c = SimConfig.parse("n64_g32_b4_l0_bf16")
-    assert (c.n, c.block, c.bits, c.latency, c.dtype) == (64, 32, 4, 0, "bf16")
-    assert c.name == "n64_g32_b4_l0_bf16" and SimConfig.parse("n128").name == "n128_g64_b3_l2"
-    m = SimConfig.parse("rt_n128_lloydmax_e5m2")       # values no default has
-    assert m.roundtrip and m.top == "kv_roundtrip" and m.test_module == "verif.tb_roundtrip"
+    """One grammar for sim and synth: kind, preset and every changed field are in the name."""
+    c = RTLConfig.parse("enc_v2_n64_g32_b4_l0_bf16")
+    assert (c.kind, c.params.n, c.params.block, c.params.bits, c.latency, c.params.dtype) == \
+        ("encoder", 64, 32, 4, 0, "bf16")
+    assert c.name == "enc_v2_n64_g32_b4_l0_bf16" and c.params.mode == "midrise"
+    v1 = RTLConfig.parse("rt_v1_n64_g64_b3_l2")
+    assert v1.roundtrip and (v1.params.mode, v1.params.scale_round) == ("midtread", "up")
+    m = RTLConfig.parse("rt_v2_n128_g64_b3_l2_lloydmax_e5m2")
     assert (m.params.mode, m.params.scale) == ("lloydmax", "e5m2")
-    assert m.name == "rt_n128_g64_b3_l2_lloydmax_e5m2"
-    d = FormatParams()                                   # a default value is no suffix
-    assert SimConfig.parse(f"n64_{d.mode}_{d.scale_round}").name == "n64_g64_b3_l2"
-    for name in ("n128_g64_b3_l2_scalemult-300", "n8_g8_b2_l0_signseed-none",
-                 "n128_g64_b3_l2_e4m3fn_rms", m.name):
-        assert SimConfig.parse(name).name == name
+    # the name picks the nearest preset: v1 fields plus one change is not "v2 + 3 changes"
+    p = FormatParams(n=64, block=64, mode="midtread", scale_round="up", scale="e4m3fn")
+    assert RTLConfig("encoder", p, 2).name == "enc_v1_n64_g64_b3_l2_e4m3fn"
+    for name in ("enc_v2_n128_g64_b3_l2_scalemult-300", "enc_v2_n8_g8_b2_l0_signseed-none",
+                 "enc_v2_n128_g64_b3_l2_e4m3fn_rms", "dec_v2_n16_g8_b3_l1_m10", m.name):
+        assert RTLConfig.parse(name).name == name
     p = FormatParams(n=64, block=32, mode="lloydmax", scale="e5m2", scale_rule="absmean")
-    assert SimConfig.parse(SimConfig.from_params(p, 3).name).params == p
+    assert RTLConfig.parse(RTLConfig("roundtrip", p, 3).name) == RTLConfig("roundtrip", p, 3)
     with pytest.raises(ValueError, match="latency"):
-        SimConfig.parse("n64_l7")
+        RTLConfig.parse("enc_v2_n64_g64_b3_l7")
     with pytest.raises(ValueError, match="mode"):
-        SimConfig.parse("n64_mode-sideways")
-    with pytest.raises(ValueError, match="bad config part"):
-        SimConfig.parse("n64_x3")
+        RTLConfig.parse("enc_v2_n64_g64_b3_l2_mode-sideways")
+    with pytest.raises(ValueError, match="bad part"):
+        RTLConfig.parse("enc_v2_n64_g64_b3_l2_x3")
+    with pytest.raises(ValueError, match="must state"):
+        RTLConfig.parse("enc_v2_n64")
+    with pytest.raises(ValueError, match="preset"):
+        RTLConfig.parse("n128_g64_b3_l2")          # the old, default-relative names
+    with pytest.raises(ValueError, match="simulates"):
+        sim_config("dec_v2_n64_g64_b3_l2")
 
 
 def test_sim_config_lists():
     from verif import sim
     names = sim.config_names(None, False) + sim.config_names("all", False)
     for name in names + sim.config_names(None, True):
-        SimConfig.parse(name)
-    lat = {(c.n, c.latency) for c in map(SimConfig.parse, sim.config_names(None, False))
+        sim_config(name)
+    lat = {(c.params.n, c.latency) for c in map(sim_config, sim.config_names(None, False))
            if not c.roundtrip}
     assert {n for n, _ in lat} == {64, 128, 256}
     assert {1, 2} <= {l for _, l in lat} and any(l == int(np.log2(n)) for n, l in lat)
     from hw.epilogue import EPILOGUE_SUPPORT
     for f in sim.MODE_FIELDS:       # every value the RTL implements has a config
         for v in EPILOGUE_SUPPORT.get(f, ()):
-            assert any(getattr(SimConfig.parse(n).params, f) == v for n in names), (f, v)
+            assert any(getattr(sim_config(n).params, f) == v for n in names), (f, v)
 
 
 def test_harness_verilog():
@@ -177,9 +188,40 @@ def test_inject_faults():
     assert sum(a != b for a, b in zip(out[3], exp[3])) == 1
 
 
+def test_runner_canary(tmp_path):
+    """The cocotb runner API verif/build.py overrides (the private
+    ``Verilator._build_command``): its first command still carries --public-flat-rw
+    and --vpi, and runner() drops exactly that option. Fails when cocotb changes it."""
+    import cocotb_tools.runner as cr
+    assert hasattr(cr.Verilator, "_build_command"), "cocotb removed Verilator._build_command"
+    tool_env()
+    cmds = []
+    r = runner()
+    r._execute = lambda c, cwd=None: cmds.extend(c)      # record instead of running
+    (tmp_path / "t.v").write_text("module t(input wire clk); endmodule\n")
+    try:
+        r.build(sources=[tmp_path / "t.v"], hdl_toplevel="t", build_dir=tmp_path / "b",
+                always=True)
+    except RuntimeError as err:                             # the override's own check
+        pytest.fail(str(err))
+    base = cr.Verilator._build_command(r)
+    assert PUBLIC_ALL in base[0] and "--vpi" in base[0]
+    assert cmds and cmds[0] == [a for a in base[0] if a != PUBLIC_ALL]
+
+
+def test_job_json_round_trip():
+    job = Job(params=FormatParams(n=64, block=32, mode="asym"), seed=7,
+              sets=[{"name": "random", "count": 5}], fault_every=3)
+    assert Job.from_json(job.to_json()) == job
+    assert job.stalls() == {"gap_p": 0.2, "stall_p": 0.3, "burst_p": 0.002, "burst_max": 200,
+                            "clear_p": 0.002}
+    with pytest.raises(ValueError, match="lattency"):
+        Job.from_json('{"lattency": 3}')
+
+
 def test_sim_cli_rejects_bad_config(capsys):
     from verif.sim import main
-    assert main(["--configs", "n100_g64_b3_l2"]) == 2
+    assert main(["--configs", "enc_v2_n100_g64_b3_l2"]) == 2
     assert "n (N) must be a power of two" in capsys.readouterr().err
     assert main(["--configs", ","]) == 2
 
@@ -208,7 +250,7 @@ def test_vectors_with_stalls(dut_build):
     sets = [{"name": "random", "count": N_RANDOM, "seed": SEED},
             {"name": "adversarial", "count": None, "seed": SEED}]
     fixture = None
-    if N_REAL != 0 and cfg.n in (64, 128) and cfg.dtype == "fp16":
+    if N_REAL != 0 and cfg.params.n in (64, 128) and cfg.params.dtype == "fp16":
         if not FIXTURE.exists():
             pytest.fail(f"real fixture {FIXTURE} missing")
         sets.append({"name": "real", "count": N_REAL})

@@ -1,9 +1,9 @@
 """pytest entry points: kv_epilogue -> kv_decompressor round trip (Verilator + cocotb).
 
-Builds ``rt_<config>`` (verif/dut.py; cached in build/sim/rt_<config>/) and runs
+Builds ``rt_<config>`` (verif/build.py; cached in build/sim/rt_<config>/) and runs
 verif/tb_roundtrip.py on it. Settings from the environment:
 
-    KV_RT_CONFIGS  comma-separated round-trip configs (default rt_n64_g32_b3_l2)
+    KV_RT_CONFIGS  comma-separated round-trip configs (default rt_v2_n64_g32_b3_l2)
     KV_VECTORS     random vectors per set (default 300)
     KV_SEED        seed (default 1)
 
@@ -16,24 +16,13 @@ import os
 
 import pytest
 
-from verif.dut import SimConfig, module_ports, prepare, roundtrip_verilog, run
+from verif.build import prepare
+from verif.job import Job
+from verif.run import run
 
-CONFIGS = [c for c in os.environ.get("KV_RT_CONFIGS", "rt_n64_g32_b3_l2").split(",") if c]
+CONFIGS = [c for c in os.environ.get("KV_RT_CONFIGS", "rt_v2_n64_g32_b3_l2").split(",") if c]
 N_RANDOM = int(os.environ.get("KV_VECTORS", "300"))
 SEED = int(os.environ.get("KV_SEED", "1"))
-
-
-def test_wrapper_ports():
-    cfg = SimConfig.parse("rt_n128_g64_b3_l2")
-    epi = {"i__payload": ("input", 2048), "o__payload": ("output", 403)}
-    dec = {"i__payload": ("input", 400), "o__payload": ("output", 2048)}
-    v = roundtrip_verilog(cfg, epi, dec)
-    for port in ("input wire [2047:0] i__payload", "input wire [399:0] d__payload",
-                 "output wire [2047:0] o__payload", "input wire sel"):
-        assert port in v
-    assert "e_payload[399:0]" in v and "kv_epilogue enc" in v and "kv_decompressor dec" in v
-    ports = module_ports(v, "kv_roundtrip")
-    assert ports["d__payload"] == ("input", 400) and ports["d__ready"] == ("output", 1)
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
@@ -43,10 +32,9 @@ def rt_build(request):
     return cfg, files, bdir, man
 
 
-def _job(sets, **kw):
-    job = {"seed": SEED, "sets": sets, "reset_vectors": 300, "throughput_vectors": 300}
-    job.update(kw)
-    return job
+def _job(sets, **kw) -> Job:
+    return Job(**{"seed": SEED, "sets": sets, "reset_vectors": 300, "throughput_vectors": 300,
+                  **kw})
 
 
 def test_roundtrip_all_phases(rt_build):
@@ -62,8 +50,7 @@ def test_roundtrip_all_phases(rt_build):
         [ph["errors"][:3] for ph in bad] or res["log"]
     by = {ph["set"]: ph for ph in res["phases"]}
     assert by["latency_rt"]["latency_min"] == man["latency_rt"] == (
-        man["modules"]["kv_epilogue"]["latency_cycles"]
-        + man["modules"]["kv_decompressor"]["latency_cycles"])
+        man["latency_breakdown"]["encoder"] + man["latency_breakdown"]["decoder"])
     assert by["latency_direct"]["latency_min"] == man["latency_dec"]
     assert by["throughput"]["span_cycles_per_vector"] == 1.0
     assert by["rt:reset_midstream"]["resets"] > 0

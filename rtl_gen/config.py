@@ -1,0 +1,160 @@
+"""Names of RTL configurations, one grammar for simulation (verif) and synthesis (rtl_gen.synth).
+
+``<kind>_<preset>_n<N>_g<G>_b<b>_l<L>[_<change>...]``, e.g. ``enc_v2_n128_g64_b3_l2``,
+``rt_v1_n64_g64_b3_l2``, ``dec_v2_n64_g32_b3_l2_e4m3fn``:
+
+* kind: ``enc`` (write path), ``dec`` (read path), ``rt`` (round trip), see rtl_gen.KINDS;
+* preset: a named quantizer (``FormatParams.preset``: ``v1`` = format version 1,
+  mid-tread / scale rounded up; ``v2`` = format version 2, mid-rise / nearest), so the
+  quantizer of a name never depends on today's defaults (the other fields: the
+  FormatParams defaults, e.g. M = 12, sign seed 0, fp16);
+* ``n g b``: N, block size G, code bits b; ``l``: FWHT pipeline registers (the
+  components' ``latency`` argument; the latency in cycles is in the manifest);
+* changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
+  value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
+  ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
+  ``signseed-none``).
+
+:meth:`RTLConfig.name` picks the preset the parameters differ least from (the later one
+on a tie), so ``RTLConfig.parse(c.name) == c``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from sim_models import params as _pm
+from sim_models.params import FormatParams
+
+#: Name prefix -> rtl_gen kind.
+KIND_TAGS = {"enc": "encoder", "dec": "decoder", "rt": "roundtrip"}
+_TAG_OF = {k: t for t, k in KIND_TAGS.items()}
+#: Preset names, oldest first.
+PRESETS = tuple(getattr(_pm, "PRESETS", ("v1", "v2")))
+
+
+def preset_params(name: str) -> FormatParams:
+    """``FormatParams.preset(name)``."""
+    if hasattr(FormatParams, "preset"):
+        return FormatParams.preset(name)
+    # until sim_models' presets land (golden branch): v2 = today's defaults, v1 = its quantizer
+    return FormatParams(**{"v1": {"mode": "midtread", "scale_round": "up"}, "v2": {}}[name])
+
+
+#: Fields the fixed part of a name states.
+_FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
+_FIELDS = [f.name for f in fields(FormatParams)]
+#: String-valued fields whose values may stand bare in a name.
+_ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
+          "scale_rule": _pm.SCALE_RULES, "scale_round": _pm.SCALE_ROUNDING}
+_SQUASHED = {f.replace("_", ""): f for f in _FIELDS}
+
+
+def _bare_values() -> dict[str, str]:
+    """bare value -> field, for values that belong to exactly one field."""
+    seen: dict[str, list[str]] = {}
+    for f, vals in _ENUMS.items():
+        for v in vals:
+            seen.setdefault(str(v), []).append(f)
+    return {v: fs[0] for v, fs in seen.items() if len(fs) == 1}
+
+
+def _changes(p: FormatParams, base: FormatParams) -> list[str]:
+    return [f for f in _FIELDS if f not in ("n", "block", "bits") and getattr(p, f) != getattr(base, f)]
+
+
+@dataclass(frozen=True)
+class RTLConfig:
+    """One RTL configuration: which top level, its format parameters, FWHT registers.
+
+    Attributes:
+        kind: ``"encoder"``, ``"decoder"`` or ``"roundtrip"`` (rtl_gen.KINDS).
+        params: the format parameters.
+        latency: FWHT pipeline registers, 0 .. log2 N.
+
+    Raises:
+        ValueError / TypeError: unknown kind, params not a FormatParams, latency out of
+            range (the message names the field).
+    """
+
+    kind: str
+    params: FormatParams
+    latency: int = 2
+
+    def __post_init__(self):
+        if self.kind not in _TAG_OF:
+            raise ValueError(f"kind must be one of {sorted(_TAG_OF)}, got {self.kind!r}")
+        if not isinstance(self.params, FormatParams):
+            raise TypeError(f"params must be a FormatParams, got {type(self.params).__name__}")
+        lat = self.latency
+        if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= self.params.log2n:
+            raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
+                             f"0..{self.params.log2n}, got {lat!r}")
+
+    @property
+    def roundtrip(self) -> bool:
+        return self.kind == "roundtrip"
+
+    @property
+    def preset(self) -> str:
+        """The preset the parameters differ least from (the later one on a tie)."""
+        return min(reversed(PRESETS), key=lambda s: len(_changes(self.params, preset_params(s))))
+
+    @property
+    def name(self) -> str:
+        p, ps = self.params, self.preset
+        bare = _bare_values()
+        parts = [_TAG_OF[self.kind], ps, f"n{p.n}", f"g{p.block}", f"b{p.bits}", f"l{self.latency}"]
+        for f in _changes(p, preset_params(ps)):
+            v = getattr(p, f)
+            if f == "mant_bits":
+                parts.append(f"m{v}")
+            elif bare.get(str(v)) == f:
+                parts.append(str(v))
+            else:
+                parts.append(f"{f.replace('_', '')}-{'none' if v is None else v}")
+        return "_".join(parts)
+
+    @classmethod
+    def parse(cls, s: str) -> "RTLConfig":
+        """The configuration a name states (grammar: module docstring).
+
+        Raises:
+            ValueError: unknown kind or preset, a missing or repeated ``n g b l`` part, an
+                unknown part, or FormatParams refuses the result (the message names the field).
+        """
+        if not isinstance(s, str):
+            raise TypeError(f"config name must be a str, got {type(s).__name__}")
+        parts = s.strip().split("_")
+        if len(parts) < 2 or parts[0] not in KIND_TAGS or parts[1] not in PRESETS:
+            raise ValueError(f"bad config name {s!r}: start with a kind {sorted(KIND_TAGS)} and a "
+                             f"preset {list(PRESETS)}, e.g. enc_v2_n128_g64_b3_l2")
+        kw: dict = {}
+        fixed: dict = {}
+        bare = _bare_values()
+        for part in parts[2:]:
+            m = re.fullmatch(r"([ngblm])(\d+)", part)
+            if m and m.group(1) in _FIXED:
+                name, tgt, val = _FIXED[m.group(1)], fixed, int(m.group(2))
+            elif m:
+                name, tgt, val = "mant_bits", kw, int(m.group(2))
+            elif part in bare:
+                name, tgt, val = bare[part], kw, part
+            elif "-" in part and part.split("-", 1)[0] in _SQUASHED:
+                f, v = part.split("-", 1)
+                name, tgt = _SQUASHED[f], kw
+                val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
+            else:
+                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, mM, a bare "
+                                 f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
+            if name in tgt:
+                raise ValueError(f"config name {s!r} sets {name} twice")
+            tgt[name] = val
+        missing = [f"{k} ({v})" for k, v in _FIXED.items() if v not in fixed]
+        if missing:
+            raise ValueError(f"config name {s!r} must state {', '.join(missing)}")
+        lat = fixed.pop("latency")
+        base = {f: getattr(preset_params(parts[1]), f) for f in _FIELDS}
+        p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
+        return cls(KIND_TAGS[parts[0]], p, lat)
