@@ -65,14 +65,6 @@ from .wire import decoder_input_layout, lanes_layout
 #: (leading one, subnormal clamp), ``"shift"`` after FloatPack's right shifter and
 #: sticky bit (before RNE, packing, saturation). Default: ``"prep"``.
 FLOAT_CUTS = Cuts("float_regs", ("abs", "prep", "shift"), default=("prep",))
-#: Names kept for rtl_gen and the tests (derived from :data:`FLOAT_CUTS`): the cut
-#: names, the default placement, and the register stages outside the FWHT with it
-#: (dequant register, the default float registers, output register).
-FLOAT_REGS = FLOAT_CUTS.names
-DEFAULT_FLOAT_REGS = FLOAT_CUTS.default
-FIXED_LATENCY = 2 + len(DEFAULT_FLOAT_REGS)
-
-
 
 
 class KVDecompressor(wiring.Component):
@@ -82,8 +74,8 @@ class KVDecompressor(wiring.Component):
         params: format parameters (``sim_models.FormatParams``); fp16 or bf16 output.
         latency: FWHT pipeline registers, in [0, log2 N] (default 2).
         float_regs: which optional registers of the float conversion to place
-            (a subset of :data:`FLOAT_REGS`, any order; default
-            :data:`DEFAULT_FLOAT_REGS`); each adds one cycle of latency.
+            (names from :data:`FLOAT_CUTS`, any order; default
+            ``FLOAT_CUTS.default``); each adds one cycle of latency.
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -92,7 +84,7 @@ class KVDecompressor(wiring.Component):
     """
 
     def __init__(self, params: FormatParams, latency: int = 2,
-                 float_regs=DEFAULT_FLOAT_REGS):
+                 float_regs=FLOAT_CUTS.default):
         check_read_params(params)
         self.float_regs = FLOAT_CUTS.check(float_regs)
         self.params = params

@@ -54,14 +54,6 @@ from .pipeline import check_latency, stage
 from .quantizer import QUANT_CUTS, Quantizer
 from .wire import encoder_output_layout, lanes_layout
 
-#: Names kept for rtl_gen and the tests (derived from :data:`hw.frontend.FE_CUTS`
-#: and :data:`hw.quantizer.QUANT_CUTS`): the default cut placements, and the
-#: register stages outside the FWHT with them (front-end cuts, front-end
-#: register, quantizer cuts, output register).
-DEFAULT_FE_REGS = FE_CUTS.default
-DEFAULT_QUANT_REGS = QUANT_CUTS.default
-FIXED_LATENCY = len(DEFAULT_FE_REGS) + 2 + len(DEFAULT_QUANT_REGS)
-
 
 #: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
 EPILOGUE_SUPPORT = {
@@ -93,9 +85,9 @@ class KVEpilogue(wiring.Component):
         params: format parameters (``sim_models.FormatParams``); fp16 and bf16.
         latency: FWHT pipeline registers, in [0, log2 N] (default 2).
         quant_regs: register cut points inside the quantizer, names from
-            ``hw.quantizer.QUANT_CUTS`` (default :data:`DEFAULT_QUANT_REGS`).
+            ``hw.quantizer.QUANT_CUTS`` (default ``QUANT_CUTS.default``).
         fe_regs: register cut points inside the front end, names from
-            ``hw.frontend.FE_CUTS`` (default :data:`DEFAULT_FE_REGS`).
+            ``hw.frontend.FE_CUTS`` (default ``FE_CUTS.default``).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
@@ -104,8 +96,8 @@ class KVEpilogue(wiring.Component):
             option the RTL does not implement (see :data:`EPILOGUE_SUPPORT`).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
-                 fe_regs=DEFAULT_FE_REGS):
+    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
+                 fe_regs=FE_CUTS.default):
         check_epilogue_params(params)
         self.params = params
         self.latency = check_latency(params, latency)

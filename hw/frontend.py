@@ -47,8 +47,6 @@ def u_shape(p: FormatParams) -> Shape:
 #: Pipeline cut points of :class:`FrontEnd`: after the exponent max tree
 #: (default: placed, for Fmax; hw/README.md).
 FE_CUTS = Cuts("fe_regs", ("emax",), default=("emax",))
-#: The validation of ``fe_regs`` (:meth:`hw.pipeline.Cuts.check`), under the name rtl_gen imports.
-check_fe_regs = FE_CUTS.check
 
 
 class FrontEnd(wiring.Component):

@@ -44,8 +44,6 @@ from .trees import tree_reduce, tree_sum
 #: scale select, after the thresholds. Default: every cut (for Fmax, hw/README.md).
 QUANT_CUTS = Cuts("quant_regs", ("maxhalf", "max", "norm", "scale", "thr"),
                   default=("maxhalf", "max", "norm", "scale", "thr"))
-#: The validation of ``quant_regs`` (:meth:`hw.pipeline.Cuts.check`), under the name rtl_gen imports.
-check_regs = QUANT_CUTS.check
 
 
 @dataclass

@@ -1,23 +1,26 @@
 """``KVRoundTrip``: the write path feeding the read path, for round-trip verification.
 
 ``KVEpilogue.o`` (codes | scales [| zeros] | flags) drives ``KVDecompressor.i``
-(the same fields without the flags) when ``sel`` = 0; with ``sel`` = 1 the
-decompressor takes its input from the ``d`` stream instead (code and scale planes
-fed directly) and the epilogue is held (``i.ready`` = 0, its output not taken).
-``sel`` may change only while both modules are idle. ``status`` is the epilogue's
-sticky status (``status_clear`` tied low). Latency: the sum of both modules'.
+(the same fields without the flags, connected by name, ``hw.wire``) when ``sel`` =
+0; with ``sel`` = 1 the decompressor takes its input from the ``d`` stream instead
+(code and scale planes fed directly) and the epilogue is held (``i.ready`` = 0,
+its output not taken). ``sel`` may change only while both modules are idle.
+``status`` is the epilogue's sticky status (``status_clear`` tied low). Latency:
+the sum of both modules'.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Value
+from amaranth.hdl import Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 
-from .decompressor import DEFAULT_FLOAT_REGS, KVDecompressor
-from .epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, KVEpilogue
+from .decompressor import FLOAT_CUTS, KVDecompressor
+from .epilogue import KVEpilogue
+from .frontend import FE_CUTS
+from .quantizer import QUANT_CUTS
 
 
 class KVRoundTrip(wiring.Component):
@@ -33,8 +36,8 @@ class KVRoundTrip(wiring.Component):
         TypeError / ValueError: from either module's validation (names the argument).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=DEFAULT_QUANT_REGS,
-                 fe_regs=DEFAULT_FE_REGS, float_regs=DEFAULT_FLOAT_REGS):
+    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
+                 fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default):
         self.enc = KVEpilogue(params, latency, quant_regs, fe_regs)
         self.dec = KVDecompressor(params, latency, float_regs)
         self.params = params
@@ -63,14 +66,16 @@ class KVRoundTrip(wiring.Component):
         m.submodules.enc = enc = self.enc
         m.submodules.dec = dec = self.dec
         sel = self.sel
-        dw = len(Value.cast(dec.i.payload))
+        # the encoder's output fields that the decoder reads (all but the flags), by name
+        enc_planes = Signal(dec.i.payload.shape(), name="enc_planes")
+        m.d.comb += [enc_planes[name].eq(enc.o.payload[name]) for name, _ in enc_planes.shape()]
         m.d.comb += [
             enc.i.valid.eq(self.i.valid & ~sel),
             enc.i.payload.eq(self.i.payload),
             self.i.ready.eq(enc.i.ready & ~sel),
             dec.i.valid.eq(Mux(sel, self.d.valid, enc.o.valid)),
             Value.cast(dec.i.payload).eq(Mux(sel, Value.cast(self.d.payload),
-                                             Value.cast(enc.o.payload)[:dw])),
+                                             Value.cast(enc_planes))),
             enc.o.ready.eq(dec.i.ready & ~sel),
             self.d.ready.eq(dec.i.ready & sel),
             self.status.eq(enc.status),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS
 from hw.frontend import FE_CUTS
 from hw.quantizer import QUANT_CUTS
 from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
@@ -54,13 +53,13 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", type=int, default=2,
                     help="FWHT pipeline registers, 0..log2(N) (default 2); total latency = "
                          "latency + 2 + number of --quant-regs and --fe-regs cuts (written to the manifest)")
-    ap.add_argument("--quant-regs", type=_cuts, default=DEFAULT_QUANT_REGS,
-                    help=f"quantizer register cuts, comma-separated from {','.join(QUANT_CUTS)} "
-                         f"or 'none' (default {','.join(DEFAULT_QUANT_REGS) or 'none'}); "
+    ap.add_argument("--quant-regs", type=_cuts, default=QUANT_CUTS.default,
+                    help=f"quantizer register cuts, comma-separated from {','.join(QUANT_CUTS.names)} "
+                         f"or 'none' (default {','.join(QUANT_CUTS.default) or 'none'}); "
                          f"each adds one cycle of latency")
-    ap.add_argument("--fe-regs", type=_cuts, default=DEFAULT_FE_REGS,
-                    help=f"front-end register cuts, comma-separated from {','.join(FE_CUTS)} "
-                         f"or 'none' (default {','.join(DEFAULT_FE_REGS) or 'none'})")
+    ap.add_argument("--fe-regs", type=_cuts, default=FE_CUTS.default,
+                    help=f"front-end register cuts, comma-separated from {','.join(FE_CUTS.names)} "
+                         f"or 'none' (default {','.join(FE_CUTS.default) or 'none'})")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -91,8 +90,8 @@ def main(argv=None) -> int:
         if a.n > RTL_N_MAX:
             raise ValueError(f"n (N) = {a.n} is above the largest RTL size {RTL_N_MAX} "
                              f"(verified: N = 64, 128, 256; a 16*N-bit port per lane set)")
-        if a.module == "decompressor" and (a.quant_regs != DEFAULT_QUANT_REGS
-                                           or a.fe_regs != DEFAULT_FE_REGS):
+        if a.module == "decompressor" and (a.quant_regs != QUANT_CUTS.default
+                                           or a.fe_regs != FE_CUTS.default):
             raise ValueError("--quant-regs/--fe-regs configure the epilogue (write path); "
                              "they do not apply to --module decompressor")
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,

@@ -30,16 +30,8 @@ from sim_models.params import FormatParams
 #: Name prefix -> rtl_gen kind.
 KIND_TAGS = {"enc": "encoder", "dec": "decoder", "rt": "roundtrip"}
 _TAG_OF = {k: t for t, k in KIND_TAGS.items()}
-#: Preset names, oldest first.
-PRESETS = tuple(getattr(_pm, "PRESETS", ("v1", "v2")))
-
-
-def preset_params(name: str) -> FormatParams:
-    """``FormatParams.preset(name)``."""
-    if hasattr(FormatParams, "preset"):
-        return FormatParams.preset(name)
-    # until sim_models' presets land (golden branch): v2 = today's defaults, v1 = its quantizer
-    return FormatParams(**{"v1": {"mode": "midtread", "scale_round": "up"}, "v2": {}}[name])
+#: Preset names (``sim_models.params.PRESETS``), oldest first.
+PRESETS = tuple(_pm.PRESETS)
 
 
 #: Fields the fixed part of a name states.
@@ -99,14 +91,14 @@ class RTLConfig:
     @property
     def preset(self) -> str:
         """The preset the parameters differ least from (the later one on a tie)."""
-        return min(reversed(PRESETS), key=lambda s: len(_changes(self.params, preset_params(s))))
+        return min(reversed(PRESETS), key=lambda s: len(_changes(self.params, FormatParams.preset(s))))
 
     @property
     def name(self) -> str:
         p, ps = self.params, self.preset
         bare = _bare_values()
         parts = [_TAG_OF[self.kind], ps, f"n{p.n}", f"g{p.block}", f"b{p.bits}", f"l{self.latency}"]
-        for f in _changes(p, preset_params(ps)):
+        for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
                 parts.append(f"m{v}")
@@ -155,6 +147,6 @@ class RTLConfig:
         if missing:
             raise ValueError(f"config name {s!r} must state {', '.join(missing)}")
         lat = fixed.pop("latency")
-        base = {f: getattr(preset_params(parts[1]), f) for f in _FIELDS}
+        base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
         return cls(KIND_TAGS[parts[0]], p, lat)

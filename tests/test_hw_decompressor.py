@@ -29,7 +29,7 @@ from amaranth.hdl import Module, UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
-from hw.decompressor import DEFAULT_FLOAT_REGS, FIXED_LATENCY, FLOAT_REGS
+from hw.decompressor import FLOAT_CUTS
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
@@ -79,7 +79,7 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
     exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
         dut = KVDecompressor(p, latency)
-        assert dut.float_regs == DEFAULT_FLOAT_REGS
+        assert dut.float_regs == FLOAT_CUTS.default
     else:
         dut = KVDecompressor(p, latency, float_regs)
     assert dut.latency_cycles == latency + 2 + len(dut.float_regs)
@@ -500,13 +500,14 @@ def test_latency_property():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedElaboratable)
             dut = KVDecompressor(FormatParams(), lat)
-            assert dut.latency_cycles == lat + FIXED_LATENCY == lat + 3
-            assert KVDecompressor(FormatParams(), lat, FLOAT_REGS).latency_cycles == lat + 5
+            # dequant register, the default float register ("prep"), output register
+            assert dut.latency_cycles == lat + 2 + len(FLOAT_CUTS.default) == lat + 3
+            assert KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles == lat + 5
             del dut
             gc.collect()
 
 
-@pytest.mark.parametrize("regs", [(), ("prep",), ("abs", "shift"), FLOAT_REGS])
+@pytest.mark.parametrize("regs", [(), ("prep",), ("abs", "shift"), FLOAT_CUTS.names])
 def test_latency_breakdown(regs):
     """KVDecompressor.latency_breakdown: one entry per register section, summing to
     latency_cycles; the default placement gives the keys rtl_gen's manifest records."""
@@ -517,7 +518,7 @@ def test_latency_breakdown(regs):
     assert sum(bd.values()) == dut.latency_cycles == 3 + 2 + len(regs)
     assert bd["fwht"] == 3 and bd["dequant_reg"] == bd["output_reg"] == 1
     assert [k for k in bd if k.startswith("float_")] == [f"float_{r}_reg" for r in regs]
-    if regs == DEFAULT_FLOAT_REGS:
+    if regs == FLOAT_CUTS.default:
         assert bd == {"dequant_reg": 1, "fwht": 3, "float_prep_reg": 1, "output_reg": 1}
 
 

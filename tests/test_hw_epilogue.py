@@ -23,7 +23,8 @@ import pytest
 from amaranth.hdl import UnusedElaboratable
 
 from hw import KVEpilogue
-from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
+from hw.frontend import FE_CUTS
+from hw.quantizer import QUANT_CUTS
 from kvtest.inputs import encoder_rows, make_vectors
 from kvtest.simstream import check_run, run_stream
 from kvtest.streamcheck import describe_encoder_word
@@ -289,7 +290,8 @@ def test_latency_property():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedElaboratable)
             dut = KVEpilogue(FormatParams(), lat)
-            assert dut.latency_cycles == lat + FIXED_LATENCY
-            assert FIXED_LATENCY == 2 + len(DEFAULT_QUANT_REGS) + len(DEFAULT_FE_REGS)
+            # front-end cuts, front-end register, quantizer cuts, output register
+            assert dut.latency_cycles == lat + len(FE_CUTS.default) + 2 + len(QUANT_CUTS.default)
+            assert dut.latency_cycles == lat + 8
             del dut
             gc.collect()

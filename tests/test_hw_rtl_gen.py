@@ -8,9 +8,17 @@ import re
 import pytest
 
 import rtl_gen
-from hw.epilogue import DEFAULT_FE_REGS, DEFAULT_QUANT_REGS, FIXED_LATENCY
+from hw.decompressor import FLOAT_CUTS
+from hw.frontend import FE_CUTS
+from hw.quantizer import QUANT_CUTS
 from rtl_gen.__main__ import main as cli_main
 from sim_models import FORMAT_VERSION, FormatParams, sign_mask_int
+
+#: Register stages outside the FWHT with the default placements: encoder front-end
+#: cuts, front-end register, quantizer cuts, output register (8); decoder dequant
+#: register, float registers, output register (3).
+ENC_FIXED = len(FE_CUTS.default) + 2 + len(QUANT_CUTS.default)
+DEC_FIXED = 2 + len(FLOAT_CUTS.default)
 
 PORTS = {  # name: (dir, width) for the default configuration
     "clk": ("input", 1), "rst": ("input", 1),
@@ -46,10 +54,10 @@ def test_default_files_and_manifest(default_gen):
     assert man["params"] == p.to_dict()
     assert man["format_version"] == FORMAT_VERSION
     assert man["top"] == "kv_epilogue" and man["verilog"] == "kv_epilogue.v"
-    assert man["latency_cycles"] == 2 + FIXED_LATENCY == sum(man["latency_breakdown"].values())
+    assert man["latency_cycles"] == 2 + ENC_FIXED == 10 == sum(man["latency_breakdown"].values())
     assert man["latency_breakdown"]["fwht"] == 2
-    assert man["quant_register_cuts"] == list(DEFAULT_QUANT_REGS)
-    assert man["frontend_register_cuts"] == list(DEFAULT_FE_REGS)
+    assert man["quant_register_cuts"] == list(QUANT_CUTS.default)
+    assert man["frontend_register_cuts"] == list(FE_CUTS.default)
     assert man["fwht_register_after_stages"] == [4, 7]
     assert {k: (d["dir"], d["width"]) for k, d in man["ports"].items()} == PORTS
     assert man["o_payload"]["fields"] == {
@@ -99,12 +107,12 @@ def test_cli_small(tmp_path, capsys):
     assert rc == 0
     man = json.loads((out / "manifest.json").read_text())
     assert man["params"]["n"] == 16 and man["params"]["dtype"] == "bf16"
-    assert man["params"]["sign_seed"] == 5 and man["latency_cycles"] == 4 + FIXED_LATENCY
+    assert man["params"]["sign_seed"] == 5 and man["latency_cycles"] == 4 + ENC_FIXED
     v = (out / "kv16.v").read_text()
     ports = verilog_ports(v, "kv16")
     assert ports["i__payload"] == ("input", 256)
     assert ports["o__payload"] == ("output", 16 * 2 + 16 + 3)
-    assert f"latency {4 + FIXED_LATENCY} cycles" in capsys.readouterr().out
+    assert f"latency {4 + ENC_FIXED} cycles" in capsys.readouterr().out
 
 
 def test_cli_no_sign_flip(tmp_path):
@@ -112,7 +120,7 @@ def test_cli_no_sign_flip(tmp_path):
                      "--out", str(tmp_path)]) == 0
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["params"]["sign_seed"] is None and man["sign_mask_hex"] == "00"
-    assert man["latency_cycles"] == FIXED_LATENCY
+    assert man["latency_cycles"] == ENC_FIXED
 
 
 def test_deterministic(tmp_path):
@@ -252,7 +260,6 @@ def test_cli_unwritable_out_is_a_clean_error(tmp_path, capsys):
 def test_roundtrip_kind(tmp_path):
     """The round-trip DUT: ports from its signature match the Verilog; its latency is
     the sum of both modules'; --module roundtrip writes it."""
-    from hw.decompressor import FIXED_LATENCY as DEC_FIXED
     p = FormatParams(n=16, block=8, bits=3)
     man = rtl_gen.generate("roundtrip", p, tmp_path / "r", latency=1)
     v = (tmp_path / "r" / "kv_roundtrip.v").read_text()
@@ -261,8 +268,8 @@ def test_roundtrip_kind(tmp_path):
     assert man["ports"]["d__payload"] == {"dir": "input", "width": 16 * 3 + 16}
     assert man["ports"]["i__payload"]["width"] == man["ports"]["o__payload"]["width"] == 256
     assert man["ports"]["sel"] == {"dir": "input", "width": 1}
-    assert man["latency_breakdown"] == {"encoder": 1 + FIXED_LATENCY, "decoder": 1 + DEC_FIXED}
-    assert man["latency_cycles"] == 2 + FIXED_LATENCY + DEC_FIXED
+    assert man["latency_breakdown"] == {"encoder": 1 + ENC_FIXED, "decoder": 1 + DEC_FIXED}
+    assert man["latency_cycles"] == 2 + ENC_FIXED + DEC_FIXED
     assert man["kind"] == "roundtrip" and man["decoder"]["i_payload"]["width"] == 64
     assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--module", "roundtrip",
                      "--out", str(tmp_path / "c")]) == 0

@@ -19,13 +19,6 @@ from sim_models import FormatParams
 JOB_ENV = "KVTB_JOB"
 
 
-def _params_from_dict(d: dict) -> FormatParams:
-    if hasattr(FormatParams, "from_dict"):
-        return FormatParams.from_dict(d)
-    # until sim_models' FormatParams.from_dict lands (golden branch)
-    return FormatParams(**{k: v for k, v in d.items() if k != "format_version"})
-
-
 @dataclass
 class Job:
     """Settings of one testbench run.
@@ -88,7 +81,7 @@ class Job:
         if unknown:
             raise ValueError(f"job: unknown keys {unknown}")
         if "params" in d:
-            d["params"] = _params_from_dict(d["params"])
+            d["params"] = FormatParams.from_dict(d["params"])
         return cls(**d)
 
     @classmethod
