@@ -103,6 +103,8 @@ def test_block_fwht_proof_fails_beyond_max_align(work):
 @pytest.mark.parametrize("kind", ["enc", "dec"])
 def test_stream_properties(kind, work):
     h = StreamHarness(stream_design(kind, 16, 8, "min"), reference=False)
+    # the free input drives every payload bit (encoder: 16 N lane bits; decoder: N b + 8 N/G)
+    assert len(h.i_payload) == {"enc": 16 * 16, "dec": 16 * 3 + 8 * 2}[kind]
     assert prove_bmc(h, f"stream_{kind}", work, depth=5)["result"] == "proved"
 
 

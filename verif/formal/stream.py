@@ -59,7 +59,7 @@ class StreamHarness(wiring.Component):
         self.count_width = count_width
         super().__init__({
             "i_valid": In(1),
-            "i_payload": In(len(self.a.i.payload)),
+            "i_payload": In(len(Value.cast(self.a.i.payload))),    # all payload bits
             "o_ready": In(1),
             "k": In(count_width),
         })
