@@ -16,26 +16,29 @@ What each step does (Llama and Qwen2 families; GQA of any ratio):
   :func:`sim_models.center`'s rule), rounded to the format's 16-bit type and appended with the
   write kernel; values are rounded and appended. The first ``policy.sinks`` tokens of each
   sequence are kept 16-bit instead (:class:`sim_models.CachePolicy`).
-* prefill (a chunk of T > 1 tokens into an empty layer): attention uses the chunk's
-  *unquantized* K/V (SDPA, causal), as serving engines do; only later tokens see the packed
-  prompt. A multi-token chunk after cached tokens (chunked prefill) raises ``NotImplementedError``.
+* prefill (a chunk of T > 1 tokens into an empty layer), ``prefill="exact"`` (default): attention
+  uses the chunk's *unquantized* K/V (SDPA, causal), as serving engines do; only later tokens see
+  the packed prompt. A multi-token chunk after cached tokens (chunked prefill) raises
+  ``NotImplementedError``. ``prefill="packed"``: every query of the chunk attends to the packed
+  cache up to its own token (the fake-quant forward of bench/accuracy.py; with the kernels one
+  decode launch of B*T queries per layer, each query pointed at its sequence's planes with its
+  own length).
 * decode (T = 1): the token is appended first, then the query (``q / s``) attends over the packed
-  cache with the fused decode kernel (:func:`gpu_ref.decode_attention`), the new token included:
-  the same thing the golden model's fake-quant forward computes (bench/accuracy.py).
+  cache with the fused decode kernel, the new token included: the same thing the golden model's
+  fake-quant forward computes (bench/accuracy.py). The kernel takes q in the cache's 16-bit type.
 * layers whose K and V formats are both ``None`` keep a preallocated 16-bit cache (the model's
   dtype, fp16 for fp32 models) and attend with SDPA: the baseline.
 
-Backends (the store behind each packed layer): ``"cuda"`` (the kernels, CUDA tensors) and
-``"golden"`` (NumPy golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over
-the reconstructions; any device, any format; the reference of tests/test_hf.py). The calls into
-``gpu_ref`` are all in :func:`gpu_api`, :func:`_check_cuda_layer` and the two CUDA stores, chosen
-by the installed gpu_ref: :class:`_CudaStore` for the format-version-2 API (one format for K and V,
-b = 3, no sink plane: the kernels measured in bench/results/hf_bench.json) and
-:class:`_CudaPolicyStore` for the plan/run policy API of issue 10 (K/V bits chosen separately,
-sinks; not yet run on a GPU from here). What the installed kernels cannot serve (head_dim not in
-{64, 128, 256}, a format) raises ``ValueError`` naming the field at cache creation. Centering and
-key scales are applied around the kernels here (k*s and k - mu before the write kernel, q / s
-before decode; exact), for every backend.
+Backends (the store behind each packed layer): ``"cuda"`` (the kernels through gpu_ref's plan/run
+API, CUDA tensors; :class:`_CudaStore` holds every call into gpu_ref) and ``"golden"`` (NumPy
+golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over the
+reconstructions; any device, any format; the reference of tests/test_hf.py). What the kernels
+cannot serve (head_dim not in {64, 128, 256}, K/V bits outside {3, 4}, more than 64 sinks, one
+of K/V 16-bit) raises ``ValueError`` naming the field at cache creation. Centering and key scales
+are applied around the kernels here (k*s and k - mu before the write kernel, q / s before
+decode; exact), for both backends, so both see the same input. A decode step of the cuda
+backend allocates nothing on the CuPy side and makes no host<->device copy, so a whole model
+step can be captured in a CUDA graph (bench/hf_bench.py does, for timing).
 
 Sequences of a batch have equal lengths (no padding: a padded attention mask is not applied in
 decode).
@@ -145,38 +148,18 @@ def _layer_format(f: FormatParams | None, head_dim: int, dtype: str) -> FormatPa
                          f"head): {err}") from None
 
 
-def gpu_api() -> str:
-    """Which gpu_ref cache API is installed: ``"policy"`` (plan/run, a KVCache with K/V bits chosen
-    separately and sinks: issue 10) or ``"v2"`` (one format for K and V, b = 3, no sinks)."""
-    import gpu_ref
-    return "policy" if hasattr(gpu_ref, "plan") and hasattr(gpu_ref, "run") else "v2"
-
-
 def _check_cuda_layer(layer: int, kf, vf, sinks: int):
-    """ValueError naming the field if the installed kernels cannot serve this layer."""
+    """ValueError naming the field if the kernels cannot serve this layer (checked without a GPU)."""
     if kf is None and vf is None:
         return
     if kf is None or vf is None:
         raise ValueError(f"layer {layer}: backend 'cuda' needs both K and V packed or both 16-bit "
                          f"(got k={kf and kf.bits} bits, v={vf and vf.bits} bits)")
-    if gpu_api() == "policy":
-        from gpu_ref import decode as dec
-        if sinks > dec.MAX_SINKS:
-            raise ValueError(f"sinks={sinks}: the decode kernel keeps at most {dec.MAX_SINKS} sink tokens")
-        try:
-            dec.check_kv_pair(kf, vf)
-        except ValueError as err:
-            raise ValueError(f"layer {layer}: head_dim / format not served by the decode kernel: {err}") from None
-        return
-    from gpu_ref import _check_decode
-    if kf != vf:
-        raise ValueError(f"layer {layer}: backend 'cuda' stores K and V in one format with this gpu_ref; got "
-                         f"k bits={kf.bits}, v bits={vf.bits} (K/V bits chosen separately: issue 10)")
-    if sinks:
-        raise ValueError(f"sinks={sinks}: this gpu_ref has no 16-bit sink plane (issue 10); "
-                         "use sinks=0 or backend='golden'")
+    from gpu_ref import decode as dec
+    if sinks > dec.MAX_SINKS:
+        raise ValueError(f"sinks={sinks}: the decode kernel keeps at most {dec.MAX_SINKS} sink tokens")
     try:
-        _check_decode(kf)
+        dec.check_kv_pair(kf, vf)
     except ValueError as err:
         raise ValueError(f"layer {layer}: head_dim / format not served by the decode kernel: {err}") from None
 
@@ -240,23 +223,44 @@ class _GoldenStore:
 
 
 class _CudaStore:
-    """The project's kernels. Adapter: every call into gpu_ref is in this class. It uses
-    ``KVCache`` for the planes and the write kernel's row-addressed launch and passes the decode
-    kernel device lengths with ``max_length``, so a decode step makes no host<->device copy."""
+    """The project's kernels through gpu_ref's plan/run API; every call into gpu_ref is in this class.
+
+    Planes: one :class:`gpu_ref.KVCache` (K and V formats, ``sinks`` 16-bit side rows). Appends
+    launch the write kernel straight into the planes (rows computed on the device from the
+    device lengths when one token is appended per sequence) and update the device lengths in
+    place; decode runs a plan with a workspace and an output buffer owned here (one per
+    power-of-two length bucket). A decode step therefore allocates nothing on the CuPy side and
+    copies nothing between host and device: a whole model step can be captured in a CUDA graph
+    (bench/hf_bench.py, tests/test_hf.py). With ``pow2_rows`` the packed rows per sequence are a power of two,
+    so the planes double as a pool of one page per sequence and :meth:`attend_chunk` can point
+    every query of a chunk at its sequence's page (one decode launch, per-query lengths).
+    """
 
     _streams: dict = {}
 
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None):
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq, pow2_rows=False):
         import cupy as cp
-        from . import KVCache
-        self.fmt = fmts[0]
-        self.bf16 = torch_dtype != _torch().float16
+        from gpu_ref import KVCache
+        torch = _torch()
+        self.bf16 = torch_dtype != torch.float16
+        self.hq, self.sinks = hq, sinks
+        packed = max(cap - sinks, 1)
+        if pow2_rows:
+            packed = max(64, 1 << (packed - 1).bit_length())
         with self._stream():
-            self.kv = KVCache(batch, kvh, cap, self.fmt)
-            # row of token 0 of (b, h) in the [B, KVH, CAP] planes, in the append order [B, T, KVH]
+            self.kv = KVCache(batch, kvh, packed + sinks, fmts[0], v_params=fmts[1], sinks=sinks)
+            self._dlen = self.kv.lengths                       # device int32 [B], updated in place
+            rows = self.kv.k_codes.shape[2]
+            # plane row of packed token 0 of (b, h), in the write kernel's input order [B, (T,) KVH]
             self._base = ((cp.arange(batch, dtype=cp.int64)[:, None] * kvh
-                           + cp.arange(kvh, dtype=cp.int64)[None, :]) * self.kv.capacity)
-            self._dlen = cp.zeros(batch, dtype=cp.int32)
+                           + cp.arange(kvh, dtype=cp.int64)[None, :]) * rows)
+        self._rows = rows
+        self._base_t = torch.from_dlpack(self._base)
+        self._dlen_t = torch.from_dlpack(self._dlen)
+        self._sink_t = None
+        if sinks:                                              # torch views of the sink planes (uint16 bits)
+            self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
+        self._plans = {}
         self.length = 0
 
     @classmethod
@@ -270,6 +274,7 @@ class _CudaStore:
 
     @staticmethod
     def _cp(x):
+        """torch 16-bit (or fp32 / int) tensor -> cupy view (bf16 as uint16 bits)."""
         import cupy
         torch = _torch()
         x = x.contiguous()
@@ -278,91 +283,96 @@ class _CudaStore:
         return cupy.from_dlpack(x)
 
     def append(self, k16, v16):
-        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (stored domain)."""
-        import cupy as cp
-        from . import _as_bits, _launch_encode
-        t = k16.shape[2]
-        k = self._cp(k16.transpose(1, 2))      # [B, T, KVH, D]
-        v = self._cp(v16.transpose(1, 2))
-        kv, p = self.kv, self.fmt
-        with self._stream():
-            if t == 1:
-                rows = (self._base + self.length).ravel()
-            else:
-                rows = (self._base[:, None, :] + cp.arange(self.length, self.length + t,
-                                                            dtype=cp.int64)[None, :, None]).ravel()
-            for x, codes, scales, flags in ((k, kv.k_codes, kv.k_scales, kv.k_flags),
-                                            (v, kv.v_codes, kv.v_scales, kv.v_flags)):
-                _launch_encode(_as_bits(x, p, cp), p, codes, scales, flags, rows, cp)
-            self.length += t
-            self._dlen.fill(self.length)
-        kv.host_lengths[:] = self.length
-        kv.lengths = self._dlen
-
-    def attend(self, q, scaling):
-        from . import decode_attention
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (stored domain), all sequences at ``self.length``."""
+        from gpu_ref import launch_encode
         torch = _torch()
-        q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
-        kv = self.kv
-        with self._stream():
-            out = decode_attention(self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales,
-                                   self._dlen, self.fmt, scale=float(scaling), out_dtype="fp32",
-                                   max_length=self.length)
-        return torch.from_dlpack(out)
+        t0, t = self.length, k16.shape[2]
+        ns = max(0, min(self.sinks - t0, t))                   # leading tokens of the chunk that are sinks
+        if ns:
+            for dst, x in zip(self._sink_t, (k16, v16)):
+                dst[:, :, t0:t0 + ns] = x[:, :, :ns].view(torch.int16)
+        if t > ns:
+            if t == 1:                                         # from the device lengths: graph-safe
+                rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
+            else:
+                pos = torch.arange(t0 + ns - self.sinks, t0 + t - self.sinks, device=k16.device)
+                rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
+            kv = self.kv
+            with self._stream():
+                for x, p, codes, scales, flags in ((k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags),
+                                                   (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags)):
+                    bits = self._cp(x[:, :, ns:].transpose(1, 2))                # [B, T', KVH, D]
+                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy())
+        self._dlen_t += t
+        self.length += t
+        self.kv.host_lengths[:] = self.length
 
-    def set_length(self, n: int):
-        self.length = n
-        self._dlen.fill(n)
-        self.kv.host_lengths[:] = n
-
-    def nbytes(self):
-        kv = self.kv
-        return sum(a.nbytes for a in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales, kv.k_flags, kv.v_flags))
-
-
-class _CudaPolicyStore(_CudaStore):
-    """The kernels through gpu_ref's policy API (issue 10: ``KVCache(..., v_params=, sinks=)``,
-    ``plan``/``run`` with a caller-owned workspace). Centering and key scales stay in
-    :meth:`PackedLayer.stored_keys` (keys arrive centered, q divided by s), so the golden and both
-    CUDA stores see the same input. One plan (and workspace) per power-of-two length bucket.
-    Written against gpu_ref at gpu branch 17a7351."""
-
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq):
-        from gpu_ref import KVCache
-        self.fmt = fmts[0]
-        self.bf16 = torch_dtype != _torch().float16
-        self.hq = hq
-        with self._stream():
-            self.kv = KVCache(batch, kvh, cap, fmts[0], v_params=fmts[1], sinks=sinks)
-        self._plans = {}
-        self.length = 0
-
-    def append(self, k16, v16):
-        with self._stream():
-            self.kv.append(self._cp(k16.transpose(1, 2)), self._cp(v16.transpose(1, 2)))
-        self.length += k16.shape[2]
+    def _plan(self, key, make):
+        if key not in self._plans:
+            with self._stream():
+                pl = make()
+                self._plans[key] = (pl, pl.workspace())
+        return self._plans[key]
 
     def attend(self, q, scaling):
+        """q float32 ``[B, Hq, D]`` (already divided by the key scales) -> float32 ``[B, Hq, D]``."""
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
         bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
+        pl, ws = self._plan(bucket, lambda: self.kv.plan(self.hq, bucket))
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         with self._stream():
-            if bucket not in self._plans:
-                pl = self.kv.plan(self.hq, bucket)
-                self._plans[bucket] = (pl, pl.workspace())
-            pl, ws = self._plans[bucket]
-            out = self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out_dtype="fp32")
-        return torch.from_dlpack(out)
+            self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out=self._cp(out), out_dtype="fp32")
+        return out
+
+    def attend_chunk(self, q, scaling, num_splits=None):
+        """Causal attention of the chunk's queries ``[B, Hq, T, D]`` (float32, divided by the key
+        scales; the chunk is the last T cached tokens) over the packed cache: query i of sequence b
+        reads the first ``length - T + i + 1`` tokens of b (sinks included) -> float32 ``[B, T, Hq, D]``.
+        One decode launch of B*T queries, each pointed at its sequence's page (``pow2_rows``)."""
+        import cupy as cp
+        torch = _torch()
+        b, hq, t, d = q.shape
+        kv, n = self.kv, self.length
+        q16 = q.transpose(1, 2).reshape(b * t, hq, d).to(torch.bfloat16 if self.bf16 else torch.float16)
+        key = ("chunk", b * t, n, num_splits)
+        pl, ws = self._plan(key, lambda: _dec_plan(kv, b * t, hq, n, self._rows, num_splits))
+        lengths = torch.arange(n - t + 1, n + 1, dtype=torch.int32, device=q.device).repeat(b)
+        table = torch.arange(b, dtype=torch.int32, device=q.device).repeat_interleave(t)[:, None]
+        out = torch.empty(b * t, hq, d, dtype=torch.float32, device=q.device)
+        from gpu_ref import run
+        with self._stream():
+            sink = {}
+            if self.sinks:
+                sink = {f"{k}_sink": self._cp(s.repeat_interleave(t, 0)).view(cp.uint16)
+                        for k, s in zip("kv", self._sink_t)}
+            run(pl, ws, self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, self._cp(lengths),
+                self._cp(table), q_scale=kv.q_scale, scale=float(scaling), out=self._cp(out), out_dtype="fp32",
+                **sink)
+        return out.reshape(b, t, hq, d)
 
     def set_length(self, n: int):
-        import cupy as cp
         self.length = n
         self.kv.host_lengths[:] = n
-        self.kv.lengths = cp.full(self.kv.batch, n, dtype=cp.int32)
+        self._dlen_t.fill_(n)
 
     def nbytes(self):
-        extra = sum(a.nbytes for a in (self.kv.k_sink, self.kv.v_sink) if a is not None)
-        return super().nbytes() + extra
+        kv = self.kv
+        return sum(a.nbytes for a in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales, kv.k_flags, kv.v_flags,
+                                      kv.k_sink, kv.v_sink) if a is not None)
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None):
+    """Plan of :meth:`_CudaStore.attend_chunk`: ``queries`` sequences over a pool of one page of
+    ``rows`` tokens per cached sequence."""
+    from gpu_ref import plan
+    return plan(kv.params, kv.v_params, batch=queries, q_heads=hq, kv_heads=kv.kv_heads, max_length=max_length,
+                page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits)
 
 
 # ============================================================================ cache
@@ -400,22 +410,31 @@ class PackedLayer(CacheLayerMixin):
         self.length = 0
         self.store = None
         self.prefill = "exact"
+        self.cache_dtype = None      # "fp16" / "bf16", or None: from the first K/V (lazy_initialization)
+        self.chunk_splits = None     # benchmarks: split-KV factor of the packed-prefill launch (None: planned)
         self.last_chunk = 0          # tokens appended by the last update (read by the attention function)
 
     # ---------------------------------------------------------------- transformers API
     def lazy_initialization(self, key_states, value_states):
         torch = _torch()
         self.model_dtype, self.device = key_states.dtype, key_states.device
-        self.dtype = key_states.dtype if key_states.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        # the stored 16-bit type: the cache's dtype, else bf16 for bf16 models and fp16 otherwise;
+        # decided here so that a layer updated on its own agrees with one updated through the cache
+        kind = self.cache_dtype or ("bf16" if key_states.dtype == torch.bfloat16 else "fp16")
+        self.dtype = torch.bfloat16 if kind == "bf16" else torch.float16
+        for f in ("k_fmt", "v_fmt"):
+            if getattr(self, f) is not None:
+                setattr(self, f, dataclasses.replace(getattr(self, f), dtype=kind))
         b, h, d = self.batch_size, self.num_kv_heads, self.head_dim
         if self.packed:
-            cls = _GoldenStore
+            args = ((self.k_fmt, self.v_fmt), self.sinks, b, h, self.capacity, d, self.dtype, self.device,
+                    self.num_heads)
             if self.backend == "cuda":
-                cls = _CudaPolicyStore if gpu_api() == "policy" else _CudaStore
-            if self.backend == "cuda" and self.device.type != "cuda":
-                raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
-            self.store = cls((self.k_fmt, self.v_fmt), self.sinks, b, h, self.capacity, d, self.dtype,
-                             self.device, self.num_heads)
+                if self.device.type != "cuda":
+                    raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
+                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed")
+            else:
+                self.store = _GoldenStore(*args)
             if self.mu is not None:
                 self._mu = torch.as_tensor(np.asarray(self.mu, np.float64), device=self.device)
             if self.key_scale is not None:
@@ -470,15 +489,17 @@ class PackedLayer(CacheLayerMixin):
         return self.store.attend(q, scaling)
 
     def attend_chunk(self, query, scaling):
-        """Causal attention of ``query`` ``[B, Hq, T, D]`` (the last T tokens) over the golden
-        reconstructions of every cached token -> ``[B, T, Hq, D]`` (``prefill="packed"``: the
-        golden model's fake-quant forward)."""
+        """Causal attention of ``query`` ``[B, Hq, T, D]`` (the last T tokens) over the packed
+        cache, every query seeing the tokens up to its own -> ``[B, T, Hq, D]`` (``prefill="packed"``:
+        the golden model's fake-quant forward; with the kernels, one decode launch of B*T queries)."""
         torch = _torch()
         t, n = query.shape[2], self.length
         q = query.float()
         if self.key_scale is not None:
             rep = self.num_heads // self.num_kv_heads
             q = q / self._ks.repeat_interleave(rep, 0)[None, :, None, :]
+        if self.backend == "cuda":
+            return self.store.attend_chunk(q, scaling, self.chunk_splits).to(query.dtype)
         rep = self.num_heads // self.num_kv_heads
         k = self.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
         v = self.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
@@ -528,8 +549,9 @@ class PackedCache(Cache):
         key_scales: float32 ``[layers, KVH, D]`` per-channel power-of-two key scales, or None.
         backend: ``"cuda"`` (the kernels) or ``"golden"`` (NumPy golden model).
         prefill: ``"exact"`` (multi-token chunks attend to their unquantized K/V) or ``"packed"``
-            (golden backend only: they attend to the reconstructions, the fake-quant forward of
-            bench/accuracy.py).
+            (every query of a chunk attends to the packed cache up to its own token: the
+            fake-quant forward of bench/accuracy.py; with ``backend="cuda"`` one decode-kernel
+            launch per layer and chunk, the planes' rows rounded up to a power of two).
         dtype: 16-bit type of the stored values, ``"fp16"`` or ``"bf16"`` (default: bf16 for
             bf16 models, fp16 otherwise; decided at the first update if None).
 
@@ -549,8 +571,8 @@ class PackedCache(Cache):
         for name, v in (("batch_size", batch_size), ("capacity", capacity)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if prefill not in ("exact", "packed") or (prefill == "packed" and backend != "golden"):
-            raise ValueError(f"prefill must be 'exact', or 'packed' with backend 'golden'; got {prefill!r}")
+        if prefill not in ("exact", "packed"):
+            raise ValueError(f"prefill must be 'exact' or 'packed', got {prefill!r}")
         if dtype not in (None, "fp16", "bf16"):
             raise ValueError(f"dtype must be 'fp16', 'bf16' or None, got {dtype!r}")
         n_layers, hq, kvh, d = _shape(config)
@@ -576,7 +598,6 @@ class PackedCache(Cache):
             raise ValueError("key_scales must be positive powers of two (the reparametrization is exact)")
         self.policy, self.backend, self.n_seqs, self.capacity = policy, backend, int(batch_size), int(capacity)
         self.shape = dict(layers=n_layers, q_heads=hq, kv_heads=kvh, head_dim=d)
-        self._dtype = dtype
         fmt_dtype = dtype or "fp16"
         layers = []
         for l in range(n_layers):
@@ -597,18 +618,8 @@ class PackedCache(Cache):
             layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
                                       hq, kvh, d, backend))
             layers[-1].prefill = prefill
+            layers[-1].cache_dtype = dtype
         super().__init__(layers=layers)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        layer = self.layers[layer_idx]
-        if not layer.is_initialized and self._dtype is None:
-            torch = _torch()
-            self._dtype = "bf16" if key_states.dtype == torch.bfloat16 else "fp16"
-        if not layer.is_initialized and self._dtype == "bf16":
-            for f in ("k_fmt", "v_fmt"):
-                if getattr(layer, f) is not None:
-                    setattr(layer, f, dataclasses.replace(getattr(layer, f), dtype="bf16"))
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def nbytes(self) -> int:
         """Bytes the cache holds on its device (all layers)."""
@@ -624,7 +635,7 @@ class PackedCache(Cache):
                 raise ValueError("set_length needs initialized layers (run one forward first)")
             l.length = n
             if l.packed:
-                if isinstance(l.store, _CudaStore):            # both CUDA stores
+                if isinstance(l.store, _CudaStore):
                     l.store.set_length(n)
                 else:
                     l.store.length = n
@@ -645,6 +656,8 @@ def fwht_kv_attention(module, query, key, value, attention_mask, scaling=None, d
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     layer = getattr(_pending, "layer", None)
     _pending.layer = None
+    if query.shape[2] == 1:
+        attention_mask = None      # one query, equal lengths: nothing to mask (keeps SDPA's GQA path)
     if layer is None or not layer.packed:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
