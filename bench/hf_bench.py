@@ -1,21 +1,30 @@
 #!/usr/bin/env python3
 """End to end on the GPU: a transformers model decoding from the packed cache (gpu_ref/hf.py).
 
-One device run (``run``) measures, and writes bench/results/hf_bench.json:
+Device runs (``run``; ``--parts q`` and ``--parts s`` can go to separate calls, ``merge`` joins
+their JSON) measure, and bench/results/hf_bench.json keeps:
 
 * ``ppl``: teacher-forced perplexity of SmolLM2-135M (fp32 weights) on bench/accuracy.py's
-  evaluation context (2048 tokens at EVAL_START): through the kernels, one token per step (each
-  position appends its K/V with the write kernel, then attends over the packed cache of itself
-  and every earlier position with the decode kernel), against the golden model's fake-quant
-  forward in the same process (``PackedCache(backend="golden", prefill="packed")``: the
-  reconstructions of ``sim_models.encode``/``decode_float``, one forward) and against the CPU
-  numbers of bench/results/accuracy.json for the same configurations.
-* ``generation``: greedy 64 tokens from a chat prompt, packed cache (kernels) vs the 16-bit cache;
-  how many of the 64 agree, and the texts (decoded by ``report`` on the CPU).
+  evaluation context (2048 tokens at EVAL_START), per policy (PPL_CONFIGS). Both sides run one
+  2048-token forward, so the projections are the same GEMMs: the golden model's fake-quant forward
+  (``PackedCache(backend="golden", prefill="packed")``: reconstructions of
+  ``sim_models.encode``/``decode_float``, fp32 SDPA) and the kernels' (``backend="cuda",
+  prefill="packed"``: the write kernel fills the planes, then every position attends to the packed
+  cache up to itself with the decode kernel, one launch of 2048 queries per layer, q in fp16).
+  During the golden forward a kernel cache gets the same K/V at every layer: its bytes are compared
+  with the golden store's, and its attention output, SDPA fp32 (the golden's), SDPA fp16 and SDPA
+  bf16 are compared with float64 attention over the same reconstructions (relative Frobenius
+  error per layer). The kernels' forward is also run with 2 and 4 KV splits, which changes nothing
+  but the order of the fp32 accumulation: the spread of those perplexities is the floor of the
+  comparison. ``floor`` (CPU) measures the same floor on the golden forward
+  (bench/results/hf_floor_cpu.json).
+* ``generation``: greedy 64 tokens from a chat prompt, packed cache (kernels, prompt prefilled on
+  its unquantized K/V) vs the 16-bit cache; how many of the 64 agree, and the texts (decoded by
+  ``report`` on the CPU).
 * ``speed``: random bf16 weights at the Llama-3-8B shape (32 layers, 32 q / 8 kv heads, head_dim
-  128) and the Qwen2.5-7B shape (28 layers, 28 q / 4 kv heads): whole-model decode step latency
-  (one token per sequence, eager PyTorch, CUDA events, median of timed steps) at batch 1/8/32 x
-  context 4K/32K/128K for the packed cache and the bf16 cache + SDPA; the attention share of the
+  128): whole-model decode step latency (one token per sequence, the step captured in a CUDA graph
+  and replayed, CUDA events, median of 10 replays; eager once at batch 1 / 4K) at batch 1/8/32 x
+  context 4K/32K/128K for the packed caches and the bf16 cache + SDPA; the attention share of the
   step is ``1 - t_null / t`` where ``t_null`` is the same step with an attention function that
   returns zeros (the cache write still runs). Cache contents: the planes as allocated (zeros),
   declared full with ``PackedCache.set_length``; timing does not depend on values.
@@ -38,8 +47,10 @@ The ``gguf`` wheel (pure Python; not on the device image) is carried and install
 
 Usage:
     python bench/hf_bench.py prep  --out DIR      # here: token ids, GGUF parts, gguf wheel
-    python bench/hf_bench.py run   --data DIR --out OUT.json [--quick]     # on the GPU machine
-    python bench/hf_bench.py report               # here: texts, README table, plot
+    python bench/hf_bench.py run   --data DIR --out OUT.json [--parts qs] [--smoke]   # on the GPU machine
+    python bench/hf_bench.py merge A.json B.json  # here: into bench/results/hf_bench.json
+    python bench/hf_bench.py report               # here: texts, README tables, plot
+    python bench/hf_bench.py floor --gguf FILE --data DIR   # here: CPU noise floor of the perplexity
 """
 
 from __future__ import annotations
@@ -62,8 +73,9 @@ RESULTS = REPO / "bench" / "results" / "hf_bench.json"
 PLOT = REPO / "bench" / "results" / "hf_bench.png"
 CALIB = REPO / "bench" / "calib" / "smollm2-135m.npz"
 GEN_TOKENS = 64
-#: accuracy.json configuration -> policy spec (only what today's kernels serve: K = V format, b = 3)
-PPL_CONFIGS = {"midrise-max-near+C": "K3V3+C", "midrise-max-near": "K3V3"}
+#: accuracy.json configuration -> policy spec
+PPL_CONFIGS = {"midrise-max-near": "K3V3", "midrise-max-near+C+S4": "K3V3+C+S4",
+               "K4V3-midrise-max-near+C+S4": "K4V3+C+S4"}
 SHAPES = {
     "llama-3-8b": dict(family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
@@ -74,7 +86,8 @@ SHAPES = {
 }
 BATCHES = (1, 8, 32)
 CONTEXTS = (4096, 32768, 131072)
-CACHES = {"bf16": "fp16", "K3V3": "K3V3"}     # name -> policy spec ("fp16" = the 16-bit cache)
+CACHES = {"bf16": "fp16", "K3V3": "K3V3", "K4V3+C+S4": "K4V3+C+S4"}   # name -> spec ("fp16": 16-bit)
+SPEED_SHAPES = ("llama-3-8b",)                 # timed shapes (SHAPES lists the second one too)
 MAX_BATCH = 256                                # concurrency search limit
 RESERVE = 6 << 30                              # bytes kept free for activations / workspaces
 
@@ -128,11 +141,15 @@ def load_smollm2(gguf: Path):
     return m.eval().cuda()
 
 
-def run_ppl(model, toks, log):
-    """Teacher-forced perplexity through the kernels vs the golden fake-quant forward."""
+def _rel(a, ref):
+    return float((a.double() - ref).norm() / ref.norm())
+
+
+def run_ppl(model, toks, log, calib_mu):
+    """Teacher-forced perplexity through the kernels vs the golden fake-quant forward, and the
+    kernels' attention error at every layer on the golden forward's own K/V."""
     import torch
     from gpu_ref import hf
-    calib = np.load(CALIB)
     ids = torch.tensor(toks, device="cuda")[None]
     n = ids.shape[1]
     acc = {}
@@ -150,54 +167,94 @@ def run_ppl(model, toks, log):
         out["fp16"] = {"spec": "fp16", "ppl_16bit_cache_forward": ppl_of(model(ids, past_key_values=c).logits),
                        "ppl_cpu_accuracy_json": acc.get("fp16", {}).get("ppl_2048")}
         for name, spec in PPL_CONFIGS.items():
-            mu = calib["mu"]
+            mu = calib_mu if "+C" in spec else None
+            # (1) golden fake-quant forward; at every layer the kernels get the same K/V (bytes
+            # compared below) and attend with the same queries (errors against float64 recorded)
             g = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="golden", prefill="packed")
-            p_gold = ppl_of(model(ids, past_key_values=g).logits)
-            k = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="cuda")
-            seen = [[] for _ in k.layers]
-            for layer, rec in zip(k.layers, seen):
-                def update(kk, vv, *a, _orig=layer.update, _rec=rec, **kw):
-                    _rec.append((kk, vv))
+            side = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="cuda", prefill="packed")
+            errs = []
+            for lg, lk in zip(g.layers, side.layers):
+                def update(kk, vv, *a, _orig=lg.update, _k=lk, **kw):
+                    _k.update(kk, vv)
                     return _orig(kk, vv, *a, **kw)
-                layer.update = update
+
+                def attend_chunk(query, scaling, _orig=lg.attend_chunk, _g=lg, _k=lk):
+                    o = _orig(query, scaling)                               # [B, T, Hq, D]
+                    errs.append(_layer_errors(_g, _k, query, scaling, o))
+                    return o
+                lg.update, lg.attend_chunk = update, attend_chunk
             t0 = time.perf_counter()
-            logits = []
-            for i in range(n):
-                logits.append(model(ids[:, i:i + 1], past_key_values=k, logits_to_keep=1).logits)
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            p_k = ppl_of(torch.cat(logits, 1))
-            # the kernels' bytes == the golden store's bytes for the same K/V input, every layer
-            ref = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="golden")
-            same = 0
-            for i, (lk, rec) in enumerate(zip(k.layers, seen)):
-                lg = ref.layers[i]
-                lg.update(torch.cat([r[0] for r in rec], 2), torch.cat([r[1] for r in rec], 2))
-                kv = lk.store.kv
-                s0 = lk.sinks                                   # packed rows start after the sinks
-                same += int(all(np.array_equal(getattr(kv, f"{kind}_{pl}").get()[:, :, :n - s0],
-                                               getattr(lg.store, pl)[kind][:, :, s0:n, 0])
-                                for kind in "kv" for pl in ("codes", "scales")))
-            out[name] = {"spec": spec, "ppl_kernels": p_k, "ppl_golden": p_gold,
-                         "rel_diff": p_k / p_gold - 1,
+            p_gold = ppl_of(model(ids, past_key_values=g).logits)
+            t_gold = time.perf_counter() - t0
+            same = sum(_bytes_equal(lk, lg, n) for lk, lg in zip(side.layers, g.layers))
+            del side
+            # (2) the kernels' own forward: every position attends to the packed cache up to itself
+            # (one decode launch of 2048 queries per layer); num_splits changes only the order of
+            # the fp32 accumulation, so its spread is the floor of this comparison
+            p_k = {}
+            for splits in (None, 2, 4):
+                k = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="cuda", prefill="packed")
+                for l in k.layers:
+                    l.chunk_splits = splits
+                t0 = time.perf_counter()
+                p_k[str(splits or 1)] = ppl_of(model(ids, past_key_values=k).logits)
+                torch.cuda.synchronize()
+                t_k = time.perf_counter() - t0
+                del k
+            pk = p_k["1"]
+            e = np.array([[x[key] for key in ERR_KEYS] for x in errs])
+            out[name] = {"spec": spec, "ppl_kernels": pk, "ppl_golden": p_gold, "rel_diff": pk / p_gold - 1,
+                         "ppl_kernels_by_splits": p_k,
+                         "splits_spread": (max(p_k.values()) - min(p_k.values())) / pk,
                          "ppl_cpu_accuracy_json": acc.get(name, {}).get("ppl_2048"),
-                         "layers_bytes_equal_golden": same, "layers": len(k.layers),
-                         "steps": n, "seconds": dt}
-            log(f"ppl {name}: kernels {p_k:.4f} golden {p_gold:.4f} ({100 * (p_k / p_gold - 1):+.3f}%) "
-                f"bytes equal in {same}/{len(k.layers)} layers, {dt:.1f} s")
+                         "layers_bytes_equal_golden": same, "layers": len(g.layers), "tokens": n,
+                         "attn_rel_err_vs_float64": {key: e[:, i].tolist() for i, key in enumerate(ERR_KEYS)},
+                         "seconds_golden": t_gold, "seconds_kernels": t_k}
+            log(f"ppl {name}: kernels {pk:.4f} (splits 2: {p_k['2']:.4f}, 4: {p_k['4']:.4f}) golden {p_gold:.4f} "
+                f"({100 * (pk / p_gold - 1):+.3f}%) bytes equal in {same}/{len(g.layers)} layers; attention "
+                "error vs float64, max over layers: " + ", ".join(f"{k} {e[:, i].max():.2e}" for i, k in enumerate(ERR_KEYS)))
     return out
 
 
-def run_generation(model, prompt, log):
+#: attention outputs compared with the float64 attention over the same reconstructions
+ERR_KEYS = ("kernels", "sdpa_fp32", "sdpa_fp16", "sdpa_bf16")
+
+
+def _layer_errors(lg, lk, query, scaling, o_gold):
+    """Relative error against float64 of the kernels' chunk attention and of SDPA in fp32 / fp16 /
+    bf16 over the golden reconstructions (same queries, same K/V)."""
+    import torch
+    f = torch.nn.functional.scaled_dot_product_attention
+    b, hq, t, d = query.shape
+    n = lg.length
+    rep = hq // lg.num_kv_heads
+    kh = lg.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
+    vh = lg.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
+    mask = torch.arange(n, device=query.device)[None, :] <= torch.arange(n - t, n, device=query.device)[:, None]
+    ref = f(query.double(), kh.double(), vh.double(), attn_mask=mask, scale=scaling).transpose(1, 2)
+    r = {"kernels": _rel(lk.attend_chunk(query, scaling), ref), "sdpa_fp32": _rel(o_gold, ref)}
+    for key, dt in (("sdpa_fp16", torch.float16), ("sdpa_bf16", torch.bfloat16)):
+        r[key] = _rel(f(query.to(dt), kh.to(dt), vh.to(dt), attn_mask=mask, scale=scaling).transpose(1, 2), ref)
+    return r
+
+
+def _bytes_equal(lk, lg, n):
+    """The kernels' planes == the golden store's codes and scales (packed rows after the sinks)."""
+    kv, s0 = lk.store.kv, lk.sinks
+    return int(all(np.array_equal(getattr(kv, f"{kind}_{pl}").get()[:, :, :n - s0],
+                                  getattr(lg.store, pl)[kind][:, :, s0:n, 0])
+                   for kind in "kv" for pl in ("codes", "scales")))
+
+
+def run_generation(model, prompt, log, calib_mu):
     import torch
     from gpu_ref import hf
-    calib = np.load(CALIB)
     ids = torch.tensor(prompt, device="cuda")[None]
     cap = ids.shape[1] + GEN_TOKENS + 16
     out = {}
-    for name, spec, mu in (("16bit", "fp16", None), ("K3V3+C", "K3V3+C", calib["mu"]),
-                           ("K3V3", "K3V3", None)):
-        c = hf.PackedCache(model.config, spec, 1, cap, mu=mu, backend="cuda")
+    for spec in ("fp16",) + tuple(PPL_CONFIGS.values()):
+        name = "16bit" if spec == "fp16" else spec
+        c = hf.PackedCache(model.config, spec, 1, cap, mu=calib_mu if "+C" in spec else None, backend="cuda")
         t0 = time.perf_counter()
         with torch.no_grad():
             g = model.generate(ids, past_key_values=c, max_new_tokens=GEN_TOKENS, min_new_tokens=GEN_TOKENS,
@@ -206,7 +263,9 @@ def run_generation(model, prompt, log):
         out[name] = {"spec": spec, "tokens": g[0, ids.shape[1]:].tolist(), "seconds": time.perf_counter() - t0,
                      "cache_bytes": c.nbytes()}
     base = out["16bit"]["tokens"]
-    for name in ("K3V3+C", "K3V3"):
+    for name in out:
+        if name == "16bit":
+            continue
         t = out[name]["tokens"]
         out[name]["agree"] = sum(a == b for a, b in zip(t, base))
         out[name]["first_diff"] = next((i for i, (a, b) in enumerate(zip(t, base)) if a != b), len(t))
@@ -240,12 +299,35 @@ def _per_seq_bytes(cfg, spec, ctx):
     return (bits + flags) // 8
 
 
-def step_time(model, spec, batch, ctx, steps, null=False):
-    """Median ms of one decode step at (batch, ctx), and the cache bytes."""
+def _graph_time(fn, steps):
+    """Median ms of one replay of ``fn`` captured in a CUDA graph (two eager warm-up calls on a
+    side stream first, as torch.cuda.graph asks)."""
+    import torch
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = _sync_time(g.replay, steps, warm=3)
+    del g
+    return ms
+
+
+def step_time(model, spec, batch, ctx, steps, null=False, eager=False):
+    """Median ms of one decode step at (batch, ctx) (CUDA-graph replay; ``eager``: also eager), and
+    the cache bytes. Each step appends at position ctx and attends over ctx + 1 tokens; the step
+    ends by declaring the length ctx again (captured too), so every replay does the same work."""
     import torch
     from gpu_ref import hf
-    c = hf.PackedCache(model.config, spec, batch, ctx + 64, backend="cuda")
+    L, _, kvh, d = hf._shape(model.config)
+    mu = np.zeros((L, kvh, d), np.float32) if "+C" in spec else None
+    c = hf.PackedCache(model.config, spec, batch, ctx + 64, mu=mu, backend="cuda")
     ids = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
+    r = {}
     with torch.no_grad():
         model(ids, past_key_values=c, logits_to_keep=1)              # initializes every layer
         c.set_length(ctx)
@@ -256,13 +338,15 @@ def step_time(model, spec, batch, ctx, steps, null=False):
         if null:
             model.set_attn_implementation("fwht_null")
         try:
-            ms = _sync_time(one, steps)
+            if eager:
+                r["eager_ms"] = _sync_time(one, steps)
+            r["ms"] = _graph_time(one, steps)
         finally:
             model.set_attn_implementation(hf.ATTN_NAME)
-    nb = c.nbytes()
+    r["bytes"] = c.nbytes()
     del c
     _free()
-    return ms, nb
+    return r
 
 
 def _free():
@@ -272,23 +356,43 @@ def _free():
     torch.cuda.empty_cache()
 
 
+SMOKE = False
+
+
+def _tiny_model():
+    """--smoke: a 2-layer random Llama of SmolLM2's head shape (fp32), 256 tokens, mu = 0."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=512, hidden_size=576, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=512)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).eval().cuda()
+    rng = np.random.default_rng(0)
+    toks = {"eval": rng.integers(0, 512, 256), "prompt": rng.integers(0, 512, 20)}
+    return m, toks, np.zeros((2, 3, 64), np.float32)
+
+
 def _smoke():
-    """--smoke: 2-layer versions of the shapes, short contexts (checks the code path in seconds)."""
-    global BATCHES, CONTEXTS
+    """--smoke: 2-layer versions of the shapes, short contexts, a tiny random model for the
+    perplexity code (checks the code path in seconds)."""
+    global BATCHES, CONTEXTS, SMOKE
+    SMOKE = True
     for kw in SHAPES.values():
         kw["num_hidden_layers"] = 2
     BATCHES, CONTEXTS = (1, 4), (1024, 4096)
 
 
-def run_speed(log, quick=False):
+def run_speed(log, quick=False, rows=None, conc=None, save=lambda: None):
     import torch
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from gpu_ref import hf
     AttentionInterface.register("fwht_null", _null_attention)
     AttentionMaskInterface.register("fwht_null", sdpa_mask)
-    rows, conc = [], []
-    for shape in SHAPES:
+    rows = [] if rows is None else rows
+    conc = [] if conc is None else conc
+    steps = 5 if quick else 10
+    for shape in SPEED_SHAPES:
         model = _random_model(shape)
         hf.enable(model)
         torch.cuda.empty_cache()
@@ -304,15 +408,19 @@ def run_speed(log, quick=False):
                         rows.append(r)
                         log(f"{shape} {cname} B{b} T{ctx}: {r['skipped']}")
                         continue
-                    steps = 4 if quick else 8
-                    ms, nb = step_time(model, spec, b, ctx, steps)
-                    ms0, _ = step_time(model, spec, b, ctx, steps, null=True)
-                    r.update(step_ms=ms, tokens_per_s=b * 1e3 / ms, null_attn_step_ms=ms0,
-                             attn_share=max(0.0, 1 - ms0 / ms), cache_bytes=nb)
+                    t = step_time(model, spec, b, ctx, steps, eager=(b == 1 and ctx == CONTEXTS[0]))
+                    t0 = step_time(model, spec, b, ctx, steps, null=True)
+                    ms = t["ms"]
+                    r.update(step_ms=ms, tokens_per_s=b * 1e3 / ms, null_attn_step_ms=t0["ms"],
+                             attn_share=max(0.0, 1 - t0["ms"] / ms), cache_bytes=t["bytes"])
+                    if "eager_ms" in t:
+                        r["eager_step_ms"] = t["eager_ms"]
                     rows.append(r)
+                    save()
                     torch.cuda.empty_cache()
-                    log(f"{shape} {cname} B{b} T{ctx}: {ms:.2f} ms/step, {b * 1e3 / ms:.0f} tok/s, "
-                        f"attention {100 * r['attn_share']:.0f}%")
+                    log(f"{shape} {cname} B{b} T{ctx}: {ms:.2f} ms/step (graph), {b * 1e3 / ms:.0f} tok/s, "
+                        f"attention {100 * r['attn_share']:.0f}%"
+                        + (f"; eager {t['eager_ms']:.2f} ms" if "eager_ms" in t else ""))
             # concurrency at 128K
             ctx = max(CONTEXTS)
             per = _per_seq_bytes(model.config, spec, ctx)
@@ -322,8 +430,9 @@ def run_speed(log, quick=False):
                      weights_gib=wbytes / 2 ** 30, free_gib=free / 2 ** 30, max_batch=bmax)
             while bmax >= 1:
                 try:
-                    ms, nb = step_time(model, spec, bmax, ctx, 3 if quick else 5)
-                    r.update(max_batch=bmax, step_ms=ms, tokens_per_s=bmax * 1e3 / ms, cache_bytes=nb)
+                    t = step_time(model, spec, bmax, ctx, 3 if quick else 5)
+                    r.update(max_batch=bmax, step_ms=t["ms"], tokens_per_s=bmax * 1e3 / t["ms"],
+                             cache_bytes=t["bytes"])
                     break
                 except Exception as err:  # torch or CuPy out of memory
                     if "memory" not in str(err).lower():
@@ -331,6 +440,7 @@ def run_speed(log, quick=False):
                     _free()
                     bmax -= 1
             conc.append(r)
+            save()
             torch.cuda.empty_cache()
             log(f"{shape} {cname} concurrency at 128K: batch {r['max_batch']}, "
                 f"{r.get('tokens_per_s', 0):.0f} tok/s")
@@ -339,17 +449,8 @@ def run_speed(log, quick=False):
     return rows, conc
 
 
-def _policy_api_configs():
-    """With issue 10's kernels (gpu_ref policy API): also K4/V3 and 4 sink tokens."""
-    from gpu_ref import hf
-    if hf.gpu_api() == "policy":
-        PPL_CONFIGS.update({"midrise-max-near+C+S4": "K3V3+C+S4", "K4V3-midrise-max-near+C+S4": "K4V3+C+S4"})
-        CACHES.update({"K4V3": "K4V3", "K3V3+S4": "K3V3+S4"})
-
-
 def device_run(data: Path, out: Path, quick: bool, parts: str):
     import torch
-    _policy_api_configs()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import transformers
@@ -362,21 +463,75 @@ def device_run(data: Path, out: Path, quick: bool, parts: str):
     from gpu_ref import hf
     hf.enable()
     if "q" in parts:
-        toks = np.load(data / "tokens.npz")
-        gguf = data / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        model = load_smollm2(gguf)
+        if SMOKE:                                    # the code path on a 2-layer random model
+            model, toks, mu = _tiny_model()
+        else:
+            toks = dict(np.load(data / "tokens.npz"))
+            model = load_smollm2(data / "SmolLM2-135M-Instruct.Q4_1.gguf")
+            mu = np.load(CALIB)["mu"]
         hf.enable(model)
-        res["ppl"] = run_ppl(model, toks["eval"], log)
+        res["ppl"] = run_ppl(model, toks["eval"], log, mu)
         out.write_text(json.dumps(res, indent=1))
-        res["generation"] = run_generation(model, toks["prompt"].tolist(), log)
+        res["generation"] = run_generation(model, toks["prompt"].tolist(), log, mu)
         out.write_text(json.dumps(res, indent=1))
         del model
         torch.cuda.empty_cache()
     if "s" in parts:
-        res["speed"], res["concurrency"] = run_speed(log, quick)
+        res["speed"], res["concurrency"] = [], []
+        run_speed(log, quick, res["speed"], res["concurrency"],
+                  save=lambda: out.write_text(json.dumps(dict(res, log=lines), indent=1)))
     res["seconds"] = time.time() - t0
     res["log"] = lines
     out.write_text(json.dumps(res, indent=1))
+
+
+# =========================================================================== noise floor (CPU)
+FLOOR = REPO / "bench" / "results" / "hf_floor_cpu.json"
+#: variants of the golden fake-quant forward: (name, q rounded to fp16, relative noise on the
+#: attention output, seed)
+FLOOR_VARIANTS = (("golden", False, 0.0, 0), ("q_fp16", True, 0.0, 0), ("noise1e-6_s1", False, 1e-6, 1),
+                  ("noise1e-6_s2", False, 1e-6, 2), ("noise1e-7_s1", False, 1e-7, 1),
+                  ("noise1e-7_s2", False, 1e-7, 2))
+
+
+def floor(gguf: Path, tokens: Path, specs, threads: int = 2):
+    """How far float-level changes move the 3-bit perplexity of one 2048-token window: the golden
+    fake-quant forward (CPU, fp32) as is, with q rounded to fp16 (the decode kernel's input), and
+    with the attention outputs multiplied by ``1 + eps * N(0, 1)`` (eps = 1e-6, 1e-7: a few fp32
+    ulps). Writes bench/results/hf_floor_cpu.json (one entry per spec and variant, kept across runs)."""
+    import torch
+    from gpu_ref import hf
+    torch.set_num_threads(threads)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    hf.enable(model)
+    ids = torch.tensor(np.load(tokens)["eval"])[None]
+    mu = np.load(CALIB)["mu"]
+    res = json.loads(FLOOR.read_text()) if FLOOR.exists() else {}
+    res["meta"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
+                   "threads": threads, "tokens": int(ids.shape[1])}
+    orig = hf.PackedLayer.attend_chunk
+    try:
+        for spec in specs:
+            for name, q16, eps, seed in FLOOR_VARIANTS:
+                gen = torch.Generator().manual_seed(seed)
+
+                def attend_chunk(self, query, scaling, _q16=q16, _eps=eps, _g=gen):
+                    o = orig(self, query.half().float() if _q16 else query, scaling)
+                    return o * (1 + _eps * torch.randn(o.shape, generator=_g)) if _eps else o
+                hf.PackedLayer.attend_chunk = attend_chunk
+                c = hf.PackedCache(model.config, spec, 1, ids.shape[1], mu=mu if "+C" in spec else None,
+                                   backend="golden", prefill="packed")
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    lg = model(ids, past_key_values=c).logits
+                ce = torch.nn.functional.cross_entropy(lg[0, :-1].float(), ids[0, 1:])
+                res.setdefault(spec, {})[name] = math.exp(float(ce))
+                print(f"{spec} {name}: ppl {res[spec][name]:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+                FLOOR.write_text(json.dumps(res, indent=1))
+    finally:
+        hf.PackedLayer.attend_chunk = orig
 
 
 # =========================================================================== report (CPU)
@@ -400,13 +555,27 @@ def tables(r) -> list:
     """Markdown tables (perplexity, speed, concurrency) of a results dict."""
     lines = []
     if "ppl" in r:
-        lines.append("| configuration | policy | ppl through the kernels | golden fake-quant (same run) | rel. diff | CPU accuracy.json |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("| configuration | policy | ppl through the kernels (splits 1 / 2 / 4) | golden fake-quant "
+                     "(same run) | rel. diff | bytes equal golden | CPU accuracy.json |")
+        lines.append("|---|---|---|---|---|---|---|")
         for name, x in r["ppl"].items():
             if name == "fp16":
                 continue
-            lines.append(f"| {name} | {x['spec']} | {x['ppl_kernels']:.3f} | {x['ppl_golden']:.3f} | "
-                         f"{100 * x['rel_diff']:+.3f}% | {x['ppl_cpu_accuracy_json']:.3f} |")
+            by = x["ppl_kernels_by_splits"]
+            cpu = x["ppl_cpu_accuracy_json"]
+            lines.append(f"| {name} | {x['spec']} | {' / '.join(f'{by[k]:.3f}' for k in ('1', '2', '4'))} | "
+                         f"{x['ppl_golden']:.3f} | {100 * x['rel_diff']:+.3f}% | {x['layers_bytes_equal_golden']}/"
+                         f"{x['layers']} | {'' if cpu is None else f'{cpu:.3f}'} |")
+        lines.append("")
+        lines.append("| policy | " + " | ".join(f"attention error vs float64: {k} (median / max over layers)"
+                                                 for k in ERR_KEYS) + " |")
+        lines.append("|---|" + "---|" * len(ERR_KEYS))
+        for name, x in r["ppl"].items():
+            if name == "fp16":
+                continue
+            e = x["attn_rel_err_vs_float64"]
+            lines.append(f"| {x['spec']} | " + " | ".join(f"{np.median(e[k]):.1e} / {max(e[k]):.1e}" for k in ERR_KEYS)
+                         + " |")
     if "speed" in r:
         caches = list(dict.fromkeys(x["cache"] for x in r["speed"]))        # bf16 first, as run
         packed = [c for c in caches if c != "bf16"]
@@ -442,8 +611,9 @@ def _plot(r):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(SHAPES), figsize=(6 * len(SHAPES), 4.2))
-    for ax, shape in zip(np.atleast_1d(axes), SHAPES):
+    shapes = list(dict.fromkeys(x["shape"] for x in r["speed"]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.2), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
         caches = list(dict.fromkeys(x["cache"] for x in r["speed"]))
         for cache in caches:
             mk = "o--" if cache == "bf16" else "s-"
@@ -464,7 +634,10 @@ def _plot(r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cmd", choices=("prep", "run", "report"))
+    ap.add_argument("cmd", choices=("prep", "run", "report", "merge", "floor"))
+    ap.add_argument("--gguf", type=Path, help="floor: the SmolLM2 GGUF file")
+    ap.add_argument("--specs", default=",".join(PPL_CONFIGS.values()), help="floor: policy specs")
+    ap.add_argument("inputs", nargs="*", type=Path, help="merge: result files, later ones win per key")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--data", type=Path)
     ap.add_argument("--quick", action="store_true")
@@ -477,6 +650,16 @@ def main(argv=None):
         if a.smoke:
             _smoke()
         device_run(a.data, a.out or RESULTS, a.quick, a.parts)
+    elif a.cmd == "floor":
+        floor(a.gguf, a.data / "tokens.npz", a.specs.split(","))
+    elif a.cmd == "merge":
+        res = {}
+        for f in a.inputs:
+            r = json.loads(f.read_text())
+            res.setdefault("log", []).extend(r.pop("log", []))
+            res["seconds"] = res.get("seconds", 0) + r.pop("seconds", 0)
+            res.update(r)
+        (a.out or RESULTS).write_text(json.dumps(res, indent=1))
     else:
         report()
     return 0
