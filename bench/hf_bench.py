@@ -218,6 +218,8 @@ def run_ppl(model, toks, log, calib_mu):
 
 #: attention outputs compared with the float64 attention over the same reconstructions
 ERR_KEYS = ("kernels", "sdpa_fp32", "sdpa_fp16", "sdpa_bf16")
+ERR_HEADS = {"kernels": "kernels", "sdpa_fp32": "SDPA fp32 (the golden forward)", "sdpa_fp16": "SDPA fp16",
+             "sdpa_bf16": "SDPA bf16"}
 
 
 def _layer_errors(lg, lk, query, scaling, o_gold):
@@ -567,8 +569,7 @@ def tables(r) -> list:
                          f"{x['ppl_golden']:.3f} | {100 * x['rel_diff']:+.3f}% | {x['layers_bytes_equal_golden']}/"
                          f"{x['layers']} | {'' if cpu is None else f'{cpu:.3f}'} |")
         lines.append("")
-        lines.append("| policy | " + " | ".join(f"attention error vs float64: {k} (median / max over layers)"
-                                                 for k in ERR_KEYS) + " |")
+        lines.append("| policy | " + " | ".join(ERR_HEADS[k] for k in ERR_KEYS) + " |")
         lines.append("|---|" + "---|" * len(ERR_KEYS))
         for name, x in r["ppl"].items():
             if name == "fp16":
