@@ -210,9 +210,10 @@ def run_ppl(model, toks, log, calib_mu):
                          "layers_bytes_equal_golden": same, "layers": len(g.layers), "tokens": n,
                          "attn_rel_err_vs_float64": {key: e[:, i].tolist() for i, key in enumerate(ERR_KEYS)},
                          "seconds_golden": t_gold, "seconds_kernels": t_k}
+            worst = ", ".join(f"{k} {e[:, i].max():.2e}" for i, k in enumerate(ERR_KEYS))
             log(f"ppl {name}: kernels {pk:.4f} (splits 2: {p_k['2']:.4f}, 4: {p_k['4']:.4f}) golden {p_gold:.4f} "
                 f"({100 * (pk / p_gold - 1):+.3f}%) bytes equal in {same}/{len(g.layers)} layers; attention "
-                "error vs float64, max over layers: " + ", ".join(f"{k} {e[:, i].max():.2e}" for i, k in enumerate(ERR_KEYS)))
+                f"error vs float64, max over layers: {worst}")
     return out
 
 
