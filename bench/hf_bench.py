@@ -609,6 +609,21 @@ def tables(r) -> list:
     return lines
 
 
+def floor_table(f) -> list:
+    """Markdown table of bench/results/hf_floor_cpu.json: the golden forward's perplexity under
+    float-level changes, and their range relative to the unchanged forward."""
+    names = [v[0] for v in FLOOR_VARIANTS]
+    lines = ["| policy | " + " | ".join(n.replace("_", " ") for n in names) + " | range / golden |",
+             "|---|" + "---|" * (len(names) + 1)]
+    for spec, x in f.items():
+        if spec == "meta" or not all(n in x for n in names):
+            continue
+        v = [x[n] for n in names]
+        lines.append(f"| {spec} | " + " | ".join(f"{p:.3f}" for p in v)
+                     + f" | {100 * (max(v) - min(v)) / x['golden']:.1f}% |")
+    return lines
+
+
 def _plot(r):
     import matplotlib
     matplotlib.use("Agg")

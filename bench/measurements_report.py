@@ -125,7 +125,16 @@ def manual_section(m: dict) -> str:
 def hf_section(r: dict) -> str:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from bench.hf_bench import tables          # the same tables as the README's
+    from bench.hf_bench import floor_table, tables          # the same tables as the README's
+    floor = []
+    if (RESULTS / "hf_floor_cpu.json").exists():
+        f = _load("hf_floor_cpu.json")
+        m = f["meta"]
+        floor = [f"`bench/results/hf_floor_cpu.json` (`python bench/hf_bench.py floor`; CPU, torch {m['torch']}, "
+                 f"transformers {m['transformers']}, {m['threads']} threads): the golden fake-quant forward's "
+                 f"perplexity on the same {m['tokens']}-token window as is, with q rounded to fp16, and with "
+                 "its attention outputs multiplied by 1 + eps N(0, 1) (two seeds each).",
+                 "\n".join(floor_table(f))]
     return "\n\n".join([
         "## A Hugging Face model decoding from the packed cache (`bench/hf_bench.py`)",
         f"`bench/results/hf_bench.json`: {r['device']}, torch {r['torch']}, transformers "
@@ -135,6 +144,7 @@ def hf_section(r: dict) -> str:
         "median / max over the layers. Speed: random bf16 weights, one decode step captured in a CUDA graph, "
         "median of 10 replays; concurrency: largest batch of 128K-token sequences that fits.",
         "\n".join(tables(r)),
+        *floor,
     ])
 
 
