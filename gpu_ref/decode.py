@@ -97,7 +97,7 @@ def _smem(kp: FormatParams, vp: FormatParams, stages: int) -> tuple[int, int]:
     wraw = stages * stb + 16 + 2 * nb * 64 * 4
     wacc = 8 * n * 4
     wreg = (max(wraw, wacc + 2048) + 15) // 16 * 16
-    return 4 * wreg + 8 * n * 4 + (40 + 40 + 8 + 8 + 8 + 4) * 4 + 256 * 4, wreg
+    return 4 * wreg + 8 * n * 4 + (32 + 32 + 8 + 8 + 8 + 8 + 32 + 4) * 4 + 256 * 4, wreg
 
 
 def _pages_per_tile(page: int | None) -> int:
@@ -163,6 +163,9 @@ class DecodePlan:
     targs: tuple
     smem: int
     workspace_floats: tuple = field(default=(0, 0, 0))
+    #: split partials the kernel merges: ``num_splits`` token splits plus one sink CTA when ``sinks`` > 0
+    #: (grid y); 1 means the single CTA per (batch, head tile) writes the output with no merge.
+    partials: int = 1
 
     @property
     def workspace_bytes(self) -> int:
@@ -236,7 +239,9 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     ht = (group + 7) // 8
     pairs = bsz * kvh * ht
     targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size)
-    max_splits = min(wreg // 64, 65535)  # the last CTA stages (m, l) of every split in one warp region
+    # the last CTA stages (m, l) of every partial in one warp region; a plan with sinks has one more
+    # partial (the sink CTA) than token splits
+    max_splits = min(wreg // 64, 65535) - (1 if s else 0)
     if num_splits is None:
         if num_sms is None:
             num_sms = cupy().cuda.Device().attributes["MultiProcessorCount"]
@@ -253,10 +258,11 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     chunk = -(-chunk // TT) * TT
     ns = max(1, -(-max(packed, 1) // chunk))
     n = kp.n
+    parts = ns + (1 if s else 0)
     return DecodePlan(k_params=kp, v_params=vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=maxlen,
                       capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns, chunk=chunk,
                       head_tiles=ht, targs=targs, smem=smem,
-                      workspace_floats=(pairs * ns * 8 * n, pairs * ns * 16, pairs))
+                      workspace_floats=(pairs * parts * 8 * n, pairs * parts * 16, pairs), partials=parts)
 
 
 def _check_plane(name, a, width, lead, cp):
@@ -339,6 +345,8 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
             if a.dtype not in (cp.float16, cp.uint16) or a.shape != (pl.batch, pl.kv_heads, pl.sinks, n):
                 raise ValueError(f"{name} must be float16/uint16 [{pl.batch}, {pl.kv_heads}, {pl.sinks}, {n}], "
                                  f"got {a.dtype} {list(a.shape)}")
+            if a.data.ptr % 16:
+                raise ValueError(f"{name} must be 16-byte aligned")
         sink_args = (k_sink, v_sink)
     qs_arg = np.uint64(0)
     if q_scale is not None:
@@ -365,11 +373,11 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
         scale = 1.0 / math.sqrt(n)
     k = kernel("decode", pl.targs, pl.smem)
     kvh, ht = pl.kv_heads, pl.head_tiles
-    k((pl.batch * kvh * ht, pl.num_splits), (128,),
+    k((pl.batch * kvh * ht, pl.partials), (128,),
       (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, bt_arg, np.int32(bt_cols),
        np.int32(page_shift), np.int64(rows), lengths, sink_args[0], sink_args[1], np.int32(pl.sinks), qs_arg,
        ws.acc, ws.ml, ws.counters, out, np.int32(okind), np.int32(pl.q_heads), np.int32(kvh), np.int32(ht),
-       np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.num_splits), np.int32(pl.chunk),
+       np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.partials), np.int32(pl.chunk),
        np.float32(scale)),
       shared_mem=pl.smem)
     return out
