@@ -675,9 +675,10 @@ class kernel_source:  # noqa: N801 - used as a context manager
         self.b.HERE, self.b._kernels = self.here, {}
 
 
-def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(None,), quick=False):
-    """Decode ms of the current kernel (and of ``baseline``'s source, same planes, timed right after) per
-    variant and split count on one shape, the relative difference of the two outputs, SDPA bf16."""
+def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(None,), quick=False, cluster=False):
+    """Decode ms of the current kernel (and of ``baseline``'s source, or with ``cluster``: of the cluster
+    merge; same planes, timed right after) per variant and split count on one shape, the relative
+    difference of the two outputs, SDPA bf16."""
     import dataclasses
     n = 128
     rows = []
@@ -703,6 +704,12 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             impls = [("new", pl, None)]
             if baseline:  # the previous kernel: sinks inside split 0, grid y = token splits
                 impls.append(("old", dataclasses.replace(pl, partials=pl.num_splits), baseline))
+            if cluster:
+                pc = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
+                                  capacity=cap, num_splits=ns, tune={"cluster": 1})
+                if pc.kind != "decode_cl":
+                    continue
+                impls = [("new", pl, None), ("cl", pc, None)]
             outs = {}
             for name, p_, src in impls:
                 def call(s, p_=p_):
@@ -723,10 +730,11 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                              "packed_bytes": packed, "GBps": packed / (ms * 1e-3) / 1e9, "sets": n_sets})
                 log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} splits {pl.num_splits} {name}: "
                     f"{ms * 1e3:.2f} us, {rows[-1]['GBps']:.0f} GB/s")
-            if "old" in outs:
-                d = float(np.linalg.norm(outs["new"] - outs["old"]) / max(np.linalg.norm(outs["old"]), 1e-30))
-                rows[-1]["rel_diff_new_vs_old"] = rows[-2]["rel_diff_new_vs_old"] = d
-                log(f"    new vs old output: relative difference {d:.2e}")
+            for other in ("old", "cl"):
+                if other in outs:
+                    d = float(np.linalg.norm(outs["new"] - outs[other]) / max(np.linalg.norm(outs["new"]), 1e-30))
+                    rows[-1][f"rel_diff_new_vs_{other}"] = rows[-2][f"rel_diff_new_vs_{other}"] = d
+                    log(f"    new vs {other} output: relative difference {d:.2e}")
         del sets
         free()
     sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
@@ -775,6 +783,18 @@ def run_kernel(a, result, save, t_start):
             log(row["error"])
             free()
         result["decode"].append(row)
+        save()
+    # cluster merge (last: a failure here cannot spoil the rows above)
+    result["decode_cluster"] = []
+    for bsz, t in ((1, 4096), (8, 4096), (8, 131072)):
+        splits = (None, 4) if (bsz, t) == (1, 4096) else (None,)
+        try:
+            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS[:2], splits=splits, quick=a.quick, cluster=True)
+        except Exception:  # noqa: BLE001
+            row = {"batch": bsz, "context": t, "error": traceback.format_exc()}
+            log(row["error"])
+            free()
+        result["decode_cluster"].append(row)
         save()
     result["seconds"] = time.time() - t_start
     save()

@@ -44,8 +44,10 @@ MAX_SINKS = 64
 TT = 64  # tokens per tile
 
 #: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
-#: (profiling only: 1 = no PV, 2 = no QK; gives wrong results).
-DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0}
+#: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: when a plan has 2..8
+#: partials, they run as one thread-block cluster, padded to 2, 4 or 8, and merge in distributed shared
+#: memory instead of the workspace).
+DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0, "cluster": 0}
 
 
 def decode_supported(p: FormatParams) -> bool:
@@ -166,6 +168,8 @@ class DecodePlan:
     #: split partials the kernel merges: ``num_splits`` token splits plus one sink CTA when ``sinks`` > 0
     #: (grid y); 1 means the single CTA per (batch, head tile) writes the output with no merge.
     partials: int = 1
+    #: kernel entry: "decode" (workspace merge) or "decode_cl" (cluster of ``partials`` CTAs, see DECODE_TUNE)
+    kind: str = "decode"
 
     @property
     def workspace_bytes(self) -> int:
@@ -251,6 +255,8 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         want = max(1, -(-packed // (TT * 4 * 2)))
         num_splits = max(1, min(slots // pairs, want)) if pairs < slots else 1
         num_splits = min(num_splits, max_splits)
+        if int(dict(DECODE_TUNE, **(tune or {})).get("cluster", 0)) and num_splits <= 8:
+            num_splits = min(num_splits, 8 - (1 if s else 0))  # the sink CTA still fits in a cluster of 8
     ns = _pos_int("num_splits", num_splits)
     if ns > max_splits:
         raise ValueError(f"num_splits must be in [1, {max_splits}], got {ns}")
@@ -259,10 +265,19 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     ns = max(1, -(-max(packed, 1) // chunk))
     n = kp.n
     parts = ns + (1 if s else 0)
+    kind = "decode"
+    if int(dict(DECODE_TUNE, **(tune or {})).get("cluster", 0)) and 2 <= parts <= 8:
+        cl = 1 << (parts - 1).bit_length()  # cluster size 2, 4 or 8; the extra token splits are empty
+        if num_sms is None:
+            num_sms = cupy().cuda.Device().attributes["MultiProcessorCount"]
+        # the CTAs of a cluster wait for each other: only when the whole grid fits in one wave
+        if pairs * cl <= int(num_sms) * max(1, min(minb, (227 * 1024) // (smem + 1024))):
+            parts, kind, targs = cl, "decode_cl", targs + (str(cl),)
     return DecodePlan(k_params=kp, v_params=vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=maxlen,
                       capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns, chunk=chunk,
                       head_tiles=ht, targs=targs, smem=smem,
-                      workspace_floats=(pairs * parts * 8 * n, pairs * parts * 16, pairs), partials=parts)
+                      workspace_floats=(pairs * parts * 8 * n, pairs * parts * 16, pairs), partials=parts,
+                      kind=kind)
 
 
 def _check_plane(name, a, width, lead, cp):
@@ -371,7 +386,7 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
         raise ValueError("workspace is smaller than the plan needs (use plan.workspace())")
     if scale is None:
         scale = 1.0 / math.sqrt(n)
-    k = kernel("decode", pl.targs, pl.smem)
+    k = kernel(pl.kind, pl.targs, pl.smem)
     kvh, ht = pl.kv_heads, pl.head_tiles
     k((pl.batch * kvh * ht, pl.partials), (128,),
       (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, bt_arg, np.int32(bt_cols),

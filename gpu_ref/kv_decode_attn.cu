@@ -6,7 +6,8 @@
 // Math (sim_models/fwht.py): with y = H D x and H H = N I,
 //   q . k_hat = (H D q) . y_hat_k / N,      o = D H ( sum_t p_t y_hat_v,t ) / N,
 // where y_hat = code * scale (scale per block of G lanes). So the kernel rotates q once
-// (q~ = H D q, fp32 in shared memory), never rotates K or V, and rotates the output back once.
+// (q~ = H D q: each warp rotates two rows in registers with shuffles, then one barrier), never
+// rotates K or V, and rotates the output back once (again in registers).
 //
 // Cache layout (all uint8, 16-byte aligned): page pools (vLLM/FlashInfer convention, HND)
 //   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields)
@@ -14,10 +15,11 @@
 // addressed by a block table [B, max_pages]; the contiguous layout [B, KVH, CAP, *] is one page of
 // CAP rows per sequence (CAP a multiple of 16, so 16-byte copies of a partial tile stay inside).
 // KB, VB (key / value bits) are 3 or 4 each. Optional: fp16/bf16 sink tokens (the first `sinks`
-// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged as one more softmax
-// participant (log-sum-exp), and a per-(kv head, lane) factor on q (1/s of power-of-two key scales).
+// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged as one more split
+// partial (log-sum-exp), computed by their own CTA (the last split) in parallel with the token splits,
+// and a per-(kv head, lane) factor on q (1/s of power-of-two key scales).
 //
-// Work split: grid (B * KVH * HT head tiles, S splits). A CTA of 4 warps handles one
+// Work split: grid (B * KVH * HT head tiles, S partials = token splits + 1 if sinks). A CTA of 4 warps handles one
 // (batch, kv head, tile of <= 8 q heads of its GQA group) over one token range; each warp
 // streams its own 64-token tiles through a STAGES-deep cp.async pipeline in shared memory.
 // Per tile, in registers:
@@ -30,9 +32,11 @@
 //      with exact small-integer fp16 codes (PRMT + LOP3 + HFMA2) and P' = p * v_scale * 2^-E
 //      (E: running max exponent of the V scales, folded into the rescale), transposed into the
 //      B operand with movmatrix.
-// The 4 warps merge in shared memory; splits write fp32 partials (m, l, acc in the rotated
-// domain); the last CTA of a (batch, head tile) (atomic ticket) merges the splits, applies
-// D H / N and writes the output. Nothing but the packed bytes is read from the cache.
+// The 4 warps merge in shared memory. With one partial (S = 1) the CTA normalises, applies D H / N and
+// writes the output. Otherwise the partials (fp32 m, l, acc in the rotated domain) are merged either
+// through the workspace -- the last CTA of a (batch, head tile) (atomic ticket) merges them -- or, in the
+// cluster entry (kv_decode_attn_cl), through distributed shared memory of the cluster of S CTAs.
+// Nothing but the packed bytes (and the sink rows) is read from the cache.
 //
 // Shared definitions: kv_common.cuh (NVRTC gets -I of this folder).
 
@@ -293,6 +297,48 @@ __device__ __forceinline__ void sink_partial(const kv_u16* __restrict__ q, int q
   }
 }
 
+// Output row from the merged rotated-domain sums v (lanes lane + 32 k of one head): o = D H v / N, written
+// as fp16 (out_kind 0), bf16 (1) or fp32 (2) at out + o0 when `write`. The whole warp calls it.
+template <int N, kv_u64 SEED, int HAS_SIGN>
+__device__ __forceinline__ void store_out_row(float (&v)[N / 32], void* out, int out_kind, long long o0, bool write,
+                                              int lane) {
+  fwht_warp<N>(v, lane);
+  if (!write) return;
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) {
+    float x = v[k] * (1.0f / (float)N);
+    if (lane_sign<SEED, HAS_SIGN>(k, lane)) x = -x;
+    const long long o = o0 + lane + 32 * k;
+    if (out_kind == 2) {
+      reinterpret_cast<float*>(out)[o] = x;
+    } else if (out_kind == 1) {
+      unsigned short rb;
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(rb) : "f"(x));
+      reinterpret_cast<kv_u16*>(out)[o] = rb;
+    } else {
+      reinterpret_cast<kv_u16*>(out)[o] = (kv_u16)f2h(x);
+    }
+  }
+}
+
+// Thread-block clusters (sm_90): barrier over every thread of the cluster (release / acquire), this CTA's
+// rank, and a load from the same shared-memory variable in the CTA of rank r (distributed shared memory).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ int cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ float ld_cluster(const float* p, int r) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+  return v;
+}
+
 }  // namespace kv_dec
 
 // MINB: CTAs per SM for the register budget; QLO: also feed the low fp16 part of q~;
@@ -306,19 +352,24 @@ __device__ __forceinline__ void sink_partial(const kv_u16* __restrict__ q, int q
 // lengths[b] counts every token of sequence b; the first `sinks` of them are in the fp16 side planes
 // k_sink, v_sink [B, KVH, sinks, N] (same bits as q), the rest are packed (at most cap of them).
 // q_scale: [KVH, N] factor applied to q (1/s of per-channel key scales s), or null.
-template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
-          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
-__global__ void __launch_bounds__(128, MINB)
-kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
-               const kv_u8* __restrict__ kc, const kv_u8* __restrict__ ks,
-               const kv_u8* __restrict__ vc, const kv_u8* __restrict__ vs,
-               const int* __restrict__ block_table, int max_pages, int page_shift, long long page,
-               const int* __restrict__ lengths,
-               const kv_u16* __restrict__ k_sink, const kv_u16* __restrict__ v_sink, int sinks,
-               const float* __restrict__ q_scale,
-               float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ counters,
-               void* __restrict__ out, int out_kind,
-               int Hq, int KVH, int HT, int group, long long cap, int S, int chunk, float sm_scale) {
+// CL: 0, or the cluster size (2, 4, 8) of the kv_decode_attn_cl entry: the CTAs of one (batch, head tile)
+// form one thread-block cluster (grid y = CL partials) and merge their partials through distributed
+// shared memory instead of the workspace (no fences, tickets or global round trips).
+#define KV_DEC_PARAMS                                                                                    \
+  const kv_u16 *__restrict__ q, int q_bf16, const kv_u8 *__restrict__ kc, const kv_u8 *__restrict__ ks,  \
+      const kv_u8 *__restrict__ vc, const kv_u8 *__restrict__ vs, const int *__restrict__ block_table,   \
+      int max_pages, int page_shift, long long page, const int *__restrict__ lengths,                    \
+      const kv_u16 *__restrict__ k_sink, const kv_u16 *__restrict__ v_sink, int sinks,                   \
+      const float *__restrict__ q_scale, float *__restrict__ part_acc, float *__restrict__ part_ml,       \
+      int *__restrict__ counters, void *__restrict__ out, int out_kind, int Hq, int KVH, int HT, int group, \
+      long long cap, int S, int chunk, float sm_scale
+#define KV_DEC_ARGS                                                                                       \
+  q, q_bf16, kc, ks, vc, vs, block_table, max_pages, page_shift, page, lengths, k_sink, v_sink, sinks, q_scale, \
+      part_acc, part_ml, counters, out, out_kind, Hq, KVH, HT, group, cap, S, chunk, sm_scale
+
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
+          int ABL, int MR, int PSUB, int CL>
+__device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   using namespace kv_dec;
   typedef KvDecCfg<N, G, KB, VB, PSPLIT, STAGES, PSUB> C;
   constexpr int TT = C::TT, CBK = C::CBK, CBV = C::CBV, NB = C::NB, NCH = C::NCH, NMT = C::NMT,
@@ -362,7 +413,8 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     const long long sb = ((long long)b * KVH + kvh) * sinks * N;
     kv_dec::sink_partial<N, SEED, HAS_SIGN, C::SINKV_OFF, C::SINKP_OFF>(
         q + ((long long)b * Hq + h0) * N, q_bf16, q_scale ? q_scale + kvh * N : nullptr, k_sink + sb, v_sink + sb,
-        nsink, nh, sm_scale * LOG2E, smem, qs, part_acc + pidx * 8 * N, part_ml + pidx * 16, tid);
+        nsink, nh, sm_scale * LOG2E, smem, qs, CL ? qs : part_acc + pidx * 8 * N, CL ? hm : part_ml + pidx * 16,
+        tid);
   } else {
   // ---- cp.async pipeline: the first STAGES-1 tiles are requested before the q setup, so their
   // latency overlaps the rotation of q (what dominates short contexts) ----------------------
@@ -788,16 +840,61 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
       if (S == 1) {  // the only partial (no sinks): normalise here, no workspace round trip
         const float M = hm[h], L = hl[h];
         qs[e] = (M > KV_NEG_INF && L > 0.0f) ? a * (1.0f / L) : 0.0f;
+      } else if (CL) {
+        qs[e] = a;  // the partial stays in shared memory (hm, hl: its m, l)
       } else {
         part_acc[pidx * 8 * N + e] = a;
       }
     }
-    if (S > 1 && tid < 8) {
+    if (!CL && S > 1 && tid < 8) {
       part_ml[pidx * 16 + tid] = hm[tid];
       part_ml[pidx * 16 + 8 + tid] = hl[tid];
     }
   }
   }  // token CTA
+
+  if constexpr (CL > 0) {
+    // ---- cluster merge: CTA rank r merges heads r*HPC .. (r+1)*HPC-1 of all CL partials, one warp per head,
+    // reading the other CTAs' qs / hm / hl through distributed shared memory ------------------------------
+    constexpr int HPC = 8 / CL;
+    static_assert(CL == 2 || CL == 4 || CL == 8, "CL");
+    cluster_sync();  // every partial complete and visible in the cluster
+    if (warp < HPC) {
+      const int h = cluster_rank() * HPC + warp;
+      float ms[CL], ls[CL], wt[CL];
+#pragma unroll
+      for (int r = 0; r < CL; ++r) {
+        ms[r] = ld_cluster(hm + h, r);
+        ls[r] = ld_cluster(hl + h, r);
+      }
+      float v[CL][N / 32];
+#pragma unroll
+      for (int r = 0; r < CL; ++r)
+#pragma unroll
+        for (int k = 0; k < N / 32; ++k) v[r][k] = ld_cluster(qs + h * N + lane + 32 * k, r);
+      float M = KV_NEG_INF;
+#pragma unroll
+      for (int r = 0; r < CL; ++r) M = fmaxf(M, ms[r]);
+      float L = 0.0f;
+      if (M > KV_NEG_INF)
+#pragma unroll
+        for (int r = 0; r < CL; ++r)
+          if (ms[r] > KV_NEG_INF) L += ex2(ms[r] - M) * ls[r];
+#pragma unroll
+      for (int r = 0; r < CL; ++r)  // weights as the workspace merge computes them (same rounding)
+        wt[r] = (M > KV_NEG_INF && L > 0.0f && ms[r] > KV_NEG_INF) ? ex2(ms[r] - M) / L : 0.0f;
+      float o[N / 32];
+#pragma unroll
+      for (int k = 0; k < N / 32; ++k) {
+        o[k] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) o[k] += wt[r] * v[r][k];
+      }
+      store_out_row<N, SEED, HAS_SIGN>(o, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane);
+    }
+    cluster_sync();  // no CTA leaves while another reads its shared memory
+    return;
+  }
 
   if (S > 1) {
     __threadfence();
@@ -867,27 +964,22 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     float v[N / 32];
 #pragma unroll
     for (int k = 0; k < N / 32; ++k) v[k] = qs[h * N + lane + 32 * k];
-    kv_dec::fwht_warp<N>(v, lane);
-    if (h < nh) {
-#pragma unroll
-      for (int k = 0; k < N / 32; ++k) {
-        const int l = lane + 32 * k;
-        float x = v[k] * (1.0f / (float)N);
-        if (kv_dec::lane_sign<SEED, HAS_SIGN>(k, lane)) x = -x;
-        const long long o = ((long long)b * Hq + h0 + h) * N + l;
-        if (out_kind == 2) {
-          reinterpret_cast<float*>(out)[o] = x;
-        } else if (out_kind == 1) {
-          unsigned short rb;
-          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(rb) : "f"(x));
-          reinterpret_cast<kv_u16*>(out)[o] = rb;
-        } else {
-          reinterpret_cast<kv_u16*>(out)[o] = (kv_u16)kv_dec::f2h(x);
-        }
-      }
-    }
+    store_out_row<N, SEED, HAS_SIGN>(v, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane);
   }
   if (S > 1 && tid == 0) counters[(long long)b * KVH * HT + hh] = 0;
+}
+
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
+          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
+__global__ void __launch_bounds__(128, MINB) kv_decode_attn(KV_DEC_PARAMS) {
+  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, 0>(KV_DEC_ARGS);
+}
+
+// The same kernel with the CTAs of one (batch, head tile) as one cluster of CL (grid y = CL partials).
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
+          int ABL, int MR, int PSUB, int CL>
+__global__ void __launch_bounds__(128, MINB) __cluster_dims__(1, CL, 1) kv_decode_attn_cl(KV_DEC_PARAMS) {
+  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, CL>(KV_DEC_ARGS);
 }
 
 #ifndef KV_NVRTC
@@ -918,4 +1010,8 @@ KV_DEC_INST(128, 64, 4, 3, 0, 3, 1, 4)
 KV_DEC_INST(128, 64, 3, 3, 0, 3, 0, 2)
 KV_DEC_INST(64, 16, 4, 4, 0, 4, 1, 4)
 KV_DEC_INST(256, 32, 4, 4, 0, 2, 1, 4)
+// cluster merge (CL = 2, 4, 8) for the headline format
+#define KV_DEC_CL(KB_, VB_, CL_) \
+  template __global__ void kv_decode_attn_cl<128, 64, KB_, VB_, 0, 3, 0ull, 1, 2, 1, 0, 1, 1, CL_> KV_DEC_SIG;
+KV_DEC_CL(3, 3, 2) KV_DEC_CL(3, 3, 4) KV_DEC_CL(3, 3, 8) KV_DEC_CL(4, 3, 2) KV_DEC_CL(4, 3, 4) KV_DEC_CL(4, 3, 8)
 #endif
