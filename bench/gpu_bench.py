@@ -27,8 +27,9 @@ and with one q part (``qlo`` 0), at B 1/8/32 x T 4K/32K/128K, GQA 64/8 (32/8 for
 kernel), against SDPA bf16 on the same shapes.
 
 ``--only kernel`` (file gpu_bench_kernel.json, issue 12): write kernel b = 3; decode K3/V3 and K4/V3, plain and
-with 4 sinks, at B 1/8/32 x T 4K..128K (GQA 64/8), split counts at B1/4K, the current kernel and
-(``--baseline DIR``) a previous kv_decode_attn.cu on the same planes in the same run, SDPA bf16.
+with 4 sinks, at B 1/8/32 x T 4K..128K (GQA 64/8), split counts at B1/4K, the current kernel with its
+default plan and (``--baseline DIR``) a previous kv_decode_attn.cu (workspace merge) on the same planes
+in the same run, SDPA bf16; then workspace vs cluster merge where the planner picks the cluster.
 
 Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel] [--baseline DIR]
 """
@@ -698,18 +699,20 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
             sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
         for ns in (splits if vi == 0 else (None,)):  # split counts: first variant only
-            pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                              capacity=cap, num_splits=ns)
-            ws = pl.workspace()
+            def mk(**tune):
+                return gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
+                                    capacity=cap, num_splits=ns, tune=tune or None)
+            pl = mk()  # the defaults (cluster merge where the planner picks it)
+            pw = mk(cluster=0)
+            ws = pw.workspace()
             impls = [("new", pl, None)]
-            if baseline:  # the previous kernel: sinks inside split 0, grid y = token splits
-                impls.append(("old", dataclasses.replace(pl, partials=pl.num_splits), baseline))
+            if baseline:  # the previous kernel: sinks inside split 0, grid y = token splits, workspace merge
+                impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), baseline))
             if cluster:
-                pc = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                                  capacity=cap, num_splits=ns, tune={"cluster": 1})
+                pc = mk(cluster=1)
                 if pc.kind != "decode_cl":
                     continue
-                impls = [("new", pl, None), ("cl", pc, None)]
+                impls = [("ws", pw, None), ("cl", pc, None)]
             outs = {}
             for name, p_, src in impls:
                 def call(s, p_=p_):
@@ -725,16 +728,18 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 finally:
                     if ctx:
                         ctx.__exit__()
-                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "num_splits": pl.num_splits,
-                             "partials": p_.partials, "split_arg": ns, "ms": ms, "all_ms": times, "timing": how,
+                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "num_splits": p_.num_splits,
+                             "partials": p_.partials, "kernel": p_.kind, "split_arg": ns, "ms": ms, "all_ms": times,
+                             "timing": how,
                              "packed_bytes": packed, "GBps": packed / (ms * 1e-3) / 1e9, "sets": n_sets})
-                log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} splits {pl.num_splits} {name}: "
+                log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} splits {p_.num_splits} {p_.kind} {name}: "
                     f"{ms * 1e3:.2f} us, {rows[-1]['GBps']:.0f} GB/s")
+            first = impls[0][0]
             for other in ("old", "cl"):
                 if other in outs:
-                    d = float(np.linalg.norm(outs["new"] - outs[other]) / max(np.linalg.norm(outs["new"]), 1e-30))
-                    rows[-1][f"rel_diff_new_vs_{other}"] = rows[-2][f"rel_diff_new_vs_{other}"] = d
-                    log(f"    new vs {other} output: relative difference {d:.2e}")
+                    d = float(np.linalg.norm(outs[first] - outs[other]) / max(np.linalg.norm(outs[first]), 1e-30))
+                    rows[-1][f"rel_diff_{first}_vs_{other}"] = rows[-2][f"rel_diff_{first}_vs_{other}"] = d
+                    log(f"    {first} vs {other} output: relative difference {d:.2e}")
         del sets
         free()
     sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
@@ -784,10 +789,10 @@ def run_kernel(a, result, save, t_start):
             free()
         result["decode"].append(row)
         save()
-    # cluster merge (last: a failure here cannot spoil the rows above)
+    # workspace merge vs cluster merge on the shapes where the planner picks the cluster
     result["decode_cluster"] = []
-    for bsz, t in ((1, 4096), (8, 4096), (8, 131072)):
-        splits = (None, 4) if (bsz, t) == (1, 4096) else (None,)
+    for bsz, t in ((1, 4096), (2, 4096)):
+        splits = (None, 4, 8) if (bsz, t) == (1, 4096) else (None,)
         try:
             row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS[:2], splits=splits, quick=a.quick, cluster=True)
         except Exception:  # noqa: BLE001

@@ -15,11 +15,14 @@
 // addressed by a block table [B, max_pages]; the contiguous layout [B, KVH, CAP, *] is one page of
 // CAP rows per sequence (CAP a multiple of 16, so 16-byte copies of a partial tile stay inside).
 // KB, VB (key / value bits) are 3 or 4 each. Optional: fp16/bf16 sink tokens (the first `sinks`
-// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged as one more split
-// partial (log-sum-exp), computed by their own CTA (the last split) in parallel with the token splits,
-// and a per-(kv head, lane) factor on q (1/s of power-of-two key scales).
+// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged by log-sum-exp: up to SF = 8
+// of them by the output stage (their rows are copied in with the first tiles; the sink term is added
+// after the back-rotation, where no rotation is needed), more as one more split partial computed by
+// their own CTA (the last split) in parallel with the token splits; and a per-(kv head, lane) factor on q
+// (1/s of power-of-two key scales).
 //
-// Work split: grid (B * KVH * HT head tiles, S partials = token splits + 1 if sinks). A CTA of 4 warps handles one
+// Work split: grid (B * KVH * HT head tiles, S partials = token splits + 1 if sinks > SF). A CTA of 4
+// warps handles one
 // (batch, kv head, tile of <= 8 q heads of its GQA group) over one token range; each warp
 // streams its own 64-token tiles through a STAGES-deep cp.async pipeline in shared memory.
 // Per tile, in registers:
@@ -187,8 +190,12 @@ struct KvDecCfg {
   // hf[4][8] (merge factor per warp and head), last (+3 pad)
   static constexpr int MISC_OFF = QS_OFF + 8 * N * 4;
   static constexpr int LUT_OFF = MISC_OFF + (32 + 32 + 8 + 8 + 8 + 8 + 32 + 4) * 4;  // ue5m3 -> float [256]
-  static constexpr int SMEM = LUT_OFF + 256 * 4;
-  // sink CTA: k/v sink rows (16-bit) staged at 0 and SINKV_OFF, weights [8][64] fp32 at SINKP_OFF
+  // up to SF sink tokens are merged by the output stage: their rows, 16-bit [2][SF][N] (SR_OFF), are copied
+  // in with the first pipeline stage (4 KB at N = 128: K4/V4 still fits 2 CTAs per SM)
+  static constexpr int SF = 8;
+  static constexpr int SR_OFF = LUT_OFF + 256 * 4;
+  static constexpr int SMEM = SR_OFF + 2 * SF * N * 2;
+  // more sinks: the sink CTA stages its rows (16-bit) at 0 and SINKV_OFF, weights [8][64] fp32 at SINKP_OFF
   static constexpr int MAXS = 64;
   static constexpr int SINKV_OFF = MAXS * N * 2;
   static constexpr int SINKP_OFF = 2 * MAXS * N * 2;
@@ -297,17 +304,69 @@ __device__ __forceinline__ void sink_partial(const kv_u16* __restrict__ q, int q
   }
 }
 
-// Output row from the merged rotated-domain sums v (lanes lane + 32 k of one head): o = D H v / N, written
-// as fp16 (out_kind 0), bf16 (1) or fp32 (2) at out + o0 when `write`. The whole warp calls it.
-template <int N, kv_u64 SEED, int HAS_SIGN>
+// Output row of one head from its merged rotated-domain sums v (lanes lane + 32 k), normalised over the
+// packed tokens (their max logit M and sum L, log2 domain): o = D H v / N, then, with ns > 0 sink tokens
+// (<= SF, rows ksr / vsr in shared memory, same 16-bit type as q; qg, qsc: the head's q row and q_scale row
+// or null, read again here -- L1 hits: the prologue read them and the tiles bypass L1), the sinks as
+// one more softmax participant in the output domain (D H / N undoes the rotation, so sum p_s v_s adds as
+// is): o = (2^(M - M') L o + sum_s 2^(x_s - M') v_s) / (2^(M - M') L + sum_s 2^(x_s - M')), M' = max(M, x_s).
+// Written as fp16 (out_kind 0), bf16 (1) or fp32 (2) at out + o0 when `write`. The whole warp calls it.
+template <int N, kv_u64 SEED, int HAS_SIGN, int SF>
 __device__ __forceinline__ void store_out_row(float (&v)[N / 32], void* out, int out_kind, long long o0, bool write,
-                                              int lane) {
+                                              int lane, float M, float L, int ns, const kv_u16* qg,
+                                              const float* qsc, const kv_u16* ksr, const kv_u16* vsr, int q_bf16,
+                                              float kap) {
   fwht_warp<N>(v, lane);
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) {
+    v[k] *= (1.0f / (float)N);
+    if (lane_sign<SEED, HAS_SIGN>(k, lane)) v[k] = -v[k];
+  }
+  if (ns > 0) {
+    auto ld = [&](kv_u16 bits) { return q_bf16 ? __int_as_float((kv_u32)bits << 16) : h2f(bits); };
+    float qv[N / 32];
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) qv[k] = ld(qg[lane + 32 * k]) * (qsc ? qsc[lane + 32 * k] : 1.0f);
+    float x[SF];
+#pragma unroll
+    for (int t = 0; t < SF; ++t) {
+      float d = 0.0f;
+      if (t < ns)
+#pragma unroll
+        for (int k = 0; k < N / 32; ++k) d = fmaf(qv[k], ld(ksr[t * N + lane + 32 * k]), d);
+      x[t] = d;
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+#pragma unroll
+      for (int t = 0; t < SF; ++t) x[t] += __shfl_xor_sync(0xffffffffu, x[t], o);
+    float ms = KV_NEG_INF;
+#pragma unroll
+    for (int t = 0; t < SF; ++t) {
+      x[t] = t < ns ? x[t] * kap : KV_NEG_INF;
+      ms = fmaxf(ms, x[t]);
+    }
+    const float M2 = fmaxf(M, ms);  // finite: ns > 0
+    const float al = (M > KV_NEG_INF && L > 0.0f) ? ex2(M - M2) * L : 0.0f;
+    float L2 = al;
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) v[k] *= al;
+#pragma unroll
+    for (int t = 0; t < SF; ++t)
+      if (t < ns) {
+        const float be = ex2(x[t] - M2);
+        L2 += be;
+#pragma unroll
+        for (int k = 0; k < N / 32; ++k) v[k] = fmaf(be, ld(vsr[t * N + lane + 32 * k]), v[k]);
+      }
+    const float inv = L2 > 0.0f ? 1.0f / L2 : 0.0f;
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) v[k] *= inv;
+  }
   if (!write) return;
 #pragma unroll
   for (int k = 0; k < N / 32; ++k) {
-    float x = v[k] * (1.0f / (float)N);
-    if (lane_sign<SEED, HAS_SIGN>(k, lane)) x = -x;
+    const float x = v[k];
     const long long o = o0 + lane + 32 * k;
     if (out_kind == 2) {
       reinterpret_cast<float*>(out)[o] = x;
@@ -405,10 +464,13 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   int* s_eq = reinterpret_cast<int*>(hl + 8);
   float* hf = reinterpret_cast<float*>(s_eq + 8);
   int* s_last = reinterpret_cast<int*>(hf + 32);
+  const kv_u16* ksr = reinterpret_cast<const kv_u16*>(smem + C::SR_OFF);
+  const kv_u16* vsr = ksr + C::SF * N;
   const long long pidx = ((long long)b * KVH * HT + hh) * S + split;  // this CTA's partial
   const float LOG2E = 1.4426950408889634f;
 
-  if (sinks > 0 && split == S - 1) {
+  const int nfold = sinks <= C::SF ? nsink : 0;  // sink tokens merged by the output stage
+  if (sinks > C::SF && split == S - 1) {
     // ---- the sink CTA: one more partial, in parallel with the token splits ----------------------
     const long long sb = ((long long)b * KVH + kvh) * sinks * N;
     kv_dec::sink_partial<N, SEED, HAS_SIGN, C::SINKV_OFF, C::SINKP_OFF>(
@@ -489,6 +551,13 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     }
   };
 
+  if (nfold > 0) {  // sink rows for the output stage, in the first cp.async group
+    const long long sb = ((long long)b * KVH + kvh) * sinks * N;
+    for (int c = tid; c < nfold * N / 8; c += 128) {
+      cp_async16(smem + C::SR_OFF + 16 * c, reinterpret_cast<const uint4*>(k_sink + sb) + c);
+      cp_async16(smem + C::SR_OFF + C::SF * N * 2 + 16 * c, reinterpret_cast<const uint4*>(v_sink + sb) + c);
+    }
+  }
   int pf[PSUB];  // pages of the next tile to issue
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -890,7 +959,9 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
 #pragma unroll
         for (int r = 0; r < CL; ++r) o[k] += wt[r] * v[r][k];
       }
-      store_out_row<N, SEED, HAS_SIGN>(o, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane);
+      store_out_row<N, SEED, HAS_SIGN, C::SF>(o, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane, M,
+                                              L, nfold, q + ((long long)b * Hq + h0 + h) * N,
+                                              q_scale ? q_scale + kvh * N : nullptr, ksr, vsr, q_bf16, sm_scale * LOG2E);
     }
     cluster_sync();  // no CTA leaves while another reads its shared memory
     return;
@@ -908,16 +979,42 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     __threadfence();
 
     // ---- last CTA: merge the splits ----------------------------------------------------------------
-    // (m, l) of all splits -> shared (warp region 0 is free now), then per-split weights
+    // the partial rows of the first U splits are requested first (they do not depend on the weights), then
+    // (m, l) of all splits -> shared (warp region 0 is free now), per-head max and sum, per-split weights:
+    // one L2 round trip for S <= U
     const long long pbase = ((long long)b * KVH * HT + hh) * S;
+    constexpr int EPT = 8 * N / 128;  // elements per thread
+    constexpr int U = 128 / EPT;      // splits whose rows are in flight together (128 floats per thread)
+    float v[U][EPT];
+    auto load_rows = [&](int s0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float* src = part_acc + (pbase + min(s0 + u, S - 1)) * 8 * N;
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) v[u][k] = __ldcg(src + tid + 128 * k);
+      }
+    };
+    load_rows(0);
     float* sml = reinterpret_cast<float*>(smem);  // [S][16], S * 64 B <= WREG (checked on the host)
-    for (int i = tid; i < S * 16; i += 128) sml[i] = __ldcg(part_ml + pbase * 16 + i);
+    for (int i0 = 0; i0 < S * 16; i0 += 512) {
+      float t[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + tid + 128 * j;
+        t[j] = i < S * 16 ? __ldcg(part_ml + pbase * 16 + i) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (i0 + tid + 128 * j < S * 16) sml[i0 + tid + 128 * j] = t[j];
+    }
     __syncthreads();
     if (tid < 8) {
       float M = KV_NEG_INF;
+#pragma unroll 4
       for (int s = 0; s < S; ++s) M = fmaxf(M, sml[s * 16 + tid]);
       float L = 0.0f;
       if (M > KV_NEG_INF)
+#pragma unroll 4
         for (int s = 0; s < S; ++s) {
           const float ms = sml[s * 16 + tid];
           if (ms > KV_NEG_INF) L += ex2(ms - M) * sml[s * 16 + 8 + tid];
@@ -932,19 +1029,11 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
       sml[s * 16 + 8 + h] = (M > KV_NEG_INF && L > 0.0f && ms > KV_NEG_INF) ? ex2(ms - M) / L : 0.0f;
     }
     __syncthreads();
-    constexpr int EPT = 8 * N / 128;          // elements per thread
-    constexpr int U = EPT >= 16 ? 4 : 64 / EPT;  // splits whose loads are in flight together
     float a[EPT];
 #pragma unroll
     for (int k = 0; k < EPT; ++k) a[k] = 0.0f;
     for (int s0 = 0; s0 < S; s0 += U) {
-      float v[U][EPT];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float* src = part_acc + (pbase + min(s0 + u, S - 1)) * 8 * N;
-#pragma unroll
-        for (int k = 0; k < EPT; ++k) v[u][k] = __ldcg(src + tid + 128 * k);
-      }
+      if (s0 > 0) load_rows(s0);
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (s0 + u < S) {
@@ -964,7 +1053,9 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     float v[N / 32];
 #pragma unroll
     for (int k = 0; k < N / 32; ++k) v[k] = qs[h * N + lane + 32 * k];
-    store_out_row<N, SEED, HAS_SIGN>(v, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane);
+    store_out_row<N, SEED, HAS_SIGN, C::SF>(v, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane, hm[h],
+                                            hl[h], nfold, q + ((long long)b * Hq + h0 + h) * N,
+                                            q_scale ? q_scale + kvh * N : nullptr, ksr, vsr, q_bf16, sm_scale * LOG2E);
   }
   if (S > 1 && tid == 0) counters[(long long)b * KVH * HT + hh] = 0;
 }
