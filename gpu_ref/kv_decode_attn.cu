@@ -306,16 +306,15 @@ __device__ __forceinline__ void sink_partial(const kv_u16* __restrict__ q, int q
 
 // Output row of one head from its merged rotated-domain sums v (lanes lane + 32 k), normalised over the
 // packed tokens (their max logit M and sum L, log2 domain): o = D H v / N, then, with ns > 0 sink tokens
-// (<= SF, rows ksr / vsr in shared memory, same 16-bit type as q; qg, qsc: the head's q row and q_scale row
-// or null, read again here -- L1 hits: the prologue read them and the tiles bypass L1), the sinks as
+// (<= SF, rows ksr / vsr in shared memory, same 16-bit type as q; qv: q * q_scale of the head, requested
+// by the caller before its merge barriers), the sinks as
 // one more softmax participant in the output domain (D H / N undoes the rotation, so sum p_s v_s adds as
 // is): o = (2^(M - M') L o + sum_s 2^(x_s - M') v_s) / (2^(M - M') L + sum_s 2^(x_s - M')), M' = max(M, x_s).
 // Written as fp16 (out_kind 0), bf16 (1) or fp32 (2) at out + o0 when `write`. The whole warp calls it.
 template <int N, kv_u64 SEED, int HAS_SIGN, int SF>
 __device__ __forceinline__ void store_out_row(float (&v)[N / 32], void* out, int out_kind, long long o0, bool write,
-                                              int lane, float M, float L, int ns, const kv_u16* qg,
-                                              const float* qsc, const kv_u16* ksr, const kv_u16* vsr, int q_bf16,
-                                              float kap) {
+                                              int lane, float M, float L, int ns, const float (&qv)[N / 32],
+                                              const kv_u16* ksr, const kv_u16* vsr, int q_bf16, float kap) {
   fwht_warp<N>(v, lane);
 #pragma unroll
   for (int k = 0; k < N / 32; ++k) {
@@ -324,9 +323,6 @@ __device__ __forceinline__ void store_out_row(float (&v)[N / 32], void* out, int
   }
   if (ns > 0) {
     auto ld = [&](kv_u16 bits) { return q_bf16 ? __int_as_float((kv_u32)bits << 16) : h2f(bits); };
-    float qv[N / 32];
-#pragma unroll
-    for (int k = 0; k < N / 32; ++k) qv[k] = ld(qg[lane + 32 * k]) * (qsc ? qsc[lane + 32 * k] : 1.0f);
     float x[SF];
 #pragma unroll
     for (int t = 0; t < SF; ++t) {
@@ -377,6 +373,17 @@ __device__ __forceinline__ void store_out_row(float (&v)[N / 32], void* out, int
     } else {
       reinterpret_cast<kv_u16*>(out)[o] = (kv_u16)f2h(x);
     }
+  }
+}
+
+// q * q_scale of one head (lanes lane + 32 k), for the sink logits of the output stage
+template <int N>
+__device__ __forceinline__ void load_q_row(float (&qv)[N / 32], const kv_u16* qg, const float* qsc, int q_bf16,
+                                           int lane) {
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) {
+    const kv_u32 bits = qg[lane + 32 * k];
+    qv[k] = (q_bf16 ? __int_as_float(bits << 16) : h2f(bits)) * (qsc ? qsc[lane + 32 * k] : 1.0f);
   }
 }
 
@@ -470,6 +477,10 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   const float LOG2E = 1.4426950408889634f;
 
   const int nfold = sinks <= C::SF ? nsink : 0;  // sink tokens merged by the output stage
+  // their q rows (rows 2 warp, 2 warp + 1; cluster merge: the merged head), loaded before the merge barriers
+  float qv[2][N / 32];
+  const float* qsc = q_scale ? q_scale + kvh * N : nullptr;
+  const kv_u16* qb = q + ((long long)b * Hq + h0) * N;
   if (sinks > C::SF && split == S - 1) {
     // ---- the sink CTA: one more partial, in parallel with the token splits ----------------------
     const long long sb = ((long long)b * KVH + kvh) * sinks * N;
@@ -858,6 +869,9 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   }
   cp_async_wait<0>();
   __syncwarp();
+  if (!CL && nfold > 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) load_q_row<N>(qv[r], qb + min(2 * warp + r, nh - 1) * N, qsc, q_bf16, lane);
 
   // ---- merge the 4 warps (shared memory) --------------------------------------------------------
 #pragma unroll
@@ -927,6 +941,7 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     // reading the other CTAs' qs / hm / hl through distributed shared memory ------------------------------
     constexpr int HPC = 8 / CL;
     static_assert(CL == 2 || CL == 4 || CL == 8, "CL");
+    if (nfold > 0 && warp < HPC) load_q_row<N>(qv[0], qb + min(cluster_rank() * HPC + warp, nh - 1) * N, qsc, q_bf16, lane);
     cluster_sync();  // every partial complete and visible in the cluster
     if (warp < HPC) {
       const int h = cluster_rank() * HPC + warp;
@@ -960,8 +975,7 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
         for (int r = 0; r < CL; ++r) o[k] += wt[r] * v[r][k];
       }
       store_out_row<N, SEED, HAS_SIGN, C::SF>(o, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane, M,
-                                              L, nfold, q + ((long long)b * Hq + h0 + h) * N,
-                                              q_scale ? q_scale + kvh * N : nullptr, ksr, vsr, q_bf16, sm_scale * LOG2E);
+                                              L, nfold, qv[0], ksr, vsr, q_bf16, sm_scale * LOG2E);
     }
     cluster_sync();  // no CTA leaves while another reads its shared memory
     return;
@@ -1054,8 +1068,7 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
 #pragma unroll
     for (int k = 0; k < N / 32; ++k) v[k] = qs[h * N + lane + 32 * k];
     store_out_row<N, SEED, HAS_SIGN, C::SF>(v, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane, hm[h],
-                                            hl[h], nfold, q + ((long long)b * Hq + h0 + h) * N,
-                                            q_scale ? q_scale + kvh * N : nullptr, ksr, vsr, q_bf16, sm_scale * LOG2E);
+                                            hl[h], nfold, qv[r], ksr, vsr, q_bf16, sm_scale * LOG2E);
   }
   if (S > 1 && tid == 0) counters[(long long)b * KVH * HT + hh] = 0;
 }
