@@ -28,10 +28,11 @@ kernel), against SDPA bf16 on the same shapes.
 
 ``--only kernel`` (file gpu_bench_kernel.json, issue 12): write kernel b = 3; decode K3/V3 and K4/V3, plain and
 with 4 sinks, at B 1/8/32 x T 4K..128K (GQA 64/8), split counts at B1/4K, the current kernel with its
-default plan and (``--baseline DIR``) a previous kv_decode_attn.cu (workspace merge) on the same planes
-in the same run, SDPA bf16; then workspace vs cluster merge where the planner picks the cluster.
+default plan and (``--baseline old=DIR,NAME=DIR``) previous kv_decode_attn.cu sources on the same planes in the same run
+(``old``: the round-7 kernel, workspace merge), SDPA bf16; then workspace vs cluster merge where the
+planner picks the cluster.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel] [--baseline DIR]
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel] [--baseline NAME=DIR]
 """
 
 from __future__ import annotations
@@ -706,8 +707,11 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             pw = mk(cluster=0)
             ws = pw.workspace()
             impls = [("new", pl, None)]
-            if baseline:  # the previous kernel: sinks inside split 0, grid y = token splits, workspace merge
-                impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), baseline))
+            for bname, bdir in baseline or ():
+                if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
+                    impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), bdir))
+                else:  # an intermediate source with the current plan layout
+                    impls.append((bname, pl, bdir))
             if cluster:
                 pc = mk(cluster=1)
                 if pc.kind != "decode_cl":
@@ -735,7 +739,7 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} splits {p_.num_splits} {p_.kind} {name}: "
                     f"{ms * 1e3:.2f} us, {rows[-1]['GBps']:.0f} GB/s")
             first = impls[0][0]
-            for other in ("old", "cl"):
+            for other in [n for n, _, _ in impls[1:]]:
                 if other in outs:
                     d = float(np.linalg.norm(outs[first] - outs[other]) / max(np.linalg.norm(outs[first]), 1e-30))
                     rows[-1][f"rel_diff_{first}_vs_{other}"] = rows[-2][f"rel_diff_{first}_vs_{other}"] = d
@@ -755,6 +759,9 @@ def run_kernel(a, result, save, t_start):
     at KERNEL_SHAPES (GQA 64/8, N=128), the current kernel and (``--baseline DIR``) a previous source in the
     same run; split counts at B1/4K; SDPA bf16 on each shape."""
     copy_gbs = result["copy"]["GBps"]
+    # --baseline NAME=DIR[,NAME=DIR]: "old" is the round-7 kernel (workspace merge, sinks in split 0)
+    baselines = [tuple(x.split("=", 1)) for x in a.baseline.split(",")] if a.baseline else []
+    result["baselines"] = baselines
     result["write"] = []
     for dt in ("fp16", "bf16"):
         p = qparams("midrise", "nearest", bits=3, dtype=dt)
@@ -780,7 +787,7 @@ def run_kernel(a, result, save, t_start):
     for bsz, t in KERNEL_SHAPES:
         splits = (None, 4, 8, 16, 32) if (bsz, t) == (1, 4096) else (None,)
         try:
-            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS, a.baseline, splits=splits, quick=a.quick)
+            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS, baselines, splits=splits, quick=a.quick)
             for r in row["rows"]:
                 r["pct_copy"] = 100 * r["GBps"] / copy_gbs
         except Exception:  # noqa: BLE001
@@ -814,8 +821,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--baseline", default=None, help="--only kernel: folder with a previous kv_decode_attn.cu "
-                    "(and kv_common.cuh) timed in the same run")
+    ap.add_argument("--baseline", default=None, help="--only kernel: NAME=DIR[,NAME=DIR], folders with previous "
+                    "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = the round-7 kernel")
     ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel"), default="all",
                     help="write: copy ceilings, encode check and the write-kernel timings only (no decode); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
