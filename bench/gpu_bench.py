@@ -710,7 +710,7 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             for bname, bdir in baseline or ():
                 if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
                     impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), bdir))
-                else:  # an intermediate source with the current plan layout
+                elif vi == 0 and ns is None:  # an intermediate source with the current plan layout (first variant)
                     impls.append((bname, pl, bdir))
             if cluster:
                 pc = mk(cluster=1)

@@ -32,10 +32,9 @@
 //      q is carried to ~2^-22), one accumulator per scale block, then times the K scale;
 //   online softmax (exp2, running max) per head;
 //   O^T[16 lanes x 8 heads] += Vcodes^T[16 lanes x 16 tokens] . P'^T[16 tokens x 8 heads]
-//      with the offset codes as exact fp16 subnormals (c+T) 2^(O-24) (PRMT + LOP3 per half2; the row
-//      scale 2^(24-O) and the offset T, via a ones-mma sum of P', are removed once after the loop) and
-//      P' = p * v_scale * 2^-E (E: running max exponent of the V scales, folded into the rescale),
-//      transposed into the B operand with movmatrix.
+//      with exact small-integer fp16 codes (PRMT + LOP3 + HFMA2) and P' = p * v_scale * 2^-E
+//      (E: running max exponent of the V scales, folded into the rescale), transposed into the
+//      B operand with movmatrix.
 // The 4 warps merge in shared memory. With one partial (S = 1) the CTA normalises, applies D H / N and
 // writes the output. Otherwise the partials (fp32 m, l, acc in the rotated domain) are merged either
 // through the workspace -- the last CTA of a (batch, head tile) (atomic ticket) merges them -- or, in the
@@ -79,6 +78,11 @@ __device__ __forceinline__ kv_u32 lop_field(kv_u32 x, kv_u32 a, kv_u32 b) {
   asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(x), "r"(a), "r"(b));
   return d;
 }
+__device__ __forceinline__ kv_u32 hfma2(kv_u32 a, kv_u32 b, kv_u32 c) {
+  kv_u32 d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
 __device__ __forceinline__ kv_u32 movtrans(kv_u32 a) {
   kv_u32 d;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
@@ -99,24 +103,38 @@ __device__ __forceinline__ float scale_f(kv_u32 s) {
   return s >= 8 ? __int_as_float((int)((s << 20) + (120u << 23))) : (float)s * 0.001953125f;
 }
 
-// half2 of the V codes of segment lane J from two tokens' segments (lo <- sx, hi <- sy), VB = 3 or 4 bits,
-// T = 2^(VB-1): PRMT + LOP3 give the fp16 subnormals (c + T) 2^(O - 24) (bit offset O = VB J mod 8; the
-// field's top bit flipped: two's complement -> offset binary c + T in [0, 2^VB); exponent field 0, so no
-// implicit leading 1 -- the tensor cores take subnormal fp16 operands exactly). The end of the token loop
-// scales each output row by 2^(24 - O) and subtracts (T - MR/2) sum_t P'_t (a ones-mma), leaving
-// sum_t P'_t c_t (mid-tread) or sum_t P'_t (c_t + 1/2) (mid-rise).
-template <int J, int VB>
-__device__ __forceinline__ kv_u32 vsub(kv_u32 sx, kv_u32 sy) {
+// fp16 bit pattern of a small non-negative integer (< 2048) or of 2^-k (compile time)
+__host__ __device__ constexpr kv_u32 h_int(int v) {
+  return v == 0 ? 0u : ((kv_u32)(kv_ilog2(v) + 15) << 10) | (((kv_u32)v << (10 - kv_ilog2(v))) & 0x3FFu);
+}
+
+// half2 of the V values of segment lane J from two tokens' segments (lo <- sx, hi <- sy), exact:
+// c (mid-tread) or c + 1/2 (mid-rise, MR = 1), for VB-bit fields (VB = 3 or 4; T = 2^(VB-1)).
+// The LOP3 builds 1024 + (c + T) 2^O (the field's top bit flipped: two's complement -> offset binary),
+// the HFMA2 multiplies by 2^-O and subtracts 2^(10-O) + T. Mid-rise: for O >= 1 the half is the
+// mantissa bit below the field, set by the same LOP3; for O == 0 there is no such bit, so those lanes
+// take one HADD2 of +1/2.
+template <int J, int MR = 0, int VB = 3>
+__device__ __forceinline__ kv_u32 vext(kv_u32 sx, kv_u32 sy) {
   constexpr int BETA = (VB * J) >> 3, O = (VB * J) & 7, T = 1 << (VB - 1), FM = (1 << VB) - 1;
   constexpr int B1 = BETA + 1 < 4 ? BETA + 1 : 3;  // second byte (only read when the field crosses)
   constexpr kv_u32 SEL = BETA | (B1 << 4) | ((BETA + 4) << 8) | ((B1 + 4) << 12);
   constexpr kv_u32 AM = ((kv_u32)FM << O) | ((kv_u32)FM << (16 + O));
-  constexpr kv_u32 TM = ((kv_u32)T << O) | ((kv_u32)T << (16 + O));
-  static_assert(O + VB <= 10, "field inside the fp16 mantissa");
-  return lop_field(__byte_perm(sx, sy, SEL), AM, TM);
+  constexpr kv_u32 HALF = (MR && O > 0) ? ((1u << (O - 1)) | (1u << (15 + O))) : 0u;
+  constexpr kv_u32 BM = ((kv_u32)T << O) | ((kv_u32)T << (16 + O)) | 0x64006400u | HALF;  // exponent of 1024
+  constexpr kv_u32 MUL = ((kv_u32)(15 - O) << 10) * 0x10001u;                                // 2^-O
+  constexpr kv_u32 ADD = (0x8000u | h_int((1 << (10 - O)) + T)) * 0x10001u;                 // -(2^(10-O) + T)
+  static_assert(O + VB <= 10 && (VB == 4 || O + VB <= 16), "field inside the fp16 mantissa");
+  kv_u32 r = __byte_perm(sx, sy, SEL);
+  r = lop_field(r, AM, BM);  // 1024 + (c + T) 2^O  (+ 2^(O-1): mid-rise, O >= 1)
+  r = hfma2(r, MUL, ADD);    // c  (c + 1/2)
+  if (MR && O == 0) {
+    kv_u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(r), "r"(0x38003800u));  // + 1/2, exact
+    r = d;
+  }
+  return r;
 }
-// bit offset of segment lane J (the row scale of vsub's output is 2^(24 - vofs))
-__host__ __device__ constexpr int vofs(int J, int VB) { return (VB * J) & 7; }
 
 // Walsh-Hadamard butterflies of one length-N row held by a warp in registers, v[k] = row[lane + 32 k]:
 // stages h = 1..16 through shuffles, h >= 32 inside the thread; the stage order h = 1, 2, 4, ... and
@@ -654,9 +672,6 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   for (int i = 0; i < NMT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   float m0 = KV_NEG_INF, m1 = KV_NEG_INF, l0 = 0.0f, l1 = 0.0f;
   int Erun = -1000;
-  float psum[NB][4];  // sum_t P'_t per scale block (ones-mma: every row the same; [0], [1]: heads 2tig, 2tig+1)
-#pragma unroll
-  for (int bb = 0; bb < NB; ++bb) psum[bb][0] = psum[bb][1] = psum[bb][2] = psum[bb][3] = 0.0f;
 
   for (int it = 0; it < ntw; ++it) {
     cp_async_wait<STAGES - 2>();
@@ -795,10 +810,6 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
       for (int i = 0; i < NMT; ++i) {
         acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
       }
-#pragma unroll
-      for (int bb = 0; bb < NB; ++bb) {
-        psum[bb][0] *= f0; psum[bb][1] *= f1; psum[bb][2] *= f0; psum[bb][3] *= f1;
-      }
     }
 
     // ---- O^T += Vcodes^T . P'^T ------------------------------------------------------------
@@ -819,9 +830,6 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
           B0l[bb] = movtrans(y0);
           B1l[bb] = movtrans(y1);
         }
-        constexpr kv_u32 ONE = 0x3C003C00u;  // fp16 1.0
-        mma16816(psum[bb], ONE, ONE, ONE, ONE, B0[bb], B1[bb]);
-        if (PSPLIT) mma16816(psum[bb], ONE, ONE, ONE, ONE, B0l[bb], B1l[bb]);
       }
       const int tv = 16 * mt + 2 * tig;
       const kv_u8* r0 = sVC + tv * CBV;
@@ -847,10 +855,10 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
         for (int ip = 0; ip < MPB; ++ip) {
           kv_u32 a0, a1, a2, a3;
           switch (ip) {  // J must be a compile-time constant
-            case 0: a0 = vsub<0, VB>(s0v, s1v); a1 = vsub<1, VB>(s0v, s1v); a2 = vsub<0, VB>(s2v, s3v); a3 = vsub<1, VB>(s2v, s3v); break;
-            case 1: a0 = vsub<2, VB>(s0v, s1v); a1 = vsub<3, VB>(s0v, s1v); a2 = vsub<2, VB>(s2v, s3v); a3 = vsub<3, VB>(s2v, s3v); break;
-            case 2: a0 = vsub<4, VB>(s0v, s1v); a1 = vsub<5, VB>(s0v, s1v); a2 = vsub<4, VB>(s2v, s3v); a3 = vsub<5, VB>(s2v, s3v); break;
-            default: a0 = vsub<6, VB>(s0v, s1v); a1 = vsub<7, VB>(s0v, s1v); a2 = vsub<6, VB>(s2v, s3v); a3 = vsub<7, VB>(s2v, s3v); break;
+            case 0: a0 = vext<0, MR, VB>(s0v, s1v); a1 = vext<1, MR, VB>(s0v, s1v); a2 = vext<0, MR, VB>(s2v, s3v); a3 = vext<1, MR, VB>(s2v, s3v); break;
+            case 1: a0 = vext<2, MR, VB>(s0v, s1v); a1 = vext<3, MR, VB>(s0v, s1v); a2 = vext<2, MR, VB>(s2v, s3v); a3 = vext<3, MR, VB>(s2v, s3v); break;
+            case 2: a0 = vext<4, MR, VB>(s0v, s1v); a1 = vext<5, MR, VB>(s0v, s1v); a2 = vext<4, MR, VB>(s2v, s3v); a3 = vext<5, MR, VB>(s2v, s3v); break;
+            default: a0 = vext<6, MR, VB>(s0v, s1v); a1 = vext<7, MR, VB>(s0v, s1v); a2 = vext<6, MR, VB>(s2v, s3v); a3 = vext<7, MR, VB>(s2v, s3v); break;
           }
           mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0[bb], B1[bb]);
           if (PSPLIT) mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0l[bb], B1l[bb]);
@@ -861,18 +869,6 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   }
   cp_async_wait<0>();
   __syncwarp();
-  {  // V rows: 2^(24 - O) (c + T) sums -> sums of c (+ 1/2), see vsub
-    constexpr float VOFF = (float)(1 << (VB - 1)) - (MR ? 0.5f : 0.0f);
-#pragma unroll
-    for (int i = 0; i < NMT; ++i) {
-      const int bb = i / MPB, ip = i % MPB;
-      const float s0 = exp2i(24 - vofs(2 * ip, VB)), s1 = exp2i(24 - vofs(2 * ip + 1, VB));
-      acc[i][0] = fmaf(acc[i][0], s0, -VOFF * psum[bb][0]);
-      acc[i][1] = fmaf(acc[i][1], s0, -VOFF * psum[bb][1]);
-      acc[i][2] = fmaf(acc[i][2], s1, -VOFF * psum[bb][2]);
-      acc[i][3] = fmaf(acc[i][3], s1, -VOFF * psum[bb][3]);
-    }
-  }
   if (!CL && nfold > 0)
 #pragma unroll
     for (int r = 0; r < 2; ++r) load_q_row<N>(qv[r], qb + min(2 * warp + r, nh - 1) * N, qsc, q_bf16, lane);

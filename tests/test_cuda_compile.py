@@ -58,7 +58,7 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
                     got = {a[11] for a in args if a[:4] == (n, g, kb, vb) and a[12] == 1}
                     assert got == {0, 1}, f"decode N={n} G={g} K{kb}V{vb}: MR variants {got}"
         assert {a[12] for a in args} == {1, 2, 4}  # contiguous / 64-token pages, 32- and 16-token pages
-        assert "fma.rn.f16x2" not in ptx  # V codes enter the mma as fp16 subnormals, no fp16 arithmetic
+        assert "add.rn.f16x2" in ptx  # the mid-rise + 1/2 of V lanes at bit offset 0
         # cluster-merge entry: the same 13 arguments + the cluster size CL
         cl = _template_args(ptx, "kv_decode_attn_cl")
         assert {a[13] for a in cl if a[:4] == (128, 64, 3, 3)} == {2, 4, 8}, cl

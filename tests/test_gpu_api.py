@@ -191,6 +191,11 @@ def _h(bits):
     return float(np.array([bits], np.uint16).view(np.float16)[0])
 
 
+def _h_int(v):  # h_int in kv_decode_attn.cu: fp16 bits of a small non-negative integer
+    lg = v.bit_length() - 1
+    return 0 if v == 0 else ((lg + 15) << 10) | ((v << (10 - lg)) & 0x3FF)
+
+
 KPAIRS = {3: [[[0, 3], [1, 4]], [[8, 11], [9, 12]], [[6, 14], [7, 15]], [[2, 5], [10, 13]]],  # kv_decode_attn.cu
           4: [[[0, 2], [1, 3]], [[4, 6], [5, 7]], [[8, 10], [9, 11]], [[12, 14], [13, 15]]]}
 
@@ -198,10 +203,10 @@ KPAIRS = {3: [[[0, 3], [1, 4]], [[8, 11], [9, 12]], [[6, 14], [7, 15]], [[2, 5],
 @pytest.mark.parametrize("bits", [3, 4])
 @pytest.mark.parametrize("mr", [0, 1], ids=["midtread", "midrise"])
 def test_decode_fragment_tricks_match_golden_codes(mr, bits):
-    """K: PRMT + LOP3 give 1 + (c+T) 2^(o-10) (T = 2^(b-1)); the mid-rise K offset 1 + (T - 1/2) 2^(o-10)
-    leaves (c + 1/2) 2^(o-10). V: PRMT + LOP3 give the fp16 subnormal (c+T) 2^(o-24), and the row scale
-    2^(24-o) and the offset T - 1/2 (mid-rise) or T leave c + 1/2 or c exactly (vsub in the kernel). Also:
-    every thread's four K lanes per 16-lane chunk together cover the chunk once (a permutation)."""
+    """K: PRMT + LOP3 give 1 + (c+T) 2^(o-10) (T = 2^(b-1)); V: PRMT + LOP3 + HFMA2 (+ HADD2 1/2 for
+    mid-rise lanes at bit offset 0) give c (mid-tread) or c + 1/2 (mid-rise) exactly; the mid-rise K
+    offset 1 + (T - 1/2) 2^(o-10) leaves (c + 1/2) 2^(o-10). Also: every thread's four K lanes per
+    16-lane chunk together cover the chunk once (the pairing is a permutation)."""
     kpairs = KPAIRS[bits]
     assert sorted(j for t in kpairs for pr in t for j in pr) == list(range(16))
     top, fm = 1 << (bits - 1), (1 << bits) - 1
@@ -242,14 +247,16 @@ def test_decode_fragment_tricks_match_golden_codes(mr, bits):
                     beta, o = (bits * j) >> 3, (bits * j) & 7
                     b1 = min(beta + 1, 3)
                     sel = beta | (b1 << 4) | ((beta + 4) << 8) | ((b1 + 4) << 12)
+                    hbit = ((1 << (o - 1)) | (1 << (15 + o))) if (mr and o > 0) else 0
                     r = _lop_6a(_byte_perm(segs[0], segs[1], sel), (fm << o) | (fm << (16 + o)),
-                                (top << o) | (top << (16 + o)))
+                                (top << o) | (top << (16 + o)) | 0x64006400 | hbit)
                     for half in range(2):
-                        hbits = (r >> (16 * half)) & 0xFFFF
-                        assert hbits >> 10 == 0  # sign and exponent 0: a subnormal (or zero)
-                        v = _h(hbits)
-                        assert v == (codes[half, bb * g_blk + g * segl + j] + top) * 2.0 ** (o - 24)
-                        assert v * 2.0 ** (24 - o) - (top - 0.5 * mr) == codes[half, bb * g_blk + g * segl + j] + 0.5 * mr
+                        # fma.rn.f16x2: exact product and sum, one rounding to fp16
+                        v = float(np.float16(_h((r >> (16 * half)) & 0xFFFF) * 2.0 ** -o
+                                             + _h(0x8000 | _h_int((1 << (10 - o)) + top))))
+                        if mr and o == 0:
+                            v = float(np.float16(v + 0.5))
+                        assert v == codes[half, bb * g_blk + g * segl + j] + 0.5 * mr
 
 
 def test_scale_byte_to_float_formula():
