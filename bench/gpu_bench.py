@@ -26,7 +26,13 @@ K3/V3, K4/V3, K4/V4, each plain, with 4 fp16 sinks, paged (16- and 64-token page
 and with one q part (``qlo`` 0), at B 1/8/32 x T 4K/32K/128K, GQA 64/8 (32/8 for the plain
 kernel), against SDPA bf16 on the same shapes.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy]
+``--only kernel`` (file gpu_bench_kernel.json, issue 12): write kernel b = 3; decode K3/V3 and K4/V3, plain and
+with 4 sinks, at B 1/8/32 x T 4K..128K (GQA 64/8), split counts at B1/4K, the current kernel with its
+default plan and (``--baseline old=DIR,NAME=DIR``) previous kv_decode_attn.cu sources on the same planes in the same run
+(``old``: the round-7 kernel, workspace merge), SDPA bf16; then workspace vs cluster merge where the
+planner picks the cluster.
+
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel] [--baseline NAME=DIR]
 """
 
 from __future__ import annotations
@@ -649,6 +655,164 @@ def run_policy(a, result, save, t_start):
     save()
 
 
+# ---------------------------------------------------------------------------------------------
+# decode kernel work (issue 12): the current kernel against a previous source in the same run
+KERNEL_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 131072), (32, 131072))
+KERNEL_VARIANTS = ({"bits": (3, 3)}, {"bits": (3, 3), "sinks": 4}, {"bits": (4, 3)}, {"bits": (4, 3), "sinks": 4})
+
+
+class kernel_source:  # noqa: N801 - used as a context manager
+    """Compile gpu_ref's decode kernel from another folder (a previous kv_decode_attn.cu) inside the block."""
+
+    def __init__(self, folder):
+        from gpu_ref import _build
+        self.b, self.folder = _build, folder
+
+    def __enter__(self):
+        self.here = self.b.HERE
+        self.b.HERE, self.b._kernels = self.folder, {}
+        return self
+
+    def __exit__(self, *exc):
+        self.b.HERE, self.b._kernels = self.here, {}
+
+
+def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(None,), quick=False, cluster=False):
+    """Decode ms of the current kernel (and of ``baseline``'s source, or with ``cluster``: of the cluster
+    merge; same planes, timed right after) per variant and split count on one shape, the relative
+    difference of the two outputs, SDPA bf16."""
+    import dataclasses
+    n = 128
+    rows = []
+    for vi, var in enumerate(variants):
+        kb, vb = var["bits"]
+        sinks = var.get("sinks", 0)
+        kp, vp = qparams("midrise", "nearest", bits=kb), qparams("midrise", "nearest", bits=vb)
+        packed = bsz * kvh * t * (kp.code_bytes + vp.code_bytes + 2 * kp.n_blocks)
+        n_sets = max(1, min(32, math.ceil(L2_ROTATE_BYTES / packed)))
+        cap = -(-(t - sinks) // 16) * 16
+        sets = policy_planes(bsz, kvh, cap, n_sets, kp, vp, None)
+        q = cp.random.standard_normal((bsz, hq, n), dtype=cp.float32).astype(cp.float16)
+        lens = cp.full((bsz,), t, dtype=cp.int32)
+        out = cp.empty((bsz, hq, n), cp.float32)
+        sk = sv = None
+        if sinks:
+            sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+            sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+        for ns in (splits if vi == 0 else (None,)):  # split counts: first variant only
+            def mk(**tune):
+                return gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
+                                    capacity=cap, num_splits=ns, tune=tune or None)
+            pl = mk()  # the defaults (cluster merge where the planner picks it)
+            pw = mk(cluster=0)
+            ws = pw.workspace()
+            impls = [("new", pl, None)]
+            for bname, bdir in baseline or ():
+                if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
+                    impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), bdir))
+                elif vi == 0 and ns is None:  # an intermediate source with the current plan layout (first variant)
+                    impls.append((bname, pl, bdir))
+            if cluster:
+                pc = mk(cluster=1)
+                if pc.kind != "decode_cl":
+                    continue
+                impls = [("ws", pw, None), ("cl", pc, None)]
+            outs = {}
+            for name, p_, src in impls:
+                def call(s, p_=p_):
+                    return gpu_ref.run(p_, ws, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
+                                       out_dtype="fp32")
+                ctx = kernel_source(src) if src else None
+                try:
+                    if ctx:
+                        ctx.__enter__()
+                    outs[name] = cp.asnumpy(call(sets[0]))
+                    fns = [on_torch_stream(lambda s=s: call(s)) for s in sets]
+                    ms, times, how = graph_time(fns, reps=5 if quick else 7)
+                finally:
+                    if ctx:
+                        ctx.__exit__()
+                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "num_splits": p_.num_splits,
+                             "partials": p_.partials, "kernel": p_.kind, "split_arg": ns, "ms": ms, "all_ms": times,
+                             "timing": how,
+                             "packed_bytes": packed, "GBps": packed / (ms * 1e-3) / 1e9, "sets": n_sets})
+                log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} splits {p_.num_splits} {p_.kind} {name}: "
+                    f"{ms * 1e3:.2f} us, {rows[-1]['GBps']:.0f} GB/s")
+            first = impls[0][0]
+            for other in [n for n, _, _ in impls[1:]]:
+                if other in outs:
+                    d = float(np.linalg.norm(outs[first] - outs[other]) / max(np.linalg.norm(outs[first]), 1e-30))
+                    rows[-1][f"rel_diff_{first}_vs_{other}"] = rows[-2][f"rel_diff_{first}_vs_{other}"] = d
+                    log(f"    {first} vs {other} output: relative difference {d:.2e}")
+        del sets
+        free()
+    sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
+    for r in rows:
+        r["speedup"] = sms / r["ms"] if sms else None
+    log(f"  SDPA bf16 {sms * 1e3:.2f} us")
+    return {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n, "rows": rows,
+            "sdpa_bf16_ms": sms, "sdpa_bytes": bf_bytes, "sdpa_variants": res, "gpu_state_after": gpu_state()}
+
+
+def run_kernel(a, result, save, t_start):
+    """--only kernel (issue 12): write kernel b=3 fp16/bf16; decode K3/V3 and K4/V3, plain and with 4 sinks,
+    at KERNEL_SHAPES (GQA 64/8, N=128), the current kernel and (``--baseline DIR``) a previous source in the
+    same run; split counts at B1/4K; SDPA bf16 on each shape."""
+    copy_gbs = result["copy"]["GBps"]
+    # --baseline NAME=DIR[,NAME=DIR]: "old" is the round-7 kernel (workspace merge, sinks in split 0)
+    baselines = [tuple(x.split("=", 1)) for x in a.baseline.split(",")] if a.baseline else []
+    result["baselines"] = baselines
+    result["write"] = []
+    for dt in ("fp16", "bf16"):
+        p = qparams("midrise", "nearest", bits=3, dtype=dt)
+        nvec = 1 << 24
+        g = cp.random.standard_normal((nvec, 128), dtype=cp.float32)
+        x = g.astype(cp.float16).view(cp.uint16) if dt == "fp16" else (g.view(cp.uint32) >> 16).astype(cp.uint16)
+        del g
+        codes, scales = cp.empty((nvec, p.code_bytes), cp.uint8), cp.empty((nvec, p.n_blocks), cp.uint8)
+        flags = cp.empty((nvec,), cp.uint8)
+        fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp))
+        ms, times, how = graph_time([fn], reps=7, inner=2)
+        byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
+        r = {"bits": 3, "dtype": dt, "vectors": nvec, "ms": ms, "GBps": byts / (ms * 1e-3) / 1e9,
+             "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / copy_gbs, "timing": how, "all_ms": times,
+             "bit_exact_65536": write_variant_exact(p, None)}
+        result["write"].append(r)
+        log(f"write b=3 {dt}: {ms:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy, "
+            f"bit-exact {r['bit_exact_65536']}")
+        del x, codes, scales, flags
+        free()
+    save()
+    result["decode"] = []
+    for bsz, t in KERNEL_SHAPES:
+        splits = (None, 4, 8, 16, 32) if (bsz, t) == (1, 4096) else (None,)
+        try:
+            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS, baselines, splits=splits, quick=a.quick)
+            for r in row["rows"]:
+                r["pct_copy"] = 100 * r["GBps"] / copy_gbs
+        except Exception:  # noqa: BLE001
+            row = {"batch": bsz, "context": t, "error": traceback.format_exc()}
+            log(row["error"])
+            free()
+        result["decode"].append(row)
+        save()
+    # workspace merge vs cluster merge on the shapes where the planner picks the cluster
+    result["decode_cluster"] = []
+    for bsz, t in ((1, 4096), (2, 4096)):
+        splits = (None, 4, 8) if (bsz, t) == (1, 4096) else (None,)
+        try:
+            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS[:2], splits=splits, quick=a.quick, cluster=True)
+        except Exception:  # noqa: BLE001
+            row = {"batch": bsz, "context": t, "error": traceback.format_exc()}
+            log(row["error"])
+            free()
+        result["decode_cluster"].append(row)
+        save()
+    result["seconds"] = time.time() - t_start
+    save()
+    log(f"total {result['seconds']:.0f} s")
+
+
 def main():
     if "--ncu-driver" in sys.argv:
         ncu_driver()
@@ -657,7 +821,9 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
-    ap.add_argument("--only", choices=("all", "write", "versions", "policy"), default="all",
+    ap.add_argument("--baseline", default=None, help="--only kernel: NAME=DIR[,NAME=DIR], folders with previous "
+                    "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = the round-7 kernel")
+    ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel"), default="all",
                     help="write: copy ceilings, encode check and the write-kernel timings only (no decode); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
     a = ap.parse_args()
@@ -668,7 +834,8 @@ def main():
               "torch": torch.__version__, "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     log(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cupy {cp.__version__}")
 
-    fname = {"versions": "gpu_bench_v2.json", "policy": "gpu_bench_policy.json"}.get(a.only, "gpu_bench.json")
+    fname = {"versions": "gpu_bench_v2.json", "policy": "gpu_bench_policy.json",
+             "kernel": "gpu_bench_kernel.json"}.get(a.only, "gpu_bench.json")
 
     def save():
         with open(os.path.join(a.out, fname), "w") as f:
@@ -682,6 +849,9 @@ def main():
     save()
     if a.only == "policy":
         run_policy(a, result, save, t_start)
+        return
+    if a.only == "kernel":
+        run_kernel(a, result, save, t_start)
         return
     if a.only == "versions":
         result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}

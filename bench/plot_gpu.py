@@ -8,6 +8,10 @@ A version comparison file (gpu_bench_v2.json, written by ``gpu_bench.py --only v
 bench/results/gpu_bench_v2.png instead: write-kernel time per quantizer (left) and decode time of the
 version-1 (midtread/up) and version-2 (midrise/nearest) caches next to SDPA bf16 (right).
 
+A decode-kernel file (gpu_bench_kernel*.json, ``gpu_bench.py --only kernel``) gives a .png of the same
+name (K3/V3 decode time per shape for each implementation in the run and SDPA bf16; speed-ups) and prints
+a Markdown table.
+
 A cache-policy file (gpu_bench_policy.json, ``gpu_bench.py --only policy``) gives
 bench/results/gpu_bench_policy.png (speed-up over SDPA bf16 per bits setting, GQA 64/8; cost of sinks
 and paging relative to the plain kernel) and prints the README's Markdown table.
@@ -157,12 +161,86 @@ def plot_policy(r, dst):
     print(policy_table(r))
 
 
+def _kernel_ms(row, impl, bits="K3V3", sinks=0):
+    for x in row.get("rows", []):
+        if x["impl"] == impl and x["bits"] == bits and x["sinks"] == sinks and x["split_arg"] is None:
+            return x["ms"]
+    return float("nan")
+
+
+def _impl_order(rows, names):
+    """Implementations in the run: those ``provenance`` names first, in its order."""
+    seen = list(dict.fromkeys(x["impl"] for d in rows for x in d["rows"]))
+    return [i for i in names if i in seen] + [i for i in seen if i not in names]
+
+
+def kernel_table(r) -> str:
+    """Markdown table of a gpu_bench_kernel*.json (``gpu_bench.py --only kernel``): K3/V3 at each shape for
+    every implementation in the run (``provenance`` names them), SDPA bf16, the cost of 4 fp16 sinks."""
+    rows = [d for d in r.get("decode", []) if d.get("rows")]
+    names = r.get("provenance", {}).get("impls", {})
+    impls = _impl_order(rows, names)
+    head = ["batch", "context"] + [f"{names.get(i, i)} us" for i in impls] + ["SDPA bf16 us"] + \
+        [f"speed-up {i}" for i in impls] + ["+4 sinks ('new' source)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in rows:
+        ms = [_kernel_ms(d, i) for i in impls]
+        sd = d.get("sdpa_bf16_ms") or float("nan")
+        sink = _kernel_ms(d, "new", sinks=4) / _kernel_ms(d, "new") - 1
+        out.append("| " + " | ".join([str(d["batch"]), f"{d['context'] // 1024}K"] + [f"{m * 1e3:.2f}" for m in ms]
+                                      + [f"{sd * 1e3:.2f}"] + [f"{sd / m:.2f}x" for m in ms] + [f"{100 * sink:+.1f}%"]) + " |")
+    return "\n".join(out)
+
+
+def plot_kernel(r, dst):
+    """gpu_bench_kernel*.json -> decode time per shape for each implementation and SDPA bf16 (left), speed-up
+    over SDPA bf16 (right); K3/V3, GQA 64/8, N=128, default plans."""
+    rows = [d for d in r.get("decode", []) if d.get("rows")]
+    names = r.get("provenance", {}).get("impls", {})
+    impls = _impl_order(rows, names)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    x = range(len(rows))
+    wdt = 0.8 / (len(impls) + 1)
+    cols = ["tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:purple"]
+    for k, i in enumerate(impls + ["sdpa"]):
+        vals = [(d.get("sdpa_bf16_ms") if i == "sdpa" else _kernel_ms(d, i)) * 1e3 for d in rows]
+        a1.bar([j + (k - len(impls) / 2) * wdt for j in x], vals, wdt, color="k" if i == "sdpa" else cols[k % 5],
+               label="SDPA bf16" if i == "sdpa" else names.get(i, i))
+        if i != "sdpa":
+            a2.plot(list(x), [d["sdpa_bf16_ms"] / _kernel_ms(d, i) for d in rows], "o-", color=cols[k % 5],
+                    label=names.get(i, i))
+    labels = [f"B{d['batch']}/{d['context'] // 1024}K" for d in rows]
+    for a in (a1, a2):
+        a.set_xticks(list(x))
+        a.set_xticklabels(labels)
+        a.grid(alpha=0.3)
+    a1.set_yscale("log")
+    a1.set_ylabel("decode step, us (median of CUDA-graph replays)")
+    a1.set_title("K3/V3, GQA 64/8, N=128", fontsize=9)
+    a1.legend(fontsize=7)
+    a2.axhline(1.0, color="gray", ls=":", lw=1)
+    a2.axhline(4.5, color="k", ls=":", lw=1)
+    a2.set_ylabel("speed-up over SDPA bf16 (same run)")
+    copy = r.get("copy", {}).get("GBps", float("nan"))
+    a2.set_title(f"{r.get('device', '')}: copy bandwidth {copy:.0f} GB/s", fontsize=9)
+    a2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(f"wrote {dst}")
+    print(kernel_table(r))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     src = argv[0] if argv else os.path.join(HERE, "results", "gpu_bench.json")
     dst = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "gpu_bench.png")
     with open(src) as f:
         r = json.load(f)
+    if r.get("decode") and "impl" in (r["decode"][0].get("rows") or [{}])[0]:
+        if len(argv) < 2:
+            dst = os.path.splitext(src)[0] + ".png"
+        plot_kernel(r, dst)
+        return
     if r.get("decode") and "rows" in r["decode"][0]:
         if len(argv) < 2:
             dst = os.path.join(HERE, "results", "gpu_bench_policy.png")

@@ -14,7 +14,8 @@ import threading
 from sim_models.params import FormatParams, check_supported
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = {"encode": ("kv_encode.cu", "kv_encode"), "decode": ("kv_decode_attn.cu", "kv_decode_attn")}
+_SOURCES = {"encode": ("kv_encode.cu", "kv_encode"), "decode": ("kv_decode_attn.cu", "kv_decode_attn"),
+            "decode_cl": ("kv_decode_attn.cu", "kv_decode_attn_cl")}
 _lock = threading.Lock()
 _kernels: dict = {}
 
@@ -53,7 +54,7 @@ def checked_params(params) -> FormatParams:
 
 
 def kernel(kind: str, targs: tuple, smem: int):
-    """Compiled RawKernel ``kind`` ("encode" / "decode") for one template instantiation (strings),
+    """Compiled RawKernel ``kind`` ("encode" / "decode" / "decode_cl") for one template instantiation (strings),
     cached per process and device; raises the dynamic shared-memory limit when ``smem`` > 48 KB."""
     cp = cupy()
     key = (kind, targs, cp.cuda.Device().id)

@@ -41,11 +41,17 @@ DECODE_N = (64, 128, 256)
 DECODE_G = (16, 32, 64)
 DECODE_BITS = (3, 4)
 MAX_SINKS = 64
+#: sink counts up to this are merged by the kernel's output stage (rows copied in with the first tiles);
+#: more get their own CTA, one more split partial (KvDecCfg::SF in kv_decode_attn.cu)
+SINK_FOLD = 8
 TT = 64  # tokens per tile
 
 #: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
-#: (profiling only: 1 = no PV, 2 = no QK; gives wrong results).
-DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0}
+#: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: a plan with 2..8
+#: partials whose grid fits one CTA per multiprocessor runs each (batch, head tile)'s partials as one
+#: thread-block cluster, padded to 2, 4 or 8, merged in distributed shared memory instead of the
+#: workspace; 0: never. Larger grids lose occupancy to clusters: bench/GPU_NOTES.md, round 8).
+DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0, "cluster": 1}
 
 
 def decode_supported(p: FormatParams) -> bool:
@@ -97,7 +103,8 @@ def _smem(kp: FormatParams, vp: FormatParams, stages: int) -> tuple[int, int]:
     wraw = stages * stb + 16 + 2 * nb * 64 * 4
     wacc = 8 * n * 4
     wreg = (max(wraw, wacc + 2048) + 15) // 16 * 16
-    return 4 * wreg + 8 * n * 4 + (40 + 40 + 8 + 8 + 8 + 4) * 4 + 256 * 4, wreg
+    misc = (32 + 32 + 8 + 8 + 8 + 8 + 32 + 4) * 4 + 256 * 4 + 2 * SINK_FOLD * n * 2
+    return 4 * wreg + 8 * n * 4 + misc, wreg
 
 
 def _pages_per_tile(page: int | None) -> int:
@@ -163,6 +170,11 @@ class DecodePlan:
     targs: tuple
     smem: int
     workspace_floats: tuple = field(default=(0, 0, 0))
+    #: split partials the kernel merges: ``num_splits`` token splits plus one sink CTA when ``sinks`` > SINK_FOLD
+    #: (grid y); 1 means the single CTA per (batch, head tile) writes the output with no merge.
+    partials: int = 1
+    #: kernel entry: "decode" (workspace merge) or "decode_cl" (cluster of ``partials`` CTAs, see DECODE_TUNE)
+    kind: str = "decode"
 
     @property
     def workspace_bytes(self) -> int:
@@ -236,16 +248,23 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     ht = (group + 7) // 8
     pairs = bsz * kvh * ht
     targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size)
-    max_splits = min(wreg // 64, 65535)  # the last CTA stages (m, l) of every split in one warp region
+    # the last CTA stages (m, l) of every partial in one warp region; a plan with more than SINK_FOLD sinks
+    # has one more partial (the sink CTA) than token splits
+    hs = 1 if s > SINK_FOLD else 0
+    max_splits = min(wreg // 64, 65535) - hs
+    use_cl = bool(int(dict(DECODE_TUNE, **(tune or {}))["cluster"]))
+    if num_sms is None and (num_splits is None or use_cl):
+        num_sms = cupy().cuda.Device().attributes["MultiProcessorCount"]
     if num_splits is None:
-        if num_sms is None:
-            num_sms = cupy().cuda.Device().attributes["MultiProcessorCount"]
-        per_sm = max(1, min(minb, (227 * 1024) // (smem + 1024)))
+        # CTAs per SM: 228 KB of shared memory per SM on sm_90, 1 KB of it reserved per CTA
+        per_sm = max(1, min(minb, (228 * 1024) // (smem + 1024)))
         slots = int(num_sms) * per_sm
         # >= 2 tiles per warp: at 4K/B=1, 8 splits ran 2 % faster than 16 (bench/GPU_NOTES.md, round 4)
         want = max(1, -(-packed // (TT * 4 * 2)))
         num_splits = max(1, min(slots // pairs, want)) if pairs < slots else 1
         num_splits = min(num_splits, max_splits)
+        if use_cl and hs and num_splits == 8 and pairs * 8 <= int(num_sms):
+            num_splits = 7  # the sink CTA still fits in a cluster of 8
     ns = _pos_int("num_splits", num_splits)
     if ns > max_splits:
         raise ValueError(f"num_splits must be in [1, {max_splits}], got {ns}")
@@ -253,10 +272,17 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     chunk = -(-chunk // TT) * TT
     ns = max(1, -(-max(packed, 1) // chunk))
     n = kp.n
+    parts = ns + hs
+    kind = "decode"
+    if use_cl and 2 <= parts <= 8:
+        cl = 1 << (parts - 1).bit_length()  # cluster size 2, 4 or 8; the extra token splits are empty
+        if pairs * cl <= int(num_sms):  # one CTA per multiprocessor at most (run 14: 1.4-1.5x slower at 2)
+            parts, kind, targs = cl, "decode_cl", targs + (str(cl),)
     return DecodePlan(k_params=kp, v_params=vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=maxlen,
                       capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns, chunk=chunk,
                       head_tiles=ht, targs=targs, smem=smem,
-                      workspace_floats=(pairs * ns * 8 * n, pairs * ns * 16, pairs))
+                      workspace_floats=(pairs * parts * 8 * n, pairs * parts * 16, pairs), partials=parts,
+                      kind=kind)
 
 
 def _check_plane(name, a, width, lead, cp):
@@ -339,6 +365,8 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
             if a.dtype not in (cp.float16, cp.uint16) or a.shape != (pl.batch, pl.kv_heads, pl.sinks, n):
                 raise ValueError(f"{name} must be float16/uint16 [{pl.batch}, {pl.kv_heads}, {pl.sinks}, {n}], "
                                  f"got {a.dtype} {list(a.shape)}")
+            if a.data.ptr % 16:
+                raise ValueError(f"{name} must be 16-byte aligned")
         sink_args = (k_sink, v_sink)
     qs_arg = np.uint64(0)
     if q_scale is not None:
@@ -363,13 +391,13 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
         raise ValueError("workspace is smaller than the plan needs (use plan.workspace())")
     if scale is None:
         scale = 1.0 / math.sqrt(n)
-    k = kernel("decode", pl.targs, pl.smem)
+    k = kernel(pl.kind, pl.targs, pl.smem)
     kvh, ht = pl.kv_heads, pl.head_tiles
-    k((pl.batch * kvh * ht, pl.num_splits), (128,),
+    k((pl.batch * kvh * ht, pl.partials), (128,),
       (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, bt_arg, np.int32(bt_cols),
        np.int32(page_shift), np.int64(rows), lengths, sink_args[0], sink_args[1], np.int32(pl.sinks), qs_arg,
        ws.acc, ws.ml, ws.counters, out, np.int32(okind), np.int32(pl.q_heads), np.int32(kvh), np.int32(ht),
-       np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.num_splits), np.int32(pl.chunk),
+       np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.partials), np.int32(pl.chunk),
        np.float32(scale)),
       shared_mem=pl.smem)
     return out

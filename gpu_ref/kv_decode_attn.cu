@@ -6,7 +6,8 @@
 // Math (sim_models/fwht.py): with y = H D x and H H = N I,
 //   q . k_hat = (H D q) . y_hat_k / N,      o = D H ( sum_t p_t y_hat_v,t ) / N,
 // where y_hat = code * scale (scale per block of G lanes). So the kernel rotates q once
-// (q~ = H D q, fp32 in shared memory), never rotates K or V, and rotates the output back once.
+// (q~ = H D q: each warp rotates two rows in registers with shuffles, then one barrier), never
+// rotates K or V, and rotates the output back once (again in registers).
 //
 // Cache layout (all uint8, 16-byte aligned): page pools (vLLM/FlashInfer convention, HND)
 //   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields)
@@ -14,10 +15,14 @@
 // addressed by a block table [B, max_pages]; the contiguous layout [B, KVH, CAP, *] is one page of
 // CAP rows per sequence (CAP a multiple of 16, so 16-byte copies of a partial tile stay inside).
 // KB, VB (key / value bits) are 3 or 4 each. Optional: fp16/bf16 sink tokens (the first `sinks`
-// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged as one more softmax
-// participant (log-sum-exp), and a per-(kv head, lane) factor on q (1/s of power-of-two key scales).
+// tokens of each sequence, unquantized, side planes [B, KVH, sinks, N]) merged by log-sum-exp: up to SF = 8
+// of them by the output stage (their rows are copied in with the first tiles; the sink term is added
+// after the back-rotation, where no rotation is needed), more as one more split partial computed by
+// their own CTA (the last split) in parallel with the token splits; and a per-(kv head, lane) factor on q
+// (1/s of power-of-two key scales).
 //
-// Work split: grid (B * KVH * HT head tiles, S splits). A CTA of 4 warps handles one
+// Work split: grid (B * KVH * HT head tiles, S partials = token splits + 1 if sinks > SF). A CTA of 4
+// warps handles one
 // (batch, kv head, tile of <= 8 q heads of its GQA group) over one token range; each warp
 // streams its own 64-token tiles through a STAGES-deep cp.async pipeline in shared memory.
 // Per tile, in registers:
@@ -30,9 +35,11 @@
 //      with exact small-integer fp16 codes (PRMT + LOP3 + HFMA2) and P' = p * v_scale * 2^-E
 //      (E: running max exponent of the V scales, folded into the rescale), transposed into the
 //      B operand with movmatrix.
-// The 4 warps merge in shared memory; splits write fp32 partials (m, l, acc in the rotated
-// domain); the last CTA of a (batch, head tile) (atomic ticket) merges the splits, applies
-// D H / N and writes the output. Nothing but the packed bytes is read from the cache.
+// The 4 warps merge in shared memory. With one partial (S = 1) the CTA normalises, applies D H / N and
+// writes the output. Otherwise the partials (fp32 m, l, acc in the rotated domain) are merged either
+// through the workspace -- the last CTA of a (batch, head tile) (atomic ticket) merges them -- or, in the
+// cluster entry (kv_decode_attn_cl), through distributed shared memory of the cluster of S CTAs.
+// Nothing but the packed bytes (and the sink rows) is read from the cache.
 //
 // Shared definitions: kv_common.cuh (NVRTC gets -I of this folder).
 
@@ -129,18 +136,30 @@ __device__ __forceinline__ kv_u32 vext(kv_u32 sx, kv_u32 sy) {
   return r;
 }
 
+// Walsh-Hadamard butterflies of one length-N row held by a warp in registers, v[k] = row[lane + 32 k]:
+// stages h = 1..16 through shuffles, h >= 32 inside the thread; the stage order h = 1, 2, 4, ... and
+// each butterfly (a + b, a - b) are those of the textbook loop, so the result is the same bit for bit.
 template <int N>
-__device__ __forceinline__ void fwht_rows8(float* s, int tid) {
-  for (int h = 1; h < N; h <<= 1) {
-    for (int p = tid; p < 8 * N / 2; p += 128) {
-      int r = p / (N / 2), k = p % (N / 2);
-      int i = (k / h) * 2 * h + (k % h);
-      float a = s[r * N + i], b = s[r * N + i + h];
-      s[r * N + i] = a + b;
-      s[r * N + i + h] = a - b;
+__device__ __forceinline__ void fwht_warp(float (&v)[N / 32], int lane) {
+  constexpr int K = N / 32;
+#pragma unroll
+  for (int h = 1; h < 32; h <<= 1) {
+    const bool up = (lane & h) != 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[k], h);
+      v[k] = up ? o - v[k] : v[k] + o;
     }
-    __syncthreads();
   }
+#pragma unroll
+  for (int hk = 1; hk < K; hk <<= 1)
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (!(k & hk)) {
+        const float a = v[k], b = v[k + hk];
+        v[k] = a + b;
+        v[k + hk] = a - b;
+      }
 }
 
 }  // namespace kv_dec
@@ -167,11 +186,20 @@ struct KvDecCfg {
   static constexpr int WACC = 8 * N * 4;
   static constexpr int WREG = ((WREG_RAW > WACC + 2048 ? WREG_RAW : WACC + 2048) + 15) / 16 * 16;
   static constexpr int QS_OFF = 4 * WREG;                 // q~ / output rows [8][N] fp32
-  // wm[5][8], wl[5][8], wE[5] (+3 pad), hm[8], hl[8], last (+3 pad): participant 4 = the sink tokens
+  // wm[4][8], wl[4][8] (per warp and head), wE[4] (+4 pad), hm[8], hl[8], eq[8] (q~ exponent per head),
+  // hf[4][8] (merge factor per warp and head), last (+3 pad)
   static constexpr int MISC_OFF = QS_OFF + 8 * N * 4;
-  static constexpr int LUT_OFF = MISC_OFF + (40 + 40 + 8 + 8 + 8 + 4) * 4;  // ue5m3 -> float [256]
-  static constexpr int SMEM = LUT_OFF + 256 * 4;
-  static constexpr int SINKP_OFF = 3 * WREG + WACC;       // sink weights [8][64] fp32 (after the loop)
+  static constexpr int LUT_OFF = MISC_OFF + (32 + 32 + 8 + 8 + 8 + 8 + 32 + 4) * 4;  // ue5m3 -> float [256]
+  // up to SF sink tokens are merged by the output stage: their rows, 16-bit [2][SF][N] (SR_OFF), are copied
+  // in with the first pipeline stage (4 KB at N = 128: K4/V4 still fits 2 CTAs per SM)
+  static constexpr int SF = 8;
+  static constexpr int SR_OFF = LUT_OFF + 256 * 4;
+  static constexpr int SMEM = SR_OFF + 2 * SF * N * 2;
+  // more sinks: the sink CTA stages its rows (16-bit) at 0 and SINKV_OFF, weights [8][64] fp32 at SINKP_OFF
+  static constexpr int MAXS = 64;
+  static constexpr int SINKV_OFF = MAXS * N * 2;
+  static constexpr int SINKP_OFF = 2 * MAXS * N * 2;
+  static_assert(SINKP_OFF + 8 * MAXS * 4 <= 4 * WREG, "sink rows fit in the warp regions");
   static_assert(PSUB == 1 || PSUB == 2 || PSUB == 4, "PSUB");
   static_assert((PG * CBK) % 16 == 0 && (PG * CBV) % 16 == 0 && (PG * NB) % 16 == 0 || PSUB == 1,
                 "16-byte copies stay inside one page");
@@ -193,56 +221,188 @@ __device__ __forceinline__ const kv_u8* tile_addr(const kv_u8* const* base, int 
   }
 }
 
-// Sink tokens (fp16/bf16, unquantized) of one (batch, kv head) as a fifth softmax participant:
-// logits in the log2 domain (scale * log2 e * q.k, q times q_scale), m = max, l = sum 2^(x - m),
-// acc = H D sum_s 2^(x_s - m) v_s (the rotated-domain equivalent of the packed tokens' sum, written
-// into qs, unnormalised like H D v = y). All 128 threads call it (it contains barriers).
-template <int N, kv_u64 SEED, int HAS_SIGN>
-__device__ void sink_stage(const kv_u16* __restrict__ q, int q_bf16, const float* __restrict__ q_scale,
-                           const kv_u16* __restrict__ ksink, const kv_u16* __restrict__ vsink, int ns,
-                           int nh, float kap, float* qs, float* sp, float* sm, float* sl, int tid) {
+// Sign of lane lane + 32 k under D (lane < 32, so its 64-bit mask word k / 2 is a compile-time constant
+// once k is unrolled).
+template <kv_u64 SEED, int HAS_SIGN>
+__device__ __forceinline__ bool lane_sign(int k, int lane) {
+  return HAS_SIGN != 0 && ((kv_splitmix64(SEED, k >> 1) >> ((lane + 32 * k) & 63)) & 1ull) != 0;
+}
+
+// The sink CTA (the last split of a plan with sinks): the fp16/bf16 sink tokens of one (batch, kv head,
+// head tile) as one more split partial, computed while the other CTAs stream the packed tokens:
+// m = max logit (log2 domain: scale * log2 e * (q * q_scale) . k), l = sum 2^(x - m),
+// acc = H D sum_s 2^(x_s - m) v_s (the rotated domain of the packed tokens' sums, unnormalised like
+// H D v = y). The sink rows are staged in shared memory with one batch of 16-byte loads.
+template <int N, kv_u64 SEED, int HAS_SIGN, int SINKV_OFF, int SINKP_OFF>
+__device__ __forceinline__ void sink_partial(const kv_u16* __restrict__ q, int q_bf16,
+                                             const float* __restrict__ q_scale, const kv_u16* __restrict__ ksink,
+                                             const kv_u16* __restrict__ vsink, int ns, int nh, float kap,
+                                             kv_u8* smem, float* qs, float* __restrict__ pacc,
+                                             float* __restrict__ pml, int tid) {
   auto ld = [&](kv_u16 bits) { return q_bf16 ? __int_as_float((kv_u32)bits << 16) : h2f(bits); };
+  const kv_u16* ks16 = reinterpret_cast<const kv_u16*>(smem);
+  const kv_u16* vs16 = reinterpret_cast<const kv_u16*>(smem + SINKV_OFF);
+  float* sp = reinterpret_cast<float*>(smem + SINKP_OFF);  // [8][64] logits, then weights
+  for (int c = tid; c < ns * N / 8; c += 128) {               // 16-byte chunks of both planes
+    reinterpret_cast<uint4*>(smem)[c] = __ldg(reinterpret_cast<const uint4*>(ksink) + c);
+    reinterpret_cast<uint4*>(smem + SINKV_OFF)[c] = __ldg(reinterpret_cast<const uint4*>(vsink) + c);
+  }
   for (int i = tid; i < 8 * N; i += 128) {  // q (scaled), unrotated
     const int h = i / N, l = i % N;
     float v = 0.0f;
     if (h < nh) v = ld(q[(long long)h * N + l]) * (q_scale ? q_scale[l] : 1.0f);
     qs[i] = v;
   }
-  __syncthreads();
   for (int i = tid; i < 8 * 64; i += 128) sp[i] = KV_NEG_INF;
   __syncthreads();
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int pr = warp; pr < nh * ns; pr += 4) {  // one warp per (head, sink token): lanes split N
-    const int h = pr / ns, t = pr - h * ns;
+  // logits: 4 threads per (head, token), each a quarter of the lanes, then 2 shuffles
+  const int qq = tid & 3;
+  for (int base = 0; base < nh * ns; base += 32) {  // CTA-uniform trip count
+    const int pr = base + (tid >> 2);
+    const bool ok = pr < nh * ns;
+    const int h = ok ? pr / ns : 0, t = ok ? pr - h * ns : 0;
     float d = 0.0f;
-#pragma unroll
-    for (int l = lane; l < N; l += 32) d = fmaf(qs[h * N + l], ld(ksink[(long long)t * N + l]), d);
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if (lane == 0) sp[h * 64 + t] = d * kap;
+#pragma unroll 8
+    for (int i = qq; i < N; i += 4) d = fmaf(qs[h * N + i], ld(ks16[t * N + i]), d);
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    if (ok && qq == 0) sp[h * 64 + t] = d * kap;
   }
   __syncthreads();
   if (tid < 8) {
     float m = KV_NEG_INF;
     for (int t = 0; t < ns; ++t) m = fmaxf(m, sp[tid * 64 + t]);
     float l = 0.0f;
-    for (int t = 0; t < 64; ++t) {
-      const float w = (t < ns && m > KV_NEG_INF) ? exp2f(sp[tid * 64 + t] - m) : 0.0f;
+    for (int t = 0; t < ns; ++t) {
+      const float w = m > KV_NEG_INF ? exp2f(sp[tid * 64 + t] - m) : 0.0f;
       sp[tid * 64 + t] = w;
       l += w;
     }
-    sm[tid] = m;
-    sl[tid] = l;
+    pml[tid] = m;
+    pml[8 + tid] = l;
   }
   __syncthreads();
-  for (int i = tid; i < 8 * N; i += 128) {  // D sum_s w_s v_s
-    const int h = i / N, l = i % N;
-    float a = 0.0f;
-    for (int t = 0; t < ns; ++t) a = fmaf(sp[h * 64 + t], ld(vsink[(long long)t * N + l]), a);
-    qs[i] = kv_sign(SEED, HAS_SIGN, l) ? -a : a;
+  // acc rows 2w, 2w+1 in registers: D sum_s w_s v_s, rotated in the warp, written as the partial
+  const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = 2 * warp + r;
+    float v[N / 32];
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) v[k] = 0.0f;
+    for (int t = 0; t < ns; ++t) {
+      const float w = sp[h * 64 + t];
+#pragma unroll
+      for (int k = 0; k < N / 32; ++k) v[k] = fmaf(w, ld(vs16[t * N + lane + 32 * k]), v[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k)
+      if (lane_sign<SEED, HAS_SIGN>(k, lane)) v[k] = -v[k];
+    fwht_warp<N>(v, lane);
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) pacc[h * N + lane + 32 * k] = v[k];
   }
-  __syncthreads();
-  fwht_rows8<N>(qs, tid);
+}
+
+// Output row of one head from its merged rotated-domain sums v (lanes lane + 32 k), normalised over the
+// packed tokens (their max logit M and sum L, log2 domain): o = D H v / N, then, with ns > 0 sink tokens
+// (<= SF, rows ksr / vsr in shared memory, same 16-bit type as q; qv: q * q_scale of the head, requested
+// by the caller before its merge barriers), the sinks as
+// one more softmax participant in the output domain (D H / N undoes the rotation, so sum p_s v_s adds as
+// is): o = (2^(M - M') L o + sum_s 2^(x_s - M') v_s) / (2^(M - M') L + sum_s 2^(x_s - M')), M' = max(M, x_s).
+// Written as fp16 (out_kind 0), bf16 (1) or fp32 (2) at out + o0 when `write`. The whole warp calls it.
+template <int N, kv_u64 SEED, int HAS_SIGN, int SF>
+__device__ __forceinline__ void store_out_row(float (&v)[N / 32], void* out, int out_kind, long long o0, bool write,
+                                              int lane, float M, float L, int ns, const float (&qv)[N / 32],
+                                              const kv_u16* ksr, const kv_u16* vsr, int q_bf16, float kap) {
+  fwht_warp<N>(v, lane);
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) {
+    v[k] *= (1.0f / (float)N);
+    if (lane_sign<SEED, HAS_SIGN>(k, lane)) v[k] = -v[k];
+  }
+  if (ns > 0) {
+    auto ld = [&](kv_u16 bits) { return q_bf16 ? __int_as_float((kv_u32)bits << 16) : h2f(bits); };
+    float x[SF];
+#pragma unroll
+    for (int t = 0; t < SF; ++t) {
+      float d = 0.0f;
+      if (t < ns)
+#pragma unroll
+        for (int k = 0; k < N / 32; ++k) d = fmaf(qv[k], ld(ksr[t * N + lane + 32 * k]), d);
+      x[t] = d;
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+#pragma unroll
+      for (int t = 0; t < SF; ++t) x[t] += __shfl_xor_sync(0xffffffffu, x[t], o);
+    float ms = KV_NEG_INF;
+#pragma unroll
+    for (int t = 0; t < SF; ++t) {
+      x[t] = t < ns ? x[t] * kap : KV_NEG_INF;
+      ms = fmaxf(ms, x[t]);
+    }
+    const float M2 = fmaxf(M, ms);  // finite: ns > 0
+    const float al = (M > KV_NEG_INF && L > 0.0f) ? ex2(M - M2) * L : 0.0f;
+    float L2 = al;
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) v[k] *= al;
+#pragma unroll
+    for (int t = 0; t < SF; ++t)
+      if (t < ns) {
+        const float be = ex2(x[t] - M2);
+        L2 += be;
+#pragma unroll
+        for (int k = 0; k < N / 32; ++k) v[k] = fmaf(be, ld(vsr[t * N + lane + 32 * k]), v[k]);
+      }
+    const float inv = L2 > 0.0f ? 1.0f / L2 : 0.0f;
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) v[k] *= inv;
+  }
+  if (!write) return;
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) {
+    const float x = v[k];
+    const long long o = o0 + lane + 32 * k;
+    if (out_kind == 2) {
+      reinterpret_cast<float*>(out)[o] = x;
+    } else if (out_kind == 1) {
+      unsigned short rb;
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(rb) : "f"(x));
+      reinterpret_cast<kv_u16*>(out)[o] = rb;
+    } else {
+      reinterpret_cast<kv_u16*>(out)[o] = (kv_u16)f2h(x);
+    }
+  }
+}
+
+// q * q_scale of one head (lanes lane + 32 k), for the sink logits of the output stage
+template <int N>
+__device__ __forceinline__ void load_q_row(float (&qv)[N / 32], const kv_u16* qg, const float* qsc, int q_bf16,
+                                           int lane) {
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) {
+    const kv_u32 bits = qg[lane + 32 * k];
+    qv[k] = (q_bf16 ? __int_as_float(bits << 16) : h2f(bits)) * (qsc ? qsc[lane + 32 * k] : 1.0f);
+  }
+}
+
+// Thread-block clusters (sm_90): barrier over every thread of the cluster (release / acquire), this CTA's
+// rank, and a load from the same shared-memory variable in the CTA of rank r (distributed shared memory).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ int cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ float ld_cluster(const float* p, int r) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+  return v;
 }
 
 }  // namespace kv_dec
@@ -258,19 +418,24 @@ __device__ void sink_stage(const kv_u16* __restrict__ q, int q_bf16, const float
 // lengths[b] counts every token of sequence b; the first `sinks` of them are in the fp16 side planes
 // k_sink, v_sink [B, KVH, sinks, N] (same bits as q), the rest are packed (at most cap of them).
 // q_scale: [KVH, N] factor applied to q (1/s of per-channel key scales s), or null.
-template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
-          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
-__global__ void __launch_bounds__(128, MINB)
-kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
-               const kv_u8* __restrict__ kc, const kv_u8* __restrict__ ks,
-               const kv_u8* __restrict__ vc, const kv_u8* __restrict__ vs,
-               const int* __restrict__ block_table, int max_pages, int page_shift, long long page,
-               const int* __restrict__ lengths,
-               const kv_u16* __restrict__ k_sink, const kv_u16* __restrict__ v_sink, int sinks,
-               const float* __restrict__ q_scale,
-               float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ counters,
-               void* __restrict__ out, int out_kind,
-               int Hq, int KVH, int HT, int group, long long cap, int S, int chunk, float sm_scale) {
+// CL: 0, or the cluster size (2, 4, 8) of the kv_decode_attn_cl entry: the CTAs of one (batch, head tile)
+// form one thread-block cluster (grid y = CL partials) and merge their partials through distributed
+// shared memory instead of the workspace (no fences, tickets or global round trips).
+#define KV_DEC_PARAMS                                                                                    \
+  const kv_u16 *__restrict__ q, int q_bf16, const kv_u8 *__restrict__ kc, const kv_u8 *__restrict__ ks,  \
+      const kv_u8 *__restrict__ vc, const kv_u8 *__restrict__ vs, const int *__restrict__ block_table,   \
+      int max_pages, int page_shift, long long page, const int *__restrict__ lengths,                    \
+      const kv_u16 *__restrict__ k_sink, const kv_u16 *__restrict__ v_sink, int sinks,                   \
+      const float *__restrict__ q_scale, float *__restrict__ part_acc, float *__restrict__ part_ml,       \
+      int *__restrict__ counters, void *__restrict__ out, int out_kind, int Hq, int KVH, int HT, int group, \
+      long long cap, int S, int chunk, float sm_scale
+#define KV_DEC_ARGS                                                                                       \
+  q, q_bf16, kc, ks, vc, vs, block_table, max_pages, page_shift, page, lengths, k_sink, v_sink, sinks, q_scale, \
+      part_acc, part_ml, counters, out, out_kind, Hq, KVH, HT, group, cap, S, chunk, sm_scale
+
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
+          int ABL, int MR, int PSUB, int CL>
+__device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   using namespace kv_dec;
   typedef KvDecCfg<N, G, KB, VB, PSPLIT, STAGES, PSUB> C;
   constexpr int TT = C::TT, CBK = C::CBK, CBV = C::CBV, NB = C::NB, NCH = C::NCH, NMT = C::NMT,
@@ -299,12 +464,31 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
 
   float* qs = reinterpret_cast<float*>(smem + C::QS_OFF);
   float* wm = reinterpret_cast<float*>(smem + C::MISC_OFF);
-  float* wl = wm + 40;
-  int* wE = reinterpret_cast<int*>(wl + 40);
+  float* wl = wm + 32;
+  int* wE = reinterpret_cast<int*>(wl + 32);
   float* hm = reinterpret_cast<float*>(wE + 8);
   float* hl = hm + 8;
-  int* s_last = reinterpret_cast<int*>(hl + 8);
+  int* s_eq = reinterpret_cast<int*>(hl + 8);
+  float* hf = reinterpret_cast<float*>(s_eq + 8);
+  int* s_last = reinterpret_cast<int*>(hf + 32);
+  const kv_u16* ksr = reinterpret_cast<const kv_u16*>(smem + C::SR_OFF);
+  const kv_u16* vsr = ksr + C::SF * N;
+  const long long pidx = ((long long)b * KVH * HT + hh) * S + split;  // this CTA's partial
+  const float LOG2E = 1.4426950408889634f;
 
+  const int nfold = sinks <= C::SF ? nsink : 0;  // sink tokens merged by the output stage
+  // their q rows (rows 2 warp, 2 warp + 1; cluster merge: the merged head), loaded before the merge barriers
+  float qv[2][N / 32];
+  const float* qsc = q_scale ? q_scale + kvh * N : nullptr;
+  const kv_u16* qb = q + ((long long)b * Hq + h0) * N;
+  if (sinks > C::SF && split == S - 1) {
+    // ---- the sink CTA: one more partial, in parallel with the token splits ----------------------
+    const long long sb = ((long long)b * KVH + kvh) * sinks * N;
+    kv_dec::sink_partial<N, SEED, HAS_SIGN, C::SINKV_OFF, C::SINKP_OFF>(
+        q + ((long long)b * Hq + h0) * N, q_bf16, q_scale ? q_scale + kvh * N : nullptr, k_sink + sb, v_sink + sb,
+        nsink, nh, sm_scale * LOG2E, smem, qs, CL ? qs : part_acc + pidx * 8 * N, CL ? hm : part_ml + pidx * 16,
+        tid);
+  } else {
   // ---- cp.async pipeline: the first STAGES-1 tiles are requested before the q setup, so their
   // latency overlaps the rotation of q (what dominates short contexts) ----------------------
   kv_u8* wbase = smem + warp * C::WREG;
@@ -378,6 +562,13 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     }
   };
 
+  if (nfold > 0) {  // sink rows for the output stage, in the first cp.async group
+    const long long sb = ((long long)b * KVH + kvh) * sinks * N;
+    for (int c = tid; c < nfold * N / 8; c += 128) {
+      cp_async16(smem + C::SR_OFF + 16 * c, reinterpret_cast<const uint4*>(k_sink + sb) + c);
+      cp_async16(smem + C::SR_OFF + C::SF * N * 2 + 16 * c, reinterpret_cast<const uint4*>(v_sink + sb) + c);
+    }
+  }
   int pf[PSUB];  // pages of the next tile to issue
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -393,28 +584,37 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   float* slut = reinterpret_cast<float*>(smem + C::LUT_OFF);
   for (int i = tid; i < 256; i += 128) slut[i] = scale_f((kv_u32)i);
 
-  // ---- q~ = H D (q * q_scale) (fp32, shared) ---------------------------------------------------
-  for (int i = tid; i < 8 * N; i += 128) {
-    int h = i / N, l = i % N;
-    float v = 0.0f;
-    if (h < nh) {
-      kv_u32 bits = q[((long long)b * Hq + h0 + h) * N + l];
-      v = q_bf16 ? __int_as_float(bits << 16) : h2f(bits);
-      if (q_scale) v *= q_scale[kvh * N + l];
+  // ---- q~ = H D (q * q_scale): warp w rotates rows 2w, 2w+1 in registers, one barrier -------------
+  // head h: exponent eq[h] so that max|q~| 2^(10-eq) < 2^15
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = 2 * warp + r;
+    float v[N / 32];
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) {
+      const int l = lane + 32 * k;
+      float x = 0.0f;
+      if (h < nh) {
+        const kv_u32 bits = q[((long long)b * Hq + h0 + h) * N + l];
+        x = q_bf16 ? __int_as_float(bits << 16) : h2f(bits);
+        if (q_scale) x *= q_scale[kvh * N + l];
+      }
+      v[k] = lane_sign<SEED, HAS_SIGN>(k, lane) ? -x : x;
     }
-    qs[i] = kv_sign(SEED, HAS_SIGN, l) ? -v : v;
+    fwht_warp<N>(v, lane);
+    float mx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) {
+      qs[h * N + lane + 32 * k] = v[k];
+      mx = fmaxf(mx, fabsf(v[k]));
+    }
+    mx = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(mx)));  // mx >= 0
+    if (lane == 0) s_eq[h] = mx > 0.0f ? max(-100, min(120, (((__float_as_int(mx) >> 23) & 0xFF) - 126) - 5)) : 0;
   }
   __syncthreads();
-  fwht_rows8<N>(qs, tid);
 
   // ---- per-thread constant fragments -----------------------------------------------------------
-  // head g: exponent eq so that max|q~| 2^(10-eq) < 2^15
-  float mx = 0.0f;
-  for (int l = tig; l < N; l += 4) mx = fmaxf(mx, fabsf(qs[g * N + l]));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  int eqg = mx > 0.0f ? (((__float_as_int(mx) >> 23) & 0xFF) - 126) - 5 : 0;
-  eqg = max(-100, min(120, eqg));
+  const int eqg = s_eq[g];
   kv_u32 qh[NCH][2], ql[NCH][2];
   float zp[NB];
 #pragma unroll
@@ -454,7 +654,6 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
     z0[bb] = -__shfl_sync(0xffffffffu, zp[bb], 8 * tig);      // -Z of head 2tig
     z1[bb] = -__shfl_sync(0xffffffffu, zp[bb], 8 * tig + 4);  // -Z of head 2tig+1
   }
-  const float LOG2E = 1.4426950408889634f;
   const int eq0 = __shfl_sync(0xffffffffu, eqg, 8 * tig), eq1 = __shfl_sync(0xffffffffu, eqg, 8 * tig + 4);
   const float kap0 = sm_scale * LOG2E * exp2i(eq0) / (float)N;
   const float kap1 = sm_scale * LOG2E * exp2i(eq1) / (float)N;
@@ -670,6 +869,9 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   }
   cp_async_wait<0>();
   __syncwarp();
+  if (!CL && nfold > 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) load_q_row<N>(qv[r], qb + min(2 * warp + r, nh - 1) * N, qsc, q_bf16, lane);
 
   // ---- merge the 4 warps (shared memory) --------------------------------------------------------
 #pragma unroll
@@ -693,107 +895,195 @@ kv_decode_attn(const kv_u16* __restrict__ q, int q_bf16,
   }
   if (lane == 0) wE[warp] = Erun;
   __syncthreads();
-  // participant 4: the fp16 sink tokens, in the CTA of split 0 only (CTA-uniform branch)
-  const int npart = (split == 0 && nsink > 0) ? 5 : 4;
-  if (npart == 5) {
-    const long long sb = ((long long)b * KVH + kvh) * sinks * N;
-    sink_stage<N, SEED, HAS_SIGN>(q + ((long long)b * Hq + h0) * N, q_bf16, q_scale ? q_scale + kvh * N : nullptr,
-                                  k_sink + sb, v_sink + sb, nsink, nh, sm_scale * LOG2E, qs,
-                                  reinterpret_cast<float*>(smem + C::SINKP_OFF), wm + 32, wl + 32, tid);
-    if (tid == 0) wE[4] = 0;
-    __syncthreads();
-  }
-
-  const long long pidx = ((long long)b * KVH * HT + hh) * S + split;
-  for (int e = tid; e < 8 * N; e += 128) {
-    const int h = e / N;
+  if (tid < 32) {  // factor of warp w for head h (2^(m_w - M) 2^E_w) and the head's sum l
+    const int w = tid >> 3, h = tid & 7;
     float M = KV_NEG_INF;
-    for (int w = 0; w < npart; ++w) M = fmaxf(M, wm[w * 8 + h]);
-    float a = 0.0f, L = 0.0f;
-    for (int w = 0; w < npart; ++w) {
-      const float mw = wm[w * 8 + h];
-      if (mw > KV_NEG_INF) {
-        const float f = ex2(mw - M);
-        const float* src = w < 4 ? reinterpret_cast<const float*>(smem + w * C::WREG) : qs;
-        a += f * exp2i(wE[w]) * src[e];
-        L += f * wl[w * 8 + h];
-      }
+#pragma unroll
+    for (int x = 0; x < 4; ++x) M = fmaxf(M, wm[x * 8 + h]);
+    const float mw = wm[tid];
+    const float f = mw > KV_NEG_INF ? ex2(mw - M) : 0.0f;
+    hf[tid] = mw > KV_NEG_INF ? f * exp2i(wE[w]) : 0.0f;
+    float L = f * wl[tid];
+    L += __shfl_xor_sync(0xffffffffu, L, 8);
+    L += __shfl_xor_sync(0xffffffffu, L, 16);
+    if (tid < 8) {
+      hm[h] = M;
+      hl[h] = L;
     }
-    part_acc[pidx * 8 * N + e] = a;
-    if (e % N == 0) {
-      part_ml[pidx * 16 + h] = M;
-      part_ml[pidx * 16 + 8 + h] = L;
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int prev = atomicAdd(&counters[(long long)b * KVH * HT + hh], 1);
-    *s_last = prev == S - 1;
-  }
-  __syncthreads();
-  if (!*s_last) return;
-  __threadfence();
-
-  // ---- last CTA: merge the splits, rotate back, write --------------------------------------------
-  // (m, l) of all splits -> shared (warp region 0 is free now), then per-split weights
-  const long long pbase = ((long long)b * KVH * HT + hh) * S;
-  float* sml = reinterpret_cast<float*>(smem);  // [S][16], S * 64 B <= WREG (checked on the host)
-  for (int i = tid; i < S * 16; i += 128) sml[i] = __ldcg(part_ml + pbase * 16 + i);
-  __syncthreads();
-  if (tid < 8) {
-    float M = KV_NEG_INF;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, sml[s * 16 + tid]);
-    float L = 0.0f;
-    if (M > KV_NEG_INF)
-      for (int s = 0; s < S; ++s) {
-        const float ms = sml[s * 16 + tid];
-        if (ms > KV_NEG_INF) L += ex2(ms - M) * sml[s * 16 + 8 + tid];
-      }
-    hm[tid] = M;
-    hl[tid] = L;
-  }
-  __syncthreads();
-  for (int i = tid; i < S * 8; i += 128) {  // weight of split s for head h, 1/L folded in
-    const int s = i >> 3, h = i & 7;
-    const float M = hm[h], L = hl[h], ms = sml[s * 16 + h];
-    sml[s * 16 + 8 + h] = (M > KV_NEG_INF && L > 0.0f && ms > KV_NEG_INF) ? ex2(ms - M) / L : 0.0f;
   }
   __syncthreads();
   {
     constexpr int EPT = 8 * N / 128;  // elements per thread
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const int e = tid + 128 * k, h = e / N;
+      float a = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) a += hf[w * 8 + h] * reinterpret_cast<const float*>(smem + w * C::WREG)[e];
+      if (S == 1) {  // the only partial (no sinks): normalise here, no workspace round trip
+        const float M = hm[h], L = hl[h];
+        qs[e] = (M > KV_NEG_INF && L > 0.0f) ? a * (1.0f / L) : 0.0f;
+      } else if (CL) {
+        qs[e] = a;  // the partial stays in shared memory (hm, hl: its m, l)
+      } else {
+        part_acc[pidx * 8 * N + e] = a;
+      }
+    }
+    if (!CL && S > 1 && tid < 8) {
+      part_ml[pidx * 16 + tid] = hm[tid];
+      part_ml[pidx * 16 + 8 + tid] = hl[tid];
+    }
+  }
+  }  // token CTA
+
+  if constexpr (CL > 0) {
+    // ---- cluster merge: CTA rank r merges heads r*HPC .. (r+1)*HPC-1 of all CL partials, one warp per head,
+    // reading the other CTAs' qs / hm / hl through distributed shared memory ------------------------------
+    constexpr int HPC = 8 / CL;
+    static_assert(CL == 2 || CL == 4 || CL == 8, "CL");
+    if (nfold > 0 && warp < HPC) load_q_row<N>(qv[0], qb + min(cluster_rank() * HPC + warp, nh - 1) * N, qsc, q_bf16, lane);
+    cluster_sync();  // every partial complete and visible in the cluster
+    if (warp < HPC) {
+      const int h = cluster_rank() * HPC + warp;
+      float ms[CL], ls[CL], wt[CL];
+#pragma unroll
+      for (int r = 0; r < CL; ++r) {
+        ms[r] = ld_cluster(hm + h, r);
+        ls[r] = ld_cluster(hl + h, r);
+      }
+      float v[CL][N / 32];
+#pragma unroll
+      for (int r = 0; r < CL; ++r)
+#pragma unroll
+        for (int k = 0; k < N / 32; ++k) v[r][k] = ld_cluster(qs + h * N + lane + 32 * k, r);
+      float M = KV_NEG_INF;
+#pragma unroll
+      for (int r = 0; r < CL; ++r) M = fmaxf(M, ms[r]);
+      float L = 0.0f;
+      if (M > KV_NEG_INF)
+#pragma unroll
+        for (int r = 0; r < CL; ++r)
+          if (ms[r] > KV_NEG_INF) L += ex2(ms[r] - M) * ls[r];
+#pragma unroll
+      for (int r = 0; r < CL; ++r)  // weights as the workspace merge computes them (same rounding)
+        wt[r] = (M > KV_NEG_INF && L > 0.0f && ms[r] > KV_NEG_INF) ? ex2(ms[r] - M) / L : 0.0f;
+      float o[N / 32];
+#pragma unroll
+      for (int k = 0; k < N / 32; ++k) {
+        o[k] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) o[k] += wt[r] * v[r][k];
+      }
+      store_out_row<N, SEED, HAS_SIGN, C::SF>(o, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane, M,
+                                              L, nfold, qv[0], ksr, vsr, q_bf16, sm_scale * LOG2E);
+    }
+    cluster_sync();  // no CTA leaves while another reads its shared memory
+    return;
+  }
+
+  if (S > 1) {
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const int prev = atomicAdd(&counters[(long long)b * KVH * HT + hh], 1);
+      *s_last = prev == S - 1;
+    }
+    __syncthreads();
+    if (!*s_last) return;
+    __threadfence();
+
+    // ---- last CTA: merge the splits ----------------------------------------------------------------
+    // the partial rows of the first U splits are requested first (they do not depend on the weights), then
+    // (m, l) of all splits -> shared (warp region 0 is free now), per-head max and sum, per-split weights:
+    // one L2 round trip for S <= U
+    const long long pbase = ((long long)b * KVH * HT + hh) * S;
+    constexpr int EPT = 8 * N / 128;  // elements per thread
+    constexpr int U = 128 / EPT;      // splits whose rows are in flight together (128 floats per thread)
+    float v[U][EPT];
+    auto load_rows = [&](int s0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float* src = part_acc + (pbase + min(s0 + u, S - 1)) * 8 * N;
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) v[u][k] = __ldcg(src + tid + 128 * k);
+      }
+    };
+    load_rows(0);
+    float* sml = reinterpret_cast<float*>(smem);  // [S][16], S * 64 B <= WREG (checked on the host)
+    for (int i0 = 0; i0 < S * 16; i0 += 512) {
+      float t[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + tid + 128 * j;
+        t[j] = i < S * 16 ? __ldcg(part_ml + pbase * 16 + i) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (i0 + tid + 128 * j < S * 16) sml[i0 + tid + 128 * j] = t[j];
+    }
+    __syncthreads();
+    if (tid < 8) {
+      float M = KV_NEG_INF;
+#pragma unroll 4
+      for (int s = 0; s < S; ++s) M = fmaxf(M, sml[s * 16 + tid]);
+      float L = 0.0f;
+      if (M > KV_NEG_INF)
+#pragma unroll 4
+        for (int s = 0; s < S; ++s) {
+          const float ms = sml[s * 16 + tid];
+          if (ms > KV_NEG_INF) L += ex2(ms - M) * sml[s * 16 + 8 + tid];
+        }
+      hm[tid] = M;
+      hl[tid] = L;
+    }
+    __syncthreads();
+    for (int i = tid; i < S * 8; i += 128) {  // weight of split s for head h, 1/L folded in
+      const int s = i >> 3, h = i & 7;
+      const float M = hm[h], L = hl[h], ms = sml[s * 16 + h];
+      sml[s * 16 + 8 + h] = (M > KV_NEG_INF && L > 0.0f && ms > KV_NEG_INF) ? ex2(ms - M) / L : 0.0f;
+    }
+    __syncthreads();
     float a[EPT];
 #pragma unroll
     for (int k = 0; k < EPT; ++k) a[k] = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      const float* src = part_acc + (pbase + s) * 8 * N;
-      float v[EPT];
+    for (int s0 = 0; s0 < S; s0 += U) {
+      if (s0 > 0) load_rows(s0);
 #pragma unroll
-      for (int k = 0; k < EPT; ++k) v[k] = __ldcg(src + tid + 128 * k);  // EPT loads in flight
+      for (int u = 0; u < U; ++u)
+        if (s0 + u < S) {
 #pragma unroll
-      for (int k = 0; k < EPT; ++k) a[k] += sml[s * 16 + 8 + (tid + 128 * k) / N] * v[k];
+          for (int k = 0; k < EPT; ++k) a[k] += sml[(s0 + u) * 16 + 8 + (tid + 128 * k) / N] * v[u][k];
+        }
     }
 #pragma unroll
     for (int k = 0; k < EPT; ++k) qs[tid + 128 * k] = a[k];
   }
   __syncthreads();
-  fwht_rows8<N>(qs, tid);
-  for (int e = tid; e < nh * N; e += 128) {
-    const int h = e / N, l = e % N;
-    float v = qs[e] * (1.0f / (float)N);
-    if (kv_sign(SEED, HAS_SIGN, l)) v = -v;
-    const long long o = ((long long)b * Hq + h0 + h) * N + l;
-    if (out_kind == 2) {
-      reinterpret_cast<float*>(out)[o] = v;
-    } else if (out_kind == 1) {
-      unsigned short r;
-      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-      reinterpret_cast<kv_u16*>(out)[o] = r;
-    } else {
-      reinterpret_cast<kv_u16*>(out)[o] = (kv_u16)f2h(v);
-    }
+
+  // ---- rotate back (D H / N, warp w: rows 2w, 2w+1 in registers) and write ------------------------
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = 2 * warp + r;
+    float v[N / 32];
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k) v[k] = qs[h * N + lane + 32 * k];
+    store_out_row<N, SEED, HAS_SIGN, C::SF>(v, out, out_kind, ((long long)b * Hq + h0 + h) * N, h < nh, lane, hm[h],
+                                            hl[h], nfold, qv[r], ksr, vsr, q_bf16, sm_scale * LOG2E);
   }
-  if (tid == 0) counters[(long long)b * KVH * HT + hh] = 0;
+  if (S > 1 && tid == 0) counters[(long long)b * KVH * HT + hh] = 0;
+}
+
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
+          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
+__global__ void __launch_bounds__(128, MINB) kv_decode_attn(KV_DEC_PARAMS) {
+  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, 0>(KV_DEC_ARGS);
+}
+
+// The same kernel with the CTAs of one (batch, head tile) as one cluster of CL (grid y = CL partials).
+template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
+          int ABL, int MR, int PSUB, int CL>
+__global__ void __launch_bounds__(128, MINB) __cluster_dims__(1, CL, 1) kv_decode_attn_cl(KV_DEC_PARAMS) {
+  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, CL>(KV_DEC_ARGS);
 }
 
 #ifndef KV_NVRTC
@@ -824,4 +1114,8 @@ KV_DEC_INST(128, 64, 4, 3, 0, 3, 1, 4)
 KV_DEC_INST(128, 64, 3, 3, 0, 3, 0, 2)
 KV_DEC_INST(64, 16, 4, 4, 0, 4, 1, 4)
 KV_DEC_INST(256, 32, 4, 4, 0, 2, 1, 4)
+// cluster merge (CL = 2, 4, 8) for the headline format
+#define KV_DEC_CL(KB_, VB_, CL_) \
+  template __global__ void kv_decode_attn_cl<128, 64, KB_, VB_, 0, 3, 0ull, 1, 2, 1, 0, 1, 1, CL_> KV_DEC_SIG;
+KV_DEC_CL(3, 3, 2) KV_DEC_CL(3, 3, 4) KV_DEC_CL(3, 3, 8) KV_DEC_CL(4, 3, 2) KV_DEC_CL(4, 3, 4) KV_DEC_CL(4, 3, 8)
 #endif

@@ -535,3 +535,25 @@ def test_plan_run_graph_capture_uses_caller_workspace():
     graph.launch(stream)
     stream.synchronize()
     assert np.array_equal(cp.asnumpy(out), want)
+
+
+@pytest.mark.parametrize("case", [
+    # (B, Hq, KVH, N, lengths, sinks, kb, vb, num_splits)
+    (1, 64, 8, 128, [4096], 0, 3, 3, None),        # 8 token splits: one cluster of 8
+    (2, 16, 2, 128, [700, 3], 12, 3, 3, 2),        # 2 splits + the sink CTA (> 8 sinks): padded to 4
+    (3, 16, 2, 128, [900, 0, 77], 4, 4, 3, 7),     # 7 splits padded to 8, 4 sinks in the output stage
+    (2, 16, 2, 128, [300, 64], 0, 3, 3, 1),        # one partial: the direct path (no cluster)
+], ids=lambda c: f"B{c[0]}-Hq{c[1]}-S{c[5]}-K{c[6]}V{c[7]}-splits{c[8]}")
+def test_cluster_merge_equals_workspace_merge(case):
+    """The cluster entry (partials merged in distributed shared memory) gives the workspace merge's bits."""
+    bsz, hq, kvh, n, lengths, sinks, kb, vb, ns = case
+    cache, q16, *_ = _policy_case(bsz, hq, kvh, n, 64, lengths, kb, vb, sinks, seed=3)
+    q = cp.asarray(q16)
+    p0 = cache.plan(hq, num_splits=ns, tune={"cluster": 0})
+    p1 = cache.plan(hq, num_splits=ns, tune={"cluster": 1})
+    assert p1.kind == ("decode_cl" if p0.partials > 1 else "decode")
+    o0 = cp.asnumpy(cache.run(p0, p0.workspace(), q, out_dtype="fp32"))
+    o1 = cp.asnumpy(cache.run(p1, p1.workspace(), q, out_dtype="fp32"))
+    assert np.array_equal(o0, o1)
+    ref = _reference(cache, q16, lengths, 1.0 / math.sqrt(n))
+    assert rel_err(o1, ref) <= 1e-3
