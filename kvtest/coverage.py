@@ -478,14 +478,16 @@ def flag_vectors(p: FormatParams) -> np.ndarray:
 def coverage_vectors(p: FormatParams, seed: int = 0) -> np.ndarray:
     """The directed encoder set ``coverage`` (uint16 [V, N] of ``p.dtype``): bins the
     random, adversarial and real sets leave out (verif/README.md): lanes on every code
-    threshold (``kvtest.ties.threshold_tie_vectors``), block maxima on the scale's
+    threshold (``kvtest.ties.threshold_tie_vectors``, and the same vectors negated for
+    the ties of negative lanes), block maxima on the scale's
     decision points, subnormal bytes included (``scale_tie_vectors``), asym zero points
     on their thresholds (``zero_point_tie_vectors``) and every flag combination with and
     without saturation (:func:`flag_vectors`)."""
     from .ties import scale_tie_vectors, threshold_tie_vectors, zero_point_tie_vectors
 
     rng = np.random.default_rng([seed, p.n, 17])
-    return np.concatenate([threshold_tie_vectors(p, rng, 64), scale_tie_vectors(p),
+    ties = threshold_tie_vectors(p, rng, 64)
+    return np.concatenate([ties, ties ^ np.uint16(0x8000), scale_tie_vectors(p),
                            zero_point_tie_vectors(p, rng), flag_vectors(p)])
 
 
