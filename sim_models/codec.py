@@ -121,7 +121,7 @@ def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
     return encoded(encode_trace(as_bits(x, p), p), p, lead)
 
 
-def encoded(t: Trace, p: FormatParams, lead: tuple = None) -> Encoded:
+def encoded(t: Trace, p: FormatParams, lead: tuple | None = None) -> Encoded:
     """The :class:`Encoded` planes of a write-path trace (codes packed); ``lead``: the
     leading axes to give them (default: one axis of V vectors)."""
     lead = t.codes.shape[:1] if lead is None else lead
