@@ -336,7 +336,7 @@ def decoder_hits(planes: tuple, p: FormatParams) -> tuple[list[str], np.ndarray]
     decompressor input ``(codes, scales[, zeros])`` hits, from the golden decode."""
     from sim_models.pack import unpack_codes
 
-    from .ties import tie_lanes
+    from .ties import rounding_ties
     codes, scales = planes[0], planes[1]
     zeros = planes[2] if len(planes) > 2 else None
     v = codes.shape[0]
@@ -355,8 +355,9 @@ def decoder_hits(planes: tuple, p: FormatParams) -> tuple[list[str], np.ndarray]
             cols.append(cls[s][:, k])
     e_bits, mb, bias = p.in_format
     max_fin = (2.0 - 2.0 ** -mb) * 2.0 ** ((1 << e_bits) - 2 - bias)
-    x = np.abs(decode_float(codes, scales, p, zeros))
-    tie, odd = tie_lanes(codes, scales, p, zeros)
+    x = decode_float(codes, scales, p, zeros)
+    tie, odd = rounding_ties(x, p)
+    x = np.abs(x)
     names += ["dec_out.tie_even", "dec_out.tie_odd", "dec_out.sat", "dec_out.subnormal"]
     cols += [(tie & ~odd).any(axis=1), (tie & odd).any(axis=1), (x > max_fin).any(axis=1),
              ((x > 0) & (x < 2.0 ** (1 - bias))).any(axis=1)]

@@ -13,7 +13,8 @@ Encoder inputs on the quantizer's decision points:
 * :func:`count_ties`: how many lanes / blocks of a set really sit on a tie (golden
   trace, exact integer compares; every mode and encoding).
 
-Decoder outputs on rounding ties: :func:`tie_lanes` (which lanes tie),
+Decoder outputs on rounding ties: :func:`tie_lanes` (which lanes tie; :func:`rounding_ties`
+of decoded values),
 :func:`tie_planes` (plane sets with odd and even ties).
 """
 
@@ -251,8 +252,13 @@ def tie_lanes(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
     """Bool [V, N]: the exact decoded value lies exactly halfway between two
     neighbours of the output type (a tie of round-to-nearest-even), and whether
     the lower neighbour is odd: (tie, odd). ``zeros``: the zero plane (asym)."""
+    return rounding_ties(decode_float(codes, scales, p, zeros_arg(p, zeros)), p)
+
+
+def rounding_ties(x: np.ndarray, p: FormatParams):
+    """(tie, odd) of :func:`tie_lanes` for exact decoded values ``x`` (float64)."""
     _, mb, bias = p.in_format
-    v = np.abs(decode_float(codes, scales, p, zeros_arg(p, zeros)))
+    v = np.abs(x)
     _, e = np.frexp(v)
     ulp = np.ldexp(1.0, np.maximum(e - 1, 1 - bias) - mb)
     k = np.floor(v / ulp)

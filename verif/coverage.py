@@ -3,9 +3,12 @@
 The bins and their reachability are ``kvtest.coverage`` (golden model, no simulator).
 Inside the simulator, :class:`Sampler` holds one cocotb-coverage ``CoverPoint`` per bin
 group of the config (trie ``<config>.<group>``) and samples it after every phase, from
-the vectorised hit matrices (one sample per scored vector) and the stream events (one
-sample per run of stalls / gaps / held-off input, per reset); it exports the database
-with ``coverage_db.export_to_yaml`` to the job's ``coverage`` file after each phase.
+the vectorised hit matrices of the scored vectors and the stream events (runs of stalls
+/ gaps / held-off input, resets): one sample per *distinct* hit set of a phase, so a
+bin's count is the number of (phase, distinct hit set) samples that contain it, not of
+vectors (per-vector sampling cost ~24 us a sample in cocotb-coverage's bookkeeping, 62 s
+of a 361 s full run: verif/README.md). It exports the database with
+``coverage_db.export_to_yaml`` to the job's ``coverage`` file after each phase.
 ``python -m verif.sim`` reads that file (:func:`read_hits`) and scores it
 (``kvtest.coverage.evaluate``; table: :func:`table`).
 """
@@ -61,8 +64,9 @@ class Sampler:
         self.vectors(names, hits)
 
     def vectors(self, names: list[str], hits: np.ndarray) -> None:
-        """One sample per row of ``hits`` (bool [V, len(names)]) in each group: the set of
-        bins that vector hits. A bin name outside the model raises ValueError."""
+        """Sample the rows of ``hits`` (bool [V, len(names)]: the bins each vector hits),
+        one sample per distinct row in each group. A bin name outside the model raises
+        ValueError."""
         unknown = set(names) - {n for ns in self.groups.values() for n in ns}
         if unknown:
             raise ValueError(f"coverage: hits name bins outside the model: {sorted(unknown)[:5]}")
@@ -70,25 +74,24 @@ class Sampler:
         col = {n: i for i, n in enumerate(names)}
         for g, gnames in self.groups.items():
             gn = [n for n in gnames if n in col]
-            if not gn:
+            if not gn or not hits.shape[0]:
                 continue
             sub = hits[:, [col[n] for n in gn]]
+            packed = np.ascontiguousarray(np.packbits(sub, axis=1))
+            _, first = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).ravel(),
+                                 return_index=True)
             f = self._point[g]
-            seen: dict[bytes, frozenset] = {}
-            for key, row in zip(map(bytes, np.packbits(sub, axis=1)), sub):
-                hit = seen.get(key)
-                if hit is None:
-                    hit = seen[key] = frozenset(compress(gn, row.tolist()))
-                f(hit)
-            self.samples += sub.shape[0]
+            for row in sub[np.sort(first)].tolist():
+                f(frozenset(compress(gn, row)))
+                self.samples += 1
         self.seconds += time.perf_counter() - t0
 
     def events(self, names: list[str]) -> None:
-        """One sample per event (a bin name, e.g. ``stream.stall=8-63``)."""
+        """One sample per distinct event (a bin name, e.g. ``stream.stall=8-63``)."""
         t0 = time.perf_counter()
-        for n in names:
+        for n in dict.fromkeys(names):
             self._point[n.split(".", 1)[0]](frozenset((n,)))
-        self.samples += len(names)
+            self.samples += 1
         self.seconds += time.perf_counter() - t0
 
     def export(self) -> None:
