@@ -64,7 +64,25 @@ def sim_section(d: dict) -> str:
         f"random output stalls; cycles/vector above 1 come from the random gaps and stalls):",
         _table(["set", "vectors", "mismatches", "latency (cycles)", "cycles/vector",
                 "vectors/s", "vectors/CPU s"], detail),
-    ])
+    ] + coverage_section(d))
+
+
+def coverage_section(d: dict) -> list[str]:
+    """The functional coverage table of a sim summary (absent in older summaries)."""
+    cov = d.get("coverage")
+    if not cov:
+        return []
+    rows = [[cfg, c.get("reachable", "-"), c.get("hit", "-"),
+             f"{c['percent']:.1f}%" if "percent" in c else "-",
+             f"{c['floor']:g}%" if "floor" in c else "-", len(c.get("unreachable", {})),
+             ", ".join(c.get("missed", [])) or "-",
+             "" if c.get("sampling_s") is None else f"{c['sampling_s']:.1f}"]
+            for cfg, c in cov.items()]
+    return ["Functional coverage (verif/README.md, *Functional coverage*): reachable bins hit "
+            "per config, the floor, bins declared unreachable (reasons in the JSON), misses, "
+            "cocotb-coverage sampling time:",
+            _table(["config", "reachable bins", "hit", "coverage", "floor", "unreachable",
+                    "missed", "sampling (s)"], rows)]
 
 
 def gpu_section(d: dict, v: dict) -> str:

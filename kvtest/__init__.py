@@ -9,6 +9,9 @@ Modules:
                  decoder output words
     ties         every tie generator and counter: encoder inputs on quantizer decision
                  points (RTL and GPU kernel sets), decoder outputs on rounding ties
+    coverage     the functional coverage model of the RTL benches: bins, their
+                 reachability (derived from the format), hits from the golden model,
+                 the floor check, and the directed ``coverage`` sets
     gpu_cases    decode-attention cases and the float64 reference (needs CuPy)
     streamcheck  in-order scoreboard, latency, sticky-status reference model and the
                  phase record: pure functions, used by amaranth.sim tests and cocotb

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from sim_models import wire
-from sim_models.codec import encode
+from sim_models.codec import Trace, encode, encoded
 from sim_models.fwht import hadamard
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask
@@ -34,10 +34,13 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "verif" / "data" / "smollm2_kv.npz"
 
 
-def encoder_rows(bits: np.ndarray, p: FormatParams) -> tuple[np.ndarray, np.ndarray]:
+def encoder_rows(bits: np.ndarray, p: FormatParams,
+                 trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Golden ``KVEpilogue`` output words of uint16 [V, N] inputs, as byte rows
-    (:func:`sim_models.wire.encoder_output_rows`), and their flags uint8 [V]."""
-    e = encode(np.ascontiguousarray(bits, dtype=np.uint16), p)
+    (:func:`sim_models.wire.encoder_output_rows`), and their flags uint8 [V]. ``trace``:
+    their ``sim_models.codec.encode_trace`` if already computed."""
+    e = (encode(np.ascontiguousarray(bits, dtype=np.uint16), p) if trace is None
+         else encoded(trace, p))
     flags = e.flags.astype(np.uint8)
     return wire.encoder_output_rows(p, e.codes, e.scales, flags, e.zeros), flags
 
@@ -185,8 +188,11 @@ def raw_vectors(n: int, count: int, seed: int = 0) -> np.ndarray:
 
 
 def get_set(name: str, n: int, count: int | None = None, seed: int = 0,
-            fixture: Path | str | None = FIXTURE, dtype: str = "fp16") -> np.ndarray:
-    """One vector set by name: ``random`` (count vectors), ``adversarial``, ``real``, ``raw``.
+            fixture: Path | str | None = FIXTURE, dtype: str = "fp16",
+            p: FormatParams | None = None) -> np.ndarray:
+    """One vector set by name: ``random`` (count vectors), ``adversarial``, ``real``, ``raw``,
+    ``coverage`` (``kvtest.coverage.coverage_vectors`` of ``p``: directed stimulus for the
+    coverage bins; needs ``p``).
 
     For ``adversarial`` and ``real`` a ``count`` limits the set (``None``: all).
     For ``dtype == "bf16"`` the fp16 sets are converted to bf16 patterns of the
@@ -201,6 +207,12 @@ def get_set(name: str, n: int, count: int | None = None, seed: int = 0,
         out = real_vectors(n, FIXTURE if fixture is None else fixture, count)
     elif name == "raw":
         return raw_vectors(n, 1000 if count is None else count, seed)
+    elif name == "coverage":
+        from .coverage import coverage_vectors   # (coverage imports this module)
+        if p is None or p.n != n or p.dtype != dtype:
+            raise ValueError("set 'coverage' needs the config's FormatParams p (same n and dtype)")
+        out = coverage_vectors(p, seed)
+        return out if count is None else out[:count]
     else:
         raise ValueError(f"unknown vector set {name!r}")
     return fp16_to_bf16(out) if dtype == "bf16" else out

@@ -7,10 +7,14 @@ Encoder inputs on the quantizer's decision points:
   values and midpoints, subnormal scale bytes);
 * :func:`kernel_tie_vectors`: the GPU kernels' set, deterministic, scale ue5m3,
   modes midtread / midrise;
+* :func:`scale_tie_vectors`: block maxima exactly on every subnormal-region decision
+  point of the scale (and a sample of the normal ones), any mode (max rule);
+* :func:`zero_point_tie_vectors`: asym zero points exactly on each threshold;
 * :func:`count_ties`: how many lanes / blocks of a set really sit on a tie (golden
   trace, exact integer compares; every mode and encoding).
 
-Decoder outputs on rounding ties: :func:`tie_lanes` (which lanes tie),
+Decoder outputs on rounding ties: :func:`tie_lanes` (which lanes tie; :func:`rounding_ties`
+of decoded values),
 :func:`tie_planes` (plane sets with odd and even ties).
 """
 
@@ -19,12 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from sim_models.codec import decode_float, encode_trace
-from sim_models.exact import ge_scaled
 from sim_models.fwht import hadamard
 from sim_models.minifloat import scale_encoding
 from sim_models.params import FormatParams
-from sim_models.quant import threshold_coefs
-from sim_models.scale import max_units
+from sim_models.quant import threshold_coefs, threshold_ties
+from sim_models.scale import max_units, scale_decisions
 from sim_models.signs import sign_mask
 
 from .inputs import float_bits
@@ -125,36 +128,123 @@ def kernel_tie_vectors(p: FormatParams) -> np.ndarray:
     return np.array(rows).astype(np.float16).view(np.uint16)
 
 
-def count_ties(bits: np.ndarray, p: FormatParams) -> tuple[int, int]:
-    """(lanes exactly on a code threshold, blocks whose ideal scale A 2^u / K lies
-    exactly on a scale value (up) / midpoint (nearest) of p.scale), by the golden
-    trace, so that tie tests can check that ties really occur."""
-    t = encode_trace(bits, p)
+def _row_vector(p: FormatParams, r: int, total: int, e: int, spread: bool) -> np.ndarray | None:
+    """Input bits (uint16 [N]) whose FWHT output is ``total * 2^e`` at lane r and smaller
+    elsewhere, exactly: lane i = D_i H[r, i] c_i 2^e with positive integers c_i summing to
+    ``total``, all in one binade of the input type (so the block floating point keeps
+    them: same unit 2^e) or, at the smallest exponent, any c_i (subnormals share the unit).
+    ``spread``: c_i may differ (|y_j| < total for j != r); otherwise all c_i are equal, so
+    the output is one-hot (asym: the block range is exactly ``total``). None if no such
+    c_i exist."""
+    n = p.n
+    _, mb, bias = p.in_format
+    e_min = 1 - bias - mb
+    if e < e_min or total <= 0:
+        return None
+    lo = 1 if e == e_min else 1 << mb
+    hi = (1 << (mb + 1)) - 1
+    if spread:
+        if not n * lo <= total <= n * hi:
+            return None
+        c = np.full(n, total // n, dtype=np.int64)
+        c[: total % n] += 1
+    else:
+        if total % n or not lo <= total // n <= hi:
+            return None
+        c = np.full(n, total // n, dtype=np.int64)
+    e_bits = p.in_format[0]
+    if (hi + 1) * 2.0 ** e > 2.0 ** ((1 << e_bits) - 1 - bias):
+        return None                   # beyond the largest finite value
+    flip = np.where(sign_mask(n, p.sign_seed) == 1, -1.0, 1.0)
+    return float_bits(hadamard(n)[r] * flip * c * 2.0 ** e, p)
+
+
+def scale_tie_vectors(p: FormatParams, normal_every: int = 16) -> np.ndarray:
+    """Vectors whose block maximum (asym: block range) puts the ideal scale exactly on a
+    decision point of the max rule: every midpoint (rounding ``nearest``) or value
+    (``up``) of ``p.scale`` whose byte above it is subnormal, and every
+    ``normal_every``-th of the others. Block max A 2^u = K * point with K = Kn / Kd
+    (``sim_models.scale.max_units``): one FWHT lane r (:func:`_row_vector`) carries
+    ``Kn sig 2^j`` units of ``2^(exp - log2 Kd - j)``, j chosen so that the lanes fit one
+    binade; one-hot for asym (whose range counts negative lanes too), spread over the
+    lanes otherwise (Lloyd-Max constants need more bits than one fp16 lane holds).
+
+    Returns:
+        uint16 [V, N] bit patterns of ``p.dtype``, only those the golden model confirms
+        (``sim_models.scale.scale_decisions``); empty for other scale rules.
+    """
+    if p.scale_rule != "max":
+        return np.zeros((0, p.n), dtype=np.uint16)
     enc = scale_encoding(p.scale)
-    sig, exp = enc.sig_exp(t.scales)
-    coefs, frac = threshold_coefs(p.mode, p.bits)
-    k, kd = max_units(p)                  # K = k / kd
-    mag = np.abs(t.y).reshape(len(bits), p.n_blocks, p.block)
-    u = t.u[:, None, None]
-    lanes = 0
-    for a in coefs:
-        lhs, rhs = (mag << frac, u), (a * sig[:, :, None], exp[:, :, None])
-        lanes += int((ge_scaled(*lhs, *rhs) & ge_scaled(*rhs, *lhs) & (mag > 0)).sum())
-    if p.mode == "asym":      # the block range hi - lo
-        yb = t.y.reshape(len(bits), p.n_blocks, p.block)
-        amax = np.maximum(yb.max(axis=2), 0) - np.minimum(yb.min(axis=2), 0)
-    else:
-        amax = mag.max(axis=2)
-    amax = amax * kd
+    kn, kd = max_units(p)
+    lkd = kd.bit_length() - 1
     if p.scale_round == "nearest":
-        every_sig, every_exp = enc.mid_sig, enc.mid_exp
+        pts = list(zip(enc.mid_sig.tolist(), enc.mid_exp.tolist(), enc.bytes[1:].tolist()))
     else:
-        every_sig, every_exp = enc.sig, enc.exp
-    blocks = 0
-    for cs, ce in zip(every_sig.tolist(), every_exp.tolist()):
-        eq = ge_scaled(amax, t.u[:, None], k * cs, ce) & ge_scaled(k * cs, ce, amax, t.u[:, None])
-        blocks += int(eq.sum())
-    return lanes, blocks
+        pts = list(zip(enc.sig.tolist(), enc.exp.tolist(), enc.bytes.tolist()))
+    rows = []
+    k_normal = 0
+    for i, (sig, ex, byte) in enumerate(pts):
+        if byte >> enc.mant_bits:
+            k_normal += 1
+            if k_normal % normal_every:
+                continue
+        r = (7 * i) % p.n
+        for j in range(-8, 40):
+            total, e = kn * sig, ex - lkd - j
+            if j >= 0:
+                total <<= j
+            elif total % (1 << -j):
+                continue
+            else:
+                total >>= -j
+            v = _row_vector(p, r, total, e, spread=p.mode != "asym")
+            if v is not None:
+                rows.append(v)
+                break
+    out = np.array(rows, dtype=np.uint16).reshape(-1, p.n)
+    t = encode_trace(out, p)
+    return out[scale_decisions(t.y, t.u, t.scales, p)[0].any(axis=1)]
+
+
+def zero_point_tie_vectors(p: FormatParams, rng: np.random.Generator, count: int = 24) -> np.ndarray:
+    """Mode asym: vectors whose block minimum puts the zero point exactly on its threshold
+    j (``-lo 2^u = (2j - 1) / 2 * scale``) for every j in turn. FWHT lane r is
+    a = K sig 2^t - T and lane r+1 is -T with T = (2j - 1) sig 2^(t-1), zero elsewhere
+    (x = (a H[r] - T H[r+1]) D / N), so the block range is exactly K sig 2^t (the scale
+    value sig 2^t under both roundings) and -lo = T. Exact while a + T fits the input
+    type's significand. Returns uint16 [V, N] (empty for other modes)."""
+    if p.mode != "asym":
+        return np.zeros((0, p.n), dtype=np.uint16)
+    n = p.n
+    kn, _ = max_units(p)
+    coefs, _ = threshold_coefs(p.mode, p.bits)
+    nm = 1 << scale_encoding(p.scale).mant_bits
+    h = hadamard(n).astype(np.float64)
+    flip = np.where(sign_mask(n, p.sign_seed) == 1, -1.0, 1.0)
+    s_lo, s_hi = (-12, 6) if p.dtype == "fp16" else (-20, 16)
+    out = []
+    for i in range(count):
+        cj = coefs[i % len(coefs)]
+        sig = int(rng.integers(nm, 2 * nm)) if p.dtype == "fp16" else nm
+        a, t = 2 * kn * sig - cj * sig, cj * sig          # units of sig 2^(t-1) / sig
+        r = 2 * int(rng.integers(0, n // 2))
+        s = int(rng.integers(s_lo, s_hi))
+        vals = (a * h[r] - t * h[r + 1]) * flip * 2.0 ** (s - 1) / n
+        out.append(float_bits(vals, p))
+    return np.array(out, dtype=np.uint16).reshape(-1, n)
+
+
+def count_ties(bits: np.ndarray, p: FormatParams) -> tuple[int, int]:
+    """(nonzero lanes exactly on a code threshold, blocks whose ideal scale lies exactly
+    on the decision point of their scale byte: a midpoint (nearest) or a value (up)),
+    by the golden trace (``sim_models.quant.threshold_ties``,
+    ``sim_models.scale.scale_decisions``: exact integer compares, every mode, rule and
+    encoding), so that tie tests can check that ties really occur."""
+    t = encode_trace(bits, p)
+    lanes, _ = threshold_ties(t.y, t.u, t.scales, p)
+    blocks, _ = scale_decisions(t.y, t.u, t.scales, p)
+    return int(((lanes > 0) & (t.y != 0)).sum()), int(blocks.sum())
 
 
 def tie_lanes(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
@@ -162,8 +252,13 @@ def tie_lanes(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
     """Bool [V, N]: the exact decoded value lies exactly halfway between two
     neighbours of the output type (a tie of round-to-nearest-even), and whether
     the lower neighbour is odd: (tie, odd). ``zeros``: the zero plane (asym)."""
+    return rounding_ties(decode_float(codes, scales, p, zeros_arg(p, zeros)), p)
+
+
+def rounding_ties(x: np.ndarray, p: FormatParams):
+    """(tie, odd) of :func:`tie_lanes` for exact decoded values ``x`` (float64)."""
     _, mb, bias = p.in_format
-    v = np.abs(decode_float(codes, scales, p, zeros_arg(p, zeros)))
+    v = np.abs(x)
     _, e = np.frexp(v)
     ulp = np.ldexp(1.0, np.maximum(e - 1, 1 - bias) - mb)
     k = np.floor(v / ulp)

@@ -118,8 +118,13 @@ def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
     """
     p = _check_params(p)
     lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
-    bits = as_bits(x, p)
-    t = encode_trace(bits, p)
+    return encoded(encode_trace(as_bits(x, p), p), p, lead)
+
+
+def encoded(t: Trace, p: FormatParams, lead: tuple | None = None) -> Encoded:
+    """The :class:`Encoded` planes of a write-path trace (codes packed); ``lead``: the
+    leading axes to give them (default: one axis of V vectors)."""
+    lead = t.codes.shape[:1] if lead is None else lead
     zeros = None if t.zeros is None else t.zeros.reshape(*lead, p.n_blocks)
     return Encoded(codes=pack_codes(t.codes, p.bits, p.mode != "asym").reshape(*lead, p.code_bytes),
                    scales=t.scales.reshape(*lead, p.n_blocks),

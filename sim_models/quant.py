@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .exact import ge_scaled
 from .lloyd_max import LEVEL_FRAC_BITS, levels, threshold_sums
 from .minifloat import scale_encoding
 from .params import QUANT_MODES, FormatParams
@@ -142,3 +143,38 @@ def dequantize(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
                          f"got {list(zeros.shape)}")
     z = np.repeat(zeros.astype(np.int64), p.block, axis=1)
     return (c - z) * step
+
+
+def threshold_ties(y: np.ndarray, u: np.ndarray, scales: np.ndarray, p: FormatParams):
+    """Lanes (and asym zero points) exactly on a code threshold (docs/FORMAT.md 3.7).
+
+    Args:
+        y, u, scales, p: as :func:`quantize`.
+
+    Returns:
+        (lanes, zeros): ``lanes`` int64 [V, N], the threshold index j (1-based) that
+        ``|y| 2^u 2^frac == coefs[j-1] * scale`` holds for, 0 where none; ``zeros``
+        (asym) int64 [V, N/G], the same for the zero point's magnitude ``-lo``, else None.
+    """
+    sig, exp = _block_scale(scales, p)
+    coefs, frac = threshold_coefs(p.mode, p.bits)
+    table = np.array((0,) + tuple(int(c) for c in coefs), dtype=np.int64)
+
+    def on(mag, width):
+        """int64: 1-based index of the threshold ``mag`` sits on, 0 if none. Only the
+        highest threshold met (the count m) can hold with equality."""
+        m = _count(mag, u, coefs, frac, sig, exp, width)
+        v, n = mag.shape
+        mb = (mag << frac).reshape(v, n // width, width)
+        t = table[m].reshape(mb.shape) * sig[:, :, None]
+        e = np.broadcast_to(exp[:, :, None], mb.shape)
+        ub = np.broadcast_to(u[:, None, None], mb.shape)
+        eq = (m.reshape(mb.shape) > 0) & ge_scaled(mb, ub, t, e) & ge_scaled(t, e, mb, ub)
+        return np.where(eq, m.reshape(mb.shape), 0).reshape(mag.shape)
+
+    lanes = on(np.abs(y), p.block)
+    zeros = None
+    if p.mode == "asym":
+        lo, _ = block_range(y, p)
+        zeros = on(-lo, 1)
+    return lanes, zeros

@@ -76,8 +76,9 @@ def block_range(y: np.ndarray, p: FormatParams):
     return np.minimum(yb.min(axis=2, initial=0), 0), np.maximum(yb.max(axis=2, initial=0), 0)
 
 
-def _rule_operands(y: np.ndarray, p: FormatParams):
-    """(power, C, X) of the compare ``C * scale^p >= X * 2^(p*u)`` per block."""
+def rule_operands(y: np.ndarray, p: FormatParams):
+    """(power, C, X) of the compare ``C * scale^p >= X * 2^(p*u)`` per block
+    (docs/FORMAT.md 3.7): the ideal scale t of a block solves ``C * t^p = X * 2^(p*u)``."""
     mult = scale_mult(p)
     yb = _blocks(y, p)
     if p.scale_rule == "max":
@@ -112,7 +113,7 @@ def choose_scale_bytes(y: np.ndarray, u: np.ndarray, p: FormatParams):
         block's ideal scale exceeded the largest value.
     """
     enc = scale_encoding(p.scale)
-    power, c, x = _rule_operands(y, p)
+    power, c, x = rule_operands(y, p)
     ub = np.broadcast_to(u[:, None], x.shape) * power
     k = enc.bytes.size
     shape = x.shape
@@ -129,3 +130,33 @@ def choose_scale_bytes(y: np.ndarray, u: np.ndarray, p: FormatParams):
             return ~ge_scaled(x, ub, c * enc.mid_sig[i] ** power, power * enc.mid_exp[i])
         idx = first_true(mid_gt_target, k - 1, shape)  # k-1: above every midpoint
     return enc.bytes[idx], sat.any(axis=1)
+
+
+def scale_decisions(y: np.ndarray, u: np.ndarray, scales: np.ndarray, p: FormatParams):
+    """Which blocks sit on a decision point of the scale rule, and which saturate.
+
+    Args:
+        y, u: FWHT output and unit exponent (as :func:`choose_scale_bytes`).
+        scales: uint8 [V, N/G], the bytes :func:`choose_scale_bytes` chose.
+        p: format parameters.
+
+    Returns:
+        (tie, sat), bool [V, N/G]. ``tie``: the ideal scale t is exactly the decision
+        point that chose the byte: rounding ``nearest``, t equals the midpoint below
+        the chosen value (the tie went up); ``up``, t equals the chosen value (a
+        rounding up that did not round). ``sat``: t exceeds the largest value
+        (FLAG_SAT, per block).
+    """
+    enc = scale_encoding(p.scale)
+    power, c, x = rule_operands(y, p)
+    ub = np.broadcast_to(u[:, None], x.shape) * power
+    idx = enc.index_of(scales)
+    if p.scale_round == "up":
+        sig, ex, valid = enc.sig[idx], enc.exp[idx], np.ones(idx.shape, dtype=bool)
+    else:
+        j = np.maximum(idx - 1, 0)
+        sig, ex, valid = enc.mid_sig[j], enc.mid_exp[j], idx > 0
+    point = c * sig ** power
+    tie = valid & ge_scaled(point, power * ex, x, ub) & ge_scaled(x, ub, point, power * ex)
+    sat = ~ge_scaled(c * int(enc.sig[-1]) ** power, power * int(enc.exp[-1]), x, ub)
+    return tie, sat

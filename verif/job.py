@@ -41,6 +41,8 @@ class Job:
             resets: mid-stream resets in the reset phase.
         fault_every: scoreboard self-test, corrupt every k-th expected word (0: off).
         results: JSON file the phases append their records to (None: not recorded).
+        coverage: YAML file the functional coverage database is exported to after each
+            phase (verif/coverage.py; None: coverage not sampled).
     """
 
     params: FormatParams = field(default_factory=FormatParams)
@@ -63,6 +65,7 @@ class Job:
     resets: int = 12
     fault_every: int = 0
     results: str | None = None
+    coverage: str | None = None
 
     def stalls(self) -> dict:
         """The stall settings as keyword arguments of ``Bench.stream``."""

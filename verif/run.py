@@ -32,7 +32,8 @@ def _simulate(cfg: RTLConfig, bdir: Path, job: Job, tdir: Path, testcase,
     if tdir.exists():
         shutil.rmtree(tdir)
     tdir.mkdir(parents=True)
-    job = dataclasses.replace(job, results=str(tdir / "phases.json"))
+    job = dataclasses.replace(job, results=str(tdir / "phases.json"),
+                              coverage=str(tdir / "coverage.yml"))
     job_path = tdir / "job.json"
     job_path.write_text(job.to_json())
     seed = job.seed
@@ -59,7 +60,9 @@ def _simulate(cfg: RTLConfig, bdir: Path, job: Job, tdir: Path, testcase,
         ntests, nfail = 0, 1
         print(f"[{cfg.name}] no cocotb results: {err}", file=sys.stderr)
     phases = json.loads((tdir / "phases.json").read_text()) if (tdir / "phases.json").exists() else []
-    return {"phases": phases, "tests": {"passed": ntests - nfail, "failed": nfail},
+    cov = tdir / "coverage.yml"
+    return {"phases": phases, "coverage": str(cov) if cov.exists() else None,
+            "tests": {"passed": ntests - nfail, "failed": nfail},
             "failed_tests": _failed_tests(xml), "wall_s": wall, "log": str(tdir / "sim.log")}
 
 
@@ -91,7 +94,8 @@ def run(cfg: RTLConfig, files: list[Path], bdir: Path, manifest: dict, job: Job,
         waves: keep an FST of failing tests (default :func:`waves_enabled`).
 
     Returns:
-        {"phases": [...], "tests": {"passed", "failed"}, "failed_tests": [...],
+        {"phases": [...], "coverage": the coverage YAML (None: none written),
+         "tests": {"passed", "failed"}, "failed_tests": [...],
          "wall_s", "log", "waves": [FST paths of the failing tests' reruns]}.
     """
     tool_env()

@@ -65,7 +65,11 @@ from sim_models import FormatParams
 
 from rtl_gen.config import RTLConfig
 
+from kvtest.coverage import FLOORS, LONG_BURSTS, evaluate
+
 from .build import BUILD, build, generate, sim_config
+from .coverage import model_of, read_hits
+from .coverage import table as coverage_table
 from .job import Job
 from .run import run
 
@@ -160,6 +164,11 @@ def sets_for(cfg: RTLConfig, quick: bool, n_random: int | None, fixture: Path, s
                 {"name": "adversarial", "mode": "rt", "count": None, "seed": seed},
                 {"name": "random", "mode": "direct", "count": nr, "seed": seed},
                 {"name": "adversarial", "mode": "direct", "count": None, "seed": seed}]
+        if not quick:
+            sets += [{"name": "random", "mode": "rt", "label": "long_stalls",
+                      "count": max(nr // 5, 200), "seed": seed + 7, "stalls": long_stalls},
+                     {"name": "coverage", "mode": "rt", "count": None, "seed": seed},
+                     {"name": "coverage", "mode": "direct", "count": None, "seed": seed}]
         if real:
             sets.append({"name": "real", "mode": "rt", "count": 1000 if quick else None,
                          "seed": seed})
@@ -170,6 +179,7 @@ def sets_for(cfg: RTLConfig, quick: bool, n_random: int | None, fixture: Path, s
     if not quick:
         sets.append({"name": "random", "label": "long_stalls", "count": max(nr // 5, 200),
                      "seed": seed + 7, "stalls": long_stalls})
+        sets.append({"name": "coverage", "count": None, "seed": seed})
     if real:
         sets.append({"name": "real", "count": 2000 if quick else None})
     if cfg.params.dtype == "bf16":
@@ -192,6 +202,23 @@ def expected_phases(cfg: RTLConfig, sets: list) -> set:
                 *(f"{s['mode']}:{s.get('label', s['name'])}" for s in sets)}
     return {"latency", "throughput", "reset_midstream", "status_clear",
             *(s.get("label", s["name"]) for s in sets)}
+
+
+def coverage_of(cfg: RTLConfig, job: Job, res: dict, quick: bool) -> dict:
+    """The functional coverage of one config's run (kvtest.coverage.evaluate of the
+    database the testbench exported), with the floor of the run kind."""
+    if not res.get("coverage"):
+        return {"ok": False, "error": "the testbench wrote no coverage database"}
+    hits = read_hits(res["coverage"], cfg.name)
+    long_bursts = any((s.get("stalls") or {}).get("burst_max", job.burst_max) >= 256
+                      for s in job.sets) or job.burst_max >= 256
+    out = evaluate(model_of(cfg.name, cfg.params), hits, {LONG_BURSTS} if long_bursts else set(),
+                   FLOORS["quick" if quick else "full"])
+    cs = [ph.get("coverage_s") for ph in res["phases"] if ph.get("coverage_s") is not None]
+    ns = [ph.get("coverage_samples") for ph in res["phases"] if ph.get("coverage_samples") is not None]
+    out.update(database=res["coverage"], sampling_s=max(cs) if cs else None,
+               samples=max(ns) if ns else None, hits=dict(sorted(hits.items())))
+    return out
 
 
 def _fmt_row(cols, widths):
@@ -321,6 +348,7 @@ def main(argv=None) -> int:
         threading.Thread(target=lambda: [do_build(c) for c in cfgs], daemon=True).start()
 
     results, rows = [], []
+    coverage: dict[str, dict] = {}
     ok_all = True
     for cfg in cfgs:
         if a.jobs <= 1:
@@ -335,6 +363,7 @@ def main(argv=None) -> int:
             print(info["traceback"], file=sys.stderr)
             entry["error"] = info["error"]
             rows.append(_error_row(cfg.name, "build"))
+            coverage[cfg.name] = {"ok": False, "error": "not built"}
             results.append(entry)
             ok_all = False
             continue
@@ -374,6 +403,13 @@ def main(argv=None) -> int:
                 log(f"[{cfg.name}] {ph['set']}: FAILED:\n    " + "\n    ".join(ph["errors"][:10]))
         for w in res.get("waves", []):
             log(f"[{cfg.name}] FST of the failing run: {w}")
+        cov = coverage_of(cfg, job, res, a.quick)
+        entry["coverage"] = coverage[cfg.name] = cov
+        ok_all &= bool(cov["ok"])
+        if "error" not in cov:
+            log(f"[{cfg.name}] functional coverage {cov['hit']}/{cov['reachable']} reachable bins "
+                f"({cov['percent']:.1f}%, floor {cov['floor']:g}%; {cov['samples']} samples in "
+                f"{cov['sampling_s']:.2f} s){'' if cov['ok'] else ': UNDER THE FLOOR / WRONG'}")
         nv = sum(ph["outputs"] for ph in res["phases"])
         log(f"[{cfg.name}] {nv} vectors in {res['wall_s']:.1f} s (build {info['build_s']:.1f} s"
             f"{', cached' if info['build_s'] == 0 else ''}): "
@@ -382,13 +418,18 @@ def main(argv=None) -> int:
 
     print()
     print(table(rows))
+    print("\nFunctional coverage (kvtest.coverage: reachable bins hit; floor "
+          f"{FLOORS['quick' if a.quick else 'full']:g}% of them)\n")
+    print(coverage_table(coverage))
     total = time.time() - t_start
     n_mism = sum(r["mismatches"] for r in rows if isinstance(r["mismatches"], int))
     n_vec = sum(r["vectors"] for r in rows)
     print(f"\n{n_vec} vectors, {n_mism} mismatches, {total:.0f} s total: "
           f"{'PASS' if ok_all else 'FAIL'}")
     summary = {"ok": ok_all, "seed": a.seed, "quick": a.quick, "total_s": round(total, 1),
-               "rows": rows, "configs": results}
+               "rows": rows, "coverage": {k: {f: v[f] for f in v if f != "hits"}
+                                          for k, v in coverage.items()},
+               "configs": results}
     a.summary.parent.mkdir(parents=True, exist_ok=True)
     a.summary.write_text(json.dumps(summary, indent=1, default=str))
     print(f"summary: {a.summary}")

@@ -43,6 +43,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge
 
+from kvtest.coverage import stream_events
 from kvtest.streamcheck import StatusChecker, phase_record
 
 from .job import Job
@@ -53,6 +54,8 @@ CLK_NS = 10
 #: is latched by the harness at this very edge. (A deposit is an inertial write
 #: under COCOTB_TRUST_INERTIAL_WRITES=1: Verilator applies it after the eval.)
 NOW = 3
+#: Cycles a mid-stream reset may wait for a stalled output word (every second reset).
+RESET_STALL_WAIT = 64
 
 
 def pattern(rng: np.random.Generator, n: int, p_off: float, burst_p: float,
@@ -96,6 +99,8 @@ class Bench:
         self.ctl = 0              # value on t_ctl
         self.last_m = 0           # last m_ctl sample
         self.has_status = "status" in self.lay["m_ctl"]
+        self.cov = None           # verif.coverage.Sampler (bench(), when the job names a file)
+        self.scored = np.zeros(0, dtype=np.int64)   # inputs whose output the last phase scored
         self._edge = FallingEdge(dut.clk)
         trusted = os.environ.get("COCOTB_TRUST_INERTIAL_WRITES") == "1"
 
@@ -173,8 +178,10 @@ class Bench:
             gap_p, stall_p, burst_p, burst_max: random valid gaps / o__ready
                 stalls (see :func:`pattern`).
             clear_p: probability of a status_clear pulse per cycle (DUTs with status).
-            resets: mid-stream resets, at random times with words in flight; the
-                words in flight are dropped and the abandoned input is re-sent.
+            resets: mid-stream resets, at random times with words in flight (every
+                second one waits up to :data:`RESET_STALL_WAIT` cycles for an output
+                word held by back-pressure); the words in flight are dropped and the
+                abandoned input is re-sent.
             isolate: present a word only when the DUT is empty (latency).
             timeout: cycles without progress before giving up.
             status_init: status before the phase (sticky flags of earlier words);
@@ -205,10 +212,12 @@ class Bench:
         vp = op = cp = None
         base = 0
         reset_at = []
+        reset_events = []         # (words in flight, output stalled, input presented)
         if resets and nv >= 8:
             reset_at = sorted(rng.choice(np.arange(1, nv), size=min(resets, nv - 1),
                                          replace=False).tolist())
         rst_on, rst_left, n_resets = False, 0, 0
+        wait0 = None              # cycle the pending reset started waiting for a stall
         nxt = head = 0            # next input to present / oldest accepted not yet out
         busy, valid = False, False
         acc_c: list[int] = []     # cycle of the input handshake of vector i
@@ -238,9 +247,16 @@ class Bench:
             if rst_on and rst_left == 0:
                 rst_on = False
             if not rst_on and reset_at and nxt >= reset_at[0] and head < nxt:
-                reset_at.pop(0)
-                rst_on, rst_left = True, int(rng.integers(1, 5))
-                n_resets += 1
+                # every second reset waits (at most RESET_STALL_WAIT cycles) for an
+                # output word held by o__ready low: reset with back-pressure applied
+                stalled = bool(m & 2) and not cur & ordy_b
+                wait0 = c if wait0 is None else wait0
+                if stalled or n_resets % 2 == 0 or c - wait0 >= RESET_STALL_WAIT:
+                    reset_at.pop(0)
+                    wait0 = None
+                    reset_events.append((nxt - head, stalled, valid))
+                    rst_on, rst_left = True, int(rng.integers(1, 5))
+                    n_resets += 1
             if rst_on:
                 rst_left -= 1
                 busy = False
@@ -263,8 +279,7 @@ class Bench:
             c += 1
             # ---- sample: what rising edge c transferred ----
             m = get_m()
-            if check_status:
-                hist.append(m | (ctl << 32))
+            hist.append(m | (ctl << 32))
             if rst_on:
                 flushed += nxt - head
                 head = nxt
@@ -302,6 +317,14 @@ class Bench:
         m = await self.idle(1, fixed | (ordy_b if cur & ordy_b else 0))
         t_loop = time.perf_counter() - t0
         cpu_loop = time.process_time() - cpu0
+        self.scored = np.array([i for i in out_i if i >= 0], dtype=np.int64)
+        if self.cov is not None:
+            h = np.array(hist, dtype=np.int64)
+            d, mm = h >> 32, h & 0xFFFFFFFF
+            self.cov.events(stream_events(
+                o_valid=(mm & 2) != 0, o_ready=(d & ordy_b) != 0, o_fire=(mm & 1) != 0,
+                i_valid=(d & val_b) != 0, i_fire=(mm & ifire) != 0, rst=(d & rst_b) != 0,
+                resets=reset_events))
         # ---- scoreboard, latency, status: kvtest.streamcheck ----
         extra, spurious_end = [], 0
         if m & 2:
@@ -332,9 +355,16 @@ class Bench:
                     "burst_max": burst_max, "clear_p": clear_p, "isolate": isolate})
 
     def finish(self, rec: dict, extra_errors=()) -> dict:
-        """Add test-level errors to a phase record, log it, append it to the results."""
+        """Add test-level errors to a phase record, export the coverage database, log the
+        record, append it to the results."""
         rec["errors"] = list(rec["errors"]) + list(extra_errors)
         rec["ok"] = rec["ok"] and not extra_errors
+        if self.cov is not None:
+            self.cov.export()
+            # cumulative over the run: samples, cocotb-coverage seconds, hit-matrix seconds
+            rec["coverage_samples"] = self.cov.samples
+            rec["coverage_s"] = round(self.cov.seconds, 3)
+            rec["coverage_hits_s"] = round(self.cov.hit_seconds, 3)
         self.job.record(rec)
         lat = rec["latency_min"], rec["latency_max"]
         cocotb.log.info(
@@ -373,8 +403,25 @@ def assert_ok(recs) -> None:
                               f"{len(r['errors'])} errors, first: {r['errors'][:1]}" for r in bad)
 
 
+#: The coverage sampler of this simulator process (one config; kept across tests).
+_SAMPLER = None
+
+
+def sampler(job: Job):
+    """The process's :class:`verif.coverage.Sampler` for ``job`` (None: no coverage file)."""
+    global _SAMPLER
+    if job.coverage and _SAMPLER is None:
+        from kvtest.coverage import bins
+
+        from .coverage import Sampler, kind_of
+        _SAMPLER = Sampler(job.config, bins(job.params, kind_of(job.config)), job.coverage)
+    return _SAMPLER
+
+
 async def bench(dut, name: str) -> Bench:
     gc.enable()
-    b = Bench(dut, Job.load(), name)
+    job = Job.load()
+    b = Bench(dut, job, name)
+    b.cov = sampler(job)
     await b.start()
     return b

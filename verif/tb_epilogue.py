@@ -13,6 +13,9 @@ kvtest.streamcheck. Expected words: the golden model (``sim_models.encode``) via
 * test_latency       isolated vectors: latency == the manifest's latency_cycles
 * test_throughput    valid/ready always high: 1 vector per cycle, constant latency
 * test_stream        every vector set of the job under gaps, stalls, bursts, clears
+
+Every phase samples the functional coverage (verif/coverage.py) of the vectors it scored
+and of its handshakes.
 * test_reset_midstream  resets with words in flight
 * test_status_clear  scripted walk over every flag value
 """
@@ -25,34 +28,40 @@ import numpy as np
 
 import cocotb
 
+from kvtest.coverage import encoder_hits, take
 from kvtest.inputs import encoder_rows, get_set
 from kvtest.streamcheck import describe_encoder_word, full_rate_record_errors
 from sim_models import wire
+from sim_models.codec import encode_trace
 from verif.stream import assert_ok, bench, inject_faults
 
 
 def vectors(b, name: str, count, seed=None) -> np.ndarray:
     return get_set(name, b.p.n, count, b.seed if seed is None else seed,
-                   b.job.fixture, b.p.dtype)
+                   b.job.fixture, b.p.dtype, p=b.p)
 
 
 def expected(b, bits: np.ndarray):
-    """(input strings, expected output strings, flags, seconds) of uint16 [V, N]."""
+    """(input strings, expected output strings, flags, seconds, golden trace) of uint16
+    [V, N]."""
     t0 = time.perf_counter()
-    rows, flags = encoder_rows(bits, b.p)
+    trace = encode_trace(bits, b.p)
+    rows, flags = encoder_rows(bits, b.p, trace)
     exp = wire.rows_to_binstr(rows, b.out_width)
     k = b.job.fault_every
     if k:
         exp, _ = inject_faults(exp, k, b.p.n * b.p.bits)
     win = wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(b.p).width)
-    return win, exp, flags, time.perf_counter() - t0
+    return win, exp, flags, time.perf_counter() - t0, trace
 
 
 async def run_set(b, bits, label: str, **kw) -> dict:
-    win, exp, flags, prep = expected(b, bits)
+    win, exp, flags, prep, trace = expected(b, bits)
     rec = await b.stream(win, exp, label, prep_s=prep, **kw,
                          describe=lambda g, e: describe_encoder_word(int(g, 2), int(e, 2), b.p))
     rec["flags_or"] = int(np.bitwise_or.reduce(flags)) if len(flags) else 0
+    if b.cov is not None and b.scored.size:     # functional coverage of the scored vectors
+        b.cov.sample(encoder_hits, bits[b.scored], b.p, take(trace, b.scored))
     if b.job.fault_every:
         rec["injected_faults"] = len(range(3, len(exp), b.job.fault_every))
     return rec

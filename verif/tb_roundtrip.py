@@ -26,34 +26,59 @@ import numpy as np
 
 import cocotb
 
+from kvtest.coverage import coverage_planes, decoder_hits, encoder_hits, take
 from kvtest.inputs import get_set
-from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
+from kvtest.levels import plane_set
+from kvtest.planes import adversarial_planes, decoder_rows, random_planes
 from kvtest.streamcheck import full_rate_record_errors
 from sim_models import wire
+from sim_models.codec import encode_trace, encoded
 from verif.stream import assert_ok, bench, inject_faults
 
 
 def words_for(b, mode: str, name: str, count, seed: int):
-    """(input strings, expected output strings, prep seconds) of one set."""
+    """(input strings, expected output strings, prep seconds, source) of one set; source:
+    (input vectors, their golden trace, their planes) (``rt``) or the decompressor's input
+    planes (``direct``)."""
     p = b.p
     t0 = time.perf_counter()
     if mode == "rt":
-        bits = get_set(name, p.n, count, seed, b.job.fixture, p.dtype)
+        bits = get_set(name, p.n, count, seed, b.job.fixture, p.dtype, p=p)
         win = wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(p).width)
-        exp = decoder_rows(*encoded_planes(bits, p), p)
+        trace = encode_trace(bits, p)
+        e = encoded(trace, p)
+        planes = plane_set(p, e.codes, e.scales, e.zeros)
+        exp = decoder_rows(*planes, p)
+        src = (bits, trace, planes)
     else:
         if name == "random":
             planes = random_planes(p, 1000 if count is None else count, seed)
-        elif name == "adversarial":
-            planes = adversarial_planes(p, seed)
+        elif name in ("adversarial", "coverage"):
+            planes = (adversarial_planes if name == "adversarial" else coverage_planes)(p, seed)
             if count is not None:
                 planes = tuple(x[:count] for x in planes)
         else:
-            raise ValueError(f"unknown direct set {name!r} (random, adversarial)")
+            raise ValueError(f"unknown direct set {name!r} (random, adversarial, coverage)")
         win = wire.rows_to_binstr(wire.decoder_input_rows(p, *planes), b.widths["d__payload"])
         exp = decoder_rows(*planes[:2], p, *planes[2:])
+        src = planes
     exp = wire.rows_to_binstr(exp, b.out_width)
-    return win, exp, time.perf_counter() - t0
+    return win, exp, time.perf_counter() - t0, src
+
+
+def sample_coverage(b, mode: str, src) -> None:
+    """Functional coverage (verif/coverage.py) of the inputs the last phase scored: the
+    write-path bins and the decompressor-input bins of their encoding (``rt``), or the
+    decompressor-input bins of the planes (``direct``)."""
+    if b.cov is None or not b.scored.size:
+        return
+    k = b.scored
+    if mode == "rt":
+        bits, trace, planes = src
+        b.cov.sample(encoder_hits, bits[k], b.p, take(trace, k))
+        b.cov.sample(decoder_hits, tuple(x[k] for x in planes), b.p)
+    else:
+        b.cov.sample(decoder_hits, tuple(x[k] for x in src), b.p)
 
 
 def describe(n: int):
@@ -66,7 +91,7 @@ def describe(n: int):
 
 
 async def run_set(b, mode: str, name: str, count, seed: int, label: str, **kw) -> dict:
-    win, exp, prep = words_for(b, mode, name, count, seed)
+    win, exp, prep, src = words_for(b, mode, name, count, seed)
     k = b.job.fault_every
     n_faults = 0
     if k:
@@ -75,6 +100,7 @@ async def run_set(b, mode: str, name: str, count, seed: int, label: str, **kw) -
                          fixed=b.bit("sel") if mode == "direct" else 0,
                          describe=describe(b.p.n), prep_s=prep, **kw)
     rec["mode"] = mode
+    sample_coverage(b, mode, src)
     if k:
         rec["injected_faults"] = n_faults
     return rec
