@@ -32,7 +32,10 @@ default plan and (``--baseline old=DIR,NAME=DIR``) previous kv_decode_attn.cu so
 (``old``: the round-7 kernel, workspace merge), SDPA bf16; then workspace vs cluster merge where the
 planner picks the cluster.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel] [--baseline NAME=DIR]
+``--only waves`` (file gpu_bench_waves.json): decode K3/V3 GQA 32/8 at 128K, batches 32..64 (pairs of
+(sequence, kv head) around the CTA slots), the planner's split count against fixed ones.
+
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel|waves] [--baseline NAME=DIR]
 """
 
 from __future__ import annotations
@@ -813,6 +816,30 @@ def run_kernel(a, result, save, t_start):
     log(f"total {result['seconds']:.0f} s")
 
 
+WAVE_BATCHES = (32, 33, 35, 40, 48, 64)   # GQA 32/8 at 128K: (sequence, kv head) pairs around the CTA slots
+WAVE_SPLITS = (None, 1, 2, 3, 4, 8, 16)
+
+
+def run_waves(a, result, save, t_start):
+    """--only waves (file gpu_bench_waves.json): decode K3/V3, GQA 32/8 (the Llama-3-8B shape), N=128, 128K
+    tokens, at batches whose (sequence, kv head) pairs lie just below and above the CTA slots of the GPU,
+    for the planner's split count and fixed ones: how a partial last wave costs, measured."""
+    result["waves"] = []
+    for bsz in (WAVE_BATCHES[:3] if a.quick else WAVE_BATCHES):
+        try:
+            row = bench_kernel_shape(bsz, 131072, KERNEL_VARIANTS[:1], hq=32, kvh=8, splits=WAVE_SPLITS,
+                                     quick=a.quick)
+        except Exception:  # noqa: BLE001
+            row = {"batch": bsz, "context": 131072, "error": traceback.format_exc()}
+            log(row["error"])
+            free()
+        result["waves"].append(row)
+        save()
+    result["seconds"] = time.time() - t_start
+    save()
+    log(f"total {result['seconds']:.0f} s")
+
+
 def main():
     if "--ncu-driver" in sys.argv:
         ncu_driver()
@@ -823,7 +850,7 @@ def main():
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--baseline", default=None, help="--only kernel: NAME=DIR[,NAME=DIR], folders with previous "
                     "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = the round-7 kernel")
-    ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel"), default="all",
+    ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves"), default="all",
                     help="write: copy ceilings, encode check and the write-kernel timings only (no decode); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
     a = ap.parse_args()
@@ -835,7 +862,7 @@ def main():
     log(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cupy {cp.__version__}")
 
     fname = {"versions": "gpu_bench_v2.json", "policy": "gpu_bench_policy.json",
-             "kernel": "gpu_bench_kernel.json"}.get(a.only, "gpu_bench.json")
+             "kernel": "gpu_bench_kernel.json", "waves": "gpu_bench_waves.json"}.get(a.only, "gpu_bench.json")
 
     def save():
         with open(os.path.join(a.out, fname), "w") as f:
@@ -852,6 +879,9 @@ def main():
         return
     if a.only == "kernel":
         run_kernel(a, result, save, t_start)
+        return
+    if a.only == "waves":
+        run_waves(a, result, save, t_start)
         return
     if a.only == "versions":
         result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}

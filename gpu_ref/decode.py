@@ -45,6 +45,29 @@ MAX_SINKS = 64
 #: more get their own CTA, one more split partial (KvDecCfg::SF in kv_decode_attn.cu)
 SINK_FOLD = 8
 TT = 64  # tokens per tile
+#: a last wave of CTAs filled below this fraction of the CTA slots still takes this fraction of a full
+#: wave's time (a CTA streams at most ~2x its fair share of DRAM bandwidth); H200, K3/V3 GQA 32/8 at
+#: 128K: 264 slots, 280 CTAs ran 1.53x the time of 256 (bench/results/gpu_bench_waves.json)
+WAVE_FLOOR = 0.5
+#: when the (sequence, head tile) pairs fill the CTA slots, a larger split count must be predicted to
+#: save more than this fraction of the time to be chosen (every split adds a partial to merge)
+SPLIT_GAIN = 0.02
+
+
+def wave_splits(pairs: int, slots: int, tiles: int, cap: int) -> int:
+    """Split count for ``pairs`` >= ``slots`` (int): the smallest power of two in [1, cap] (equal splits
+    of power-of-two tile counts) whose predicted time (whole waves of ``pairs * splits`` CTAs, a partial
+    last wave as ``max(fill, WAVE_FLOOR)`` of one, times the tiles per split) is within ``SPLIT_GAIN``
+    of the best. ``tiles``: 64-token tiles per sequence. Measured on the H200 (gpu_bench_waves.json,
+    GQA 32/8 at 128K): batch 35 picks 8 splits (2.13 -> 1.53 ms), batch 40 picks 4 (2.13 -> 1.76 ms),
+    both the fastest measured; batch 48 picks 2 (2.15 -> 2.13 ms; 4 splits: 2.09); 33 and 64 keep 1."""
+    def cost(ns: int) -> float:
+        full, rest = divmod(pairs * ns, slots)
+        return (full + (max(rest / slots, WAVE_FLOOR) if rest else 0.0)) * -(-tiles // ns)
+    counts = [1 << i for i in range(max(1, cap).bit_length()) if 1 << i <= max(1, cap)]
+    costs = [cost(ns) for ns in counts]
+    best = min(costs)
+    return next(ns for ns, c in zip(counts, costs) if c <= best * (1 + SPLIT_GAIN))
 
 #: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
 #: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: a plan with 2..8
@@ -261,8 +284,10 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         slots = int(num_sms) * per_sm
         # >= 2 tiles per warp: at 4K/B=1, 8 splits ran 2 % faster than 16 (bench/GPU_NOTES.md, round 4)
         want = max(1, -(-packed // (TT * 4 * 2)))
-        num_splits = max(1, min(slots // pairs, want)) if pairs < slots else 1
-        num_splits = min(num_splits, max_splits)
+        if pairs < slots:
+            num_splits = min(max(1, min(slots // pairs, want)), max_splits)
+        else:  # a partial last wave: more splits can fill it (bench/results/gpu_bench_waves.json)
+            num_splits = wave_splits(pairs, slots, -(-packed // TT), min(want, max_splits))
         if use_cl and hs and num_splits == 8 and pairs * 8 <= int(num_sms):
             num_splits = 7  # the sink CTA still fits in a cluster of 8
     ns = _pos_int("num_splits", num_splits)
