@@ -45,6 +45,9 @@ MAX_SINKS = 64
 #: more get their own CTA, one more split partial (KvDecCfg::SF in kv_decode_attn.cu)
 SINK_FOLD = 8
 TT = 64  # tokens per tile
+SMEM_MAX = 227 * 1024  # dynamic shared memory per CTA on sm_90
+#: token counts and indices are int32 in the kernels (lengths, chunk, max_pages, rows)
+MAX_TOKENS = 2 ** 31 - 1
 #: a last wave of CTAs filled below this fraction of the CTA slots still takes this fraction of a full
 #: wave's time (a CTA streams at most ~2x its fair share of DRAM bandwidth); H200, K3/V3 GQA 32/8 at
 #: 128K: 264 slots, 280 CTAs ran 1.53x the time of 256 (bench/results/gpu_bench_waves.json)
@@ -144,8 +147,20 @@ def kernel_params(kp: FormatParams, vp: FormatParams | None = None, precise_p: b
         TypeError, ValueError: parameters the decode kernel does not support.
     """
     kp, vp = check_kv_pair(kp, vp)
+    if not isinstance(precise_p, (bool, np.bool_)):
+        raise ValueError(f"precise_p must be a bool, got {precise_p!r}")
+    if tune is not None and not isinstance(tune, dict):
+        raise ValueError(f"tune must be a dict, got {type(tune).__name__}")
+    unknown = sorted(set(tune or {}) - set(DECODE_TUNE) - {"stages"})
+    if unknown:
+        raise ValueError(f"tune has unknown keys {unknown}; known: {sorted(DECODE_TUNE) + ['stages']}")
     t = dict(DECODE_TUNE, **(tune or {}))
-    st = int(t.get("stages") or stages or _stages(kp.n))
+    for key in DECODE_TUNE:
+        _pos_int(f"tune[{key!r}]", t[key], 1 if key == "minb" else 0)
+    st = _pos_int("stages", t.get("stages") or stages or _stages(kp.n))
+    if _smem(kp, vp, st)[0] > SMEM_MAX:
+        raise ValueError(f"stages {st} needs {_smem(kp, vp, st)[0]} bytes of shared memory per CTA, more than "
+                         f"the {SMEM_MAX} of sm_90")
     seed = 0 if kp.sign_seed is None else kp.sign_seed
     targs = (str(kp.n), str(kp.block), str(kp.bits), str(vp.bits), "1" if precise_p else "0", str(st),
              f"{seed}ull", "0" if kp.sign_seed is None else "1", str(int(t["minb"])), str(int(t["qlo"])),
@@ -247,6 +262,10 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     if hq % kvh:
         raise ValueError(f"q_heads {hq} must be a multiple of kv_heads {kvh}")
     maxlen = _pos_int("max_length", max_length, 0)
+    if maxlen > MAX_TOKENS:
+        raise ValueError(f"max_length must be <= {MAX_TOKENS} (int32 token indices), got {maxlen}")
+    if num_sms is not None:
+        num_sms = _pos_int("num_sms", num_sms)
     s = _pos_int("sinks", sinks, 0)
     if s > MAX_SINKS:
         raise ValueError(f"sinks must be in [0, {MAX_SINKS}], got {s}")
@@ -267,6 +286,9 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         if mp < need:
             raise ValueError(f"max_pages {mp} cannot hold max_length - sinks = {packed} tokens of {pg}")
         cap = mp * pg
+    if cap > MAX_TOKENS:
+        raise ValueError(f"the cache rows per sequence (capacity or max_pages * page_size) must be <= "
+                         f"{MAX_TOKENS} (int32 token indices), got {cap}")
     group = hq // kvh
     ht = (group + 7) // 8
     pairs = bsz * kvh * ht

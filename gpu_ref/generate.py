@@ -37,6 +37,17 @@ def main(argv=None) -> int:
         ap.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     if a.batch < 1:
         ap.error(f"--batch must be >= 1, got {a.batch}")
+    if not os.path.isdir(a.model):
+        ap.error(f"--model must be a model directory, got {a.model!r}")
+    if a.gguf and not os.path.isfile(os.path.join(a.model, a.gguf)):
+        ap.error(f"--gguf {a.gguf!r} is not a file in --model {a.model!r}")
+    if a.calib and not os.path.isfile(a.calib):
+        ap.error(f"--calib: no such file {a.calib!r}")
+    from gpu_ref.hf import parse_policy
+    try:
+        parse_policy(a.policy)
+    except (ValueError, TypeError) as err:
+        ap.error(f"--policy {a.policy!r}: {err}")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch

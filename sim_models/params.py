@@ -219,7 +219,9 @@ class FormatParams:
 
         Args:
             d: field -> value; ``format_version``, if present, must be one of
-                :data:`READABLE_VERSIONS`. Missing fields take their defaults.
+                :data:`READABLE_VERSIONS`. Missing fields take the values of that version's
+                preset (a version-1 dict without ``scale_round`` means rounding up), else the
+                defaults.
 
         Raises:
             TypeError: ``d`` is not a dict, or a field has the wrong type.
@@ -234,9 +236,13 @@ class FormatParams:
             if type(version) is not int or version not in READABLE_VERSIONS:
                 raise ValueError(f"format_version {version!r} is not supported "
                                  f"(readable versions: {READABLE_VERSIONS})")
+        else:
+            version = None
         unknown = sorted(set(d) - set(_FIELDS))
         if unknown:
             raise ValueError(f"unknown FormatParams field(s) {unknown}; known: {list(_FIELDS)}")
+        if version is not None and f"v{version}" in PRESETS:
+            return cls.preset(f"v{version}", **d)
         return cls(**d)
 
     @classmethod

@@ -91,6 +91,16 @@ def test_params_roundtrip_through_dict(p):
     assert FormatParams.from_dict({}) == FormatParams()
 
 
+def test_from_dict_fills_missing_fields_from_its_version():
+    """A version-1 dict written before ``scale_round`` existed means the version-1 quantizer
+    (rounding up), not today's defaults."""
+    old_v1 = {k: v for k, v in FormatParams.preset("v1").to_dict().items() if k != "scale_round"}
+    old_v1["format_version"] = 1
+    assert FormatParams.from_dict(old_v1) == FormatParams.preset("v1")
+    assert FormatParams.from_dict({"format_version": 1, "n": 64}) == FormatParams.preset("v1", n=64)
+    assert FormatParams.from_dict({"format_version": 2, "n": 64}) == FormatParams(n=64)
+
+
 @pytest.mark.parametrize("d, exc, word", [
     (dict(format_version=99), ValueError, "format_version 99"),
     (dict(format_version=True), ValueError, "format_version True"),

@@ -331,7 +331,14 @@ def test_plan_refusals_name_the_parameter():
                      (dict(num_splits=0), "num_splits"), (dict(num_splits=10**6), "num_splits"),
                      (dict(batch=0), "batch"), (dict(max_length=-1), "max_length"),
                      (dict(capacity=100), "capacity"), (dict(max_length=5000, capacity=1024), "capacity"),
-                     (dict(page_size=16, max_pages=2, max_length=100), "max_pages")):
+                     (dict(page_size=16, max_pages=2, max_length=100), "max_pages"),
+                     (dict(num_sms=0), "num_sms"), (dict(num_sms=-1), "num_sms"), (dict(num_sms=2.5), "num_sms"),
+                     (dict(num_sms=True), "num_sms"), (dict(max_length=2 ** 31 + 5), "max_length"),
+                     (dict(max_length=2 ** 40, page_size=16), "max_length"),
+                     (dict(page_size=64, max_pages=2 ** 26), "max_pages \\* page_size"),
+                     (dict(stages=-1), "stages"), (dict(stages=100), "stages"),
+                     (dict(tune={"foo": 1}), "tune"), (dict(tune={"minb": 0}), "minb"),
+                     (dict(precise_p="yes"), "precise_p")):
         args = dict(batch=2, q_heads=8, kv_heads=2, max_length=1000, num_sms=132)
         args.update(kw)
         with pytest.raises(ValueError, match=word):

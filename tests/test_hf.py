@@ -354,3 +354,20 @@ def test_decode_step_replays_from_a_cuda_graph(spec):
         torch.cuda.synchronize()
     err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
     assert err < 1e-2, err                # same kernels; only the capture may pick other GEMM algorithms
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["--model", "/nonexistent"], "--model"),
+    (["--model", "{tmp}", "--policy", "K5V3"], "--policy"),
+    (["--model", "{tmp}", "--gguf", "missing.gguf"], "--gguf"),
+    (["--model", "{tmp}", "--calib", "/nonexistent.npz"], "--calib"),
+    (["--model", "{tmp}", "--batch", "0"], "--batch"),
+])
+def test_generate_refuses_bad_arguments_before_loading(argv, word, tmp_path, capsys):
+    """python -m gpu_ref.generate: exit 2 with one line naming the option, before any model load."""
+    from gpu_ref.generate import main
+    with pytest.raises(SystemExit) as stop:
+        main([x.replace("{tmp}", str(tmp_path)) for x in argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err

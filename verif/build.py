@@ -50,13 +50,23 @@ def sim_config(config: str | RTLConfig) -> RTLConfig:
     its kind.
 
     Raises:
-        ValueError: bad name (the message names the part or field), or a kind without a
-            testbench (``dec_``: the decoder is simulated inside ``rt_``).
+        ValueError: bad name (the message names the part or field), a kind without a
+            testbench (``dec_``: the decoder is simulated inside ``rt_``), or a format field the
+            RTL does not implement (``hw.epilogue.check_epilogue_params``, and for ``rt_``
+            ``hw.dequant.check_read_params``).
     """
+    from hw.dequant import check_read_params
+    from hw.epilogue import check_epilogue_params
     cfg = RTLConfig.parse(config) if isinstance(config, str) else config
     if cfg.kind not in TESTBENCH:
         raise ValueError(f"config {cfg.name}: verif simulates kinds {sorted(TESTBENCH)} "
                          f"(enc_, rt_); the decoder runs inside the rt_ round trip")
+    checks = (check_epilogue_params, check_read_params) if cfg.kind == "roundtrip" else (check_epilogue_params,)
+    for check in checks:
+        try:
+            check(cfg.params)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"config {cfg.name}: {err}") from None
     return cfg
 
 

@@ -280,6 +280,31 @@ def config_names(spec: str | None, quick: bool) -> list[str]:
     return names
 
 
+def _probability(s: str) -> float:
+    """argparse type: a per-cycle probability in [0, 1) (1 would never let a vector through)."""
+    v = float(s)
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {s}")
+    return v
+
+
+def _count(lo: int):
+    """argparse type: an int >= lo."""
+    def parse(s: str) -> int:
+        v = int(s)
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {s}")
+        return v
+    return parse
+
+
+def _existing_file(s: str) -> Path:
+    """argparse type: a path that exists."""
+    if not Path(s).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {s}")
+    return Path(s)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verif.sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -295,15 +320,15 @@ def main(argv=None) -> int:
                          f"the RTL's quantizer modes + {','.join(DEFAULT_RT_CONFIGS)}")
     ap.add_argument("--list", action="store_true", help="print the configs and exit")
     ap.add_argument("--seed", type=int, default=1, help="seed of vectors and stall patterns")
-    ap.add_argument("--random", type=int, default=None, help="random vectors per config")
-    ap.add_argument("--gap-p", type=float, default=0.2, help="P(i__valid gap) per cycle")
-    ap.add_argument("--stall-p", type=float, default=0.3, help="P(o__ready low) per cycle")
-    ap.add_argument("--burst-p", type=float, default=0.002, help="P(long gap/stall burst starts)")
-    ap.add_argument("--fixture", type=Path, default=FIXTURE, help="real K/V capture (.npz)")
+    ap.add_argument("--random", type=_count(0), default=None, help="random vectors per config")
+    ap.add_argument("--gap-p", type=_probability, default=0.2, help="P(i__valid gap) per cycle, [0, 1)")
+    ap.add_argument("--stall-p", type=_probability, default=0.3, help="P(o__ready low) per cycle, [0, 1)")
+    ap.add_argument("--burst-p", type=_probability, default=0.002, help="P(long gap/stall burst starts), [0, 1)")
+    ap.add_argument("--fixture", type=_existing_file, default=FIXTURE, help="real K/V capture (.npz)")
     ap.add_argument("--summary", type=Path, default=BUILD / "sim_summary.json")
     ap.add_argument("--no-waves", action="store_true",
                     help="do not rerun failing tests with FST tracing")
-    ap.add_argument("--jobs", type=int, default=2,
+    ap.add_argument("--jobs", type=_count(1), default=2,
                     help="2: build the next config while simulating this one; 1: one at a time")
     a = ap.parse_args(argv)
 
