@@ -31,8 +31,9 @@ def _ids(tok, s: str) -> list[int]:
 
 def prompt(tok, context: int, depth: float, key: int) -> tuple[np.ndarray, int]:
     """(int64 token ids [<= context], index of the first key token) of one trial."""
-    bos = [tok.bos_token_id] if getattr(tok, "add_bos_token", False) and \
-        tok.bos_token_id is not None else []
+    probe = tok("a")["input_ids"]                    # BOS first when the tokenizer adds one
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None and probe and \
+        probe[0] == tok.bos_token_id else []
     intro, fill = _ids(tok, INTRO), _ids(tok, FILLER)
     needle, tail = _ids(tok, NEEDLE.format(key=key)), _ids(tok, QUESTION)
     ans = _ids(tok, f" {key}")

@@ -89,10 +89,12 @@ def device_main(a) -> int:
     del st
     configs = [c for c in a.configs.split(",") if c]
     pk = [c for c in (a.passkey or "").split(",") if c]
+    # priority order (a deadline keeps what finished): window 0, the middle passkey depth,
+    # windows 1-3, the other depths
     tasks = [("eval", c, 0) for c in configs]
-    tasks += [("passkey", c, i) for i in (2, 0, 4) for c in pk]
+    tasks += [("passkey", c, 2) for c in pk]
     tasks += [("eval", c, w) for w in (1, 2, 3) for c in configs]
-    tasks += [("passkey", c, i) for i in (1, 3) for c in pk]
+    tasks += [("passkey", c, i) for i in (0, 4, 1, 3) for c in pk]
     res = {"meta": meta, "runs": {}, "passkey": {}, "device": a.device,
            "workers": a.workers}
     path = out / f"study_{a.model_id}.json"
@@ -148,8 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model-id")
     ap.add_argument("--text", help="the study text (bench.smollm2.load_text() written out)")
     ap.add_argument("--out")
-    ap.add_argument("--configs", default="")
-    ap.add_argument("--passkey", default="")
+    ap.add_argument("--configs", default="", help="comma-separated names, or @file")
+    ap.add_argument("--passkey", default="", help="comma-separated names, or @file")
     ap.add_argument("--passkey-context", type=int, default=8192)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
@@ -157,6 +159,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--merge", type=Path)
     a = ap.parse_args(argv)
+    for k in ("configs", "passkey"):
+        v = getattr(a, k)
+        if v.startswith("@"):
+            setattr(a, k, ",".join(Path(v[1:]).read_text().split()))
     if a.merge:
         return merge(a.merge)
     return device_main(a)

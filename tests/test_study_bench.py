@@ -160,10 +160,9 @@ def test_passkey_prompt_places_the_needle():
 
     class Tok:
         bos_token_id = 1
-        add_bos_token = True
 
-        def __call__(self, s, add_special_tokens=False):
-            return {"input_ids": [ord(ch) for ch in s]}
+        def __call__(self, s, add_special_tokens=True):
+            return {"input_ids": [1] * add_special_tokens + [ord(ch) for ch in s]}
 
     ids, a = passkey.prompt(Tok(), 2000, 0.5, 12345)
     assert len(ids) <= 2000 and ids[0] == 1
