@@ -138,26 +138,28 @@ class KVFakeQuant:
         k16 = k.astype(np.float16)
         dom = k16
         p16 = FormatParams(n=self.D, block=min(64, self.D))
-        if mu16 is not None:
-            m = np.ascontiguousarray(np.broadcast_to(mu16[None, :, None, :], k16.shape))
-            dom = center(np.ascontiguousarray(k16), m, p16).view(np.float16)
         q_ref = query
-        if s16 is not None:
+        if s16 is not None:             # keys k * s, mu * s (sim_models/keyscale.py), queries q / s
             sb = np.ascontiguousarray(np.broadcast_to(s16[None, :, None, :], k16.shape))
             dom = scale_keys(np.ascontiguousarray(dom), sb, p16).view(np.float16)
+            if mu16 is not None:
+                mu16 = scale_keys(mu16, s16, FormatParams(n=self.D)).view(np.float16)
             st = torch.from_numpy(s16.astype(np.float32)).to(query.device)
             rep = query.shape[1] // key.shape[1]
             query = query / st.repeat_interleave(rep, dim=0)[None, :, None, :].to(query.dtype)
+        if mu16 is not None:
+            m = np.ascontiguousarray(np.broadcast_to(mu16[None, :, None, :], k16.shape))
+            dom = center(np.ascontiguousarray(dom), m, p16).view(np.float16)
         kh = self._quant(dom.astype(np.float32), kq, tr)
         v = value.detach().float().cpu().numpy()
         vh = self._quant(v, vq)
         k_hat = torch.from_numpy(kh).to(key.device, key.dtype)
         v_hat = torch.from_numpy(vh).to(value.device, value.dtype)
         if self.metrics:
-            back = kh.astype(np.float64)
+            back = kh.astype(np.float64) + (0.0 if mu16 is None else
+                                             mu16.astype(np.float64)[None, :, None, :])
             if s16 is not None:
                 back = back / s16.astype(np.float64)[None, :, None, :]
-            back = back + (0.0 if mu16 is None else mu16.astype(np.float64)[None, :, None, :])
             self.m["k_num"][layer] += float(np.sum((back - k) ** 2))
             self.m["k_den"][layer] += float(np.sum(k.astype(np.float64) ** 2))
             self.m["v_num"][layer] += float(np.sum((vh.astype(np.float64) - v) ** 2))

@@ -230,14 +230,16 @@ class Study:
             for l in range(self.L):
                 for h in range(self.H):
                     k16 = ks[l][h, :SELECT_KEYS].astype(np.float16)
-                    mu = np.broadcast_to(calib["mu"][l, h], k16.shape)
-                    k16 = center(np.ascontiguousarray(k16), np.ascontiguousarray(mu), p)
+                    mu = calib["mu"][l, h]
                     cq = qq[l, h * g:(h + 1) * g].mean(axis=0)
-                    if s16 is not None:
+                    if s16 is not None:                 # as bench/attention.py: scale, center
                         sb = np.ascontiguousarray(np.broadcast_to(s16[l, h], k16.shape))
-                        k16 = scale_keys(k16, sb, p)
+                        k16 = scale_keys(k16, sb, p).view(np.float16)
+                        mu = scale_keys(mu, s16[l, h], p).view(np.float16)
                         inv = 1.0 / s16[l, h].astype(np.float64)
                         cq = cq * inv[:, None] * inv[None, :]
+                    mu = np.ascontiguousarray(np.broadcast_to(mu, k16.shape))
+                    k16 = center(np.ascontiguousarray(k16), mu, p)
                     jobs.append((k16.view(np.float16), cq, p, 1000 * l + h))
             res = list(pool.map(select_head_transform, jobs) if pool else
                        map(select_head_transform, jobs))

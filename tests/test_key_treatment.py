@@ -108,3 +108,18 @@ def test_policy_tables_and_key_scale_field():
     assert pol.bits_per_element(30, 3, 128, 2048) == CachePolicy().bits_per_element(30, 3, 128, 2048)
     with pytest.raises(ValueError, match="key_scale"):
         CachePolicy(key_scale="log")
+
+
+def test_scale_then_center_equals_center_then_scale_for_powers_of_two():
+    """The policy order (scale, then center by RN16(mu s): gpu_ref's fused pass) and the
+    other order agree for power-of-two scales away from fp16 subnormals."""
+    from sim_models import center
+    p = FormatParams(n=64)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((256, 64)) * 4 + 1).astype(np.float16)
+    mu = (rng.standard_normal(64) * 0.01 + 1).astype(np.float16)   # |x - mu| >> 2^-14 mostly
+    s = pow2_scales(rng.integers(-2, 3, 64))
+    a = center(scale_keys(x, s, p), scale_keys(mu, s, p), p)
+    b = scale_keys(center(x, mu, p), s, p)
+    ok = np.abs(x.astype(np.float64) - mu) > 2.0 ** -10
+    assert np.array_equal(a[ok], b[ok]) and ok.mean() > 0.95
