@@ -24,6 +24,7 @@ Usage:
     python bench/accuracy.py --model smollm2-135m --report-only
     python bench/accuracy.py --model gemma3-270m --calibrate --calibrate-only   # tables only
     python bench/accuracy.py --list
+    python bench/accuracy.py --v3-report          # issue-13 table + plot, both models
 
 A rerun skips results whose configuration, window tokens and calibration are
 unchanged (``--force`` recomputes). CPU, one torch thread by default.
@@ -46,6 +47,10 @@ from bench.report import report  # noqa: E402
 
 
 def run(args) -> int:
+    if args.v3_report:
+        from bench.report import v3_report
+        v3_report()
+        return 0
     if args.list:
         for c in by_name():
             print(f"{c.group:9s} {c.name}{'  (leading)' if c.name in CONFIRM else ''}")
@@ -115,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-only", action="store_true",
                     help="with --calibrate: write the calibration file and stop")
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda)")
+    ap.add_argument("--v3-report", action="store_true",
+                    help="the issue-13 table of both models (docs/ACCURACY.md) and "
+                         "bench/results/accuracy/v3_pareto.png from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     return run(ap.parse_args(argv))
