@@ -22,7 +22,9 @@ Usage:
     python bench/accuracy.py --model gemma3-270m --only fp16,midrise-max-near
     python bench/accuracy.py --model path/to/model.gguf --windows 2 --context 1024
     python bench/accuracy.py --model smollm2-135m --report-only
+    python bench/accuracy.py --model gemma3-270m --calibrate --calibrate-only   # tables only
     python bench/accuracy.py --list
+    python bench/accuracy.py --v3-report          # issue-13 table + plot, both models
 
 A rerun skips results whose configuration, window tokens and calibration are
 unchanged (``--force`` recomputes). CPU, one torch thread by default.
@@ -45,6 +47,10 @@ from bench.report import report  # noqa: E402
 
 
 def run(args) -> int:
+    if args.v3_report:
+        from bench.report import v3_report
+        v3_report()
+        return 0
     if args.list:
         for c in by_name():
             print(f"{c.group:9s} {c.name}{'  (leading)' if c.name in CONFIRM else ''}")
@@ -64,17 +70,19 @@ def run(args) -> int:
         report(results, by_name())
         return 0
     from bench.runs import Study
-    st = Study(args.model, args.context, args.windows, args.threads)
+    st = Study(args.model, args.context, args.windows, args.threads, device=args.device)
     print(f"loaded {st.src.model_id} ({st.family}: {st.L} layers, {st.H} KV heads, head_dim "
           f"{st.D}) in {st.load_s:.0f} s; {st.n_text_tokens} tokens of text", flush=True)
     cpath = st.calib_path()
-    needs = any(c.center or c.reparam or c.layer_k for c in configs)
+    needs = any(c.tables for c in configs)
     if not (needs or args.calibrate):
         pass                                   # no configuration reads the calibration
-    elif args.calibrate or not cpath.exists():
+    elif args.calibrate or not cpath.exists() or not st.calibration_complete(cpath):
         t0 = time.perf_counter()
         st.calibrate(cpath)
         print(f"calibration written to {cpath} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if args.calibrate_only:
+            return 0
     else:
         st.load_calibration(cpath)
     results["meta"] = st.meta()
@@ -109,6 +117,12 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print configuration names")
     ap.add_argument("--force", action="store_true", help="recompute cached results")
     ap.add_argument("--calibrate", action="store_true", help="recompute the calibration file")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="with --calibrate: write the calibration file and stop")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda)")
+    ap.add_argument("--v3-report", action="store_true",
+                    help="the issue-13 table of both models (docs/ACCURACY.md) and "
+                         "bench/results/accuracy/v3_pareto.png from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     return run(ap.parse_args(argv))

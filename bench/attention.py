@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim_models import FormatParams, center
+from sim_models import FormatParams, center, scale_keys
 
 from .kvquant import roundtrip
 
@@ -52,15 +52,23 @@ class KVFakeQuant:
             leave K/V untouched (capture only).
         sinks: leading positions kept fp16.
         mu16: float16 [L, H, D] key centering vectors, or None (no centering).
-        kscale: float32 [L, H, D] power-of-two key scales, or None.
+        kscale: float32 [L, H, D] power-of-two key scales of a bench reparametrization
+            (bench.kvquant.key_scales), or None.
+        key_s16: float16 [L, H, D] key scales applied by the golden model
+            (sim_models.scale_keys, after centering; queries divided by them), or None.
+        transforms: per layer, a list of sim_models.HeadTransform per kv head for the keys,
+            or None.
         capture: accumulate per-channel key/query statistics (calibration) when True.
         metrics: accumulate K/V relative MSE and attention-output error per layer.
     """
 
     def __init__(self, n_layers, n_kv_heads, head_dim, quantizers=None, sinks=0, mu16=None,
-                 kscale=None, capture=False, metrics=True, mu_skip=0):
+                 kscale=None, capture=False, metrics=True, mu_skip=0, key_s16=None,
+                 transforms=None, capture_stride=4):
         import torch
         self.torch = torch
+        self.key_s16, self.transforms = key_s16, transforms
+        self.capture_stride = capture_stride
         self.L, self.H, self.D = n_layers, n_kv_heads, head_dim
         self.quantizers, self.sinks, self.mu16, self.kscale = quantizers, sinks, mu16, kscale
         self.metrics = metrics
@@ -83,9 +91,9 @@ class KVFakeQuant:
         return False
 
     # ------------------------------------------------------------------------------ per layer
-    def _quant(self, x: np.ndarray, q) -> np.ndarray:
+    def _quant(self, x: np.ndarray, q, transforms=None) -> np.ndarray:
         """float32 [B, H, T, D] -> reconstruction; the first ``sinks`` positions fp16."""
-        out = roundtrip(x, q)
+        out = roundtrip(x, q, transforms)
         s = self.sinks
         if s:
             out[:, :, :s] = x[:, :, :s].astype(np.float16).astype(np.float32)
@@ -95,11 +103,17 @@ class KVFakeQuant:
         s = self.mu_skip
         kk = k[:, :, s:].detach().double()
         qq = q[:, :, s:].detach().double()
-        acc = self.stats.setdefault(layer, {"n": 0, "k": 0.0, "k2": 0.0, "q2": 0.0})
+        acc = self.stats.setdefault(layer, {"n": 0, "k": 0.0, "k2": 0.0, "q2": 0.0, "qq": 0.0,
+                                             "ks": []})
         acc["n"] += kk.shape[0] * kk.shape[2]
-        acc["k"] = acc["k"] + kk.sum(dim=(0, 2)).numpy()
-        acc["k2"] = acc["k2"] + (kk ** 2).sum(dim=(0, 2)).numpy()
-        acc["q2"] = acc["q2"] + (qq ** 2).sum(dim=(0, 2)).numpy()
+        acc["k"] = acc["k"] + kk.sum(dim=(0, 2)).cpu().numpy()
+        acc["k2"] = acc["k2"] + (kk ** 2).sum(dim=(0, 2)).cpu().numpy()
+        acc["q2"] = acc["q2"] + (qq ** 2).sum(dim=(0, 2)).cpu().numpy()
+        # second-moment matrix of the queries per query head [Hq, D, D] (selection loss)
+        acc["qq"] = acc["qq"] + self.torch.einsum("bhtd,bhte->hde", qq, qq).cpu().numpy()
+        # a sample of keys [H, T', D] (every capture_stride-th position)
+        acc["ks"].append(kk[:, :, ::self.capture_stride].permute(1, 0, 2, 3)
+                         .reshape(kk.shape[1], -1, kk.shape[3]).float().cpu().numpy())
 
     def transform(self, module, query, key, value, mask, kwargs):
         torch = self.torch
@@ -111,51 +125,65 @@ class KVFakeQuant:
             return query, key, value
         kq, vq = self.quantizers[layer]
         mu16 = None if self.mu16 is None else self.mu16[layer]                   # [H, D]
+        s16 = None if self.key_s16 is None else self.key_s16[layer]              # [H, D]
+        tr = None if self.transforms is None else self.transforms[layer]
         if self.kscale is not None:
-            st = torch.from_numpy(self.kscale[layer])                            # [H, D]
+            st = torch.from_numpy(self.kscale[layer]).to(query.device)           # [H, D]
             rep = query.shape[1] // key.shape[1]
             key = key * st[None, :, None, :]
             query = query / st.repeat_interleave(rep, dim=0)[None, :, None, :]
             if mu16 is not None:
                 mu16 = (mu16.astype(np.float32) * self.kscale[layer]).astype(np.float16)
-        k = key.detach().float().numpy()                                          # [B, H, T, D]
+        k = key.detach().float().cpu().numpy()                                    # [B, H, T, D]
         k16 = k.astype(np.float16)
         dom = k16
+        p16 = FormatParams(n=self.D, block=min(64, self.D))
+        q_ref = query
+        if s16 is not None:             # keys k * s, mu * s (sim_models/keyscale.py), queries q / s
+            sb = np.ascontiguousarray(np.broadcast_to(s16[None, :, None, :], k16.shape))
+            dom = scale_keys(np.ascontiguousarray(dom), sb, p16).view(np.float16)
+            if mu16 is not None:
+                mu16 = scale_keys(mu16, s16, FormatParams(n=self.D)).view(np.float16)
+            st = torch.from_numpy(s16.astype(np.float32)).to(query.device)
+            rep = query.shape[1] // key.shape[1]
+            query = query / st.repeat_interleave(rep, dim=0)[None, :, None, :].to(query.dtype)
         if mu16 is not None:
             m = np.ascontiguousarray(np.broadcast_to(mu16[None, :, None, :], k16.shape))
-            dom = center(np.ascontiguousarray(k16), m,
-                         FormatParams(n=self.D, block=min(64, self.D))).view(np.float16)
-        kh = self._quant(dom.astype(np.float32), kq)
-        v = value.detach().float().numpy()
+            dom = center(np.ascontiguousarray(dom), m, p16).view(np.float16)
+        kh = self._quant(dom.astype(np.float32), kq, tr)
+        v = value.detach().float().cpu().numpy()
         vh = self._quant(v, vq)
-        k_hat = torch.from_numpy(kh).to(key.dtype)
-        v_hat = torch.from_numpy(vh).to(value.dtype)
+        k_hat = torch.from_numpy(kh).to(key.device, key.dtype)
+        v_hat = torch.from_numpy(vh).to(value.device, value.dtype)
         if self.metrics:
             back = kh.astype(np.float64) + (0.0 if mu16 is None else
-                                            mu16.astype(np.float64)[None, :, None, :])
+                                             mu16.astype(np.float64)[None, :, None, :])
+            if s16 is not None:
+                back = back / s16.astype(np.float64)[None, :, None, :]
             self.m["k_num"][layer] += float(np.sum((back - k) ** 2))
             self.m["k_den"][layer] += float(np.sum(k.astype(np.float64) ** 2))
             self.m["v_num"][layer] += float(np.sum((vh.astype(np.float64) - v) ** 2))
             self.m["v_den"][layer] += float(np.sum(v.astype(np.float64) ** 2))
-            self._attn_err(module, layer, query, key, value, k_hat, v_hat, mask, kwargs)
+            self._attn_err(module, layer, q_ref, query, key, value, k_hat, v_hat, mask, kwargs)
         return query, k_hat, v_hat
 
-    def _attn_err(self, module, layer, query, k_ref, v_ref, k_hat, v_hat, mask, kwargs):
+    def _attn_err(self, module, layer, query, q_hat, k_ref, v_ref, k_hat, v_hat, mask, kwargs):
         """||o_hat - o||^2 and ||o||^2 on every ATTN_STRIDE-th query (same queries; o with
         the unquantized K/V; for centered keys k_ref is the uncentered key, which gives the
-        same attention output as k_ref - mu)."""
+        same attention output as k_ref - mu; q_hat: the query the quantized keys are read
+        with, query / s under key scales)."""
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         torch = self.torch
         t = query.shape[2]
-        sel = torch.arange(ATTN_STRIDE - 1, t, ATTN_STRIDE)
+        sel = torch.arange(ATTN_STRIDE - 1, t, ATTN_STRIDE, device=query.device)
         if mask is None:
-            m = (sel[:, None] >= torch.arange(k_ref.shape[2])[None, :])[None, None]
+            m = (sel[:, None] >= torch.arange(k_ref.shape[2], device=query.device)[None, :])[None, None]
         else:
             m = mask[:, :, sel]
         kw = {k: v for k, v in kwargs.items() if k in ("scaling", "dropout")}
         with torch.no_grad():
             o_ref = sdpa_attention_forward(module, query[:, :, sel], k_ref, v_ref, m, **kw)[0]
-            o_hat = sdpa_attention_forward(module, query[:, :, sel], k_hat, v_hat, m, **kw)[0]
+            o_hat = sdpa_attention_forward(module, q_hat[:, :, sel], k_hat, v_hat, m, **kw)[0]
         self.m["a_num"][layer] += float(((o_hat - o_ref) ** 2).sum())
         self.m["a_den"][layer] += float((o_ref ** 2).sum())
 

@@ -44,8 +44,14 @@ class Config:
         k, v: FormatSpec, Baseline or None (fp16).
         sinks: leading tokens of each sequence kept fp16.
         center: keys stored as k - mu (calibrated mu).
-        layer_k: ``(top, FormatSpec)``: keys of the ``top`` most sensitive layers in that format.
+        layer_k: ``(top, FormatSpec)``: keys of the ``top`` most sensitive layers in that format;
+            ``(top, FormatSpec, "boundary")``: the first top/2 and last top - top/2 layers.
         reparam: exact key reparametrization (bench.kvquant.key_scales), or None.
+        key_scale: per-channel key scales applied by the golden model
+            (sim_models.scale_keys; bench.kvquant.calibrated_key_scales):
+            ``"qaware-pow2"``, ``"qaware-fp16"``, ``"keyonly-pow2"``, or None.
+        signs: calibrated sign flip per (layer, kv head) (keys).
+        rot: calibrated 4x4 rotations after the FWHT per (layer, kv head) (keys).
     """
 
     name: str
@@ -57,6 +63,15 @@ class Config:
     layer_k: tuple | None = None
     reparam: dict | None = None
     note: str = ""
+    key_scale: str | None = None
+    signs: bool = False
+    rot: bool = False
+
+    @property
+    def tables(self) -> bool:
+        """Whether the configuration reads calibrated per-model tables."""
+        return bool(self.center or self.reparam or self.layer_k or self.key_scale
+                    or self.signs or self.rot)
 
     def _resolve(self, s: KVSpec, head_dim: int) -> Quantizer:
         if s is None or isinstance(s, Baseline):
@@ -67,6 +82,12 @@ class Config:
         """Layers whose keys use ``layer_k``'s format (sorted)."""
         if not self.layer_k:
             return []
+        if len(self.layer_k) > 2 and self.layer_k[2] == "boundary":
+            n = len(k_sens) if k_sens is not None else None
+            if n is None:
+                raise ValueError(f"{self.name}: boundary layers need the layer count (k_sens)")
+            top = self.layer_k[0]
+            return sorted(set(range(top // 2)) | set(range(n - (top - top // 2), n)))
         if k_sens is None:
             raise ValueError(f"{self.name}: layer_k needs the calibration's k_sens")
         return sorted(int(l) for l in np.argsort(-np.asarray(k_sens))[:self.layer_k[0]])
@@ -84,7 +105,14 @@ class Config:
         lk = tuple((l, self._resolve(self.layer_k[1], head_dim))
                    for l in self.wide_layers(k_sens))
         return CachePolicy(k=self._resolve(self.k, head_dim), v=self._resolve(self.v, head_dim),
-                           sinks=self.sinks, center_keys=self.center, layer_k=lk)
+                           sinks=self.sinks, center_keys=self.center, layer_k=lk,
+                           key_scale=self.key_scale.split("-")[1] if self.key_scale else None,
+                           key_signs=self.signs, key_rot=self.rot)
+
+    def table_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+        """Per-model calibration table bytes the configuration reads (0 for baselines)."""
+        pol = self.policy(head_dim, np.zeros(n_layers))
+        return 0 if pol is None else pol.table_bytes(n_layers, n_kv_heads, head_dim)
 
     def bits(self, n_layers: int, n_kv_heads: int, head_dim: int, context: int,
              k_sens=None) -> float:
@@ -102,15 +130,22 @@ class Config:
         return tot / (2 * n_layers)
 
     def spec(self) -> dict:
-        """JSON form of what is stored (results file, hash)."""
+        """JSON form of what is stored (results file, hash; the issue-13 key treatments
+        appear only when used, so earlier results keep their keys)."""
         def js(s):
             if isinstance(s, Baseline):
                 return {"baseline": {"bits": s.bits, "rotate": s.rotate}}
             return "fp16" if s is None else {"fmt": s}
-        return {"k": js(self.k), "v": js(self.v), "sinks": self.sinks, "center": self.center,
-                "layer_k": None if not self.layer_k else {"top": self.layer_k[0],
-                                                          "fmt": self.layer_k[1]},
-                "reparam": self.reparam}
+        d = {"k": js(self.k), "v": js(self.v), "sinks": self.sinks, "center": self.center,
+             "layer_k": None if not self.layer_k else {"top": self.layer_k[0],
+                                                       "fmt": self.layer_k[1]},
+             "reparam": self.reparam}
+        if self.layer_k and len(self.layer_k) > 2:
+            d["layer_k"]["rule"] = self.layer_k[2]
+        for k in ("key_scale", "signs", "rot"):
+            if getattr(self, k):
+                d[k] = getattr(self, k)
+        return d
 
     def spec_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.spec(), sort_keys=True).encode()).hexdigest()[:12]
@@ -121,9 +156,10 @@ def _f(**kw) -> FormatSpec:
 
 
 def _cfg(name, k, v=_SAME, sinks=0, center=False, layer_k=None, group="", note="",
-         reparam=None) -> Config:
+         reparam=None, key_scale=None, signs=False, rot=False) -> Config:
     return Config(name=name, group=group, k=k, v=k if v is _SAME else v, sinks=sinks,
-                  center=center, layer_k=layer_k, reparam=reparam, note=note)
+                  center=center, layer_k=layer_k, reparam=reparam, note=note,
+                  key_scale=key_scale, signs=signs, rot=rot)
 
 
 V1 = {}
@@ -256,6 +292,49 @@ def configurations() -> list[Config]:
     add(_cfg("Kfp16-V3-midrise-max-near", FP16, _f(**MM), group="kv",
              note="keys uncompressed"))
 
+    # issue 13: streaming-safe key treatments in the golden model, on the v2 policy
+    # (v2 quantizer + centering + 4 sinks); per-model tables from the calibration file
+    V2 = dict(mode="midrise", scale_round="nearest")
+    P = dict(center=True, sinks=4)
+    KS = ("qaware-pow2", "qaware-fp16", "keyonly-pow2")
+    tag = {"qaware-pow2": "KS2", "qaware-fp16": "KSf", "keyonly-pow2": "KSk"}
+    for ks in KS:
+        add(_cfg(f"v2+C+S4+{tag[ks]}", _f(**V2), **P, key_scale=ks, group="v3"))
+    add(_cfg("v2+C+S4+SG", _f(**V2), **P, signs=True, group="v3"))
+    add(_cfg("v2+C+S4+KS2+SG", _f(**V2), **P, key_scale="qaware-pow2", signs=True, group="v3"))
+    add(_cfg("v2+C+S4+KS2+R4", _f(**V2), **P, key_scale="qaware-pow2", rot=True, group="v3"))
+    add(_cfg("v2+C+S4+KS2+SG+R4", _f(**V2), **P, key_scale="qaware-pow2", signs=True, rot=True,
+             group="v3"))
+    add(_cfg("v2+C+S4+KS2+KB2", _f(**V2), **P, key_scale="qaware-pow2",
+             layer_k=(2, _f(**V2, bits=4), "boundary"), group="v3",
+             note="4-bit keys in the first and last layer"))
+    add(_cfg("v2+C+S4+KS2+K4top2", _f(**V2), **P, key_scale="qaware-pow2",
+             layer_k=(2, _f(**V2, bits=4)), group="v3",
+             note="4-bit keys in the 2 most sensitive layers (calibration)"))
+    add(_cfg("v2-KG32+C+S1+KS2", _f(**V2, block=32), _f(**V2), center=True, sinks=1,
+             key_scale="qaware-pow2", group="v3", note="keys G = 32, values G = 64"))
+    add(_cfg("v2-K4V2+C+S4+KS2", _f(**V2, bits=4), _f(**V2, bits=2), **P,
+             key_scale="qaware-pow2", group="v3"))
+    add(_cfg("v2+C+S1+KS2", _f(**V2), center=True, sinks=1, key_scale="qaware-pow2",
+             group="v3"))
+    add(_cfg("v2-K4V3+C+S4+KS2", _f(**V2, bits=4), _f(**V2), **P, key_scale="qaware-pow2",
+             group="v3"))
+    add(_cfg("v2-K4V3+C+S4+KS2+SG", _f(**V2, bits=4), _f(**V2), **P, key_scale="qaware-pow2",
+             signs=True, group="v3"))
+    add(_cfg("v2-b4+C+S4+KS2", _f(**V2, bits=4), **P, key_scale="qaware-pow2", group="v3"))
+    add(_cfg("v2-b4-KG32+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2, bits=4), **P,
+             key_scale="qaware-pow2", group="v3"))
+    add(_cfg("v2-b4-KG16+C+S4+KS2", _f(**V2, bits=4, block=16), _f(**V2, bits=4), **P,
+             key_scale="qaware-pow2", group="v3"))
+    add(_cfg("v2-KG32+C+S1+KSf", _f(**V2, block=32), _f(**V2), center=True, sinks=1,
+             key_scale="qaware-fp16", group="v3", note="keys G = 32, values G = 64"))
+    add(_cfg("v2-KG32+C+S1+KS2+SG", _f(**V2, block=32), _f(**V2), center=True, sinks=1,
+             key_scale="qaware-pow2", signs=True, group="v3"))
+    add(_cfg("v2-K4V3+C+S4+KSf", _f(**V2, bits=4), _f(**V2), **P, key_scale="qaware-fp16",
+             group="v3"))
+    add(_cfg("v2-b4+C+S4+KSf", _f(**V2, bits=4), **P, key_scale="qaware-fp16", group="v3"))
+    add(_cfg("v2-K4G32V3+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2), **P,
+             key_scale="qaware-pow2", group="v3"))
     return c
 
 
@@ -270,6 +349,13 @@ CONFIRM = ["fp16", "int4-asym", "int4-asym-DH", "published-H-midtread", "v1-defa
            "midrise-max-near-b4+C+S4", "midrise-max-near+C+S4+QS", "midrise-max-near+C+S4+K4top4",
            "K4V3-midrise-max-near-G32+C+S4", "K4V3-midrise-max-near+C+S4+QS",
            "midrise-max-near-b4+C+S4+QS", "Kfp16-V4-midrise-max-near"]
+
+
+#: Issue 13: the v3 candidates (key treatments), and the references they are compared with.
+V3_STUDY = ["fp16", "midrise-max-near", "midrise-max-near+C+S4", "K4V3-midrise-max-near+C+S4",
+            "midrise-max-near-b4+C+S4", "Kfp16-V4-midrise-max-near",
+            "midrise-max-near-G32+C+S4", "K4V2-midrise-max-near+C+S4"] + [
+    c.name for c in configurations() if c.group == "v3"]
 
 
 #: The version-2 default format alone (no policy).

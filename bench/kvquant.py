@@ -63,20 +63,28 @@ def baseline_roundtrip(x: np.ndarray, b: Baseline) -> np.ndarray:
     return xh.astype(np.float32)
 
 
-def golden_roundtrip(x16: np.ndarray, p: FormatParams) -> np.ndarray:
-    """float16 [..., D] (D a multiple of p.n) -> golden encode -> decode_float -> float32."""
+def golden_roundtrip(x16: np.ndarray, p: FormatParams, t=None) -> np.ndarray:
+    """float16 [..., D] (D a multiple of p.n) -> golden encode -> decode_float -> float32
+    (``t``: a sim_models.HeadTransform for every vector, D == p.n)."""
     shape = x16.shape
-    e = encode(x16.reshape(-1, p.n), p)
-    return decode_float(e.codes, e.scales, p, e.zeros).astype(np.float32).reshape(shape)
+    e = encode(x16.reshape(-1, p.n), p, t)
+    return decode_float(e.codes, e.scales, p, e.zeros, t).astype(np.float32).reshape(shape)
 
 
-def roundtrip(x: np.ndarray, q: Quantizer) -> np.ndarray:
-    """Fake-quantize float32 [..., D] (already in the stored domain, e.g. centered)."""
+def roundtrip(x: np.ndarray, q: Quantizer, transforms=None) -> np.ndarray:
+    """Fake-quantize float32 [B, H, T, D] or [..., D] (already in the stored domain, e.g.
+    centered). ``transforms``: one sim_models.HeadTransform per head (axis 1), formats only."""
     if q is None:
         return x.astype(np.float16).astype(np.float32)
     if isinstance(q, Baseline):
         return baseline_roundtrip(x, q)
-    return golden_roundtrip(x.astype(np.float16), q)
+    x16 = x.astype(np.float16)
+    if transforms is None:
+        return golden_roundtrip(x16, q)
+    if q.n != x.shape[-1]:
+        raise ValueError(f"per-head transforms need n = head_dim = {x.shape[-1]}, got n={q.n}")
+    return np.stack([golden_roundtrip(np.ascontiguousarray(x16[:, h]), q, t)
+                     for h, t in enumerate(transforms)], axis=1)
 
 
 def bits_per_element(q: Quantizer, head_dim: int) -> float:
@@ -116,3 +124,81 @@ def key_scales(reparam: dict | None, calib: dict) -> np.ndarray | None:
         e = np.clip(np.round(e - e.mean(axis=-1, keepdims=True)), -4, 4)
         return np.exp2(e).astype(np.float32)
     raise ValueError(f"unknown reparam kind {reparam['kind']!r}")
+
+
+#: Largest |log2| of a calibrated key scale.
+KEY_SCALE_LOG2_MAX = 4
+
+
+def calibrated_key_scales(kind: str, calib: dict) -> np.ndarray:
+    """Per-channel key scales s, float16 [L, H, D], for sim_models.scale_keys (keys stored
+    as k * s, queries q / s).
+
+    ``qaware-*``: s_i ~ (E q_i^2 / E (k_i - mu_i)^2)^(1/4) (minimises E (q . dk)^2 for a
+    rotation-isotropic key error dk; queries averaged over the kv head's query heads);
+    ``keyonly-*``: s_i ~ (E (k_i - mu_i)^2)^(-1/2) (equal key channel RMS, the query
+    ignored). ``-pow2``: rounded to powers of two (exact scaling); ``-fp16``: fp16 values.
+    Normalized to geometric mean 1 per (layer, kv head), |log2 s| <= KEY_SCALE_LOG2_MAX.
+
+    Raises:
+        ValueError: unknown kind.
+    """
+    rule, _, rnd = kind.partition("-")
+    if rule not in ("qaware", "keyonly") or rnd not in ("pow2", "fp16"):
+        raise ValueError(f"key_scale must be qaware-pow2, qaware-fp16 or keyonly-pow2, got {kind!r}")
+    a = np.maximum(calib["k_energy"], 1e-12)
+    if rule == "qaware":
+        h = a.shape[1]
+        b = calib["q_energy"].reshape(a.shape[0], h, -1, a.shape[2]).mean(axis=2)
+        e = 0.25 * np.log2(np.maximum(b, 1e-12) / a)
+    else:
+        e = -0.5 * np.log2(a)
+    e = e - e.mean(axis=-1, keepdims=True)
+    if rnd == "pow2":
+        e = np.round(e)
+    e = np.clip(e, -KEY_SCALE_LOG2_MAX, KEY_SCALE_LOG2_MAX)
+    return np.exp2(e).astype(np.float16)
+
+
+#: Candidates per (layer, kv head) of the sign and rotation selection (the first is the
+#: format's own: seed-0 signs, B = I, so the selection is never worse on calibration).
+SELECT_CANDIDATES = 12
+#: Calibration keys per (layer, kv head) the selection loss is measured on.
+SELECT_KEYS = 512
+
+
+def selection_loss(k16: np.ndarray, cq: np.ndarray, p: FormatParams, t) -> float:
+    """E_t dk_t^T C dk_t = E (q . dk)^2: logit error of the keys k16 (float16 [T, D], the
+    stored domain) quantized by ``p`` with transform ``t``, for queries of second moment
+    ``cq`` [D, D] (in the same domain)."""
+    e = encode(k16, p, t)
+    dk = decode_float(e.codes, e.scales, p, e.zeros, t) - k16.astype(np.float64)
+    return float(np.einsum("td,de,te->", dk, cq, dk) / len(dk))
+
+
+def select_head_transform(job) -> tuple:
+    """Best-of-K sign mask, then best-of-K 4x4 rotations given it, for one (layer, kv head).
+
+    ``job`` = (k16 [T, D] stored-domain keys, cq [D, D] query second moment in that domain,
+    FormatParams, seed). Returns (signs uint8 [D], rot int16 [D/4, 4, 4], losses dict).
+    """
+    from sim_models import HeadTransform, sign_mask
+    from sim_models.transform import fixed_rotation, identity_rotation, random_rotations
+    k16, cq, p, seed = job
+    d = p.n
+    best = None
+    for c in range(SELECT_CANDIDATES):
+        t = HeadTransform(signs=sign_mask(d, c))
+        loss = selection_loss(k16, cq, p, t)
+        if best is None or loss < best[0]:
+            best = (loss, t.signs)
+    loss0 = selection_loss(k16, cq, p, None)
+    signs = best[1]
+    rng = np.random.default_rng(seed)
+    rbest = (best[0], identity_rotation(d))
+    for _ in range(SELECT_CANDIDATES - 1):
+        r = fixed_rotation(random_rotations(d // 4, rng))
+        loss = selection_loss(k16, cq, p, HeadTransform(signs=signs, rot=r))
+        if loss < rbest[0]:
+            rbest = (loss, r)
+    return signs, rbest[1], {"default": loss0, "signs": best[0], "signs_rot": rbest[0]}

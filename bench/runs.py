@@ -32,8 +32,9 @@ import numpy as np
 
 from .attention import ATTN_NAME, ATTN_STRIDE, KVFakeQuant, register
 from .configs import Config, _cfg
-from .kvquant import key_scales
-from .models import load, resolve
+from .kvquant import (SELECT_KEYS, calibrated_key_scales, key_scales,
+                      select_head_transform)
+from .models import ModelSource, load, resolve
 from .smollm2 import load_text
 from .windows import TokenizedText
 
@@ -41,8 +42,16 @@ REPO = Path(__file__).resolve().parent.parent
 CALIB_DIR = REPO / "bench" / "calib"
 RESULTS_DIR = REPO / "bench" / "results" / "accuracy"
 
+#: Arrays of a calibration file (besides model id, shapes and provenance).
+CALIB_ARRAYS = ("mu", "k_sens", "v_sens", "k_energy", "q_energy", "signs_c", "rot_c",
+                "select_loss_c", "signs_cq", "rot_cq", "select_loss_cq")
 MU_SKIP = 4                          # calibration positions excluded from mu (sinks)
 CALIB_FORMAT = dict(mode="lloydmax", scale_rule="rms", scale_round="nearest")
+#: Format the sign / rotation selection is made for (the v2 quantizer, 3 bits).
+SELECT_FORMAT = dict(mode="midrise", scale_round="nearest")
+#: Key-scale domains the sign / rotation tables are selected in: "c" (centered keys),
+#: "cq" (centered, then qaware-pow2 key scales).
+SELECT_DOMAINS = {"c": None, "cq": "qaware-pow2"}
 VOCAB_CHUNK = 128                    # positions per output-head chunk
 #: Bump when the meaning of a result changes (invalidates cached results).
 PROTOCOL = 2
@@ -56,20 +65,26 @@ class Study:
     """One model with the study's attention function; calibration and evaluation.
 
     Args:
-        model: ``--model`` value (bench/models.py).
+        model: ``--model`` value or a ModelSource (bench/models.py).
         context: tokens per window.
         windows: evaluation windows (1..4, bench/windows.py).
         threads: torch threads.
+        device: torch device of the model ("cpu", "cuda"); K/V go through the golden model
+            (NumPy) on the CPU either way.
+        text: the study text (default bench.smollm2.load_text()).
     """
 
-    def __init__(self, model: str, context: int = 2048, windows: int = 4, threads: int = 1):
+    def __init__(self, model: str, context: int = 2048, windows: int = 4, threads: int = 1,
+                 device: str = "cpu", text: str | None = None):
         import torch
         torch.set_num_threads(threads)
         self.torch = torch
+        self.device = device
         register()
-        self.src = resolve(model)
+        self.src = model if isinstance(model, ModelSource) else resolve(model)
         t0 = time.perf_counter()
         self.model, self.tok = load(self.src, ATTN_NAME)
+        self.model.to(device)
         self.load_s = time.perf_counter() - t0
         c = self.model.config
         self.family = c.model_type
@@ -79,7 +94,7 @@ class Study:
         self.decoder = self.model.get_decoder()
         self.head = self.model.get_output_embeddings()
         self.softcap = getattr(c, "final_logit_softcapping", None)
-        text = TokenizedText(load_text(), self.tok)
+        text = TokenizedText(load_text() if text is None else text, self.tok)
         self.n_text_tokens = len(text.ids)
         self.calib_windows = text.calibration(context)
         self.windows = text.evaluation(context, windows, self.calib_windows[-1].char_end)
@@ -92,7 +107,8 @@ class Study:
         """Final hidden states [B, T, hidden] of int64 tokens [B, T] under ``fq``."""
         torch = self.torch
         with torch.no_grad(), fq:
-            h = self.decoder(input_ids=torch.from_numpy(toks), use_cache=False).last_hidden_state
+            h = self.decoder(input_ids=torch.from_numpy(toks).to(self.device),
+                             use_cache=False).last_hidden_state
         fq.check_fired()
         return h
 
@@ -108,7 +124,7 @@ class Study:
         torch = self.torch
         x = self.calib_windows[0].tokens[None, :16]
         with torch.no_grad(), KVFakeQuant(self.L, self.H, self.D, metrics=False):
-            ref = torch.log_softmax(self.model(input_ids=torch.from_numpy(x),
+            ref = torch.log_softmax(self.model(input_ids=torch.from_numpy(x).to(self.device),
                                                use_cache=False).logits[0].float(), dim=-1)
         with torch.no_grad():
             mine = self._logp(self._hidden(x, KVFakeQuant(self.L, self.H, self.D,
@@ -122,14 +138,29 @@ class Study:
         return [(cfg.quantizer(l, "k", self.D, ks), cfg.quantizer(l, "v", self.D, ks))
                 for l in range(self.L)]
 
+    def transforms(self, cfg: Config):
+        """Per layer, the keys' sim_models.HeadTransform per kv head, or None."""
+        if not (cfg.signs or cfg.rot):
+            return None
+        from sim_models import HeadTransform
+        dom = {v: k for k, v in SELECT_DOMAINS.items()}.get(cfg.key_scale)
+        if dom is None or not cfg.center:
+            raise ValueError(f"{cfg.name}: sign / rotation tables are selected for centered "
+                             f"keys with key_scale in {list(SELECT_DOMAINS.values())}")
+        sg, rt = self.calib[f"signs_{dom}"], self.calib[f"rot_{dom}"]
+        return [[HeadTransform(signs=sg[l, h] if cfg.signs else None,
+                               rot=rt[l, h] if cfg.rot else None) for h in range(self.H)]
+                for l in range(self.L)]
+
     def _fq(self, cfg: Config, metrics=True) -> KVFakeQuant:
-        needs = cfg.center or cfg.reparam or cfg.layer_k
-        if needs and self.calib is None:
+        if cfg.tables and self.calib is None:
             raise RuntimeError(f"{cfg.name} needs the calibration file (run --calibrate)")
         return KVFakeQuant(self.L, self.H, self.D, self.quantizers(cfg), sinks=cfg.sinks,
                            mu16=self.calib["mu"] if cfg.center else None,
                            kscale=key_scales(cfg.reparam, self.calib) if cfg.reparam else None,
-                           metrics=metrics)
+                           key_s16=(calibrated_key_scales(cfg.key_scale, self.calib)
+                                    if cfg.key_scale else None),
+                           transforms=self.transforms(cfg), metrics=metrics)
 
     # ------------------------------------------------------------------ evaluation
     def ref_hidden(self, w):
@@ -159,7 +190,7 @@ class Study:
             runs.append({"cfg": cfg, "h": h, "fq": fq, "t": time.perf_counter() - t0,
                          "nll": 0.0, "kl": 0.0})
         href = self.ref_hidden(w)
-        tgt = torch.from_numpy(w.tokens[1:])
+        tgt = torch.from_numpy(w.tokens[1:]).to(self.device)
         n = len(tgt)
         with torch.no_grad():
             for a in range(0, n, VOCAB_CHUNK):
@@ -177,6 +208,7 @@ class Study:
             res = {"ppl": math.exp(r["nll"] / n), "nll": r["nll"], "n": n, "kl": r["kl"] / n,
                    **r["fq"].relative(),
                    "bits": cfg.bits(self.L, self.H, self.D, len(w.tokens), ks),
+                   "table_bytes": cfg.table_bytes(self.L, self.H, self.D),
                    "seconds": r["t"]}
             if cfg.layer_k:
                 res["layer_k_layers"] = cfg.wide_layers(ks)
@@ -184,7 +216,42 @@ class Study:
         return out
 
     # ------------------------------------------------------------------ calibration
-    def calibrate(self, path: Path) -> dict:
+    def select_tables(self, calib: dict, qq: np.ndarray, ks: list, pool=None) -> dict:
+        """Sign masks and 4x4 rotations per (layer, kv head), best of K on the calibration
+        keys by the logit-error loss E (q . dk)^2 (bench.kvquant.select_head_transform),
+        for each domain of SELECT_DOMAINS."""
+        from sim_models import FormatParams, center, scale_keys
+        p = FormatParams(n=self.D, **SELECT_FORMAT)
+        g = self.Hq // self.H
+        out = {}
+        for dom, kind in SELECT_DOMAINS.items():
+            s16 = None if kind is None else calibrated_key_scales(kind, calib)
+            jobs = []
+            for l in range(self.L):
+                for h in range(self.H):
+                    k16 = ks[l][h, :SELECT_KEYS].astype(np.float16)
+                    mu = calib["mu"][l, h]
+                    cq = qq[l, h * g:(h + 1) * g].mean(axis=0)
+                    if s16 is not None:                 # as bench/attention.py: scale, center
+                        sb = np.ascontiguousarray(np.broadcast_to(s16[l, h], k16.shape))
+                        k16 = scale_keys(k16, sb, p).view(np.float16)
+                        mu = scale_keys(mu, s16[l, h], p).view(np.float16)
+                        inv = 1.0 / s16[l, h].astype(np.float64)
+                        cq = cq * inv[:, None] * inv[None, :]
+                    mu = np.ascontiguousarray(np.broadcast_to(mu, k16.shape))
+                    k16 = center(np.ascontiguousarray(k16), mu, p)
+                    jobs.append((k16.view(np.float16), cq, p, 1000 * l + h))
+            res = list(pool.map(select_head_transform, jobs) if pool else
+                       map(select_head_transform, jobs))
+            out[f"signs_{dom}"] = np.stack([r[0] for r in res]).reshape(self.L, self.H, self.D)
+            out[f"rot_{dom}"] = np.stack([r[1] for r in res]).reshape(self.L, self.H,
+                                                                     self.D // 4, 4, 4)
+            out[f"select_loss_{dom}"] = np.array([[r[2]["default"], r[2]["signs"],
+                                                   r[2]["signs_rot"]] for r in res]
+                                                 ).reshape(self.L, self.H, 3)
+        return out
+
+    def calibrate(self, path: Path, pool=None) -> dict:
         """Compute and write the calibration file (module docstring); returns its arrays."""
         seqs = np.stack([w.tokens for w in self.calib_windows])
         fq = KVFakeQuant(self.L, self.H, self.D, capture=True, metrics=False, mu_skip=MU_SKIP)
@@ -206,6 +273,9 @@ class Study:
             sens[kind] = np.asarray(fq.relative()["attn_err"])
         calib = {"mu": mu16, "k_sens": sens["k"], "v_sens": sens["v"], "k_energy": k_energy,
                  "q_energy": q_energy}
+        qq = np.stack([st[l]["qq"] / st[l]["n"] for l in range(self.L)])           # [L,Hq,D,D]
+        ks = [np.concatenate(st[l]["ks"], axis=1) for l in range(self.L)]         # [H, T', D]
+        calib.update(self.select_tables(calib, qq, ks, pool))
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, **calib, model_id=np.array(self.src.model_id),
                  shape=np.array([self.L, self.H, self.Hq, self.D]),
@@ -216,7 +286,12 @@ class Study:
                                "positions >= mu_skip; k_energy E (k - mu)^2 and q_energy E q^2 "
                                "per channel; k_sens/v_sens: per-layer attention-output relative "
                                "error with only that kind quantized (calib_format, keys "
-                               "centered), all layers at once"))
+                               "centered), all layers at once; signs_<d>/rot_<d>: per (layer, "
+                               "kv head) sign mask and 4x4 post-FWHT rotations (int16, "
+                               "2^-14), best of K by E (q . dk)^2 on calibration keys, for "
+                               "domain d (c: centered, cq: centered + qaware-pow2 key "
+                               "scales); select_loss_<d>: that loss for the default, the "
+                               "chosen signs, signs + rotations"))
         self.calib = calib
         return calib
 
@@ -229,13 +304,20 @@ class Study:
         with np.load(path) as z:
             mid = str(z["model_id"]) if "model_id" in z else None
             shape = z["shape"].tolist() if "shape" in z else None
-            calib = {k: z[k] for k in ("mu", "k_sens", "v_sens", "k_energy", "q_energy")}
+            calib = {k: z[k] for k in z.files if k in CALIB_ARRAYS}
         want = [self.L, self.H, self.Hq, self.D]
         if mid != self.src.model_id or shape != want:
             raise ValueError(f"{path}: calibration of model {mid!r} shape {shape}, not of "
                              f"{self.src.model_id!r} {want}: rerun with --calibrate")
         self.calib = calib
         return calib
+
+    @staticmethod
+    def calibration_complete(path: Path) -> bool:
+        """Whether a calibration file holds every array of CALIB_ARRAYS (older files lack
+        the issue-13 tables)."""
+        with np.load(path) as z:
+            return set(CALIB_ARRAYS) <= set(z.files)
 
     def calib_path(self) -> Path:
         return CALIB_DIR / f"{self.src.model_id}.npz"
@@ -251,6 +333,13 @@ class Study:
         if (cfg.center or cfg.reparam or cfg.layer_k) and self.calib is not None:
             h.update(self.calib["mu"].tobytes())
             h.update(self.calib["k_sens"].tobytes())
+        if cfg.key_scale and self.calib is not None:
+            h.update(calibrated_key_scales(cfg.key_scale, self.calib).tobytes())
+        for t in (self.transforms(cfg) or []):
+            for x in t:
+                for a in (x.signs, x.rot):
+                    if a is not None:
+                        h.update(a.tobytes())
         return h.hexdigest()[:16]
 
     def meta(self) -> dict:

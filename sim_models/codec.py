@@ -20,6 +20,7 @@ from .params import FormatParams
 from .quant import dequantize, quantize
 from .scale import choose_scale_bytes
 from .signs import sign_mask
+from .transform import HeadTransform, rotate_back, rotate_forward
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Trace:
 
     x: np.ndarray       # int64 [V, N] block-floating-point mantissas (after D)
     u: np.ndarray       # int64 [V]    exponent of one mantissa unit
-    y: np.ndarray       # int64 [V, N] FWHT output, same unit
+    y: np.ndarray       # int64 [V, N] FWHT output (after the rotation B, if any), same unit
     scales: np.ndarray  # uint8 [V, N/G]
     codes: np.ndarray   # int64 [V, N] codes (signed; unsigned for asym)
     flags: np.ndarray   # uint8 [V]
@@ -80,13 +81,29 @@ def as_bits(x: np.ndarray, p: FormatParams) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1, p.n)
 
 
-def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
+def _signs(p: FormatParams, t: HeadTransform | None) -> np.ndarray:
+    """The sign-flip mask: ``t.signs`` when given, else ``p.sign_seed``'s."""
+    if t is not None and t.signs is not None:
+        return t.signs
+    return sign_mask(p.n, p.sign_seed)
+
+
+def _check_transform(t, p: FormatParams) -> HeadTransform | None:
+    if t is None:
+        return None
+    if not isinstance(t, HeadTransform):
+        raise TypeError(f"t must be a sim_models.HeadTransform or None, got {type(t).__name__}")
+    return t.check(p.n)
+
+
+def encode_trace(bits: np.ndarray, p: FormatParams, t: HeadTransform | None = None) -> Trace:
     """Write path with all intermediates, for RTL/GPU debugging.
 
     Args:
         bits: uint16 bit patterns or float16, [..., N] (checked as :func:`as_bits`;
             leading axes are flattened to V).
         p: format parameters.
+        t: per-(layer, kv head) transform tables (sim_models/transform.py), or None.
 
     Returns:
         :class:`Trace` with [V, ...] arrays.
@@ -95,20 +112,26 @@ def encode_trace(bits: np.ndarray, p: FormatParams) -> Trace:
         TypeError, ValueError: see :func:`as_bits`.
     """
     bits = as_bits(bits, p)
-    x, u, flags = to_block_fp(bits, p, sign_mask(p.n, p.sign_seed))
+    t = _check_transform(t, p)
+    x, u, flags = to_block_fp(bits, p, _signs(p, t))
     y = fwht(x)
+    if t is not None and t.rot is not None:
+        y = rotate_forward(y, t.rot)
     scales, sat = choose_scale_bytes(y, u, p)
     codes, zeros = quantize(y, u, scales, p)
     flags = flags | np.where(sat, FLAG_SAT, 0).astype(np.uint8)
     return Trace(x=x, u=u, y=y, scales=scales, codes=codes, flags=flags, zeros=zeros)
 
 
-def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
+def encode(x: np.ndarray, p: FormatParams | None = None,
+           t: HeadTransform | None = None) -> Encoded:
     """Encode K or V head vectors.
 
     Args:
         x: uint16 bit patterns or float16, shape [..., N].
         p: format parameters (default :class:`FormatParams` ()).
+        t: transform tables of the vectors' (layer, kv head) (sim_models/transform.py),
+            or None (the format's own D and no rotation).
 
     Returns:
         :class:`Encoded` with leading axes of ``x`` kept.
@@ -118,7 +141,7 @@ def encode(x: np.ndarray, p: FormatParams | None = None) -> Encoded:
     """
     p = _check_params(p)
     lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
-    return encoded(encode_trace(as_bits(x, p), p), p, lead)
+    return encoded(encode_trace(as_bits(x, p), p, t), p, lead)
 
 
 def encoded(t: Trace, p: FormatParams, lead: tuple | None = None) -> Encoded:
@@ -152,14 +175,16 @@ def _check_plane(name: str, a, lead, width: int) -> np.ndarray:
 
 
 def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None,
-                 zeros: np.ndarray | None = None) -> np.ndarray:
-    """Read path to exact real values: x_hat = D * (H @ yhat) / N, yhat = dequantized codes.
+                 zeros: np.ndarray | None = None, t: HeadTransform | None = None) -> np.ndarray:
+    """Read path to exact real values: x_hat = D * (H @ yhat) / N, yhat = dequantized codes
+    (with a :class:`HeadTransform`: its signs as D, and ``R^T yhat / 2^ROT_FRAC`` for yhat).
 
     Args:
         codes: uint8 code plane [..., N*b/8].
         scales: uint8 scale plane [..., N/G] (same leading axes).
         p: format parameters.
         zeros: uint8 zero-point plane [..., N/G]; mode ``asym`` only (required there).
+        t: the transform tables the vectors were encoded with, or None.
 
     Returns:
         float64 [..., N]. Exact: every term is an integer of < 8 bits (lloydmax:
@@ -171,14 +196,17 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
         TypeError, ValueError: wrong dtype or shape of a plane; asym without zeros.
     """
     p = _check_params(p)
+    t = _check_transform(t, p)
     lead = codes.shape[:-1] if isinstance(codes, np.ndarray) else None
     c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits,
                      p.mode != "asym")
     s = _check_plane("scales", scales, lead, p.n_blocks)
     z = None if zeros is None else _check_plane("zeros", zeros, lead, p.n_blocks)
     yhat = dequantize(c, s, p, z)
+    if t is not None and t.rot is not None:
+        yhat = rotate_back(yhat, t.rot)
     xhat = fwht(yhat) / p.n
-    xhat = np.where(sign_mask(p.n, p.sign_seed)[None, :] == 1, -xhat, xhat)
+    xhat = np.where(_signs(p, t)[None, :] == 1, -xhat, xhat)
     return xhat.reshape(*lead, p.n)
 
 
@@ -203,7 +231,7 @@ def round_to_input_type(v: np.ndarray, p: FormatParams) -> np.ndarray:
 
 
 def decode(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None = None,
-           zeros: np.ndarray | None = None) -> np.ndarray:
+           zeros: np.ndarray | None = None, t: HeadTransform | None = None) -> np.ndarray:
     """Read path to the input type: uint16 bit patterns [..., N] (see :func:`decode_float`)."""
     p = _check_params(p)
-    return round_to_input_type(decode_float(codes, scales, p, zeros), p)
+    return round_to_input_type(decode_float(codes, scales, p, zeros, t), p)

@@ -4,10 +4,13 @@ One concept: the per-cache decisions above the per-vector format. A
 :class:`CachePolicy` names a :class:`FormatParams` (or ``None`` = keep fp16)
 for keys and for values, per-layer overrides (layer-wise precision), how many
 leading tokens of each sequence are kept in fp16 (attention sinks), and
-whether keys are centered (sim_models/center.py). :meth:`CachePolicy.stored_bits`
-counts every byte the cache holds, so average bits per element are honest:
-codes, scale bytes, zero points, fp16 sink tokens and wider layers.
-(mu is a model constant, like a weight, and is not counted.)
+whether keys are centered (sim_models/center.py), scaled per channel
+(sim_models/keyscale.py) and given per-(layer, kv head) transform tables
+(sim_models/transform.py). :meth:`CachePolicy.stored_bits` counts every byte the
+cache holds, so average bits per element are honest: codes, scale bytes, zero
+points, fp16 sink tokens and wider layers. The per-model tables (mu, s, signs,
+rotations) are model constants, like weights: not per-token, counted separately
+by :meth:`CachePolicy.table_bytes`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from dataclasses import dataclass, field
 from .params import FormatParams
 
 FP16_BITS = 16
+#: Values of :attr:`CachePolicy.key_scale`: per-channel key scales as powers of two
+#: (stored as one exponent byte per channel) or as fp16 values.
+KEY_SCALES = ("pow2", "fp16")
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,10 @@ class CachePolicy:
         sinks: the first ``sinks`` tokens of every sequence stay fp16 (>= 0).
         center_keys: keys are stored as ``k - mu`` (sinks too).
         layer_k, layer_v: overrides, tuples of (layer, FormatParams or None).
+        key_scale: keys stored as ``k * s`` per channel (queries use ``q / s``):
+            ``"pow2"``, ``"fp16"`` (:data:`KEY_SCALES`) or None.
+        key_signs: keys use a calibrated sign flip per (layer, kv head).
+        key_rot: keys use calibrated 4x4 rotations after the FWHT per (layer, kv head).
 
     Raises:
         TypeError: a format is not a FormatParams / None.
@@ -38,8 +48,14 @@ class CachePolicy:
     center_keys: bool = False
     layer_k: tuple = ()
     layer_v: tuple = ()
+    key_scale: str | None = None
+    key_signs: bool = False
+    key_rot: bool = False
 
     def __post_init__(self):
+        if self.key_scale is not None and self.key_scale not in KEY_SCALES:
+            raise ValueError(f"key_scale must be one of {KEY_SCALES} or None, "
+                             f"got {self.key_scale!r}")
         for name in ("k", "v"):
             f = getattr(self, name)
             if f is not None and not isinstance(f, FormatParams):
@@ -88,3 +104,19 @@ class CachePolicy:
         """Average stored bits per cached K/V element for one sequence of ``context`` tokens."""
         elems = 2 * n_layers * n_kv_heads * head_dim * context
         return self.stored_bits(n_layers, n_kv_heads, head_dim, context) / elems
+
+    def table_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+        """Bytes of the per-model tables this policy reads (model constants, not per
+        token): mu (fp16 per key channel), key scales (one exponent byte or an fp16 per
+        channel), sign masks (head_dim bits) and rotations (head_dim / 4 int16 4x4 blocks),
+        each per (layer, kv head)."""
+        per = 0
+        if self.center_keys:
+            per += 2 * head_dim
+        if self.key_scale:
+            per += (1 if self.key_scale == "pow2" else 2) * head_dim
+        if self.key_signs:
+            per += head_dim // 8
+        if self.key_rot:
+            per += (head_dim // 4) * 16 * 2
+        return per * n_layers * n_kv_heads

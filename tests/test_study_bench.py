@@ -112,3 +112,60 @@ def test_model_argument_errors(tmp_path):
     d.mkdir()
     (d / "config.json").write_text("{}")
     assert resolve(str(d)).model_id == "qwen2-0.5b"
+
+
+def test_v3_key_treatments_spec_scales_and_layers():
+    """Issue 13: the key treatments appear in a spec only when used (earlier results keep
+    their cache keys); calibrated key scales are powers of two / fp16 of geometric mean 1
+    that follow the query / key energy ratio; boundary layers are the first and last."""
+    import numpy as np
+    from bench.configs import V3_STUDY, by_name
+    from bench.kvquant import KEY_SCALE_LOG2_MAX, calibrated_key_scales
+    old = by_name(["midrise-max-near+C+S4"])[0].spec()
+    assert set(old) == {"k", "v", "sinks", "center", "layer_k", "reparam"}
+    c = by_name(["v2+C+S4+KS2+SG+R4"])[0]
+    assert c.spec()["key_scale"] == "qaware-pow2" and c.spec()["signs"] and c.spec()["rot"]
+    pol = c.policy(64, np.zeros(30))
+    assert (pol.key_scale, pol.key_signs, pol.key_rot) == ("pow2", True, True)
+    assert by_name(["v2+C+S4+KS2+KB2"])[0].wide_layers(np.zeros(30)) == [0, 29]
+    assert len(set(V3_STUDY)) == len(V3_STUDY)
+    rng = np.random.default_rng(0)
+    calib = {"k_energy": rng.uniform(0.01, 10, (2, 1, 64)),
+             "q_energy": rng.uniform(0.01, 10, (2, 4, 64))}
+    s2 = calibrated_key_scales("qaware-pow2", calib).astype(np.float64)
+    e = np.log2(s2)
+    assert np.array_equal(e, np.round(e)) and np.abs(e).max() <= KEY_SCALE_LOG2_MAX
+    sf = calibrated_key_scales("qaware-fp16", calib).astype(np.float64)
+    assert abs(np.log2(sf).mean()) < 0.01
+    ratio = calib["q_energy"].mean(axis=1) / calib["k_energy"][:, 0]
+    assert np.corrcoef(np.log2(ratio).ravel(), np.log2(sf[:, 0]).ravel())[0, 1] > 0.9
+    with pytest.raises(ValueError, match="key_scale"):
+        calibrated_key_scales("qaware", calib)
+
+
+def test_selection_never_worse_than_default_on_calibration():
+    import numpy as np
+    from bench.kvquant import select_head_transform
+    from sim_models import FormatParams
+    rng = np.random.default_rng(1)
+    k = (rng.standard_normal((128, 64)) * np.linspace(0.1, 4, 64)).astype(np.float16)
+    q = rng.standard_normal((256, 64)) * np.linspace(3, 0.1, 64)
+    signs, rot, loss = select_head_transform((k, q.T @ q / len(q), FormatParams(n=64), 3))
+    assert signs.shape == (64,) and rot.shape == (16, 4, 4)
+    assert loss["signs_rot"] <= loss["signs"] <= loss["default"]
+
+
+def test_passkey_prompt_places_the_needle():
+    from bench import passkey
+
+    class Tok:
+        bos_token_id = 1
+
+        def __call__(self, s, add_special_tokens=True):
+            return {"input_ids": [1] * add_special_tokens + [ord(ch) for ch in s]}
+
+    ids, a = passkey.prompt(Tok(), 2000, 0.5, 12345)
+    assert len(ids) <= 2000 and ids[0] == 1
+    text = "".join(chr(i) for i in ids[1:])
+    assert text.endswith(passkey.QUESTION + " 12345") and a == len(ids) - 6
+    assert abs(text.index("The pass key is 12345") / len(text) - 0.5) < 0.05

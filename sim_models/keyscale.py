@@ -1,0 +1,79 @@
+"""Static per-channel key scaling, folded into the query: store ``k * s``, attend with ``q / s``.
+
+One concept. ``q . k = (q / s) . (k * s)`` for any per-channel s > 0, so attention is
+unchanged while the key the encoder sees has its channels rescaled. s is a calibrated
+model constant per (layer, kv head, channel) (bench/accuracy.py ``--calibrate``;
+KVQuant / SmoothAttention style, here query-aware: ``s_i ~ (E q_i^2 / E k_i^2)^(1/4)``
+minimises E (q . dk)^2 for the rotation-isotropic error dk of the format). With s a
+power of two the scaling is exact (barring fp16 range) and the query side is an exponent
+add; with s any fp16 value it is one rounding per lane.
+
+Exact rule (the encoder input): ``x' = RNE(x * s)`` in the input type (round to nearest
+even, saturating at +-max as :func:`sim_models.codec.round_to_input_type`); NaN and +-inf
+lanes pass through. s is fp16 (or bf16 for bf16 keys), positive and finite. When keys are
+also centered (sim_models/center.py), scaling comes first and the centering vector is the
+scaled one: ``x' = center(scale_keys(x, s), scale_keys(mu, s))`` = ``RNE(RN16(x s) - RN16(mu s))``,
+the rule of gpu_ref's fused pass (``gpu_ref.encode.center_scale_keys``). For powers of two
+this equals ``RNE(RNE(x - mu) * s)`` except where fp16 subnormals round (the order the
+issue-13 study bench used). In hardware: one fp16 multiply
+per lane in front of the encoder (an exponent add for powers of two), and one multiply
+per query lane (or folded into W_q when s is equal on each RoPE pair).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .center import bits_to_float
+from .codec import as_bits, round_to_input_type
+from .params import FormatParams
+
+
+def scale_keys(x: np.ndarray, s: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
+    """Scaled encoder input ``RNE(x * s)`` (module docstring).
+
+    Args:
+        x: uint16 bit patterns or float16 [..., N].
+        s: float16 (or uint16 bit patterns of ``p.dtype``), positive and finite,
+            broadcastable to x (e.g. [N] for one (layer, kv head)).
+        p: format parameters (``n`` and ``dtype`` are used).
+
+    Returns:
+        uint16 bit patterns, x's shape.
+
+    Raises:
+        TypeError, ValueError: bad x (:func:`sim_models.codec.as_bits`); s of another
+        dtype, not broadcastable, not positive or not finite.
+    """
+    p = p or FormatParams()
+    lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
+    bits = as_bits(x, p).reshape(*lead, p.n)
+    if not isinstance(s, np.ndarray):
+        raise TypeError(f"s must be a numpy array, got {type(s).__name__}")
+    if s.dtype == np.float16 and p.dtype == "fp16":
+        s = s.view(np.uint16)
+    if s.dtype != np.uint16:
+        raise TypeError(f"s must be float16 or uint16 bit patterns of {p.dtype}, got {s.dtype}")
+    try:
+        np.broadcast_shapes(s.shape, bits.shape)
+    except ValueError:
+        raise ValueError(f"s of shape {list(s.shape)} does not broadcast to x "
+                         f"{list(bits.shape)}") from None
+    xv, sv = bits_to_float(bits, p), bits_to_float(s, p)
+    if not (np.isfinite(sv).all() and (sv > 0).all()):
+        raise ValueError("s must be positive and finite")
+    special = ~np.isfinite(xv)
+    out = round_to_input_type(np.where(special, 0.0, xv * sv), p)
+    return np.where(special, bits, out).astype(np.uint16)
+
+
+def pow2_scales(log2_s: np.ndarray) -> np.ndarray:
+    """Integer exponents -> float16 powers of two (exact), for :func:`scale_keys`.
+
+    Raises:
+        ValueError: an exponent outside [-14, 15] (not a normal fp16).
+    """
+    e = np.asarray(log2_s)
+    if not np.array_equal(e, np.round(e)) or e.min() < -14 or e.max() > 15:
+        raise ValueError("log2_s must be integers in [-14, 15]")
+    return np.exp2(e).astype(np.float16)
