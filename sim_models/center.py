@@ -37,6 +37,31 @@ def bits_to_float(bits: np.ndarray, p: FormatParams) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
+def table_operands(x, table: np.ndarray, name: str, p: FormatParams):
+    """(x's uint16 bits [..., N], x as float64, ``table`` as float64) for an elementwise rule with a
+    per-channel table (centering's mu, the key scales): ``table`` float16 (fp16 inputs) or uint16
+    bit patterns of ``p.dtype``, broadcastable to x.
+
+    Raises:
+        TypeError, ValueError: bad x (:func:`sim_models.codec.as_bits`); a table of another dtype
+            or shape (the message names it by ``name``).
+    """
+    lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
+    bits = as_bits(x, p).reshape(*lead, p.n)
+    if not isinstance(table, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(table).__name__}")
+    if table.dtype == np.float16 and p.dtype == "fp16":
+        table = table.view(np.uint16)
+    if table.dtype != np.uint16:
+        raise TypeError(f"{name} must be float16 or uint16 bit patterns of {p.dtype}, got {table.dtype}")
+    try:
+        np.broadcast_shapes(table.shape, bits.shape)
+    except ValueError:
+        raise ValueError(f"{name} of shape {list(table.shape)} does not broadcast to x "
+                         f"{list(bits.shape)}") from None
+    return bits, bits_to_float(bits, p), bits_to_float(table, p)
+
+
 def center(x: np.ndarray, mu: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
     """Centered encoder input ``RNE(x - mu)`` (module docstring).
 
@@ -54,20 +79,7 @@ def center(x: np.ndarray, mu: np.ndarray, p: FormatParams | None = None) -> np.n
         of another dtype, not broadcastable, or not finite.
     """
     p = p or FormatParams()
-    lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
-    bits = as_bits(x, p).reshape(*lead, p.n)
-    if not isinstance(mu, np.ndarray):
-        raise TypeError(f"mu must be a numpy array, got {type(mu).__name__}")
-    if mu.dtype == np.float16 and p.dtype == "fp16":
-        mu = mu.view(np.uint16)
-    if mu.dtype != np.uint16:
-        raise TypeError(f"mu must be float16 or uint16 bit patterns of {p.dtype}, got {mu.dtype}")
-    try:
-        np.broadcast_shapes(mu.shape, bits.shape)
-    except ValueError:
-        raise ValueError(f"mu of shape {list(mu.shape)} does not broadcast to x "
-                         f"{list(bits.shape)}") from None
-    xv, mv = bits_to_float(bits, p), bits_to_float(mu, p)
+    bits, xv, mv = table_operands(x, mu, "mu", p)
     if not np.isfinite(mv).all():
         raise ValueError("mu must be finite")
     special = ~np.isfinite(xv)

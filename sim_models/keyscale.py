@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .center import bits_to_float
-from .codec import as_bits, round_to_input_type
+from .center import table_operands
+from .codec import round_to_input_type
 from .params import FormatParams
 
 
@@ -46,20 +46,7 @@ def scale_keys(x: np.ndarray, s: np.ndarray, p: FormatParams | None = None) -> n
         dtype, not broadcastable, not positive or not finite.
     """
     p = p or FormatParams()
-    lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
-    bits = as_bits(x, p).reshape(*lead, p.n)
-    if not isinstance(s, np.ndarray):
-        raise TypeError(f"s must be a numpy array, got {type(s).__name__}")
-    if s.dtype == np.float16 and p.dtype == "fp16":
-        s = s.view(np.uint16)
-    if s.dtype != np.uint16:
-        raise TypeError(f"s must be float16 or uint16 bit patterns of {p.dtype}, got {s.dtype}")
-    try:
-        np.broadcast_shapes(s.shape, bits.shape)
-    except ValueError:
-        raise ValueError(f"s of shape {list(s.shape)} does not broadcast to x "
-                         f"{list(bits.shape)}") from None
-    xv, sv = bits_to_float(bits, p), bits_to_float(s, p)
+    bits, xv, sv = table_operands(x, s, "s", p)
     if not (np.isfinite(sv).all() and (sv > 0).all()):
         raise ValueError("s must be positive and finite")
     special = ~np.isfinite(xv)
