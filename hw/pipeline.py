@@ -7,8 +7,11 @@ register stage. Two kinds of knobs place the optional registers: the FWHT
 :mod:`hw.fwht` / :mod:`hw.ifwht`, checked by :func:`check_latency`) and named
 *cuts*, a subset of a component's cut points (:class:`Cuts`:
 ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
-``hw.decompressor.FLOAT_CUTS``). Every component validates them here, so the
-error messages name the same fields everywhere.
+``hw.decompressor.FLOAT_CUTS``), and ``tree_every`` = k, a register after every
+k levels of the reduction trees (:mod:`hw.trees`: the front end's exponent max
+tree, the quantizer's block statistic trees; checked by :func:`check_tree_every`).
+Every component validates them here, so the error messages name the same
+fields everywhere. Registers change the latency, never the bytes.
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ def check_latency(p: FormatParams, latency) -> int:
         raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
                          f"for n={p.n}, got {latency}")
     return latency
+
+
+def check_tree_every(every) -> int:
+    """Validate ``tree_every`` (a register after every k levels of a reduction tree; 0: none).
+
+    Raises:
+        TypeError: not an int (bool refused). ValueError: negative.
+    """
+    if isinstance(every, bool) or not isinstance(every, int):
+        raise TypeError(f"tree_every must be an int, got {type(every).__name__}")
+    if every < 0:
+        raise ValueError(f"tree_every (tree levels per register, 0 = none) must be >= 0, "
+                         f"got {every}")
+    return every
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
         "fwht_register_after_stages": register_positions(p.log2n, dut.latency),
         "quant_register_cuts": list(dut.quant_regs),
         "frontend_register_cuts": list(dut.fe_regs),
+        "tree_every": dut.tree_every,
         "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
         "o_payload": {"width": Shape.cast(o_shape).width, "fields": payload_fields(o_shape)},
         "flags": {"nan": 1, "inf": 2, "sat": 4},

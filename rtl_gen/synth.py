@@ -308,7 +308,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
         shutil.rmtree(d)
     d.mkdir(parents=True)
     p = cfg.params
-    man = rtl_gen.generate(cfg.kind, p, d, latency=cfg.latency)
+    man = rtl_gen.generate(cfg.kind, p, d, **cfg.regs)
     dut, vfile = man["top"], d / man["verilog"]
     rec = {**_identity(cfg), "top": dut,
            "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
@@ -381,7 +381,8 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
 
 def _identity(cfg: RTLConfig) -> dict:
     """The keys that identify a record: config name, kind, FWHT registers, params."""
-    return {"config": cfg.name, "kind": cfg.kind, "latency": cfg.latency,
+    return {"config": cfg.name, "kind": cfg.kind, "latency": cfg.latency, "pipe": cfg.pipe,
+            "regs": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.regs.items()},
             "params": cfg.params.to_dict()}
 
 
