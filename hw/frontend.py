@@ -3,8 +3,8 @@
 Bit-exact with ``sim_models.bfp.to_block_fp`` (FORMAT.md 3.1-3.3).
 Combinational (the top level registers its outputs), except for the optional
 pipeline registers (``en`` advances them, ``i_valid`` -> ``o_valid`` rides
-along): the cuts ``regs`` (:data:`FE_CUTS`: ``emax`` after the exponent max
-tree, ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
+along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
+``emax`` after the exponent max tree, ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
 shifter, before the rounding increment) and ``tree_every`` = k, a register
 after every k levels of the max tree (:func:`hw.trees.tree_cut_levels`). Each
 register holds the rest of the vector (decoded lanes, partial maxima, flags).
@@ -32,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import Cuts, check_tree_every, stage
+from .pipeline import Cuts, check_tree_every, gt_const, stage
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -48,10 +48,11 @@ def u_shape(p: FormatParams) -> Shape:
     return Shape.cast(range(lo, hi + 1))
 
 
-#: Pipeline cut points of :class:`FrontEnd`, in data-flow order: after the
-#: exponent max tree, after the per-lane shift amounts (emax - exp), after the
-#: alignment shifter (before rounding). Default: ``emax`` (for Fmax; hw/README.md).
-FE_CUTS = Cuts("fe_regs", ("emax", "shamt", "align"), default=("emax",))
+#: Pipeline cut points of :class:`FrontEnd`, in data-flow order: after the lane
+#: decode (NaN / inf / subnormal, before the max tree), after the exponent max
+#: tree, after the per-lane shift amounts (emax - exp), after the alignment
+#: shifter (before rounding). Default: ``emax`` (for Fmax; hw/README.md).
+FE_CUTS = Cuts("fe_regs", ("dec", "emax", "shamt", "align"), default=("emax",))
 
 
 def tree_cuts(n: int, tree_every: int) -> int:
@@ -137,6 +138,10 @@ class FrontEnd(wiring.Component):
             vec.update(more)
             vec.update(stage(m, self.en, name, **vec))
 
+        if "dec" in self.regs:
+            cut("dec")
+            exps = vec["exp"]
+
         def tree_cut(parts: list) -> list:
             cut(f"emaxt{tree_cut.count}", part=parts)
             tree_cut.count += 1
@@ -152,8 +157,9 @@ class FrontEnd(wiring.Component):
         shs = []
         for k in range(p.n):
             sh = Signal(range(wsp + 2), name=f"sh{k}")
-            d = vec["emax"] - vec["exp"][k] + post
-            m.d.comb += sh.eq(Mux(d > wsp + 1, wsp + 1, d))
+            d = Signal(range(-(1 << e_bits), (1 << e_bits) + post), name=f"shd{k}")
+            m.d.comb += d.eq(vec["emax"] - vec["exp"][k] + post)
+            m.d.comb += sh.eq(Mux(gt_const(d, wsp + 1), wsp + 1, d))
             shs.append(sh)
         del vec["exp"]
         if "shamt" in self.regs:
@@ -183,7 +189,7 @@ class FrontEnd(wiring.Component):
             mag = Signal(wsp + 1, name=f"mag{k}")
             m.d.comb += mag.eq((halves[k] + rnd[k]) >> 1)
             magc = Signal(M - 1, name=f"magc{k}")
-            m.d.comb += magc.eq(Mux(mag > lim, lim, mag))
+            m.d.comb += magc.eq(Mux(mag[M - 1:].any(), lim, mag))   # mag > lim = 2^(M-1) - 1
             neg = signs[k] ^ ((self.mask >> k) & 1)
             m.d.comb += self.x[k].eq(Mux(neg, -magc, magc))
         return m

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Const, Module, Signal, Value
 
 from sim_models.params import FormatParams
 
@@ -52,6 +52,31 @@ def stage(m: Module, en, name: str, *, reset=("valid",), **values) -> dict:
         with m.If(en):
             m.d.sync += [r.eq(s) for r, s in zip(regs, srcs)]
         out[key] = regs if isinstance(v, (list, tuple)) else regs[0]
+    return out
+
+
+def gt_const(x, c: int) -> Value:
+    """``x > c`` for a Value ``x`` (signed or unsigned) and an int ``c``, as AND/OR logic.
+
+    Synthesis maps a ``>`` to a carry chain even against a constant; on a short
+    path between two registers the chain's entry and exit cost more than the
+    few LUT levels of this form: from the top bit down, ``x_t & gt(rest)`` where
+    bit t of c is 1 and ``x_t | gt(rest)`` where it is 0.
+    """
+    x = Value.cast(x)
+    w = len(x)
+    if x.shape().signed:
+        sign, low = x[w - 1], x[:w - 1]
+        if c >= 0:
+            return ~sign & gt_const(low, c)
+        return ~sign | gt_const(low, c + (1 << (w - 1)))
+    if c < 0:
+        return Const(1, 1)
+    if c >= (1 << w) - 1:
+        return Const(0, 1)
+    out = Const(0, 1)
+    for i in range(w):                  # from bit 0 up: out = gt(x[:i+1], c[:i+1])
+        out = (x[i] & out) if (c >> i) & 1 else (x[i] | out)
     return out
 
 

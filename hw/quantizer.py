@@ -39,11 +39,14 @@ from .scale_select import ScaleSelect, rule_units
 from .thresholds import Thresholds
 from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
 
-#: Register cut points of :class:`Quantizer`, in data-flow order: in the middle
-#: of the block statistic tree (after floor(log2(G)/2) levels), after the tree,
-#: inside the scale select (after leading-one + normalization), after the
-#: scale select, after the thresholds. Default: every cut (for Fmax, hw/README.md).
-QUANT_CUTS = Cuts("quant_regs", ("maxhalf", "max", "norm", "scale", "thr"),
+#: Register cut points of :class:`Quantizer`, in data-flow order: after |y|, in
+#: the middle of the block statistic tree (after floor(log2(G)/2) levels), after
+#: the tree, inside the scale select (after the leading one, after the
+#: normalization, after the exponent arithmetic), after the scale select, inside
+#: the thresholds (after the shift amounts), after the thresholds. Default:
+#: maxhalf, max, norm, scale, thr (hw/README.md).
+QUANT_CUTS = Cuts("quant_regs", ("abs", "maxhalf", "max", "lead", "norm", "sexp", "scale",
+                                 "tsh", "thr"),
                   default=("maxhalf", "max", "norm", "scale", "thr"))
 
 
@@ -184,6 +187,9 @@ class Quantizer(wiring.Component):
                     trees = vec.partial
             return replace(vec, partial=None), {t: [tr[0] for tr in tt] for t, tt in trees.items()}
 
+        vec = cut(_Vector(valid=self.i_valid, u=self.u, flags=self.flags_i, neg=negs, mags=mags),
+                  "abs")
+        negs, mags = vec.neg, vec.mags
         # trees: of |y| (symmetric modes); asym: of max(y, 0) ("hi") and of
         # max(-y, 0) ("nlo" = -lo), whose sum is the block range hi - lo
         if asym:
@@ -203,7 +209,6 @@ class Quantizer(wiring.Component):
             lows[t] = [items[b * g + (i << half):b * g + ((i + 1) << half)]
                        for b in range(nb) for i in range(per)]
             names[t] = [f"b{t}{b}_{i}" for b in range(nb) for i in range(per)]
-        vec = _Vector(valid=self.i_valid, u=self.u, flags=self.flags_i, neg=negs, mags=mags)
         vec, res = forest(vec, lows, names, "tlo")
         vec = cut(replace(vec, partial={t: [r[b * per:(b + 1) * per] for b in range(nb)]
                                         for t, r in res.items()}), "maxhalf")
@@ -227,12 +232,15 @@ class Quantizer(wiring.Component):
         # ---- scale select -------------------------------------------------------------
         bytes_, sats = [], []
         for b in range(nb):
-            sel = ScaleSelect(p, len(vec.stat[b]), self.u_shape, pipelined="norm" in self.regs)
+            sel = ScaleSelect(p, len(vec.stat[b]), self.u_shape, pipelined="norm" in self.regs,
+                              regs=[r for r in ("lead", "sexp") if r in self.regs])
             m.submodules[f"scale{b}"] = sel
             m.d.comb += [sel.a.eq(vec.stat[b]), sel.u.eq(vec.u), sel.en.eq(self.en)]
             bytes_.append(sel.byte)
             sats.append(sel.sat)
-        vec = cut(replace(vec, stat=None), "norm")   # the rest, in step with ScaleSelect
+        vec = replace(vec, stat=None)      # the rest, in step with ScaleSelect
+        for r in ("lead", "norm", "sexp"):
+            vec = cut(vec, r)
         flags = Signal(3, name="qflags")
         m.d.comb += flags.eq(Cat(vec.flags, Cat(*sats).any()))
         vec = cut(replace(vec, flags=flags, scales=bytes_), "scale")
@@ -241,11 +249,14 @@ class Quantizer(wiring.Component):
         nth = len(self.coefs)
         ths = []
         for b in range(nb):
-            th = Thresholds(p, wy, self.u_shape)
+            th = Thresholds(p, wy, self.u_shape, pipelined="tsh" in self.regs)
             m.submodules[f"thr{b}"] = th
             m.d.comb += [th.byte.eq(vec.scales[b]), th.u.eq(vec.u)]
+            if "tsh" in self.regs:
+                m.d.comb += th.en.eq(self.en)
             ths.append([th.th[j] for j in range(nth)])
-        vec = cut(replace(vec, u=None, th=ths), "thr")
+        vec = cut(replace(vec, u=None), "tsh")       # in step with Thresholds
+        vec = cut(replace(vec, th=ths), "thr")
 
         # ---- lane compares ------------------------------------------------------------
         for b in range(nb):

@@ -251,7 +251,8 @@ def test_asym_payload_layout():
 
 
 @pytest.mark.parametrize("regs,latency", [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1),
-                                          (("shift", "abs"), 3), (("prep", "shift"), 2)])
+                                          (("shift", "abs"), 3), (("prep", "shift"), 2),
+                                          (("lead", "round"), 2), (FLOAT_CUTS.names, 6)])
 def test_float_regs(regs, latency):
     """Optional float-conversion registers: same outputs, latency + 2 + len(regs) cycles
     (checked exactly by run_dut), stalls handled."""
@@ -502,7 +503,8 @@ def test_latency_property():
             dut = KVDecompressor(FormatParams(), lat)
             # dequant register, the default float register ("prep"), output register
             assert dut.latency_cycles == lat + 2 + len(FLOAT_CUTS.default) == lat + 3
-            assert KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles == lat + 5
+            assert (KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles
+                    == lat + 2 + len(FLOAT_CUTS.names) == lat + 7)
             del dut
             gc.collect()
 

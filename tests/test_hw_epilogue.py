@@ -124,7 +124,8 @@ def test_no_sign_flip():
 @pytest.mark.parametrize("quant_regs,fe_regs", [
     ((), ()), (("maxhalf",), ()), (("max",), ("emax",)), (("norm",), ()),
     (("scale",), ()), (("thr",), ("emax",)), (("maxhalf", "norm", "thr"), ("emax",)),
-    (("max", "scale"), ()),
+    (("max", "scale"), ()), (("abs", "lead", "sexp", "tsh"), ("shamt",)),
+    (("abs", "max", "lead", "norm", "sexp", "scale", "tsh", "thr"), ("align",)),
 ])
 def test_register_placements(quant_regs, fe_regs):
     """Every pipeline cut alone and in combinations: same payloads, latency =
@@ -136,7 +137,7 @@ def test_register_placements(quant_regs, fe_regs):
 
 
 @pytest.mark.parametrize("tree_every,fe_regs,kw", [
-    (1, FE_CUTS.names, {}), (2, ("shamt",), {}), (3, ("emax", "align"), {}),
+    (1, FE_CUTS.names, {}), (2, ("shamt",), {}), (3, ("dec", "emax", "align"), {}),
     (1, FE_CUTS.names, {"mode": "asym"}), (2, ("align",), {"scale_rule": "absmean"}),
     (1, (), {"dtype": "bf16"}),
 ])
