@@ -183,7 +183,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         out: output directory (created if missing).
         top: Verilog module name (default ``KINDS[kind].top``).
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
-            0 .. log2 N), ``quant_regs``/``fe_regs`` (encoder), ``float_regs`` (decoder).
+            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every`` (encoder),
+            ``float_regs`` (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -236,7 +237,7 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     ``<dec_top>.manifest.json``, and ``manifest.json`` = the encoder's manifest plus
     ``"modules"``: {module name: its full manifest} for both. Both components are
     built (validated) before anything is written. ``regs``: ``latency`` for both,
-    ``quant_regs``/``fe_regs`` for the encoder, ``float_regs`` for the decoder.
+    ``quant_regs``/``fe_regs``/``tree_every`` for the encoder, ``float_regs`` for the decoder.
 
     Returns:
         the ``manifest.json`` dict.
@@ -246,7 +247,8 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
     enc_regs = {k: v for k, v in regs.items() if k != "float_regs"}
-    dec_regs = {k: v for k, v in regs.items() if k not in ("quant_regs", "fe_regs")}
+    dec_regs = {k: v for k, v in regs.items()
+                if k not in ("quant_regs", "fe_regs", "tree_every")}
     with warnings.catch_warnings():     # validation only: the probes are never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
         build("encoder", params, **enc_regs)

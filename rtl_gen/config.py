@@ -13,7 +13,7 @@
 * optional ``p<k>`` (after ``l``): the register profile for Fmax (:meth:`RTLConfig.regs`):
   every optional register cut of the components placed and a register after
   every k levels of the encoder's reduction trees (``tree_every``; ``p0``: the
-  cuts only); without it, the components' default cuts. Registers change the
+  cuts only; a decoder takes only ``p0``); without it, the components' default cuts. Registers change the
   latency, never the bytes;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
@@ -95,6 +95,9 @@ class RTLConfig:
         if pp is not None and (isinstance(pp, bool) or not isinstance(pp, int) or pp < 0):
             raise ValueError(f"pipe (pK, tree levels per register of the Fmax profile) must be "
                              f"None or an int >= 0, got {pp!r}")
+        if pp and self.kind == "decoder":
+            raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
+                             f"tree registers, the decoder has none; got {pp}")
 
     @property
     def regs(self) -> dict:

@@ -461,7 +461,27 @@ def _nextpnr_summary(rep: dict, plog: Path) -> dict:
     if clk is None:
         raise SynthError(f"nextpnr report has no fmax (log {plog})")
     return {"fmax_mhz": round(clk["achieved"], 2), "target_mhz": clk.get("constraint"),
-            "utilization": util}
+            "utilization": util, "critical_path": critical_path(rep)}
+
+
+def critical_path(rep: dict) -> dict | None:
+    """The worst register-to-register path of a nextpnr ``--report``: its start and end
+    cells, delay, the logic and routing parts, and the cells it passes (deduplicated)."""
+    paths = rep.get("critical_paths") or []
+    if not paths or not paths[0].get("path"):
+        return None
+    segs = paths[0]["path"]
+    cells = []
+    for sg in segs:
+        for end in ("from", "to"):
+            c = sg[end]["cell"]
+            if not cells or cells[-1] != c:
+                cells.append(c)
+    logic = sum(sg["delay"] for sg in segs if sg["type"] != "routing")
+    routing = sum(sg["delay"] for sg in segs if sg["type"] == "routing")
+    return {"from": segs[0]["from"]["cell"], "to": segs[-1]["to"]["cell"],
+            "ns": round(logic + routing, 2), "logic_ns": round(logic, 2),
+            "routing_ns": round(routing, 2), "cells": cells}
 
 
 # ---- main --------------------------------------------------------------------------------
