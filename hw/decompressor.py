@@ -78,6 +78,8 @@ class KVDecompressor(wiring.Component):
         float_regs: which optional registers of the float conversion to place
             (names from :data:`FLOAT_CUTS`, any order; default
             ``FLOAT_CUTS.default``); each adds one cycle of latency.
+        split_align: the FWHT's block alignment as two steps, so that a ``latency``
+            register can sit inside the shifter (``hw.ifwht.BlockFWHT``; default False).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -86,9 +88,12 @@ class KVDecompressor(wiring.Component):
     """
 
     def __init__(self, params: FormatParams, latency: int = 2,
-                 float_regs=FLOAT_CUTS.default):
+                 float_regs=FLOAT_CUTS.default, split_align: bool = False):
         check_read_params(params)
         self.float_regs = FLOAT_CUTS.check(float_regs)
+        if not isinstance(split_align, bool):
+            raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
+        self.split_align = split_align
         self.params = params
         self.latency = check_latency(params, latency)
         self.table = level_table(params)
@@ -162,7 +167,7 @@ class KVDecompressor(wiring.Component):
         # ---- inverse FWHT (ef_min and "all zero" ride along as side band) --------------
         side = data.StructLayout({"ef_min": efw, "allzero": 1})
         m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=side,
-                                            max_align=sf.max_align)
+                                            max_align=sf.max_align, split_align=self.split_align)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"]),
                      fw.side_i.allzero.eq(dq["allzero"]), fw.zneg.eq(dq["zneg"])]

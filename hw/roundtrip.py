@@ -30,16 +30,18 @@ class KVRoundTrip(wiring.Component):
         params: format parameters; both paths must implement them.
         latency: FWHT pipeline registers of both modules, in [0, log2 N].
         quant_regs, fe_regs, tree_every: the epilogue's register cuts (:class:`KVEpilogue`).
-        float_regs: the decompressor's float registers (:class:`KVDecompressor`).
+        float_regs, split_align: the decompressor's float registers and alignment
+            split (:class:`KVDecompressor`).
 
     Raises:
         TypeError / ValueError: from either module's validation (names the argument).
     """
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
-                 fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0):
+                 fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
+                 split_align: bool = False):
         self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every)
-        self.dec = KVDecompressor(params, latency, float_regs)
+        self.dec = KVDecompressor(params, latency, float_regs, split_align)
         self.params = params
         self.latency = latency
         enc_m, dec_m = self.enc.signature.members, self.dec.signature.members

@@ -108,10 +108,11 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
 
 def _decoder_fields(dut: KVDecompressor) -> dict:
     p = dut.params
-    steps = steps_of(p.n, p.block)
+    steps = steps_of(p.n, p.block, dut.split_align)
     i_shape = _stream_shape(dut, "i")
     return {
-        "fwht_steps": ["align" if k == "align" else f"stage{s}" for k, s in steps],
+        "fwht_steps": [("align_lo" if s else "align_hi" if dut.split_align else "align")
+                       if k == "align" else f"stage{s}" for k, s in steps],
         "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
                                       if dut.latency else []),
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
@@ -184,7 +185,7 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         top: Verilog module name (default ``KINDS[kind].top``).
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
             0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every`` (encoder),
-            ``float_regs`` (decoder).
+            ``float_regs``/``split_align`` (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -246,7 +247,7 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top)
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    enc_regs = {k: v for k, v in regs.items() if k != "float_regs"}
+    enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align")}
     dec_regs = {k: v for k, v in regs.items()
                 if k not in ("quant_regs", "fe_regs", "tree_every")}
     with warnings.catch_warnings():     # validation only: the probes are never elaborated

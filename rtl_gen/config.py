@@ -103,7 +103,8 @@ class RTLConfig:
     def regs(self) -> dict:
         """Register options of the component(s) (``rtl_gen.generate`` keywords): the FWHT
         ``latency``; with ``pipe`` = k every cut of ``FE_CUTS``, ``QUANT_CUTS`` and
-        ``FLOAT_CUTS`` and ``tree_every`` = k (the encoder's reduction trees)."""
+        ``FLOAT_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
+        decoder's block alignment as two FWHT steps (``split_align``)."""
         regs: dict = {"latency": self.latency}
         if self.pipe is None:
             return regs
@@ -113,7 +114,7 @@ class RTLConfig:
         if self.kind in ("encoder", "roundtrip"):
             regs.update(fe_regs=FE_CUTS.names, quant_regs=QUANT_CUTS.names, tree_every=self.pipe)
         if self.kind in ("decoder", "roundtrip"):
-            regs.update(float_regs=FLOAT_CUTS.names)
+            regs.update(float_regs=FLOAT_CUTS.names, split_align=True)
         return regs
 
     @property
