@@ -117,7 +117,14 @@ SETS = {
             ("dec_v2_n32_g32_b3_l2", True), ("enc_v2_n64_g64_b3_l2", True),
             ("dec_v2_n64_g32_b3_l2", True)],
 }
-SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"]
+# Fmax register profiles (config part pK: every register cut, a register every K
+# levels of the encoder's trees; FWHT registers after every stage) at N = 128 and 64,
+# placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores)
+SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", True), ("dec_v2_n128_g64_b3_l7_p0", True),
+                  ("enc_v2_n64_g64_b3_l6_p2", True), ("dec_v2_n64_g32_b3_l6_p0", True),
+                  ("enc_v2_n16_g8_b3_l4_p1", True), ("enc_v2_n16_g8_b3_l4_p1_m8", True),
+                  ("dec_v2_n16_g8_b3_l4_p0", True)]
+SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])
 
@@ -549,6 +556,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", choices=tuple(SETS), default="default",
                     help="configuration set (default: %(default)s; ci: one tiny config per "
                          "module; sweep: area vs M, latency, b, N; pnr: Fmax of N=32/64; "
+                         "timing: the Fmax register profiles pK at N=128/64/16; "
                          "all: everything)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated configs instead of --set (grammar: rtl_gen/config.py), "
