@@ -32,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import Cuts, check_tree_every, gt_const, stage
+from .pipeline import Cuts, check_tree_every, stage
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -150,6 +150,11 @@ class FrontEnd(wiring.Component):
 
         vec["emax"] = tree_reduce(m, exps, lambda a, b: Mux(a > b, a, b), "emax",
                                   every=self.tree_every, cut=tree_cut)
+        # the clamp test d > wsp + 1 as the sign of a second subtraction beside d:
+        # d > wsp + 1  <=>  (emax - (wsp + 2 - post)) - exp >= 0
+        emaxc = Signal(range(-(wsp + 2), 1 << e_bits), name="emax_clamp")
+        m.d.comb += emaxc.eq(vec["emax"] - (wsp + 2 - post))
+        vec["emaxc"] = emaxc
         if "emax" in self.regs:
             cut("emax")
 
@@ -159,9 +164,11 @@ class FrontEnd(wiring.Component):
             sh = Signal(range(wsp + 2), name=f"sh{k}")
             d = Signal(range(-(1 << e_bits), (1 << e_bits) + post), name=f"shd{k}")
             m.d.comb += d.eq(vec["emax"] - vec["exp"][k] + post)
-            m.d.comb += sh.eq(Mux(gt_const(d, wsp + 1), wsp + 1, d))
+            t = Signal(range(-(wsp + 2) - (1 << e_bits), 1 << e_bits), name=f"shc{k}")
+            m.d.comb += t.eq(vec["emaxc"] - vec["exp"][k])
+            m.d.comb += sh.eq(Mux(t[-1], d, wsp + 1))
             shs.append(sh)
-        del vec["exp"]
+        del vec["exp"], vec["emaxc"]
         if "shamt" in self.regs:
             cut("shamt", sh=shs)
             shs = vec.pop("sh")

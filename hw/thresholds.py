@@ -82,16 +82,19 @@ class Thresholds(wiring.Component):
             cs_.append(c)
         pos = Signal(name="d_pos")
         m.d.comb += pos.eq(~dneg)
+        # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 as logic from dn
+        low = Signal(cbits, name="dn_mask")
+        m.d.comb += low.eq(Cat(*(gt_const(dn, i) for i in range(cbits))))
         if self.pipelined:
-            st = stage(m, self.en, "tsh", c=cs_, dp=dp, dn=dn, pos=pos)
-            cs_, dp, dn, pos = st["c"], st["dp"], st["dn"], st["pos"]
+            st = stage(m, self.en, "tsh", c=cs_, dp=dp, dn=dn, low=low, pos=pos)
+            cs_, dp, dn, low, pos = st["c"], st["dp"], st["dn"], st["low"], st["pos"]
         for j, c in enumerate(cs_, start=1):
             tp = Signal(cbits + wy, name=f"tpos{j}")
             m.d.comb += tp.eq(c << dp)
-            cs = Signal(cbits, name=f"cshr{j}")
-            m.d.comb += cs.eq(c >> dn)
+            tr = Signal(cbits + 1, name=f"tround{j}")
+            m.d.comb += tr.eq(c + low)
             tn = Signal(cbits + 1, name=f"tneg{j}")
-            m.d.comb += tn.eq(cs + ((cs << dn) != c))
+            m.d.comb += tn.eq(tr >> dn)
             with m.If(pos):     # tp >= 2^wy: a bit at or above wy
                 m.d.comb += self.th[j - 1].eq(Mux(tp[wy:].any(), sat_val, tp))
             with m.Else():
