@@ -175,7 +175,8 @@ make synth                                         # = the lines below (default 
 .venv/bin/python -m rtl_gen.synth --set ci --out build/synth_ci.json --fresh   # CI: one tiny config per module
 .venv/bin/python -m rtl_gen.synth --set sweep      # area vs M, FWHT latency, b, G at N=64 (~1 h)
 .venv/bin/python -m rtl_gen.synth --set pnr        # Fmax of N=32/64 instances (hours)
-.venv/bin/python -m rtl_gen.synth --configs enc_v2_n128_g64_b3_l2 --pnr all   # one config, placed and routed
+.venv/bin/python -m rtl_gen.synth --set timing --freq 150   # Fmax profiles pK at N=128/64/16 (hours)
+.venv/bin/python -m rtl_gen.synth --configs enc_v2_n128_g64_b3_l7_p2 --pnr all   # one config, placed and routed
 .venv/bin/python bench/synth_mantissa.py           # K/V error vs M (golden model, real fixture)
 .venv/bin/python bench/synth_report.py             # this file's tables and the plots
 ```

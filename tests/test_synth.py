@@ -142,3 +142,17 @@ def test_ci_set(tmp_path):
         assert rec["ecp5"]["LUT4"] > 0 and rec["ecp5"]["TRELLIS_FF"] > 0
         assert rec["nextpnr"]["fmax_mhz"] > 0
         assert rec["generic"]["submodules"]
+
+
+def test_critical_path():
+    """nextpnr's worst path, summed into logic and routing, its cells deduplicated."""
+    seg = lambda t, d, a, b: {"type": t, "delay": d, "from": {"cell": a}, "to": {"cell": b}}
+    rep = {"critical_paths": [{"from": "posedge clk", "to": "posedge clk", "path": [
+        seg("clk-to-q", 0.5, "ff_a", "ff_a"), seg("routing", 1.0, "ff_a", "lut_x"),
+        seg("logic", 0.25, "lut_x", "lut_x"), seg("routing", 0.75, "lut_x", "ff_b"),
+        seg("setup", 0.5, "ff_b", "ff_b")]}]}
+    cp = synth.critical_path(rep)
+    assert (cp["from"], cp["to"], cp["ns"]) == ("ff_a", "ff_b", 3.0)
+    assert (cp["logic_ns"], cp["routing_ns"]) == (1.25, 1.75)
+    assert cp["cells"] == ["ff_a", "lut_x", "ff_b"]
+    assert synth.critical_path({}) is None
