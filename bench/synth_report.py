@@ -239,9 +239,12 @@ def generated(res: dict, mres: dict | None) -> str:
         "'tree/K' = plus a register every K levels of the encoder's reduction trees. "
         "latency ns = latency cycles / Fmax.",
         "",
-        critical_table(recs),
-        "",
         synth_table(recs, set(DEFAULT_SET)),
+        "",
+        "Critical path of each placed-and-routed record (nextpnr's worst register-to-register "
+        "path; recorded since the Fmax profiles):",
+        "",
+        critical_table(recs),
         "",
         "![area](../bench/results/synth_area.png)",
         "",
