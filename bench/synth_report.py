@@ -77,7 +77,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
     lines = [hdr, sep]
     for rec in recs:
         if not rec.get("ok"):
-            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:60]} |" + " |" * 20)
+            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:220]} |" + " |" * 20)
             continue
         d = derived(rec)
         c, p = d["cfg"], d["cfg"].params
