@@ -69,14 +69,15 @@ def _fmt(v, spec="{:,}"):
 
 
 def synth_table(recs: list[dict], default_names: set) -> str:
-    hdr = ("| config | module | quantizer | N | G | b | M | FWHT regs | latency | LUT4 | CCU2C | LUTs total "
+    hdr = ("| config | module | quantizer | N | G | b | M | FWHT regs | cuts | latency cycles "
+           "| latency ns | LUT4 | CCU2C | LUTs total "
            "| FF | PFUMX+L6MUX | Fmax MHz | Gelem/s | Melem/s per LUT | generic cells | "
            "FWHT adder bits (lower bound) | FWHT alone: LUTs / lower bound |")
-    sep = "|" + "---|" * 20
+    sep = "|" + "---|" * 22
     lines = [hdr, sep]
     for rec in recs:
         if not rec.get("ok"):
-            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:60]} |" + " |" * 18)
+            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:220]} |" + " |" * 20)
             continue
         d = derived(rec)
         c, p = d["cfg"], d["cfg"].params
@@ -86,7 +87,10 @@ def synth_table(recs: list[dict], default_names: set) -> str:
         lines.append(
             f"| {name} | {c.kind} | {quant} | {p.n} | {p.block} | {p.bits} | "
             f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.latency} | "
-            f"{rec['latency_cycles']} | {d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
+            f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'} | "
+            f"{rec['latency_cycles']} | "
+            f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
+            f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
             f"{d['ffs']:,} | {d['wide']:,} | {_fmt(d['fmax'], '{:.1f}')} | "
             f"{_fmt(d['throughput'] and d['throughput'] / 1e9, '{:.2f}')} | "
             f"{_fmt(d['per_lut'] and d['per_lut'] / 1e6, '{:.3f}')} | "
@@ -94,6 +98,21 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             f"{_fmt(d['fwht_bits'])} ({d['fwht_lb']:,}) | "
             f"{_fmt(d['fwht_lut'])} / {d['fwht_lb']:,} = {_fmt(d['fwht_ratio'], '{:.2f}')}x |")
     return "\n".join(lines)
+
+
+def critical_table(recs: list[dict]) -> str:
+    """The worst path of every placed-and-routed record (nextpnr's critical path)."""
+    lines = ["| config | Fmax MHz | target MHz | path ns (logic + routing) | from | to |",
+             "|---|---|---|---|---|---|"]
+    for rec in recs:
+        n = rec.get("nextpnr", {})
+        cp = n.get("critical_path")
+        if not rec.get("ok") or not cp:
+            continue
+        lines.append(f"| {rec['config']} | {n['fmax_mhz']:.1f} | {n.get('target_mhz')} | "
+                     f"{cp['ns']:.2f} ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}) | "
+                     f"`{cp['from'][:60]}` | `{cp['to'][:60]}` |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def mantissa_table(mres: dict) -> str:
@@ -156,7 +175,8 @@ make synth                                         # = the lines below (default 
 .venv/bin/python -m rtl_gen.synth --set ci --out build/synth_ci.json --fresh   # CI: one tiny config per module
 .venv/bin/python -m rtl_gen.synth --set sweep      # area vs M, FWHT latency, b, G at N=64 (~1 h)
 .venv/bin/python -m rtl_gen.synth --set pnr        # Fmax of N=32/64 instances (hours)
-.venv/bin/python -m rtl_gen.synth --configs enc_v2_n128_g64_b3_l2 --pnr all   # one config, placed and routed
+.venv/bin/python -m rtl_gen.synth --set timing --freq 150   # Fmax profiles pK at N=128/64/16 (hours)
+.venv/bin/python -m rtl_gen.synth --configs enc_v2_n128_g64_b3_l7_p2 --pnr all   # one config, placed and routed
 .venv/bin/python bench/synth_mantissa.py           # K/V error vs M (golden model, real fixture)
 .venv/bin/python bench/synth_report.py             # this file's tables and the plots
 ```
@@ -213,9 +233,18 @@ def generated(res: dict, mres: dict | None) -> str:
         "submodule in the coarse netlist, against the lower bound sum_s N (w + s + 1) "
         "(write path w = M; read path w = bits of level x sig before and +30 after the "
         "exact block alignment). Fmax '—': placed and routed only where listed "
-        "(nextpnr takes tens of minutes per N=128 design in WebAssembly on 2 cores).",
+        "(nextpnr takes tens of minutes per N=128 design in WebAssembly on 2 cores). "
+        "cuts: 'default' = the components' default register cuts; 'all' = the Fmax profile "
+        "`pK` of the config name (every cut of FE_CUTS, QUANT_CUTS, FLOAT_CUTS), "
+        "'tree/K' = plus a register every K levels of the encoder's reduction trees. "
+        "latency ns = latency cycles / Fmax.",
         "",
         synth_table(recs, set(DEFAULT_SET)),
+        "",
+        "Critical path of each placed-and-routed record (nextpnr's worst register-to-register "
+        "path; recorded since the Fmax profiles):",
+        "",
+        critical_table(recs),
         "",
         "![area](../bench/results/synth_area.png)",
         "",

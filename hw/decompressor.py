@@ -26,8 +26,9 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
     i.payload -> dequant (comb: scale decode, level * sig, ef_min, shifts) -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers, see hw/ifwht.py)
-      -> FloatPrep (|S| [REG abs] leading one, subnormal clamp, sign) [REG prep]
-      -> FloatPack (shift + sticky [REG shift] RNE, pack, saturate) -> REG -> o.payload
+      -> FloatPrep (|S| [REG abs] leading one [REG lead] subnormal clamp, sign) [REG prep]
+      -> FloatPack (shift + sticky [REG shift] RNE [REG round] pack, saturate) -> REG
+      -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs)`` (5 for the defaults:
 latency 2, float_regs ("prep",)). Flow control as
@@ -61,10 +62,11 @@ from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
 
 #: Optional pipeline registers of the float conversion, in pipeline order:
-#: ``"abs"`` after |S| (before the leading-one tree), ``"prep"`` after FloatPrep
-#: (leading one, subnormal clamp), ``"shift"`` after FloatPack's right shifter and
-#: sticky bit (before RNE, packing, saturation). Default: ``"prep"``.
-FLOAT_CUTS = Cuts("float_regs", ("abs", "prep", "shift"), default=("prep",))
+#: ``"abs"`` after |S| (before the leading-one tree), ``"lead"`` after the
+#: leading-one tree, ``"prep"`` after FloatPrep (subnormal clamp), ``"shift"``
+#: after FloatPack's right shifter and sticky bit (before RNE, packing,
+#: saturation), ``"round"`` after the RNE increment. Default: ``"prep"``.
+FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
 
 
 class KVDecompressor(wiring.Component):
@@ -76,6 +78,8 @@ class KVDecompressor(wiring.Component):
         float_regs: which optional registers of the float conversion to place
             (names from :data:`FLOAT_CUTS`, any order; default
             ``FLOAT_CUTS.default``); each adds one cycle of latency.
+        split_align: the FWHT's block alignment as two steps, so that a ``latency``
+            register can sit inside the shifter (``hw.ifwht.BlockFWHT``; default False).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -84,9 +88,12 @@ class KVDecompressor(wiring.Component):
     """
 
     def __init__(self, params: FormatParams, latency: int = 2,
-                 float_regs=FLOAT_CUTS.default):
+                 float_regs=FLOAT_CUTS.default, split_align: bool = False):
         check_read_params(params)
         self.float_regs = FLOAT_CUTS.check(float_regs)
+        if not isinstance(split_align, bool):
+            raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
+        self.split_align = split_align
         self.params = params
         self.latency = check_latency(params, latency)
         self.table = level_table(params)
@@ -131,17 +138,22 @@ class KVDecompressor(wiring.Component):
         zeros = [pay.zeros[k] for k in range(nb)] if p.zero_bytes else [None] * nb
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
-        prods, negs = [], []
+        prods, negs, nzs = [], [], []
         for i in range(n):
-            pr, ng = dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}", zeros[i // g])
+            pr, ng, lnz = dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}",
+                                       zeros[i // g])
             prods.append(pr)
             negs.append(ng)
+            nzs.append(lnz)
         # signed zeros of the golden float64 path: yhat_i = level * 0.0 is -0.0 for a
         # negative level (sig 0: scale byte 0x00); see hw/ifwht.py
         zneg = Signal(n, name="dq_zneg_c")
         m.d.comb += zneg.eq(Cat(*(negs[i] & (sigs[i // g] == 0) for i in range(n))))
         allzero = Signal(name="dq_allzero_c")
-        m.d.comb += allzero.eq(~Cat(*(pr != 0 for pr in prods)).any())
+        # level * sig == 0 exactly when one factor is 0 (no multiplier on this path)
+        sig_nz = [Signal(name=f"dq_signz{k}") for k in range(nb)]
+        m.d.comb += [sig_nz[k].eq(sigs[k] != 0) for k in range(nb)]
+        m.d.comb += allzero.eq(~Cat(*(nzs[i] & sig_nz[i // g] for i in range(n))).any())
 
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
@@ -155,7 +167,7 @@ class KVDecompressor(wiring.Component):
         # ---- inverse FWHT (ef_min and "all zero" ride along as side band) --------------
         side = data.StructLayout({"ef_min": efw, "allzero": 1})
         m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=side,
-                                            max_align=sf.max_align)
+                                            max_align=sf.max_align, split_align=self.split_align)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"]),
                      fw.side_i.allzero.eq(dq["allzero"]), fw.zneg.eq(dq["zneg"])]
@@ -164,24 +176,30 @@ class KVDecompressor(wiring.Component):
         consts = FloatConsts(fw.out_width, p.in_format, (sf.ef_min, sf.ef_max),
                              sf.exp_offset + self.table.exp_offset - p.log2n)
         regs = self.float_regs
-        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs)
+        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
+                                            lead_reg="lead" in regs)
         m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.zneg.eq(Mux(fw.side_o.allzero, fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
         valid = fw.o_valid
-        if "abs" in regs:               # the data registers are inside FloatPrep
+        if "abs" in regs or "lead" in regs:
             m.d.comb += fp.en.eq(en)
-            valid = stage(m, en, "abs", valid=valid)["valid"]
+        for r in ("abs", "lead"):       # the data registers are inside FloatPrep
+            if r in regs:
+                valid = stage(m, en, r, valid=valid)["valid"]
         prep = {"mag": fp.mag, "lead": fp.lp, "neg": fp.neg, "nz": fp.nz, "bexp": fp.b}
         if "prep" in regs:
             prep = stage(m, en, "fp", **prep, valid=valid)
             valid = prep["valid"]
-        m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs)
+        m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs,
+                                            round_reg="round" in regs)
         m.d.comb += [pk.mag.eq(prep["mag"]), pk.lp.eq(prep["lead"]), pk.neg.eq(prep["neg"]),
                      pk.nz.eq(prep["nz"]), pk.b.eq(prep["bexp"])]
-        if "shift" in regs:             # the data registers are inside FloatPack
+        if "shift" in regs or "round" in regs:
             m.d.comb += pk.en.eq(en)
-            valid = stage(m, en, "shift", valid=valid)["valid"]
+        for r in ("shift", "round"):    # the data registers are inside FloatPack
+            if r in regs:
+                valid = stage(m, en, r, valid=valid)["valid"]
         out = Signal(16 * n, name="out_reg", reset_less=True)
         out_v = Signal(name="out_valid")
         with m.If(en):

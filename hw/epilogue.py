@@ -19,8 +19,10 @@ Pipeline (no stalls): front end (``fe_regs`` cuts, default one after the
 exponent max tree) -> register -> FWHT with ``latency`` registers (see
 :mod:`hw.fwht`) -> quantizer with ``quant_regs`` cuts (see :mod:`hw.quantizer`;
 default all five: mid max tree, max tree, normalization, scale byte,
-thresholds) -> lane compares + packer -> output register. So
-``latency_cycles = len(fe_regs) + 1 + latency + len(quant_regs) + 1``
+thresholds) -> lane compares + packer -> output register; ``tree_every`` = k
+adds a register after every k levels of the front end's max tree and of the
+quantizer's statistic trees (default 0). So ``latency_cycles =
+frontend_tree + len(fe_regs) + 1 + latency + quant_tree + len(quant_regs) + 1``
 (:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2).
 The manifest (``rtl_gen``) records the breakdown and the total.
 
@@ -48,10 +50,12 @@ from amaranth.lib.wiring import In, Out
 from sim_models.params import FormatParams, check_supported
 
 from .frontend import FE_CUTS, FrontEnd, u_shape
+from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FWHT
 from .packer import Packer
-from .pipeline import check_latency, stage
+from .pipeline import check_latency, check_tree_every, stage
 from .quantizer import QUANT_CUTS, Quantizer
+from .quantizer import tree_cuts as quant_tree_cuts
 from .wire import encoder_output_layout, lanes_layout
 
 
@@ -88,6 +92,8 @@ class KVEpilogue(wiring.Component):
             ``hw.quantizer.QUANT_CUTS`` (default ``QUANT_CUTS.default``).
         fe_regs: register cut points inside the front end, names from
             ``hw.frontend.FE_CUTS`` (default ``FE_CUTS.default``).
+        tree_every: a register after every k levels of the front end's exponent
+            max tree and of the quantizer's block statistic trees (default 0: none).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
@@ -97,12 +103,13 @@ class KVEpilogue(wiring.Component):
     """
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
-                 fe_regs=FE_CUTS.default):
+                 fe_regs=FE_CUTS.default, tree_every: int = 0):
         check_epilogue_params(params)
         self.params = params
         self.latency = check_latency(params, latency)
         self.quant_regs = QUANT_CUTS.check(quant_regs)
         self.fe_regs = FE_CUTS.check(fe_regs)
+        self.tree_every = check_tree_every(tree_every)
         super().__init__({
             "i": In(stream.Signature(lanes_layout(params))),
             "o": Out(stream.Signature(encoder_output_layout(params))),
@@ -113,7 +120,9 @@ class KVEpilogue(wiring.Component):
     @property
     def latency_breakdown(self) -> dict:
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
-        return {"frontend_cuts": len(self.fe_regs), "frontend_reg": 1, "fwht": self.latency,
+        p, k = self.params, self.tree_every
+        return {"frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
+                "frontend_reg": 1, "fwht": self.latency, "quant_tree": quant_tree_cuts(p, k),
                 "quant_regs": len(self.quant_regs), "output_reg": 1}
 
     @property
@@ -129,7 +138,7 @@ class KVEpilogue(wiring.Component):
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
 
         # front end + register
-        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs)
+        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every)
         m.d.comb += [fe.bits.eq(self.i.payload), fe.en.eq(en), fe.i_valid.eq(self.i.valid)]
         fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)
 
@@ -140,7 +149,7 @@ class KVEpilogue(wiring.Component):
                      fw.side_i.u.eq(fe_r["u"]), fw.side_i.flags.eq(fe_r["flags"])]
 
         # quantizer
-        m.submodules.quant = qz = Quantizer(p, self.quant_regs)
+        m.submodules.quant = qz = Quantizer(p, self.quant_regs, self.tree_every)
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o.u), qz.flags_i.eq(fw.side_o.flags)]
 

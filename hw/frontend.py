@@ -2,9 +2,13 @@
 
 Bit-exact with ``sim_models.bfp.to_block_fp`` (FORMAT.md 3.1-3.3).
 Combinational (the top level registers its outputs), except for the optional
-pipeline register ``regs=("emax",)`` after the exponent max tree (it holds the
-decoded lanes, emax and the flags; ``en`` advances it, ``i_valid`` ->
-``o_valid`` rides along; latency = len(regs)).
+pipeline registers (``en`` advances them, ``i_valid`` -> ``o_valid`` rides
+along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
+``emax`` after the exponent max tree, ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
+shifter, before the rounding increment) and ``tree_every`` = k, a register
+after every k levels of the max tree (:func:`hw.trees.tree_cut_levels`). Each
+register holds the rest of the vector (decoded lanes, partial maxima, flags).
+Latency = len(regs) + :func:`tree_cuts`.
 
 Per lane k (bits [16k, 16k+16) of ``bits``):
 
@@ -28,8 +32,8 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import Cuts, stage
-from .trees import tree_reduce
+from .pipeline import Cuts, check_tree_every, stage
+from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
 def u_range(p: FormatParams) -> tuple[int, int]:
@@ -44,9 +48,16 @@ def u_shape(p: FormatParams) -> Shape:
     return Shape.cast(range(lo, hi + 1))
 
 
-#: Pipeline cut points of :class:`FrontEnd`: after the exponent max tree
-#: (default: placed, for Fmax; hw/README.md).
-FE_CUTS = Cuts("fe_regs", ("emax",), default=("emax",))
+#: Pipeline cut points of :class:`FrontEnd`, in data-flow order: after the lane
+#: decode (NaN / inf / subnormal, before the max tree), after the exponent max
+#: tree, after the per-lane shift amounts (emax - exp), after the alignment
+#: shifter (before rounding). Default: ``emax`` (for Fmax; hw/README.md).
+FE_CUTS = Cuts("fe_regs", ("dec", "emax", "shamt", "align"), default=("emax",))
+
+
+def tree_cuts(n: int, tree_every: int) -> int:
+    """Registers inside the N-lane exponent max tree for ``tree_every``."""
+    return len(tree_cut_levels(tree_levels(n), tree_every))
 
 
 class FrontEnd(wiring.Component):
@@ -55,14 +66,16 @@ class FrontEnd(wiring.Component):
     Args:
         p: format parameters.
         regs: pipeline cuts, a subset of :data:`FE_CUTS` (default none: combinational).
+        tree_every: a register after every k levels of the max tree (0: none).
 
     Ports: ``bits`` (N x 16), ``en``, ``i_valid`` in; ``x`` (N signed M-bit),
     ``u``, ``flags`` (bit0 NaN, bit1 Inf), ``o_valid`` out.
     """
 
-    def __init__(self, p: FormatParams, regs=()):
+    def __init__(self, p: FormatParams, regs=(), tree_every: int = 0):
         self.p = p
         self.regs = FE_CUTS.check(regs)
+        self.tree_every = check_tree_every(tree_every)
         self.mask = sign_mask_int(p.n, p.sign_seed)
         super().__init__({
             "bits": In(p.n * 16),
@@ -77,7 +90,7 @@ class FrontEnd(wiring.Component):
     @property
     def latency(self) -> int:
         """Register stages inside the front end."""
-        return len(self.regs)
+        return len(self.regs) + tree_cuts(self.p.n, self.tree_every)
 
     def elaborate(self, platform):
         m = Module()
@@ -117,34 +130,73 @@ class FrontEnd(wiring.Component):
             nans.append(is_nan)
             infs.append(is_inf)
 
-        emax = tree_reduce(m, exps, lambda a, b: Mux(a > b, a, b), "emax")
-        flags = Cat(Cat(*nans).any(), Cat(*infs).any())
-        valid = self.i_valid
-        if "emax" in self.regs:
-            r = stage(m, self.en, "emax", exp=exps, sig=sigs, sign=signs, max=emax,
-                      flags=flags, valid=valid)
-            exps, sigs, signs, emax = r["exp"], r["sig"], r["sign"], r["max"]
-            flags, valid = r["flags"], r["valid"]
-        m.d.comb += [
-            self.u.eq(emax - (bias + M - 2)),
-            self.flags.eq(flags),
-            self.o_valid.eq(valid),
-        ]
+        # the vector in flight; every register stage holds all of it
+        vec = {"exp": exps, "sig": sigs, "sign": signs,
+               "flags": Cat(Cat(*nans).any(), Cat(*infs).any()), "valid": self.i_valid}
 
+        def cut(name: str, **more) -> None:
+            vec.update(more)
+            vec.update(stage(m, self.en, name, **vec))
+
+        if "dec" in self.regs:
+            cut("dec")
+            exps = vec["exp"]
+
+        def tree_cut(parts: list) -> list:
+            cut(f"emaxt{tree_cut.count}", part=parts)
+            tree_cut.count += 1
+            return vec.pop("part")
+        tree_cut.count = 0
+
+        vec["emax"] = tree_reduce(m, exps, lambda a, b: Mux(a > b, a, b), "emax",
+                                  every=self.tree_every, cut=tree_cut)
+        # the clamp test d > wsp + 1 as the sign of a second subtraction beside d:
+        # d > wsp + 1  <=>  (emax - (wsp + 2 - post)) - exp >= 0
+        emaxc = Signal(range(-(wsp + 2), 1 << e_bits), name="emax_clamp")
+        m.d.comb += emaxc.eq(vec["emax"] - (wsp + 2 - post))
+        vec["emaxc"] = emaxc
+        if "emax" in self.regs:
+            cut("emax")
+
+        # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
+        shs = []
         for k in range(p.n):
-            # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
             sh = Signal(range(wsp + 2), name=f"sh{k}")
-            d = emax - exps[k] + post
-            m.d.comb += sh.eq(Mux(d > wsp + 1, wsp + 1, d))
+            d = Signal(range(-(1 << e_bits), (1 << e_bits) + post), name=f"shd{k}")
+            m.d.comb += d.eq(vec["emax"] - vec["exp"][k] + post)
+            t = Signal(range(-(wsp + 2) - (1 << e_bits), 1 << e_bits), name=f"shc{k}")
+            m.d.comb += t.eq(vec["emaxc"] - vec["exp"][k])
+            m.d.comb += sh.eq(Mux(t[-1], d, wsp + 1))
+            shs.append(sh)
+        del vec["exp"], vec["emaxc"]
+        if "shamt" in self.regs:
+            cut("shamt", sh=shs)
+            shs = vec.pop("sh")
+        # round half away from zero: ((sig_p >> (sh-1)) + 1) >> 1 for sh >= 1
+        halves, rnds = [], []
+        for k in range(p.n):
             sig_p = Signal(wsp, name=f"sigp{k}")
-            m.d.comb += sig_p.eq(sigs[k] << pre)
-            # round half away from zero: ((sig_p >> (sh-1)) + 1) >> 1 for sh >= 1
+            m.d.comb += sig_p.eq(vec["sig"][k] << pre)
             v = Signal(wsp + 1, name=f"half{k}")
-            m.d.comb += v.eq(Cat(Const(0, 1), sig_p) >> sh)
+            m.d.comb += v.eq(Cat(Const(0, 1), sig_p) >> shs[k])
+            halves.append(v)
+            rnds.append(shs[k] != 0)
+        del vec["sig"]
+        rnd = Cat(*rnds)
+        if "align" in self.regs:
+            cut("align", half=halves, rnd=rnd)
+            halves, rnd = vec.pop("half"), vec.pop("rnd")
+        m.d.comb += [
+            self.u.eq(vec["emax"] - (bias + M - 2)),
+            self.flags.eq(vec["flags"]),
+            self.o_valid.eq(vec["valid"]),
+        ]
+        signs = vec["sign"]
+        for k in range(p.n):
             mag = Signal(wsp + 1, name=f"mag{k}")
-            m.d.comb += mag.eq((v + (sh != 0)) >> 1)
+            m.d.comb += mag.eq((halves[k] + rnd[k]) >> 1)
             magc = Signal(M - 1, name=f"magc{k}")
-            m.d.comb += magc.eq(Mux(mag > lim, lim, mag))
+            m.d.comb += magc.eq(Mux(mag[M - 1:].any(), lim, mag))   # mag > lim = 2^(M-1) - 1
             neg = signs[k] ^ ((self.mask >> k) & 1)
             m.d.comb += self.x[k].eq(Mux(neg, -magc, magc))
         return m

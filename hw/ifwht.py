@@ -22,7 +22,9 @@ commute, and the order here is the golden one.
   for b = 4, N = 256, midtread/ue5m3), exact for every input.
 
 Register placement (``latency`` = L in [0, log2 N]): the steps are the
-butterfly stages with the alignment counted as one more step (when N/G > 1),
+butterfly stages with the alignment counted as one more step (when N/G > 1;
+two with ``split_align``: the shift by the high bits of d, then by its low
+:data:`ALIGN_LO_BITS` bits, so that a register can sit inside the shifter),
 S steps in all; pipeline register r (r = 1 .. L) follows the first
 ``ceil(r * S / L)`` steps (:func:`hw.fwht.register_positions`), so the last one
 is at the output. All registers advance together when ``en`` is high; a valid
@@ -42,7 +44,7 @@ vectors.)
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Shape, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -52,14 +54,19 @@ from .pipeline import stage
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
 #: default of ``max_align``.
 MAX_ALIGN = 30
+#: Bits of d that the second alignment step shifts by when the alignment is split.
+ALIGN_LO_BITS = 2
+ALIGN_LO = (1 << ALIGN_LO_BITS) - 1
 
 
-def steps_of(n: int, block: int) -> list[tuple[str, int]]:
-    """The pipeline steps: ("bf", s) butterfly stage s, ("align", 0) the block alignment."""
+def steps_of(n: int, block: int, split_align: bool = False) -> list[tuple[str, int]]:
+    """The pipeline steps: ("bf", s) butterfly stage s, ("align", 0) the block alignment;
+    with ``split_align`` two steps, ("align", 0) by the high bits of d (a multiple of
+    2^:data:`ALIGN_LO_BITS`) and ("align", 1) by its low bits."""
     log2n, log2g = n.bit_length() - 1, block.bit_length() - 1
     steps = [("bf", s) for s in range(log2g)]
     if n > block:
-        steps.append(("align", 0))
+        steps += [("align", 0), ("align", 1)] if split_align else [("align", 0)]
     steps += [("bf", s) for s in range(log2g, log2n)]
     return steps
 
@@ -79,6 +86,7 @@ class BlockFWHT(wiring.Component):
         side_width: width of the side band delayed alongside the data, or its
             shape (e.g. a ``data.StructLayout``).
         max_align: largest shift amount d (default :data:`MAX_ALIGN`, ue5m3).
+        split_align: the alignment as two steps (see the module docstring).
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
     ``max_align.bit_length()`` bits, each <= max_align), ``side_i`` in;
@@ -86,13 +94,13 @@ class BlockFWHT(wiring.Component):
     """
 
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
-                 max_align: int = MAX_ALIGN):
+                 max_align: int = MAX_ALIGN, split_align: bool = False):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
         self.n, self.block = n, block
         self.n_blocks = n // block
         self.in_shape = Shape.cast(in_shape)
-        self.steps = steps_of(n, block)
+        self.steps = steps_of(n, block, split_align)
         self.positions = register_positions(len(self.steps), latency) if latency else []
         if latency > n.bit_length() - 1:
             raise ValueError(f"latency must be in [0, log2(N)={n.bit_length() - 1}], got {latency}")
@@ -125,11 +133,20 @@ class BlockFWHT(wiring.Component):
         zn = [self.zneg[i] for i in range(n)]
         for idx, (kind, s) in enumerate(self.steps):
             if kind == "align":
-                width += self.max_align
-                nxt = [Signal(signed(width), name=f"al_{i}") for i in range(n)]
+                split = ("align", 1) in self.steps
+                if not split:
+                    part, add = d, self.max_align
+                elif s == 0:        # high bits of d: 0 .. max_align rounded down
+                    part = [Cat(Const(0, ALIGN_LO_BITS), dk[ALIGN_LO_BITS:]) for dk in d]
+                    add = self.max_align & ~ALIGN_LO
+                else:               # low bits: the rest of the exact max_align growth
+                    part = [dk[:ALIGN_LO_BITS] for dk in d]
+                    add = self.max_align - (self.max_align & ~ALIGN_LO)
+                width += add
+                nxt = [Signal(signed(width), name=f"al{s}_{i}") for i in range(n)]
                 for i in range(n):
                     # exact: d <= max_align, so the shifted value fits
-                    m.d.comb += nxt[i].eq(lanes[i] << d[i // g])
+                    m.d.comb += nxt[i].eq(lanes[i] << part[i // g])
             else:
                 width += 1
                 h = 1 << s

@@ -7,15 +7,18 @@ register stage. Two kinds of knobs place the optional registers: the FWHT
 :mod:`hw.fwht` / :mod:`hw.ifwht`, checked by :func:`check_latency`) and named
 *cuts*, a subset of a component's cut points (:class:`Cuts`:
 ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
-``hw.decompressor.FLOAT_CUTS``). Every component validates them here, so the
-error messages name the same fields everywhere.
+``hw.decompressor.FLOAT_CUTS``), and ``tree_every`` = k, a register after every
+k levels of the reduction trees (:mod:`hw.trees`: the front end's exponent max
+tree, the quantizer's block statistic trees; checked by :func:`check_tree_every`).
+Every component validates them here, so the error messages name the same
+fields everywhere. Registers change the latency, never the bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Const, Module, Signal, Value
 
 from sim_models.params import FormatParams
 
@@ -52,6 +55,31 @@ def stage(m: Module, en, name: str, *, reset=("valid",), **values) -> dict:
     return out
 
 
+def gt_const(x, c: int) -> Value:
+    """``x > c`` for a Value ``x`` (signed or unsigned) and an int ``c``, as AND/OR logic.
+
+    Synthesis maps a ``>`` to a carry chain even against a constant; on a short
+    path between two registers the chain's entry and exit cost more than the
+    few LUT levels of this form: from the top bit down, ``x_t & gt(rest)`` where
+    bit t of c is 1 and ``x_t | gt(rest)`` where it is 0.
+    """
+    x = Value.cast(x)
+    w = len(x)
+    if x.shape().signed:
+        sign, low = x[w - 1], x[:w - 1]
+        if c >= 0:
+            return ~sign & gt_const(low, c)
+        return ~sign | gt_const(low, c + (1 << (w - 1)))
+    if c < 0:
+        return Const(1, 1)
+    if c >= (1 << w) - 1:
+        return Const(0, 1)
+    out = Const(0, 1)
+    for i in range(w):                  # from bit 0 up: out = gt(x[:i+1], c[:i+1])
+        out = (x[i] & out) if (c >> i) & 1 else (x[i] | out)
+    return out
+
+
 def check_latency(p: FormatParams, latency) -> int:
     """Validate the FWHT ``latency`` (registers in the butterfly network) for ``p``.
 
@@ -68,6 +96,20 @@ def check_latency(p: FormatParams, latency) -> int:
         raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
                          f"for n={p.n}, got {latency}")
     return latency
+
+
+def check_tree_every(every) -> int:
+    """Validate ``tree_every`` (a register after every k levels of a reduction tree; 0: none).
+
+    Raises:
+        TypeError: not an int (bool refused). ValueError: negative.
+    """
+    if isinstance(every, bool) or not isinstance(every, int):
+        raise TypeError(f"tree_every must be an int, got {type(every).__name__}")
+    if every < 0:
+        raise ValueError(f"tree_every (tree levels per register, 0 = none) must be >= 0, "
+                         f"got {every}")
+    return every
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ byte per block), m = #{j : |y| >= T_j}.
 
 Optional registers (``regs``, names in :data:`QUANT_CUTS`): ``maxhalf`` in
 the middle of the statistic tree, ``max`` after it, ``norm`` inside the scale
-select, ``scale`` after it, ``thr`` after the thresholds. Every register
-carries the rest of the vector (:class:`_Vector`) and advances with ``en``.
-The outputs are combinational from the last register (the top level registers
-them again). Latency = len(regs) cycles.
+select, ``scale`` after it, ``thr`` after the thresholds; ``tree_every`` = k
+adds a register after every k levels of each half of the statistic tree. Every
+register carries the rest of the vector (:class:`_Vector`) and advances with
+``en``. The outputs are combinational from the last register (the top level
+registers them again). Latency = len(regs) + :func:`tree_cuts` cycles.
 """
 
 from __future__ import annotations
@@ -33,17 +34,28 @@ from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
 from .frontend import u_shape
-from .pipeline import Cuts, stage
+from .pipeline import Cuts, check_tree_every, stage
 from .scale_select import ScaleSelect, rule_units
 from .thresholds import Thresholds
-from .trees import tree_reduce, tree_sum
+from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
 
-#: Register cut points of :class:`Quantizer`, in data-flow order: in the middle
-#: of the block statistic tree (after floor(log2(G)/2) levels), after the tree,
-#: inside the scale select (after leading-one + normalization), after the
-#: scale select, after the thresholds. Default: every cut (for Fmax, hw/README.md).
-QUANT_CUTS = Cuts("quant_regs", ("maxhalf", "max", "norm", "scale", "thr"),
+#: Register cut points of :class:`Quantizer`, in data-flow order: after |y|, in
+#: the middle of the block statistic tree (after floor(log2(G)/2) levels), after
+#: the tree, inside the scale select (after the leading one, after the
+#: normalization, after the exponent arithmetic), after the scale select, inside
+#: the thresholds (after the shift amounts), after the thresholds. Default:
+#: maxhalf, max, norm, scale, thr (hw/README.md).
+QUANT_CUTS = Cuts("quant_regs", ("abs", "maxhalf", "max", "lead", "norm", "sexp", "scale",
+                                 "tsh", "thr"),
                   default=("maxhalf", "max", "norm", "scale", "thr"))
+
+
+def tree_cuts(p: FormatParams, tree_every: int) -> int:
+    """Registers inside the block statistic trees for ``tree_every`` (counted in each
+    half: the ``floor(log2(G)/2)`` levels before the ``maxhalf`` cut and the rest)."""
+    half = (p.block.bit_length() - 1) // 2
+    rest = p.block.bit_length() - 1 - half
+    return len(tree_cut_levels(half, tree_every)) + len(tree_cut_levels(rest, tree_every))
 
 
 @dataclass
@@ -97,7 +109,10 @@ class Quantizer(wiring.Component):
     Args:
         p: format parameters (mode, bits, block, scale, scale_rule, scale_mult,
             scale_round; the input lanes are ``p.fwht_width`` bits signed).
-        regs: register cut points, a subset of :data:`QUANT_CUTS`; latency = len(regs).
+        regs: register cut points, a subset of :data:`QUANT_CUTS`.
+        tree_every: a register after every k levels of the block statistic trees
+            (0: none; in each half of the tree, see :func:`tree_cuts`).
+            Latency = len(regs) + :func:`tree_cuts`.
 
     Ports: ``en`` (advance the registers), ``i_valid``, ``y``, ``u``, ``flags_i``
     (NaN, Inf) in; ``o_valid``, ``codes``, ``scales``, ``flags`` (NaN, Inf, SAT)
@@ -108,11 +123,12 @@ class Quantizer(wiring.Component):
         ValueError: a format option not built here, or a bad ``regs`` (the message names it).
     """
 
-    def __init__(self, p: FormatParams, regs=QUANT_CUTS.default):
+    def __init__(self, p: FormatParams, regs=QUANT_CUTS.default, tree_every: int = 0):
         _, _, self.mult_odd = rule_units(p)
         self.coefs, _ = threshold_coefs(p.mode, p.bits)
         self.p = p
         self.regs = QUANT_CUTS.check(regs)
+        self.tree_every = check_tree_every(tree_every)
         self.u_shape = u_shape(p)
         self.y_width = p.fwht_width - 1   # |y| < 2^(M-1+log2 N)
         ports = {
@@ -133,7 +149,7 @@ class Quantizer(wiring.Component):
     @property
     def latency(self) -> int:
         """Register stages inside the quantizer."""
-        return len(self.regs)
+        return len(self.regs) + tree_cuts(self.p, self.tree_every)
 
     def elaborate(self, platform):
         m = Module()
@@ -156,11 +172,24 @@ class Quantizer(wiring.Component):
         def vmax(a, b):
             return Mux(a > b, a, b)
 
-        def reduce(items, tree, name):
-            if tree == "sum":
-                return tree_sum(m, items, name)
-            return tree_reduce(m, items, vmax, name)
+        def forest(vec: _Vector, trees: dict, names: dict, tag: str):
+            """Reduce every tree of ``trees`` (tree name -> list of item lists) level by
+            level; a register after the levels of ``tree_cut_levels`` (``tree_every``)."""
+            levels = tree_levels(len(next(iter(trees.values()))[0]))
+            after = tree_cut_levels(levels, self.tree_every)
+            for lv in range(levels):
+                trees = {t: [sum_level(m, items, names[t][j], lv) if t == "sum" else
+                             reduce_level(m, items, vmax, names[t][j], lv)
+                             for j, items in enumerate(tt)] for t, tt in trees.items()}
+                if lv + 1 in after:
+                    vec = replace(vec, partial=trees).cut(m, self.en, f"{tag}{lv + 1}",
+                                                          (f"{tag}{lv + 1}",))
+                    trees = vec.partial
+            return replace(vec, partial=None), {t: [tr[0] for tr in tt] for t, tt in trees.items()}
 
+        vec = cut(_Vector(valid=self.i_valid, u=self.u, flags=self.flags_i, neg=negs, mags=mags),
+                  "abs")
+        negs, mags = vec.neg, vec.mags
         # trees: of |y| (symmetric modes); asym: of max(y, 0) ("hi") and of
         # max(-y, 0) ("nlo" = -lo), whose sum is the block range hi - lo
         if asym:
@@ -172,17 +201,19 @@ class Quantizer(wiring.Component):
             trees = {"max": mags}
         half = (g.bit_length() - 1) // 2         # tree levels before the "maxhalf" cut
         per = g >> half
-        partial = {}
+        lows, names = {}, {}
         for t, items in trees.items():
             if asym:
                 items = [Signal(wy, name=f"{t}{i}") for i in range(n)]
                 m.d.comb += [d.eq(v) for d, v in zip(items, trees[t])]
-            partial[t] = [[reduce(items[b * g + (i << half):b * g + ((i + 1) << half)], t,
-                                  f"b{t}{b}_{i}") for i in range(per)] for b in range(nb)]
-        vec = _Vector(valid=self.i_valid, u=self.u, flags=self.flags_i, neg=negs, mags=mags,
-                      partial=partial)
-        vec = cut(vec, "maxhalf")
-        tops = {t: [reduce(vec.partial[t][b], t, f"b{t}{b}") for b in range(nb)] for t in trees}
+            lows[t] = [items[b * g + (i << half):b * g + ((i + 1) << half)]
+                       for b in range(nb) for i in range(per)]
+            names[t] = [f"b{t}{b}_{i}" for b in range(nb) for i in range(per)]
+        vec, res = forest(vec, lows, names, "tlo")
+        vec = cut(replace(vec, partial={t: [r[b * per:(b + 1) * per] for b in range(nb)]
+                                        for t, r in res.items()}), "maxhalf")
+        vec, tops = forest(vec, vec.partial, {t: [f"b{t}{b}" for b in range(nb)] for t in trees},
+                           "thi")
         if asym:
             stat = []
             for b in range(nb):
@@ -196,18 +227,20 @@ class Quantizer(wiring.Component):
                 x = Signal(len(stat[b]) + self.mult_odd.bit_length(), name=f"stat{b}")
                 m.d.comb += x.eq(stat[b] * self.mult_odd)
                 stat[b] = x
-        vec = cut(replace(vec, partial=None, stat=stat, nlo=tops["nlo"] if asym else None),
-                  "max")
+        vec = cut(replace(vec, stat=stat, nlo=tops["nlo"] if asym else None), "max")
 
         # ---- scale select -------------------------------------------------------------
         bytes_, sats = [], []
         for b in range(nb):
-            sel = ScaleSelect(p, len(vec.stat[b]), self.u_shape, pipelined="norm" in self.regs)
+            sel = ScaleSelect(p, len(vec.stat[b]), self.u_shape, pipelined="norm" in self.regs,
+                              regs=[r for r in ("lead", "sexp") if r in self.regs])
             m.submodules[f"scale{b}"] = sel
             m.d.comb += [sel.a.eq(vec.stat[b]), sel.u.eq(vec.u), sel.en.eq(self.en)]
             bytes_.append(sel.byte)
             sats.append(sel.sat)
-        vec = cut(replace(vec, stat=None), "norm")   # the rest, in step with ScaleSelect
+        vec = replace(vec, stat=None)      # the rest, in step with ScaleSelect
+        for r in ("lead", "norm", "sexp"):
+            vec = cut(vec, r)
         flags = Signal(3, name="qflags")
         m.d.comb += flags.eq(Cat(vec.flags, Cat(*sats).any()))
         vec = cut(replace(vec, flags=flags, scales=bytes_), "scale")
@@ -216,11 +249,14 @@ class Quantizer(wiring.Component):
         nth = len(self.coefs)
         ths = []
         for b in range(nb):
-            th = Thresholds(p, wy, self.u_shape)
+            th = Thresholds(p, wy, self.u_shape, pipelined="tsh" in self.regs)
             m.submodules[f"thr{b}"] = th
             m.d.comb += [th.byte.eq(vec.scales[b]), th.u.eq(vec.u)]
+            if "tsh" in self.regs:
+                m.d.comb += th.en.eq(self.en)
             ths.append([th.th[j] for j in range(nth)])
-        vec = cut(replace(vec, u=None, th=ths), "thr")
+        vec = cut(replace(vec, u=None), "tsh")       # in step with Thresholds
+        vec = cut(replace(vec, th=ths), "thr")
 
         # ---- lane compares ------------------------------------------------------------
         for b in range(nb):

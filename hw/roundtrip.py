@@ -29,17 +29,19 @@ class KVRoundTrip(wiring.Component):
     Args:
         params: format parameters; both paths must implement them.
         latency: FWHT pipeline registers of both modules, in [0, log2 N].
-        quant_regs, fe_regs: the epilogue's register cuts (:class:`KVEpilogue`).
-        float_regs: the decompressor's float registers (:class:`KVDecompressor`).
+        quant_regs, fe_regs, tree_every: the epilogue's register cuts (:class:`KVEpilogue`).
+        float_regs, split_align: the decompressor's float registers and alignment
+            split (:class:`KVDecompressor`).
 
     Raises:
         TypeError / ValueError: from either module's validation (names the argument).
     """
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
-                 fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default):
-        self.enc = KVEpilogue(params, latency, quant_regs, fe_regs)
-        self.dec = KVDecompressor(params, latency, float_regs)
+                 fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
+                 split_align: bool = False):
+        self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every)
+        self.dec = KVDecompressor(params, latency, float_regs, split_align)
         self.params = params
         self.latency = latency
         enc_m, dec_m = self.enc.signature.members, self.dec.signature.members

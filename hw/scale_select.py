@@ -51,7 +51,7 @@ from sim_models.minifloat import scale_encoding
 from sim_models.params import SCALE_ENCODINGS, SCALE_ROUNDING, FormatParams
 from sim_models.scale import max_units, scale_mult
 
-from .pipeline import stage
+from .pipeline import gt_const, stage
 
 
 def shape_range(lo: int, hi: int) -> Shape:
@@ -169,6 +169,9 @@ class ScaleSelect(wiring.Component):
         u_shape: shape of the signed unit exponent u.
         pipelined: register (advanced by ``en``) after the leading-one detect and
             normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
+        regs: further registers, a subset of :data:`SELECT_CUTS` other than ``norm``
+            (``lead``: after the leading-one detect; ``sexp``: after the exponent
+            arithmetic, before the byte compares); one cycle each.
 
     Ports: ``a``, ``u``, ``en`` in; ``byte`` (8), ``sat`` (1) out.
 
@@ -176,11 +179,15 @@ class ScaleSelect(wiring.Component):
         ValueError: a format option not built here (the message names the field).
     """
 
-    def __init__(self, p: FormatParams, a_width: int, u_shape, pipelined: bool = False):
+    def __init__(self, p: FormatParams, a_width: int, u_shape, pipelined: bool = False,
+                 regs=()):
         self.k, self.k_shift, _ = rule_units(p)
         self.rounding, self.scale = p.scale_round, p.scale
         self.a_width, self.u_shape = a_width, Shape.cast(u_shape)
         self.pipelined = bool(pipelined)
+        self.regs = tuple(regs)
+        if not set(self.regs) <= {"lead", "sexp"}:
+            raise ValueError(f"ScaleSelect regs must be from ('lead', 'sexp'), got {self.regs!r}")
         super().__init__({
             "a": In(a_width),
             "u": In(u_shape),
@@ -207,6 +214,10 @@ class ScaleSelect(wiring.Component):
         a = Signal(W)
         m.d.comb += a.eq(self.a)
         k, nz = leading_one(m, a, "lead")
+        u_in = self.u
+        if "lead" in self.regs:
+            st = stage(m, self.en, "lead", reset=("nz",), a=a, k=k, nz=nz, u=u_in)
+            a, k, nz, u_in = st["a"], st["k"], st["nz"], st["u"]
         lz = Signal(range(W))
         m.d.comb += lz.eq(W - 1 - k)
         an = Signal(W)
@@ -224,49 +235,56 @@ class ScaleSelect(wiring.Component):
 
         r = top_bits(J, ceil, "r")
         r_s = top_bits(J_s, True, "r_sat")
+        # exponent arithmetic on k and u only (beside the normalization)
         u = Signal(shape_range(ulo, uhi), name="u_eff")
-        m.d.comb += u.eq(self.u + self.k_shift)
-        if self.pipelined:
-            # nz has a reset only so that the module's rst port is used (lint)
-            st = stage(m, self.en, "norm", reset=("nz",), k=k, nz=nz, r=r, u=u, r_sat=r_s)
-            k, nz, r, u, r_s = st["k"], st["nz"], st["r"], st["u"], st["r_sat"]
-        fit_j = Signal()
-        m.d.comb += fit_j.eq(r <= cn[-1])
-        mant = Signal(mb)
-        with m.If(fit_j):
-            m.d.comb += mant.eq(sum(r > cn[i] for i in range(nm - 1)))
-        with m.Else():
-            m.d.comb += mant.eq(sum(r > 2 * cn[i] for i in range(nm - 1)))
-        # virtual exponent field e = k + u + E0 - j
-        ev = Signal(shape_range(ulo + e0 - J, W - 1 + uhi + e0 - J + 1))
-        m.d.comb += ev.eq(k + u + (e0 - J) + ~fit_j)
-
+        m.d.comb += u.eq(u_in + self.k_shift)
+        ku = Signal(shape_range(ulo, W - 1 + uhi), name="ku")
+        m.d.comb += ku.eq(k + u)
         # bytes 1 .. 2^Mb: D(s) = K d_s 2^-(zoff)
         zr = Signal(shape_range(J - zoff - (W - 1) - uhi, J - zoff - ulo))
-        m.d.comb += zr.eq(J - zoff - k - u)
+        m.d.comb += zr.eq(J - zoff - ku)
         z = Signal(range(J + 2))
-        m.d.comb += z.eq(Mux(zr < 0, 0, Mux(zr > J + 1, J + 1, zr)))
+        m.d.comb += z.eq(Mux(zr[-1], 0, Mux(gt_const(zr, J + 1), J + 1, zr)))
+        if self.pipelined:
+            # nz has a reset only so that the module's rst port is used (lint)
+            st = stage(m, self.en, "norm", reset=("nz",), nz=nz, r=r, r_sat=r_s, ku=ku, z=z)
+            nz, r, r_s, ku, z = st["nz"], st["r"], st["r_sat"], st["ku"], st["z"]
+        fit_j = Signal()
+        m.d.comb += fit_j.eq(~gt_const(r, cn[-1]))
+        mant = Signal(mb)
+        with m.If(fit_j):
+            m.d.comb += mant.eq(sum(gt_const(r, cn[i]) for i in range(nm - 1)))
+        with m.Else():
+            m.d.comb += mant.eq(sum(gt_const(r, 2 * cn[i]) for i in range(nm - 1)))
+        # virtual exponent field e = k + u + E0 - j
+        ev = Signal(shape_range(ulo + e0 - J, W - 1 + uhi + e0 - J + 1))
+        m.d.comb += ev.eq(ku + (e0 - J) + ~fit_j)
         rs = Signal(J + 2)
         m.d.comb += rs.eq(r >> z)
+        lost = Signal()
+        m.d.comb += lost.eq((rs << z) != r)
+        if "sexp" in self.regs:
+            st = stage(m, self.en, "sexp", reset=("nz",), nz=nz, r_sat=r_s, ku=ku, ev=ev,
+                       mant=mant, rs=rs, lost=lost)
+            nz, r_s, ku, ev, mant, rs, lost = (st[x] for x in ("nz", "r_sat", "ku", "ev", "mant",
+                                                              "rs", "lost"))
         rc = Signal(J + 3)
-        m.d.comb += rc.eq(rs + ((rs << z) != r))
+        m.d.comb += rc.eq(rs + lost)
         sub = Signal(mb + 1)
-        m.d.comb += sub.eq(1 + sum(rc > c for c in cs))
+        m.d.comb += sub.eq(1 + sum(gt_const(rc, c) for c in cs))
 
         # FLAG_SAT: A 2^u > K scale(byte_max) = K sig_top 2^exp_top, in [2^kv, 2^(kv+1))
         kv = J_s + exp_top
-        ku = Signal(shape_range(ulo, W - 1 + uhi), name="ku")
-        m.d.comb += ku.eq(k + u)
-        m.d.comb += self.sat.eq(nz & ((ku > kv) | ((ku == kv) & (r_s > K * sig_top))))
+        m.d.comb += self.sat.eq(nz & (gt_const(ku, kv) | ((ku == kv) & gt_const(r_s, K * sig_top))))
 
         vbyte = Signal(mb + enc.exp_bits + 1, name="vbyte")     # virtual byte, unclamped
         m.d.comb += vbyte.eq(Cat(mant, ev[:enc.exp_bits + 1]))
         with m.If(~nz):
             m.d.comb += self.byte.eq(1)
-        with m.Elif(ev > e_top):
+        with m.Elif(gt_const(ev, e_top)):
             m.d.comb += self.byte.eq(byte_max)
-        with m.Elif(ev >= 1):
-            m.d.comb += self.byte.eq(Mux(vbyte > byte_max, byte_max, vbyte))
+        with m.Elif(gt_const(ev, 0)):
+            m.d.comb += self.byte.eq(Mux(gt_const(vbyte, byte_max), byte_max, vbyte))
         with m.Else():
             m.d.comb += self.byte.eq(sub)
         return m

@@ -9,13 +9,14 @@ lane then needs h-1 magnitude compares (in :mod:`hw.quantizer`).
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Shape, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
+from .pipeline import gt_const, stage
 from .scale_select import encoding, shape_bounds, shape_range
 
 
@@ -29,19 +30,24 @@ class Thresholds(wiring.Component):
         u_shape: shape of u.
 
     Ports: ``byte``, ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
-    Combinational.
+    Combinational, or with ``pipelined`` one register (advanced by ``en``, In)
+    after the shift amounts and the products ``a_j sig``, before the shifts.
     """
 
-    def __init__(self, p: FormatParams, y_width: int, u_shape):
+    def __init__(self, p: FormatParams, y_width: int, u_shape, pipelined: bool = False):
         self.coefs, self.frac = threshold_coefs(p.mode, p.bits)
         encoding(p.scale)
         self.scale = p.scale
         self.y_width, self.u_shape = y_width, Shape.cast(u_shape)
-        super().__init__({
+        self.pipelined = bool(pipelined)
+        ports = {
             "byte": In(8),
             "u": In(u_shape),
             "th": Out(data.ArrayLayout(unsigned(y_width + 1), len(self.coefs))),
-        })
+        }
+        if self.pipelined:
+            ports["en"] = In(1)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -52,28 +58,45 @@ class Thresholds(wiring.Component):
         e = self.byte[mb:mb + eb]
         mm = self.byte[:mb]
         sig = Signal(mb + 1)
-        m.d.comb += sig.eq(Mux(e == 0, mm, mm + (1 << mb)))
+        m.d.comb += sig.eq(Cat(mm, e != 0))                 # hidden bit unless subnormal
         ulo, uhi = shape_bounds(self.u_shape)
         f = self.frac
         off = bias + mb + f
+        e1 = Signal(eb)
+        m.d.comb += e1.eq(e | (e == 0))                     # field 0 reads as 1
+        # d and -d side by side (no negation after the subtraction), clamps as logic
         d = Signal(shape_range(1 - off - uhi, (1 << eb) - 1 - off - ulo))
-        m.d.comb += d.eq(Mux(e == 0, 1, e) - off - self.u)
+        m.d.comb += d.eq(e1 - off - self.u)
+        nd = Signal(shape_range(off + ulo - (1 << eb) + 1, off + uhi - 1))
+        m.d.comb += nd.eq(off + self.u - e1)
+        dneg = d[-1]
         dp = Signal(range(wy + 1))
-        m.d.comb += dp.eq(Mux(d < 0, 0, Mux(d > wy, wy, d)))
+        m.d.comb += dp.eq(Mux(dneg, 0, Mux(gt_const(d, wy), wy, d)))
         dn = Signal(range(cbits + 1))
-        m.d.comb += dn.eq(Mux(d >= 0, 0, Mux(-d > cbits, cbits, -d)))
+        m.d.comb += dn.eq(Mux(~dneg, 0, Mux(gt_const(nd, cbits), cbits, nd)))
         sat_val = 1 << wy
+        cs_ = []
         for j, aj in enumerate(self.coefs, start=1):
             c = Signal(cbits, name=f"c{j}")
             m.d.comb += c.eq(sig * aj)
+            cs_.append(c)
+        pos = Signal(name="d_pos")
+        m.d.comb += pos.eq(~dneg)
+        # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 as logic from dn
+        low = Signal(cbits, name="dn_mask")
+        m.d.comb += low.eq(Cat(*(gt_const(dn, i) for i in range(cbits))))
+        if self.pipelined:
+            st = stage(m, self.en, "tsh", c=cs_, dp=dp, dn=dn, low=low, pos=pos)
+            cs_, dp, dn, low, pos = st["c"], st["dp"], st["dn"], st["low"], st["pos"]
+        for j, c in enumerate(cs_, start=1):
             tp = Signal(cbits + wy, name=f"tpos{j}")
             m.d.comb += tp.eq(c << dp)
-            cs = Signal(cbits, name=f"cshr{j}")
-            m.d.comb += cs.eq(c >> dn)
+            tr = Signal(cbits + 1, name=f"tround{j}")
+            m.d.comb += tr.eq(c + low)
             tn = Signal(cbits + 1, name=f"tneg{j}")
-            m.d.comb += tn.eq(cs + ((cs << dn) != c))
-            with m.If(d >= 0):
-                m.d.comb += self.th[j - 1].eq(Mux(tp >= sat_val, sat_val, tp))
+            m.d.comb += tn.eq(tr >> dn)
+            with m.If(pos):     # tp >= 2^wy: a bit at or above wy
+                m.d.comb += self.th[j - 1].eq(Mux(tp[wy:].any(), sat_val, tp))
             with m.Else():
                 m.d.comb += self.th[j - 1].eq(tn)
         return m

@@ -38,7 +38,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .pipeline import stage
+from .pipeline import gt_const, stage
 from .scale_select import leading_one
 
 
@@ -104,16 +104,18 @@ class FloatPrep(wiring.Component):
     """abs, leading-one detect, subnormal clamp (see module docstring).
 
     Combinational, or with ``abs_reg`` one pipeline register after ``|S|`` (the
-    negation's carry chain) and before the leading-one tree: then ``en`` (In)
-    advances it and every output is one cycle behind ``y``/``ef_min``/``mask``/``zneg``.
+    negation's carry chain) and before the leading-one tree, and/or with
+    ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
+    then ``en`` (In) advances them and every output is one cycle behind
+    ``y``/``ef_min``/``mask``/``zneg`` per register.
 
     Ports: ``y`` (N signed lanes), ``ef_min``, ``mask`` (N bits: D), ``zneg`` in;
     ``mag``, ``lp``, ``neg``, ``nz`` (per lane) and ``b`` (per vector) out.
     """
 
     def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts,
-                 abs_reg: bool = False):
-        self.n, self.c, self.abs_reg = n, consts, bool(abs_reg)
+                 abs_reg: bool = False, lead_reg: bool = False):
+        self.n, self.c, self.abs_reg, self.lead_reg = n, consts, bool(abs_reg), bool(lead_reg)
         ports = {
             "y": In(data.ArrayLayout(signed(y_width), n)),
             "ef_min": In(ef_width),
@@ -125,7 +127,7 @@ class FloatPrep(wiring.Component):
             "nz": Out(n),
             "b": Out(consts.b_shape),
         }
-        if self.abs_reg:
+        if self.abs_reg or self.lead_reg:
             ports["en"] = In(1)
         super().__init__(ports)
 
@@ -149,14 +151,23 @@ class FloatPrep(wiring.Component):
         if self.abs_reg:
             r = stage(m, self.en, "abs", mag=mags, neg=negs, kc=kc, b=b)
             mags, negs, kc, b = r["mag"], r["neg"], r["kc"], r["b"]
-        m.d.comb += [self.b.eq(b), self.neg.eq(negs)]
+        poss, anys = [], []
         for i in range(self.n):
             mag = Signal(c.mag_width, name=f"mag{i}")
             m.d.comb += mag.eq(mags[i])
             pos, any_ = leading_one(m, mag, f"lod{i}")
-            m.d.comb += [self.mag[i].eq(mag),
-                         self.lp[i].eq(Mux(pos > kc, pos, kc)),
-                         self.nz[i].eq(any_)]
+            poss.append(pos)
+            anys.append(any_)
+        if self.lead_reg:
+            r = stage(m, self.en, "lead", mag=[mags[i] for i in range(self.n)], pos=poss,
+                      nz=Cat(*anys), neg=negs, kc=kc, b=b)
+            mags, poss, negs, kc, b = r["mag"], r["pos"], r["neg"], r["kc"], r["b"]
+            anys = [r["nz"][i] for i in range(self.n)]
+        m.d.comb += [self.b.eq(b), self.neg.eq(negs)]
+        for i in range(self.n):
+            m.d.comb += [self.mag[i].eq(mags[i]),
+                         self.lp[i].eq(Mux(poss[i] > kc, poss[i], kc)),
+                         self.nz[i].eq(anys[i])]
         return m
 
 
@@ -164,14 +175,18 @@ class FloatPack(wiring.Component):
     """Shift, round to nearest even, saturate, pack (see module docstring).
 
     Combinational, or with ``shift_reg`` one pipeline register after the right
-    shifter and its sticky bit (before rounding, packing and saturation): then
-    ``en`` (In) advances it and ``bits`` is one cycle behind the inputs.
+    shifter and its sticky bit (before rounding, packing and saturation), and/or
+    with ``round_reg`` one after the rounding increment (before packing and
+    saturation): then ``en`` (In) advances them and ``bits`` is one cycle behind
+    the inputs per register.
 
     Ports: ``mag``, ``lp``, ``neg``, ``nz`` (per lane), ``b`` in; ``bits`` (N x 16) out.
     """
 
-    def __init__(self, n: int, consts: FloatConsts, shift_reg: bool = False):
-        self.n, self.c, self.shift_reg = n, consts, bool(shift_reg)
+    def __init__(self, n: int, consts: FloatConsts, shift_reg: bool = False,
+                 round_reg: bool = False):
+        self.n, self.c = n, consts
+        self.shift_reg, self.round_reg = bool(shift_reg), bool(round_reg)
         ports = {
             "mag": In(data.ArrayLayout(consts.mag_width, n)),
             "lp": In(data.ArrayLayout(consts.lp_width, n)),
@@ -180,7 +195,7 @@ class FloatPack(wiring.Component):
             "b": In(consts.b_shape),
             "bits": Out(data.ArrayLayout(16, n)),
         }
-        if self.shift_reg:
+        if self.shift_reg or self.round_reg:
             ports["en"] = In(1)
         super().__init__(ports)
 
@@ -190,27 +205,45 @@ class FloatPack(wiring.Component):
         mb = c.m_bits
         lp_max = (1 << c.lp_width) - 1
         blo, bhi = -(1 << (c.b_shape.width - 1)), (1 << (c.b_shape.width - 1)) - 1
-        ts, sts = [], []
+        top = c.max_finite >> mb            # X: the exponent part of max_finite
+        ts, sts, ebs, ovs = [], [], [], []
         for i in range(self.n):
             t, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.mag[i]), self.lp[i],
                                            mb + 2, f"sh{i}")
             ts.append(t)
             sts.append(sticky)
-        lps = [self.lp[i] for i in range(self.n)]
-        neg, nz, b = self.neg, self.nz, self.b
+            # exponent part of the result, beside the shifter: Lp + B
+            eb = Signal(_rng(min(0, blo), lp_max + bhi), name=f"eb{i}")
+            m.d.comb += eb.eq(self.lp[i] + self.b)
+            ebs.append(eb)
+            # saturation: the packed value ((eb << mb) + r) > max_finite, whose mb low
+            # bits are all ones, is (eb + (r >> mb)) > X with r >> mb in {0, 1, 2}
+            fl = Signal(3, name=f"ebx{i}")
+            m.d.comb += fl.eq(Cat(gt_const(eb, top), eb == top, eb == top - 1))
+            ovs.append(fl)
+        neg, nz = self.neg, self.nz
         if self.shift_reg:
-            r = stage(m, self.en, "shr", t=ts, lp=lps, sticky=Cat(*sts), neg=neg, nz=nz, b=b)
-            ts, sts, lps = r["t"], [r["sticky"][i] for i in range(self.n)], r["lp"]
-            neg, nz, b = r["neg"], r["nz"], r["b"]
+            r = stage(m, self.en, "shr", t=ts, eb=ebs, ov=ovs, sticky=Cat(*sts), neg=neg, nz=nz)
+            ts, sts, ebs = r["t"], [r["sticky"][i] for i in range(self.n)], r["eb"]
+            neg, nz, ovs = r["neg"], r["nz"], r["ov"]
+        rs = []
         for i in range(self.n):
-            t, sticky, lp = ts[i], sts[i], lps[i]
+            t, sticky = ts[i], sts[i]
             r0, g = t[1:], t[0]
             r = Signal(mb + 2, name=f"rnd{i}")
             m.d.comb += r.eq(r0 + (g & (sticky | r0[0])))
+            rs.append(r)
+        if self.round_reg:
+            r = stage(m, self.en, "rnd", r=rs, eb=ebs, ov=ovs, neg=neg, nz=nz)
+            rs, ebs, neg, nz, ovs = r["r"], r["eb"], r["neg"], r["nz"], r["ov"]
+        for i in range(self.n):
             pk = Signal(_rng(min(0, blo) << mb, ((lp_max + bhi) << mb) + (1 << (mb + 1))),
                         name=f"packed{i}")
-            m.d.comb += pk.eq(((lp + b) << mb) + r)
+            m.d.comb += pk.eq((ebs[i] << mb) + rs[i])
+            rh, fl = rs[i][mb:], ovs[i]            # r >> mb; eb > X, eb == X, eb == X - 1
+            over = Signal(name=f"over{i}")
+            m.d.comb += over.eq(fl[0] | (fl[1] & (rh != 0)) | (fl[2] & rh[1]))
             mbits = Signal(15, name=f"magbits{i}")
-            m.d.comb += mbits.eq(Mux(~nz[i], 0, Mux(pk > c.max_finite, c.max_finite, pk)))
+            m.d.comb += mbits.eq(Mux(~nz[i], 0, Mux(over, c.max_finite, pk)))
             m.d.comb += self.bits[i].eq(Cat(mbits, neg[i]))
         return m

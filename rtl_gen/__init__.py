@@ -97,6 +97,7 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
         "fwht_register_after_stages": register_positions(p.log2n, dut.latency),
         "quant_register_cuts": list(dut.quant_regs),
         "frontend_register_cuts": list(dut.fe_regs),
+        "tree_every": dut.tree_every,
         "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
         "o_payload": {"width": Shape.cast(o_shape).width, "fields": payload_fields(o_shape)},
         "flags": {"nan": 1, "inf": 2, "sat": 4},
@@ -107,10 +108,11 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
 
 def _decoder_fields(dut: KVDecompressor) -> dict:
     p = dut.params
-    steps = steps_of(p.n, p.block)
+    steps = steps_of(p.n, p.block, dut.split_align)
     i_shape = _stream_shape(dut, "i")
     return {
-        "fwht_steps": ["align" if k == "align" else f"stage{s}" for k, s in steps],
+        "fwht_steps": [("align_lo" if s else "align_hi" if dut.split_align else "align")
+                       if k == "align" else f"stage{s}" for k, s in steps],
         "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
                                       if dut.latency else []),
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
@@ -182,7 +184,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         out: output directory (created if missing).
         top: Verilog module name (default ``KINDS[kind].top``).
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
-            0 .. log2 N), ``quant_regs``/``fe_regs`` (encoder), ``float_regs`` (decoder).
+            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every`` (encoder),
+            ``float_regs``/``split_align`` (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -235,7 +238,7 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     ``<dec_top>.manifest.json``, and ``manifest.json`` = the encoder's manifest plus
     ``"modules"``: {module name: its full manifest} for both. Both components are
     built (validated) before anything is written. ``regs``: ``latency`` for both,
-    ``quant_regs``/``fe_regs`` for the encoder, ``float_regs`` for the decoder.
+    ``quant_regs``/``fe_regs``/``tree_every`` for the encoder, ``float_regs`` for the decoder.
 
     Returns:
         the ``manifest.json`` dict.
@@ -244,8 +247,9 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top)
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    enc_regs = {k: v for k, v in regs.items() if k != "float_regs"}
-    dec_regs = {k: v for k, v in regs.items() if k not in ("quant_regs", "fe_regs")}
+    enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align")}
+    dec_regs = {k: v for k, v in regs.items()
+                if k not in ("quant_regs", "fe_regs", "tree_every")}
     with warnings.catch_warnings():     # validation only: the probes are never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
         build("encoder", params, **enc_regs)

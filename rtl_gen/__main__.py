@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fe-regs", type=_cuts, default=FE_CUTS.default,
                     help=f"front-end register cuts, comma-separated from {','.join(FE_CUTS.names)} "
                          f"or 'none' (default {','.join(FE_CUTS.default) or 'none'})")
+    ap.add_argument("--tree-every", type=int, default=0,
+                    help="a register after every K levels of the epilogue's reduction trees "
+                         "(exponent max tree, block statistic trees; default 0: none)")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -91,9 +94,9 @@ def main(argv=None) -> int:
             raise ValueError(f"n (N) = {a.n} is above the largest RTL size {RTL_N_MAX} "
                              f"(verified: N = 64, 128, 256; a 16*N-bit port per lane set)")
         if a.module == "decompressor" and (a.quant_regs != QUANT_CUTS.default
-                                           or a.fe_regs != FE_CUTS.default):
-            raise ValueError("--quant-regs/--fe-regs configure the epilogue (write path); "
-                             "they do not apply to --module decompressor")
+                                           or a.fe_regs != FE_CUTS.default or a.tree_every):
+            raise ValueError("--quant-regs/--fe-regs/--tree-every configure the epilogue (write "
+                             "path); they do not apply to --module decompressor")
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
                          scale=a.scale, dtype=a.dtype,
                          sign_seed=None if a.no_sign_flip else a.seed,
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
                          scale_mult=a.scale_mult)
         regs = {"latency": a.latency}
         if a.module != "decompressor":
-            regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs)
+            regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every)
         if a.module == "both":
             mans = list(generate_both(p, a.out, top=a.top, dec_top=a.dec_top, **regs)
                         ["modules"].values())

@@ -10,6 +10,11 @@
   FormatParams defaults, e.g. M = 12, sign seed 0, fp16);
 * ``n g b``: N, block size G, code bits b; ``l``: FWHT pipeline registers (the
   components' ``latency`` argument; the latency in cycles is in the manifest);
+* optional ``p<k>`` (after ``l``): the register profile for Fmax (:meth:`RTLConfig.regs`):
+  every optional register cut of the components placed and a register after
+  every k levels of the encoder's reduction trees (``tree_every``; ``p0``: the
+  cuts only; a decoder takes only ``p0``); without it, the components' default cuts. Registers change the
+  latency, never the bytes;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -36,6 +41,8 @@ PRESETS = tuple(_pm.PRESETS)
 
 #: Fields the fixed part of a name states.
 _FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
+#: Optional parts of the fixed group: letter -> RTLConfig field.
+_OPTIONAL = {"p": "pipe"}
 _FIELDS = [f.name for f in fields(FormatParams)]
 #: String-valued fields whose values may stand bare in a name.
 _ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
@@ -73,6 +80,7 @@ class RTLConfig:
     kind: str
     params: FormatParams
     latency: int = 2
+    pipe: int | None = None
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -83,6 +91,31 @@ class RTLConfig:
         if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= self.params.log2n:
             raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
                              f"0..{self.params.log2n}, got {lat!r}")
+        pp = self.pipe
+        if pp is not None and (isinstance(pp, bool) or not isinstance(pp, int) or pp < 0):
+            raise ValueError(f"pipe (pK, tree levels per register of the Fmax profile) must be "
+                             f"None or an int >= 0, got {pp!r}")
+        if pp and self.kind == "decoder":
+            raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
+                             f"tree registers, the decoder has none; got {pp}")
+
+    @property
+    def regs(self) -> dict:
+        """Register options of the component(s) (``rtl_gen.generate`` keywords): the FWHT
+        ``latency``; with ``pipe`` = k every cut of ``FE_CUTS``, ``QUANT_CUTS`` and
+        ``FLOAT_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
+        decoder's block alignment as two FWHT steps (``split_align``)."""
+        regs: dict = {"latency": self.latency}
+        if self.pipe is None:
+            return regs
+        from hw.decompressor import FLOAT_CUTS
+        from hw.frontend import FE_CUTS
+        from hw.quantizer import QUANT_CUTS
+        if self.kind in ("encoder", "roundtrip"):
+            regs.update(fe_regs=FE_CUTS.names, quant_regs=QUANT_CUTS.names, tree_every=self.pipe)
+        if self.kind in ("decoder", "roundtrip"):
+            regs.update(float_regs=FLOAT_CUTS.names, split_align=True)
+        return regs
 
     @property
     def roundtrip(self) -> bool:
@@ -98,6 +131,8 @@ class RTLConfig:
         p, ps = self.params, self.preset
         bare = _bare_values()
         parts = [_TAG_OF[self.kind], ps, f"n{p.n}", f"g{p.block}", f"b{p.bits}", f"l{self.latency}"]
+        if self.pipe is not None:
+            parts.append(f"p{self.pipe}")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -126,9 +161,11 @@ class RTLConfig:
         fixed: dict = {}
         bare = _bare_values()
         for part in parts[2:]:
-            m = re.fullmatch(r"([ngblm])(\d+)", part)
+            m = re.fullmatch(r"([ngblmp])(\d+)", part)
             if m and m.group(1) in _FIXED:
                 name, tgt, val = _FIXED[m.group(1)], fixed, int(m.group(2))
+            elif m and m.group(1) in _OPTIONAL:
+                name, tgt, val = _OPTIONAL[m.group(1)], fixed, int(m.group(2))
             elif m:
                 name, tgt, val = "mant_bits", kw, int(m.group(2))
             elif part in bare:
@@ -138,7 +175,7 @@ class RTLConfig:
                 name, tgt = _SQUASHED[f], kw
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
-                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, mM, a bare "
+                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")
@@ -147,6 +184,7 @@ class RTLConfig:
         if missing:
             raise ValueError(f"config name {s!r} must state {', '.join(missing)}")
         lat = fixed.pop("latency")
+        pipe = fixed.pop("pipe", None)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat)
+        return cls(KIND_TAGS[parts[0]], p, lat, pipe)

@@ -117,7 +117,14 @@ SETS = {
             ("dec_v2_n32_g32_b3_l2", True), ("enc_v2_n64_g64_b3_l2", True),
             ("dec_v2_n64_g32_b3_l2", True)],
 }
-SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"]
+# Fmax register profiles (config part pK: every register cut, a register every K
+# levels of the encoder's trees; FWHT registers after every stage) at N = 128 and 64,
+# placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores)
+SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", True), ("dec_v2_n128_g64_b3_l7_p0", True),
+                  ("enc_v2_n64_g64_b3_l6_p2", True), ("dec_v2_n64_g32_b3_l6_p0", True),
+                  ("enc_v2_n16_g8_b3_l4_p1", True), ("enc_v2_n16_g8_b3_l4_p1_m8", True),
+                  ("dec_v2_n16_g8_b3_l4_p0", True)]
+SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])
 
@@ -308,7 +315,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
         shutil.rmtree(d)
     d.mkdir(parents=True)
     p = cfg.params
-    man = rtl_gen.generate(cfg.kind, p, d, latency=cfg.latency)
+    man = rtl_gen.generate(cfg.kind, p, d, **cfg.regs)
     dut, vfile = man["top"], d / man["verilog"]
     rec = {**_identity(cfg), "top": dut,
            "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
@@ -381,7 +388,8 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
 
 def _identity(cfg: RTLConfig) -> dict:
     """The keys that identify a record: config name, kind, FWHT registers, params."""
-    return {"config": cfg.name, "kind": cfg.kind, "latency": cfg.latency,
+    return {"config": cfg.name, "kind": cfg.kind, "latency": cfg.latency, "pipe": cfg.pipe,
+            "regs": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.regs.items()},
             "params": cfg.params.to_dict()}
 
 
@@ -460,7 +468,27 @@ def _nextpnr_summary(rep: dict, plog: Path) -> dict:
     if clk is None:
         raise SynthError(f"nextpnr report has no fmax (log {plog})")
     return {"fmax_mhz": round(clk["achieved"], 2), "target_mhz": clk.get("constraint"),
-            "utilization": util}
+            "utilization": util, "critical_path": critical_path(rep)}
+
+
+def critical_path(rep: dict) -> dict | None:
+    """The worst register-to-register path of a nextpnr ``--report``: its start and end
+    cells, delay, the logic and routing parts, and the cells it passes (deduplicated)."""
+    paths = rep.get("critical_paths") or []
+    if not paths or not paths[0].get("path"):
+        return None
+    segs = paths[0]["path"]
+    cells = []
+    for sg in segs:
+        for end in ("from", "to"):
+            c = sg[end]["cell"]
+            if not cells or cells[-1] != c:
+                cells.append(c)
+    logic = sum(sg["delay"] for sg in segs if sg["type"] != "routing")
+    routing = sum(sg["delay"] for sg in segs if sg["type"] == "routing")
+    return {"from": segs[0]["from"]["cell"], "to": segs[-1]["to"]["cell"],
+            "ns": round(logic + routing, 2), "logic_ns": round(logic, 2),
+            "routing_ns": round(routing, 2), "cells": cells}
 
 
 # ---- main --------------------------------------------------------------------------------
@@ -528,6 +556,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", choices=tuple(SETS), default="default",
                     help="configuration set (default: %(default)s; ci: one tiny config per "
                          "module; sweep: area vs M, latency, b, N; pnr: Fmax of N=32/64; "
+                         "timing: the Fmax register profiles pK at N=128/64/16; "
                          "all: everything)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated configs instead of --set (grammar: rtl_gen/config.py), "

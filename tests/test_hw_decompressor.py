@@ -70,7 +70,7 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
 def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray,
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
-            raw_scales: np.ndarray | None = None, float_regs=None):
+            raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False):
     """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
     returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
     instead of ``scales`` (the expected outputs still come from ``scales``)."""
@@ -81,7 +81,7 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
         dut = KVDecompressor(p, latency)
         assert dut.float_regs == FLOAT_CUTS.default
     else:
-        dut = KVDecompressor(p, latency, float_regs)
+        dut = KVDecompressor(p, latency, float_regs, split_align)
     assert dut.latency_cycles == latency + 2 + len(dut.float_regs)
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready,
@@ -251,13 +251,25 @@ def test_asym_payload_layout():
 
 
 @pytest.mark.parametrize("regs,latency", [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1),
-                                          (("shift", "abs"), 3), (("prep", "shift"), 2)])
+                                          (("shift", "abs"), 3), (("prep", "shift"), 2),
+                                          (("lead", "round"), 2), (FLOAT_CUTS.names, 6)])
 def test_float_regs(regs, latency):
     """Optional float-conversion registers: same outputs, latency + 2 + len(regs) cycles
     (checked exactly by run_dut), stalls handled."""
     p = FormatParams(n=64, block=16, bits=3, mode="midrise", sign_seed=9)
     codes, scales, zeros = planes_for(p, 6, 10, seed=len(regs) + latency)
     check(p, latency, codes, scales, zeros, seed=latency, float_regs=regs)
+
+
+@pytest.mark.parametrize("n,block,latency,scale", [(64, 16, 6, "ue5m3"), (64, 32, 2, "ue5m3"),
+                                                   (64, 8, 5, "e4m3fn"), (32, 16, 4, "ue4m4")])
+def test_split_align(n, block, latency, scale):
+    """The block alignment as two FWHT steps (high bits of d, then the low ones), every
+    float register: same outputs, the same latency (hw/ifwht.py)."""
+    p = FormatParams(n=n, block=block, bits=3, mode="midrise", scale=scale, sign_seed=5)
+    codes, scales, zeros = planes_for(p, 6, 10, seed=latency)
+    check(p, latency, codes, scales, zeros, seed=latency, float_regs=FLOAT_CUTS.names,
+          split_align=True)
 
 
 @pytest.mark.parametrize("regs,err", [("abs", TypeError), ((1,), TypeError),
@@ -502,7 +514,8 @@ def test_latency_property():
             dut = KVDecompressor(FormatParams(), lat)
             # dequant register, the default float register ("prep"), output register
             assert dut.latency_cycles == lat + 2 + len(FLOAT_CUTS.default) == lat + 3
-            assert KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles == lat + 5
+            assert (KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles
+                    == lat + 2 + len(FLOAT_CUTS.names) == lat + 7)
             del dut
             gc.collect()
 

@@ -24,7 +24,9 @@ from amaranth.hdl import UnusedElaboratable
 
 from hw import KVEpilogue
 from hw.frontend import FE_CUTS
+from hw.frontend import tree_cuts as fe_tree_cuts
 from hw.quantizer import QUANT_CUTS
+from hw.quantizer import tree_cuts as quant_tree_cuts
 from kvtest.inputs import encoder_rows, make_vectors
 from kvtest.simstream import check_run, run_stream
 from kvtest.streamcheck import describe_encoder_word
@@ -57,7 +59,8 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
     exp = wire.rows_to_ints(encoder_rows(vecs, p)[0])
     dut = KVEpilogue(p, latency, **dut_kw)
     lat = dut.latency_cycles
-    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs)
+    trees = fe_tree_cuts(p.n, dut.tree_every) + quant_tree_cuts(p, dut.tree_every)
+    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs) + trees
     assert lat == sum(dut.latency_breakdown.values())
     flags_at = wire.encoder_output(p)["flags"].offset
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready, p_clear=p_clear,
@@ -121,7 +124,8 @@ def test_no_sign_flip():
 @pytest.mark.parametrize("quant_regs,fe_regs", [
     ((), ()), (("maxhalf",), ()), (("max",), ("emax",)), (("norm",), ()),
     (("scale",), ()), (("thr",), ("emax",)), (("maxhalf", "norm", "thr"), ("emax",)),
-    (("max", "scale"), ()),
+    (("max", "scale"), ()), (("abs", "lead", "sexp", "tsh"), ("shamt",)),
+    (("abs", "max", "lead", "norm", "sexp", "scale", "tsh", "thr"), ("align",)),
 ])
 def test_register_placements(quant_regs, fe_regs):
     """Every pipeline cut alone and in combinations: same payloads, latency =
@@ -132,7 +136,26 @@ def test_register_placements(quant_regs, fe_regs):
               dut_kw={"quant_regs": quant_regs, "fe_regs": fe_regs})
 
 
+@pytest.mark.parametrize("tree_every,fe_regs,kw", [
+    (1, FE_CUTS.names, {}), (2, ("shamt",), {}), (3, ("dec", "emax", "align"), {}),
+    (1, FE_CUTS.names, {"mode": "asym"}), (2, ("align",), {"scale_rule": "absmean"}),
+    (1, (), {"dtype": "bf16"}),
+])
+def test_tree_registers(tree_every, fe_regs, kw):
+    """A register every k levels of the exponent max tree and of the block statistic
+    trees (asym: two trees; absmean: an adder tree), with the front-end cuts: same
+    payloads, latency = sum of the breakdown, full rate, stalls."""
+    p = FormatParams(n=64, block=16, bits=3, sign_seed=2, **kw)
+    check(p, 2, 16, seed=tree_every, dut_kw={"quant_regs": QUANT_CUTS.names,
+                                             "fe_regs": fe_regs, "tree_every": tree_every})
+    # N = 64: 6 max-tree levels; G = 16: 2 + 2 statistic-tree levels
+    assert fe_tree_cuts(p.n, tree_every) == {1: 5, 2: 2, 3: 1}[tree_every]
+    assert quant_tree_cuts(p, tree_every) == {1: 2, 2: 0, 3: 0}[tree_every]
+
+
 @pytest.mark.parametrize("kw,exc,word", [
+    ({"tree_every": -1}, ValueError, "tree_every"),
+    ({"tree_every": 1.0}, TypeError, "tree_every"),
     ({"quant_regs": ("bogus",)}, ValueError, "quant_regs"),
     ({"quant_regs": ("max", "max")}, ValueError, "quant_regs"),
     ({"quant_regs": "max"}, TypeError, "quant_regs"),

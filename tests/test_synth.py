@@ -33,6 +33,15 @@ def test_config_names():
                 "enc_n128_g64_b3_m12_l2", "rt_v2_n64_g64_b3_l2"):
         with pytest.raises(ValueError):
             synth_config(bad)
+    # the Fmax register profile pK: every cut, a register every K tree levels
+    e = synth_config("enc_v2_n128_g64_b3_l7_p2")
+    assert e.pipe == 2 and e.name == "enc_v2_n128_g64_b3_l7_p2"
+    assert e.regs["tree_every"] == 2 and "dec" in e.regs["fe_regs"]
+    assert synth_config("enc_v2_n128_g64_b3_l2").regs == {"latency": 2}
+    assert synth_config("dec_v2_n128_g64_b3_l7_p0").regs["float_regs"][-1] == "round"
+    for bad in ("dec_v2_n128_g64_b3_l7_p1", "enc_v2_n128_g64_b3_l7_p1_p2"):
+        with pytest.raises(ValueError):
+            synth_config(bad)
     for plan in synth.SETS.values():
         for n, pnr in plan:
             assert synth_config(n).name == n and isinstance(pnr, bool)
@@ -133,3 +142,17 @@ def test_ci_set(tmp_path):
         assert rec["ecp5"]["LUT4"] > 0 and rec["ecp5"]["TRELLIS_FF"] > 0
         assert rec["nextpnr"]["fmax_mhz"] > 0
         assert rec["generic"]["submodules"]
+
+
+def test_critical_path():
+    """nextpnr's worst path, summed into logic and routing, its cells deduplicated."""
+    seg = lambda t, d, a, b: {"type": t, "delay": d, "from": {"cell": a}, "to": {"cell": b}}
+    rep = {"critical_paths": [{"from": "posedge clk", "to": "posedge clk", "path": [
+        seg("clk-to-q", 0.5, "ff_a", "ff_a"), seg("routing", 1.0, "ff_a", "lut_x"),
+        seg("logic", 0.25, "lut_x", "lut_x"), seg("routing", 0.75, "lut_x", "ff_b"),
+        seg("setup", 0.5, "ff_b", "ff_b")]}]}
+    cp = synth.critical_path(rep)
+    assert (cp["from"], cp["to"], cp["ns"]) == ("ff_a", "ff_b", 3.0)
+    assert (cp["logic_ns"], cp["routing_ns"]) == (1.25, 1.75)
+    assert cp["cells"] == ["ff_a", "lut_x", "ff_b"]
+    assert synth.critical_path({}) is None

@@ -132,7 +132,7 @@ def generate(cfg: RTLConfig, out: Path | None = None) -> tuple[list[Path], dict]
         if all(f.exists() for f in files):
             return files, man
     man = dict(rtl_gen.generate("roundtrip" if cfg.roundtrip else "encoder", cfg.params, out,
-                                latency=cfg.latency))
+                                **cfg.regs))
     man["latency"] = man["latency_cycles"]
     if cfg.roundtrip:
         man["latency_rt"] = man["latency_cycles"]

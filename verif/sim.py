@@ -75,21 +75,28 @@ from .run import run
 
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
 #: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and
-#: 256); bf16 input (the only way to reach FLAG_SAT). Chosen for build time (the
+#: 256); bf16 input (the only way to reach FLAG_SAT); the N = 128 Fmax register
+#: profile of docs/SYNTH.md (``p2``). Chosen for build time (the
 #: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
 #: modes are added by mode_configs().
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
-                   "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16")
+                   "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16",
+                   "enc_v2_n128_g64_b3_l7_p2")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
-#: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules.
-DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_g64_b3_l2")
+#: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules;
+#: the Fmax register profiles (``pK``: every register cut, a register every K tree
+#: levels) through both modules, at N = 64 with two blocks (block alignment).
+DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_g64_b3_l2",
+                      "rt_v2_n64_g32_b3_l6_p1", "rt_v2_n64_g32_b3_l6_p2")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
 #: first mode combination the RTL implements, see quick_configs()) and one small
 #: round trip with block alignment (N/G = 2).
 QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2")
-#: Added by ``--configs all``: G = 32, FWHT latency 0, the remaining N / b /
+#: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
+#: trip), G = 32, FWHT latency 0, the remaining N / b /
 #: latency pairs, bf16 at N = 128, more round trips.
-EXTRA_CONFIGS = ("enc_v2_n128_g64_b2_l7", "enc_v2_n128_g32_b3_l2", "enc_v2_n64_g64_b3_l0",
+EXTRA_CONFIGS = ("enc_v2_n64_g64_b3_l6_p1", "rt_v2_n128_g64_b3_l7_p2",
+                 "enc_v2_n128_g64_b2_l7", "enc_v2_n128_g32_b3_l2", "enc_v2_n64_g64_b3_l0",
                  "enc_v2_n64_g64_b3_l2", "enc_v2_n256_g64_b3_l1", "enc_v2_n128_g64_b4_l1",
                  "enc_v2_n128_g64_b3_l2_bf16", "rt_v2_n256_g64_b4_l1",
                  "rt_v2_n64_g64_b4_l0", "rt_v2_n128_g64_b2_l7", "rt_v2_n128_g64_b4_l1",
