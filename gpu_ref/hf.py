@@ -593,6 +593,13 @@ class PackedCache(Cache):
             arrays[name] = a
         if policy.center_keys and arrays["mu"] is None:
             raise ValueError("policy.center_keys needs mu (the calibration file's 'mu')")
+        if policy.key_signs or policy.key_rot:
+            raise ValueError("policy.key_signs / policy.key_rot (calibrated per-head transforms, docs/FORMAT.md 8) "
+                             "are study options the kernels and this cache do not apply")
+        if policy.key_scale == "fp16":
+            raise ValueError("policy.key_scale 'fp16' is not served: key_scales must be powers of two ('pow2')")
+        if policy.key_scale == "pow2" and arrays["key_scales"] is None:
+            raise ValueError("policy.key_scale 'pow2' needs key_scales (the calibration file's 'key_scales')")
         ks = arrays["key_scales"]
         if ks is not None and (np.any(ks <= 0) or np.any(np.frexp(ks)[0] != 0.5)):
             raise ValueError("key_scales must be positive powers of two (the reparametrization is exact)")

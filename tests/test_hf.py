@@ -86,6 +86,12 @@ def test_errors_name_the_parameter():
         hf.PackedCache(c, "K3V3", 1, 16, prefill="chunked", backend="cuda")
     with pytest.raises(TypeError, match="policy"):
         hf.PackedCache(c, 3, 1, 16)
+    # study-only key treatments are refused, never silently dropped
+    for kw, word in ((dict(key_signs=True), "key_signs"), (dict(key_rot=True), "key_rot"),
+                     (dict(key_scale="fp16"), "key_scale 'fp16'"), (dict(key_scale="pow2"), "needs key_scales")):
+        for backend in ("golden", "cuda"):
+            with pytest.raises(ValueError, match=word):
+                hf.PackedCache(c, CachePolicy(**kw), 1, 16, backend=backend)
 
 
 def test_cuda_backend_refuses_what_the_kernels_cannot_serve():
