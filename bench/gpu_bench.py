@@ -569,6 +569,24 @@ def policy_planes(bsz, kvh, t, n_sets, kp, vp, page):
     return sets
 
 
+def decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, page, out_dtype):
+    """Everything one decode timing needs: (packed bytes, sets of planes rotated past L2, capacity
+    rows, q, lengths, out, k_sink, v_sink); q and the sink rows fp16, every length ``t``."""
+    n = kp.n
+    packed = bsz * kvh * t * (kp.code_bytes + vp.code_bytes + 2 * kp.n_blocks)
+    n_sets = max(1, min(32, math.ceil(L2_ROTATE_BYTES / packed)))
+    rows = -(-(t - sinks) // 16) * 16  # contiguous capacity: packed tokens rounded up to 16
+    sets = policy_planes(bsz, kvh, rows, n_sets, kp, vp, page)
+    q = cp.random.standard_normal((bsz, hq, n), dtype=cp.float32).astype(cp.float16)
+    lens = cp.full((bsz,), t, dtype=cp.int32)
+    out = cp.empty((bsz, hq, n), out_dtype)
+    sk = sv = None
+    if sinks:
+        sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+        sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+    return packed, sets, rows, q, lens, out, sk, sv
+
+
 def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
     """Decode ms for each (bits, variant) on one shape, plus SDPA bf16 on the same shape."""
     n = 128
@@ -576,19 +594,11 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
     for kb, vb in bits_list:
         kp = qparams("midrise", "nearest", bits=kb)
         vp = qparams("midrise", "nearest", bits=vb)
-        packed = bsz * kvh * t * (kp.code_bytes + vp.code_bytes + 2 * kp.n_blocks)
         for var in variants:
             sinks, page = var.get("sinks", 0), var.get("page")
-            n_sets = max(1, min(32, math.ceil(L2_ROTATE_BYTES / packed)))
-            rows = -(-(t - sinks) // 16) * 16  # contiguous capacity: packed tokens rounded up to 16
-            sets = policy_planes(bsz, kvh, rows, n_sets, kp, vp, page)
-            q = cp.random.standard_normal((bsz, hq, n), dtype=cp.float32).astype(cp.float16)
-            lens = cp.full((bsz,), t, dtype=cp.int32)
-            out = cp.empty((bsz, hq, n), cp.float16)
-            sk = sv = None
-            if sinks:
-                sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
-                sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+            packed, sets, rows, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, page,
+                                                                    cp.float16)
+            n_sets = len(sets)
             pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
                               page_size=page, capacity=None if page else rows, tune=var.get("tune"))
             ws = pl.workspace()
@@ -691,17 +701,8 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
         kb, vb = var["bits"]
         sinks = var.get("sinks", 0)
         kp, vp = qparams("midrise", "nearest", bits=kb), qparams("midrise", "nearest", bits=vb)
-        packed = bsz * kvh * t * (kp.code_bytes + vp.code_bytes + 2 * kp.n_blocks)
-        n_sets = max(1, min(32, math.ceil(L2_ROTATE_BYTES / packed)))
-        cap = -(-(t - sinks) // 16) * 16
-        sets = policy_planes(bsz, kvh, cap, n_sets, kp, vp, None)
-        q = cp.random.standard_normal((bsz, hq, n), dtype=cp.float32).astype(cp.float16)
-        lens = cp.full((bsz,), t, dtype=cp.int32)
-        out = cp.empty((bsz, hq, n), cp.float32)
-        sk = sv = None
-        if sinks:
-            sk = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
-            sv = cp.random.standard_normal((bsz, kvh, sinks, n), dtype=cp.float32).astype(cp.float16)
+        packed, sets, cap, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, None, cp.float32)
+        n_sets = len(sets)
         for ns in (splits if vi == 0 else (None,)):  # split counts: first variant only
             def mk(**tune):
                 return gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
@@ -757,6 +758,18 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             "sdpa_bf16_ms": sms, "sdpa_bytes": bf_bytes, "sdpa_variants": res, "gpu_state_after": gpu_state()}
 
 
+def shape_or_error(bsz, t, fn):
+    """``fn()`` (one shape's result dict), or ``{batch, context, error}`` with the traceback when it
+    raises, so one failing shape does not lose the rest of the run."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        row = {"batch": bsz, "context": t, "error": traceback.format_exc()}
+        log(row["error"])
+        free()
+        return row
+
+
 def run_kernel(a, result, save, t_start):
     """--only kernel (issue 12): write kernel b=3 fp16/bf16; decode K3/V3 and K4/V3, plain and with 4 sinks,
     at KERNEL_SHAPES (GQA 64/8, N=128), the current kernel and (``--baseline DIR``) a previous source in the
@@ -789,26 +802,18 @@ def run_kernel(a, result, save, t_start):
     result["decode"] = []
     for bsz, t in KERNEL_SHAPES:
         splits = (None, 4, 8, 16, 32) if (bsz, t) == (1, 4096) else (None,)
-        try:
-            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS, baselines, splits=splits, quick=a.quick)
-            for r in row["rows"]:
-                r["pct_copy"] = 100 * r["GBps"] / copy_gbs
-        except Exception:  # noqa: BLE001
-            row = {"batch": bsz, "context": t, "error": traceback.format_exc()}
-            log(row["error"])
-            free()
+        row = shape_or_error(bsz, t, lambda: bench_kernel_shape(bsz, t, KERNEL_VARIANTS, baselines, splits=splits,
+                                                                quick=a.quick))
+        for r in row.get("rows", ()):
+            r["pct_copy"] = 100 * r["GBps"] / copy_gbs
         result["decode"].append(row)
         save()
     # workspace merge vs cluster merge on the shapes where the planner picks the cluster
     result["decode_cluster"] = []
     for bsz, t in ((1, 4096), (2, 4096)):
         splits = (None, 4, 8) if (bsz, t) == (1, 4096) else (None,)
-        try:
-            row = bench_kernel_shape(bsz, t, KERNEL_VARIANTS[:2], splits=splits, quick=a.quick, cluster=True)
-        except Exception:  # noqa: BLE001
-            row = {"batch": bsz, "context": t, "error": traceback.format_exc()}
-            log(row["error"])
-            free()
+        row = shape_or_error(bsz, t, lambda: bench_kernel_shape(bsz, t, KERNEL_VARIANTS[:2], splits=splits,
+                                                                quick=a.quick, cluster=True))
         result["decode_cluster"].append(row)
         save()
     result["seconds"] = time.time() - t_start
@@ -826,13 +831,8 @@ def run_waves(a, result, save, t_start):
     for the planner's split count and fixed ones: how a partial last wave costs, measured."""
     result["waves"] = []
     for bsz in (WAVE_BATCHES[:3] if a.quick else WAVE_BATCHES):
-        try:
-            row = bench_kernel_shape(bsz, 131072, KERNEL_VARIANTS[:1], hq=32, kvh=8, splits=WAVE_SPLITS,
-                                     quick=a.quick)
-        except Exception:  # noqa: BLE001
-            row = {"batch": bsz, "context": 131072, "error": traceback.format_exc()}
-            log(row["error"])
-            free()
+        row = shape_or_error(bsz, 131072, lambda: bench_kernel_shape(bsz, 131072, KERNEL_VARIANTS[:1], hq=32, kvh=8,
+                                                                     splits=WAVE_SPLITS, quick=a.quick))
         result["waves"].append(row)
         save()
     result["seconds"] = time.time() - t_start
