@@ -14,6 +14,8 @@ bench/report.py.
 Outputs, keyed by model id:
   bench/calib/<model_id>.npz                 calibration (automatic when missing and a
                                              configuration needs it)
+  bench/calib/<model_id>.keytables.npz       the key tables format version 3 serves
+                                             (sim_models.KeyTables; with the calibration)
   bench/results/accuracy/<model_id>.json     every (configuration, window) run
   bench/results/accuracy/<model_id>_pareto.png
   docs/ACCURACY.md                           the model's generated table
@@ -80,7 +82,8 @@ def run(args) -> int:
     elif args.calibrate or not cpath.exists() or not st.calibration_complete(cpath):
         t0 = time.perf_counter()
         st.calibrate(cpath)
-        print(f"calibration written to {cpath} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"calibration written to {cpath}, key tables to {st.tables_path()} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
         if args.calibrate_only:
             return 0
     else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim_models import FormatParams, decode_float, encode
+from sim_models.keytables import LOG2_S_MAX, qaware_log2_scales
 from sim_models.signs import sign_mask
 
 
@@ -117,28 +118,24 @@ def key_scales(reparam: dict | None, calib: dict) -> np.ndarray | None:
         np.put_along_axis(s, top, float(reparam["gain"]), axis=-1)
         return s
     if reparam["kind"] == "qaware":
-        hq, h = calib["q_energy"].shape[1], mu.shape[1]
-        b = calib["q_energy"].reshape(mu.shape[0], h, hq // h, -1).mean(axis=2)
-        a = np.maximum(calib["k_energy"], 1e-12)
-        e = 0.25 * np.log2(np.maximum(b, 1e-12) / a)
-        e = np.clip(np.round(e - e.mean(axis=-1, keepdims=True)), -4, 4)
-        return np.exp2(e).astype(np.float32)
+        e = qaware_log2_scales(calib["k_energy"], calib["q_energy"])
+        return np.exp2(e.astype(np.float64)).astype(np.float32)
     raise ValueError(f"unknown reparam kind {reparam['kind']!r}")
 
 
-#: Largest |log2| of a calibrated key scale.
-KEY_SCALE_LOG2_MAX = 4
+#: Largest |log2| of a calibrated key scale (the format's calibration rule).
+KEY_SCALE_LOG2_MAX = LOG2_S_MAX
 
 
 def calibrated_key_scales(kind: str, calib: dict) -> np.ndarray:
     """Per-channel key scales s, float16 [L, H, D], for sim_models.scale_keys (keys stored
     as k * s, queries q / s).
 
-    ``qaware-*``: s_i ~ (E q_i^2 / E (k_i - mu_i)^2)^(1/4) (minimises E (q . dk)^2 for a
-    rotation-isotropic key error dk; queries averaged over the kv head's query heads);
-    ``keyonly-*``: s_i ~ (E (k_i - mu_i)^2)^(-1/2) (equal key channel RMS, the query
-    ignored). ``-pow2``: rounded to powers of two (exact scaling); ``-fp16``: fp16 values.
-    Normalized to geometric mean 1 per (layer, kv head), |log2 s| <= KEY_SCALE_LOG2_MAX.
+    ``qaware-*``: s_i ~ (E q_i^2 / E (k_i - mu_i)^2)^(1/4), the format's rule
+    (:func:`sim_models.keytables.qaware_log2_scales`); ``keyonly-*``: s_i ~ (E (k_i -
+    mu_i)^2)^(-1/2) (equal key channel RMS, the query ignored). ``-pow2``: rounded to powers
+    of two (exact scaling); ``-fp16``: fp16 values. Normalized to geometric mean 1 per
+    (layer, kv head), |log2 s| <= KEY_SCALE_LOG2_MAX.
 
     Raises:
         ValueError: unknown kind.
@@ -146,13 +143,10 @@ def calibrated_key_scales(kind: str, calib: dict) -> np.ndarray:
     rule, _, rnd = kind.partition("-")
     if rule not in ("qaware", "keyonly") or rnd not in ("pow2", "fp16"):
         raise ValueError(f"key_scale must be qaware-pow2, qaware-fp16 or keyonly-pow2, got {kind!r}")
-    a = np.maximum(calib["k_energy"], 1e-12)
     if rule == "qaware":
-        h = a.shape[1]
-        b = calib["q_energy"].reshape(a.shape[0], h, -1, a.shape[2]).mean(axis=2)
-        e = 0.25 * np.log2(np.maximum(b, 1e-12) / a)
-    else:
-        e = -0.5 * np.log2(a)
+        e = qaware_log2_scales(calib["k_energy"], calib["q_energy"], rounded=rnd == "pow2")
+        return np.exp2(e.astype(np.float64)).astype(np.float16)
+    e = -0.5 * np.log2(np.maximum(calib["k_energy"], 1e-12))
     e = e - e.mean(axis=-1, keepdims=True)
     if rnd == "pow2":
         e = np.round(e)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim_models import KeyTables
+
 from .attention import ATTN_NAME, ATTN_STRIDE, KVFakeQuant, register
 from .configs import Config, _cfg
 from .kvquant import (SELECT_KEYS, calibrated_key_scales, key_scales,
@@ -292,6 +294,7 @@ class Study:
                                "domain d (c: centered, cq: centered + qaware-pow2 key "
                                "scales); select_loss_<d>: that loss for the default, the "
                                "chosen signs, signs + rotations"))
+        KeyTables.from_calibration(calib, self.src.model_id).save(self.tables_path())
         self.calib = calib
         return calib
 
@@ -321,6 +324,11 @@ class Study:
 
     def calib_path(self) -> Path:
         return CALIB_DIR / f"{self.src.model_id}.npz"
+
+    def tables_path(self) -> Path:
+        """The model's key tables (sim_models.KeyTables: mu and the qaware pow2 key-scale
+        exponents), written with the calibration; what gpu_ref.hf / gpu_ref.generate load."""
+        return CALIB_DIR / f"{self.src.model_id}.keytables.npz"
 
     def results_path(self) -> Path:
         return RESULTS_DIR / f"{self.src.model_id}.json"

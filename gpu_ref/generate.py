@@ -1,7 +1,11 @@
 """Generate with a Hugging Face model whose KV cache is in the packed format (gpu_ref/hf.py).
 
-    python -m gpu_ref.generate --model DIR [--gguf FILE] --policy K3V3+C --calib bench/calib/x.npz \\
+    python -m gpu_ref.generate --model DIR [--gguf FILE] --tables bench/calib/x.keytables.npz \\
         --prompt "..." --max-new-tokens 128
+
+The default policy is format version 3's (``v3`` = ``K3V3+C+S4+KS2``, docs/FORMAT.md 8): it needs
+the model's key tables, written once per model by ``python bench/accuracy.py --model M --calibrate
+--calibrate-only``. ``--policy K3V3`` (version 2, no tables) runs without them.
 
 Loads the model (a local directory, or a GGUF file inside it; offline), switches its attention to
 ``fwht_kv``, generates greedily while streaming the text, and prints the decode tokens/s and the
@@ -16,16 +20,14 @@ import os
 import sys
 import time
 
-import numpy as np
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpu_ref.generate", description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="model directory (transformers format, or holding --gguf)")
     ap.add_argument("--gguf", help="GGUF file name inside --model")
-    ap.add_argument("--policy", default="K3V3", help="cache policy spec (gpu_ref.hf.parse_policy), e.g. K3V3+C")
-    ap.add_argument("--calib", help=".npz with 'mu' [layers, kv_heads, head_dim] (needed for +C), "
-                                    "optional 'key_scales'")
+    ap.add_argument("--policy", default="v3", help="cache policy spec (gpu_ref.hf.parse_policy), e.g. v3, K3V3")
+    ap.add_argument("--tables", help="the model's key tables (sim_models.KeyTables .npz; needed for +C / +KS2)")
     ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -41,13 +43,23 @@ def main(argv=None) -> int:
         ap.error(f"--model must be a model directory, got {a.model!r}")
     if a.gguf and not os.path.isfile(os.path.join(a.model, a.gguf)):
         ap.error(f"--gguf {a.gguf!r} is not a file in --model {a.model!r}")
-    if a.calib and not os.path.isfile(a.calib):
-        ap.error(f"--calib: no such file {a.calib!r}")
+    if a.tables and not os.path.isfile(a.tables):
+        ap.error(f"--tables: no such file {a.tables!r}")
     from gpu_ref.hf import parse_policy
+    from sim_models import KeyTables
     try:
-        parse_policy(a.policy)
+        policy = parse_policy(a.policy)
     except (ValueError, TypeError) as err:
         ap.error(f"--policy {a.policy!r}: {err}")
+    if (policy.center_keys or policy.key_scale) and not a.tables:
+        ap.error(f"--policy {a.policy!r} centers / scales keys: it needs --tables (write them once per model with "
+                 f"'python bench/accuracy.py --model M --calibrate --calibrate-only'), or use --policy K3V3")
+    tables = None
+    if a.tables:
+        try:
+            tables = KeyTables.load(a.tables)
+        except ValueError as err:
+            ap.error(f"--tables: {err}")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -69,10 +81,8 @@ def main(argv=None) -> int:
                                        tokenize=False)
     ids = tok(text, return_tensors="pt", add_special_tokens=not a.chat)["input_ids"].to(device)
     ids = ids.repeat(a.batch, 1)
-    calib = dict(np.load(a.calib)) if a.calib else {}
     cap = ids.shape[1] + a.max_new_tokens
-    cache = hf.PackedCache(model.config, a.policy, a.batch, cap, mu=calib.get("mu"),
-                           key_scales=calib.get("key_scales"), backend=a.backend)
+    cache = hf.PackedCache(model.config, policy, a.batch, cap, tables=tables, backend=a.backend)
     streamer = TextStreamer(tok, skip_prompt=True) if a.batch == 1 else None
     if device == "cuda":
         torch.cuda.synchronize()

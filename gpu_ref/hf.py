@@ -52,7 +52,8 @@ import threading
 
 import numpy as np
 
-from sim_models import CachePolicy, FormatParams, center, decode_float, encode
+from sim_models import CachePolicy, FormatParams, KeyTables, center, decode_float, encode, scale_keys
+from sim_models.policy import POLICY_PRESETS
 
 __all__ = ["ATTN_NAME", "PackedCache", "PackedLayer", "enable", "parse_policy", "policy_spec"]
 
@@ -68,9 +69,12 @@ _SPEC_RE = re.compile(r"^K(\d|16)V(\d|16)$")
 def parse_policy(spec: str, base: FormatParams | None = None) -> CachePolicy:
     """Cache policy from a short spec: ``K<b>V<b>`` then optional ``+`` terms.
 
-    Terms: ``C`` keys centered (needs mu), ``S<n>`` n fp16 sink tokens, ``K<b>@l,l,..`` keys of
-    the listed layers at b bits (``V<b>@..`` for values). ``16`` as a width means unquantized
-    (fp16/bf16). ``fp16`` alone is the unquantized cache. Example: ``K3V3+C+S4+K4@0,1``.
+    Terms: ``C`` keys centered (needs mu), ``S<n>`` n fp16 sink tokens, ``KS2`` power-of-two
+    per-channel key scales (needs key scales), ``K<b>@l,l,..`` keys of the listed layers at b bits
+    (``V<b>@..`` for values). ``16`` as a width means unquantized (fp16/bf16). ``fp16`` alone is
+    the unquantized cache; a preset name (``v2``, ``v3``, ``v3-K4V3``:
+    :data:`sim_models.policy.POLICY_PRESETS`) alone is that policy (``v3`` = ``K3V3+C+S4+KS2``).
+    Example: ``K3V3+C+S4+K4@0,1``.
 
     Args:
         spec: the spec string (case-insensitive).
@@ -85,6 +89,9 @@ def parse_policy(spec: str, base: FormatParams | None = None) -> CachePolicy:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"policy spec must be a non-empty string, got {spec!r}")
     base = base or FormatParams()
+    presets = {name.lower(): name for name in POLICY_PRESETS}
+    if spec.strip().lower() in presets:
+        return parse_policy(policy_spec(CachePolicy.preset(presets[spec.strip().lower()])), base)
     terms = [t.strip().upper() for t in spec.split("+")]
 
     def fmt(bits: str):
@@ -97,10 +104,12 @@ def parse_policy(spec: str, base: FormatParams | None = None) -> CachePolicy:
         if not m:
             raise ValueError(f"policy spec {spec!r}: first term must be K<b>V<b> or fp16, got {terms[0]!r}")
         k, v = fmt(m.group(1)), fmt(m.group(2))
-    sinks, centered, layer_k, layer_v = 0, False, [], []
+    sinks, centered, key_scale, layer_k, layer_v = 0, False, None, [], []
     for t in terms[1:]:
         if t == "C":
             centered = True
+        elif t == "KS2":
+            key_scale = "pow2"
         elif re.fullmatch(r"S\d+", t):
             sinks = int(t[1:])
         elif re.fullmatch(r"[KV](\d|16)@\d+(,\d+)*", t):
@@ -108,9 +117,10 @@ def parse_policy(spec: str, base: FormatParams | None = None) -> CachePolicy:
             dest = layer_k if t[0] == "K" else layer_v
             dest.extend((int(l), fmt(bits)) for l in layers.split(","))
         else:
-            raise ValueError(f"policy spec {spec!r}: unknown term {t!r} (C, S<n>, K<b>@layers, V<b>@layers)")
+            raise ValueError(f"policy spec {spec!r}: unknown term {t!r} (C, S<n>, KS2, K<b>@layers, "
+                             f"V<b>@layers)")
     return CachePolicy(k=k, v=v, sinks=sinks, center_keys=centered, layer_k=tuple(layer_k),
-                       layer_v=tuple(layer_v))
+                       layer_v=tuple(layer_v), key_scale=key_scale)
 
 
 def policy_spec(policy: CachePolicy) -> str:
@@ -119,6 +129,7 @@ def policy_spec(policy: CachePolicy) -> str:
     s = f"K{w(policy.k)}V{w(policy.v)}"
     s += "+C" if policy.center_keys else ""
     s += f"+S{policy.sinks}" if policy.sinks else ""
+    s += "+KS2" if policy.key_scale == "pow2" else ""
     for kind, over in (("K", policy.layer_k), ("V", policy.layer_v)):
         by_w: dict = {}
         for l, f in over:
@@ -448,12 +459,13 @@ class PackedLayer(CacheLayerMixin):
         """Post-RoPE keys ``[B, KVH, T, D]`` -> the write kernel's 16-bit input ``RNE(k*s - mu)``."""
         torch = _torch()
         k = key_states
-        if self.key_scale is not None:
-            k = k.float() * self._ks[None, :, None, :]                 # powers of two: exact
+        fmax = torch.finfo(self.dtype).max
+        if self.key_scale is not None:                                 # RNE(k s), saturating (scale_keys)
+            ks = (k.float() * self._ks[None, :, None, :]).clamp(-fmax, fmax)   # powers of two: exact
+            k = torch.where(torch.isfinite(k), ks, k.float())
         k16 = k.to(self.dtype)
         if self.mu is None:
             return k16
-        fmax = torch.finfo(self.dtype).max
         d = (k16.double() - self._mu[None, :, None, :]).clamp(-fmax, fmax)
         special = ~torch.isfinite(k16)
         return torch.where(special, k16, d.to(self.dtype))
@@ -544,8 +556,11 @@ class PackedCache(Cache):
         policy: :class:`sim_models.CachePolicy` or a spec for :func:`parse_policy`.
         batch_size: sequences B (equal lengths).
         capacity: tokens per sequence (prompt + generated).
-        mu: float ``[layers, KVH, D]`` centering vectors (calibration file ``mu``); required when
-            ``policy.center_keys``.
+        tables: :class:`sim_models.KeyTables` of this model (the calibration command's
+            ``<model_id>.keytables.npz``): mu and the key scales; needed by ``v3`` (centering and
+            ``KS2``). Exclusive with ``mu`` / ``key_scales``.
+        mu: float ``[layers, KVH, D]`` centering vectors; required when ``policy.center_keys``
+            and no ``tables``.
         key_scales: float32 ``[layers, KVH, D]`` per-channel power-of-two key scales, or None.
         backend: ``"cuda"`` (the kernels) or ``"golden"`` (NumPy golden model).
         prefill: ``"exact"`` (multi-token chunks attend to their unquantized K/V) or ``"packed"``
@@ -561,9 +576,25 @@ class PackedCache(Cache):
     """
 
     def __init__(self, config, policy, batch_size: int, capacity: int, mu=None, key_scales=None,
-                 backend: str = "cuda", dtype: str | None = None, prefill: str = "exact"):
+                 backend: str = "cuda", dtype: str | None = None, prefill: str = "exact",
+                 tables: KeyTables | None = None):
+        if tables is not None:
+            if not isinstance(tables, KeyTables):
+                raise TypeError(f"tables must be a sim_models.KeyTables, got {type(tables).__name__}")
+            if mu is not None or key_scales is not None:
+                raise ValueError("pass either tables or mu / key_scales, not both")
+            n_layers, _, kvh, d = _shape(config)
+            if tables.shape != (n_layers, kvh, d):
+                raise ValueError(f"tables of model {tables.model_id!r} have shape {tables.shape} (layers, kv heads, "
+                                 f"head_dim), the model has {(n_layers, kvh, d)}")
         if isinstance(policy, str):
             policy = parse_policy(policy)
+        if tables is not None and isinstance(policy, CachePolicy):   # what the policy reads
+            mu = tables.mu if policy.center_keys else None
+            key_scales = tables.scales() if policy.key_scale else None
+            if policy.key_scale and key_scales is None:
+                raise ValueError(f"policy.key_scale {policy.key_scale!r} needs key scales; the tables of "
+                                 f"{tables.model_id!r} have none (log2_s)")
         if not isinstance(policy, CachePolicy):
             raise TypeError(f"policy must be a CachePolicy or a spec string, got {type(policy).__name__}")
         if backend not in BACKENDS:
@@ -617,10 +648,10 @@ class PackedCache(Cache):
                 _check_cuda_layer(l, kf, vf, policy.sinks)
             m = None
             if policy.center_keys and kf is not None:
-                m = arrays["mu"][l].astype(np.float16).astype(np.float32)
-                if ks is not None:                                  # mu in the scaled domain, as
-                    m = m * ks[l]                                   # bench/accuracy.py: fp16(mu * s)
-                m = m.astype(np.float16).astype(np.float64)
+                m = arrays["mu"][l].astype(np.float16)
+                if ks is not None:                                  # mu in the scaled domain: RN16(mu s)
+                    m = scale_keys(m, ks[l].astype(np.float16), FormatParams(n=d)).view(np.float16)
+                m = m.astype(np.float64)
             s = ks[l] if (ks is not None and kf is not None) else None
             layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
                                       hq, kvh, d, backend))

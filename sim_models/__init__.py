@@ -11,12 +11,13 @@ from .codec import Encoded, Trace, decode, decode_float, encode, encode_trace
 from .fwht import fwht, hadamard
 from .params import FORMAT_VERSION, PRESETS, FormatParams
 from .keyscale import scale_keys
+from .keytables import KeyTables
 from .policy import CachePolicy
 from .signs import sign_mask, sign_mask_int
 from .transform import HeadTransform
 
 __all__ = [
-    "CachePolicy", "HeadTransform", "center", "scale_keys",
+    "CachePolicy", "HeadTransform", "KeyTables", "center", "scale_keys",
     "FLAG_INF", "FLAG_NAN", "FLAG_SAT", "FORMAT_VERSION", "Encoded", "FormatParams", "PRESETS", "Trace",
     "decode", "decode_float", "encode", "encode_trace", "fwht", "hadamard", "sign_mask",
     "sign_mask_int",

@@ -14,10 +14,10 @@ import numpy as np
 
 #: Version of the bit-level format defined by this package (docs/FORMAT.md); the
 #: quantizer of each version is a preset (:data:`PRESETS`).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Format versions whose files ``python -m sim_models decode`` reads (every
 #: field that differs between them is stored in the file's params).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 
 #: Input element types, as (exponent bits, stored mantissa bits, exponent bias).
 INPUT_DTYPES = {
@@ -250,8 +250,9 @@ class FormatParams:
         """The quantizer of preset ``name`` (:data:`PRESETS`), other fields default.
 
         Args:
-            name: ``"v1"`` (format version 1: midtread, scale rounded up) or ``"v2"``
-                (format version 2, the default).
+            name: ``"v1"`` (format version 1: midtread, scale rounded up), ``"v2"``
+                (format version 2) or ``"v3"`` (format version 3, the default: version 2's
+                per-vector quantizer; its key front end is :class:`sim_models.KeyTables`).
             overrides: any field; a quantizer field overrides the preset's value.
 
         Raises:
@@ -271,6 +272,9 @@ PRESETS = {
     "v1": {"mode": "midtread", "scale": "ue5m3", "scale_rule": "max", "scale_round": "up",
            "scale_mult": None},
     "v2": {"mode": "midrise", "scale": "ue5m3", "scale_rule": "max", "scale_round": "nearest",
+           "scale_mult": None},
+    # version 3 keeps version 2's per-vector encoding; it adds the key front end (docs/FORMAT.md 8)
+    "v3": {"mode": "midrise", "scale": "ue5m3", "scale_rule": "max", "scale_round": "nearest",
            "scale_mult": None},
 }
 

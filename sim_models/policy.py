@@ -120,3 +120,26 @@ class CachePolicy:
         if self.key_rot:
             per += (head_dim // 4) * 16 * 2
         return per * n_layers * n_kv_heads
+
+    @classmethod
+    def preset(cls, name: str) -> CachePolicy:
+        """A named policy (:data:`POLICY_PRESETS`; docs/FORMAT.md 8).
+
+        Raises:
+            ValueError: unknown name.
+        """
+        if name not in POLICY_PRESETS:
+            raise ValueError(f"policy preset must be one of {tuple(POLICY_PRESETS)}, got {name!r}")
+        return cls(**POLICY_PRESETS[name])
+
+
+#: Named cache policies. ``v3`` is format version 3's recommended policy (docs/FORMAT.md 8):
+#: the per-vector format at b = 3 for keys and values, key centering, 4 fp16 sink tokens and
+#: query-aware power-of-two key scales, the tables from :class:`sim_models.KeyTables`
+#: (3.150 bits at 2048 tokens); ``v3-K4V3`` its quality tier (4-bit keys, 3.649 bits);
+#: ``v2`` the version-2 deployment without per-model tables.
+POLICY_PRESETS = {
+    "v2": dict(),
+    "v3": dict(sinks=4, center_keys=True, key_scale="pow2"),
+    "v3-K4V3": dict(k=FormatParams(bits=4), sinks=4, center_keys=True, key_scale="pow2"),
+}

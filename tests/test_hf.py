@@ -224,6 +224,32 @@ def test_bf16_model_stores_bf16_and_a_lone_layer_agrees_with_the_cache():
             assert np.array_equal(layer.store.codes["v"][:, :, :6, 0], e.codes), f"layer {i}"
 
 
+def test_v3_policy_with_key_tables_equals_explicit_tables():
+    """PackedCache(policy "v3", tables=KeyTables) stores the bytes of the same policy given mu and
+    key_scales; the tables are checked against the model and the policy."""
+    from sim_models import KeyTables
+    m = tiny()
+    rng = np.random.default_rng(4)
+    t = KeyTables("tiny", (rng.normal(size=(2, 2, 64)) * 0.3).astype(np.float16),
+                  rng.integers(-2, 3, size=(2, 2, 64)).astype(np.int8))
+    ids = torch.tensor(rng.integers(0, 96, (2, 9)))
+    a = hf.PackedCache(m.config, "v3", 2, 16, tables=t, backend="golden")
+    b = hf.PackedCache(m.config, "K3V3+C+S4+KS2", 2, 16, mu=t.mu, key_scales=t.scales(), backend="golden")
+    with torch.no_grad():
+        la, lb = m(ids, past_key_values=a).logits, m(ids, past_key_values=b).logits
+    assert torch.equal(la, lb)
+    for x, y in zip(a.layers, b.layers):
+        assert np.array_equal(x.store.codes["k"], y.store.codes["k"]) and x.store.codes["k"].any()
+    with pytest.raises(ValueError, match="the model has"):
+        hf.PackedCache(m.config, "v3", 2, 16, tables=KeyTables("x", t.mu[:1], t.log2_s[:1]), backend="golden")
+    with pytest.raises(ValueError, match="not both"):
+        hf.PackedCache(m.config, "v3", 2, 16, tables=t, mu=t.mu, backend="golden")
+    with pytest.raises(ValueError, match="log2_s"):
+        hf.PackedCache(m.config, "v3", 2, 16, tables=KeyTables("x", t.mu), backend="golden")
+    with pytest.raises(TypeError, match="KeyTables"):
+        hf.PackedCache(m.config, "v3", 2, 16, tables={"mu": t.mu}, backend="golden")
+
+
 def test_decode_one_token_at_a_time_equals_fake_quant_forward():
     """prefill='packed' (the golden fake-quant forward) == appending and decoding token by token."""
     m = tiny("qwen2")
@@ -366,8 +392,10 @@ def test_decode_step_replays_from_a_cuda_graph(spec):
     (["--model", "/nonexistent"], "--model"),
     (["--model", "{tmp}", "--policy", "K5V3"], "--policy"),
     (["--model", "{tmp}", "--gguf", "missing.gguf"], "--gguf"),
-    (["--model", "{tmp}", "--calib", "/nonexistent.npz"], "--calib"),
+    (["--model", "{tmp}", "--tables", "/nonexistent.npz"], "--tables"),
     (["--model", "{tmp}", "--batch", "0"], "--batch"),
+    (["--model", "{tmp}"], "--tables"),                        # the default policy v3 needs tables
+    (["--model", "{tmp}", "--policy", "K3V3+C"], "--tables"),
 ])
 def test_generate_refuses_bad_arguments_before_loading(argv, word, tmp_path, capsys):
     """python -m gpu_ref.generate: exit 2 with one line naming the option, before any model load."""
