@@ -171,7 +171,8 @@ class FormatParams:
 
     @property
     def quantizer_preset(self) -> str | None:
-        """Name of the :data:`PRESETS` entry whose quantizer fields ``self`` has, or None."""
+        """Name of the first (oldest) :data:`PRESETS` entry whose quantizer fields ``self`` has,
+        or None (``"v2"`` for version 3, which keeps version 2's quantizer)."""
         for name, quantizer in PRESETS.items():
             if all(getattr(self, k) == v for k, v in quantizer.items()):
                 return name
