@@ -71,11 +71,12 @@ sys.path.insert(0, str(REPO))
 
 RESULTS = REPO / "bench" / "results" / "hf_bench.json"
 PLOT = REPO / "bench" / "results" / "hf_bench.png"
-CALIB = REPO / "bench" / "calib" / "smollm2-135m.npz"
+TABLES = REPO / "bench" / "calib" / "smollm2-135m.keytables.npz"   # sim_models.KeyTables
 GEN_TOKENS = 64
 #: accuracy.json configuration -> policy spec
 PPL_CONFIGS = {"midrise-max-near": "K3V3", "midrise-max-near+C+S4": "K3V3+C+S4",
-               "K4V3-midrise-max-near+C+S4": "K4V3+C+S4"}
+               "K4V3-midrise-max-near+C+S4": "K4V3+C+S4", "v2+C+S4+KS2": "v3",
+               "v2-K4V3+C+S4+KS2": "v3-K4V3"}
 SHAPES = {
     "llama-3-8b": dict(family="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
@@ -145,7 +146,7 @@ def _rel(a, ref):
     return float((a.double() - ref).norm() / ref.norm())
 
 
-def run_ppl(model, toks, log, calib_mu):
+def run_ppl(model, toks, log, tables, specs=None):
     """Teacher-forced perplexity through the kernels vs the golden fake-quant forward, and the
     kernels' attention error at every layer on the golden forward's own K/V."""
     import torch
@@ -167,11 +168,12 @@ def run_ppl(model, toks, log, calib_mu):
         out["fp16"] = {"spec": "fp16", "ppl_16bit_cache_forward": ppl_of(model(ids, past_key_values=c).logits),
                        "ppl_cpu_accuracy_json": acc.get("fp16", {}).get("ppl_2048")}
         for name, spec in PPL_CONFIGS.items():
-            mu = calib_mu if "+C" in spec else None
+            if specs and spec not in specs:
+                continue
             # (1) golden fake-quant forward; at every layer the kernels get the same K/V (bytes
             # compared below) and attend with the same queries (errors against float64 recorded)
-            g = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="golden", prefill="packed")
-            side = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="cuda", prefill="packed")
+            g = hf.PackedCache(model.config, spec, 1, n, tables=tables, backend="golden", prefill="packed")
+            side = hf.PackedCache(model.config, spec, 1, n, tables=tables, backend="cuda", prefill="packed")
             errs = []
             for lg, lk in zip(g.layers, side.layers):
                 def update(kk, vv, *a, _orig=lg.update, _k=lk, **kw):
@@ -193,7 +195,7 @@ def run_ppl(model, toks, log, calib_mu):
             # the fp32 accumulation, so its spread is the floor of this comparison
             p_k = {}
             for splits in (None, 2, 4):
-                k = hf.PackedCache(model.config, spec, 1, n, mu=mu, backend="cuda", prefill="packed")
+                k = hf.PackedCache(model.config, spec, 1, n, tables=tables, backend="cuda", prefill="packed")
                 for l in k.layers:
                     l.chunk_splits = splits
                 t0 = time.perf_counter()
@@ -249,15 +251,15 @@ def _bytes_equal(lk, lg, n):
                    for kind in "kv" for pl in ("codes", "scales")))
 
 
-def run_generation(model, prompt, log, calib_mu):
+def run_generation(model, prompt, log, tables, specs=None):
     import torch
     from gpu_ref import hf
     ids = torch.tensor(prompt, device="cuda")[None]
     cap = ids.shape[1] + GEN_TOKENS + 16
     out = {}
-    for spec in ("fp16",) + tuple(PPL_CONFIGS.values()):
+    for spec in ("fp16",) + tuple(v for v in PPL_CONFIGS.values() if not specs or v in specs):
         name = "16bit" if spec == "fp16" else spec
-        c = hf.PackedCache(model.config, spec, 1, cap, mu=calib_mu if "+C" in spec else None, backend="cuda")
+        c = hf.PackedCache(model.config, spec, 1, cap, tables=tables, backend="cuda")
         t0 = time.perf_counter()
         with torch.no_grad():
             g = model.generate(ids, past_key_values=c, max_new_tokens=GEN_TOKENS, min_new_tokens=GEN_TOKENS,
@@ -326,9 +328,10 @@ def step_time(model, spec, batch, ctx, steps, null=False, eager=False):
     ends by declaring the length ctx again (captured too), so every replay does the same work."""
     import torch
     from gpu_ref import hf
+    from sim_models import KeyTables
     L, _, kvh, d = hf._shape(model.config)
-    mu = np.zeros((L, kvh, d), np.float32) if "+C" in spec else None
-    c = hf.PackedCache(model.config, spec, batch, ctx + 64, mu=mu, backend="cuda")
+    tables = KeyTables("timing", np.zeros((L, kvh, d), np.float16), np.zeros((L, kvh, d), np.int8))
+    c = hf.PackedCache(model.config, spec, batch, ctx + 64, tables=tables, backend="cuda")
     ids = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
     r = {}
     with torch.no_grad():
@@ -363,7 +366,8 @@ SMOKE = False
 
 
 def _tiny_model():
-    """--smoke: a 2-layer random Llama of SmolLM2's head shape (fp32), 256 tokens, mu = 0."""
+    """--smoke: a 2-layer random Llama of SmolLM2's head shape (fp32), 256 tokens, tables mu = 0,
+    s = 1."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=512, hidden_size=576, intermediate_size=256, num_hidden_layers=2,
@@ -372,7 +376,8 @@ def _tiny_model():
     m = LlamaForCausalLM(cfg).eval().cuda()
     rng = np.random.default_rng(0)
     toks = {"eval": rng.integers(0, 512, 256), "prompt": rng.integers(0, 512, 20)}
-    return m, toks, np.zeros((2, 3, 64), np.float32)
+    from sim_models import KeyTables
+    return m, toks, KeyTables("tiny", np.zeros((2, 3, 64), np.float16), np.zeros((2, 3, 64), np.int8))
 
 
 def _smoke():
@@ -452,7 +457,7 @@ def run_speed(log, quick=False, rows=None, conc=None, save=lambda: None):
     return rows, conc
 
 
-def device_run(data: Path, out: Path, quick: bool, parts: str):
+def device_run(data: Path, out: Path, quick: bool, parts: str, specs=None):
     import torch
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -464,18 +469,19 @@ def device_run(data: Path, out: Path, quick: bool, parts: str):
         lines.append(s)
         print(s, flush=True)
     from gpu_ref import hf
+    from sim_models import KeyTables
     hf.enable()
     if "q" in parts:
         if SMOKE:                                    # the code path on a 2-layer random model
-            model, toks, mu = _tiny_model()
+            model, toks, tables = _tiny_model()
         else:
             toks = dict(np.load(data / "tokens.npz"))
             model = load_smollm2(data / "SmolLM2-135M-Instruct.Q4_1.gguf")
-            mu = np.load(CALIB)["mu"]
+            tables = KeyTables.load(TABLES, model_id="smollm2-135m")
         hf.enable(model)
-        res["ppl"] = run_ppl(model, toks["eval"], log, mu)
+        res["ppl"] = run_ppl(model, toks["eval"], log, tables, specs)
         out.write_text(json.dumps(res, indent=1))
-        res["generation"] = run_generation(model, toks["prompt"].tolist(), log, mu)
+        res["generation"] = run_generation(model, toks["prompt"].tolist(), log, tables, specs)
         out.write_text(json.dumps(res, indent=1))
         del model
         torch.cuda.empty_cache()
@@ -504,13 +510,14 @@ def floor(gguf: Path, tokens: Path, specs, threads: int = 2):
     ulps). Writes bench/results/hf_floor_cpu.json (one entry per spec and variant, kept across runs)."""
     import torch
     from gpu_ref import hf
+    from sim_models import KeyTables
     torch.set_num_threads(threads)
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
     hf.enable(model)
     ids = torch.tensor(np.load(tokens)["eval"])[None]
-    mu = np.load(CALIB)["mu"]
+    tables = KeyTables.load(TABLES, model_id="smollm2-135m")
     res = json.loads(FLOOR.read_text()) if FLOOR.exists() else {}
     res["meta"] = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
                    "threads": threads, "tokens": int(ids.shape[1])}
@@ -524,8 +531,8 @@ def floor(gguf: Path, tokens: Path, specs, threads: int = 2):
                     o = orig(self, query.half().float() if _q16 else query, scaling)
                     return o * (1 + _eps * torch.randn(o.shape, generator=_g)) if _eps else o
                 hf.PackedLayer.attend_chunk = attend_chunk
-                c = hf.PackedCache(model.config, spec, 1, ids.shape[1], mu=mu if "+C" in spec else None,
-                                   backend="golden", prefill="packed")
+                c = hf.PackedCache(model.config, spec, 1, ids.shape[1], tables=tables, backend="golden",
+                                   prefill="packed")
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     lg = model(ids, past_key_values=c).logits
@@ -653,7 +660,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cmd", choices=("prep", "run", "report", "merge", "floor"))
     ap.add_argument("--gguf", type=Path, help="floor: the SmolLM2 GGUF file")
-    ap.add_argument("--specs", default=",".join(PPL_CONFIGS.values()), help="floor: policy specs")
+    ap.add_argument("--specs", default=",".join(PPL_CONFIGS.values()), help="floor, run: policy specs (run: a subset of PPL_CONFIGS)")
     ap.add_argument("inputs", nargs="*", type=Path, help="merge: result files, later ones win per key")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--data", type=Path)
@@ -666,7 +673,8 @@ def main(argv=None):
     elif a.cmd == "run":
         if a.smoke:
             _smoke()
-        device_run(a.data, a.out or RESULTS, a.quick, a.parts)
+        device_run(a.data, a.out or RESULTS, a.quick, a.parts,
+                   a.specs.split(",") if a.specs != ap.get_default("specs") else None)
     elif a.cmd == "floor":
         floor(a.gguf, a.data / "tokens.npz", a.specs.split(","))
     elif a.cmd == "merge":
