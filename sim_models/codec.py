@@ -193,7 +193,8 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
         other (always, for real data).
 
     Raises:
-        TypeError, ValueError: wrong dtype or shape of a plane; asym without zeros.
+        TypeError, ValueError: wrong dtype or shape of a plane; asym without zeros; zeros
+            given for another mode.
     """
     p = _check_params(p)
     t = _check_transform(t, p)
@@ -201,6 +202,9 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
     c = unpack_codes(_check_plane("codes", codes, None, p.code_bytes), p.n, p.bits,
                      p.mode != "asym")
     s = _check_plane("scales", scales, lead, p.n_blocks)
+    if zeros is not None and p.mode != "asym":
+        raise ValueError(f"zeros is a plane of mode 'asym' only, got mode={p.mode!r} (a zero-point "
+                         f"plane here would be ignored)")
     z = None if zeros is None else _check_plane("zeros", zeros, lead, p.n_blocks)
     yhat = dequantize(c, s, p, z)
     if t is not None and t.rot is not None:

@@ -613,3 +613,12 @@ def test_cli_decode_refuses_malformed_params(tmp_path, capsys):
     np.save(tmp_path / "s.npy", np.float16(1.0))
     assert main(["encode", str(tmp_path / "s.npy"), str(tmp_path / "e.npz")]) == 2
     assert "shape [..., N]" in capsys.readouterr().err
+
+
+def test_decode_refuses_a_zero_point_plane_outside_asym():
+    """A zeros plane for a mode without zero points would be ignored: refused, naming zeros."""
+    p = FormatParams(n=64)
+    e = sm.encode(np.zeros((2, 64), np.float16), p)
+    with pytest.raises(ValueError, match="zeros"):
+        sm.decode(e.codes, e.scales, p, np.zeros((2, p.n_blocks), np.uint8))
+    assert sm.decode(e.codes, e.scales, p).shape == (2, 64)
