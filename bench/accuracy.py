@@ -128,7 +128,22 @@ def main(argv=None) -> int:
                          "bench/results/accuracy/v3_pareto.png from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    return run(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    from bench.windows import EVAL_CHARS
+    if not 1 <= args.windows <= len(EVAL_CHARS):
+        ap.error(f"--windows must be in 1..{len(EVAL_CHARS)}, got {args.windows}")
+    if args.context < 64:
+        ap.error(f"--context must be >= 64 tokens, got {args.context}")
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.calibrate_only and not args.calibrate:
+        ap.error("--calibrate-only needs --calibrate")
+    if args.only:
+        try:
+            by_name(args.only.split(","))
+        except ValueError as err:
+            ap.error(f"--only: {err}")
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -169,3 +169,16 @@ def test_passkey_prompt_places_the_needle():
     text = "".join(chr(i) for i in ids[1:])
     assert text.endswith(passkey.QUESTION + " 12345") and a == len(ids) - 6
     assert abs(text.index("The pass key is 12345") / len(text) - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("argv, word", [(["--windows", "0"], "--windows"), (["--windows", "5"], "--windows"),
+                                        (["--context", "8"], "--context"), (["--threads", "0"], "--threads"),
+                                        (["--calibrate-only"], "--calibrate"), (["--only", "nope"], "--only")])
+def test_accuracy_cli_refuses_bad_arguments_before_loading(argv, word, capsys):
+    """bench/accuracy.py: exit 2 naming the option, before any model is loaded."""
+    from bench.accuracy import main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err
