@@ -574,6 +574,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", action="store_true",
                     help="overwrite --out instead of merging (by config name) into it")
     a = ap.parse_args(argv)
+    if not 0 < a.freq <= 1000:
+        ap.error(f"--freq must be in (0, 1000] MHz, got {a.freq}")
+    if a.timeout < 1:
+        ap.error(f"--timeout must be >= 1 s, got {a.timeout}")
+    if a.configs is not None and not a.configs.strip(" ,"):
+        ap.error(f"--configs must name at least one configuration, got {a.configs!r}")
     if a.configs:
         plan = [(s.strip(), True) for s in a.configs.split(",") if s.strip()]
     else:

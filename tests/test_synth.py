@@ -156,3 +156,14 @@ def test_critical_path():
     assert (cp["logic_ns"], cp["routing_ns"]) == (1.25, 1.75)
     assert cp["cells"] == ["ff_a", "lut_x", "ff_b"]
     assert synth.critical_path({}) is None
+
+
+@pytest.mark.parametrize("argv, word", [(["--freq", "-5"], "--freq"), (["--freq", "0"], "--freq"),
+                                        (["--timeout", "0"], "--timeout"), (["--configs", ","], "--configs")])
+def test_synth_cli_refuses_bad_arguments(argv, word, tmp_path, capsys):
+    """python -m rtl_gen.synth: exit 2 naming the option, before any tool runs or a record is written."""
+    out = tmp_path / "s.json"
+    with pytest.raises(SystemExit) as stop:
+        synth.main(argv + ["--out", str(out), "--build", str(tmp_path / "b")])
+    assert stop.value.code == 2 and not out.exists()
+    assert word in capsys.readouterr().err
