@@ -277,10 +277,11 @@ class _CudaStore:
     @classmethod
     def _stream(cls):
         import cupy
-        ptr = _torch().cuda.current_stream().cuda_stream
-        s = cls._streams.get(ptr)
-        if s is None:
-            s = cls._streams[ptr] = cupy.cuda.ExternalStream(ptr)
+        cur = _torch().cuda.current_stream()
+        key = (cur.cuda_stream, cur.device.index)
+        s = cls._streams.get(key)
+        if s is None:                           # CuPy wants the stream's device (deprecation otherwise)
+            s = cls._streams[key] = cupy.cuda.ExternalStream(cur.cuda_stream, cur.device.index)
         return s
 
     @staticmethod
