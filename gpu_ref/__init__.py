@@ -69,10 +69,10 @@ from ._build import SUPPORTED_QUANTIZER
 from .cache import KVCache
 from .decode import (DECODE_TUNE, DecodePlan, Workspace, decode_attention, decode_supported, plan, run)
 from .decode import kernel_params as decode_kernel_params
-from .encode import ENCODE_TUNE, EncodedGPU, center_scale_keys, encode_kv, launch_encode
+from .encode import ENCODE_TUNE, EncodedGPU, KeyFront, encode_kv, key_front, key_table, launch_encode
 
 __all__ = [
     "EncodedGPU", "KVCache", "DecodePlan", "Workspace", "plan", "run", "decode_attention", "decode_supported",
-    "encode_kv", "center_scale_keys", "decode_kernel_params", "SUPPORTED_QUANTIZER", "DECODE_TUNE",
+    "encode_kv", "KeyFront", "key_table", "key_front", "decode_kernel_params", "SUPPORTED_QUANTIZER", "DECODE_TUNE",
     "ENCODE_TUNE", "launch_encode",
 ]
