@@ -8,7 +8,9 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
   included) and every :class:`sim_models.FormatParams` the golden model accepts whose quantizer is in
   :data:`SUPPORTED_QUANTIZER`: mode ``midtread`` or ``midrise`` x scale rounding ``up`` or
   ``nearest`` (scale ``ue5m3``, rule ``max``, multiplier 256), i.e. the version-1 quantizer
-  (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones.
+  (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones. Keys may pass through the
+  cache policy's key front end on the way (per-channel power-of-two scales, centering; fp16), applied
+  in registers by the same kernel (:func:`key_table`, :func:`key_front` for rows that are not encoded).
 * :func:`plan` / :func:`run` (and the one-call :func:`decode_attention`) -- fused single-token
   decode attention (``kv_decode_attn.cu``)
   straight from the packed cache: q is rotated inside the kernel (``q~ = H D q``), logits and

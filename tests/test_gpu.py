@@ -6,7 +6,9 @@ Skips cleanly without CuPy or without a CUDA device (CI has neither); runs on th
   default shape (shared test-vector sets, every fp16 bit pattern, special values, exact threshold
   and scale-midpoint ties, odd row counts) and on smaller sets of other parameter choices (bf16,
   N, G, b, M, no sign flip), for each implemented quantizer: mode midtread|midrise x scale rounding
-  up|nearest (version 1 = midtread/up, version 2 = midrise/nearest; fields set explicitly);
+  up|nearest (version 1 = midtread/up, version 2 = midrise/nearest; fields set explicitly); with the
+  key front end folded in (key scales, centering, both), on corner inputs (overflow, subnormal results,
+  exact cancellation, signed zeros, NaN/inf, every fp16 pattern) against center(scale_keys(...));
 * decode attention: relative error <= 1e-3 vs a float64 reference over the golden-dequantized
   cache (and, for the policy tests below, no worse than torch SDPA bf16's own error vs float64) (sim_models.decode_float: c * scale mid-tread, (2c+1) * scale / 2 mid-rise) for many shapes,
   lengths and GQA ratios, version-1 and version-2 caches; the quantization
