@@ -32,10 +32,17 @@ default plan and (``--baseline old=DIR,NAME=DIR``) previous kv_decode_attn.cu so
 (``old``: the round-7 kernel, workspace merge), SDPA bf16; then workspace vs cluster merge where the
 planner picks the cluster.
 
+``--only write`` (file gpu_bench_write.json, issues 10 and 12): the write kernel alone, 16M vectors of
+N=128: the version-1 and version-2 quantizers in fp16 and bf16, b = 3 and 4, the key front end folded in
+(key scales, centering, both; 8 kv heads), each checked bit-exact on 65536 mixed vectors first; with
+``--baseline DIR`` (a folder holding a previous kv_encode.cu, kv_common.cuh and encode.py) the previous
+kernel on the same inputs in the same run, and for the key front end its separate elementwise pass
+(encode.py's ``_CENTER_SRC``) followed by the previous kernel.
+
 ``--only waves`` (file gpu_bench_waves.json): decode K3/V3 GQA 32/8 at 128K, batches 32..64 (pairs of
 (sequence, kv head) around the CTA slots), the planner's split count against fixed ones.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel|waves] [--baseline NAME=DIR]
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel|waves] [--baseline NAME=DIR|DIR]
 """
 
 from __future__ import annotations
@@ -821,6 +828,131 @@ def run_kernel(a, result, save, t_start):
     log(f"total {result['seconds']:.0f} s")
 
 
+def write_inputs(nvec, dtype, heads=8):
+    """Random normal fp16/bf16 bit patterns [nvec / heads, heads, 128] (standard normal keys)."""
+    x = cp.empty((nvec, 128), cp.uint16)
+    step = 1 << 21
+    for i in range(0, nvec, step):
+        v = cp.random.standard_normal((min(step, nvec - i), 128), dtype=cp.float32)
+        x[i:i + step] = v.astype(cp.float16).view(cp.uint16) if dtype == "fp16" else \
+            (v.view(cp.uint32) >> 16).astype(cp.uint16)
+    return x.reshape(nvec // heads, heads, 128)
+
+
+def write_key_tables(heads=8, n=128, seed=0):
+    """Key scales 2^-2..2^2 and centering vectors ~ N(0, 0.5) per (kv head, channel), NumPy float16."""
+    rng = np.random.default_rng(seed)
+    return ((rng.standard_normal((heads, n)) * 0.5).astype(np.float16),
+            np.exp2(rng.integers(-2, 3, (heads, n))).astype(np.float16))
+
+
+class BaselineWrite:
+    """A previous write kernel (positional arguments: x, codes, scales, flags, rows, nvec) and its separate
+    key pass (an ElementwiseKernel from the previous encode.py's _CENTER_PRE / _CENTER_SRC), from ``folder``."""
+
+    def __init__(self, folder):
+        import re
+        self.folder, self.kernels = folder, {}
+        src = open(os.path.join(folder, "encode.py"), encoding="utf-8").read()
+        pre, body = (re.search(name + r' = r"""(.*?)"""', src, re.S).group(1) for name in ("_CENTER_PRE", "_CENTER_SRC"))
+        self.center = cp.ElementwiseKernel("uint16 x, float32 s, float32 mu", "uint16 y", body, "kv_center_old",
+                                           preamble=pre)
+
+    def launch(self, bits, p, codes, scales, flags):
+        from gpu_ref import _build
+        targs, smem, lpt, minb = gpu_ref.encode.encode_cfg(p)
+        k = self.kernels.get(targs)
+        if k is None:  # compiled once, outside any graph capture (the first call is the warm-up)
+            with kernel_source(self.folder):
+                k = self.kernels[targs] = _build.kernel("encode", targs[:-1], smem)   # no KEYF argument
+        nvec = bits.size // p.n
+        grid = int(min((nvec + 127) // 128, minb * cp.cuda.Device().attributes["MultiProcessorCount"]))
+        k((grid,), (128,), (bits, codes, scales, flags, np.uint64(0), np.int64(nvec)), shared_mem=smem)
+
+
+def run_write(a, result, save, t_start):
+    """--only write (module docstring)."""
+    copy_gbs = result["copy"]["GBps"]
+    base = BaselineWrite(a.baseline) if a.baseline else None
+    result["baseline"] = a.baseline
+    nvec, heads = 1 << 24, 8
+    mu16, s16 = write_key_tables(heads)
+    v1, v2 = qparams("midtread", "up"), qparams("midrise", "nearest")
+    cases = [("v2 fp16", v2, 0), ("v2 bf16", qparams("midrise", "nearest", dtype="bf16"), 0),
+             ("v1 fp16", v1, 0), ("v1 bf16", qparams("midtread", "up", dtype="bf16"), 0),
+             ("v2 fp16 b=4", qparams("midrise", "nearest", bits=4), 0),
+             ("v2 fp16 +scale", v2, 1), ("v2 fp16 +center", v2, 2), ("v2 fp16 +scale+center", v2, 3),
+             ("v2 fp16 again", v2, 0)]
+    rows = []
+    for label, p, keyf in cases:
+        t0 = time.time()
+        try:
+            key = None if keyf == 0 else gpu_ref.key_table(128, mu16 if keyf & 2 else None, s16 if keyf & 1 else None)
+            # bit-exactness of this variant on 65536 mixed vectors (golden key policy for keyf)
+            bits = mixed_bits(128, 65536, seed=23, dtype=p.dtype).reshape(-1, heads, 128)
+            gin = bits
+            if keyf:
+                from sim_models import center, scale_keys
+                gin = scale_keys(bits, s16, p) if keyf & 1 else bits
+                if keyf & 2:
+                    gin = center(gin, scale_keys(mu16, s16, p).view(np.float16) if keyf & 1 else mu16, p)
+            g = encode(gin, p)
+            e = gpu_ref.encode_kv(cp.asarray(bits), p, key=key)
+            exact = bool(np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
+                         and np.array_equal(g.flags, cp.asnumpy(e.flags)))
+            x = write_inputs(nvec, p.dtype, heads)
+            codes, scales = cp.empty((nvec, p.code_bytes), cp.uint8), cp.empty((nvec, p.n_blocks), cp.uint8)
+            flags = cp.empty((nvec,), cp.uint8)
+            byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
+            impls = [("new", lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, key=key))]
+            if base is not None and not label.endswith("again"):
+                if keyf:
+                    s32 = cp.asarray(s16.astype(np.float32)) if keyf & 1 else None
+                    m32 = None
+                    if keyf & 2:
+                        from sim_models import scale_keys
+                        m32 = cp.asarray((scale_keys(mu16, s16, p).view(np.float16) if keyf & 1 else mu16).astype(np.float32))
+                    s32 = s32 if s32 is not None else cp.ones((heads, 128), cp.float32)
+                    m32 = m32 if m32 is not None else cp.zeros((heads, 128), cp.float32)
+                    y = cp.empty_like(x)
+
+                    def old(x=x, y=y, s32=s32, m32=m32):
+                        base.center(x, s32, m32, y)
+                        base.launch(y, p, codes, scales, flags)
+                    impls.append(("old: separate pass + kernel", old))
+                    impls.append(("old: separate pass alone", lambda x=x, y=y, s32=s32, m32=m32: base.center(x, s32, m32, y)))
+                else:
+                    impls.append(("old", lambda: base.launch(x, p, codes, scales, flags)))
+            for name, fn in impls:
+                fn()
+                ms, times, how = graph_time([on_torch_stream(fn)], reps=9, inner=3)
+                r = {"label": label, "impl": name, "mode": p.mode, "scale_round": p.scale_round, "dtype": p.dtype,
+                     "bits": p.bits, "keyf": keyf, "kv_heads": heads, "vectors": nvec, "bytes": byts, "ms": ms,
+                     "GBps": byts / (ms * 1e-3) / 1e9, "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / copy_gbs,
+                     "bit_exact_65536": exact if name == "new" else None, "timing": how, "all_ms": times,
+                     "gpu_state_after": gpu_state()}
+                rows.append(r)
+                log(f"write {label} [{name}]: {ms:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy"
+                    + (f", bit-exact {exact}" if name == "new" else "") + f" [{time.time() - t0:.1f}s]")
+            del x, codes, scales, flags
+            free()
+        except Exception:  # noqa: BLE001
+            rows.append({"label": label, "error": traceback.format_exc()})
+            log(rows[-1]["error"])
+            free()
+        result["write"] = rows
+        save()
+    result["seconds"] = time.time() - t_start
+    save()
+    log("\n| write 16M x N=128 | impl | ms | GB/s | % copy | bit-exact |")
+    log("|---|---|---|---|---|---|")
+    for r in rows:
+        if "ms" in r:
+            log(f"| {r['label']} | {r['impl']} | {r['ms']:.3f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | "
+                f"{r['bit_exact_65536']} |")
+    log(f"total {result['seconds']:.0f} s")
+
+
 WAVE_BATCHES = (32, 33, 35, 40, 48, 64)   # GQA 32/8 at 128K: (sequence, kv head) pairs around the CTA slots
 WAVE_SPLITS = (None, 1, 2, 3, 4, 8, 16)
 
@@ -851,7 +983,7 @@ def main():
     ap.add_argument("--baseline", default=None, help="--only kernel: NAME=DIR[,NAME=DIR], folders with previous "
                     "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = the round-7 kernel")
     ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves"), default="all",
-                    help="write: copy ceilings, encode check and the write-kernel timings only (no decode); "
+                    help="write: the write kernel alone (gpu_bench_write.json); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -862,7 +994,8 @@ def main():
     log(f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cupy {cp.__version__}")
 
     fname = {"versions": "gpu_bench_v2.json", "policy": "gpu_bench_policy.json",
-             "kernel": "gpu_bench_kernel.json", "waves": "gpu_bench_waves.json"}.get(a.only, "gpu_bench.json")
+             "kernel": "gpu_bench_kernel.json", "waves": "gpu_bench_waves.json",
+             "write": "gpu_bench_write.json"}.get(a.only, "gpu_bench.json")
 
     def save():
         with open(os.path.join(a.out, fname), "w") as f:
@@ -883,13 +1016,15 @@ def main():
     if a.only == "waves":
         run_waves(a, result, save, t_start)
         return
+    if a.only == "write":
+        run_write(a, result, save, t_start)
+        return
     if a.only == "versions":
         result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}
         run_versions(a, result, save, t_start)
         return
     if not a.skip_checks:
-        checks = (("encode_check", check_encode),) if a.only == "write" else \
-            (("encode_check", check_encode), ("decode_check", check_decode))
+        checks = (("encode_check", check_encode), ("decode_check", check_decode))
         for name, fn in checks:
             t0 = time.time()
             try:
@@ -910,11 +1045,6 @@ def main():
         log(result["write"]["error"])
     result["write_gpu_state"] = gpu_state()
     save()
-    if a.only == "write":
-        result["seconds"] = time.time() - t_start
-        save()
-        log(f"total {result['seconds']:.0f} s")
-        return
 
     # tuning sweep on the headline shape
     try:

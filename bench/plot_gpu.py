@@ -12,6 +12,10 @@ A decode-kernel file (gpu_bench_kernel*.json, ``gpu_bench.py --only kernel``) gi
 name (K3/V3 decode time per shape for each implementation in the run and SDPA bf16; speed-ups) and prints
 a Markdown table.
 
+A write-kernel file (gpu_bench_write.json, ``gpu_bench.py --only write``) gives
+bench/results/gpu_bench_write.png (write time per variant, current kernel next to the previous source
+and, for the key front end, the previous separate pass + kernel; % of the copy bandwidth).
+
 A cache-policy file (gpu_bench_policy.json, ``gpu_bench.py --only policy``) gives
 bench/results/gpu_bench_policy.png (speed-up over SDPA bf16 per bits setting, GQA 64/8; cost of sinks
 and paging relative to the plain kernel) and prints the README's Markdown table.
@@ -230,12 +234,49 @@ def plot_kernel(r, dst):
     print(kernel_table(r))
 
 
+def plot_write(r, dst):
+    """gpu_bench_write.json -> bars per write variant: current kernel vs the previous source (same run)."""
+    rows = [w for w in r.get("write", []) if "ms" in w]
+    labels = list(dict.fromkeys(w["label"] for w in rows))
+    impls = list(dict.fromkeys(w["impl"] for w in rows))
+    cols = {"new": "tab:orange", "old": "tab:blue", "old: separate pass + kernel": "tab:gray",
+            "old: separate pass alone": "tab:olive"}
+    fig, ax = plt.subplots(figsize=(12, 4.8))
+    wdt = 0.8 / max(len(impls), 1)
+    for k, im in enumerate(impls):
+        for i, lab in enumerate(labels):
+            sel = [w for w in rows if w["label"] == lab and w["impl"] == im]
+            if sel:
+                w = sel[0]
+                b = ax.bar(i + (k - (len(impls) - 1) / 2) * wdt, w["ms"], wdt, color=cols.get(im, "k"),
+                           label=im if i == next(j for j, lb in enumerate(labels)
+                                                 if any(x["label"] == lb and x["impl"] == im for x in rows)) else None)
+                ax.text(b[0].get_x() + wdt / 2, w["ms"], f"{w['ms']:.2f}\n{w['pct_copy']:.0f}%", ha="center",
+                        va="bottom", fontsize=6)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (median), 16M vectors N=128 (log)")
+    copy = r.get("copy", {}).get("GBps", float("nan"))
+    ax.set_title(f"write kernel, {r.get('device', '')}; labels: ms and % of the copy bandwidth ({copy:.0f} GB/s)",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(f"wrote {dst}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     src = argv[0] if argv else os.path.join(HERE, "results", "gpu_bench.json")
     dst = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "gpu_bench.png")
     with open(src) as f:
         r = json.load(f)
+    if r.get("write") and isinstance(r["write"], list) and "impl" in r["write"][0]:
+        if len(argv) < 2:
+            dst = os.path.splitext(src)[0] + ".png"
+        plot_write(r, dst)
+        return
     if r.get("decode") and "impl" in (r["decode"][0].get("rows") or [{}])[0]:
         if len(argv) < 2:
             dst = os.path.splitext(src)[0] + ".png"

@@ -8,7 +8,9 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
   included) and every :class:`sim_models.FormatParams` the golden model accepts whose quantizer is in
   :data:`SUPPORTED_QUANTIZER`: mode ``midtread`` or ``midrise`` x scale rounding ``up`` or
   ``nearest`` (scale ``ue5m3``, rule ``max``, multiplier 256), i.e. the version-1 quantizer
-  (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones.
+  (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones. Keys may pass through the
+  cache policy's key front end on the way (per-channel power-of-two scales, centering; fp16), applied
+  in registers by the same kernel (:func:`key_table`, :func:`key_front` for rows that are not encoded).
 * :func:`plan` / :func:`run` (and the one-call :func:`decode_attention`) -- fused single-token
   decode attention (``kv_decode_attn.cu``)
   straight from the packed cache: q is rotated inside the kernel (``q~ = H D q``), logits and
@@ -69,10 +71,10 @@ from ._build import SUPPORTED_QUANTIZER
 from .cache import KVCache
 from .decode import (DECODE_TUNE, DecodePlan, Workspace, decode_attention, decode_supported, plan, run)
 from .decode import kernel_params as decode_kernel_params
-from .encode import ENCODE_TUNE, EncodedGPU, center_scale_keys, encode_kv, launch_encode
+from .encode import ENCODE_TUNE, EncodedGPU, KeyFront, encode_kv, key_front, key_table, launch_encode
 
 __all__ = [
     "EncodedGPU", "KVCache", "DecodePlan", "Workspace", "plan", "run", "decode_attention", "decode_supported",
-    "encode_kv", "center_scale_keys", "decode_kernel_params", "SUPPORTED_QUANTIZER", "DECODE_TUNE",
+    "encode_kv", "KeyFront", "key_table", "key_front", "decode_kernel_params", "SUPPORTED_QUANTIZER", "DECODE_TUNE",
     "ENCODE_TUNE", "launch_encode",
 ]

@@ -9,13 +9,16 @@ the source text) sees header changes too.
 from __future__ import annotations
 
 import os
+import re
 import threading
+
+import numpy as np
 
 from sim_models.params import FormatParams, check_supported
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = {"encode": ("kv_encode.cu", "kv_encode"), "decode": ("kv_decode_attn.cu", "kv_decode_attn"),
-            "decode_cl": ("kv_decode_attn.cu", "kv_decode_attn_cl")}
+_SOURCES = {"encode": ("kv_encode.cu", "kv_encode"), "key_front": ("kv_encode.cu", "kv_key_front"),
+            "decode": ("kv_decode_attn.cu", "kv_decode_attn"), "decode_cl": ("kv_decode_attn.cu", "kv_decode_attn_cl")}
 _lock = threading.Lock()
 _kernels: dict = {}
 
@@ -53,8 +56,45 @@ def checked_params(params) -> FormatParams:
     return check_supported(params, SUPPORTED_QUANTIZER, "gpu_ref CUDA kernels")
 
 
+def struct_fields(name: str) -> tuple:
+    """Member names of ``struct name`` in kv_common.cuh, in order (every member 8 bytes: a pointer or a
+    long long, so the layout needs no padding rules)."""
+    with open(os.path.join(HERE, "kv_common.cuh"), encoding="utf-8") as f:
+        body = re.search(r"struct " + name + r" \{(.*?)\};", f.read(), re.S)
+    if body is None:
+        raise RuntimeError(f"struct {name} not found in kv_common.cuh")
+    members = re.findall(r"^\s*(?:const\s+)?[\w ]+?\*?\s*(\w+);", body.group(1), re.M)
+    return tuple(members)
+
+
+#: Members of ``KvEncodeArgs`` (the write kernel's argument struct), read from kv_common.cuh.
+ENCODE_ARGS = struct_fields("KvEncodeArgs")
+
+
+def kernel_struct(fields: tuple, **values) -> np.ndarray:
+    """A kernel argument passed by value as a struct of 8-byte members ``fields`` (CuPy passes a
+    one-element NumPy array of a structured dtype as the struct's bytes): cupy arrays become their
+    device pointers, None a null pointer, ints 64-bit integers.
+
+    Raises:
+        ValueError: a member missing from ``values``, or a name that is not a member.
+    """
+    if set(values) != set(fields):
+        raise ValueError(f"struct members {sorted(fields)} expected, got {sorted(values)}")
+    dt = np.dtype({"names": list(fields), "formats": [np.uint64] * len(fields),
+                   "offsets": [8 * i for i in range(len(fields))], "itemsize": 8 * len(fields)})
+    out = np.zeros(1, dtype=dt)
+    for k, v in values.items():
+        if v is None:
+            v = 0
+        elif hasattr(v, "data") and hasattr(v.data, "ptr"):
+            v = v.data.ptr
+        out[k] = np.uint64(v) if v >= 0 else np.int64(v).view(np.uint64)
+    return out
+
+
 def kernel(kind: str, targs: tuple, smem: int):
-    """Compiled RawKernel ``kind`` ("encode" / "decode" / "decode_cl") for one template instantiation (strings),
+    """Compiled RawKernel ``kind`` ("encode" / "key_front" / "decode" / "decode_cl") for one template instantiation (strings),
     cached per process and device; raises the dynamic shared-memory limit when ``smem`` > 48 KB."""
     cp = cupy()
     key = (kind, targs, cp.cuda.Device().id)

@@ -16,7 +16,7 @@ from sim_models.params import FormatParams
 
 from . import decode as _dec
 from ._build import check_cupy_array, cupy
-from .encode import as_bits, center_scale_keys, launch_encode
+from .encode import as_bits, key_front, key_table, launch_encode
 
 
 def _check_pos(name, v, lo=1):
@@ -110,14 +110,11 @@ class KVCache:
         if self.sinks:
             self.k_sink = cp.zeros((self.batch, self.kv_heads, self.sinks, n), cp.uint16)
             self.v_sink = cp.zeros((self.batch, self.kv_heads, self.sinks, n), cp.uint16)
-        self._mu = self._s = None
         self.q_scale = None
         if s is not None:
-            self._s = cp.asarray(s.astype(np.float32))
             self.q_scale = cp.asarray((1.0 / s).astype(np.float32))
-        if mu16 is not None:
-            sc = s if s is not None else 1.0
-            self._mu = cp.asarray((mu16.astype(np.float32) * sc).astype(np.float16).astype(np.float32))
+        # the key front end, applied by the write kernel (and to sink rows by key_front)
+        self._key = key_table(n, mu16, None if s is None else s.astype(np.float16), cp)
         self._host_table = np.full((self.batch, self.max_pages), -1, np.int64)
         self._free = list(range(npool - 1, -1, -1)) if page_size is not None else None
         self.block_table = None
@@ -166,8 +163,6 @@ class KVCache:
             raise ValueError(f"appending {t} tokens exceeds the capacity {self.capacity}")
         if t == 0:
             return
-        if self._mu is not None or self._s is not None:
-            kb = center_scale_keys(kb, self._mu, self._s)
         s = self.sinks
         pos = self.host_lengths[:, None] + np.arange(t)[None, :]           # [B, T] token positions
         bi, ti = np.nonzero(pos >= s)                                        # packed tokens
@@ -179,14 +174,16 @@ class KVCache:
                                      np.tile(hh, bi.size))
             sel_b, sel_t = cp.asarray(bi), cp.asarray(ti)
             rows_d = cp.asarray(rows.astype(np.int64))
-            for bits, p, codes, scales, flags in ((kb, kp, self.k_codes, self.k_scales, self.k_flags),
-                                                  (vb, vp, self.v_codes, self.v_scales, self.v_flags)):
+            for bits, p, codes, scales, flags, key in (
+                    (kb, kp, self.k_codes, self.k_scales, self.k_flags, self._key),
+                    (vb, vp, self.v_codes, self.v_scales, self.v_flags, None)):
                 src = bits if bi.size == self.batch * t else bits[sel_b, sel_t]
-                launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp)
+                launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp, key=key)
         sb, st = np.nonzero(pos < s)                                         # sink tokens
         if sb.size:
             ib, it, ip = cp.asarray(sb), cp.asarray(st), cp.asarray(pos[sb, st])
-            self.k_sink[ib, :, ip] = kb[ib, it]
+            ks = kb[ib, it]
+            self.k_sink[ib, :, ip] = ks if self._key is None else key_front(ks, self._key, cp)
             self.v_sink[ib, :, ip] = vb[ib, it]
         self.host_lengths += t
         self.lengths = cp.asarray(self.host_lengths, dtype=cp.int32)

@@ -2,8 +2,11 @@
 
 Bit-exact with :func:`sim_models.encode` for every input and every :class:`sim_models.FormatParams`
 the golden model accepts whose quantizer is in :data:`gpu_ref.SUPPORTED_QUANTIZER`.
-Also: :func:`center_scale_keys`, the key-side cache policy (per-channel power-of-two key scales,
-then centering), one fused elementwise pass in front of the write kernel.
+The key side of the cache policy (per-channel power-of-two key scales s, then centering by mu) runs
+inside the write kernel, in registers (:class:`KeyFront`, built by :func:`key_table`): keys are encoded
+as ``RNE16(sat(RN16(k s)) - mu')`` with ``mu' = scale_keys(mu, s)``, the golden rule of
+:func:`sim_models.center` after :func:`sim_models.scale_keys`. :func:`key_front` applies the same rule
+(same device code) to rows that are not encoded (fp16 sink tokens).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 from sim_models.params import FormatParams
 
-from ._build import MODE_ID, ROUND_ID, check_cupy_array, checked_params, cupy, kernel
+from ._build import ENCODE_ARGS, MODE_ID, ROUND_ID, check_cupy_array, checked_params, cupy, kernel, kernel_struct
 
 
 @dataclass
@@ -39,7 +42,50 @@ class EncodedGPU:
 ENCODE_TUNE = {"lptm": 128, "minb": 3}
 
 
-def encode_cfg(p: FormatParams, tune=None):
+@dataclass(frozen=True)
+class KeyFront:
+    """Key front end of the write kernel (kv_encode.cu, template KEYF).
+
+    Attributes:
+        table: cupy uint32 ``[chunks, heads, 4]``: 16-byte entries holding the fp16x2 words of s and/or
+            mu' for the lane pairs of one chunk of one kv head (layout in kv_encode.cu).
+        heads: kv heads (table rows); input vector v uses head ``v % heads``.
+        keyf: 1 key scales, 2 centering, 3 both.
+    """
+
+    table: object
+    heads: int
+    keyf: int
+
+
+def key_table(n: int, mu16=None, s16=None, cp=None) -> KeyFront | None:
+    """:class:`KeyFront` for fp16 keys of head dimension ``n``, or None when neither is given.
+
+    Args:
+        n: head dimension N.
+        mu16: NumPy float16 ``[KVH, N]`` centering vectors (unscaled: the table holds
+            ``sim_models.scale_keys(mu, s)``, saturating, as the golden policy forms it), or None.
+        s16: NumPy float16 ``[KVH, N]`` per-channel key scales (powers of two), or None.
+        cp: the cupy module (default: imported).
+    """
+    from sim_models import scale_keys
+    if mu16 is None and s16 is None:
+        return None
+    cp = cp or cupy()
+    p = FormatParams(n=n, block=min(64, n))
+    words = []
+    if s16 is not None:
+        words.append(np.ascontiguousarray(s16, np.float16).view(np.uint32))            # [KVH, N/2]
+    if mu16 is not None:
+        m = mu16 if s16 is None else scale_keys(np.ascontiguousarray(mu16, np.float16), s16, p).view(np.float16)
+        words.append(np.ascontiguousarray(m, np.float16).view(np.uint32))
+    heads = words[0].shape[0]
+    w = np.stack(words, axis=-1).reshape(heads, -1, 4)                                  # [KVH, chunks, 4]
+    keyf = (1 if s16 is not None else 0) | (2 if mu16 is not None else 0)
+    return KeyFront(table=cp.asarray(np.ascontiguousarray(w.transpose(1, 0, 2))), heads=heads, keyf=keyf)
+
+
+def encode_cfg(p: FormatParams, tune=None, keyf: int = 0):
     """(template arguments, dynamic shared memory bytes, lanes per thread, CTAs per SM)."""
     t = dict(ENCODE_TUNE, **(tune or {}))
     lpt = max(min(p.n, int(t["lptm"])), p.n // 32)  # at most 32 threads (one warp) per vector
@@ -48,7 +94,7 @@ def encode_cfg(p: FormatParams, tune=None):
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
              f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])),
-             str(MODE_ID[p.mode]), str(ROUND_ID[p.scale_round]))
+             str(MODE_ID[p.mode]), str(ROUND_ID[p.scale_round]), str(int(keyf)))
     return targs, 2 * 128 * (lpt * 2 + 16), lpt, int(t["minb"])
 
 
@@ -66,23 +112,46 @@ def as_bits(x, p: FormatParams, cp, name: str = "x"):
     return x
 
 
-def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None):
+def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFront | None = None):
     """Encode ``bits`` (uint16 [V, N] contiguous) into rows ``rows`` (int64 [V] or None: row v) of the
-    planes ``codes``/``scales``/``flags`` (any shapes whose rows are the last axes)."""
+    planes ``codes``/``scales``/``flags`` (any shapes whose rows are the last axes); ``key``: the key
+    front end (vector v uses kv head ``v % key.heads``; fp16 only, V < 2^32)."""
     nvec = bits.size // p.n
     if nvec == 0:
         return
-    targs, smem, lpt, minb = encode_cfg(p, tune)
+    if key is not None and (p.dtype != "fp16" or nvec >= 1 << 32):
+        raise ValueError(f"the key front end needs dtype fp16 and < 2^32 vectors, got {p.dtype!r}, {nvec}")
+    targs, smem, lpt, minb = encode_cfg(p, tune, key.keyf if key is not None else 0)
     k = kernel("encode", targs, smem)
     vpb = 128 // (p.n // lpt)
     ntiles = (nvec + vpb - 1) // vpb
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     grid = int(min(ntiles, minb * sms))
-    rows_arg = rows if rows is not None else np.uint64(0)
-    k((grid,), (128,), (bits, codes, scales, flags, rows_arg, np.int64(nvec)), shared_mem=smem)
+    args = kernel_struct(ENCODE_ARGS, x=bits, codes=codes, scales=scales, flags=flags, out_rows=rows,
+                         key_tab=None if key is None else key.table, nvec=nvec,
+                         key_heads=1 if key is None else key.heads)
+    k((grid,), (128,), (args,), shared_mem=smem)
 
 
-def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
+def key_front(bits, key: KeyFront, cp=None):
+    """The key front end alone (the write kernel's rule, same device code) on fp16 rows that are not
+    encoded (sink tokens): uint16 ``[..., KVH, N]`` -> uint16, same shape."""
+    cp = cp or cupy()
+    bits = cp.ascontiguousarray(bits)
+    if bits.ndim < 2 or bits.shape[-2] != key.heads:
+        raise ValueError(f"rows must be [..., KVH={key.heads}, N], got {list(bits.shape)}")
+    n = bits.shape[-1]
+    out = cp.empty_like(bits)
+    nwords = bits.size // 2
+    if nwords:
+        k = kernel("key_front", (str(n), str(key.keyf)), 0)
+        grid = int(min((nwords + 255) // 256, 4096))
+        k((grid,), (256,), (bits.view(cp.uint32), out.view(cp.uint32), key.table, np.int64(nwords),
+                            np.int64(key.heads)))
+    return out
+
+
+def encode_kv(x, params: FormatParams | None = None, key: KeyFront | None = None) -> EncodedGPU:
     """Encode K or V head vectors on the GPU (write path), bit-exact with :func:`sim_models.encode`.
 
     Args:
@@ -93,6 +162,8 @@ def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
             dtype and seed the golden model accepts, with the quantizer in
             :data:`gpu_ref.SUPPORTED_QUANTIZER`; other modes/encodings/rules raise ValueError
             naming the field.
+        key: optional key front end (:func:`key_table`; fp16): ``x`` is ``[..., KVH, N]`` keys, encoded
+            as :func:`sim_models.center` of :func:`sim_models.scale_keys` of them.
 
     Returns:
         :class:`EncodedGPU`: ``codes`` uint8 ``[..., N*b/8]``, ``scales`` uint8 ``[..., N/G]``,
@@ -111,62 +182,7 @@ def encode_kv(x, params: FormatParams | None = None) -> EncodedGPU:
     codes = cp.empty((*lead, p.code_bytes), dtype=cp.uint8)
     scales = cp.empty((*lead, p.n_blocks), dtype=cp.uint8)
     flags = cp.empty(lead, dtype=cp.uint8)
-    launch_encode(bits, p, codes, scales, flags, None, cp)
+    if key is not None and (bits.ndim < 2 or bits.shape[-2] != key.heads):
+        raise ValueError(f"with a key front end x must be [..., KVH={key.heads}, N], got {list(bits.shape)}")
+    launch_encode(bits, p, codes, scales, flags, None, cp, key=key)
     return EncodedGPU(codes=codes, scales=scales, flags=flags)
-
-
-_CENTER_PRE = r"""
-__device__ __forceinline__ float kvc_h2f(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short kvc_f2h(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-"""
-_CENTER_SRC = r"""
-unsigned short hb = x;
-float f = kvc_h2f(hb);
-unsigned short out = hb;                         // NaN / inf lanes pass unchanged
-if (isfinite(f)) {
-  unsigned short th = kvc_f2h(f * s);             // RN16(k * s): exact unless over/underflow
-  float t = kvc_h2f(th);
-  if (!isfinite(t)) {
-    out = th;                                     // overflow -> +-inf, passed on
-  } else {
-    float d = t - mu;                             // fp32 difference of two fp16 values, then one
-    unsigned short r = kvc_f2h(d);                // more rounding: innocuous (24 >= 2 * 11 + 2)
-    if ((r & 0x7FFFu) == 0x7C00u) r = (r & 0x8000u) | 0x7BFFu;  // saturate, as round_to_input_type
-    out = r;
-  }
-}
-y = out;
-"""
-_center_kernel = None
-
-
-def center_scale_keys(k, mu=None, key_scale=None):
-    """Key-side cache policy in one fused pass: ``RNE(RN16(k * s) - RN16(mu * s))`` per lane.
-
-    Matches the golden rule (:func:`sim_models.center.center` applied to ``RN16(k * s)`` with
-    ``mu' = RN16(mu * s)``, as bench/accuracy.py forms it); ``s`` = 1 and/or ``mu`` = 0 when not
-    given. NaN/inf lanes pass unchanged (an overflow of ``k * s`` becomes inf); results beyond fp16
-    max saturate. fp16 only.
-
-    Args:
-        k: cupy float16/uint16 ``[..., KVH, N]``.
-        mu: cupy float32 ``[KVH, N]`` holding ``RN16(mu * s)`` (fp16 values), or None.
-        key_scale: cupy float32 ``[KVH, N]`` powers of two, or None.
-
-    Returns:
-        cupy uint16 ``k.shape``.
-    """
-    global _center_kernel
-    cp = cupy()
-    if _center_kernel is None:
-        _center_kernel = cp.ElementwiseKernel("uint16 x, float32 s, float32 mu", "uint16 y", _CENTER_SRC,
-                                              "kv_center_scale_keys", preamble=_CENTER_PRE)
-    kb = k.view(cp.uint16) if k.dtype == cp.float16 else k
-    shp = kb.shape[-2:]
-    s = key_scale if key_scale is not None else cp.ones(shp, cp.float32)
-    m = mu if mu is not None else cp.zeros(shp, cp.float32)
-    return _center_kernel(kb, s, m)

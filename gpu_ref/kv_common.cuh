@@ -22,6 +22,22 @@ __host__ __device__ constexpr bool kv_sign(kv_u64 seed, int has_sign, int i) {
 }
 __host__ __device__ constexpr int kv_ilog2(int v) { return v <= 1 ? 0 : 1 + kv_ilog2(v >> 1); }
 
+// Arguments of the write kernel kv_encode, passed by value (one struct instead of a positional list).
+// gpu_ref._build.ENCODE_ARGS lists the members in this order; every member is 8 bytes (a pointer or a
+// long long), so the layout is the same for NVRTC, nvcc and the NumPy struct the host builds
+// (_build.kernel_struct; tests/test_gpu_api.py checks the two agree).
+struct KvEncodeArgs {
+  const kv_u16* x;            // [nvec, N] input bit patterns (fp16 or bf16)
+  kv_u8* codes;               // code plane rows of N*b/8 bytes
+  kv_u8* scales;              // scale plane rows of N/G bytes
+  kv_u8* flags;               // one byte per row
+  const long long* out_rows;  // output row of input vector v (nullptr: row v)
+  const kv_u32* key_tab;      // key front-end table (KEYF != 0), see kv_encode.cu
+  long long nvec;             // input vectors
+  long long key_heads;        // rows of the key table (kv heads); vector v uses row v % key_heads
+};
+static_assert(sizeof(KvEncodeArgs) == 64, "KvEncodeArgs: eight 8-byte members");
+
 namespace kv_common {
 // fp16 bit pattern (low 16 bits of h) -> float, exact
 __device__ __forceinline__ float h2f(kv_u32 h) {

@@ -2,7 +2,8 @@
 //
 // Bit-exact with the golden model sim_models.encode (sim_models/codec.py): the same integer
 // pipeline, evaluated with exact arithmetic:
-//   special values (NaN -> +0, +-inf -> +-max finite)  -> sign flip D (SplitMix64 mask)
+//   [keys, KEYF != 0: the key front end of the cache policy, x' = RNE16(RN16(x s) - mu'), see below]
+//   -> special values (NaN -> +0, +-inf -> +-max finite)  -> sign flip D (SplitMix64 mask)
 //   -> block floating point (one shared exponent, M-bit mantissas, round half away from zero)
 //   -> unnormalized Sylvester FWHT (log2 N butterfly stages)
 //   -> per block of G lanes a ue5m3 scale byte for K*scale ~ max|y|*2^u (K = 2^(b-1)-1 mid-tread,
@@ -28,6 +29,21 @@
 // A persistent grid of 128-thread blocks double-buffers 128*LPT input lanes per tile in
 // shared memory with cp.async (coalesced 16-byte copies).
 //
+// Key front end (template KEYF: bit 0 per-channel key scales s, bit 1 centering; fp16 keys only): the
+// golden rule center(scale_keys(x, s), mu') with mu' = scale_keys(mu, s) (sim_models/keyscale.py,
+// sim_models/center.py), i.e. per lane x' = RNE16(sat(RN16(x s)) - mu'), saturated at +-max, NaN/inf
+// lanes of x passed unchanged (the encoder then flags them). In registers, before everything else:
+// one fp16x2 multiply and one fp16x2 subtract per pair of lanes (IEEE round to nearest even, subnormals
+// kept: the same two roundings as the golden model, which rounds the exact float64 result once each
+// time). An infinite intermediate (overflow) or a NaN/inf input shows up in the special-value test that
+// follows; that rare branch re-derives the pair from the raw input with the saturating rule
+// (key_front_pair), so one definition serves both paths and the sink rows (kv_key_front).
+// Table (built by gpu_ref.encode.key_table): 16-byte entries tab[c * key_heads + h] holding, for words
+// (lane pairs) c*WPC .. c*WPC+WPC-1 of kv head h, the fp16x2 words of s and/or mu' (s, mu' interleaved
+// when both: WPC = 2; WPC = 4 with one of them), so the 32 vectors of a warp (consecutive kv heads)
+// read one contiguous run per load.
+//
+// Arguments: one KvEncodeArgs struct (kv_common.cuh).
 // Shared definitions: kv_common.cuh (NVRTC gets -I of this folder).
 
 #include "kv_common.cuh"
@@ -54,6 +70,16 @@ __device__ __forceinline__ float h2f_half(kv_u32 w, int hi) {
 __device__ __forceinline__ kv_u32 max_u16x2(kv_u32 a, kv_u32 b) {
   kv_u32 d;
   asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ kv_u32 max_s16x2(kv_u32 a, kv_u32 b) {
+  kv_u32 d;
+  asm("max.s16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ kv_u32 relu_max_s16x2(kv_u32 a) {  // each signed half, negative -> 0
+  kv_u32 d;
+  asm("max.relu.s16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(0u));
   return d;
 }
 // Two packed bf16 values times 2^64, exact, as bf16 patterns (exponent fields <= 190). Normal
@@ -130,24 +156,101 @@ __device__ __forceinline__ int scale_nearest(int sup, int amax, int u) {
   return (c >= 1 && c <= 254 && below) ? c : min(sup, 255);
 }
 
+// Mid-rise scale byte (K = 2^(b-1), a power of two) from fp32 bit patterns, for the fast quantizer:
+// r = max|y| 2^u / K = am 2^(u-b+1) is exact (am integer < 2^21, a power-of-two factor) when it stays a
+// normal float (always for fp16: u in [-24, 5]; the caller checks bf16). ue5m3 bytes s >= 8 are the
+// floats (1 + m/8) 2^(e-7), whose bit patterns are (s << 20) + 0x3C000000 (increasing in s), so the
+// smallest s >= 8 with scale(s) >= r is ceil((bits(r) - 0x3C000000) / 2^20); bytes 1..8 are s 2^-9, so
+// for r <= 2^-6 it is max(1, ceil(r 2^9)) (one FMA rounding up on the 2^23 binade). `sup` > 255: no byte
+// reaches r (FLAG_SAT). Nearest (scale_nearest's argument): sup - 1 when its midpoint mid(c) = scale(c)
+// + half a mantissa unit exceeds r -- bits (c << 20) + 0x3C080000 for c >= 8, (2c + 1) 2^-10 below.
+template <int BITS, int RND>
+__device__ __forceinline__ int scale_mr_f32(float am, int u, bool& sat) {
+  const float r = am * exp2i(u - (BITS - 1));
+  const int rb = __float_as_int(r);
+  const int sn = (rb - 0x3C000000 + 0xFFFFF) >> 20;
+  const int cs = max(__float_as_int(__fmaf_ru(r, 512.0f, 8388608.0f)) - 0x4B000000, 1);
+  const int sup = rb <= 0x3C800000 ? cs : sn;
+  sat = sup > 255;
+  if (!RND) return min(sup, 255);
+  const int c = sup - 1;
+  const float mid = c >= 8 ? __int_as_float((c << 20) + 0x3C080000) : (float)(2 * c + 1) * 0.0009765625f;
+  return (c >= 1 && c <= 254 && mid > r) ? c : min(sup, 255);
+}
+
 template <bool B>
 struct bconst { static constexpr bool value = B; };
+
+// fp16x2 arithmetic with IEEE round to nearest even and subnormals kept (explicit PTX: no .ftz, and an
+// explicit rounding mode is never contracted into an FMA)
+__device__ __forceinline__ kv_u32 hmul2_rn(kv_u32 a, kv_u32 b) {
+  kv_u32 d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ kv_u32 hsub2_rn(kv_u32 a, kv_u32 b) {
+  kv_u32 d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// each signed 16-bit half of v clamped to [0, hi] (hi < 2^15): one VIMNMX.S16x2.RELU
+__device__ __forceinline__ kv_u32 relu_min_s16x2(kv_u32 v, kv_u32 hi) {
+  kv_u32 d;
+  asm("min.relu.s16x2 %0, %1, %2;" : "=r"(d) : "r"(v), "r"(hi));
+  return d;
+}
+// key front end on a pair of fp16 lanes (module comment): fast form, exact whenever neither the input
+// nor the result has an inf/NaN half
+template <int KEYF>
+__device__ __forceinline__ kv_u32 key_front_fast(kv_u32 w, kv_u32 s2, kv_u32 m2) {
+  if (KEYF & 1) w = hmul2_rn(w, s2);
+  if (KEYF & 2) w = hsub2_rn(w, m2);
+  return w;
+}
+// the full rule on a pair: NaN/inf input lanes unchanged, infinite intermediates saturated to +-max
+template <int KEYF>
+__device__ __noinline__ kv_u32 key_front_pair(kv_u32 x, kv_u32 s2, kv_u32 m2) {
+  auto sat = [](kv_u32 h) { return (h & 0x7FFFu) == 0x7C00u ? (h & 0x8000u) | 0x7BFFu : h; };
+  kv_u32 r = 0;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    kv_u32 h = (x >> (16 * hh)) & 0xFFFFu;
+    if ((h & 0x7C00u) != 0x7C00u) {
+      if (KEYF & 1) h = sat(hmul2_rn(h, (s2 >> (16 * hh)) & 0xFFFFu) & 0xFFFFu);
+      if (KEYF & 2) h = sat(hsub2_rn(h, (m2 >> (16 * hh)) & 0xFFFFu) & 0xFFFFu);
+    }
+    r |= h << (16 * hh);
+  }
+  return r;
+}
+// table words (s2, m2) of word k (lanes 2k, 2k+1) from one 16-byte entry t holding words k - k % WPC ..
+template <int KEYF>
+__device__ __forceinline__ void key_words(const uint4& t, int j, kv_u32& s2, kv_u32& m2) {
+  constexpr int E = KEYF == 3 ? 2 : 1;
+  const kv_u32 tt[4] = {t.x, t.y, t.z, t.w};
+  s2 = (KEYF & 1) ? tt[E * j] : 0u;
+  m2 = (KEYF & 2) ? tt[E * j + E - 1] : 0u;
+}
 
 template <typename T>
 __device__ __forceinline__ T shfl_xor_t(T v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 
 }  // namespace kv_enc
 
-// x:      [nvec, N] uint16 input bit patterns (fp16 when DT == 0, bf16 when DT == 1)
-// codes:  code plane rows of N*BITS/8 bytes; scales: rows of N/G bytes; flags: one byte per row
-// rows:   output row of input vector v is out_rows[v] when out_rows != nullptr, else v
+// a:      KvEncodeArgs (kv_common.cuh): input rows, the three planes, optional output rows and key table
 // MODE:   0 mid-tread, 1 mid-rise;  RND: scale rounding, 0 up, 1 nearest (ties up)
+// KEYF:   key front end, bit 0 per-channel key scales, bit 1 centering (fp16 only; 0: none)
 template <int N, int G, int BITS, int M, int DT, kv_u64 SEED, int HAS_SIGN, int LPTM = 128, int MINB = 2,
-          int MODE = 0, int RND = 0>
+          int MODE = 0, int RND = 0, int KEYF = 0>
 __global__ void __launch_bounds__(128, MINB)
-kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __restrict__ scales,
-          kv_u8* __restrict__ flags, const long long* __restrict__ out_rows, long long nvec) {
+kv_encode(const KvEncodeArgs a) {
   using namespace kv_enc;
+  const kv_u16* __restrict__ x = a.x;
+  kv_u8* __restrict__ codes = a.codes;
+  kv_u8* __restrict__ scales = a.scales;
+  kv_u8* __restrict__ flags = a.flags;
+  const long long* __restrict__ out_rows = a.out_rows;
+  const long long nvec = a.nvec;
   constexpr int LPT0 = N < LPTM ? N : LPTM;
   constexpr int LPT = LPT0 * 32 < N ? N / 32 : LPT0;  // lanes per thread (<= 32 threads per vector)
   constexpr int TPV = N / LPT;                  // threads per vector
@@ -174,6 +277,8 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
   static_assert(G >= 8 && N % G == 0, "G");
   static_assert(BITS >= 2 && BITS <= 4, "BITS");
   static_assert((MODE == 0 || MODE == 1) && (RND == 0 || RND == 1), "MODE/RND");
+  static_assert(KEYF >= 0 && KEYF <= 3 && (KEYF == 0 || DT == 0), "KEYF: fp16 keys only");
+  constexpr int KWPC = KEYF == 3 ? 2 : 4;      // key-table words (lane pairs) per 16-byte entry
 
   extern __shared__ __align__(16) kv_u8 smem[];
   const int tid = threadIdx.x;
@@ -219,14 +324,49 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     }
     const long long vec = tile * VPB + tid / TPV;
     const int part = tid % TPV;
+    // key table row (vec may pass nvec in the last tile: any row will do); nvec < 2^32 (launch_encode)
+    const uint4* ktab = KEYF ? reinterpret_cast<const uint4*>(a.key_tab) +
+                                   (unsigned)vec % (unsigned)a.key_heads + (part * (LPT / 2) / KWPC) * a.key_heads
+                             : nullptr;
+    if (KEYF) {  // key front end, fast form (module comment); corner cases in the special-value branch
+#pragma unroll
+      for (int c = 0; c < LPT / 2 / KWPC; ++c) {
+        const uint4 t = __ldg(ktab + c * a.key_heads);
+#pragma unroll
+        for (int j = 0; j < KWPC; ++j) {
+          kv_u32 s2, m2;
+          key_words<KEYF>(t, j, s2, m2);
+          w[c * KWPC + j] = key_front_fast<KEYF>(w[c * KWPC + j], s2, m2);
+        }
+      }
+    }
 
     // ---- special values and the shared exponent ------------------------------------------
-    kv_u32 rm2 = 0;
+    // max |pattern| per 16-bit half without masking each word: the unsigned max is 0x8000 + the largest
+    // negative magnitude when a negative lane exists (else the largest positive), the signed max the
+    // largest non-negative pattern when one exists (else negative: relu -> 0); the larger of the two
+    // (sign cleared) is the largest magnitude. Two chains of 3-input VIMNMX3 (2 lanes per instruction).
+    kv_u32 mu2 = w[0], ms2 = w[0];
 #pragma unroll
-    for (int k = 0; k < LPT / 2; ++k) rm2 = max_u16x2(rm2, w[k] & 0x7FFF7FFFu);
+    for (int k = 1; k < LPT / 2; ++k) { mu2 = max_u16x2(mu2, w[k]); ms2 = max_s16x2(ms2, w[k]); }
+    kv_u32 rm2 = max_u16x2(relu_max_s16x2(ms2), mu2 & 0x7FFF7FFFu);
     kv_u32 rmax = max(rm2 & 0xFFFFu, rm2 >> 16);
     kv_u32 flg = 0;
     if (rmax >= (kv_u32)(EMASK << MB)) {  // a NaN or inf among this thread's lanes (rare)
+      if (KEYF) {  // the key front end again from the raw input, with NaN/inf pass-through and saturation
+#pragma unroll
+        for (int c = 0; c < LPT / 2 / KWPC; ++c) {
+          const uint4 t = __ldg(ktab + c * a.key_heads);
+          const uint4 rw = *reinterpret_cast<const uint4*>(row + 16 * (c * KWPC / 4));
+          const kv_u32 raw[4] = {rw.x, rw.y, rw.z, rw.w};
+#pragma unroll
+          for (int j = 0; j < KWPC; ++j) {
+            kv_u32 s2, m2;
+            key_words<KEYF>(t, j, s2, m2);
+            w[c * KWPC + j] = key_front_pair<KEYF>(raw[(c * KWPC + j) % 4], s2, m2);
+          }
+        }
+      }
       rm2 = 0;
 #pragma unroll
       for (int k = 0; k < LPT / 2; ++k) {
@@ -336,18 +476,58 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     }
 
     // ---- FWHT: in-thread stages, then cross-thread stages -----------------------------------
+    // BM (one thread per vector, fp32 butterflies, G <= LPT): the stages commute (exact integer
+    // arithmetic), so they run in the order LPT/2 (when > G/2), .., G, 1, 2, .., G/2, the last one pairing
+    // lanes of one scale block; that stage's max(|a + b|, |a - b|) = |a| + |b| gives the block maximum
+    // as one FADD per pair and a 3-input integer max (VIMNMX3) per two pairs (non-negative floats order
+    // as their bit patterns), instead of one FMNMX per lane after the transform.
+    constexpr bool BM = FASTB && TPV == 1 && G <= LPT && LPT >= 2;
+    constexpr int HS0 = (BM && LPT > G) ? LPT / 2 : 1;  // the first stage (it also removes the CM offset)
+    kv_u32 bmax[BM ? NBT : 1];                           // BM: the bit patterns of the block maxima
     if (FASTB && LPT >= 2) {  // first stage on CM-offset values: (a-CM)+(b-CM) = a+(b-2CM), (a-CM)-(b-CM) = a-b (exact)
 #pragma unroll
-      for (int i = 0; i < LPT; i += 2) {
-        float a = yf[FLT ? i : 0], b = yf[FLT ? i + 1 : 0];
-        yf[FLT ? i : 0] = __fadd_rn(a, __fsub_rn(b, 25165824.0f));
-        yf[FLT ? i + 1 : 0] = __fsub_rn(a, b);
+      for (int i = 0; i < LPT; ++i) {
+        if ((i & HS0) == 0) {
+          float a = yf[FLT ? i : 0], b = yf[FLT ? i + HS0 : 0];
+          yf[FLT ? i : 0] = __fadd_rn(a, __fsub_rn(b, 25165824.0f));
+          yf[FLT ? i + HS0 : 0] = __fsub_rn(a, b);
+        }
       }
     } else if (FASTB) {
       yf[0] = __fsub_rn(yf[0], 12582912.0f);
     }
+    if (BM) {
+      auto bfly = [&](int hs) {
 #pragma unroll
-    for (int hs = (FASTB && LPT >= 2) ? 2 : 1; hs < LPT; hs <<= 1) {
+        for (int i = 0; i < LPT; ++i) {
+          if ((i & hs) == 0) {
+            float a = yf[FLT ? i : 0], b = yf[FLT ? i + hs : 0];
+            yf[FLT ? i : 0] = a + b; yf[FLT ? i + hs : 0] = a - b;
+          }
+        }
+      };
+#pragma unroll
+      for (int hs = LPT / 4; hs >= G; hs >>= 1) bfly(hs);
+#pragma unroll
+      for (int hs = HS0 == 1 ? 2 : 1; hs < G / 2; hs <<= 1) bfly(hs);
+      constexpr int H = G / 2;  // the last stage, with the block maxima
+#pragma unroll
+      for (int bb = 0; bb < (BM ? NBT : 1); ++bb) {
+        kv_u32 m0 = 0, m1 = 0;  // two chains (latency)
+#pragma unroll
+        for (int i = bb * G; i < bb * G + G; ++i) {
+          if ((i & H) == 0) {
+            const float a = yf[FLT ? i : 0], b = yf[FLT ? i + H : 0];
+            yf[FLT ? i : 0] = a + b; yf[FLT ? i + H : 0] = a - b;
+            const kv_u32 t = __float_as_uint(fabsf(a) + fabsf(b));  // exact: integer < 2^24
+            if (i & 1) m1 = max(m1, t); else m0 = max(m0, t);
+          }
+        }
+        bmax[bb] = max(m0, m1);
+      }
+    }
+#pragma unroll
+    for (int hs = (FASTB && LPT >= 2) ? 2 : 1; hs < (BM ? 1 : LPT); hs <<= 1) {
 #pragma unroll
       for (int i = 0; i < LPT; ++i) {
         if ((i & hs) == 0) {
@@ -398,7 +578,11 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
     for (int bb = 0; bb < NBT; ++bb) {
       constexpr int BL = G <= LPT ? G : LPT;
       int amax;
-      if (FLT) {
+      float amf = 0.0f;  // the same as a float (FLT)
+      if (BM) {
+        amf = __uint_as_float(bmax[bb]);
+        amax = (int)amf;
+      } else if (FLT) {
         float t8[8];  // 8 independent chains (latency), then a tree
 #pragma unroll
         for (int k = 0; k < 8; ++k) t8[k] = 0.0f;
@@ -406,6 +590,7 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
         for (int i = 0; i < BL; ++i) t8[i & 7] = fmaxf(t8[i & 7], fabsf(yf[FLT ? bb * BL + i : 0]));
         float am = fmaxf(fmaxf(fmaxf(t8[0], t8[1]), fmaxf(t8[2], t8[3])), fmaxf(fmaxf(t8[4], t8[5]), fmaxf(t8[6], t8[7])));
         amax = (int)am;  // exact: integer < 2^24
+        amf = am;
       } else {
         int am = 0;
 #pragma unroll
@@ -414,10 +599,17 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
       }
 #pragma unroll
       for (int o = 1; o < TPB; o <<= 1) amax = max(amax, shfl_xor_t(amax, o));
-      const double rhs = (double)amax * exp2d(u);  // exact (amax < 2^31)
-      int lo = scale_search<KU>(rhs);
-      if (lo > 255) { flg |= 4u; anysat = true; }  // FLAG_SAT: K*scale(255) < max|y| 2^u (both roundings)
-      lo = RND ? scale_nearest<KU>(lo, amax, u) : min(lo, 255);
+      int lo;
+      if (MR && FASTQ && (DT == 0 || (u >= -100 && u <= 100))) {  // fp32 bit patterns (scale_mr_f32)
+        bool sat;
+        lo = scale_mr_f32<BITS, RND>(TPB > 1 ? (float)amax : amf, u, sat);
+        if (sat) { flg |= 4u; anysat = true; }
+      } else {
+        const double rhs = (double)amax * exp2d(u);  // exact (amax < 2^31)
+        lo = scale_search<KU>(rhs);
+        if (lo > 255) { flg |= 4u; anysat = true; }  // FLAG_SAT: K*scale(255) < max|y| 2^u (both roundings)
+        lo = RND ? scale_nearest<KU>(lo, amax, u) : min(lo, 255);
+      }
       sbyte[bb] = lo;
       int sg, ex;
       scale_sig_exp(lo, sg, ex);
@@ -466,7 +658,21 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
         cw[bit >> 5] += F << s;
         if (s + BITS > 32) cw[(bit >> 5) + 1] += (F & FM) >> (32 - s);
       };
-      if (!MR && !RND && !anysat) {  // version-1 quantizer, no saturated block: no code can clip
+      // mid-rise without a saturated block: |c| < 2^14 (the scale is at least max|y| / (2 K) up to the
+      // ue5m3 grid, subnormal scales included), so the low 16 bits of F, read as a signed integer, are the
+      // field d = c + 2^(b-1) itself (c = -2^(b-1) - 1 gives 0xFFFF = -1); one VIMNMX.S16x2.RELU clamps d
+      // to [0, 2^b - 1] and clears the high half (min with 0), so the field is packed clean (no constant to
+      // subtract) -- instead of two FMNMX per lane on the float.
+      const bool relu = MR && !anysat;
+      if (relu) {
+#pragma unroll
+        for (int i = 0; i < LPT; ++i) {  // add, not or: the fields are disjoint, and a shift-add is one LEA
+          const kv_u32 d = relu_min_s16x2(__float_as_uint(qf(yf[FLT ? i : 0], kq[i / BL])), FM);
+          const int bit = i * BITS, sh = bit & 31;
+          cw[bit >> 5] += d << sh;
+          if (sh + BITS > 32) cw[(bit >> 5) + 1] += d >> (32 - sh);
+        }
+      } else if (!MR && !RND && !anysat) {  // version-1 quantizer, no saturated block: no code can clip
 #pragma unroll
         for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(qf(yf[FLT ? i : 0], kq[i / BL])));
       } else {  // clamp the sum (monotone, so clamping after the rounding equals clipping the code)
@@ -482,7 +688,7 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
           if ((bit >> 5) == k) kc += (__float_as_uint(CMQ) & ~FM) << (bit & 31);
           if (((bit + BITS - 1) >> 5) == k) flip |= 1u << ((bit + BITS - 1) & 31);
         }
-        cw[k] = (cw[k] - kc) ^ flip;
+        cw[k] = (relu ? cw[k] : cw[k] - kc) ^ flip;
       }
     } else
     {
@@ -545,21 +751,49 @@ kv_encode(const kv_u16* __restrict__ x, kv_u8* __restrict__ codes, kv_u8* __rest
   cp_async_wait<0>();
 }
 
+// Key front end alone, for the rows the write kernel does not encode (fp16 sink tokens): y = the rule of
+// key_front_pair on every word of x (rows of N/2 words; row r uses kv head r % key_heads of the table).
+template <int N, int KEYF>
+__global__ void __launch_bounds__(256)
+kv_key_front(const kv_u32* __restrict__ x, kv_u32* __restrict__ y, const kv_u32* __restrict__ key_tab,
+             long long nwords, long long key_heads) {
+  using namespace kv_enc;
+  constexpr int KWPC = KEYF == 3 ? 2 : 4;
+  const uint4* tab = reinterpret_cast<const uint4*>(key_tab);
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < nwords; i += 256ll * gridDim.x) {
+    const long long r = i / (N / 2);
+    const int k = (int)(i % (N / 2));
+    kv_u32 s2, m2;
+    key_words<KEYF>(tab[(k / KWPC) * key_heads + r % key_heads], k % KWPC, s2, m2);
+    y[i] = key_front_pair<KEYF>(x[i], s2, m2);
+  }
+}
+
 #ifndef KV_NVRTC
 // Default instantiations so that `nvcc --ptx kv_encode.cu` emits code (CI compile check).
-template __global__ void kv_encode<128, 64, 3, 12, 0, 0ull, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
-template __global__ void kv_encode<128, 64, 3, 12, 1, 0ull, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
-template __global__ void kv_encode<256, 64, 4, 16, 0, 0ull, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
-template __global__ void kv_encode<4096, 64, 2, 16, 0, 0ull, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
-template __global__ void kv_encode<128, 64, 3, 12, 0, 0ull, 1, 64, 4>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
+#define KV_ENC(...) template __global__ void kv_encode<__VA_ARGS__>(const KvEncodeArgs);
+KV_ENC(128, 64, 3, 12, 0, 0ull, 1)
+KV_ENC(128, 64, 3, 12, 1, 0ull, 1)
+KV_ENC(256, 64, 4, 16, 0, 0ull, 1)
+KV_ENC(4096, 64, 2, 16, 0, 0ull, 0)
+KV_ENC(128, 64, 3, 12, 0, 0ull, 1, 64, 4)
 // every (MODE, RND) on the fast path (default shape, 3 CTAs/SM) and on the threshold paths
-#define KV_ENC_MODES(N_, G_, B_, M_, DT_, LPTM_, MINB_)                                                              \
-  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 0, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long); \
-  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 0, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long); \
-  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 1, 0>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long); \
-  template __global__ void kv_encode<N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 1, 1>(const kv_u16*, kv_u8*, kv_u8*, kv_u8*, const long long*, long long);
+#define KV_ENC_MODES(N_, G_, B_, M_, DT_, LPTM_, MINB_) \
+  KV_ENC(N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 0, 0) KV_ENC(N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 0, 1) \
+  KV_ENC(N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 1, 0) KV_ENC(N_, G_, B_, M_, DT_, 0ull, 1, LPTM_, MINB_, 1, 1)
 KV_ENC_MODES(128, 64, 3, 12, 0, 128, 3)   // fast quantizer (FMA codes)
 KV_ENC_MODES(128, 64, 3, 12, 1, 128, 3)
 KV_ENC_MODES(256, 64, 4, 16, 1, 128, 2)   // fp32 butterflies, threshold compares (bf16)
 KV_ENC_MODES(4096, 64, 2, 16, 0, 128, 2)  // int32 butterflies, threshold compares
+// the key front end (KEYF 1 scales, 2 centering, 3 both) on the cache's key formats (v2 quantizer)
+#define KV_ENC_KEYF(N_, B_)                                                                        \
+  KV_ENC(N_, 64, B_, 12, 0, 0ull, 1, 128, 3, 1, 1, 1) KV_ENC(N_, 64, B_, 12, 0, 0ull, 1, 128, 3, 1, 1, 2) \
+  KV_ENC(N_, 64, B_, 12, 0, 0ull, 1, 128, 3, 1, 1, 3)
+KV_ENC_KEYF(128, 3)
+KV_ENC_KEYF(128, 4)
+KV_ENC_KEYF(64, 3)
+KV_ENC_KEYF(256, 4)
+template __global__ void kv_key_front<128, 1>(const kv_u32*, kv_u32*, const kv_u32*, long long, long long);
+template __global__ void kv_key_front<128, 2>(const kv_u32*, kv_u32*, const kv_u32*, long long, long long);
+template __global__ void kv_key_front<128, 3>(const kv_u32*, kv_u32*, const kv_u32*, long long, long long);
 #endif

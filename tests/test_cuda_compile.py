@@ -66,9 +66,14 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
     if "encode" in src:
         assert "cp.async" in ptx
         args = _template_args(ptx, "kv_encode")
-        # <N, G, BITS, M, DT, SEED, HAS_SIGN, LPTM, MINB, MODE, RND>
-        assert args and all(len(a) == 11 for a in args), args
+        # <N, G, BITS, M, DT, SEED, HAS_SIGN, LPTM, MINB, MODE, RND, KEYF>
+        assert args and all(len(a) == 12 for a in args), args
         for shape in ((128, 64, 3, 12, 0), (128, 64, 3, 12, 1), (256, 64, 4, 16, 1), (4096, 64, 2, 16, 0)):
-            got = {(a[9], a[10]) for a in args if a[:5] == shape}
+            got = {(a[9], a[10]) for a in args if a[:5] == shape and a[11] == 0}
             assert got == {(0, 0), (0, 1), (1, 0), (1, 1)}, f"encode {shape}: (MODE, RND) variants {got}"
+        for shape in ((128, 64, 3, 12, 0), (128, 64, 4, 12, 0), (64, 64, 3, 12, 0), (256, 64, 4, 12, 0)):
+            got = {a[11] for a in args if a[:5] == shape and a[9:11] == (1, 1)}
+            assert {1, 2, 3} <= got, f"encode {shape}: key front-end variants {got}"
+        assert {a[1] for a in _template_args(ptx, "kv_key_front")} == {1, 2, 3}
         assert "fma.rm.f32" in ptx  # mid-rise codes: floor by an FMA rounding toward -inf
+        assert "min.relu.s16x2" in ptx and "mul.rn.f16x2" in ptx and "sub.rn.f16x2" in ptx

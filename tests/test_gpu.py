@@ -6,7 +6,9 @@ Skips cleanly without CuPy or without a CUDA device (CI has neither); runs on th
   default shape (shared test-vector sets, every fp16 bit pattern, special values, exact threshold
   and scale-midpoint ties, odd row counts) and on smaller sets of other parameter choices (bf16,
   N, G, b, M, no sign flip), for each implemented quantizer: mode midtread|midrise x scale rounding
-  up|nearest (version 1 = midtread/up, version 2 = midrise/nearest; fields set explicitly);
+  up|nearest (version 1 = midtread/up, version 2 = midrise/nearest; fields set explicitly); with the
+  key front end folded in (key scales, centering, both), on corner inputs (overflow, subnormal results,
+  exact cancellation, signed zeros, NaN/inf, every fp16 pattern) against center(scale_keys(...));
 * decode attention: relative error <= 1e-3 vs a float64 reference over the golden-dequantized
   cache (and, for the policy tests below, no worse than torch SDPA bf16's own error vs float64) (sim_models.decode_float: c * scale mid-tread, (2c+1) * scale / 2 mid-rise) for many shapes,
   lengths and GQA ratios, version-1 and version-2 caches; the quantization
@@ -325,13 +327,70 @@ def _policy_case(bsz, hq, kvh, n, g, lengths, kb=3, vb=3, sinks=0, center=False,
 
 
 def _golden_keys(k16, mu16, s, p):
-    """Golden key policy: sim_models.center(RN16(k * s), RN16(mu * s)) as uint16 bits."""
-    from sim_models.center import center
-    x = k16 if s is None else (k16.astype(np.float32) * s).astype(np.float16)
+    """Golden key policy: sim_models.center(scale_keys(k, s), scale_keys(mu, s)) as uint16 bits."""
+    from sim_models import center, scale_keys
+    s16 = None if s is None else np.asarray(s).astype(np.float16)
+    x = k16.view(np.uint16) if s16 is None else scale_keys(k16, s16, p)
     if mu16 is None:
-        return x.view(np.uint16)
-    mus = mu16 if s is None else (mu16.astype(np.float32) * s).astype(np.float16)
-    return center(x, mus, p)
+        return x
+    return center(x, mu16 if s16 is None else scale_keys(mu16, s16, p).view(np.float16), p)
+
+
+def _key_corner_case(keyf, heads=4, n=128, seed=0):
+    """(keys uint16 [T, KVH, N], mu float16 or None, s float16 or None): every fp16 pattern (in order and
+    shuffled) plus rows built to hit the key front end's corners: k s overflowing (fp16 max and s up to
+    2^14), subnormal and underflowing products (s down to 2^-14), k s - mu' overflowing (mu' of the
+    opposite sign near max), exact cancellation k s == mu' (zero sign), signed zeros, NaN payloads, inf."""
+    rng = np.random.default_rng([seed, keyf])
+    e = rng.integers(-14, 15, (heads, n))
+    e[:, :8] = [-14, 14, 0, 13, -13, 1, -1, 7]
+    s16 = np.exp2(e).astype(np.float16) if keyf & 1 else None
+    mu = None
+    if keyf & 2:
+        mu = (rng.standard_normal((heads, n)) * 2).astype(np.float16)
+        mu[:, 8:16] = np.array([65504, -65504, 6e-8, -6e-8, 0.0, -0.0, 1e-5, 40000], np.float16)
+    allp = np.arange(1 << 16, dtype=np.uint16)
+    rows = [allp.reshape(-1, heads, n), rng.permutation(allp).reshape(-1, heads, n)]
+    m = mu if mu is not None else np.zeros((heads, n), np.float16)
+    sv = s16.astype(np.float64) if s16 is not None else np.ones((heads, n))
+    p = FormatParams(n=n)
+    from sim_models import scale_keys
+    mus = m if s16 is None else scale_keys(m, s16, p).view(np.float16)
+    corner = []
+    for v in (65504.0, -65504.0, 60000.0, 1.0, -1.0, 6e-8, -6e-8, 1e-4, 0.0, -0.0, 3.0):
+        corner.append(np.full((heads, n), v, np.float16))
+    corner.append((mus.astype(np.float64) / sv).astype(np.float16))                  # k s == mu' (exact where
+    corner.append((-mus.astype(np.float64) / sv).astype(np.float16))                 # representable)
+    corner.append((rng.standard_normal((heads, n)) * 30000).astype(np.float16))
+    c = np.stack(corner).view(np.uint16)
+    c[-1, 0, :4] = [0x7C01, 0xFE00, 0x7C00, 0xFC00]                                    # NaN payloads, +-inf
+    rows.append(c)
+    rows.append((rng.standard_normal((64, heads, n)) * np.exp(rng.normal(0, 3, (64, heads, 1)))).astype(np.float16)
+                .view(np.uint16))
+    return np.concatenate(rows), mu, s16
+
+
+@pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
+@pytest.mark.parametrize("keyf", [1, 2, 3], ids=["scale", "center", "scale+center"])
+def test_key_front_end_bitexact_corner_inputs(keyf, quant):
+    """The write kernel with the key front end folded in (KEYF) == golden encode of
+    center(scale_keys(k, s), scale_keys(mu, s)); key_front (sink rows) == the golden transformed bits."""
+    keys, mu, s16 = _key_corner_case(keyf)
+    p = qparams(*quant)
+    gold_bits = _golden_keys(keys.view(np.float16), mu, s16, p)
+    kf = gpu_ref.key_table(p.n, mu, s16)
+    e = gpu_ref.encode_kv(cp.asarray(keys), p, key=kf)
+    g = encode(gold_bits, p)
+    for name, a, b in (("codes", g.codes, e.codes), ("scales", g.scales, e.scales), ("flags", g.flags, e.flags)):
+        b = cp.asnumpy(b)
+        bad = np.flatnonzero((a != b).reshape(len(keys) * keys.shape[1], -1).any(axis=1))
+        assert bad.size == 0, f"{name}: {bad.size} of {a.size} vectors differ, first {bad[0]}"
+    assert (g.flags & FLAG_NAN).any() and (g.flags & FLAG_INF).any()
+    got = cp.asnumpy(gpu_ref.key_front(cp.asarray(keys), kf))
+    assert np.array_equal(got, gold_bits), f"key_front: {(got != gold_bits).sum()} lanes differ"
+    gf = gold_bits.view(np.float16)
+    assert (gf == 0).any() and (np.abs(gf) == np.float16(65504)).any() and \
+        ((gf != 0) & (np.abs(gf) < np.float16(6.2e-5))).any()   # zeros, saturation, subnormal results hit
 
 
 def _packed_planes(cache):

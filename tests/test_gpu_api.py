@@ -352,3 +352,116 @@ def test_plan_refusals_name_the_parameter():
         gpu_ref.KVCache(1, 1, 16, sinks=65)
     with pytest.raises(ValueError, match="page_size"):
         gpu_ref.KVCache(1, 1, 16, page_size=24)
+
+
+# --------------------------------------------------------------------------------------------
+# write kernel: argument struct, mid-rise scale bytes from fp32 bit patterns, key front end
+# --------------------------------------------------------------------------------------------
+def test_encode_args_struct_matches_header():
+    """The host struct (one 8-byte member per field of KvEncodeArgs, read from kv_common.cuh) has the
+    member order and layout the kernel expects; values become pointers / null / 64-bit ints."""
+    from gpu_ref._build import ENCODE_ARGS, kernel_struct
+    assert ENCODE_ARGS == ("x", "codes", "scales", "flags", "out_rows", "key_tab", "nvec", "key_heads")
+
+    class FakeArray:
+        class data:  # noqa: N801 - mimics cupy's MemoryPointer
+            ptr = 0x7F0012345600
+    s = kernel_struct(ENCODE_ARGS, x=FakeArray(), codes=None, scales=3, flags=4, out_rows=None, key_tab=None,
+                      nvec=2**40 + 5, key_heads=-1)
+    assert s.dtype.itemsize == 64 and [s.dtype.fields[f][1] for f in ENCODE_ARGS] == list(range(0, 64, 8))
+    w = np.frombuffer(s.tobytes(), np.uint64)
+    assert list(w) == [0x7F0012345600, 0, 3, 4, 0, 0, 2**40 + 5, 2**64 - 1]
+    with pytest.raises(ValueError, match="members"):
+        kernel_struct(ENCODE_ARGS, x=None)
+
+
+def _scale_mr_f32(am: np.ndarray, u: int, bits: int, nearest: bool):
+    """kv_encode.cu scale_mr_f32 in NumPy (float32 values and int32 bit patterns)."""
+    r = am.astype(np.float32) * np.float32(2.0 ** (u - (bits - 1)))                   # exact
+    rb = r.view(np.int32).astype(np.int64)
+    sn = (rb - 0x3C000000 + 0xFFFFF) >> 20
+    cs = np.maximum(np.ceil(np.minimum(r.astype(np.float64), 1.0) * 512), 1).astype(np.int64)  # FMA rounding up (used for r <= 2^-6)
+    sup = np.where(rb <= 0x3C800000, cs, sn)
+    sat = sup > 255
+    if not nearest:
+        return np.minimum(sup, 255), sat
+    c = sup - 1
+    midn = ((np.clip(c, 0, 1100) << 20) + 0x3C080000).astype(np.int32).view(np.float32).astype(np.float64)
+    mid = np.where(c >= 8, midn, (2 * c + 1) * 2.0 ** -10)
+    return np.where((c >= 1) & (c <= 254) & (mid > r), c, np.minimum(sup, 255)), sat
+
+
+@pytest.mark.parametrize("rnd", ["up", "nearest"])
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_midrise_scale_byte_from_float_bits_matches_golden(bits, rnd):
+    """The write kernel's mid-rise scale byte from fp32 bit patterns (scale_mr_f32) equals the golden
+    choose_scale_bytes for every block maximum below 2^21 at the fp16 unit exponents' ends and middle,
+    and for random (max, u) over the bf16 range the kernel sends there (|u| <= 100)."""
+    from sim_models.scale import choose_scale_bytes
+    p = qparams("midrise", rnd, n=8, block=8, bits=bits)
+    rng = np.random.default_rng(bits)
+    cases = [(np.arange(1 << 21, dtype=np.int64), u) for u in (-24, -12, 5)]
+    cases += [(rng.integers(0, 1 << 21, 4096), int(u)) for u in rng.integers(-100, 101, 64)]
+    for am, u in cases:
+        y = np.zeros((am.size, 8), np.int64)
+        y[:, 3] = am * np.where(am % 3 == 0, -1, 1)                                     # sign does not matter
+        gold, gsat = choose_scale_bytes(y, np.full(am.size, u, np.int64), p)
+        got, sat = _scale_mr_f32(am, u, bits, rnd == "nearest")
+        bad = np.flatnonzero(got != gold[:, 0])
+        assert bad.size == 0, f"u={u}: {bad.size} maxima differ, first max {am[bad[0]]}: {got[bad[0]]} vs {gold[bad[0], 0]}"
+        assert np.array_equal(sat, gsat)
+
+
+def _key_rule_f16(x: np.ndarray, s16, mu16):
+    """kv_encode.cu key_front_pair in NumPy float16 (IEEE round to nearest even: a float16 product or
+    difference rounds once; the float32 intermediate is exact for products and innocuous for sums)."""
+    f = x.view(np.float16)
+    big = np.float16(65504)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = f if s16 is None else np.clip(f * s16, -big, big)       # sat(RN16(x s)) (+-inf -> +-max)
+        if mu16 is not None:
+            t = np.clip(t - mu16, -big, big)
+    return np.where(np.isfinite(f), t, f).view(np.uint16)
+
+
+@pytest.mark.parametrize("keyf", [1, 2, 3])
+def test_key_front_rule_and_table_match_golden(keyf):
+    """The key front end's rule (fp16 multiply, saturate, fp16 subtract, saturate; NaN/inf lanes pass)
+    equals sim_models.center(scale_keys(x, s), scale_keys(mu, s)) on every fp16 pattern against scales
+    2^-14..2^14 and centering vectors with fp16 max, subnormals and signed zeros; the table the kernel
+    reads (key_table, entry c * heads + h, word j of it) holds exactly s and that mu'."""
+    from sim_models import center, scale_keys
+    from gpu_ref.encode import key_table
+    n, heads = 128, 4
+    p = FormatParams(n=n)
+    rng = np.random.default_rng(keyf)
+    e = rng.integers(-14, 15, (heads, n))
+    e[0, :4] = [-14, 14, 0, 13]
+    s16 = np.exp2(e).astype(np.float16) if keyf & 1 else None
+    mu = (rng.standard_normal((heads, n)) * 3).astype(np.float16) if keyf & 2 else None
+    if mu is not None:
+        mu[1, :8] = np.array([65504, -65504, 6e-8, -6e-8, 0.0, -0.0, 1e-5, 2.0], np.float16)
+    x = np.arange(1 << 16, dtype=np.uint16).reshape(-1, heads, n)                         # every pattern
+    x = np.concatenate([x, rng.permutation(np.arange(1 << 16, dtype=np.uint16)).reshape(-1, heads, n)])
+    gold = x
+    if s16 is not None:
+        gold = scale_keys(gold, s16, p)
+    if mu is not None:
+        gold = center(gold, mu if s16 is None else scale_keys(mu, s16, p).view(np.float16), p)
+    mus = None if mu is None else (mu if s16 is None else scale_keys(mu, s16, p).view(np.float16))
+    got = _key_rule_f16(x, s16, mus)
+    nan = np.isnan(x.view(np.float16))
+    assert np.array_equal(got[~nan], gold[~nan]) and np.array_equal(got[nan], x[nan])
+    kf = key_table(n, mu, s16, cp=np)
+    assert kf.keyf == keyf and kf.heads == heads and kf.table.dtype == np.uint32
+    wpc = 2 if keyf == 3 else 4
+    for h in range(heads):
+        for k in range(n // 2):
+            t = kf.table[k // wpc, h]
+            j = k % wpc
+            e_ = 2 if keyf == 3 else 1
+            s2, m2 = t[e_ * j], t[e_ * j + e_ - 1]
+            if s16 is not None:
+                assert s2 == s16[h, 2 * k:2 * k + 2].view(np.uint32)[0]
+            if mus is not None:
+                assert m2 == mus[h, 2 * k:2 * k + 2].view(np.uint32)[0]

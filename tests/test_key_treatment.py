@@ -111,7 +111,7 @@ def test_policy_tables_and_key_scale_field():
 
 
 def test_scale_then_center_equals_center_then_scale_for_powers_of_two():
-    """The policy order (scale, then center by RN16(mu s): gpu_ref's fused pass) and the
+    """The policy order (scale, then center by RN16(mu s): the write kernel's key front end) and the
     other order agree for power-of-two scales away from fp16 subnormals."""
     from sim_models import center
     p = FormatParams(n=64)
