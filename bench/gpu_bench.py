@@ -39,10 +39,16 @@ N=128: the version-1 and version-2 quantizers in fp16 and bf16, b = 3 and 4, the
 kernel on the same inputs in the same run, and for the key front end its separate elementwise pass
 (encode.py's ``_CENTER_SRC``) followed by the previous kernel.
 
+``--only paging`` (file gpu_bench_paging.json, issue 10): decode over paged pools (16- and 64-token pages)
+against the contiguous layout, K3/V3 and K4/V3, GQA 64/8 and 32/8, B 1/8/32 x T 4K/32K/128K, SDPA bf16.
+
+``--ncu-decode``: headline decode launches for ncu (default plan, then the tunes in $NCU_TUNES).
+
 ``--only waves`` (file gpu_bench_waves.json): decode K3/V3 GQA 32/8 at 128K, batches 32..64 (pairs of
 (sequence, kv head) around the CTA slots), the planner's split count against fixed ones.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel|waves] [--baseline NAME=DIR|DIR]
+Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel|waves|paging]
+       [--baseline NAME=DIR|DIR] [--baseline-tune JSON] [--tunes JSON] [--no-write]
 """
 
 from __future__ import annotations
@@ -533,6 +539,19 @@ def run_versions(a, result, save, t_start):
     log(f"total {result['seconds']:.0f} s")
 
 
+def ncu_decode_driver():
+    """Headline decode launches (B8/128K K3/V3 GQA 64/8, v2 quantizer) for ncu: the default plan, then each
+    tune of the JSON list in $NCU_TUNES (one launch each, after one warm-up launch of all)."""
+    p = qparams("midrise", "nearest", bits=3)
+    s = make_planes(8, 8, 131072, 1, p)[0]
+    q = cp.random.standard_normal((8, 64, 128), dtype=cp.float32).astype(cp.float16)
+    lens = cp.full((8,), 131072, dtype=cp.int32)
+    tunes = [None] + json.loads(os.environ.get("NCU_TUNES", "[]"))
+    for tu in tunes:
+        gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tu)
+    cp.cuda.Device().synchronize()
+
+
 def ncu_driver():
     """One headline decode and one write launch (run under ncu)."""
     p = FormatParams()
@@ -697,10 +716,29 @@ class kernel_source:  # noqa: N801 - used as a context manager
         self.b.HERE, self.b._kernels = self.here, {}
 
 
-def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(None,), quick=False, cluster=False):
-    """Decode ms of the current kernel (and of ``baseline``'s source, or with ``cluster``: of the cluster
-    merge; same planes, timed right after) per variant and split count on one shape, the relative
-    difference of the two outputs, SDPA bf16."""
+def legacy_run(pl, ws, q, kc, ks, vc, vs, lens, k_sink, v_sink, out):
+    """gpu_ref.run for kernel sources before round 9 (positional kernel arguments instead of the KvDecParams
+    struct): contiguous planes, fp16 q, fp32 out, no key scales. Used inside ``kernel_source`` only."""
+    from gpu_ref import _build
+    n = pl.k_params.n
+    kvh, ht = pl.kv_heads, pl.head_tiles
+    z = np.uint64(0)
+    _build.kernel(pl.kind, pl.targs, pl.smem)(
+        (pl.batch * kvh * ht, pl.partials), (128,),
+        (q, np.int32(0), kc, ks, vc, vs, z, np.int32(1), np.int32(-1), np.int64(pl.capacity), lens,
+         z if k_sink is None else k_sink, z if v_sink is None else v_sink, np.int32(pl.sinks), z, ws.acc, ws.ml,
+         ws.counters, out, np.int32(2), np.int32(pl.q_heads), np.int32(kvh), np.int32(ht),
+         np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.partials), np.int32(pl.chunk),
+         np.float32(1.0 / math.sqrt(n))), shared_mem=pl.smem)
+    return out
+
+
+def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(None,), quick=False, cluster=False,
+                       tunes=(), base_tune=None):
+    """Decode ms of the current kernel (and of ``baseline``'s sources, planned with ``base_tune``; of the
+    current kernel with each of ``tunes``; or with ``cluster``: of the cluster merge; same planes, timed right
+    after) per variant and split count on one shape, the relative difference of each output to the first
+    one's, SDPA bf16. Baselines and tunes: K3/V3 variants, default split count."""
     import dataclasses
     n = 128
     rows = []
@@ -718,11 +756,17 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             pw = mk(cluster=0)
             ws = pw.workspace()
             impls = [("new", pl, None)]
+            k33 = (kb, vb) == (3, 3) and ns is None
             for bname, bdir in baseline or ():
                 if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
                     impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), bdir))
-                elif vi == 0 and ns is None:  # an intermediate source with the current plan layout (first variant)
-                    impls.append((bname, pl, bdir))
+                elif k33:  # an intermediate source with the current plan layout
+                    bt = base_tune or {}
+                    bt = bt.get(bname, {}) if bt and all(isinstance(v, dict) for v in bt.values()) else bt
+                    impls.append((bname, mk(**bt), bdir))
+            if k33:
+                for tu in tunes:
+                    impls.append(("tune " + json.dumps(tu, sort_keys=True), mk(**tu), None))
             if cluster:
                 pc = mk(cluster=1)
                 if pc.kind != "decode_cl":
@@ -730,8 +774,14 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 impls = [("ws", pw, None), ("cl", pc, None)]
             outs = {}
             for name, p_, src in impls:
-                def call(s, p_=p_):
-                    return gpu_ref.run(p_, ws, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
+                wsi = ws if p_.workspace_floats == pw.workspace_floats else p_.workspace()
+
+                legacy = bool(src) and "struct KvDecParams" not in open(os.path.join(src, "kv_decode_attn.cu")).read()
+
+                def call(s, p_=p_, wsi=wsi, legacy=legacy):
+                    if legacy:  # a source before round 9: positional kernel arguments
+                        return legacy_run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, sk, sv, out)
+                    return gpu_ref.run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
                                        out_dtype="fp32")
                 ctx = kernel_source(src) if src else None
                 try:
@@ -744,16 +794,16 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                     if ctx:
                         ctx.__exit__()
                 rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "num_splits": p_.num_splits,
-                             "partials": p_.partials, "kernel": p_.kind, "split_arg": ns, "ms": ms, "all_ms": times,
-                             "timing": how,
+                             "partials": p_.partials, "kernel": p_.kind, "targs": list(p_.targs), "split_arg": ns,
+                             "ms": ms, "all_ms": times, "timing": how,
                              "packed_bytes": packed, "GBps": packed / (ms * 1e-3) / 1e9, "sets": n_sets})
                 log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} splits {p_.num_splits} {p_.kind} {name}: "
                     f"{ms * 1e3:.2f} us, {rows[-1]['GBps']:.0f} GB/s")
             first = impls[0][0]
-            for other in [n for n, _, _ in impls[1:]]:
+            for k, (other, _, _) in enumerate(impls[1:]):
                 if other in outs:
                     d = float(np.linalg.norm(outs[first] - outs[other]) / max(np.linalg.norm(outs[first]), 1e-30))
-                    rows[-1][f"rel_diff_{first}_vs_{other}"] = rows[-2][f"rel_diff_{first}_vs_{other}"] = d
+                    rows[len(rows) - len(impls) + 1 + k][f"rel_diff_vs_{first}"] = d
                     log(f"    {first} vs {other} output: relative difference {d:.2e}")
         del sets
         free()
@@ -785,8 +835,11 @@ def run_kernel(a, result, save, t_start):
     # --baseline NAME=DIR[,NAME=DIR]: "old" is the round-7 kernel (workspace merge, sinks in split 0)
     baselines = [tuple(x.split("=", 1)) for x in a.baseline.split(",")] if a.baseline else []
     result["baselines"] = baselines
+    tunes = json.loads(a.tunes) if a.tunes else []
+    base_tune = json.loads(a.baseline_tune) if a.baseline_tune else None
+    result["tunes"], result["baseline_tune"] = tunes, base_tune
     result["write"] = []
-    for dt in ("fp16", "bf16"):
+    for dt in (("fp16", "bf16") if not a.no_write else ()):
         p = qparams("midrise", "nearest", bits=3, dtype=dt)
         nvec = 1 << 24
         g = cp.random.standard_normal((nvec, 128), dtype=cp.float32)
@@ -810,7 +863,7 @@ def run_kernel(a, result, save, t_start):
     for bsz, t in KERNEL_SHAPES:
         splits = (None, 4, 8, 16, 32) if (bsz, t) == (1, 4096) else (None,)
         row = shape_or_error(bsz, t, lambda: bench_kernel_shape(bsz, t, KERNEL_VARIANTS, baselines, splits=splits,
-                                                                quick=a.quick))
+                                                                quick=a.quick, tunes=tunes, base_tune=base_tune))
         for r in row.get("rows", ()):
             r["pct_copy"] = 100 * r["GBps"] / copy_gbs
         result["decode"].append(row)
@@ -953,6 +1006,41 @@ def run_write(a, result, save, t_start):
     log(f"total {result['seconds']:.0f} s")
 
 
+PAGING_SHAPES = tuple((b, t) for b in (1, 8, 32) for t in (4096, 32768, 131072))
+
+
+def run_paging(a, result, save, t_start):
+    """--only paging (file gpu_bench_paging.json, issue 10 item 7): decode over a paged pool (16- and 64-token
+    pages, shuffled) against the contiguous layout, K3/V3 and K4/V3 (GQA 64/8) and K3/V3 (GQA 32/8), N=128, at
+    B 1/8/32 x T 4K/32K/128K, SDPA bf16 on each shape; the cost of paging = paged ms / contiguous ms - 1."""
+    copy_gbs = result["copy"]["GBps"]
+    result["paging"] = []
+    variants = [{}, {"page": 16}, {"page": 64}]
+    for bsz, t in (PAGING_SHAPES[::4] if a.quick else PAGING_SHAPES):
+        for hq, bits in ((64, ((3, 3), (4, 3))), (32, ((3, 3),))):
+            row = shape_or_error(bsz, t, lambda: bench_policy_shape(bsz, hq, 8, t, bits, variants, a.quick))
+            for r in row.get("rows", ()):
+                r["pct_copy"] = 100 * r["GBps"] / copy_gbs
+                r["speedup"] = row["sdpa_bf16_ms"] / r["ms"] if row.get("sdpa_bf16_ms") else None
+                base = [c for c in row["rows"] if c["bits"] == r["bits"] and c["page"] is None]
+                if base:
+                    r["cost_vs_contiguous"] = r["ms"] / base[0]["ms"] - 1
+            result["paging"].append(row)
+            save()
+    result["seconds"] = time.time() - t_start
+    save()
+    log("\n| B | T | GQA | bits | contiguous ms | page 16 | page 64 |")
+    log("|---|---|---|---|---|---|---|")
+    for row in result["paging"]:
+        for bits in sorted({r["bits"] for r in row.get("rows", ())}):
+            rs = {r["page"]: r for r in row["rows"] if r["bits"] == bits}
+            if None in rs:
+                log(f"| {row['batch']} | {row['context']} | {row['q_heads']}/8 | {bits} | {rs[None]['ms']:.4f} | " +
+                    " | ".join(f"{100 * rs[pg]['cost_vs_contiguous']:+.1f}%" if pg in rs else "-" for pg in (16, 64)) +
+                    " |")
+    log(f"total {result['seconds']:.0f} s")
+
+
 WAVE_BATCHES = (32, 33, 35, 40, 48, 64)   # GQA 32/8 at 128K: (sequence, kv head) pairs around the CTA slots
 WAVE_SPLITS = (None, 1, 2, 3, 4, 8, 16)
 
@@ -976,14 +1064,23 @@ def main():
     if "--ncu-driver" in sys.argv:
         ncu_driver()
         return
+    if "--ncu-decode" in sys.argv:
+        ncu_decode_driver()
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--baseline", default=None, help="--only kernel: NAME=DIR[,NAME=DIR], folders with previous "
                     "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = the round-7 kernel")
-    ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves"), default="all",
-                    help="write: the write kernel alone (gpu_bench_write.json); "
+    ap.add_argument("--tunes", default=None, help="--only kernel: JSON list of tune dicts, each timed as one more "
+                    "implementation of the K3/V3 rows")
+    ap.add_argument("--baseline-tune", default=None, help="--only kernel: JSON tune dict for the baseline sources' "
+                    "plans, or {NAME: tune dict} per baseline")
+    ap.add_argument("--no-write", action="store_true", help="--only kernel: skip the write-kernel timings")
+    ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves", "paging"), default="all",
+                    help="write: the write kernel alone (gpu_bench_write.json); paging: paged vs contiguous "
+                         "decode (gpu_bench_paging.json); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -995,7 +1092,7 @@ def main():
 
     fname = {"versions": "gpu_bench_v2.json", "policy": "gpu_bench_policy.json",
              "kernel": "gpu_bench_kernel.json", "waves": "gpu_bench_waves.json",
-             "write": "gpu_bench_write.json"}.get(a.only, "gpu_bench.json")
+             "write": "gpu_bench_write.json", "paging": "gpu_bench_paging.json"}.get(a.only, "gpu_bench.json")
 
     def save():
         with open(os.path.join(a.out, fname), "w") as f:
@@ -1018,6 +1115,9 @@ def main():
         return
     if a.only == "write":
         run_write(a, result, save, t_start)
+        return
+    if a.only == "paging":
+        run_paging(a, result, save, t_start)
         return
     if a.only == "versions":
         result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}

@@ -53,9 +53,9 @@ same FMA rounding toward minus infinity (``RM(y k + 1.5*2^23 + 2^(b-1))``), clam
 below ``max|y|/K``).
 
 Decode accuracy: K codes enter the tensor cores exactly (``1 + (c+T) 2^(o-10)`` in fp16,
-T = 2^(b-1), the constant removed through the accumulator start value); q~ is split into two fp16
-parts (~22 bits) unless ``tune={"qlo": 0}``; softmax weights times V scales enter as fp16
-(``precise_p=True`` splits them too); accumulation is fp32. Budget: no worse than torch SDPA bf16's
+T = 2^(b-1), the constant removed through the accumulator start value); q~ enters as one fp16 part,
+or as two (~22 bits) for plans with ``key_scales`` (or ``tune={"qlo": 1}``); softmax weights times V
+scales enter as fp16 (``precise_p=True`` splits them too); accumulation is fp32. Budget: no worse than torch SDPA bf16's
 own error against float64 (see gpu_ref.decode and tests/test_gpu.py).
 
 Cache layout: see :mod:`gpu_ref.decode` (page pools [P, KVH, page, row bytes] plus a block table;

@@ -198,6 +198,8 @@ class KVCache:
             kw.setdefault("capacity", self._rows)
         else:
             kw.setdefault("max_pages", self.max_pages)
+        kw.setdefault("key_scales", self.q_scale is not None)
+        kw.setdefault("q_dtype", self.params.dtype)  # q has the type of the cached K/V
         return _dec.plan(self.params, self.v_params, batch=self.batch, q_heads=q_heads, kv_heads=self.kv_heads,
                          max_length=ml, page_size=self.page_size, sinks=self.sinks, **kw)
 

@@ -20,10 +20,11 @@ table int32 ``[B, max_pages]``: packed token i of sequence b is row ``i % page``
 sequence b in page b (no block table). Page sizes: 16, 32 or any multiple of 64 (powers of two).
 
 Numerical budget (docs/FORMAT.md, implementation notes): K codes enter the tensor cores exactly, q~ as
-one or two fp16 parts (``qlo``), softmax weights times V scales as fp16, fp32 accumulation. The
-relative error against a float64 reference over the same dequantized cache must not exceed torch
-SDPA bf16's own error against float64 on unquantized K/V of the same shape (tests/test_gpu.py
-measures both).
+one fp16 part, or two (``qlo``; the default for plans with ``key_scales``, whose q / s with |log2 s| up to
+3 needs them, and for bf16 q, whose data leave SDPA bf16 a smaller error), softmax weights times V scales
+as fp16, fp32 accumulation. The relative error against a float64 reference over the same dequantized
+cache must not exceed torch SDPA bf16's own error against float64 on unquantized K/V of the same shape
+(tests/test_gpu.py measures both).
 """
 
 from __future__ import annotations
@@ -72,12 +73,25 @@ def wave_splits(pairs: int, slots: int, tiles: int, cap: int) -> int:
     best = min(costs)
     return next(ns for ns, c in zip(counts, costs) if c <= best * (1 + SPLIT_GAIN))
 
-#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off, ablation
+#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off (None: on for plans
+#: with ``key_scales`` or bf16 q only -- one fp16 part keeps the error within the budget for fp16 q without
+#: key scales, not with them, and not always for bf16 data: bench/GPU_NOTES.md, rounds 7 and 9), ablation
 #: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: a plan with 2..8
 #: partials whose grid fits one CTA per multiprocessor runs each (batch, head tile)'s partials as one
 #: thread-block cluster, padded to 2, 4 or 8, merged in distributed shared memory instead of the
 #: workspace; 0: never. Larger grids lose occupancy to clusters: bench/GPU_NOTES.md, round 8).
-DECODE_TUNE = {"minb": 2, "qlo": 1, "abl": 0, "cluster": 1}
+DECODE_TUNE = {"minb": 2, "qlo": None, "abl": 0, "cluster": 1}
+
+
+#: the kernel's parameter struct ``KvDecParams`` (kv_decode_attn.cu), field by field in its order, with C
+#: alignment: 14 device pointers, two int64, eleven int32, one float32
+PARAMS_DTYPE = np.dtype(
+    [(f, np.uint64) for f in ("q", "kc", "ks", "vc", "vs", "block_table", "lengths", "k_sink", "v_sink", "q_scale",
+                              "part_acc", "part_ml", "counters", "out")]
+    + [("page", np.int64), ("cap", np.int64)]
+    + [(f, np.int32) for f in ("q_bf16", "max_pages", "page_shift", "sinks", "out_kind", "Hq", "KVH", "HT", "group",
+                               "S", "chunk")]
+    + [("sm_scale", np.float32)], align=True)
 
 
 def decode_supported(p: FormatParams) -> bool:
@@ -140,7 +154,7 @@ def _pages_per_tile(page: int | None) -> int:
 
 
 def kernel_params(kp: FormatParams, vp: FormatParams | None = None, precise_p: bool = False,
-                  stages: int | None = None, tune=None, page_size: int | None = None):
+                  stages: int | None = None, tune=None, page_size: int | None = None, two_q_parts: bool = False):
     """(template arguments, dynamic shared memory bytes, CTAs per SM, warp region bytes).
 
     Raises:
@@ -155,6 +169,8 @@ def kernel_params(kp: FormatParams, vp: FormatParams | None = None, precise_p: b
     if unknown:
         raise ValueError(f"tune has unknown keys {unknown}; known: {sorted(DECODE_TUNE) + ['stages']}")
     t = dict(DECODE_TUNE, **(tune or {}))
+    if t["qlo"] is None:
+        t["qlo"] = 1 if two_q_parts else 0
     for key in DECODE_TUNE:
         _pos_int(f"tune[{key!r}]", t[key], 1 if key == "minb" else 0)
     st = _pos_int("stages", t.get("stages") or stages or _stages(kp.n))
@@ -203,6 +219,10 @@ class DecodePlan:
     max_pages: int
     sinks: int
     num_splits: int
+    #: planned for a q_scale (key scales) at run time; such plans feed q~ as two fp16 parts by default
+    key_scales: bool
+    #: type of q at run time, "fp16" or "bf16" (bf16 plans feed q~ as two fp16 parts by default)
+    q_dtype: str
     chunk: int
     head_tiles: int
     targs: tuple
@@ -231,7 +251,8 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
          q_heads: int, kv_heads: int, max_length: int, capacity: int | None = None,
          page_size: int | None = None, max_pages: int | None = None, sinks: int = 0,
          num_splits: int | None = None, precise_p: bool = False, stages: int | None = None,
-         tune: dict | None = None, num_sms: int | None = None) -> DecodePlan:
+         tune: dict | None = None, num_sms: int | None = None, key_scales: bool = False,
+         q_dtype: str = "fp16") -> DecodePlan:
     """Plan decode attention for fixed shapes and a bound on the sequence lengths.
 
     Args:
@@ -246,6 +267,9 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         sinks: fp16 sink tokens per sequence (0..64).
         num_splits: split-KV factor (default: one wave of CTAs, clamped to the merge limit).
         precise_p: also split the softmax weights into two fp16 parts.
+        key_scales: :func:`run` will get a ``q_scale`` (per-channel key scales); picks two fp16 q~ parts
+            unless ``tune`` sets ``qlo``.
+        q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts too).
         stages, tune: kernel tuning (benchmarks).
         num_sms: multiprocessors to plan for (default: the current device's).
 
@@ -292,7 +316,12 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     group = hq // kvh
     ht = (group + 7) // 8
     pairs = bsz * kvh * ht
-    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size)
+    if not isinstance(key_scales, (bool, np.bool_)):
+        raise ValueError(f"key_scales must be a bool, got {key_scales!r}")
+    if q_dtype not in ("fp16", "bf16"):
+        raise ValueError(f"q_dtype must be 'fp16' or 'bf16', got {q_dtype!r}")
+    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size,
+                                            bool(key_scales) or q_dtype == "bf16")
     # the last CTA stages (m, l) of every partial in one warp region; a plan with more than SINK_FOLD sinks
     # has one more partial (the sink CTA) than token splits
     hs = 1 if s > SINK_FOLD else 0
@@ -326,7 +355,8 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         if pairs * cl <= int(num_sms):  # one CTA per multiprocessor at most (run 14: 1.4-1.5x slower at 2)
             parts, kind, targs = cl, "decode_cl", targs + (str(cl),)
     return DecodePlan(k_params=kp, v_params=vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=maxlen,
-                      capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns, chunk=chunk,
+                      capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns,
+                      key_scales=bool(key_scales), q_dtype=q_dtype, chunk=chunk,
                       head_tiles=ht, targs=targs, smem=smem,
                       workspace_floats=(pairs * parts * 8 * n, pairs * parts * 16, pairs), partials=parts,
                       kind=kind)
@@ -357,7 +387,8 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
             (the kernel clamps the packed part to the capacity; it never reads outside the planes).
         block_table: cupy int32 ``[B, max_pages]`` (paged), ignored / None for contiguous planes.
         k_sink, v_sink: ``[B, KVH, sinks, N]`` rows of the same type as q (when ``pl.sinks`` > 0).
-        q_scale: cupy float32 ``[KVH, N]`` factor on q (``1 / s`` for key scales ``s``), or None.
+        q_scale: cupy float32 ``[KVH, N]`` factor on q (``1 / s`` for key scales ``s``), or None; only
+            with a plan made with ``key_scales=True``.
         scale: softmax scale (default ``1/sqrt(N)``).
         out: optional output; out_dtype "fp16", "bf16" (uint16 bits) or "fp32" (default: q's type).
 
@@ -367,6 +398,9 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
     Raises:
         TypeError, ValueError: arrays that do not match the plan (named).
     """
+    if q_scale is not None and not pl.key_scales:
+        raise ValueError("q_scale given, but the plan was made with key_scales=False (plan(..., key_scales=True) "
+                         "picks the q precision key scales need)")
     cp = cupy()
     kp, vp = pl.k_params, pl.v_params
     n = kp.n
@@ -379,6 +413,8 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
         q_bf16 = 1
     else:
         raise TypeError(f"q must be float16 or uint16 (bf16 bit patterns), got {q.dtype}")
+    if ("bf16" if q_bf16 else "fp16") != pl.q_dtype:
+        raise ValueError(f"q is {'bf16' if q_bf16 else 'fp16'}, but the plan was made for q_dtype={pl.q_dtype!r}")
     contiguous = pl.page_size is None
     rows = pl.capacity if contiguous else pl.page_size
     lead = (pl.kv_heads, rows)
@@ -438,15 +474,19 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
         raise ValueError("workspace is smaller than the plan needs (use plan.workspace())")
     if scale is None:
         scale = 1.0 / math.sqrt(n)
-    k = kernel(pl.kind, pl.targs, pl.smem)
     kvh, ht = pl.kv_heads, pl.head_tiles
-    k((pl.batch * kvh * ht, pl.partials), (128,),
-      (q, np.int32(q_bf16), k_codes, k_scales, v_codes, v_scales, bt_arg, np.int32(bt_cols),
-       np.int32(page_shift), np.int64(rows), lengths, sink_args[0], sink_args[1], np.int32(pl.sinks), qs_arg,
-       ws.acc, ws.ml, ws.counters, out, np.int32(okind), np.int32(pl.q_heads), np.int32(kvh), np.int32(ht),
-       np.int32(pl.q_heads // kvh), np.int64(pl.capacity), np.int32(pl.partials), np.int32(pl.chunk),
-       np.float32(scale)),
-      shared_mem=pl.smem)
+    prm = np.zeros((), PARAMS_DTYPE)
+    for name, v in (("q", q), ("kc", k_codes), ("ks", k_scales), ("vc", v_codes), ("vs", v_scales),
+                    ("block_table", bt_arg), ("lengths", lengths), ("k_sink", sink_args[0]),
+                    ("v_sink", sink_args[1]), ("q_scale", qs_arg), ("part_acc", ws.acc), ("part_ml", ws.ml),
+                    ("counters", ws.counters), ("out", out)):
+        prm[name] = v.data.ptr if isinstance(v, cp.ndarray) else int(v)
+    for name, v in (("page", rows), ("cap", pl.capacity), ("q_bf16", q_bf16), ("max_pages", bt_cols),
+                    ("page_shift", page_shift), ("sinks", pl.sinks), ("out_kind", okind), ("Hq", pl.q_heads),
+                    ("KVH", kvh), ("HT", ht), ("group", pl.q_heads // kvh), ("S", pl.partials),
+                    ("chunk", pl.chunk), ("sm_scale", scale)):
+        prm[name] = v
+    kernel(pl.kind, pl.targs, pl.smem)((pl.batch * kvh * ht, pl.partials), (128,), (prm,), shared_mem=pl.smem)
     return out
 
 
@@ -511,6 +551,7 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
             raise ValueError(f"max_length must be in [0, capacity={cap}], got {max_length}")
         maxlen = int(max_length)
     pl = plan(kp, vp, batch=bsz, q_heads=q.shape[1], kv_heads=kvh, max_length=maxlen, capacity=cap,
-              num_splits=num_splits, precise_p=precise_p, stages=stages, tune=tune)
+              num_splits=num_splits, precise_p=precise_p, stages=stages, tune=tune,
+              q_dtype="bf16" if q.dtype == cp.uint16 else "fp16")
     return run(pl, pl.workspace(), q, k_codes, k_scales, v_codes, v_scales, dev, scale=scale, out=out,
                out_dtype=out_dtype)

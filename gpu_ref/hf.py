@@ -331,7 +331,8 @@ class _CudaStore:
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
         bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
-        pl, ws = self._plan(bucket, lambda: self.kv.plan(self.hq, bucket))
+        qdt = "bf16" if self.bf16 else "fp16"
+        pl, ws = self._plan(bucket, lambda: self.kv.plan(self.hq, bucket, q_dtype=qdt))
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         with self._stream():
             self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out=self._cp(out), out_dtype="fp32")
@@ -348,7 +349,8 @@ class _CudaStore:
         kv, n = self.kv, self.length
         q16 = q.transpose(1, 2).reshape(b * t, hq, d).to(torch.bfloat16 if self.bf16 else torch.float16)
         key = ("chunk", b * t, n, num_splits)
-        pl, ws = self._plan(key, lambda: _dec_plan(kv, b * t, hq, n, self._rows, num_splits))
+        pl, ws = self._plan(key, lambda: _dec_plan(kv, b * t, hq, n, self._rows, num_splits,
+                                                   "bf16" if self.bf16 else "fp16"))
         lengths = torch.arange(n - t + 1, n + 1, dtype=torch.int32, device=q.device).repeat(b)
         table = torch.arange(b, dtype=torch.int32, device=q.device).repeat_interleave(t)[:, None]
         out = torch.empty(b * t, hq, d, dtype=torch.float32, device=q.device)
@@ -379,12 +381,13 @@ def _cupy():
     return cupy
 
 
-def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None):
+def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None, q_dtype="fp16"):
     """Plan of :meth:`_CudaStore.attend_chunk`: ``queries`` sequences over a pool of one page of
     ``rows`` tokens per cached sequence."""
     from gpu_ref import plan
     return plan(kv.params, kv.v_params, batch=queries, q_heads=hq, kv_heads=kv.kv_heads, max_length=max_length,
-                page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits)
+                page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits,
+                key_scales=kv.q_scale is not None, q_dtype=q_dtype)
 
 
 # ============================================================================ cache

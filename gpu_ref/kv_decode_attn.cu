@@ -27,12 +27,14 @@
 // streams its own 64-token tiles through a STAGES-deep cp.async pipeline in shared memory.
 // Per tile, in registers:
 //   S^T[16 tokens x 8 heads] = Kcodes[16 x 16 lanes] . q~'[16 lanes x 8 heads]   (mma m16n8k16,
-//      K codes as fp16 "1 + (c+4) 2^(o-10)" built by PRMT + LOP3 from the packed bytes; the
-//      constant part is removed by starting the accumulator at -Z; q~' is split hi+lo fp16 so
-//      q is carried to ~2^-22), one accumulator per scale block, then times the K scale;
+//      K codes as fp16 "1 + (c+4) 2^(o-10)" built by PRMT + LOP3 from the packed bytes (3-bit keys in
+//      64-lane blocks: each thread only its segment of the row, see kseg_*); the constant part is removed by
+//      starting the accumulator at -Z; q~' is one fp16 part, or hi+lo (QLO, plans with key scales) so q is
+//      carried to ~2^-22), one accumulator per scale block, then times the K scale; full tiles and the
+//      partial last tile of a range are separate instantiations of the tile body (no token masks in the former);
 //   online softmax (exp2, running max) per head;
 //   O^T[16 lanes x 8 heads] += Vcodes^T[16 lanes x 16 tokens] . P'^T[16 tokens x 8 heads]
-//      with exact small-integer fp16 codes (PRMT + LOP3 + HFMA2) and P' = p * v_scale * 2^-E
+//      with exact small-integer fp16 codes (PRMT + LOP3 + HFMA2) and P' = (p 2^-E) * v_scale, p 2^-E = ex2(x - m - E)
 //      (E: running max exponent of the V scales, folded into the rescale), transposed into the
 //      B operand with movmatrix.
 // The 4 warps merge in shared memory. With one partial (S = 1) the CTA normalises, applies D H / N and
@@ -48,6 +50,11 @@
 namespace kv_dec {
 using namespace kv_common;
 
+template <bool B>
+struct kv_bool {
+  static constexpr bool value = B;
+};
+
 // Lanes (within a 16-lane chunk = one mma k-step) that thread tig = lane % 4 feeds to the
 // QK mma: pair 0 -> virtual k (2tig, 2tig+1), pair 1 -> (2tig+8, 2tig+9); (lo lane, hi lane).
 // Chosen so that each pair's two 3-bit fields sit in byte pairs that one PRMT can gather.
@@ -56,6 +63,24 @@ __constant__ int kpairs3[4][2][2] = {{{0, 3}, {1, 4}}, {{8, 11}, {9, 12}}, {{6, 
 // 4-bit keys: thread tig reads bytes 2tig, 2tig+1 of the chunk (lanes 4tig..4tig+3); pair 0 takes the
 // low nibbles (bit offset 0), pair 1 the high nibbles (offset 4).
 __constant__ int kpairs4[4][2][2] = {{{0, 2}, {1, 3}}, {{4, 6}, {5, 7}}, {{8, 10}, {9, 11}}, {{12, 14}, {13, 15}}};
+
+// 3-bit keys with 64-lane scale blocks (KSEG): thread tig reads only its segment of each block, lanes
+// 64 bb + 16 tig .. + 15 = bytes 24 bb + 6 tig .. + 5 of the row, as the two words from word 6 bb + kseg_word(tig)
+// (the segment starts at byte 0 or 2 of the first), and builds its 8 half2 per block and row with 3 PRMT + 8 LOP3
+// (the general path: 16 PRMT + 16 LOP3): each PRMT gathers two byte pairs ("windows") whose fields start at
+// fp16 mantissa bit offsets <= 7, and one LOP3 per field pair sets the exponent (as lop_field). Windows of
+// segment bytes (0,1) (fields 0,1,2 at offsets 0,3,6), (1,2) (3,4,5 at 1,4,7), (3,4) (8,9,10 at 0,3,6),
+// (4,5) (11,12,13 at 1,4,7), (2,3) (6,7 at 2,5), (5,-) (14,15 at 2,5). Half2 h (chunk 4 bb + h / 2, pair
+// h % 2) holds segment fields (kseg_jl(h), kseg_jh(h)) at bit offsets (kseg_ol(h), kseg_oh(h)).
+__host__ __device__ constexpr int kseg_jl(int h) { return h < 3 ? h : h < 6 ? h + 5 : h; }      // 0 1 2 8 9 10 6 7
+__host__ __device__ constexpr int kseg_jh(int h) { return h < 3 ? h + 3 : h + 8; }               // 3 4 5 11 .. 15
+__host__ __device__ constexpr int kseg_ol(int h) { return h < 6 ? 3 * (h % 3) : h == 6 ? 2 : 5; }  // 0 3 6 0 3 6 2 5
+__host__ __device__ constexpr int kseg_oh(int h) { return h < 6 ? 3 * (h % 3) + 1 : h == 6 ? 2 : 5; }  // 1 4 7 1 4 7 2 5
+__host__ __device__ constexpr int kseg_word(int tig) { return (6 * tig) >> 2; }                  // 0 1 3 4
+// PRMT selectors (segment phase ph = 2 (tig & 1) bytes): windows (0,1)|(1,2), (3,4)|(4,5), (2,3)|(5,-)
+__host__ __device__ constexpr kv_u32 kseg_sel(int w, int tig) {
+  return (w == 0 ? 0x2110u : w == 1 ? 0x5443u : 0x5532u) + 0x1111u * (kv_u32)(2 * (tig & 1));
+}
 
 __device__ __forceinline__ kv_u32 f2h(float f) {
   unsigned short h;
@@ -429,9 +454,32 @@ __device__ __forceinline__ float ld_cluster(const float* p, int r) {
       const float *__restrict__ q_scale, float *__restrict__ part_acc, float *__restrict__ part_ml,       \
       int *__restrict__ counters, void *__restrict__ out, int out_kind, int Hq, int KVH, int HT, int group, \
       long long cap, int S, int chunk, float sm_scale
-#define KV_DEC_ARGS                                                                                       \
-  q, q_bf16, kc, ks, vc, vs, block_table, max_pages, page_shift, page, lengths, k_sink, v_sink, sinks, q_scale, \
-      part_acc, part_ml, counters, out, out_kind, Hq, KVH, HT, group, cap, S, chunk, sm_scale
+// The kernels take these as one struct, passed by value (the launch parameters, as separate arguments would
+// be): gpu_ref.decode.PARAMS_DTYPE mirrors it field by field (tests/test_gpu_api.py checks the two agree).
+struct KvDecParams {
+  const kv_u16* q;          // [B, Hq, N] fp16 or bf16 bits
+  const kv_u8* kc;          // key codes pool
+  const kv_u8* ks;          // key scales pool
+  const kv_u8* vc;          // value codes pool
+  const kv_u8* vs;          // value scales pool
+  const int* block_table;   // [B, max_pages] (paged) or null
+  const int* lengths;       // [B]
+  const kv_u16* k_sink;     // [B, KVH, sinks, N] or null
+  const kv_u16* v_sink;
+  const float* q_scale;     // [KVH, N] or null
+  float* part_acc;          // workspace: split partials
+  float* part_ml;
+  int* counters;
+  void* out;                // [B, Hq, N]
+  long long page;           // rows per page (contiguous: the capacity)
+  long long cap;            // packed rows per sequence
+  int q_bf16, max_pages, page_shift, sinks, out_kind, Hq, KVH, HT, group, S, chunk;
+  float sm_scale;
+};
+#define KV_DEC_ARGS                                                                                              \
+  p.q, p.q_bf16, p.kc, p.ks, p.vc, p.vs, p.block_table, p.max_pages, p.page_shift, p.page, p.lengths, p.k_sink, \
+      p.v_sink, p.sinks, p.q_scale, p.part_acc, p.part_ml, p.counters, p.out, p.out_kind, p.Hq, p.KVH, p.HT,     \
+      p.group, p.cap, p.S, p.chunk, p.sm_scale
 
 template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
           int ABL, int MR, int PSUB, int CL>
@@ -586,18 +634,26 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
 
   // ---- q~ = H D (q * q_scale): warp w rotates rows 2w, 2w+1 in registers, one barrier -------------
   // head h: exponent eq[h] so that max|q~| 2^(10-eq) < 2^15
+  // both rows (and q_scale) are requested before the first use: one global round trip, not two
+  kv_u32 qbits[2][N / 32];
+  float qsf[N / 32];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int k = 0; k < N / 32; ++k)
+      qbits[r][k] = __ldg(q + ((long long)b * Hq + h0 + min(2 * warp + r, nh - 1)) * N + lane + 32 * k);
+#pragma unroll
+  for (int k = 0; k < N / 32; ++k) qsf[k] = q_scale ? __ldg(q_scale + kvh * N + lane + 32 * k) : 1.0f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = 2 * warp + r;
     float v[N / 32];
 #pragma unroll
     for (int k = 0; k < N / 32; ++k) {
-      const int l = lane + 32 * k;
       float x = 0.0f;
       if (h < nh) {
-        const kv_u32 bits = q[((long long)b * Hq + h0 + h) * N + l];
-        x = q_bf16 ? __int_as_float(bits << 16) : h2f(bits);
-        if (q_scale) x *= q_scale[kvh * N + l];
+        x = q_bf16 ? __int_as_float(qbits[r][k] << 16) : h2f(qbits[r][k]);
+        if (q_scale) x *= qsf[k];
       }
       v[k] = lane_sign<SEED, HAS_SIGN>(k, lane) ? -x : x;
     }
@@ -621,6 +677,7 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   for (int bb = 0; bb < NB; ++bb) zp[bb] = 0.0f;
   kv_u32 selE[2], selO[2], mA[2], mB[2];
   constexpr int KT = 1 << (KB - 1), KFM = (1 << KB) - 1;
+  constexpr bool KSEG = KB == 3 && G == 64;  // per-thread K segments (kseg_* above)
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     int jl = KB == 3 ? kpairs3[tig][p][0] : kpairs4[tig][p][0];
@@ -632,8 +689,14 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     mB[p] = ((kv_u32)KT << ol) | ((kv_u32)KT << (16 + oh)) | 0x3C003C00u;  // exponent of 1.0
 #pragma unroll
     for (int c = 0; c < NCH; ++c) {
-      float vlo = qs[g * N + 16 * c + jl] * exp2i(10 - ol - eqg);
-      float vhi = qs[g * N + 16 * c + jh] * exp2i(10 - oh - eqg);
+      // lanes and bit offsets of this thread's pair p in chunk c
+      int ll = 16 * c + jl, lh = 16 * c + jh;
+      if (KSEG) {
+        const int h = 2 * (c % 4) + p, sb = 64 * (c / 4) + 16 * tig;
+        ll = sb + kseg_jl(h); lh = sb + kseg_jh(h); ol = kseg_ol(h); oh = kseg_oh(h);
+      }
+      float vlo = qs[g * N + ll] * exp2i(10 - ol - eqg);
+      float vhi = qs[g * N + lh] * exp2i(10 - oh - eqg);
       kv_u32 hlo = f2h(vlo), hhi = f2h(vhi);
       float rlo = vlo - h2f(hlo), rhi = vhi - h2f(hhi);
       kv_u32 llo = f2h(rlo), lhi = f2h(rhi);
@@ -666,6 +729,10 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     vsh[bb] = boff & 31;
   }
 
+  kv_u32 ksel[3];  // KSEG: this thread's PRMT selectors
+#pragma unroll
+  for (int w = 0; w < 3; ++w) ksel[w] = kseg_sel(w, tig);
+
   // ---- token loop (per warp) ---------------------------------------------------------------
   float acc[NMT][4];
 #pragma unroll
@@ -690,181 +757,225 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     const kv_u8* sKS = st + TT * (CBK + CBV);
     const kv_u8* sVS = sKS + TT * NB;
     const int nv = min(TT, tend - (tbeg + (warp + 4 * it) * TT));
+    // the tile body, compiled twice: full tiles (no token masks: ~36 selects and compares fewer per tile) and
+    // the partial last tile of a range
+    auto tile = [&](auto full_tag) {
+      constexpr bool FULL = decltype(full_tag)::value;
 
-    // scales of this tile -> floats [kv][bb][t % 8][t / 8]; invalid tokens -> 0
-    float vmax = 0.0f;
+      // scales of this tile -> floats [kv][bb][t % 8][t / 8]; invalid tokens -> 0
+      float vmax = 0.0f;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int t = 2 * lane + r;
-      const bool ok = t < nv;
+      for (int r = 0; r < 2; ++r) {
+        const int t = 2 * lane + r;
+        const bool ok = FULL || t < nv;
 #pragma unroll
-      for (int bb = 0; bb < NB; ++bb) {
-        // bytes read unconditionally (inside the stage buffer), table lookup, then select
-        const float lk = slut[sKS[t * NB + bb]], lv = slut[sVS[t * NB + bb]];
-        const float fk = ok ? lk : 0.0f;
-        const float fv = ok ? lv : 0.0f;
-        scf[((0 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fk;
-        scf[((1 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fv;
-        vmax = fmaxf(vmax, fv);
-      }
-    }
-    vmax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(vmax)));  // vmax >= 0
-    __syncwarp();
-    const int Et = ((__float_as_int(vmax) >> 23) & 0xFF) - 127;
-    const int Enew = max(Erun, Et);
-    const float escale = Erun == -1000 ? 1.0f : exp2i(Erun - Enew);
-    const float pscale = exp2i(-Enew);
-    Erun = Enew;
-
-    // ---- logits: S^T = Kcodes . q~' per scale block, times K scale ----------------------------
-    float lg[4][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      const int ta = 16 * mt + g;
-      kv_u32 RA[CBK / 4 + 1], RB[CBK / 4 + 1];
-      RA[CBK / 4] = RB[CBK / 4] = 0u;
-      if (CBK % 16 == 0) {
-#pragma unroll
-        for (int k = 0; k < CBK / 16; ++k) {
-          uint4 va = *reinterpret_cast<const uint4*>(sKC + ta * CBK + 16 * k);
-          uint4 vb = *reinterpret_cast<const uint4*>(sKC + (ta + 8) * CBK + 16 * k);
-          RA[4 * k] = va.x; RA[4 * k + 1] = va.y; RA[4 * k + 2] = va.z; RA[4 * k + 3] = va.w;
-          RB[4 * k] = vb.x; RB[4 * k + 1] = vb.y; RB[4 * k + 2] = vb.z; RB[4 * k + 3] = vb.w;
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < CBK / 8; ++k) {
-          uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CBK + 8 * k);
-          uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CBK + 8 * k);
-          RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
-          RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
+        for (int bb = 0; bb < NB; ++bb) {
+          // bytes read unconditionally (inside the stage buffer), table lookup, then select
+          const float lk = slut[sKS[t * NB + bb]], lv = slut[sVS[t * NB + bb]];
+          const float fk = ok ? lk : 0.0f;
+          const float fv = ok ? lv : 0.0f;
+          scf[((0 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fk;
+          scf[((1 * NB + bb) * 8 + (t & 7)) * 8 + (t >> 3)] = fv;
+          vmax = fmaxf(vmax, fv);
         }
       }
-      float cs[NB][4], cl[NB][4];  // hi and lo parts: two shorter mma dependency chains
-#pragma unroll
-      for (int bb = 0; bb < NB; ++bb) {
-        cs[bb][0] = z0[bb]; cs[bb][1] = z1[bb]; cs[bb][2] = z0[bb]; cs[bb][3] = z1[bb];  // -Z
-        cl[bb][0] = cl[bb][1] = cl[bb][2] = cl[bb][3] = 0.0f;
-      }
-#pragma unroll
-      for (int c = 0; c < (ABL == 2 ? 0 : NCH); ++c) {
-        // chunk c = key bits [16 KB c, 16 KB (c+1)): 3-bit chunks start at byte 0 (even c) or 2 (odd c)
-        // of word (3c)/2 resp. (3c-1)/2; 4-bit chunks are words 2c, 2c+1
-        const int wl0 = KB == 4 ? 2 * c : ((c & 1) ? (3 * c - 1) / 2 : (3 * c) / 2);
-        const kv_u32 sa = (KB == 3 && (c & 1)) ? selO[0] : selE[0];
-        const kv_u32 sb = (KB == 3 && (c & 1)) ? selO[1] : selE[1];
-        kv_u32 a0 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sa), mA[0], mB[0]);
-        kv_u32 a1 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sa), mA[0], mB[0]);
-        kv_u32 a2 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sb), mA[1], mB[1]);
-        kv_u32 a3 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sb), mA[1], mB[1]);
-        const int bb = (16 * c) / G;
-        mma16816(cs[bb], a0, a1, a2, a3, qh[c][0], qh[c][1]);
-        if (QLO) mma16816(cl[bb], a0, a1, a2, a3, ql[c][0], ql[c][1]);
-      }
-#pragma unroll
-      for (int bb = 0; bb < NB; ++bb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) cs[bb][r] += cl[bb][r];
-      float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
-#pragma unroll
-      for (int bb = 0; bb < NB; ++bb) {
-        float2 skk = *reinterpret_cast<const float2*>(scf + ((0 * NB + bb) * 8 + g) * 8 + 2 * mt);
-        x0 += cs[bb][0] * skk.x; x1 += cs[bb][1] * skk.x;
-        x2 += cs[bb][2] * skk.y; x3 += cs[bb][3] * skk.y;
-      }
-      const bool oka = ta < nv, okb = ta + 8 < nv;
-      lg[mt][0] = oka ? x0 * kap0 : KV_NEG_INF;
-      lg[mt][1] = oka ? x1 * kap1 : KV_NEG_INF;
-      lg[mt][2] = okb ? x2 * kap0 : KV_NEG_INF;
-      lg[mt][3] = okb ? x3 * kap1 : KV_NEG_INF;
-    }
+      vmax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(vmax)));  // vmax >= 0
+      __syncwarp();
+      // >= -16: a tile whose V scales are all 0 (ue5m3's smallest nonzero scale is 2^-9) keeps p 2^-E and their
+      // sums (<= 2^22) finite
+      const int Et = max(((__float_as_int(vmax) >> 23) & 0xFF) - 127, -16);
+      const int Enew = max(Erun, Et);
+      const float escale = Erun == -1000 ? 1.0f : exp2i(Erun - Enew);
+      Erun = Enew;
 
-    // ---- online softmax (log2 domain) ---------------------------------------------------------
-    float t0m = KV_NEG_INF, t1m = KV_NEG_INF;
+      // ---- logits: S^T = Kcodes . q~' per scale block, times K scale ----------------------------
+      float lg[4][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      t0m = fmaxf(t0m, fmaxf(lg[mt][0], lg[mt][2]));
-      t1m = fmaxf(t1m, fmaxf(lg[mt][1], lg[mt][3]));
-    }
+      for (int mt = 0; mt < 4; ++mt) {
+        const int ta = 16 * mt + g;
+        float cs[NB][4], cl[NB][4];  // hi and lo parts: two shorter mma dependency chains
 #pragma unroll
-    for (int o = 4; o <= 16; o <<= 1) {
-      t0m = fmaxf(t0m, __shfl_xor_sync(0xffffffffu, t0m, o));
-      t1m = fmaxf(t1m, __shfl_xor_sync(0xffffffffu, t1m, o));
-    }
-    const float mn0 = fmaxf(m0, t0m), mn1 = fmaxf(m1, t1m);
-    const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);
-    m0 = mn0; m1 = mn1;
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      lg[mt][0] = ex2(lg[mt][0] - mn0); lg[mt][2] = ex2(lg[mt][2] - mn0);
-      lg[mt][1] = ex2(lg[mt][1] - mn1); lg[mt][3] = ex2(lg[mt][3] - mn1);
-      s0 += lg[mt][0] + lg[mt][2];
-      s1 += lg[mt][1] + lg[mt][3];
-    }
-    l0 = l0 * al0 + s0;
-    l1 = l1 * al1 + s1;
-    const float f0 = al0 * escale, f1 = al1 * escale;
-    if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) {  // rare once the maxima settle
-#pragma unroll
-      for (int i = 0; i < NMT; ++i) {
-        acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
-      }
-    }
-
-    // ---- O^T += Vcodes^T . P'^T ------------------------------------------------------------
-#pragma unroll
-    for (int mt = 0; mt < (ABL == 1 ? 0 : 4); ++mt) {
-      kv_u32 B0[NB], B1[NB], B0l[NB], B1l[NB];
-#pragma unroll
-      for (int bb = 0; bb < NB; ++bb) {
-        float2 svv = *reinterpret_cast<const float2*>(scf + ((1 * NB + bb) * 8 + g) * 8 + 2 * mt);
-        const float sa = svv.x * pscale, sb = svv.y * pscale;
-        const float p00 = lg[mt][0] * sa, p01 = lg[mt][1] * sa, p10 = lg[mt][2] * sb, p11 = lg[mt][3] * sb;
-        const kv_u32 x0 = pack_h2(p00, p01), x1 = pack_h2(p10, p11);
-        B0[bb] = movtrans(x0);
-        B1[bb] = movtrans(x1);
-        if (PSPLIT) {
-          const kv_u32 y0 = pack_h2(p00 - h2f(x0 & 0xFFFFu), p01 - h2f(x0 >> 16));
-          const kv_u32 y1 = pack_h2(p10 - h2f(x1 & 0xFFFFu), p11 - h2f(x1 >> 16));
-          B0l[bb] = movtrans(y0);
-          B1l[bb] = movtrans(y1);
+        for (int bb = 0; bb < NB; ++bb) {
+          cs[bb][0] = z0[bb]; cs[bb][1] = z1[bb]; cs[bb][2] = z0[bb]; cs[bb][3] = z1[bb];  // -Z
+          cl[bb][0] = cl[bb][1] = cl[bb][2] = cl[bb][3] = 0.0f;
         }
-      }
-      const int tv = 16 * mt + 2 * tig;
-      const kv_u8* r0 = sVC + tv * CBV;
-      const kv_u8* r1 = r0 + CBV;
-      const kv_u8* r2 = r0 + 8 * CBV;
-      const kv_u8* r3 = r0 + 9 * CBV;
+        if constexpr (KSEG) {
+          const kv_u32* ka = reinterpret_cast<const kv_u32*>(sKC + ta * CBK) + kseg_word(tig);
+          const kv_u32* kb8 = reinterpret_cast<const kv_u32*>(sKC + (ta + 8) * CBK) + kseg_word(tig);
 #pragma unroll
-      for (int bb = 0; bb < NB; ++bb) {
-        const kv_u32* w0 = reinterpret_cast<const kv_u32*>(r0) + vwi[bb];
-        const kv_u32* w1 = reinterpret_cast<const kv_u32*>(r1) + vwi[bb];
-        const kv_u32* w2 = reinterpret_cast<const kv_u32*>(r2) + vwi[bb];
-        const kv_u32* w3 = reinterpret_cast<const kv_u32*>(r3) + vwi[bb];
-        kv_u32 s0v, s1v, s2v, s3v;
-        if (VB == 4 && SEGL * 4 <= 32 && (4 * SEGL) % 32 == 0) {  // segment = one aligned word
-          s0v = w0[0]; s1v = w1[0]; s2v = w2[0]; s3v = w3[0];
-        } else {
-          s0v = __funnelshift_r(w0[0], w0[1], vsh[bb]);
-          s1v = __funnelshift_r(w1[0], w1[1], vsh[bb]);
-          s2v = __funnelshift_r(w2[0], w2[1], vsh[bb]);
-          s3v = __funnelshift_r(w3[0], w3[1], vsh[bb]);
-        }
+          for (int bb = 0; bb < (ABL == 2 ? 0 : NB); ++bb) {
+            kv_u32 fa[8], fb[8];  // half2 h of rows ta, ta + 8
+            const kv_u32 xa = ka[6 * bb], ya = ka[6 * bb + 1], xb = kb8[6 * bb], yb = kb8[6 * bb + 1];
+            kv_u32 ua[3], ub[3];
 #pragma unroll
-        for (int ip = 0; ip < MPB; ++ip) {
-          kv_u32 a0, a1, a2, a3;
-          switch (ip) {  // J must be a compile-time constant
-            case 0: a0 = vext<0, MR, VB>(s0v, s1v); a1 = vext<1, MR, VB>(s0v, s1v); a2 = vext<0, MR, VB>(s2v, s3v); a3 = vext<1, MR, VB>(s2v, s3v); break;
-            case 1: a0 = vext<2, MR, VB>(s0v, s1v); a1 = vext<3, MR, VB>(s0v, s1v); a2 = vext<2, MR, VB>(s2v, s3v); a3 = vext<3, MR, VB>(s2v, s3v); break;
-            case 2: a0 = vext<4, MR, VB>(s0v, s1v); a1 = vext<5, MR, VB>(s0v, s1v); a2 = vext<4, MR, VB>(s2v, s3v); a3 = vext<5, MR, VB>(s2v, s3v); break;
-            default: a0 = vext<6, MR, VB>(s0v, s1v); a1 = vext<7, MR, VB>(s0v, s1v); a2 = vext<6, MR, VB>(s2v, s3v); a3 = vext<7, MR, VB>(s2v, s3v); break;
+            for (int w = 0; w < 3; ++w) {
+              ua[w] = __byte_perm(xa, ya, ksel[w]);
+              ub[w] = __byte_perm(xb, yb, ksel[w]);
+            }
+#pragma unroll
+            for (int h = 0; h < 8; ++h) {
+              const int w = h < 3 ? 0 : h < 6 ? 1 : 2;
+              const kv_u32 am = ((kv_u32)KFM << kseg_ol(h)) | ((kv_u32)KFM << (16 + kseg_oh(h)));
+              const kv_u32 bm = ((kv_u32)KT << kseg_ol(h)) | ((kv_u32)KT << (16 + kseg_oh(h))) | 0x3C003C00u;
+              fa[h] = lop_field(ua[w], am, bm);
+              fb[h] = lop_field(ub[w], am, bm);
+            }
+#pragma unroll
+            for (int cb = 0; cb < 4; ++cb) {
+              const int c = 4 * bb + cb;
+              mma16816(cs[bb], fa[2 * cb], fb[2 * cb], fa[2 * cb + 1], fb[2 * cb + 1], qh[c][0], qh[c][1]);
+              if (QLO) mma16816(cl[bb], fa[2 * cb], fb[2 * cb], fa[2 * cb + 1], fb[2 * cb + 1], ql[c][0], ql[c][1]);
+            }
           }
-          mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0[bb], B1[bb]);
-          if (PSPLIT) mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0l[bb], B1l[bb]);
+        } else {
+          kv_u32 RA[CBK / 4 + 1], RB[CBK / 4 + 1];
+          RA[CBK / 4] = RB[CBK / 4] = 0u;
+          if (CBK % 16 == 0) {
+#pragma unroll
+            for (int k = 0; k < CBK / 16; ++k) {
+              uint4 va = *reinterpret_cast<const uint4*>(sKC + ta * CBK + 16 * k);
+              uint4 vb = *reinterpret_cast<const uint4*>(sKC + (ta + 8) * CBK + 16 * k);
+              RA[4 * k] = va.x; RA[4 * k + 1] = va.y; RA[4 * k + 2] = va.z; RA[4 * k + 3] = va.w;
+              RB[4 * k] = vb.x; RB[4 * k + 1] = vb.y; RB[4 * k + 2] = vb.z; RB[4 * k + 3] = vb.w;
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < CBK / 8; ++k) {
+              uint2 va = *reinterpret_cast<const uint2*>(sKC + ta * CBK + 8 * k);
+              uint2 vb = *reinterpret_cast<const uint2*>(sKC + (ta + 8) * CBK + 8 * k);
+              RA[2 * k] = va.x; RA[2 * k + 1] = va.y;
+              RB[2 * k] = vb.x; RB[2 * k + 1] = vb.y;
+            }
+          }
+#pragma unroll
+          for (int c = 0; c < (ABL == 2 ? 0 : NCH); ++c) {
+            // chunk c = key bits [16 KB c, 16 KB (c+1)): 3-bit chunks start at byte 0 (even c) or 2 (odd c)
+            // of word (3c)/2 resp. (3c-1)/2; 4-bit chunks are words 2c, 2c+1
+            const int wl0 = KB == 4 ? 2 * c : ((c & 1) ? (3 * c - 1) / 2 : (3 * c) / 2);
+            const kv_u32 sa = (KB == 3 && (c & 1)) ? selO[0] : selE[0];
+            const kv_u32 sb = (KB == 3 && (c & 1)) ? selO[1] : selE[1];
+            kv_u32 a0 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sa), mA[0], mB[0]);
+            kv_u32 a1 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sa), mA[0], mB[0]);
+            kv_u32 a2 = lop_field(__byte_perm(RA[wl0], RA[wl0 + 1], sb), mA[1], mB[1]);
+            kv_u32 a3 = lop_field(__byte_perm(RB[wl0], RB[wl0 + 1], sb), mA[1], mB[1]);
+            const int bb = (16 * c) / G;
+            mma16816(cs[bb], a0, a1, a2, a3, qh[c][0], qh[c][1]);
+            if (QLO) mma16816(cl[bb], a0, a1, a2, a3, ql[c][0], ql[c][1]);
+          }
+        }
+#pragma unroll
+        for (int bb = 0; bb < NB; ++bb)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) cs[bb][r] += cl[bb][r];
+        float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+#pragma unroll
+        for (int bb = 0; bb < NB; ++bb) {
+          float2 skk = *reinterpret_cast<const float2*>(scf + ((0 * NB + bb) * 8 + g) * 8 + 2 * mt);
+          x0 += cs[bb][0] * skk.x; x1 += cs[bb][1] * skk.x;
+          x2 += cs[bb][2] * skk.y; x3 += cs[bb][3] * skk.y;
+        }
+        const bool oka = FULL || ta < nv, okb = FULL || ta + 8 < nv;
+        lg[mt][0] = oka ? x0 * kap0 : KV_NEG_INF;
+        lg[mt][1] = oka ? x1 * kap1 : KV_NEG_INF;
+        lg[mt][2] = okb ? x2 * kap0 : KV_NEG_INF;
+        lg[mt][3] = okb ? x3 * kap1 : KV_NEG_INF;
+      }
+
+      // ---- online softmax (log2 domain) ---------------------------------------------------------
+      float t0m = KV_NEG_INF, t1m = KV_NEG_INF;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        t0m = fmaxf(t0m, fmaxf(lg[mt][0], lg[mt][2]));
+        t1m = fmaxf(t1m, fmaxf(lg[mt][1], lg[mt][3]));
+      }
+#pragma unroll
+      for (int o = 4; o <= 16; o <<= 1) {
+        t0m = fmaxf(t0m, __shfl_xor_sync(0xffffffffu, t0m, o));
+        t1m = fmaxf(t1m, __shfl_xor_sync(0xffffffffu, t1m, o));
+      }
+      const float mn0 = fmaxf(m0, t0m), mn1 = fmaxf(m1, t1m);
+      const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);
+      m0 = mn0; m1 = mn1;
+      // weights p 2^-E (E: running V-scale exponent) straight from the exponent: the PV operand p v_scale 2^-E
+      // needs no per-scale multiply; the sums l get 2^E back (exact: a power of two)
+      const float me0 = mn0 + (float)Enew, me1 = mn1 + (float)Enew;
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        lg[mt][0] = ex2(lg[mt][0] - me0); lg[mt][2] = ex2(lg[mt][2] - me0);
+        lg[mt][1] = ex2(lg[mt][1] - me1); lg[mt][3] = ex2(lg[mt][3] - me1);
+        s0 += lg[mt][0] + lg[mt][2];
+        s1 += lg[mt][1] + lg[mt][3];
+      }
+      const float pe = exp2i(Enew);
+      l0 = fmaf(s0, pe, l0 * al0);
+      l1 = fmaf(s1, pe, l1 * al1);
+      const float f0 = al0 * escale, f1 = al1 * escale;
+      if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) {  // rare once the maxima settle
+#pragma unroll
+        for (int i = 0; i < NMT; ++i) {
+          acc[i][0] *= f0; acc[i][1] *= f1; acc[i][2] *= f0; acc[i][3] *= f1;
         }
       }
-    }
+
+      // ---- O^T += Vcodes^T . P'^T ------------------------------------------------------------
+#pragma unroll
+      for (int mt = 0; mt < (ABL == 1 ? 0 : 4); ++mt) {
+        kv_u32 B0[NB], B1[NB], B0l[NB], B1l[NB];
+#pragma unroll
+        for (int bb = 0; bb < NB; ++bb) {
+          float2 svv = *reinterpret_cast<const float2*>(scf + ((1 * NB + bb) * 8 + g) * 8 + 2 * mt);
+          const float sa = svv.x, sb = svv.y;
+          const float p00 = lg[mt][0] * sa, p01 = lg[mt][1] * sa, p10 = lg[mt][2] * sb, p11 = lg[mt][3] * sb;
+          const kv_u32 x0 = pack_h2(p00, p01), x1 = pack_h2(p10, p11);
+          B0[bb] = movtrans(x0);
+          B1[bb] = movtrans(x1);
+          if (PSPLIT) {
+            const kv_u32 y0 = pack_h2(p00 - h2f(x0 & 0xFFFFu), p01 - h2f(x0 >> 16));
+            const kv_u32 y1 = pack_h2(p10 - h2f(x1 & 0xFFFFu), p11 - h2f(x1 >> 16));
+            B0l[bb] = movtrans(y0);
+            B1l[bb] = movtrans(y1);
+          }
+        }
+        const int tv = 16 * mt + 2 * tig;
+        const kv_u8* r0 = sVC + tv * CBV;
+        const kv_u8* r1 = r0 + CBV;
+        const kv_u8* r2 = r0 + 8 * CBV;
+        const kv_u8* r3 = r0 + 9 * CBV;
+#pragma unroll
+        for (int bb = 0; bb < NB; ++bb) {
+          const kv_u32* w0 = reinterpret_cast<const kv_u32*>(r0) + vwi[bb];
+          const kv_u32* w1 = reinterpret_cast<const kv_u32*>(r1) + vwi[bb];
+          const kv_u32* w2 = reinterpret_cast<const kv_u32*>(r2) + vwi[bb];
+          const kv_u32* w3 = reinterpret_cast<const kv_u32*>(r3) + vwi[bb];
+          kv_u32 s0v, s1v, s2v, s3v;
+          if (VB == 4 && SEGL * 4 <= 32 && (4 * SEGL) % 32 == 0) {  // segment = one aligned word
+            s0v = w0[0]; s1v = w1[0]; s2v = w2[0]; s3v = w3[0];
+          } else {
+            s0v = __funnelshift_r(w0[0], w0[1], vsh[bb]);
+            s1v = __funnelshift_r(w1[0], w1[1], vsh[bb]);
+            s2v = __funnelshift_r(w2[0], w2[1], vsh[bb]);
+            s3v = __funnelshift_r(w3[0], w3[1], vsh[bb]);
+          }
+#pragma unroll
+          for (int ip = 0; ip < MPB; ++ip) {
+            kv_u32 a0, a1, a2, a3;
+            switch (ip) {  // J must be a compile-time constant
+              case 0: a0 = vext<0, MR, VB>(s0v, s1v); a1 = vext<1, MR, VB>(s0v, s1v); a2 = vext<0, MR, VB>(s2v, s3v); a3 = vext<1, MR, VB>(s2v, s3v); break;
+              case 1: a0 = vext<2, MR, VB>(s0v, s1v); a1 = vext<3, MR, VB>(s0v, s1v); a2 = vext<2, MR, VB>(s2v, s3v); a3 = vext<3, MR, VB>(s2v, s3v); break;
+              case 2: a0 = vext<4, MR, VB>(s0v, s1v); a1 = vext<5, MR, VB>(s0v, s1v); a2 = vext<4, MR, VB>(s2v, s3v); a3 = vext<5, MR, VB>(s2v, s3v); break;
+              default: a0 = vext<6, MR, VB>(s0v, s1v); a1 = vext<7, MR, VB>(s0v, s1v); a2 = vext<6, MR, VB>(s2v, s3v); a3 = vext<7, MR, VB>(s2v, s3v); break;
+            }
+            mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0[bb], B1[bb]);
+            if (PSPLIT) mma16816(acc[bb * MPB + ip], a0, a1, a2, a3, B0l[bb], B1l[bb]);
+          }
+        }
+      }
+    };
+    if (nv == TT)
+      tile(kv_dec::kv_bool<true>{});
+    else
+      tile(kv_dec::kv_bool<false>{});
     __syncwarp();  // this stage is refilled by a later iteration
   }
   cp_async_wait<0>();
@@ -1075,27 +1186,27 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
 
 template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
           int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
-__global__ void __launch_bounds__(128, MINB) kv_decode_attn(KV_DEC_PARAMS) {
+__global__ void __launch_bounds__(128, MINB) kv_decode_attn(const KvDecParams p) {
   kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, 0>(KV_DEC_ARGS);
 }
 
 // The same kernel with the CTAs of one (batch, head tile) as one cluster of CL (grid y = CL partials).
 template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
           int ABL, int MR, int PSUB, int CL>
-__global__ void __launch_bounds__(128, MINB) __cluster_dims__(1, CL, 1) kv_decode_attn_cl(KV_DEC_PARAMS) {
+__global__ void __launch_bounds__(128, MINB) __cluster_dims__(1, CL, 1) kv_decode_attn_cl(const KvDecParams p) {
   kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, CL>(KV_DEC_ARGS);
 }
 
 #ifndef KV_NVRTC
-#define KV_DEC_SIG                                                                                        \
-  (const kv_u16*, int, const kv_u8*, const kv_u8*, const kv_u8*, const kv_u8*, const int*, int, int,      \
-   long long, const int*, const kv_u16*, const kv_u16*, int, const float*, float*, float*, int*, void*,   \
-   int, int, int, int, int, long long, int, int, float)
-#define KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, MR_, PS_) \
-  template __global__ void kv_decode_attn<N_, G_, KB_, VB_, P_, S_, 0ull, 1, 2, 1, 0, MR_, PS_> KV_DEC_SIG;
-// every N and G the Python side launches, both reconstructions (MR 0: mid-tread, 1: mid-rise)
+#define KV_DEC_SIG (const KvDecParams)
+#define KV_DEC_INSTQ(N_, G_, KB_, VB_, P_, S_, QLO_, MR_, PS_) \
+  template __global__ void kv_decode_attn<N_, G_, KB_, VB_, P_, S_, 0ull, 1, 2, QLO_, 0, MR_, PS_> KV_DEC_SIG;
+#define KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, MR_, PS_) KV_DEC_INSTQ(N_, G_, KB_, VB_, P_, S_, 1, MR_, PS_)
+// every N and G the Python side launches, both reconstructions (MR 0: mid-tread, 1: mid-rise), q~ as two fp16
+// parts (QLO 1: plans with key scales) and, for mid-rise, as one (QLO 0: the default without key scales)
 #define KV_DEC_MODES(N_, G_, KB_, VB_, P_, S_) \
-  KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, 0, 1) KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, 1, 1)
+  KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, 0, 1) KV_DEC_INST(N_, G_, KB_, VB_, P_, S_, 1, 1) \
+  KV_DEC_INSTQ(N_, G_, KB_, VB_, P_, S_, 0, 1, 1)
 #define KV_DEC_BITS(N_, G_, P_, S_) \
   KV_DEC_MODES(N_, G_, 3, 3, P_, S_) KV_DEC_MODES(N_, G_, 4, 3, P_, S_) KV_DEC_MODES(N_, G_, 4, 4, P_, S_)
 KV_DEC_BITS(128, 64, 0, 3)

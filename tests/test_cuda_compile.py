@@ -5,9 +5,9 @@ KV_NVRTC is defined), so the PTX contains real kernels, not just declarations: e
 variant the Python side launches -- write kernel MODE (mid-tread 0, mid-rise 1) x RND (scale
 rounding up 0, nearest 1) on the fast-quantizer path (fp16, bf16) and on both threshold-compare
 paths (fp32 and int32 butterflies); decode kernel MR (mid-tread 0, mid-rise 1) for every N and G
-it accepts, for key/value bits K3/V3, K4/V3 and K4/V4, and the paged variants (pages of 16 and 32
-tokens), and the cluster-merge entry (kv_decode_attn_cl, cluster sizes 2, 4, 8). The test reads the
-template arguments back from the mangled entry names.
+it accepts, for key/value bits K3/V3, K4/V3 and K4/V4, q~ in one and two fp16 parts (QLO), and the
+paged variants (pages of 16 and 32 tokens), and the cluster-merge entry (kv_decode_attn_cl, cluster
+sizes 2, 4, 8). The test reads the template arguments back from the mangled entry names.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     ptx = out.read_text()
     assert ".entry" in ptx, "no kernel in the PTX"
-    if "decode" in src:
+    if "decode" in os.path.basename(src):
         assert "mma.sync.aligned.m16n8k16" in ptx and "movmatrix" in ptx
         args = _template_args(ptx, "kv_decode_attn")
         # <N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB>
@@ -57,13 +57,15 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
                 for kb, vb in ((3, 3), (4, 3), (4, 4)):
                     got = {a[11] for a in args if a[:4] == (n, g, kb, vb) and a[12] == 1}
                     assert got == {0, 1}, f"decode N={n} G={g} K{kb}V{vb}: MR variants {got}"
+                    qlo = {a[9] for a in args if a[:4] == (n, g, kb, vb) and a[11] == 1 and a[12] == 1}
+                    assert qlo == {0, 1}, f"decode N={n} G={g} K{kb}V{vb}: QLO variants {qlo}"
         assert {a[12] for a in args} == {1, 2, 4}  # contiguous / 64-token pages, 32- and 16-token pages
         assert "add.rn.f16x2" in ptx  # the mid-rise + 1/2 of V lanes at bit offset 0
         # cluster-merge entry: the same 13 arguments + the cluster size CL
         cl = _template_args(ptx, "kv_decode_attn_cl")
         assert {a[13] for a in cl if a[:4] == (128, 64, 3, 3)} == {2, 4, 8}, cl
         assert ".reqnctapercluster 1, 8, 1" in ptx and "mapa.shared::cluster" in ptx
-    if "encode" in src:
+    if "encode" in os.path.basename(src):
         assert "cp.async" in ptx
         args = _template_args(ptx, "kv_encode")
         # <N, G, BITS, M, DT, SEED, HAS_SIGN, LPTM, MINB, MODE, RND, KEYF>

@@ -9,10 +9,11 @@ Skips cleanly without CuPy or without a CUDA device (CI has neither); runs on th
   up|nearest (version 1 = midtread/up, version 2 = midrise/nearest; fields set explicitly); with the
   key front end folded in (key scales, centering, both), on corner inputs (overflow, subnormal results,
   exact cancellation, signed zeros, NaN/inf, every fp16 pattern) against center(scale_keys(...));
-* decode attention: relative error <= 1e-3 vs a float64 reference over the golden-dequantized
-  cache (and, for the policy tests below, no worse than torch SDPA bf16's own error vs float64) (sim_models.decode_float: c * scale mid-tread, (2c+1) * scale / 2 mid-rise) for many shapes,
-  lengths and GQA ratios, version-1 and version-2 caches; the quantization
-  error vs exact attention on the unquantized K/V is reported;
+* decode attention: relative error vs a float64 reference over the golden-dequantized cache
+  (sim_models.decode_float: c * scale mid-tread, (2c+1) * scale / 2 mid-rise) no worse than torch SDPA
+  bf16's own error vs float64 on the unquantized K/V of the same data (the numerical budget, measured in
+  the test), or <= 1e-3 where no SDPA run is made, for many shapes, lengths and GQA ratios, version-1 and
+  version-2 caches; the quantization error vs exact attention on the unquantized K/V is reported;
 * API checks: wrong shapes, dtypes, devices, lengths and parameters raise clear errors.
 """
 
@@ -203,12 +204,13 @@ def test_decode_vs_float64(case, quant):
     ref = attention64(q64, khat, vhat, lengths, scale)
     out = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
     err = rel_err(out, ref)
-    assert err <= 1e-3, f"relative error {err:.3g} vs float64 over the packed cache"
+    budget = _sdpa_bf16_error(q64, k64.transpose(0, 2, 1, 3), v64.transpose(0, 2, 1, 3), lengths, scale)
+    assert err <= budget, f"relative error {err:.3g} vs float64 over the packed cache; SDPA bf16 {budget:.3g}"
     out16 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)))).astype(np.float64)
-    assert rel_err(out16, ref) <= 2e-3
+    assert rel_err(out16, ref) <= err + 2.0 ** -11 * (1 + err)  # + the fp16 rounding of the output
     exact = attention64(q64, k64, v64, lengths, scale)
     qerr = rel_err(out, exact)
-    print(f"\n{case} {p.mode}/{p.scale_round}: kernel vs float64(packed) {err:.2e}; "
+    print(f"\n{case} {p.mode}/{p.scale_round}: kernel vs float64(packed) {err:.2e} (SDPA bf16 {budget:.2e}); "
           f"3-bit quantization error vs exact {qerr:.3f}")
     assert qerr < 1.5  # sanity only: the 3-bit format error on random data is large (reported)
 
@@ -220,19 +222,21 @@ def test_decode_bf16_and_splits(quant):
     khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
     vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
     ref = attention64(q64, khat, vhat, lengths, 0.2)
+    budget = _sdpa_bf16_error(q64, k64.transpose(0, 2, 1, 3), v64.transpose(0, 2, 1, 3), lengths, 0.2)
     outs = []
     for ns in (1, 5, 33, None):
         for prec in (False, True):
             o = cp.asnumpy(cache.attend(cp.asarray(qb), out_dtype="fp32", scale=0.2, num_splits=ns,
                                         precise_p=prec))
             err = rel_err(o, ref)
-            assert err <= 1e-3, f"splits={ns} precise_p={prec}: {err:.3g}"
+            assert err <= budget, f"splits={ns} precise_p={prec}: {err:.3g} (SDPA bf16 {budget:.3g})"
             outs.append(err)
     ob = cp.asnumpy(cache.attend(cp.asarray(qb), scale=0.2))  # bf16 bits out
     assert ob.dtype == np.uint16
     of = (ob.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     assert rel_err(of, ref) <= 8e-3
-    print(f"\nbf16 {p.mode}/{p.scale_round}, 20000 tokens: errors {', '.join(f'{e:.1e}' for e in outs)}")
+    print(f"\nbf16 {p.mode}/{p.scale_round}, 20000 tokens: errors {', '.join(f'{e:.1e}' for e in outs)}; "
+          f"SDPA bf16 {budget:.1e}")
 
 
 @pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
@@ -568,9 +572,12 @@ def test_shape_fuzz_vs_float64():
         pl = cache.plan(hq)
         out = cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32", scale=sc))
         ref = _reference(cache, q16, lengths, sc)
-        err = rel_err(out, ref) if np.any(np.asarray(lengths) > 0) else float(np.abs(out).max())
-        assert err <= 1e-3, (dict(B=bsz, Hq=hq, KVH=kvh, N=n, G=g, K=kb, V=vb, sinks=sinks, page=page,
-                                  lengths=lengths), err)
+        if np.any(np.asarray(lengths) > 0):
+            err, budget = rel_err(out, ref), _sdpa_bf16_error(q16, k16, v16, lengths, sc)
+        else:
+            err, budget = float(np.abs(out).max()), 0.0
+        assert err <= budget, (dict(B=bsz, Hq=hq, KVH=kvh, N=n, G=g, K=kb, V=vb, sinks=sinks, page=page,
+                                    lengths=lengths), err, budget)
         done += 1
 
 

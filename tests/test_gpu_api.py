@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -262,6 +263,61 @@ def test_decode_fragment_tricks_match_golden_codes(mr, bits):
                         assert v == codes[half, bb * g_blk + g * segl + j] + 0.5 * mr
 
 
+# kseg_* in kv_decode_attn.cu (3-bit keys, G = 64): half2 h of a thread's 16-lane segment of a block holds
+# segment lanes (KSEG_JL[h], KSEG_JH[h]) at fp16 bit offsets (KSEG_OL[h], KSEG_OH[h]), from PRMT window pair
+# KSEG_W[h] with selector KSEG_SEL[w] + 0x1111 * 2 (tig & 1); the segment starts at word 6 bb + (6 tig) / 4
+KSEG_JL, KSEG_JH = [0, 1, 2, 8, 9, 10, 6, 7], [3, 4, 5, 11, 12, 13, 14, 15]
+KSEG_OL, KSEG_OH = [0, 3, 6, 0, 3, 6, 2, 5], [1, 4, 7, 1, 4, 7, 2, 5]
+KSEG_W, KSEG_SEL = [0, 0, 0, 1, 1, 1, 2, 2], [0x2110, 0x5443, 0x5532]
+
+
+@pytest.mark.parametrize("mr", [0, 1], ids=["midtread", "midrise"])
+def test_decode_key_segments_match_golden_codes(mr):
+    """3-bit keys, 64-lane scale blocks: each thread's two words + 3 PRMT + 8 LOP3 per block and row give
+    1 + (c+T) 2^(o-10) for the lanes the q fragment pairs them with, and the 4 threads' segments cover every
+    lane of the row once."""
+    bits, top = 3, 4
+    rng = np.random.default_rng(7 + mr)
+    for n in (64, 128, 256):
+        codes = rng.integers(-top if mr else -top + 1, top, size=n)
+        w = np.concatenate([pack_codes(codes[None], bits)[0], np.zeros(8, np.uint8)]).view("<u4").astype(np.int64)
+        seen = []
+        for tig in range(4):
+            kw, ph = (6 * tig) >> 2, 2 * (tig & 1)
+            for bb in range(n // 64):
+                for h in range(8):
+                    ol, oh = KSEG_OL[h], KSEG_OH[h]
+                    sel = KSEG_SEL[KSEG_W[h]] + 0x1111 * ph
+                    assert all(((sel >> (4 * i)) & 0xF) <= 7 for i in range(4))
+                    r = _lop_6a(_byte_perm(int(w[6 * bb + kw]), int(w[6 * bb + kw + 1]), sel),
+                                (7 << ol) | (7 << (16 + oh)), (top << ol) | (top << (16 + oh)) | 0x3C003C00)
+                    for half, j, o in ((0, KSEG_JL[h], ol), (1, KSEG_JH[h], oh)):
+                        lane = 64 * bb + 16 * tig + j
+                        seen.append(lane)
+                        assert _h((r >> (16 * half)) & 0xFFFF) == 1 + (codes[lane] + top) * 2.0 ** (o - 10)
+        assert sorted(seen) == list(range(n))
+
+
+def test_params_struct_matches_the_kernel():
+    """gpu_ref.decode.PARAMS_DTYPE lists the fields of KvDecParams (kv_decode_attn.cu) in order, with their C
+    types (pointers as uint64), so the struct passed by value lands field by field."""
+    from gpu_ref.decode import PARAMS_DTYPE
+    src = open(os.path.join(os.path.dirname(gpu_ref.__file__), "kv_decode_attn.cu"), encoding="utf-8").read()
+    body = re.search(r"struct KvDecParams \{(.*?)\n\};", src, re.S).group(1)
+    fields = []
+    for line in body.splitlines():
+        decl = line.split("//")[0].strip().rstrip(";")
+        if not decl:
+            continue
+        first, *rest = decl.replace("*", " * ").split(",")
+        words = first.split()
+        ctype, names = " ".join(words[:-1]), [words[-1]] + [r.strip() for r in rest]
+        kind = np.uint64 if "*" in ctype else {"long long": np.int64, "int": np.int32, "float": np.float32}[ctype]
+        fields += [(n, np.dtype(kind)) for n in names]
+    assert [(n, PARAMS_DTYPE.fields[n][0]) for n in PARAMS_DTYPE.names] == fields
+    assert PARAMS_DTYPE.itemsize == 176 and PARAMS_DTYPE.isalignedstruct
+
+
 def test_scale_byte_to_float_formula():
     """scale_f in kv_decode_attn.cu: (s << 20) + (120 << 23) for s >= 8, s * 2^-9 below."""
     s = np.arange(256, dtype=np.uint32)
@@ -324,6 +380,22 @@ def test_plan_fills_the_last_wave_as_measured():
     assert len(result["waves"]) >= 6
 
 
+def test_plan_q_parts_follow_key_scales():
+    """One fp16 q~ part for fp16 q without key scales (within the SDPA-bf16 budget, tests/test_gpu.py), two
+    with them or for bf16 q;
+    ``tune`` overrides; a q_scale on a plan made without key_scales is refused before any GPU work."""
+    p = FormatParams()
+    args = dict(batch=2, q_heads=8, kv_heads=2, max_length=1000, num_sms=132)
+    qlo = 9  # template argument QLO of kv_decode_attn
+    assert gpu_ref.plan(p, **args).targs[qlo] == "0"
+    assert gpu_ref.plan(p, key_scales=True, **args).targs[qlo] == "1"
+    assert gpu_ref.plan(p, tune={"qlo": 1}, **args).targs[qlo] == "1"
+    assert gpu_ref.plan(p, key_scales=True, tune={"qlo": 0}, **args).targs[qlo] == "0"
+    assert gpu_ref.plan(p, q_dtype="bf16", **args).targs[qlo] == "1"
+    with pytest.raises(ValueError, match="key_scales"):
+        gpu_ref.run(gpu_ref.plan(p, **args), None, None, None, None, None, None, None, q_scale=object())
+
+
 def test_plan_refusals_name_the_parameter():
     p = FormatParams()
     for kw, word in ((dict(q_heads=3, kv_heads=2), "multiple"), (dict(sinks=65), "sinks"),
@@ -338,7 +410,8 @@ def test_plan_refusals_name_the_parameter():
                      (dict(page_size=64, max_pages=2 ** 26), "max_pages \\* page_size"),
                      (dict(stages=-1), "stages"), (dict(stages=100), "stages"),
                      (dict(tune={"foo": 1}), "tune"), (dict(tune={"minb": 0}), "minb"),
-                     (dict(precise_p="yes"), "precise_p")):
+                     (dict(precise_p="yes"), "precise_p"), (dict(key_scales=1), "key_scales"),
+                     (dict(tune={"qlo": -1}), "qlo"), (dict(q_dtype="fp32"), "q_dtype")):
         args = dict(batch=2, q_heads=8, kv_heads=2, max_length=1000, num_sms=132)
         args.update(kw)
         with pytest.raises(ValueError, match=word):
