@@ -5,17 +5,18 @@
 
     from gpu_ref import hf
     hf.enable(model)                                   # model.config._attn_implementation = "fwht_kv"
-    cache = hf.PackedCache(model.config, hf.parse_policy("K3V3+C"), batch_size=1, capacity=4096,
-                           mu=calib["mu"])
+    cache = hf.PackedCache(model.config, "v3", batch_size=1, capacity=4096,
+                           tables=KeyTables.load("bench/calib/smollm2-135m.keytables.npz"))
     model.generate(ids, past_key_values=cache, max_new_tokens=64)
 
 What each step does (Llama and Qwen2 families; GQA of any ratio):
 
-* ``update`` (called by the model with post-RoPE K/V ``[B, KVH, T, D]``): keys are multiplied by
-  the per-channel power-of-two key scales ``s`` (exact), centered (``RNE(k - mu)``,
-  :func:`sim_models.center`'s rule), rounded to the format's 16-bit type and appended with the
-  write kernel; values are rounded and appended. The first ``policy.sinks`` tokens of each
-  sequence are kept 16-bit instead (:class:`sim_models.CachePolicy`).
+* ``update`` (called by the model with post-RoPE K/V ``[B, KVH, T, D]``): K and V are rounded to
+  the cache's 16-bit type and appended with the write kernel, which applies the key front end of
+  format version 3 to the keys (FORMAT.md 8: ``RNE(RN16(k s) - RN16(mu s))``, per-channel
+  power-of-two scales ``s`` and centering vectors ``mu`` from the model's :class:`sim_models.KeyTables`).
+  The first ``policy.sinks`` tokens of each sequence are kept 16-bit instead, keys in the same
+  front-end domain (:class:`sim_models.CachePolicy`).
 * prefill (a chunk of T > 1 tokens into an empty layer), ``prefill="exact"`` (default): attention
   uses the chunk's *unquantized* K/V (SDPA, causal), as serving engines do; only later tokens see
   the packed prompt. A multi-token chunk after cached tokens (chunked prefill) raises
@@ -34,9 +35,10 @@ API, CUDA tensors; :class:`_CudaStore` holds every call into gpu_ref) and ``"gol
 golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over the
 reconstructions; any device, any format; the reference of tests/test_hf.py). What the kernels
 cannot serve (head_dim not in {64, 128, 256}, K/V bits outside {3, 4}, more than 64 sinks, one
-of K/V 16-bit) raises ``ValueError`` naming the field at cache creation. Centering and key scales
-are applied around the kernels here (k*s and k - mu before the write kernel, q / s before
-decode; exact), for both backends, so both see the same input. A decode step of the cuda
+of K/V 16-bit) raises ``ValueError`` naming the field at cache creation. The key front end runs
+inside the write kernel (cuda) or through ``sim_models.scale_keys`` / ``center`` (golden), and the
+query side ``q / s`` inside the decode kernel (cuda) or before SDPA (golden); a cache with a front
+end stores fp16. A decode step of the cuda
 backend allocates nothing on the CuPy side and makes no host<->device copy, so a whole model
 step can be captured in a CUDA graph (bench/hf_bench.py does, for timing).
 
@@ -189,9 +191,16 @@ class _GoldenStore:
     ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows).
     """
 
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None):
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None, mu16=None, s16=None):
         torch = _torch()
         self.fmts, self.sinks, self.dtype = fmts, sinks, torch_dtype
+        # the key front end (FORMAT.md 8) as the golden model defines it: scale_keys then center
+        self._s16, self._mu_s = s16, None
+        fe = FormatParams(n=d, block=min(64, d))
+        if mu16 is not None:
+            self._mu_s = mu16.view(np.uint16) if s16 is None else scale_keys(mu16, s16, fe)
+        self._fe = fe
+        self._q_div = None if s16 is None else torch.as_tensor(s16.astype(np.float32), device=device)
         self.hat = {k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
         self.codes, self.scales = {}, {}
         for kind, f in zip("kv", fmts):
@@ -200,9 +209,30 @@ class _GoldenStore:
                 self.scales[kind] = np.zeros((batch, kvh, cap, d // f.n, f.n_blocks), np.uint8)
         self.length = 0
 
-    def append(self, k16, v16):
-        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` in the stored domain."""
+    def keys_in(self, k16):
+        """Keys ``[B, KVH, T, D]`` (torch fp16) -> the encoder input of the key front end (torch fp16)."""
         torch = _torch()
+        if self._s16 is None and self._mu_s is None:
+            return k16
+        bits = k16.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        if self._s16 is not None:
+            bits = scale_keys(bits, self._s16[None, :, None, :], self._fe)
+        if self._mu_s is not None:
+            bits = center(bits, self._mu_s[None, :, None, :], self._fe)
+        return torch.from_numpy(bits.view(np.int16)).view(torch.float16).to(k16.device)
+
+    def query(self, q):
+        """Queries float32 ``[B, Hq, ..., D]`` -> ``q / s`` (the key scales' reparametrization)."""
+        if self._q_div is None:
+            return q
+        rep = q.shape[1] // self._q_div.shape[0]
+        div = self._q_div.repeat_interleave(rep, 0)
+        return q / div.reshape(1, q.shape[1], *([1] * (q.dim() - 3)), q.shape[-1])
+
+    def append(self, k16, v16):
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (keys before the key front end)."""
+        torch = _torch()
+        k16 = self.keys_in(k16)
         t0, t = self.length, k16.shape[2]
         for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
             xf = x.float()
@@ -220,8 +250,9 @@ class _GoldenStore:
         self.length += t
 
     def attend(self, q, scaling):
-        """q float32 ``[B, Hq, D]`` (already divided by the key scales) -> float32 ``[B, Hq, D]``."""
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``."""
         torch = _torch()
+        q = self.query(q)
         n = self.length
         k, v = self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
         rep = q.shape[1] // k.shape[1]
@@ -249,7 +280,8 @@ class _CudaStore:
 
     _streams: dict = {}
 
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq, pow2_rows=False):
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq, pow2_rows=False, mu16=None,
+                 s16=None):
         import cupy as cp
         from gpu_ref import KVCache
         torch = _torch()
@@ -259,7 +291,8 @@ class _CudaStore:
         if pow2_rows:
             packed = max(64, 1 << (packed - 1).bit_length())
         with self._stream():
-            self.kv = KVCache(batch, kvh, packed + sinks, fmts[0], v_params=fmts[1], sinks=sinks)
+            self.kv = KVCache(batch, kvh, packed + sinks, fmts[0], v_params=fmts[1], sinks=sinks, mu=mu16,
+                              key_scale=None if s16 is None else s16.astype(np.float32))
             self._dlen = self.kv.lengths                       # device int32 [B], updated in place
             rows = self.kv.k_codes.shape[2]
             # plane row of packed token 0 of (b, h), in the write kernel's input order [B, (T,) KVH]
@@ -295,14 +328,22 @@ class _CudaStore:
         return cupy.from_dlpack(x)
 
     def append(self, k16, v16):
-        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (stored domain), all sequences at ``self.length``."""
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (keys before the key front end, which the write kernel
+        applies), all sequences at ``self.length``."""
         from gpu_ref import launch_encode
+        from gpu_ref.encode import key_front
         torch = _torch()
         t0, t = self.length, k16.shape[2]
         ns = max(0, min(self.sinks - t0, t))                   # leading tokens of the chunk that are sinks
+        front = self.kv._key                                   # the key front end (None: plain keys)
         if ns:
-            for dst, x in zip(self._sink_t, (k16, v16)):
-                dst[:, :, t0:t0 + ns] = x[:, :, :ns].view(torch.int16)
+            ks = k16[:, :, :ns]
+            if front is not None:                              # sink keys in the front end's domain too
+                with self._stream():
+                    y = key_front(self._cp(ks.transpose(1, 2)), front, _cupy())        # [B, ns, KVH, D]
+                ks = torch.from_dlpack(y.view(_cupy().int16)).transpose(1, 2)
+            self._sink_t[0][:, :, t0:t0 + ns] = ks.view(torch.int16)
+            self._sink_t[1][:, :, t0:t0 + ns] = v16[:, :, :ns].view(torch.int16)
         if t > ns:
             if t == 1:                                         # from the device lengths: graph-safe
                 rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
@@ -311,10 +352,11 @@ class _CudaStore:
                 rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
             kv = self.kv
             with self._stream():
-                for x, p, codes, scales, flags in ((k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags),
-                                                   (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags)):
+                for x, p, codes, scales, flags, key in (
+                        (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front),
+                        (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None)):
                     bits = self._cp(x[:, :, ns:].transpose(1, 2))                # [B, T', KVH, D]
-                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy())
+                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key)
         self._dlen_t += t
         self.length += t
         self.kv.host_lengths[:] = self.length
@@ -327,7 +369,7 @@ class _CudaStore:
         return self._plans[key]
 
     def attend(self, q, scaling):
-        """q float32 ``[B, Hq, D]`` (already divided by the key scales) -> float32 ``[B, Hq, D]``."""
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]`` (the kernel reads q / s with key scales)."""
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
         bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
@@ -339,8 +381,8 @@ class _CudaStore:
         return out
 
     def attend_chunk(self, q, scaling, num_splits=None):
-        """Causal attention of the chunk's queries ``[B, Hq, T, D]`` (float32, divided by the key
-        scales; the chunk is the last T cached tokens) over the packed cache: query i of sequence b
+        """Causal attention of the chunk's queries ``[B, Hq, T, D]`` (float32; the kernel reads q / s with
+        key scales; the chunk is the last T cached tokens) over the packed cache: query i of sequence b
         reads the first ``length - T + i + 1`` tokens of b (sinks included) -> float32 ``[B, T, Hq, D]``.
         One decode launch of B*T queries, each pointed at its sequence's page (``pow2_rows``)."""
         import cupy as cp
@@ -404,8 +446,9 @@ class PackedLayer(CacheLayerMixin):
         layer_idx: decoder layer index.
         k_fmt, v_fmt: FormatParams (n = head_dim, dtype = the cache's 16-bit type) or None (16-bit).
         sinks: leading tokens kept 16-bit.
-        mu: None or float ``[KVH, D]`` centering vector (stored-domain units: already scaled).
-        key_scale: None or float32 ``[KVH, D]`` powers of two.
+        mu: None or float16 ``[KVH, D]`` centering vectors (unscaled; the key front end,
+            FORMAT.md 8, stores ``RNE(RN16(k s) - RN16(mu s))``).
+        key_scale: None or float16 ``[KVH, D]`` per-channel key scales (powers of two).
         batch_size, capacity, num_heads, num_kv_heads, head_dim: the shapes.
         backend: ``"cuda"`` or ``"golden"``.
     """
@@ -444,35 +487,22 @@ class PackedLayer(CacheLayerMixin):
         if self.packed:
             args = ((self.k_fmt, self.v_fmt), self.sinks, b, h, self.capacity, d, self.dtype, self.device,
                     self.num_heads)
+            front = {}
+            if self.k_fmt is not None and (self.mu is not None or self.key_scale is not None):
+                if kind != "fp16":                 # PackedCache picks fp16; a lone layer may not
+                    raise ValueError(f"layer {self.layer_idx}: the key front end (centering / key scales) is "
+                                     f"defined on fp16 keys (docs/FORMAT.md 8), got cache dtype {kind!r}")
+                front = dict(mu16=self.mu, s16=self.key_scale)
             if self.backend == "cuda":
                 if self.device.type != "cuda":
                     raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
-                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed")
+                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed", **front)
             else:
-                self.store = _GoldenStore(*args)
-            if self.mu is not None:
-                self._mu = torch.as_tensor(np.asarray(self.mu, np.float64), device=self.device)
-            if self.key_scale is not None:
-                self._ks = torch.as_tensor(np.asarray(self.key_scale, np.float32), device=self.device)
+                self.store = _GoldenStore(*args, **front)
         else:
             self.keys = torch.zeros(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
             self.values = torch.zeros_like(self.keys)
         self.is_initialized = True
-
-    def stored_keys(self, key_states):
-        """Post-RoPE keys ``[B, KVH, T, D]`` -> the write kernel's 16-bit input ``RNE(k*s - mu)``."""
-        torch = _torch()
-        k = key_states
-        fmax = torch.finfo(self.dtype).max
-        if self.key_scale is not None:                                 # RNE(k s), saturating (scale_keys)
-            ks = (k.float() * self._ks[None, :, None, :]).clamp(-fmax, fmax)   # powers of two: exact
-            k = torch.where(torch.isfinite(k), ks, k.float())
-        k16 = k.to(self.dtype)
-        if self.mu is None:
-            return k16
-        d = (k16.double() - self._mu[None, :, None, :]).clamp(-fmax, fmax)
-        special = ~torch.isfinite(k16)
-        return torch.where(special, k16, d.to(self.dtype))
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -492,17 +522,13 @@ class PackedLayer(CacheLayerMixin):
             self.length += t
             return (self.keys[:, :, :self.length].to(self.model_dtype),
                     self.values[:, :, :self.length].to(self.model_dtype))
-        self.store.append(self.stored_keys(key_states), value_states.to(self.dtype))
+        self.store.append(key_states.to(self.dtype), value_states.to(self.dtype))
         self.length += t
         return key_states, value_states
 
     def attend(self, query, scaling):
         """Decode attention of ``query`` ``[B, Hq, D]`` over the packed layer -> float32 ``[B, Hq, D]``."""
-        q = query.float()
-        if self.key_scale is not None:
-            rep = self.num_heads // self.num_kv_heads
-            q = q / self._ks.repeat_interleave(rep, 0)[None]
-        return self.store.attend(q, scaling)
+        return self.store.attend(query.float(), scaling)
 
     def attend_chunk(self, query, scaling):
         """Causal attention of ``query`` ``[B, Hq, T, D]`` (the last T tokens) over the packed
@@ -511,11 +537,9 @@ class PackedLayer(CacheLayerMixin):
         torch = _torch()
         t, n = query.shape[2], self.length
         q = query.float()
-        if self.key_scale is not None:
-            rep = self.num_heads // self.num_kv_heads
-            q = q / self._ks.repeat_interleave(rep, 0)[None, :, None, :]
         if self.backend == "cuda":
             return self.store.attend_chunk(q, scaling, self.chunk_splits).to(query.dtype)
+        q = self.store.query(q)
         rep = self.num_heads // self.num_kv_heads
         k = self.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
         v = self.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
@@ -571,8 +595,10 @@ class PackedCache(Cache):
             (every query of a chunk attends to the packed cache up to its own token: the
             fake-quant forward of bench/accuracy.py; with ``backend="cuda"`` one decode-kernel
             launch per layer and chunk, the planes' rows rounded up to a power of two).
-        dtype: 16-bit type of the stored values, ``"fp16"`` or ``"bf16"`` (default: bf16 for
-            bf16 models, fp16 otherwise; decided at the first update if None).
+        dtype: 16-bit type of the stored values, ``"fp16"`` or ``"bf16"`` (default: fp16 when keys
+            pass the key front end, which FORMAT.md 8 defines on fp16 keys; else bf16 for bf16 models
+            and fp16 otherwise, decided at the first update). K/V of a bf16 model outside fp16's
+            range become +-inf in an fp16 cache (flagged by the format, FORMAT.md 3.1).
 
     Raises:
         ValueError: a parameter out of range (named), head_dim or a format the backend cannot
@@ -640,6 +666,13 @@ class PackedCache(Cache):
             raise ValueError("key_scales must be positive powers of two (the reparametrization is exact)")
         self.policy, self.backend, self.n_seqs, self.capacity = policy, backend, int(batch_size), int(capacity)
         self.shape = dict(layers=n_layers, q_heads=hq, kv_heads=kvh, head_dim=d)
+        front = any(policy.format_for(l, "k") is not None for l in range(n_layers)) and (
+            (policy.center_keys and arrays["mu"] is not None) or ks is not None)
+        if front:                 # the key front end is defined on fp16 keys (FORMAT.md 8)
+            if dtype == "bf16":
+                raise ValueError("dtype 'bf16' cannot hold a key front end (centering / key scales are defined on "
+                                 "fp16 keys, docs/FORMAT.md 8): use dtype='fp16' or None")
+            dtype = "fp16"
         fmt_dtype = dtype or "fp16"
         layers = []
         for l in range(n_layers):
@@ -650,13 +683,8 @@ class PackedCache(Cache):
                     raise ValueError(f"head_dim {d} is not a multiple of the {kind} format's n={f.n}")
             if backend == "cuda":
                 _check_cuda_layer(l, kf, vf, policy.sinks)
-            m = None
-            if policy.center_keys and kf is not None:
-                m = arrays["mu"][l].astype(np.float16)
-                if ks is not None:                                  # mu in the scaled domain: RN16(mu s)
-                    m = scale_keys(m, ks[l].astype(np.float16), FormatParams(n=d)).view(np.float16)
-                m = m.astype(np.float64)
-            s = ks[l] if (ks is not None and kf is not None) else None
+            m = arrays["mu"][l].astype(np.float16) if (policy.center_keys and kf is not None) else None
+            s = ks[l].astype(np.float16) if (ks is not None and kf is not None) else None
             layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
                                       hq, kvh, d, backend))
             layers[-1].prefill = prefill
