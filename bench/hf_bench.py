@@ -236,10 +236,11 @@ def _layer_errors(lg, lk, query, scaling, o_gold):
     kh = lg.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
     vh = lg.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
     mask = torch.arange(n, device=query.device)[None, :] <= torch.arange(n - t, n, device=query.device)[:, None]
-    ref = f(query.double(), kh.double(), vh.double(), attn_mask=mask, scale=scaling).transpose(1, 2)
+    qs = lg.store.query(query.float())            # q / s: the reconstructions are in the key-scaled domain
+    ref = f(qs.double(), kh.double(), vh.double(), attn_mask=mask, scale=scaling).transpose(1, 2)
     r = {"kernels": _rel(lk.attend_chunk(query, scaling), ref), "sdpa_fp32": _rel(o_gold, ref)}
     for key, dt in (("sdpa_fp16", torch.float16), ("sdpa_bf16", torch.bfloat16)):
-        r[key] = _rel(f(query.to(dt), kh.to(dt), vh.to(dt), attn_mask=mask, scale=scaling).transpose(1, 2), ref)
+        r[key] = _rel(f(qs.to(dt), kh.to(dt), vh.to(dt), attn_mask=mask, scale=scaling).transpose(1, 2), ref)
     return r
 
 
