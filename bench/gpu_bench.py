@@ -88,6 +88,19 @@ def log(*a):
     print(*a, flush=True)
 
 
+def finish(result, save, t_start, tables=()):
+    """End of a bench mode: the run's seconds into ``result``, saved; each (columns, row lines) of
+    ``tables`` logged as a markdown table; the total logged."""
+    result["seconds"] = time.time() - t_start
+    save()
+    for cols, lines in tables:
+        log("\n| " + " | ".join(cols) + " |")
+        log("|" + "---|" * len(cols))
+        for line in lines:
+            log(line)
+    log(f"total {result['seconds']:.0f} s")
+
+
 def graph_time(fn_list, reps=7, inner=None):
     """Median ms per call of the callables in fn_list (one graph replays them all, `inner` times).
 
@@ -286,12 +299,7 @@ def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2, cases=N
             exact = write_variant_exact(p, tune)
         except Exception:  # noqa: BLE001
             exact = traceback.format_exc()[-300:]
-        x = cp.empty((nvec, 128), cp.uint16)
-        step = 1 << 21
-        for i in range(0, nvec, step):
-            v = cp.random.standard_normal((min(step, nvec - i), 128), dtype=cp.float32)
-            x[i:i + step] = v.astype(cp.float16).view(cp.uint16) if dtype == "fp16" else \
-                (v.view(cp.uint32) >> 16).astype(cp.uint16)
+        x = write_inputs(nvec, dtype, heads=1).reshape(nvec, 128)
         codes = cp.empty((nvec, 48), cp.uint8)
         scales = cp.empty((nvec, 2), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
@@ -523,20 +531,14 @@ def run_versions(a, result, save, t_start):
             free()
         result["decode"] = rows
         save()
-    result["seconds"] = time.time() - t_start
-    save()
-    log("\n| write 16M x N=128 | ms | GB/s | % copy |")
-    log("|---|---|---|---|")
-    for r in result["write"] if isinstance(result["write"], list) else []:
-        log(f"| {r['label']} | {r['ms']:.3f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} |")
-    log("\n| batch | GQA | context | v1 ms | v2 ms | SDPA bf16 ms | v1 speed-up | v2 speed-up |")
-    log("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "v1_ms" in r:
-            log(f"| {r['batch']} | {r['q_heads']}/{r['kv_heads']} | {r['context']} | {r['v1_ms']:.4f} | {r['v2_ms']:.4f} | "
-                f"{r.get('sdpa_bf16_ms', float('nan')):.4f} | {r.get('v1_speedup', float('nan')):.2f} | "
-                f"{r.get('v2_speedup', float('nan')):.2f} |")
-    log(f"total {result['seconds']:.0f} s")
+    finish(result, save, t_start, (
+        (("write 16M x N=128", "ms", "GB/s", "% copy"),
+         [f"| {r['label']} | {r['ms']:.3f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} |"
+          for r in (result["write"] if isinstance(result["write"], list) else [])]),
+        (("batch", "GQA", "context", "v1 ms", "v2 ms", "SDPA bf16 ms", "v1 speed-up", "v2 speed-up"),
+         [f"| {r['batch']} | {r['q_heads']}/{r['kv_heads']} | {r['context']} | {r['v1_ms']:.4f} | {r['v2_ms']:.4f} | "
+          f"{r.get('sdpa_bf16_ms', float('nan')):.4f} | {r.get('v1_speedup', float('nan')):.2f} | "
+          f"{r.get('v2_speedup', float('nan')):.2f} |" for r in rows if "v1_ms" in r])))
 
 
 def ncu_decode_driver():
@@ -690,8 +692,7 @@ def run_policy(a, result, save, t_start):
                     r["pct_copy"] = 100 * r["GBps"] / copy_gbs
                 log(f"  SDPA bf16 {row['sdpa_bf16_ms']:.4f} ms")
             save()
-    result["seconds"] = time.time() - t_start
-    save()
+    finish(result, save, t_start)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -876,9 +877,7 @@ def run_kernel(a, result, save, t_start):
                                                                 quick=a.quick, cluster=True))
         result["decode_cluster"].append(row)
         save()
-    result["seconds"] = time.time() - t_start
-    save()
-    log(f"total {result['seconds']:.0f} s")
+    finish(result, save, t_start)
 
 
 def write_inputs(nvec, dtype, heads=8):
@@ -995,15 +994,10 @@ def run_write(a, result, save, t_start):
             free()
         result["write"] = rows
         save()
-    result["seconds"] = time.time() - t_start
-    save()
-    log("\n| write 16M x N=128 | impl | ms | GB/s | % copy | bit-exact |")
-    log("|---|---|---|---|---|---|")
-    for r in rows:
-        if "ms" in r:
-            log(f"| {r['label']} | {r['impl']} | {r['ms']:.3f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | "
-                f"{r['bit_exact_65536']} |")
-    log(f"total {result['seconds']:.0f} s")
+    finish(result, save, t_start, ((
+        ("write 16M x N=128", "impl", "ms", "GB/s", "% copy", "bit-exact"),
+        [f"| {r['label']} | {r['impl']} | {r['ms']:.3f} | {r['GBps']:.0f} | {r['pct_copy']:.1f} | "
+         f"{r['bit_exact_65536']} |" for r in rows if "ms" in r]),))
 
 
 PAGING_SHAPES = tuple((b, t) for b in (1, 8, 32) for t in (4096, 32768, 131072))
@@ -1027,18 +1021,15 @@ def run_paging(a, result, save, t_start):
                     r["cost_vs_contiguous"] = r["ms"] / base[0]["ms"] - 1
             result["paging"].append(row)
             save()
-    result["seconds"] = time.time() - t_start
-    save()
-    log("\n| B | T | GQA | bits | contiguous ms | page 16 | page 64 |")
-    log("|---|---|---|---|---|---|---|")
+    lines = []
     for row in result["paging"]:
         for bits in sorted({r["bits"] for r in row.get("rows", ())}):
             rs = {r["page"]: r for r in row["rows"] if r["bits"] == bits}
             if None in rs:
-                log(f"| {row['batch']} | {row['context']} | {row['q_heads']}/8 | {bits} | {rs[None]['ms']:.4f} | " +
-                    " | ".join(f"{100 * rs[pg]['cost_vs_contiguous']:+.1f}%" if pg in rs else "-" for pg in (16, 64)) +
-                    " |")
-    log(f"total {result['seconds']:.0f} s")
+                lines.append(f"| {row['batch']} | {row['context']} | {row['q_heads']}/8 | {bits} | {rs[None]['ms']:.4f} | "
+                             + " | ".join(f"{100 * rs[pg]['cost_vs_contiguous']:+.1f}%" if pg in rs else "-"
+                                          for pg in (16, 64)) + " |")
+    finish(result, save, t_start, ((("B", "T", "GQA", "bits", "contiguous ms", "page 16", "page 64"), lines),))
 
 
 WAVE_BATCHES = (32, 33, 35, 40, 48, 64)   # GQA 32/8 at 128K: (sequence, kv head) pairs around the CTA slots
@@ -1055,9 +1046,7 @@ def run_waves(a, result, save, t_start):
                                                                      splits=WAVE_SPLITS, quick=a.quick))
         result["waves"].append(row)
         save()
-    result["seconds"] = time.time() - t_start
-    save()
-    log(f"total {result['seconds']:.0f} s")
+    finish(result, save, t_start)
 
 
 def main():
@@ -1197,16 +1186,11 @@ def main():
             free()
         result["decode"] = rows
         save()
-    result["seconds"] = time.time() - t_start
-    save()
-    log("\n| batch | GQA | context | ours ms | GB/s | % copy | SDPA bf16 ms | speed-up |")
-    log("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "ours_ms" in r:
-            log(f"| {r['batch']} | {r['q_heads']}/{r['kv_heads']} | {r['context']} | {r['ours_ms']:.4f} | "
-                f"{r['ours_GBps']:.0f} | {r['pct_copy']:.0f} | {r.get('sdpa_bf16_ms', float('nan')):.4f} | "
-                f"{r.get('speedup', float('nan')):.2f} |")
-    log(f"total {result['seconds']:.0f} s")
+    finish(result, save, t_start, ((
+        ("batch", "GQA", "context", "ours ms", "GB/s", "% copy", "SDPA bf16 ms", "speed-up"),
+        [f"| {r['batch']} | {r['q_heads']}/{r['kv_heads']} | {r['context']} | {r['ours_ms']:.4f} | "
+         f"{r['ours_GBps']:.0f} | {r['pct_copy']:.0f} | {r.get('sdpa_bf16_ms', float('nan')):.4f} | "
+         f"{r.get('speedup', float('nan')):.2f} |" for r in rows if "ours_ms" in r]),))
 
 
 if __name__ == "__main__":
