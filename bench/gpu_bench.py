@@ -1093,24 +1093,12 @@ def main():
         f"memcpy {result['copy']['memcpy_GBps']:.0f}, copy kernel {result['copy']['kernel_copy_GBps']:.0f}; "
         f"read-only kernel {result['copy']['kernel_read_GBps']:.0f})")
     save()
-    if a.only == "policy":
-        run_policy(a, result, save, t_start)
-        return
-    if a.only == "kernel":
-        run_kernel(a, result, save, t_start)
-        return
-    if a.only == "waves":
-        run_waves(a, result, save, t_start)
-        return
-    if a.only == "write":
-        run_write(a, result, save, t_start)
-        return
-    if a.only == "paging":
-        run_paging(a, result, save, t_start)
-        return
     if a.only == "versions":
         result["versions"] = {k: {f: PRESETS[k][f] for f in ("mode", "scale_round")} for k in VERSIONS}
-        run_versions(a, result, save, t_start)
+    modes = {"policy": run_policy, "kernel": run_kernel, "waves": run_waves, "write": run_write,
+             "paging": run_paging, "versions": run_versions}
+    if a.only in modes:
+        modes[a.only](a, result, save, t_start)
         return
     if not a.skip_checks:
         checks = (("encode_check", check_encode), ("decode_check", check_decode))
