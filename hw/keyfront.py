@@ -27,7 +27,8 @@ Per lane, in three steps with optional register cuts between them (:data:`KF_CUT
 2. align (``[align]``): ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude
    (the larger sets the sign), the smaller significand shifted right by the exponent
    difference with 3 guard bits (guard, round, sticky ORed into the last).
-3. add, normalise, round (``[out]``): 15-bit add or subtract; a carry shifts right by one
+3. add (``[sum]``), normalise, round (``[out]``): 15-bit add or subtract; a carry shifts
+   right by one
    (sticky kept), else a left shift by the leading-zero count, limited to reach exponent 1
    (subnormal results); RNE; the pattern ``((E - 1) << 10) + r`` lets a rounding carry
    step the exponent; above 0x7BFF saturates. An exact zero is +0 unless both
@@ -51,8 +52,8 @@ from .tofloat import shift_right_sticky
 from .wire import key_config_layout
 
 #: Register cut points of the key front end (``kf_regs``): after the scaling, after the
-#: alignment, after the rounding (the output register). Default: scale and out.
-KF_CUTS = Cuts("kf_regs", ("scale", "align", "out"), ("scale", "out"))
+#: alignment, after the add, after the rounding (the output register). Default: scale, out.
+KF_CUTS = Cuts("kf_regs", ("scale", "align", "sum", "out"), ("scale", "out"))
 
 _MAX = 0x7BFF                      # largest finite fp16 pattern (magnitude)
 #: One table entry: the centering value mu_s (fp16 bits) and the exponent e.
@@ -133,10 +134,16 @@ def align_lane(m: Module, y, mu, name: str) -> dict:
             "sign": big[15], "zsign": y[15] & nmu[15]}
 
 
-def round_lane(m: Module, al: dict, name: str) -> Signal:
-    """Step 3: add / subtract, normalise, round to nearest even, saturate."""
+def add_lane(m: Module, al: dict, name: str) -> dict:
+    """Step 3a: the 15-bit sum or difference of the aligned significands."""
     r = Signal(15, name=f"{name}_sum")
     m.d.comb += r.eq(Mux(al["sub"], al["a"] - al["b"], al["a"] + al["b"]))
+    return {"r": r, "eb": al["eb"], "sign": al["sign"], "zsign": al["zsign"]}
+
+
+def round_lane(m: Module, al: dict, name: str) -> Signal:
+    """Step 3b: normalise, round to nearest even, saturate."""
+    r = al["r"]
     lz = _lzc(m, r[:14], f"{name}_nlz")
     lim = Signal(5, name=f"{name}_lim")
     m.d.comb += lim.eq(al["eb"] - 1)
@@ -232,7 +239,13 @@ class KeyFrontEnd(wiring.Component):
             als = [{key: r[f"{key}{k}"] for key in als[k]} for k in range(n)]
 
         # step 3: add, normalise, round
-        out = [Mux(pas[k], y[k], round_lane(m, als[k], f"kf_rd{k}")) for k in range(n)]
+        sums = [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)]
+        if "sum" in self.regs:
+            flat = {f"{key}{k}": v for k in range(n) for key, v in sums[k].items()}
+            r = stage(m, en, "kf_sum", y=y, p=pas, valid=valid, **flat)
+            y, pas, valid = r["y"], r["p"], r["valid"]
+            sums = [{key: r[f"{key}{k}"] for key in sums[k]} for k in range(n)]
+        out = [Mux(pas[k], y[k], round_lane(m, sums[k], f"kf_rd{k}")) for k in range(n)]
         if "out" in self.regs:
             r = stage(m, en, "kf_out", d=out, valid=valid)
             out, valid = r["d"], r["valid"]
