@@ -24,6 +24,11 @@ sim_models.encode, every output word bit-exact: codes, scales, flags):
 * real         the SmolLM2-135M K/V capture verif/data/smollm2_kv.npz
                (N=64: every head vector; N=128: heads concatenated; --quick: 2,000)
 * raw          (bf16) uniformly random bit patterns: FLAG_SAT, NaN, inf
+* keyfront     (key-front-end configs ``..._k<T>``) the pinned key-front-end set
+               (sim_models.testvectors.key_front_set, 2,048 + directed; --quick 256)
+               while every table slot is reloaded mid-stream; every other set runs with
+               a random slot / bypass side band through the tables loaded at the start
+               of each test (verif/tb_epilogue.py)
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
@@ -191,6 +196,8 @@ def sets_for(cfg: RTLConfig, quick: bool, n_random: int | None, fixture: Path, s
         sets.append({"name": "real", "count": 2000 if quick else None})
     if cfg.params.dtype == "bf16":
         sets.append({"name": "raw", "count": max(nr // 4, 250), "seed": seed})
+    if cfg.key_slots:
+        sets.append({"name": "keyfront", "count": 256 if quick else 2048, "seed": seed})
     return sets
 
 
