@@ -81,12 +81,15 @@ from .run import run
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
 #: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and
 #: 256); bf16 input (the only way to reach FLAG_SAT); the N = 128 Fmax register
-#: profile of docs/SYNTH.md (``p2``). Chosen for build time (the
+#: profile of docs/SYNTH.md (``p2``); the key front end of the cache policy (``kT``:
+#: T = 3 slots, so a slot value >= T exists, with the default cuts; T = 8 in the N = 64
+#: Fmax profile, every cut). Chosen for build time (the
 #: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
 #: modes are added by mode_configs().
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
                    "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16",
-                   "enc_v2_n128_g64_b3_l7_p2")
+                   "enc_v2_n128_g64_b3_l7_p2", "enc_v2_n64_g32_b3_l2_k3",
+                   "enc_v2_n64_g64_b3_l6_p1_k8")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
 #: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules;
 #: the Fmax register profiles (``pK``: every register cut, a register every K tree
