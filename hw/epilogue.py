@@ -15,6 +15,12 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     status [3] (out)              sticky OR of the flags of accepted outputs
     status_clear                  clears ``status``
 
+With ``key_slots`` = T > 0 (default 0: none) the cache policy's key front end
+(:mod:`hw.keyfront`) comes first: ``i__payload`` = lanes | slot | bypass
+(:func:`hw.wire.encoder_input_layout`), a ``cfg`` stream loads its table one lane per word
+(:func:`hw.wire.key_config_layout`; docs/FORMAT.md 7), and the latency grows by
+``1 + len(kf_regs)`` (``latency_breakdown["keyfront"]``).
+
 Pipeline (no stalls): front end (``fe_regs`` cuts, default one after the
 exponent max tree) -> register -> FWHT with ``latency`` registers (see
 :mod:`hw.fwht`) -> quantizer with ``quant_regs`` cuts (see :mod:`hw.quantizer`;
