@@ -17,22 +17,26 @@ undisturbed meanwhile. The memory starts as all zero (mu_s = +0, e = 0: the iden
 Side band (per vector): ``slot`` and ``bypass``; ``bypass`` = 1 or a slot >= ``slots``
 passes the lanes unchanged (values, keys without the policy).
 
-Per lane, in three steps with optional register cuts between them (:data:`KF_CUTS`):
+Per lane, in steps with optional register cuts between them (:data:`KF_CUTS`):
 
-1. scale (``[scale]``): ``x 2^e``: a subnormal x is normalised (leading-one count),
-   the exponent ``E2 = E_x - lz + e``; ``E2 >= 31`` saturates to 0x7BFF, ``1 <= E2 <= 30``
-   is exact, ``E2 <= 0`` shifts the significand right by ``1 - E2`` with round to nearest
-   even (guard, sticky) into the subnormals (a carry gives the smallest normal by itself);
-   +-0 keeps its sign. Lanes to pass (NaN/inf, bypass) keep x.
+0. decode (the input cycle, before the table read register): x's significand normalised
+   by its leading-zero count (subnormal x), ``base = max(E, 1) - lz`` and ``1 - base``.
+1. scale (``[scale]``): ``x 2^e``: ``E2 = base + e``; ``E2 >= 31`` saturates to 0x7BFF,
+   ``1 <= E2 <= 30`` is exact, ``E2 <= 0`` shifts the significand right by ``1 - E2`` with
+   round to nearest even (guard, sticky) into the subnormals (a carry gives the smallest
+   normal by itself); +-0 keeps its sign. Lanes to pass (NaN/inf, bypass) keep x.
 2. align (``[align]``): ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude
    (the larger sets the sign), the smaller significand shifted right by the exponent
    difference with 3 guard bits (guard, round, sticky ORed into the last).
-3. add (``[sum]``), normalise, round (``[out]``): 15-bit add or subtract; a carry shifts
-   right by one
-   (sticky kept), else a left shift by the leading-zero count, limited to reach exponent 1
-   (subnormal results); RNE; the pattern ``((E - 1) << 10) + r`` lets a rounding carry
-   step the exponent; above 0x7BFF saturates. An exact zero is +0 unless both
-   ``y`` and ``-mu_s`` are -0 (IEEE: (-0) - (+0) = -0), as the golden float64 path.
+3. add (``[sum]``): one 15-bit adder (the subtrahend inverted, carry in); normalise
+   (``[norm]``): a carry shifts right by one (sticky kept), else a left shift by the
+   leading-zero count, limited to reach exponent 1 (subnormal results) by a sentinel one;
+   round (``[out]``): RNE as one increment of ``exponent field | mantissa`` (a carry
+   steps the exponent), a field of 31 saturates to 0x7BFF. An exact zero is +0 unless
+   both ``y`` and ``-mu_s`` are -0 (IEEE: (-0) - (+0) = -0), as the golden float64 path.
+
+Every carry chain stands alone in its step (range tests are logic, ``gt_const``; the
+exponent differences are computed both ways in parallel); leading-zero counts are trees.
 
 Latency: 1 (the table read register, always present) + ``len(regs)``.
 """
@@ -47,13 +51,14 @@ from amaranth.lib.wiring import In, Out
 from sim_models import wire
 from sim_models.params import FormatParams
 
-from .pipeline import Cuts, stage
+from .pipeline import Cuts, gt_const, stage
 from .tofloat import shift_right_sticky
 from .wire import key_config_layout
 
 #: Register cut points of the key front end (``kf_regs``): after the scaling, after the
-#: alignment, after the add, after the rounding (the output register). Default: scale, out.
-KF_CUTS = Cuts("kf_regs", ("scale", "align", "sum", "out"), ("scale", "out"))
+#: alignment, after the add, after the normalisation, after the rounding (the output
+#: register). Default: scale, out.
+KF_CUTS = Cuts("kf_regs", ("scale", "align", "sum", "norm", "out"), ("scale", "out"))
 
 _MAX = 0x7BFF                      # largest finite fp16 pattern (magnitude)
 #: One table entry: the centering value mu_s (fp16 bits) and the exponent e.
@@ -73,13 +78,19 @@ def check_key_slots(p: FormatParams, slots) -> int:
 
 
 def _lzc(m: Module, v, name: str) -> Signal:
-    """Leading zeros of ``v`` (len(v) when v == 0), as a priority chain."""
+    """Leading zeros of ``v`` (len(v) when v == 0) as a tree of log2 levels: the low end
+    is padded with ones to a power of two, each level picks the upper half's count or
+    (upper half all zero) half the width plus the lower half's."""
     w = len(v)
+    k = max(1, (w - 1).bit_length())
+    cur = [(~b, Const(0, 0)) for b in Cat(Const((1 << ((1 << k) - w)) - 1, (1 << k) - w), v)]
+    while len(cur) > 1:                          # cur[i]: (all zero, count) of a chunk, LSB first
+        nxt = []
+        for lo, hi in zip(cur[0::2], cur[1::2]):
+            nxt.append((lo[0] & hi[0], Mux(hi[0], Cat(lo[1], Const(1, 1)), Cat(hi[1], Const(0, 1)))))
+        cur = nxt
     out = Signal(range(w + 1), name=name)
-    expr = Const(w, out.shape())
-    for i in range(w):                  # the highest set bit wins: evaluated last
-        expr = Mux(v[i], w - 1 - i, expr)
-    m.d.comb += out.eq(expr)
+    m.d.comb += out.eq(Mux(cur[0][0], w, cur[0][1]))
     return out
 
 
@@ -91,79 +102,110 @@ def _fields(m: Module, b, name: str):
     return sig, eff
 
 
-def scale_lane(m: Module, x, e, name: str) -> Signal:
-    """fp16 bits of RNE(x * 2^e), saturating; x finite (step 1 of the module docstring)."""
-    s = x[15]
+def decode_lane(m: Module, x, name: str) -> dict:
+    """Step 0 (the input cycle, x only): x normalised, ``x = sig_n 2^(base - 25)`` with
+    ``sig_n`` the 10 bits below the leading one, ``base = max(E, 1) - lz``, and
+    ``nb = 1 - base`` (for the subnormal shift of step 1)."""
     sig, eff = _fields(m, x, name)
     lz = _lzc(m, sig, f"{name}_lz")
-    sig_n = Signal(11, name=f"{name}_sign")
+    sig_n = Signal(10, name=f"{name}_sign")
+    base = Signal(signed(6), name=f"{name}_base")
+    nb = Signal(signed(6), name=f"{name}_nb")
+    m.d.comb += [sig_n.eq((sig << lz)[:10]), base.eq(eff - lz), nb.eq(1 - eff + lz)]
+    return {"x": x, "sig_n": sig_n, "base": base, "nb": nb, "zero": ~sig.any()}
+
+
+def scale_lane(m: Module, d: dict, e, name: str) -> Signal:
+    """Step 1: fp16 bits of RNE(x * 2^e), saturating; x finite (module docstring). The
+    exponent ``E2 = base + e`` and the right shift ``1 - E2 = nb - e`` come from two
+    parallel adders; the range tests are logic (``gt_const``)."""
+    s = d["x"][15]
     e2 = Signal(signed(8), name=f"{name}_e2")
-    m.d.comb += [sig_n.eq(sig << lz), e2.eq(eff - lz + e)]
+    shf = Signal(signed(8), name=f"{name}_shf")
+    m.d.comb += [e2.eq(d["base"] + e), shf.eq(d["nb"] - e)]
     sh = Signal(4, name=f"{name}_sh")
-    m.d.comb += sh.eq(Mux(e2 < -13, 15, 1 - e2))
-    t, sticky = shift_right_sticky(m, Cat(Const(0, 1), sig_n), sh, 12, f"{name}_dn")
+    m.d.comb += sh.eq(Mux(gt_const(shf, 15), 15, shf[:4]))
+    t, sticky = shift_right_sticky(m, Cat(Const(0, 1), d["sig_n"], Const(1, 1)), sh, 12,
+                                   f"{name}_dn")
     r = Signal(11, name=f"{name}_r")
     m.d.comb += r.eq(t[1:] + (t[0] & (sticky | t[1])))
     out = Signal(16, name=f"{name}_y")
-    with m.If(sig == 0):
+    with m.If(d["zero"]):
         m.d.comb += out.eq(Cat(Const(0, 15), s))
-    with m.Elif(e2 >= 31):
+    with m.Elif(gt_const(e2, 30)):
         m.d.comb += out.eq(Cat(Const(_MAX, 15), s))
-    with m.Elif(e2 >= 1):
-        m.d.comb += out.eq(Cat(sig_n[:10], e2[:5], s))
+    with m.Elif(gt_const(e2, 0)):
+        m.d.comb += out.eq(Cat(d["sig_n"], e2[:5], s))
     with m.Else():
         m.d.comb += out.eq(Cat(r, Const(0, 4), s))
     return out
 
 
 def align_lane(m: Module, y, mu, name: str) -> dict:
-    """Step 2: operands of ``y + (-mu)`` ordered and aligned (module docstring)."""
+    """Step 2: operands of ``y + (-mu)`` ordered and aligned (module docstring); the
+    magnitude compare and both exponent differences are parallel adders."""
     nmu = Cat(mu[:15], ~mu[15])
     swap = Signal(name=f"{name}_swap")
     m.d.comb += swap.eq(nmu[:15] > y[:15])
-    big, small = Signal(16, name=f"{name}_big"), Signal(16, name=f"{name}_small")
-    m.d.comb += [big.eq(Mux(swap, nmu, y)), small.eq(Mux(swap, y, nmu))]
-    sig_b, e_b = _fields(m, big, f"{name}_b")
-    sig_s, e_s = _fields(m, small, f"{name}_s")
-    d = Signal(5, name=f"{name}_d")
-    m.d.comb += d.eq(e_b - e_s)
+    sig_y, e_y = _fields(m, y, f"{name}_y")
+    sig_m, e_m = _fields(m, nmu, f"{name}_m")
+    dy, dm = Signal(signed(6), name=f"{name}_dy"), Signal(signed(6), name=f"{name}_dm")
+    m.d.comb += [dy.eq(e_y - e_m), dm.eq(e_m - e_y)]
+    d = Signal(signed(6), name=f"{name}_d")
+    m.d.comb += d.eq(Mux(swap, dm, dy))
     da = Signal(4, name=f"{name}_da")
-    m.d.comb += da.eq(Mux(d > 15, 15, d))
+    m.d.comb += da.eq(Mux(gt_const(d, 15), 15, d[:4]))
+    sig_b, sig_s = Mux(swap, sig_m, sig_y), Mux(swap, sig_y, sig_m)
     bs, st = shift_right_sticky(m, Cat(Const(0, 3), sig_s), da, 14, f"{name}_al")
-    return {"a": Cat(Const(0, 3), sig_b), "b": bs | st, "eb": e_b, "sub": y[15] ^ nmu[15],
-            "sign": big[15], "zsign": y[15] & nmu[15]}
+    return {"a": Cat(Const(0, 3), sig_b), "b": bs | st, "eb": Mux(swap, e_m, e_y),
+            "sub": y[15] ^ nmu[15], "sign": Mux(swap, nmu[15], y[15]),
+            "zsign": y[15] & nmu[15]}
 
 
 def add_lane(m: Module, al: dict, name: str) -> dict:
-    """Step 3a: the 15-bit sum or difference of the aligned significands."""
+    """Step 3a: the 15-bit sum or difference of the aligned significands (one adder with
+    the subtrahend inverted and a carry in)."""
     r = Signal(15, name=f"{name}_sum")
-    m.d.comb += r.eq(Mux(al["sub"], al["a"] - al["b"], al["a"] + al["b"]))
+    bx = Signal(15, name=f"{name}_bx")
+    m.d.comb += [bx.eq(Cat(al["b"], Const(0, 1)) ^ al["sub"].replicate(15)),
+                 r.eq(Cat(al["a"], Const(0, 1)) + bx + al["sub"])]
     return {"r": r, "eb": al["eb"], "sign": al["sign"], "zsign": al["zsign"]}
 
 
-def round_lane(m: Module, al: dict, name: str) -> Signal:
-    """Step 3b: normalise, round to nearest even, saturate."""
-    r = al["r"]
-    lz = _lzc(m, r[:14], f"{name}_nlz")
-    lim = Signal(5, name=f"{name}_lim")
-    m.d.comb += lim.eq(al["eb"] - 1)
-    shl = Signal(5, name=f"{name}_shl")
-    m.d.comb += shl.eq(Mux(lz > lim, lim, lz))
+def norm_lane(m: Module, sm: dict, name: str) -> dict:
+    """Step 3b: normalise: a carry shifts right by one (sticky kept), else a left shift by
+    the leading zeros, limited to reach exponent 1 by a sentinel one at bit 14 - eb (no
+    compare)."""
+    r, eb = sm["r"], sm["eb"]
+    mask = Signal(14, name=f"{name}_mask")
+    for i in range(14):                          # sentinel at bit 14 - eb (eb = 1..14)
+        m.d.comb += mask[i].eq(eb == 14 - i)
+    shl = _lzc(m, r[:14] | mask, f"{name}_shl")
     r1 = Signal(14, name=f"{name}_r1")
-    e1 = Signal(6, name=f"{name}_e1")
+    e1 = Signal(5, name=f"{name}_e1")
     with m.If(r[14]):
-        m.d.comb += [r1.eq(Cat(r[0] | r[1], r[2:15])), e1.eq(al["eb"] + 1)]
+        m.d.comb += [r1.eq(Cat(r[0] | r[1], r[2:15])), e1.eq(eb + 1)]
     with m.Else():
-        m.d.comb += [r1.eq((r[:14] << shl)[:14]), e1.eq(al["eb"] - shl)]
-    rnd = Signal(12, name=f"{name}_rnd")
-    m.d.comb += rnd.eq(r1[3:] + (r1[2] & (r1[1] | r1[0] | r1[3])))
-    mag = Signal(17, name=f"{name}_mag")
-    m.d.comb += mag.eq(((e1 - 1) << 10) + rnd)
+        m.d.comb += [r1.eq((r[:14] << shl)[:14]), e1.eq(eb - shl)]
+    return {"r1": r1, "e1": e1, "zero": ~r.any(), "sign": sm["sign"], "zsign": sm["zsign"]}
+
+
+def round_lane(m: Module, nm: dict, name: str) -> Signal:
+    """Step 3c: round to nearest even as one increment of ``exponent field | mantissa``
+    (field 0 for a subnormal result), saturate where the field reaches 31."""
+    r1 = nm["r1"]
+    pre = Signal(15, name=f"{name}_pre")
+    m.d.comb += pre.eq(Cat(r1[3:13], Mux(r1[13], nm["e1"], 0)))
+    inc = r1[2] & (r1[1] | r1[0] | r1[3])
+    bits = Signal(16, name=f"{name}_bits")
+    m.d.comb += bits.eq(pre + inc)
     out = Signal(16, name=f"{name}_d")
-    with m.If(r == 0):
-        m.d.comb += out.eq(Cat(Const(0, 15), al["zsign"]))
+    with m.If(nm["zero"]):
+        m.d.comb += out.eq(Cat(Const(0, 15), nm["zsign"]))
+    with m.Elif(bits[15] | bits[10:15].all()):
+        m.d.comb += out.eq(Cat(Const(_MAX, 15), nm["sign"]))
     with m.Else():
-        m.d.comb += out.eq(Cat(Mux(mag > _MAX, _MAX, mag[:15]), al["sign"]))
+        m.d.comb += out.eq(Cat(bits[:15], nm["sign"]))
     return out
 
 
@@ -213,39 +255,39 @@ class KeyFrontEnd(wiring.Component):
         byp = self.bypass
         if self.slots < (1 << len(self.slot)):
             byp = byp | (self.slot >= self.slots)
-        r0 = stage(m, en, "kf_in", x=self.bits, byp=byp, valid=self.i_valid)
+        # step 0 (input cycle): decode and normalise x, registered with the table read
+        dec = [decode_lane(m, self.bits[k], f"kf_dc{k}") for k in range(n)]
+        flat = {f"{key}{k}": v for k in range(n) for key, v in dec[k].items()}
+        r0 = stage(m, en, "kf_in", byp=byp, valid=self.i_valid, **flat)
+        dec = [{key: r0[f"{key}{k}"] for key in dec[k]} for k in range(n)]
         tab = rp.data
 
         # step 1: scale
         y, pas = [], []
         for k in range(n):
-            x = r0["x"][k]
+            x = dec[k]["x"]
             p = Signal(name=f"kf_pass{k}")
             m.d.comb += p.eq(r0["byp"] | (x[10:15] == 0x1F))
-            y.append(Mux(p, x, scale_lane(m, x, tab[k].e, f"kf_sc{k}")))
+            y.append(Mux(p, x, scale_lane(m, dec[k], tab[k].e, f"kf_sc{k}")))
             pas.append(p)
         mu = [tab[k].mu_s for k in range(n)]
         valid = r0["valid"]
-        if "scale" in self.regs:
-            r = stage(m, en, "kf_scale", y=y, p=pas, mu=mu, valid=valid)
-            y, pas, mu, valid = r["y"], r["p"], r["mu"], r["valid"]
 
-        # step 2: align
-        als = [align_lane(m, y[k], mu[k], f"kf_al{k}") for k in range(n)]
-        if "align" in self.regs:
-            flat = {f"{key}{k}": v for k in range(n) for key, v in als[k].items()}
-            r = stage(m, en, "kf_align", y=y, p=pas, valid=valid, **flat)
+        def cut(name, lanes):
+            """Register the per-lane dicts ``lanes`` with y, pass and valid at cut ``name``."""
+            nonlocal y, pas, valid
+            if name not in self.regs:
+                return lanes
+            flat = {f"{key}{k}": v for k in range(n) for key, v in lanes[k].items()}
+            r = stage(m, en, f"kf_{name}", y=y, p=pas, valid=valid, **flat)
             y, pas, valid = r["y"], r["p"], r["valid"]
-            als = [{key: r[f"{key}{k}"] for key in als[k]} for k in range(n)]
+            return [{key: r[f"{key}{k}"] for key in lanes[k]} for k in range(n)]
 
-        # step 3: add, normalise, round
-        sums = [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)]
-        if "sum" in self.regs:
-            flat = {f"{key}{k}": v for k in range(n) for key, v in sums[k].items()}
-            r = stage(m, en, "kf_sum", y=y, p=pas, valid=valid, **flat)
-            y, pas, valid = r["y"], r["p"], r["valid"]
-            sums = [{key: r[f"{key}{k}"] for key in sums[k]} for k in range(n)]
-        out = [Mux(pas[k], y[k], round_lane(m, sums[k], f"kf_rd{k}")) for k in range(n)]
+        mu = [d["mu"] for d in cut("scale", [{"mu": v} for v in mu])]
+        als = cut("align", [align_lane(m, y[k], mu[k], f"kf_al{k}") for k in range(n)])
+        sums = cut("sum", [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)])
+        nms = cut("norm", [norm_lane(m, sums[k], f"kf_nm{k}") for k in range(n)])
+        out = [Mux(pas[k], y[k], round_lane(m, nms[k], f"kf_rd{k}")) for k in range(n)]
         if "out" in self.regs:
             r = stage(m, en, "kf_out", d=out, valid=valid)
             out, valid = r["d"], r["valid"]
