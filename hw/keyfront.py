@@ -21,16 +21,18 @@ Per lane, in steps with optional register cuts between them (:data:`KF_CUTS`):
 
 0. decode (the input cycle, before the table read register): x's significand normalised
    by its leading-zero count (subnormal x), ``base = max(E, 1) - lz`` and ``1 - base``.
-1. scale (``[scale]``): ``x 2^e``: ``E2 = base + e``; ``E2 >= 31`` saturates to 0x7BFF,
-   ``1 <= E2 <= 30`` is exact, ``E2 <= 0`` shifts the significand right by ``1 - E2`` with
-   round to nearest even (guard, sticky) into the subnormals (a carry gives the smallest
-   normal by itself); +-0 keeps its sign. Lanes to pass (NaN/inf, bypass) keep x.
+1. scale: ``x 2^e``: ``E2 = base + e``; ``E2 >= 31`` saturates to 0x7BFF,
+   ``1 <= E2 <= 30`` is exact, ``E2 <= 0`` shifts the significand right by ``1 - E2``
+   (``[shift]``) with round to nearest even (guard, sticky) into the subnormals (a carry
+   gives the smallest normal by itself) (``[scale]``); +-0 keeps its sign. Lanes to pass
+   (NaN/inf, bypass) keep x.
 2. align (``[align]``): ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude
    (the larger sets the sign), the smaller significand shifted right by the exponent
    difference with 3 guard bits (guard, round, sticky ORed into the last).
-3. add (``[sum]``): one 15-bit adder (the subtrahend inverted, carry in); normalise
-   (``[norm]``): a carry shifts right by one (sticky kept), else a left shift by the
-   leading-zero count, limited to reach exponent 1 (subnormal results) by a sentinel one;
+3. add (``[sum]``): one 15-bit adder (the subtrahend inverted, carry in); normalise: the
+   leading-zero count (``[count]``), limited to reach exponent 1 (subnormal results) by a
+   sentinel one, then a carry shifts right by one (sticky kept), else a left shift by the
+   count (``[norm]``);
    round (``[out]``): RNE as one increment of ``exponent field | mantissa`` (a carry
    steps the exponent), a field of 31 saturates to 0x7BFF. An exact zero is +0 unless
    both ``y`` and ``-mu_s`` are -0 (IEEE: (-0) - (+0) = -0), as the golden float64 path.
@@ -55,10 +57,12 @@ from .pipeline import Cuts, gt_const, stage
 from .tofloat import shift_right_sticky
 from .wire import key_config_layout
 
-#: Register cut points of the key front end (``kf_regs``): after the scaling, after the
-#: alignment, after the add, after the normalisation, after the rounding (the output
-#: register). Default: scale, out.
-KF_CUTS = Cuts("kf_regs", ("scale", "align", "sum", "norm", "out"), ("scale", "out"))
+#: Register cut points of the key front end (``kf_regs``, module docstring): inside the
+#: scaling (after its shift), after it, after the alignment, after the add, after the
+#: leading-zero count, after the normalisation, after the rounding (the output register).
+#: Default: scale, out.
+KF_CUTS = Cuts("kf_regs", ("shift", "scale", "align", "sum", "count", "norm", "out"),
+               ("scale", "out"))
 
 _MAX = 0x7BFF                      # largest finite fp16 pattern (magnitude)
 #: One table entry: the centering value mu_s (fp16 bits) and the exponent e.
@@ -115,11 +119,9 @@ def decode_lane(m: Module, x, name: str) -> dict:
     return {"x": x, "sig_n": sig_n, "base": base, "nb": nb, "zero": ~sig.any()}
 
 
-def scale_lane(m: Module, d: dict, e, name: str) -> Signal:
-    """Step 1: fp16 bits of RNE(x * 2^e), saturating; x finite (module docstring). The
-    exponent ``E2 = base + e`` and the right shift ``1 - E2 = nb - e`` come from two
-    parallel adders; the range tests are logic (``gt_const``)."""
-    s = d["x"][15]
+def scale_shift(m: Module, d: dict, e, name: str) -> dict:
+    """Step 1a: the exponent ``E2 = base + e`` and the subnormal right shift by
+    ``1 - E2 = nb - e`` (two parallel adders; the range tests are logic, ``gt_const``)."""
     e2 = Signal(signed(8), name=f"{name}_e2")
     shf = Signal(signed(8), name=f"{name}_shf")
     m.d.comb += [e2.eq(d["base"] + e), shf.eq(d["nb"] - e)]
@@ -127,15 +129,22 @@ def scale_lane(m: Module, d: dict, e, name: str) -> Signal:
     m.d.comb += sh.eq(Mux(gt_const(shf, 15), 15, shf[:4]))
     t, sticky = shift_right_sticky(m, Cat(Const(0, 1), d["sig_n"], Const(1, 1)), sh, 12,
                                    f"{name}_dn")
+    return {"t": t, "sticky": sticky, "big": gt_const(e2, 30), "norm": gt_const(e2, 0),
+            "e2": e2[:5], "sig_n": d["sig_n"], "zero": d["zero"], "s": d["x"][15]}
+
+
+def scale_round(m: Module, d: dict, name: str) -> Signal:
+    """Step 1b: fp16 bits of RNE(x * 2^e), saturating (x finite; module docstring)."""
+    t, s = d["t"], d["s"]
     r = Signal(11, name=f"{name}_r")
-    m.d.comb += r.eq(t[1:] + (t[0] & (sticky | t[1])))
+    m.d.comb += r.eq(t[1:] + (t[0] & (d["sticky"] | t[1])))
     out = Signal(16, name=f"{name}_y")
     with m.If(d["zero"]):
         m.d.comb += out.eq(Cat(Const(0, 15), s))
-    with m.Elif(gt_const(e2, 30)):
+    with m.Elif(d["big"]):
         m.d.comb += out.eq(Cat(Const(_MAX, 15), s))
-    with m.Elif(gt_const(e2, 0)):
-        m.d.comb += out.eq(Cat(d["sig_n"], e2[:5], s))
+    with m.Elif(d["norm"]):
+        m.d.comb += out.eq(Cat(d["sig_n"], d["e2"], s))
     with m.Else():
         m.d.comb += out.eq(Cat(r, Const(0, 4), s))
     return out
@@ -172,26 +181,31 @@ def add_lane(m: Module, al: dict, name: str) -> dict:
     return {"r": r, "eb": al["eb"], "sign": al["sign"], "zsign": al["zsign"]}
 
 
-def norm_lane(m: Module, sm: dict, name: str) -> dict:
-    """Step 3b: normalise: a carry shifts right by one (sticky kept), else a left shift by
-    the leading zeros, limited to reach exponent 1 by a sentinel one at bit 14 - eb (no
-    compare)."""
+def norm_count(m: Module, sm: dict, name: str) -> dict:
+    """Step 3b: the left shift of the normalisation: the leading zeros of the sum, limited
+    to reach exponent 1 by a sentinel one at bit 14 - eb (no compare)."""
     r, eb = sm["r"], sm["eb"]
     mask = Signal(14, name=f"{name}_mask")
     for i in range(14):                          # sentinel at bit 14 - eb (eb = 1..14)
         m.d.comb += mask[i].eq(eb == 14 - i)
     shl = _lzc(m, r[:14] | mask, f"{name}_shl")
+    return {**sm, "shl": shl}
+
+
+def norm_shift(m: Module, nc: dict, name: str) -> dict:
+    """Step 3c: normalise: a carry shifts right by one (sticky kept), else left by ``shl``."""
+    r, eb, shl = nc["r"], nc["eb"], nc["shl"]
     r1 = Signal(14, name=f"{name}_r1")
     e1 = Signal(5, name=f"{name}_e1")
     with m.If(r[14]):
         m.d.comb += [r1.eq(Cat(r[0] | r[1], r[2:15])), e1.eq(eb + 1)]
     with m.Else():
         m.d.comb += [r1.eq((r[:14] << shl)[:14]), e1.eq(eb - shl)]
-    return {"r1": r1, "e1": e1, "zero": ~r.any(), "sign": sm["sign"], "zsign": sm["zsign"]}
+    return {"r1": r1, "e1": e1, "zero": ~r.any(), "sign": nc["sign"], "zsign": nc["zsign"]}
 
 
 def round_lane(m: Module, nm: dict, name: str) -> Signal:
-    """Step 3c: round to nearest even as one increment of ``exponent field | mantissa``
+    """Step 3d: round to nearest even as one increment of ``exponent field | mantissa``
     (field 0 for a subnormal result), saturate where the field reaches 31."""
     r1 = nm["r1"]
     pre = Signal(15, name=f"{name}_pre")
@@ -260,7 +274,6 @@ class KeyFrontEnd(wiring.Component):
         flat = {f"{key}{k}": v for k in range(n) for key, v in dec[k].items()}
         r0 = stage(m, en, "kf_in", byp=byp, valid=self.i_valid, **flat)
         dec = [{key: r0[f"{key}{k}"] for key in dec[k]} for k in range(n)]
-        tab = rp.data
 
         # step 1: scale
         y, pas = [], []
@@ -268,9 +281,8 @@ class KeyFrontEnd(wiring.Component):
             x = dec[k]["x"]
             p = Signal(name=f"kf_pass{k}")
             m.d.comb += p.eq(r0["byp"] | (x[10:15] == 0x1F))
-            y.append(Mux(p, x, scale_lane(m, dec[k], tab[k].e, f"kf_sc{k}")))
+            y.append(x)
             pas.append(p)
-        mu = [tab[k].mu_s for k in range(n)]
         valid = r0["valid"]
 
         def cut(name, lanes):
@@ -283,10 +295,14 @@ class KeyFrontEnd(wiring.Component):
             y, pas, valid = r["y"], r["p"], r["valid"]
             return [{key: r[f"{key}{k}"] for key in lanes[k]} for k in range(n)]
 
-        mu = [d["mu"] for d in cut("scale", [{"mu": v} for v in mu])]
+        shs = cut("shift", [{**scale_shift(m, dec[k], rp.data[k].e, f"kf_sc{k}"),
+                             "mu": rp.data[k].mu_s} for k in range(n)])
+        y = [Mux(pas[k], y[k], scale_round(m, shs[k], f"kf_sr{k}")) for k in range(n)]
+        mu = [d["mu"] for d in cut("scale", [{"mu": sh["mu"]} for sh in shs])]
         als = cut("align", [align_lane(m, y[k], mu[k], f"kf_al{k}") for k in range(n)])
         sums = cut("sum", [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)])
-        nms = cut("norm", [norm_lane(m, sums[k], f"kf_nm{k}") for k in range(n)])
+        ncs = cut("count", [norm_count(m, sums[k], f"kf_nc{k}") for k in range(n)])
+        nms = cut("norm", [norm_shift(m, ncs[k], f"kf_nm{k}") for k in range(n)])
         out = [Mux(pas[k], y[k], round_lane(m, nms[k], f"kf_rd{k}")) for k in range(n)]
         if "out" in self.regs:
             r = stage(m, en, "kf_out", d=out, valid=valid)

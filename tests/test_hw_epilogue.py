@@ -325,7 +325,8 @@ def test_latency_property():
 @pytest.mark.parametrize("slots,kf_regs,pipe", [
     (3, ("scale", "out"), {}),
     (4, (), {"fe_regs": ()}),
-    (4, ("scale", "align", "sum", "norm", "out"), {"fe_regs": FE_CUTS.names, "tree_every": 1}),
+    (4, ("shift", "scale", "align", "sum", "count", "norm", "out"),
+     {"fe_regs": FE_CUTS.names, "tree_every": 1}),
 ])
 def test_key_front_end_stream(slots, kf_regs, pipe):
     """KVEpilogue(key_slots=T): the pinned key-front-end set with its side band, tables
