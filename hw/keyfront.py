@@ -26,9 +26,9 @@ Per lane, in steps with optional register cuts between them (:data:`KF_CUTS`):
    (``[shift]``) with round to nearest even (guard, sticky) into the subnormals (a carry
    gives the smallest normal by itself) (``[scale]``); +-0 keeps its sign. Lanes to pass
    (NaN/inf, bypass) keep x.
-2. align (``[align]``): ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude
-   (the larger sets the sign), the smaller significand shifted right by the exponent
-   difference with 3 guard bits (guard, round, sticky ORed into the last).
+2. align: ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude (the larger
+   sets the sign; ``[swap]``), the smaller significand shifted right by the exponent
+   difference with 3 guard bits (guard, round, sticky ORed into the last; ``[align]``).
 3. add (``[sum]``): one 15-bit adder (the subtrahend inverted, carry in); normalise: the
    leading-zero count (``[count]``), limited to reach exponent 1 (subnormal results) by a
    sentinel one, then a carry shifts right by one (sticky kept), else a left shift by the
@@ -58,10 +58,11 @@ from .tofloat import shift_right_sticky
 from .wire import key_config_layout
 
 #: Register cut points of the key front end (``kf_regs``, module docstring): inside the
-#: scaling (after its shift), after it, after the alignment, after the add, after the
+#: scaling (after its shift), after it, after the operand swap, after the alignment, after
+#: the add, after the
 #: leading-zero count, after the normalisation, after the rounding (the output register).
 #: Default: scale, out.
-KF_CUTS = Cuts("kf_regs", ("shift", "scale", "align", "sum", "count", "norm", "out"),
+KF_CUTS = Cuts("kf_regs", ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
                ("scale", "out"))
 
 _MAX = 0x7BFF                      # largest finite fp16 pattern (magnitude)
@@ -150,9 +151,9 @@ def scale_round(m: Module, d: dict, name: str) -> Signal:
     return out
 
 
-def align_lane(m: Module, y, mu, name: str) -> dict:
-    """Step 2: operands of ``y + (-mu)`` ordered and aligned (module docstring); the
-    magnitude compare and both exponent differences are parallel adders."""
+def align_swap(m: Module, y, mu, name: str) -> dict:
+    """Step 2a: ``y + (-mu)`` ordered by magnitude (the larger sets the sign); the compare
+    and both exponent differences are parallel adders."""
     nmu = Cat(mu[:15], ~mu[15])
     swap = Signal(name=f"{name}_swap")
     m.d.comb += swap.eq(nmu[:15] > y[:15])
@@ -164,11 +165,17 @@ def align_lane(m: Module, y, mu, name: str) -> dict:
     m.d.comb += d.eq(Mux(swap, dm, dy))
     da = Signal(4, name=f"{name}_da")
     m.d.comb += da.eq(Mux(gt_const(d, 15), 15, d[:4]))
-    sig_b, sig_s = Mux(swap, sig_m, sig_y), Mux(swap, sig_y, sig_m)
-    bs, st = shift_right_sticky(m, Cat(Const(0, 3), sig_s), da, 14, f"{name}_al")
-    return {"a": Cat(Const(0, 3), sig_b), "b": bs | st, "eb": Mux(swap, e_m, e_y),
-            "sub": y[15] ^ nmu[15], "sign": Mux(swap, nmu[15], y[15]),
-            "zsign": y[15] & nmu[15]}
+    return {"sig_b": Mux(swap, sig_m, sig_y), "sig_s": Mux(swap, sig_y, sig_m), "da": da,
+            "eb": Mux(swap, e_m, e_y), "sub": y[15] ^ nmu[15],
+            "sign": Mux(swap, nmu[15], y[15]), "zsign": y[15] & nmu[15]}
+
+
+def align_shift(m: Module, sw: dict, name: str) -> dict:
+    """Step 2b: the smaller significand shifted right by the exponent difference with 3
+    guard bits (guard, round, sticky ORed into the last)."""
+    bs, st = shift_right_sticky(m, Cat(Const(0, 3), sw["sig_s"]), sw["da"], 14, f"{name}_al")
+    return {"a": Cat(Const(0, 3), sw["sig_b"]), "b": bs | st, "eb": sw["eb"], "sub": sw["sub"],
+            "sign": sw["sign"], "zsign": sw["zsign"]}
 
 
 def add_lane(m: Module, al: dict, name: str) -> dict:
@@ -299,7 +306,8 @@ class KeyFrontEnd(wiring.Component):
                              "mu": rp.data[k].mu_s} for k in range(n)])
         y = [Mux(pas[k], y[k], scale_round(m, shs[k], f"kf_sr{k}")) for k in range(n)]
         mu = [d["mu"] for d in cut("scale", [{"mu": sh["mu"]} for sh in shs])]
-        als = cut("align", [align_lane(m, y[k], mu[k], f"kf_al{k}") for k in range(n)])
+        sws = cut("swap", [align_swap(m, y[k], mu[k], f"kf_sw{k}") for k in range(n)])
+        als = cut("align", [align_shift(m, sws[k], f"kf_al{k}") for k in range(n)])
         sums = cut("sum", [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)])
         ncs = cut("count", [norm_count(m, sums[k], f"kf_nc{k}") for k in range(n)])
         nms = cut("norm", [norm_shift(m, ncs[k], f"kf_nm{k}") for k in range(n)])

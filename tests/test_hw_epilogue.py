@@ -325,7 +325,7 @@ def test_latency_property():
 @pytest.mark.parametrize("slots,kf_regs,pipe", [
     (3, ("scale", "out"), {}),
     (4, (), {"fe_regs": ()}),
-    (4, ("shift", "scale", "align", "sum", "count", "norm", "out"),
+    (4, ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
      {"fe_regs": FE_CUTS.names, "tree_every": 1}),
 ])
 def test_key_front_end_stream(slots, kf_regs, pipe):

@@ -456,8 +456,9 @@ def _kf_load(ctx, dut, words):
     return go()
 
 
-@pytest.mark.parametrize("regs", [(), ("scale", "out"), ("shift", "align", "norm"), ("sum", "count"),
-                                  ("shift", "scale", "align", "sum", "count", "norm", "out")])
+@pytest.mark.parametrize("regs", [(), ("scale", "out"), ("shift", "align", "norm"),
+                                  ("swap", "sum", "count"),
+                                  ("shift", "scale", "swap", "align", "sum", "count", "norm", "out")])
 def test_keyfront_matches_golden(regs):
     """KeyFrontEnd vs sim_models.keyscale.key_front, lane for lane, with random stalls
     (en low): tables of 4 slots loaded through cfg, every slot, bypass, the corner lanes."""
