@@ -120,6 +120,7 @@ def key_front_table(recs: list[dict]) -> str:
     without it: area deltas (DUT estimates), LUT RAM of the table, Fmax, latency."""
     from dataclasses import replace
 
+    from hw.keyfront import KF_CUTS
     from rtl_gen.synth import synth_config
     ok = {r["config"]: r for r in recs if r.get("ok")}
     lines = ["| config | without | slots T | key cuts | latency cycles (+) | LUT4 (+) | CCU2C (+) "
@@ -134,7 +135,7 @@ def key_front_table(recs: list[dict]) -> str:
         if base is None:
             continue
         d, b = derived(rec), derived(base)
-        cuts = rec.get("regs", {}).get("kf_regs") or ["scale", "out"]
+        cuts = rec.get("regs", {}).get("kf_regs") or list(KF_CUTS.default)
         cp = rec.get("nextpnr", {}).get("critical_path") or {}
         kf = "yes" if "keyfront" in (cp.get("from", "") + cp.get("to", "")) else \
             ("no" if cp else "—")

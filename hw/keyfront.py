@@ -59,11 +59,11 @@ from .wire import key_config_layout
 
 #: Register cut points of the key front end (``kf_regs``, module docstring): inside the
 #: scaling (after its shift), after it, after the operand swap, after the alignment, after
-#: the add, after the
-#: leading-zero count, after the normalisation, after the rounding (the output register).
-#: Default: scale, out.
+#: the add, after the leading-zero count, after the normalisation, after the rounding (the
+#: output register). Default: scale, sum, out (with scale, out alone the step from the
+#: scaled value to the output limited the N = 16 default config to 38 MHz, docs/SYNTH.md).
 KF_CUTS = Cuts("kf_regs", ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
-               ("scale", "out"))
+               ("scale", "sum", "out"))
 
 _MAX = 0x7BFF                      # largest finite fp16 pattern (magnitude)
 #: One table entry: the centering value mu_s (fp16 bits) and the exponent e.

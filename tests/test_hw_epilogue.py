@@ -323,7 +323,7 @@ def test_latency_property():
 # ---- key front end (cache policy, FORMAT.md 7 / 8) ------------------------------------
 
 @pytest.mark.parametrize("slots,kf_regs,pipe", [
-    (3, ("scale", "out"), {}),
+    (3, ("scale", "sum", "out"), {}),
     (4, (), {"fe_regs": ()}),
     (4, ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
      {"fe_regs": FE_CUTS.names, "tree_every": 1}),

@@ -291,8 +291,8 @@ def test_key_front_manifest_and_lint(tmp_path):
     p = c.params
     man = rtl_gen.generate("encoder", p, tmp_path, **c.regs)
     kf = man["key_front"]
-    assert kf["slots"] == 3 and kf["register_cuts"] == ["scale", "out"]
-    assert man["latency_breakdown"]["keyfront"] == 3
+    assert kf["slots"] == 3 and kf["register_cuts"] == ["scale", "sum", "out"]
+    assert man["latency_breakdown"]["keyfront"] == 4
     lay = wire.encoder_input(p, 3)
     assert kf["i_payload"]["fields"]["slot"] == {"offset": 16 * 16, "width": 2}
     assert kf["i_payload"]["width"] == lay.width == man["ports"]["i__payload"]["width"]
@@ -300,7 +300,7 @@ def test_key_front_manifest_and_lint(tmp_path):
     assert man["ports"]["cfg__payload"]["width"] == 16 + 5 + 4 + 2
     plain = rtl_gen.generate("encoder", p, tmp_path / "plain", latency=1)
     assert "key_front" not in plain and "cfg__valid" not in plain["ports"]
-    assert plain["latency_cycles"] == man["latency_cycles"] - 3
+    assert plain["latency_cycles"] == man["latency_cycles"] - 4
     if rtl_gen.find_tool("verilator") is not None:
         r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
