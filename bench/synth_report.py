@@ -125,7 +125,7 @@ def key_front_table(recs: list[dict]) -> str:
     ok = {r["config"]: r for r in recs if r.get("ok")}
     lines = ["| config | without | slots T | key cuts | latency cycles (+) | LUT4 (+) | CCU2C (+) "
              "| LUTs total (+) | FF (+) | table LUT RAM (DPR16X4) | Fmax MHz (without) | "
-             "critical path in the key front end? |",
+             "worst path (from -> to submodule) |",
              "|" + "---|" * 12]
     for name, rec in ok.items():
         cfg = synth_config(name)
@@ -137,8 +137,9 @@ def key_front_table(recs: list[dict]) -> str:
         d, b = derived(rec), derived(base)
         cuts = rec.get("regs", {}).get("kf_regs") or list(KF_CUTS.default)
         cp = rec.get("nextpnr", {}).get("critical_path") or {}
-        kf = "yes" if "keyfront" in (cp.get("from", "") + cp.get("to", "")) else \
-            ("no" if cp else "—")
+        mods = [c.split(".")[1] if c.startswith("dut.") and c.count(".") > 1 else "top"
+                for c in (cp.get("from", ""), cp.get("to", ""))]
+        kf = f"{mods[0]} -> {mods[1]}, {cp['ns']:.2f} ns" if cp else "—"
         lines.append(
             f"| {name} | {base['config']} | {cfg.key_slots} | {', '.join(cuts)} | "
             f"{rec['latency_cycles']} (+{rec['latency_cycles'] - base['latency_cycles']}) | "
@@ -294,7 +295,10 @@ def generated(res: dict, mres: dict | None) -> str:
             "(mu_s, e) per lane, docs/FORMAT.md 7) against the same config without it; (+) = "
             "the difference. The table maps to LUT RAM (TRELLIS_DPR16X4; not in the LUT4 "
             "count), the per-lane arithmetic (x 2^e with rounding into the subnormals, one "
-            "fp16 subtraction with RNE and saturation) to LUT4 and carry cells.",
+            "fp16 subtraction with RNE and saturation) to LUT4 and carry cells. Worst path: "
+            "nextpnr's critical path by submodule (`keyfront -> frontend`: from the key "
+            "front end's output register into the encoder front end's decode and exponent "
+            "max tree, the path that starts at the input without it).",
             "",
             kft,
             "",
