@@ -115,6 +115,43 @@ def critical_table(recs: list[dict]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def key_front_table(recs: list[dict]) -> str:
+    """Each record with the key front end (config part ``kT``) against the same config
+    without it: area deltas (DUT estimates), LUT RAM of the table, Fmax, latency."""
+    from dataclasses import replace
+
+    from hw.keyfront import KF_CUTS
+    from rtl_gen.synth import synth_config
+    ok = {r["config"]: r for r in recs if r.get("ok")}
+    lines = ["| config | without | slots T | key cuts | latency cycles (+) | LUT4 (+) | CCU2C (+) "
+             "| LUTs total (+) | FF (+) | table LUT RAM (DPR16X4) | Fmax MHz (without) | "
+             "worst path (from -> to submodule) |",
+             "|" + "---|" * 12]
+    for name, rec in ok.items():
+        cfg = synth_config(name)
+        if not cfg.key_slots:
+            continue
+        base = ok.get(replace(cfg, key_slots=0).name)
+        if base is None:
+            continue
+        d, b = derived(rec), derived(base)
+        cuts = rec.get("regs", {}).get("kf_regs") or list(KF_CUTS.default)
+        cp = rec.get("nextpnr", {}).get("critical_path") or {}
+        mods = [c.split(".")[1] if c.startswith("dut.") and c.count(".") > 1 else "top"
+                for c in (cp.get("from", ""), cp.get("to", ""))]
+        kf = f"{mods[0]} -> {mods[1]}, {cp['ns']:.2f} ns" if cp else "—"
+        lines.append(
+            f"| {name} | {base['config']} | {cfg.key_slots} | {', '.join(cuts)} | "
+            f"{rec['latency_cycles']} (+{rec['latency_cycles'] - base['latency_cycles']}) | "
+            f"{d['lut4']:,} (+{d['lut4'] - b['lut4']:,}) | "
+            f"{d['ccu2c']:,} (+{d['ccu2c'] - b['ccu2c']:,}) | "
+            f"{d['luts']:,} (+{d['luts'] - b['luts']:,}) | "
+            f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | "
+            f"{rec['ecp5'].get('cells', {}).get('TRELLIS_DPR16X4', 0):,} | "
+            f"{_fmt(d['fmax'], '{:.1f}')} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def mantissa_table(mres: dict) -> str:
     ms = sorted({r["mant_bits"] for r in mres["rows"]})
     ref = {}
@@ -249,6 +286,23 @@ def generated(res: dict, mres: dict | None) -> str:
         "![area](../bench/results/synth_area.png)",
         "",
     ]
+    kft = key_front_table(recs)
+    if kft:
+        lines += [
+            "## Key front end (cache policy)",
+            "",
+            "The encoder with `hw.keyfront.KeyFrontEnd` (config part `kT`: T table slots of "
+            "(mu_s, e) per lane, docs/FORMAT.md 7) against the same config without it; (+) = "
+            "the difference. The table maps to LUT RAM (TRELLIS_DPR16X4; not in the LUT4 "
+            "count), the per-lane arithmetic (x 2^e with rounding into the subnormals, one "
+            "fp16 subtraction with RNE and saturation) to LUT4 and carry cells. Worst path: "
+            "nextpnr's critical path by submodule (`keyfront -> frontend`: from the key "
+            "front end's output register into the encoder front end's decode and exponent "
+            "max tree, the path that starts at the input without it).",
+            "",
+            kft,
+            "",
+        ]
     if mres:
         lines += [
             "## K/V error vs BFP mantissa width M",

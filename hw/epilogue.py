@@ -15,6 +15,12 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     status [3] (out)              sticky OR of the flags of accepted outputs
     status_clear                  clears ``status``
 
+With ``key_slots`` = T > 0 (default 0: none) the cache policy's key front end
+(:mod:`hw.keyfront`) comes first: ``i__payload`` = lanes | slot | bypass
+(:func:`hw.wire.encoder_input_layout`), a ``cfg`` stream loads its table one lane per word
+(:func:`hw.wire.key_config_layout`; docs/FORMAT.md 7), and the latency grows by
+``1 + len(kf_regs)`` (``latency_breakdown["keyfront"]``).
+
 Pipeline (no stalls): front end (``fe_regs`` cuts, default one after the
 exponent max tree) -> register -> FWHT with ``latency`` registers (see
 :mod:`hw.fwht`) -> quantizer with ``quant_regs`` cuts (see :mod:`hw.quantizer`;
@@ -52,11 +58,12 @@ from sim_models.params import FormatParams, check_supported
 from .frontend import FE_CUTS, FrontEnd, u_shape
 from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FWHT
+from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
 from .packer import Packer
 from .pipeline import check_latency, check_tree_every, stage
 from .quantizer import QUANT_CUTS, Quantizer
 from .quantizer import tree_cuts as quant_tree_cuts
-from .wire import encoder_output_layout, lanes_layout
+from .wire import encoder_input_layout, encoder_output_layout, key_config_layout
 
 
 #: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
@@ -94,6 +101,12 @@ class KVEpilogue(wiring.Component):
             ``hw.frontend.FE_CUTS`` (default ``FE_CUTS.default``).
         tree_every: a register after every k levels of the front end's exponent
             max tree and of the quantizer's block statistic trees (default 0: none).
+        key_slots: 0 (default: no key front end, the v2 ports and bytes) or T >= 1: a
+            ``hw.keyfront.KeyFrontEnd`` with T table slots in front of the front end,
+            the ``slot`` / ``bypass`` side band in ``i.payload`` and the table load port
+            ``cfg`` (fp16 only).
+        kf_regs: register cuts of the key front end, names from
+            ``hw.keyfront.KF_CUTS`` (default ``KF_CUTS.default``; unused without it).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
@@ -103,25 +116,34 @@ class KVEpilogue(wiring.Component):
     """
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
-                 fe_regs=FE_CUTS.default, tree_every: int = 0):
+                 fe_regs=FE_CUTS.default, tree_every: int = 0, key_slots: int = 0,
+                 kf_regs=KF_CUTS.default):
         check_epilogue_params(params)
+        if key_slots != 0:
+            check_key_slots(params, key_slots)
+        self.key_slots = key_slots
+        self.kf_regs = KF_CUTS.check(kf_regs)
         self.params = params
         self.latency = check_latency(params, latency)
         self.quant_regs = QUANT_CUTS.check(quant_regs)
         self.fe_regs = FE_CUTS.check(fe_regs)
         self.tree_every = check_tree_every(tree_every)
-        super().__init__({
-            "i": In(stream.Signature(lanes_layout(params))),
+        members = {
+            "i": In(stream.Signature(encoder_input_layout(params, key_slots))),
             "o": Out(stream.Signature(encoder_output_layout(params))),
             "status": Out(3),
             "status_clear": In(1),
-        })
+        }
+        if key_slots:
+            members["cfg"] = In(stream.Signature(key_config_layout(params, key_slots)))
+        super().__init__(members)
 
     @property
     def latency_breakdown(self) -> dict:
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
         p, k = self.params, self.tree_every
-        return {"frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
+        kf = {"keyfront": 1 + len(self.kf_regs)} if self.key_slots else {}
+        return {**kf, "frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
                 "frontend_reg": 1, "fwht": self.latency, "quant_tree": quant_tree_cuts(p, k),
                 "quant_regs": len(self.quant_regs), "output_reg": 1}
 
@@ -137,9 +159,17 @@ class KVEpilogue(wiring.Component):
         en = Signal()
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
 
-        # front end + register
+        # [key front end] + front end + register
         m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every)
-        m.d.comb += [fe.bits.eq(self.i.payload), fe.en.eq(en), fe.i_valid.eq(self.i.valid)]
+        if self.key_slots:
+            m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs)
+            wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
+            m.d.comb += [kf.en.eq(en), kf.i_valid.eq(self.i.valid), kf.bits.eq(self.i.payload.lanes),
+                         kf.slot.eq(self.i.payload.slot), kf.bypass.eq(self.i.payload.bypass),
+                         fe.bits.eq(kf.o_bits), fe.i_valid.eq(kf.o_valid)]
+        else:
+            m.d.comb += [fe.bits.eq(self.i.payload), fe.i_valid.eq(self.i.valid)]
+        m.d.comb += fe.en.eq(en)
         fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)
 
         # FWHT (u and the flags ride along as side band)

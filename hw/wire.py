@@ -36,6 +36,19 @@ def decoder_input_layout(p: FormatParams) -> data.StructLayout:
     return struct_layout(wire.decoder_input(p))
 
 
+def encoder_input_layout(p: FormatParams, key_slots: int = 0):
+    """``KVEpilogue.i`` payload: the lanes (:func:`lanes_layout`), or with a key front end
+    (``key_slots`` > 0) lanes | slot | bypass."""
+    if not key_slots:
+        return lanes_layout(p)
+    return struct_layout(wire.encoder_input(p, key_slots))
+
+
+def key_config_layout(p: FormatParams, key_slots: int) -> data.StructLayout:
+    """``KVEpilogue.cfg`` payload: mu_s | e | lane | slot (the key front end's table port)."""
+    return struct_layout(wire.key_config(p, key_slots))
+
+
 def lanes_layout(p: FormatParams) -> data.ArrayLayout:
     """Encoder input / decoder output: N lanes of 16 bits."""
     (f,) = wire.lanes(p).fields

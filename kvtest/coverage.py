@@ -26,6 +26,11 @@ Groups (``<group>.<detail>`` bin names):
                trip and direct sets: any field, byte 0x00 included)
 * ``dec_out``  decompressor output lanes: round-to-nearest-even ties with an even / odd
                lower neighbour, saturation to the largest finite value, subnormals
+* ``key``      the key front end (configs ``..._k<T>``, :mod:`kvtest.keyfront`): each
+               slot, bypass, a slot >= T, a table reload seen mid-stream, and per lane
+               NaN/inf pass-through, saturation / subnormal / rounded results of the
+               scaling and of the subtraction, underflow to zero, exact cancellation,
+               the -0 result
 * ``stream``   handshakes: runs of back-pressure (``stall``: o__valid and not o__ready),
                input gaps (``gap``: no i__valid between two words), input held off
                (``iready_low``: i__valid and not i__ready), full-rate output runs, and
@@ -201,8 +206,9 @@ def _scale_kinds(p: FormatParams, dec: bool) -> list[str]:
     return ["zero", "min", "subnormal", "normal", "max"] + ([] if dec else ["sat"])
 
 
-def bins(p: FormatParams, kind: str) -> list[Bin]:
-    """Every bin of a config (``kind``: ``encoder`` or ``roundtrip``), with reachability."""
+def bins(p: FormatParams, kind: str, key_slots: int = 0) -> list[Bin]:
+    """Every bin of a config (``kind``: ``encoder`` or ``roundtrip``; ``key_slots``: table
+    slots of its key front end, 0 = none), with reachability."""
     if kind not in ("encoder", "roundtrip"):
         raise ValueError(f"kind must be 'encoder' or 'roundtrip', got {kind!r}")
     lo, hi = code_range(p)
@@ -241,6 +247,9 @@ def bins(p: FormatParams, kind: str) -> list[Bin]:
     out.append(Bin(f"stream.full_rate={FULL_RATE_RUN}+"))
     out += [Bin("stream.reset.in_flight"), Bin("stream.reset.output_stalled"),
             Bin("stream.reset.input_presented")]
+    if key_slots:
+        from .keyfront import key_bins
+        out += [Bin(name, why) for name, why in key_bins(key_slots)]
     return out
 
 

@@ -35,7 +35,8 @@ async def stream_get(ctx, stream) -> int:
 
 
 def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_ready: float = 0.7,
-               p_clear: float | None = None, free_run_first: int = 12, flags_of=None) -> dict:
+               p_clear: float | None = None, free_run_first: int = 12, flags_of=None,
+               cfg: list[tuple[int, int]] | None = None) -> dict:
     """Stream ``ins`` (payload ints) through ``dut`` in amaranth.sim.
 
     The first ``free_run_first`` vectors go with i.valid and o.ready held high;
@@ -44,9 +45,12 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
     o.ready | ~o.valid``, payload and valid held while stalled, and, with
     ``p_clear``, ``status`` against :func:`kvtest.streamcheck.sticky_status` of
     ``flags_of(payload)`` (exact, one cycle after the handshake).
+    ``cfg``: (input index, word) pairs for a ``cfg`` stream (the key front end's table
+    port), in order: word j is offered (with random gaps) once ``index_j`` input vectors
+    have been accepted, concurrently with the input stream.
 
     Returns:
-        {"got": output ints, "in_cycles", "out_cycles": handshake cycles,
+        {"got": output ints, "in_cycles", "out_cycles", "cfg_cycles": handshake cycles,
         "stall_cycles", "clears", "latency": dut.latency_cycles}.
     """
     rnd = random.Random(seed)
@@ -54,12 +58,14 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
     ipay, opay = Value.cast(dut.i.payload), Value.cast(dut.o.payload)
     win = len(ipay)
     status = p_clear is not None
-    got, in_cyc, out_cyc = [], [], []
+    got, in_cyc, out_cyc, cfg_cyc = [], [], [], []
+    cfg = cfg or []
+    cpay = Value.cast(dut.cfg.payload) if cfg else None
     stats = {"stall_cycles": 0, "clears": 0}
 
     async def tb(ctx):
         idx, cyc, held, status_model = 0, 0, None, 0
-        while len(got) < len(ins):
+        while len(got) < len(ins) or len(cfg_cyc) < len(cfg):
             assert cyc < 40 * len(ins) + 100, "DUT stopped producing outputs"
             free = cyc < free_run_first + lat           # phase 1: no stalls, no gaps
             if free:
@@ -71,6 +77,13 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
             ctx.set(dut.i.valid, iv)
             ctx.set(ipay, ins[idx] if iv else rnd.getrandbits(win))
             ctx.set(dut.o.ready, ordy)
+            j = len(cfg_cyc)
+            cv = j < len(cfg) and idx >= cfg[j][0] and rnd.random() < p_valid
+            if cfg:
+                ctx.set(dut.cfg.valid, cv)
+                ctx.set(cpay, cfg[j][1] if cv else 0)
+                if cv and ctx.get(dut.cfg.ready):
+                    cfg_cyc.append(cyc)
             if status:
                 ctx.set(dut.status_clear, clr)
             ov = ctx.get(dut.o.valid)
@@ -99,7 +112,8 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
     sim.add_clock(1e-6)
     sim.add_testbench(tb)
     sim.run()
-    return {"got": got, "in_cycles": in_cyc, "out_cycles": out_cyc, "latency": lat, **stats}
+    return {"got": got, "in_cycles": in_cyc, "out_cycles": out_cyc, "cfg_cycles": cfg_cyc,
+            "latency": lat, **stats}
 
 
 def check_run(run: dict, expected: list[int], free_run_first: int, describe=None) -> None:

@@ -90,10 +90,25 @@ def _stream_shape(dut, name: str):
     return dut.signature.members[name].signature.members["payload"].shape
 
 
+def _key_front_fields(dut: KVEpilogue) -> dict:
+    """Manifest entries of the key front end (only when ``key_slots`` > 0)."""
+    if not dut.key_slots:
+        return {}
+    i_shape, c_shape = _stream_shape(dut, "i"), _stream_shape(dut, "cfg")
+    return {"key_front": {
+        "slots": dut.key_slots, "register_cuts": list(dut.kf_regs),
+        "i_payload": {"width": Shape.cast(i_shape).width, "fields": payload_fields(i_shape)},
+        "cfg_payload": {"width": Shape.cast(c_shape).width, "fields": payload_fields(c_shape)},
+        "rule": "lane k of slot s: RNE_fp16(RN16(x * 2^e) - mu_s), NaN/inf and bypass (or "
+                "slot >= slots) pass (sim_models.keyscale.key_front)",
+        "table_timing": "a cfg word accepted in cycle t is seen by vectors accepted after t; "
+                        "the table starts all zero (identity)"}}
+
+
 def _encoder_fields(dut: KVEpilogue) -> dict:
     p = dut.params
     o_shape = _stream_shape(dut, "o")
-    return {
+    return {**_key_front_fields(dut),
         "fwht_register_after_stages": register_positions(p.log2n, dut.latency),
         "quant_register_cuts": list(dut.quant_regs),
         "frontend_register_cuts": list(dut.fe_regs),
@@ -184,7 +199,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         out: output directory (created if missing).
         top: Verilog module name (default ``KINDS[kind].top``).
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
-            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every`` (encoder),
+            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``
+            (encoder),
             ``float_regs``/``split_align`` (decoder).
 
     Returns:
@@ -249,7 +265,7 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
     enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align")}
     dec_regs = {k: v for k, v in regs.items()
-                if k not in ("quant_regs", "fe_regs", "tree_every")}
+                if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs")}
     with warnings.catch_warnings():     # validation only: the probes are never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
         build("encoder", params, **enc_regs)

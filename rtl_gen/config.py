@@ -15,6 +15,9 @@
   every k levels of the encoder's reduction trees (``tree_every``; ``p0``: the
   cuts only; a decoder takes only ``p0``); without it, the components' default cuts. Registers change the
   latency, never the bytes;
+* optional ``k<T>`` (after ``l`` / ``p``, encoder only): the cache policy's key front end
+  (``hw.keyfront.KeyFrontEnd``) with T table slots, its ``cfg`` port and the ``slot`` /
+  ``bypass`` input side band (``KVEpilogue(key_slots=T)``; with ``pK`` all its cuts);
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -42,7 +45,7 @@ PRESETS = tuple(_pm.PRESETS)
 #: Fields the fixed part of a name states.
 _FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
 #: Optional parts of the fixed group: letter -> RTLConfig field.
-_OPTIONAL = {"p": "pipe"}
+_OPTIONAL = {"p": "pipe", "k": "key_slots"}
 _FIELDS = [f.name for f in fields(FormatParams)]
 #: String-valued fields whose values may stand bare in a name.
 _ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
@@ -81,6 +84,7 @@ class RTLConfig:
     params: FormatParams
     latency: int = 2
     pipe: int | None = None
+    key_slots: int = 0
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -95,6 +99,13 @@ class RTLConfig:
         if pp is not None and (isinstance(pp, bool) or not isinstance(pp, int) or pp < 0):
             raise ValueError(f"pipe (pK, tree levels per register of the Fmax profile) must be "
                              f"None or an int >= 0, got {pp!r}")
+        ks = self.key_slots
+        if isinstance(ks, bool) or not isinstance(ks, int) or ks < 0:
+            raise ValueError(f"key_slots (kT, key front end table slots) must be an int >= 0, "
+                             f"got {ks!r}")
+        if ks and self.kind != "encoder":
+            raise ValueError(f"key_slots (kT): the key front end is built on the encoder (enc_) "
+                             f"only, got kind {self.kind!r}")
         if pp and self.kind == "decoder":
             raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
                              f"tree registers, the decoder has none; got {pp}")
@@ -106,6 +117,8 @@ class RTLConfig:
         ``FLOAT_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
         decoder's block alignment as two FWHT steps (``split_align``)."""
         regs: dict = {"latency": self.latency}
+        if self.key_slots:
+            regs["key_slots"] = self.key_slots
         if self.pipe is None:
             return regs
         from hw.decompressor import FLOAT_CUTS
@@ -113,6 +126,9 @@ class RTLConfig:
         from hw.quantizer import QUANT_CUTS
         if self.kind in ("encoder", "roundtrip"):
             regs.update(fe_regs=FE_CUTS.names, quant_regs=QUANT_CUTS.names, tree_every=self.pipe)
+            if self.key_slots:
+                from hw.keyfront import KF_CUTS
+                regs["kf_regs"] = KF_CUTS.names
         if self.kind in ("decoder", "roundtrip"):
             regs.update(float_regs=FLOAT_CUTS.names, split_align=True)
         return regs
@@ -133,6 +149,8 @@ class RTLConfig:
         parts = [_TAG_OF[self.kind], ps, f"n{p.n}", f"g{p.block}", f"b{p.bits}", f"l{self.latency}"]
         if self.pipe is not None:
             parts.append(f"p{self.pipe}")
+        if self.key_slots:
+            parts.append(f"k{self.key_slots}")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -161,7 +179,7 @@ class RTLConfig:
         fixed: dict = {}
         bare = _bare_values()
         for part in parts[2:]:
-            m = re.fullmatch(r"([ngblmp])(\d+)", part)
+            m = re.fullmatch(r"([ngblmpk])(\d+)", part)
             if m and m.group(1) in _FIXED:
                 name, tgt, val = _FIXED[m.group(1)], fixed, int(m.group(2))
             elif m and m.group(1) in _OPTIONAL:
@@ -185,6 +203,7 @@ class RTLConfig:
             raise ValueError(f"config name {s!r} must state {', '.join(missing)}")
         lat = fixed.pop("latency")
         pipe = fixed.pop("pipe", None)
+        key_slots = fixed.pop("key_slots", 0)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat, pipe)
+        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots)

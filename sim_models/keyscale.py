@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .center import table_operands
+from .center import center, table_operands
 from .codec import round_to_input_type
 from .params import FormatParams
 
@@ -54,6 +54,9 @@ def scale_keys(x: np.ndarray, s: np.ndarray, p: FormatParams | None = None) -> n
     return np.where(special, bits, out).astype(np.uint16)
 
 
+#: Range of the power-of-two key scale exponents e (s = 2^e, :func:`pow2_scales`): normal fp16.
+LOG2_S_RANGE = (-14, 15)
+
 def pow2_scales(log2_s: np.ndarray) -> np.ndarray:
     """Integer exponents -> float16 powers of two (exact), for :func:`scale_keys`.
 
@@ -61,6 +64,52 @@ def pow2_scales(log2_s: np.ndarray) -> np.ndarray:
         ValueError: an exponent outside [-14, 15] (not a normal fp16).
     """
     e = np.asarray(log2_s)
-    if not np.array_equal(e, np.round(e)) or e.min() < -14 or e.max() > 15:
-        raise ValueError("log2_s must be integers in [-14, 15]")
+    lo, hi = LOG2_S_RANGE
+    if not np.array_equal(e, np.round(e)) or e.min() < lo or e.max() > hi:
+        raise ValueError(f"log2_s must be integers in [{lo}, {hi}]")
     return np.exp2(e).astype(np.float16)
+
+
+
+def front_table(mu: np.ndarray, log2_s: np.ndarray, p: FormatParams | None = None) -> np.ndarray:
+    """The centering table of the key front end: ``mu_s = RN16(mu * 2^e)`` (uint16 fp16 bits).
+
+    Computed once per (layer, kv head) in software (as gpu_ref's cache does) and loaded
+    into the hardware table next to ``e``; :func:`key_front` consumes it.
+
+    Args:
+        mu: centering vector, float16 or uint16 bits, [..., N]; finite.
+        log2_s: integer scale exponents in :data:`LOG2_S_RANGE`, broadcastable to mu.
+    """
+    p = p or FormatParams()
+    return scale_keys(mu, pow2_scales(log2_s), p)
+
+
+def key_front(x: np.ndarray, mu_s: np.ndarray, log2_s: np.ndarray,
+              p: FormatParams | None = None) -> np.ndarray:
+    """Key front end from its loaded tables: ``RNE(RN16(x * 2^e) - mu_s)`` per lane (fp16).
+
+    The one definition the RTL (``hw.keyfront.KeyFrontEnd``), the testbenches and the
+    pinned vectors use: :func:`scale_keys` by the power of two ``2^e`` (exact, or RNE into
+    the subnormals, saturating at +-65504), then :func:`sim_models.center.center` by the
+    precomputed ``mu_s = RN16(mu * 2^e)`` (:func:`front_table`). NaN/inf lanes of x pass
+    through. With ``mu_s = front_table(mu, e)`` this is FORMAT.md 8's
+    ``RNE_fp16(RN16(x s) - RN16(mu s))``.
+
+    Args:
+        x: uint16 bits or float16 [..., N].
+        mu_s: uint16 fp16 bits (or float16), finite, broadcastable to x.
+        log2_s: integer exponents in :data:`LOG2_S_RANGE`, broadcastable to x.
+
+    Returns:
+        uint16 bits, x's shape.
+
+    Raises:
+        ValueError: a dtype other than fp16 (the RTL front end is fp16 only), an exponent
+            out of range, mu_s not finite; TypeError / ValueError of :func:`center`.
+    """
+    p = p or FormatParams()
+    if p.dtype != "fp16":
+        raise ValueError(f"key_front: dtype must be 'fp16', got {p.dtype!r}")
+    with np.errstate(invalid="ignore"):         # NaN lanes: passed through, not computed
+        return center(scale_keys(x, pow2_scales(log2_s), p), np.asarray(mu_s), p)

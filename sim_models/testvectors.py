@@ -19,6 +19,10 @@ Sets (uint16 fp16 bit patterns, [count, N]):
                scale lies exactly on the midpoint of two scale bytes (the tie of
                ``scale_round="nearest"``).
 
+:func:`key_front_set` adds the key front end of the cache policy (FORMAT.md 8): vectors,
+per-slot tables (mu_s, e), slot and bypass side band, pinned with the encoder input and
+bytes they give in :data:`KEY_FRONT_CHECKSUMS`.
+
 :data:`PINNED` lists the parameter sets whose checksums are pinned in
 :data:`CHECKSUMS`: the version-2 default at N = 64/128/256, the version-1
 quantizer, and every study mode, scale rule and scale encoding at N = 128.
@@ -31,6 +35,7 @@ import hashlib
 import numpy as np
 
 from .codec import encode
+from .keyscale import LOG2_S_RANGE, key_front, pow2_scales, scale_keys
 from .fwht import hadamard
 from .params import PRESETS, FormatParams
 from .signs import sign_mask
@@ -195,4 +200,95 @@ CHECKSUMS = {
     ("adversarial", 128, "ue4m4"): "5c598b2c26970d8b",
     ("random", 128, "bf16"): "e1cb7ba7f40fd8e1",
     ("adversarial", 128, "bf16"): "247f117cf5914dea",
+}
+
+
+#: Version of :func:`key_front_set`; bump when it changes.
+KEY_VECTORS_VERSION = 1
+#: Table slots of :func:`key_front_set`.
+KEY_SLOTS = 4
+
+
+def _finite_bits(rng: np.random.Generator, shape) -> np.ndarray:
+    """Finite fp16 patterns with exponents spread evenly (subnormals, +-0, max included)."""
+    sign = rng.integers(0, 2, size=shape) << 15
+    ex = rng.integers(0, 31, size=shape)
+    mant = rng.integers(0, 1024, size=shape)
+    pick = rng.random(shape)
+    mant = np.select([pick < 0.1, pick < 0.2, pick < 0.25], [0, 0x3FF, 1], mant)
+    return (sign | (ex << 10) | mant).astype(np.uint16)
+
+
+def key_front_set(n: int, count: int = 512, seed: int = 0):
+    """Key-front-end stimulus: (x [V, n], mu_s [KEY_SLOTS, n], log2_s [KEY_SLOTS, n],
+    slot [V], bypass [V]); V = count + the directed vectors.
+
+    Tables: slot 0 random exponents over :data:`sim_models.keyscale.LOG2_S_RANGE` and
+    spread mu_s; slot 1 the extreme exponents -14 / 15 and mu_s = +-0; slot 2 e = 0 and
+    mu_s = +-65504; slot 3 small exponents and mu_s of a Gaussian mean (``front_table``).
+    Vectors: the ``random`` set, spread finite patterns, NaN/inf lanes, exact and 1-ulp
+    cancellation of RN16(x 2^e) against mu_s (sign of zero), +-0, fp16 max (overflow of
+    x 2^e), subnormal results with rounding ties; every 8th vector bypassed.
+    """
+    rng = np.random.default_rng([seed, n, 3])
+    pn = FormatParams(n=n, block=min(64, n))
+    lo, hi = LOG2_S_RANGE
+    t = KEY_SLOTS
+    e = np.stack([rng.integers(lo, hi + 1, size=n), np.where(np.arange(n) % 2, hi, lo),
+                  np.zeros(n, dtype=np.int64), rng.integers(-3, 4, size=n)]).astype(np.int64)
+    mu = np.stack([_finite_bits(rng, n),
+                   np.where(np.arange(n) % 3 == 0, 0x8000, 0).astype(np.uint16),
+                   np.where(np.arange(n) % 2, 0xFBFF, 0x7BFF).astype(np.uint16),
+                   scale_keys((rng.standard_normal(n) * 0.5).astype(np.float16),
+                              pow2_scales(rng.integers(-3, 4, size=n)), pn)])
+    mu = mu.astype(np.uint16)
+    xs = [random_vectors(n, count, seed), _finite_bits(rng, (64, n))]
+    special = _finite_bits(rng, (24, n))
+    special[np.arange(24), rng.integers(0, n, 24)] = np.tile([0x7E00, 0x7C00, 0xFC00], 8)
+    xs.append(special)
+    xs.append(np.tile(np.array([0x0000, 0x8000, 0x7BFF, 0xFBFF], np.uint16), (t, n // 4 or 1))[:, :n])
+    slots = [rng.integers(0, t, size=count + 64 + 24), np.arange(t)]
+    # cancellation: x = RN16(mu_s 2^-e) where exact, then 0 / +-1 ulp off
+    for s in range(t):
+        back = scale_keys(mu[s], pow2_scales(np.clip(-e[s], lo, hi)), pn)
+        for d in (0, 1, -1):
+            xs.append((back.astype(np.int64) + d).clip(0, 0xFFFF).astype(np.uint16)[None])
+            slots.append(np.array([s]))
+    # subnormal results with ties: small mantissas under the largest negative exponents
+    for s in range(t):
+        xs.append(((rng.integers(0, 2, size=(8, n)) << 15) | rng.integers(1, 64, size=(8, n))
+                   | (rng.integers(1, 4, size=(8, n)) << 10)).astype(np.uint16))
+        slots.append(np.full(8, s))
+    x = np.concatenate(xs)
+    x[(x & 0x7C00) == 0x7C00] = np.where(rng.random(((x & 0x7C00) == 0x7C00).sum()) < 0.5,
+                                         0x7E00, x[(x & 0x7C00) == 0x7C00])
+    slot = np.concatenate(slots).astype(np.int64)
+    bypass = (np.arange(x.shape[0]) % 8 == 7).astype(np.int64)
+    return x, mu, e, slot, bypass
+
+
+def key_front_inputs(x, mu_s, log2_s, slot, bypass, p: FormatParams) -> np.ndarray:
+    """Encoder inputs of a key-front-end stream: :func:`sim_models.keyscale.key_front` with
+    the tables of each vector's slot, the lanes unchanged where ``bypass``."""
+    out = key_front(x, mu_s[slot], log2_s[slot], p)
+    return np.where(np.asarray(bypass, bool)[:, None], x, out).astype(np.uint16)
+
+
+def key_front_checksum(n: int, count: int = 512, seed: int = 0) -> str:
+    """SHA-256 (16 hex) over :func:`key_front_set`, the encoder inputs it gives and their
+    golden encoding (default format at N = n, as :func:`checksum`)."""
+    p = pinned_params("default", n)
+    x, mu, e, slot, byp = key_front_set(n, count, seed)
+    xin = key_front_inputs(x, mu, e, slot, byp, p)
+    h = hashlib.sha256()
+    for a in (x, mu, e.astype(np.int64), slot, byp):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:8] + checksum(xin, p)[:8]
+
+
+#: Pinned :func:`key_front_checksum` (512 random vectors + the directed ones, seed 0) under
+#: KEY_VECTORS_VERSION 1 and format version 2, by N. A change here changes the key front end.
+KEY_FRONT_CHECKSUMS = {
+    64: "1fdcfe56d88d77d8",
+    128: "070059dd27962230",
 }

@@ -150,6 +150,73 @@ def lanes(p: FormatParams) -> WireLayout:
     return _layout(("lanes", LANE_BITS, p.n, True))
 
 
+#: Bits of a key-front-end scale exponent e (two's complement; range
+#: ``sim_models.keyscale.LOG2_S_RANGE``).
+KEY_E_BITS = 5
+
+
+def key_slot_bits(slots: int) -> int:
+    """Bits of the slot select of a key front end with ``slots`` table slots (at least 1).
+
+    Raises:
+        ValueError: ``slots`` < 1 (the message names ``key_slots``).
+    """
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"key_slots (table slots of the key front end) must be an int >= 1, "
+                         f"got {slots!r}")
+    return max(1, (slots - 1).bit_length())
+
+
+def encoder_input(p: FormatParams, key_slots: int = 0) -> WireLayout:
+    """``KVEpilogue.i`` payload: the N lanes, and with a key front end (``key_slots`` > 0)
+    the side band ``slot`` (table slot of the vector) and ``bypass`` (1: the lanes go to
+    the encoder unchanged: values, keys without the front end) above them."""
+    if not key_slots:
+        return lanes(p)
+    return _layout(("lanes", LANE_BITS, p.n, True), ("slot", key_slot_bits(key_slots), 1, False),
+                   ("bypass", 1, 1, False))
+
+
+def key_config(p: FormatParams, key_slots: int) -> WireLayout:
+    """``KVEpilogue.cfg`` payload (the key front end's table load port, one lane per word):
+    ``mu_s`` (fp16 bits of RN16(mu * 2^e)) | ``e`` (KEY_E_BITS, two's complement) |
+    ``lane`` (log2 N bits) | ``slot``."""
+    return _layout(("mu_s", LANE_BITS, 1, False), ("e", KEY_E_BITS, 1, False),
+                   ("lane", max(1, p.log2n), 1, False), ("slot", key_slot_bits(key_slots), 1, False))
+
+
+def key_config_words(p: FormatParams, key_slots: int, slot: int, mu_s: np.ndarray,
+                     log2_s: np.ndarray) -> list[int]:
+    """The ``cfg`` words (ints) that load table ``slot``: lane 0 first, N words.
+
+    Raises:
+        ValueError: slot out of range, tables not of shape [N].
+    """
+    lay = key_config(p, key_slots)
+    if not 0 <= slot < key_slots:
+        raise ValueError(f"slot must be in [0, {key_slots}), got {slot}")
+    mu_s, log2_s = np.asarray(mu_s).reshape(-1), np.asarray(log2_s).reshape(-1)
+    if mu_s.shape != (p.n,) or log2_s.shape != (p.n,):
+        raise ValueError(f"mu_s and log2_s must have shape [N={p.n}], got "
+                         f"{list(mu_s.shape)}, {list(log2_s.shape)}")
+    mb = mu_s.view(np.uint16) if mu_s.dtype == np.float16 else mu_s.astype(np.uint16)
+    emask = (1 << KEY_E_BITS) - 1
+    return [(int(mb[k]) << lay["mu_s"].offset) | ((int(log2_s[k]) & emask) << lay["e"].offset)
+            | (k << lay["lane"].offset) | (slot << lay["slot"].offset) for k in range(p.n)]
+
+
+def encoder_input_ints(bits: np.ndarray, p: FormatParams, key_slots: int, slot, bypass) -> list[int]:
+    """Encoder input words (ints) of uint16 [V, N] lanes with the side band ``slot`` and
+    ``bypass`` (scalars or [V])."""
+    lay = encoder_input(p, key_slots)
+    v = np.asarray(bits).shape[0]
+    slot = np.broadcast_to(np.asarray(slot, dtype=np.int64), (v,))
+    bypass = np.broadcast_to(np.asarray(bypass, dtype=np.int64), (v,))
+    so, bo = lay["slot"].offset, lay["bypass"].offset
+    return [w | (int(s) << so) | (int(b) << bo)
+            for w, s, b in zip(rows_to_ints(lane_rows(bits)), slot, bypass)]
+
+
 # --- NumPy side: planes -> words ------------------------------------------------------
 
 def encoder_output_rows(p: FormatParams, codes, scales, flags, zeros=None) -> np.ndarray:

@@ -244,3 +244,30 @@ def test_sampler_roundtrip(tmp_path):
 def test_bin_group():
     assert Bin("code.b0=-1").group == "code" and Bin("flag=nan").group == "flag"
     assert Bin("stream.stall=1").group == "stream"
+
+
+@pytest.mark.parametrize("slots", [3, 4])
+def test_key_front_bins(slots):
+    """The key group: the pinned key-front-end set with a mid-stream reload (as the bench
+    streams it) hits every reachable key bin; a slot >= T is unreachable exactly when the
+    slot field holds only slots, and the side band of the generic sets respects that."""
+    from kvtest.keyfront import key_hits, seen_tables, side_band, table_words
+    from sim_models import wire
+    from sim_models.testvectors import key_front_set
+    p = FormatParams(n=64, block=32)
+    model = [b for b in bins(p, "encoder", slots) if b.group == "key"]
+    assert len(model) == slots + 3 + 11
+    x, mu, e, slot, byp = key_front_set(64, 300, 0)
+    words = table_words(p, slots, mu, e, range(slots))
+    reload = wire.key_config_words(p, slots, 1, mu[0], e[0])
+    cyc = list(range(len(words))) + [len(words) + 50 + k for k in range(len(reload))]
+    acc = [len(words) + 10 + k for k in range(len(x))]
+    _, mus, es, rl = seen_tables(p, slots, acc, words + reload, cyc)
+    names, m = key_hits(p, slots, x, mus, es, slot, byp, rl)
+    hits = dict(zip(names, m.sum(axis=0).tolist()))
+    r = evaluate(model, hits, set(), 100.0)
+    assert r["ok"], r["missed"] or r["unreachable_hit"]
+    oor = {b.name: b.unreachable for b in model}["key.slot_out_of_range"]
+    assert (oor is None) == (slots == 3)
+    s, _ = side_band(4000, slots, 1)
+    assert (s >= slots).any() == (slots == 3)

@@ -462,6 +462,52 @@ def test_vector_checksums_are_pinned():
         assert tv.CHECKSUMS[("random", n, "v1")] == want
 
 
+def test_key_front_checksums_are_pinned():
+    """The key-front-end set (input, mu_s, e, slot, bypass -> encoder input -> bytes)."""
+    from sim_models import testvectors as tv
+    for n, want in tv.KEY_FRONT_CHECKSUMS.items():
+        assert tv.key_front_checksum(n) == want, n
+
+
+def test_key_front_set_hits_its_corners():
+    """The pinned key-front-end set reaches every case it claims (and can fail)."""
+    from sim_models import testvectors as tv
+    p = tv.pinned_params("default", 64)
+    x, mu, e, slot, byp = tv.key_front_set(64)
+    xin = tv.key_front_inputs(x, mu, e, slot, byp, p)
+    fx = ~byp.astype(bool)[:, None] & ((x & 0x7C00) != 0x7C00)     # lanes computed
+    mag = xin & 0x7FFF
+    assert (fx & (xin == 0x8000)).any() and (fx & (xin == 0)).any()       # both zeros
+    assert (fx & (mag == 0x7BFF)).any()                                    # saturation
+    assert (fx & (mag < 0x400) & (mag > 0)).any()                         # subnormal results
+    assert set(np.unique(slot)) == set(range(tv.KEY_SLOTS)) and byp.any()
+    special = (x & 0x7C00) == 0x7C00
+    assert special.any() and (xin[special] == x[special]).all()
+
+
+def test_key_front_is_scale_then_center():
+    """key_front == center(scale_keys(x, 2^e), RN16(mu 2^e)) (FORMAT.md 8), and the
+    documented exact corners: (-0) - (+0) = -0, x - x = +0, overflow saturates."""
+    from sim_models.keyscale import front_table, key_front, pow2_scales, scale_keys
+    p = FormatParams(n=8, block=8)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((50, 8)).astype(np.float16).view(np.uint16)
+    mu = rng.standard_normal(8).astype(np.float16)
+    e = np.array([-14, -1, 3, 15, 0, 0, -7, 7])
+    want = sm.center(scale_keys(x, pow2_scales(e), p), scale_keys(mu, pow2_scales(e), p), p)
+    assert np.array_equal(key_front(x, front_table(mu, e, p), e, p), want)
+    x = np.array([[0x8000, 0x3C00, 0x7BFF, 0x7E00, 0x8000, 0x0001, 0x0003, 0xFC00]], np.uint16)
+    mu_s = np.array([0, 0x4000, 0xFBFF, 0, 0x8000, 0, 0, 0x3C00], np.uint16)
+    got = key_front(x, mu_s, np.array([0, 1, 1, 0, 0, -1, -1, 3]), p)
+    # -0, +0 (exact cancellation), max (overflow), NaN kept, (-0)-(-0) = +0, subnormal
+    # ties 0.5 ulp -> 0 and 1.5 ulp -> 2 (even), -inf kept
+    assert got.tolist() == [[0x8000, 0, 0x7BFF, 0x7E00, 0, 0, 2, 0xFC00]]
+    with pytest.raises(ValueError, match="log2_s"):
+        key_front(x, mu_s, np.array([0, 0, 16, 0, 0, 0, 0, 0]), p)
+    with pytest.raises(ValueError, match="dtype"):
+        key_front(x, mu_s, np.zeros(8), FormatParams(n=8, block=8, dtype="bf16"))
+
+
 def test_cli_roundtrip(tmp_path):
     from sim_models.__main__ import main
     x = np.random.default_rng(9).standard_normal((6, 64)).astype(F16)

@@ -318,3 +318,47 @@ def test_latency_property():
             assert dut.latency_cycles == lat + 8
             del dut
             gc.collect()
+
+
+# ---- key front end (cache policy, FORMAT.md 7 / 8) ------------------------------------
+
+@pytest.mark.parametrize("slots,kf_regs,pipe", [
+    (3, ("scale", "sum", "out"), {}),
+    (4, (), {"fe_regs": ()}),
+    (4, ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
+     {"fe_regs": FE_CUTS.names, "tree_every": 1}),
+])
+def test_key_front_end_stream(slots, kf_regs, pipe):
+    """KVEpilogue(key_slots=T): the pinned key-front-end set with its side band, tables
+    loaded through cfg while vectors stream (before any vector, then two slots reloaded
+    mid-stream with new tables): every output word equals sim_models.encode of the golden
+    key front end under the table each vector saw at its handshake
+    (kvtest.keyfront.replay); slot 3 >= T = 3 passes like bypass; latency, full rate,
+    stalls, status as every config."""
+    from kvtest.keyfront import replay
+    from sim_models.keyscale import front_table
+    from sim_models.testvectors import key_front_set
+    p = FormatParams(n=16, block=8, bits=3)
+    x, mu, e, slot, byp = key_front_set(16, 96, slots)
+    rng = np.random.default_rng(slots)
+    cfg = [(0, w) for s in range(slots) for w in wire.key_config_words(p, slots, s, mu[s], e[s])]
+    for at, s in ((60, 1), (140, 0)):
+        e2 = rng.integers(-14, 16, size=16)
+        mu2 = front_table(rng.standard_normal(16).astype(np.float16), e2, p)
+        cfg += [(at, w) for w in wire.key_config_words(p, slots, s, mu2, e2)]
+    dut = KVEpilogue(p, 1, key_slots=slots, kf_regs=kf_regs, **pipe)
+    assert dut.latency_breakdown["keyfront"] == 1 + len(kf_regs)
+    ins = wire.encoder_input_ints(x, p, slots, slot, byp)
+    flags_at = wire.encoder_output(p)["flags"].offset
+    run = run_stream(dut, ins, slots, p_valid=0.8, p_ready=0.7, p_clear=0.05, free_run_first=12,
+                     flags_of=lambda w: w >> flags_at, cfg=cfg)
+    assert len(run["cfg_cycles"]) == len(cfg)
+    mid = [c for (at, _), c in zip(cfg, run["cfg_cycles"]) if at]
+    assert run["in_cycles"][0] <= mid[0] < run["in_cycles"][-1]      # loads mid-stream
+    xin = replay(p, slots, x, slot, byp, run["in_cycles"], [w for _, w in cfg], run["cfg_cycles"])
+    exp = wire.rows_to_ints(encoder_rows(xin, p)[0])
+    check_run(run, exp, 12, describe=lambda g, e: describe_encoder_word(g, e, p))
+    # the reloads changed some vectors' inputs (the test sees the table timing)
+    first = replay(p, slots, x, slot, byp, run["in_cycles"], [w for at, w in cfg if not at],
+                   [c for (at, _), c in zip(cfg, run["cfg_cycles"]) if not at])
+    assert (first != xin).any()

@@ -274,3 +274,34 @@ def test_roundtrip_kind(tmp_path):
     assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--module", "roundtrip",
                      "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "kv_roundtrip.v").read_text() == v
+
+
+def test_key_front_manifest_and_lint(tmp_path):
+    """Config part kT: the key front end's ports (cfg stream, side band above the lanes),
+    its manifest entry and latency, lint-clean Verilog; without it nothing changes."""
+    from rtl_gen.config import RTLConfig
+    from sim_models import wire
+    c = RTLConfig.parse("enc_v2_n16_g8_b3_l1_k3")
+    assert c.key_slots == 3 and c.name == "enc_v2_n16_g8_b3_l1_k3"
+    assert c.regs == {"latency": 1, "key_slots": 3}
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_k8").regs["kf_regs"][-1] == "out"
+    for bad in ("rt_v2_n16_g8_b3_l1_k3", "dec_v2_n16_g8_b3_l1_k3", "enc_v2_n16_g8_b3_l1_k3_k4"):
+        with pytest.raises(ValueError):
+            RTLConfig.parse(bad)
+    p = c.params
+    man = rtl_gen.generate("encoder", p, tmp_path, **c.regs)
+    kf = man["key_front"]
+    assert kf["slots"] == 3 and kf["register_cuts"] == ["scale", "sum", "out"]
+    assert man["latency_breakdown"]["keyfront"] == 4
+    lay = wire.encoder_input(p, 3)
+    assert kf["i_payload"]["fields"]["slot"] == {"offset": 16 * 16, "width": 2}
+    assert kf["i_payload"]["width"] == lay.width == man["ports"]["i__payload"]["width"]
+    assert kf["cfg_payload"]["fields"] == wire.key_config(p, 3).offsets()
+    assert man["ports"]["cfg__payload"]["width"] == 16 + 5 + 4 + 2
+    plain = rtl_gen.generate("encoder", p, tmp_path / "plain", latency=1)
+    assert "key_front" not in plain and "cfg__valid" not in plain["ports"]
+    assert plain["latency_cycles"] == man["latency_cycles"] - 4
+    if rtl_gen.find_tool("verilator") is not None:
+        r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "%Warning" not in r.stdout + r.stderr

@@ -151,5 +151,6 @@ def table(results: dict[str, dict]) -> str:
 
 
 def model_of(config: str, params) -> list[Bin]:
-    """The bins of a config (``kvtest.coverage.bins``)."""
-    return bins(params, kind_of(config))
+    """The bins of a config (``kvtest.coverage.bins``; the key front end's from the name)."""
+    from rtl_gen.config import RTLConfig
+    return bins(params, kind_of(config), RTLConfig.parse(config).key_slots)

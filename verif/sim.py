@@ -24,6 +24,11 @@ sim_models.encode, every output word bit-exact: codes, scales, flags):
 * real         the SmolLM2-135M K/V capture verif/data/smollm2_kv.npz
                (N=64: every head vector; N=128: heads concatenated; --quick: 2,000)
 * raw          (bf16) uniformly random bit patterns: FLAG_SAT, NaN, inf
+* keyfront     (key-front-end configs ``..._k<T>``) the pinned key-front-end set
+               (sim_models.testvectors.key_front_set, 2,048 + directed; --quick 256)
+               while every table slot is reloaded mid-stream; every other set runs with
+               a random slot / bypass side band through the tables loaded at the start
+               of each test (verif/tb_epilogue.py)
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
@@ -76,12 +81,15 @@ from .run import run
 #: Epilogue configs of a plain ``python -m verif.sim`` (first = the product default):
 #: N = 64 / 128 / 256; b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and
 #: 256); bf16 input (the only way to reach FLAG_SAT); the N = 128 Fmax register
-#: profile of docs/SYNTH.md (``p2``). Chosen for build time (the
+#: profile of docs/SYNTH.md (``p2``); the key front end of the cache policy (``kT``:
+#: T = 3 slots, so a slot value >= T exists, with the default cuts; T = 8 in the N = 64
+#: Fmax profile, every cut). Chosen for build time (the
 #: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
 #: modes are added by mode_configs().
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
                    "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16",
-                   "enc_v2_n128_g64_b3_l7_p2")
+                   "enc_v2_n128_g64_b3_l7_p2", "enc_v2_n64_g32_b3_l2_k3",
+                   "enc_v2_n64_g64_b3_l6_p1_k8")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
 #: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules;
 #: the Fmax register profiles (``pK``: every register cut, a register every K tree
@@ -191,6 +199,8 @@ def sets_for(cfg: RTLConfig, quick: bool, n_random: int | None, fixture: Path, s
         sets.append({"name": "real", "count": 2000 if quick else None})
     if cfg.params.dtype == "bf16":
         sets.append({"name": "raw", "count": max(nr // 4, 250), "seed": seed})
+    if cfg.key_slots:
+        sets.append({"name": "keyfront", "count": 256 if quick else 2048, "seed": seed})
     return sets
 
 

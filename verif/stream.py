@@ -120,6 +120,21 @@ class Bench:
         self.out_width = len(dut.m_o__payload)
         assert self.out_width == self.lay["out_payload"], "m_o__payload width"
 
+    async def load(self, words: list[str]) -> list[int]:
+        """Write ``words`` (binary strings) through the ``cfg`` stream, one per cycle, with
+        the DUT otherwise idle; returns their handshake cycles."""
+        cv, fire = self.bit("cfg__valid"), 1 << self.lay["m_ctl"]["cfg_fire"][0]
+        pay, done = self.t_wide["cfg__payload"], []
+        for w in words:
+            pay.set_signal_val_binstr(NOW, w)
+            while True:
+                m = await self.idle(1, cv)
+                if m & fire:
+                    done.append(self.cycle)
+                    break
+        await self.idle(1)
+        return done
+
     def bit(self, name: str) -> int:
         """t_ctl mask of a 1-bit DUT input (0 if the DUT has no such input)."""
         k = self.lay["t_ctl"].get(name)
@@ -167,13 +182,15 @@ class Bench:
                      stall_p: float = 0.0, burst_p: float = 0.0, burst_max: int = 0,
                      clear_p: float = 0.0, resets: int = 0, isolate: bool = False,
                      timeout: int = 5000, status_init: int | None = None,
-                     describe=None, prep_s: float = 0.0) -> dict:
+                     describe=None, prep_s: float = 0.0, cfg=None) -> dict:
         """Send ``words_in`` through input stream ``port`` and check every output.
 
         Args:
             words_in: input payloads as binary strings (width of ``t_<port>__payload``).
             exp: expected output payloads, binary strings of the o__payload width,
-                one per input, in order.
+                one per input, in order; or a callable (input handshake cycles, cfg
+                handshake cycles) -> that list, called after the loop (expected words
+                that depend on when the table words landed).
             fixed: t_ctl bits held during the phase (e.g. ``sel``).
             gap_p, stall_p, burst_p, burst_max: random valid gaps / o__ready
                 stalls (see :func:`pattern`).
@@ -188,6 +205,10 @@ class Bench:
                 None: do not check status.
             describe: (got int, expected int) -> text for mismatch messages.
             prep_s: seconds spent preparing stimulus / expected words (reported).
+            cfg: (input index, binary string) words for the ``cfg`` stream (the key
+                front end's table port), offered in order, word j once ``index_j``
+                inputs were accepted, with the input stream's gap pattern; their
+                handshake cycles go to the record (``cfg_cycles``).
 
         Returns:
             the phase record (see :meth:`finish`).
@@ -210,6 +231,13 @@ class Bench:
         hold0 = self.m_hold_err.get_signal_val_long()
         chunk = 8192
         vp = op = cp = None
+        cfg = cfg or []
+        cfg_c: list[int] = []
+        cfg_on = False
+        if cfg:
+            cval_b = self.bit("cfg__valid")
+            cfire = 1 << self.lay["m_ctl"]["cfg_fire"][0]
+            cpay = self.t_wide["cfg__payload"]
         base = 0
         reset_at = []
         reset_events = []         # (words in flight, output stalled, input presented)
@@ -270,7 +298,12 @@ class Bench:
                 elif valid:
                     valid = False     # junk on the payload while valid is low
                     tpay.set_signal_val_binstr(NOW, junk)
+            if cfg and not cfg_on and len(cfg_c) < len(cfg) and nxt >= cfg[len(cfg_c)][0] \
+                    and not rst_on and vp[k]:
+                cpay.set_signal_val_binstr(NOW, cfg[len(cfg_c)][1])
+                cfg_on = True
             ctl = fixed | (rst_b if rst_on else 0) | (val_b if valid else 0) \
+                | (cval_b if cfg_on else 0) \
                 | (ordy_b if op[k] else 0) | (clr_b if cp[k] and not rst_on else 0)
             if ctl != cur:
                 set_ctl(NOW, ctl)
@@ -280,6 +313,10 @@ class Bench:
             # ---- sample: what rising edge c transferred ----
             m = get_m()
             hist.append(m | (ctl << 32))
+            if cfg_on and m & cfire:
+                cfg_c.append(c)
+                cfg_on = False
+                last_progress = c
             if rst_on:
                 flushed += nxt - head
                 head = nxt
@@ -301,7 +338,7 @@ class Bench:
                     else:
                         out_i.append(-1)
                     last_progress = c
-                if nxt >= nv and head == nxt:
+                if nxt >= nv and head == nxt and len(cfg_c) == len(cfg):
                     idle_tail += 1
                     if idle_tail > latency + 4:
                         break
@@ -318,6 +355,9 @@ class Bench:
         t_loop = time.perf_counter() - t0
         cpu_loop = time.process_time() - cpu0
         self.scored = np.array([i for i in out_i if i >= 0], dtype=np.int64)
+        self.cfg_cycles = cfg_c
+        if callable(exp):
+            exp = exp(acc_c, cfg_c)
         if self.cov is not None:
             h = np.array(hist, dtype=np.int64)
             d, mm = h >> 32, h & 0xFFFFFFFF
@@ -411,10 +451,8 @@ def sampler(job: Job):
     """The process's :class:`verif.coverage.Sampler` for ``job`` (None: no coverage file)."""
     global _SAMPLER
     if job.coverage and _SAMPLER is None:
-        from kvtest.coverage import bins
-
-        from .coverage import Sampler, kind_of
-        _SAMPLER = Sampler(job.config, bins(job.params, kind_of(job.config)), job.coverage)
+        from .coverage import Sampler, model_of
+        _SAMPLER = Sampler(job.config, model_of(job.config, job.params), job.coverage)
     return _SAMPLER
 
 

@@ -14,6 +14,15 @@ kvtest.streamcheck. Expected words: the golden model (``sim_models.encode``) via
 * test_throughput    valid/ready always high: 1 vector per cycle, constant latency
 * test_stream        every vector set of the job under gaps, stalls, bursts, clears
 
+Key-front-end configs (``..._k<T>``: ``i__payload`` = lanes | slot | bypass, table port
+``cfg``): every test first loads tables (``kvtest.keyfront.bench_tables``) through
+``cfg``; the generic sets get a random side band (``kvtest.keyfront.side_band``) and are
+expected as ``encode(key_front(...))`` of the tables held (a mirror of the hardware
+table, kept across the tests of the run); the set ``keyfront`` streams the pinned
+key-front-end set (``sim_models.testvectors.key_front_set``) while every slot is
+reloaded mid-stream, its expected words computed after the run from the handshake
+cycles (``kvtest.keyfront.seen_tables``). Coverage adds the ``key`` group.
+
 Every phase samples the functional coverage (verif/coverage.py) of the vectors it scored
 and of its handshakes.
 * test_reset_midstream  resets with words in flight
@@ -23,6 +32,7 @@ and of its handshakes.
 from __future__ import annotations
 
 import time
+import zlib
 
 import numpy as np
 
@@ -30,10 +40,51 @@ import cocotb
 
 from kvtest.coverage import encoder_hits, take
 from kvtest.inputs import encoder_rows, get_set
+from kvtest.keyfront import (KeyTables, bench_tables, key_hits, seen_tables, side_band,
+                             table_words, vector_inputs)
 from kvtest.streamcheck import describe_encoder_word, full_rate_record_errors
 from sim_models import wire
 from sim_models.codec import encode_trace
-from verif.stream import assert_ok, bench, inject_faults
+from sim_models.testvectors import key_front_set
+from verif.stream import assert_ok, bench as _bench, inject_faults
+
+#: The key front end's table as the DUT holds it (kept across the tests of one run: the
+#: table memory has no reset).
+_TABLES: list = [None]
+
+
+def key_slots(b) -> int:
+    from rtl_gen.config import RTLConfig
+    return RTLConfig.parse(b.job.config).key_slots if b.job.config else 0
+
+
+async def bench(dut, name: str):
+    """verif.stream.bench, plus for a key-front-end DUT a table load through ``cfg``."""
+    b = await _bench(dut, name)
+    b.ks = key_slots(b)
+    if b.ks:
+        if _TABLES[0] is None:
+            _TABLES[0] = KeyTables(b.p, b.ks)
+        mu, e = bench_tables(b.p, b.ks, b.seed + zlib.crc32(name.encode()) % 1000)
+        words = table_words(b.p, b.ks, mu, e)
+        await b.load(wire.ints_to_binstr(words, b.widths["cfg__payload"]))
+        for w in words:
+            _TABLES[0].load(w)
+    return b
+
+
+def in_words(b, bits, slot, byp) -> list[str]:
+    return wire.ints_to_binstr(wire.encoder_input_ints(bits, b.p, b.ks, slot, byp),
+                               b.widths["i__payload"])
+
+
+def exp_words(b, xin, trace):
+    rows, flags = encoder_rows(xin, b.p, trace)
+    exp = wire.rows_to_binstr(rows, b.out_width)
+    k = b.job.fault_every
+    if k:
+        exp, _ = inject_faults(exp, k, b.p.n * b.p.bits)
+    return exp, flags
 
 
 def vectors(b, name: str, count, seed=None) -> np.ndarray:
@@ -45,13 +96,16 @@ def expected(b, bits: np.ndarray):
     """(input strings, expected output strings, flags, seconds, golden trace) of uint16
     [V, N]."""
     t0 = time.perf_counter()
-    trace = encode_trace(bits, b.p)
-    rows, flags = encoder_rows(bits, b.p, trace)
-    exp = wire.rows_to_binstr(rows, b.out_width)
-    k = b.job.fault_every
-    if k:
-        exp, _ = inject_faults(exp, k, b.p.n * b.p.bits)
-    win = wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(b.p).width)
+    xin, b.side = bits, None
+    if getattr(b, "ks", 0):
+        slot, byp = side_band(len(bits), b.ks, b.seed + len(bits))
+        xin = _TABLES[0].inputs(bits, slot, byp)
+        b.side = (bits, slot, byp)
+    b.xin = xin
+    trace = encode_trace(xin, b.p)
+    exp, flags = exp_words(b, xin, trace)
+    win = (in_words(b, bits, *b.side[1:]) if b.side else
+           wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(b.p).width))
     return win, exp, flags, time.perf_counter() - t0, trace
 
 
@@ -61,7 +115,13 @@ async def run_set(b, bits, label: str, **kw) -> dict:
                          describe=lambda g, e: describe_encoder_word(int(g, 2), int(e, 2), b.p))
     rec["flags_or"] = int(np.bitwise_or.reduce(flags)) if len(flags) else 0
     if b.cov is not None and b.scored.size:     # functional coverage of the scored vectors
-        b.cov.sample(encoder_hits, bits[b.scored], b.p, take(trace, b.scored))
+        b.cov.sample(encoder_hits, b.xin[b.scored], b.p, take(trace, b.scored))
+        if b.side:
+            x, slot, byp = (a[b.scored] for a in b.side)
+            t = _TABLES[0]
+            shp = (len(x), b.ks, b.p.n)
+            b.cov.sample(key_hits, b.p, b.ks, x, np.broadcast_to(t.mu_s, shp),
+                         np.broadcast_to(t.e, shp), slot, byp)
     if b.job.fault_every:
         rec["injected_faults"] = len(range(3, len(exp), b.job.fault_every))
     return rec
@@ -97,13 +157,63 @@ async def test_stream(dut):
     b = await bench(dut, "test_stream")
     recs = []
     for s in b.job.sets:
-        bits = vectors(b, s["name"], s.get("count"), s.get("seed"))
         await b.clear_status()
         kw = b.job.stalls()
         kw.update(s.get("stalls") or {})     # per-set stall settings (e.g. long bursts)
-        rec = await run_set(b, bits, s.get("label", s["name"]), status_init=0, **kw)
+        if s["name"] == "keyfront":
+            rec = await run_keyfront(b, s, kw)
+        else:
+            bits = vectors(b, s["name"], s.get("count"), s.get("seed"))
+            rec = await run_set(b, bits, s.get("label", s["name"]), status_init=0, **kw)
         recs.append(b.finish(rec))
     assert_ok(recs)
+
+
+async def run_keyfront(b, s: dict, kw: dict) -> dict:
+    """The pinned key-front-end set with its own side band; its four tables loaded at the
+    start and every slot reloaded (new tables) mid-stream, spread over the stream."""
+    seed = s.get("seed") or 0
+    x, mu0, e0, slot, byp = key_front_set(b.p.n, s.get("count") or 512, seed)
+    ks = b.ks
+    cfg = [(0, w) for w in table_words(b.p, ks, mu0, e0, range(min(ks, len(mu0))))]
+    mu1, e1 = bench_tables(b.p, ks, seed + 1000)
+    for j in range(ks):
+        at = (j + 1) * len(x) // (ks + 1)
+        cfg += [(at, w) for w in table_words(b.p, ks, mu1, e1, [j])]
+    words = [w for _, w in cfg]
+    start = _TABLES[0]
+    seen = {}
+
+    def expect(acc, cfgc):
+        tab = KeyTables(b.p, ks)
+        tab.mu_s[:], tab.e[:] = start.mu_s, start.e
+        tab, mu, e, rl = seen_tables(b.p, ks, acc, words, cfgc, tab)
+        xin = vector_inputs(b.p, ks, x[:len(acc)], mu, e, slot[:len(acc)], byp[:len(acc)])
+        trace = encode_trace(xin, b.p)
+        seen.update(tab=tab, mu=mu, e=e, rl=rl, xin=xin, trace=trace)
+        return exp_words(b, xin, trace)[0]
+
+    t0 = time.perf_counter()
+    win = in_words(b, x, slot, byp)
+    cbits = wire.ints_to_binstr(words, b.widths["cfg__payload"])
+    rec = await b.stream(win, expect, s.get("label", "keyfront"), status_init=0,
+                         cfg=[(at, c) for (at, _), c in zip(cfg, cbits)], prep_s=0.0, **kw,
+                         describe=lambda g, e: describe_encoder_word(int(g, 2), int(e, 2), b.p))
+    rec["prep_s"] = time.perf_counter() - t0
+    _TABLES[0] = seen["tab"]
+    errs = []
+    if len(b.cfg_cycles) != len(cfg):
+        errs.append(f"{len(b.cfg_cycles)} of {len(cfg)} cfg words accepted")
+    if b.cov is not None and b.scored.size:
+        i = b.scored
+        b.cov.sample(encoder_hits, seen["xin"][i], b.p, take(seen["trace"], i))
+        b.cov.sample(key_hits, b.p, ks, x[i], seen["mu"][i], seen["e"][i], slot[i], byp[i],
+                     seen["rl"][i])
+    rec["cfg_words"] = len(b.cfg_cycles)
+    if errs:
+        rec["ok"] = False
+        rec["errors"] = list(rec["errors"]) + errs
+    return rec
 
 
 @cocotb.test()
