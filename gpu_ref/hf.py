@@ -54,7 +54,8 @@ import threading
 
 import numpy as np
 
-from sim_models import CachePolicy, FormatParams, KeyTables, center, decode_float, encode, scale_keys
+from sim_models import CachePolicy, FormatParams, KeyTables, decode_float, encode
+from sim_models.keyscale import front_table, key_front
 from sim_models.policy import POLICY_PRESETS
 
 __all__ = ["ATTN_NAME", "PackedCache", "PackedLayer", "enable", "parse_policy", "policy_spec"]
@@ -194,12 +195,14 @@ class _GoldenStore:
     def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None, mu16=None, s16=None):
         torch = _torch()
         self.fmts, self.sinks, self.dtype = fmts, sinks, torch_dtype
-        # the key front end (FORMAT.md 8) as the golden model defines it: scale_keys then center
-        self._s16, self._mu_s = s16, None
-        fe = FormatParams(n=d, block=min(64, d))
-        if mu16 is not None:
-            self._mu_s = mu16.view(np.uint16) if s16 is None else scale_keys(mu16, s16, fe)
-        self._fe = fe
+        # the key front end (FORMAT.md 8) as the golden model defines it: sim_models.keyscale.key_front
+        self._fe = FormatParams(n=d, block=min(64, d))
+        self._front = None
+        if mu16 is not None or s16 is not None:
+            e = (np.zeros((kvh, d), np.int8) if s16 is None
+                 else np.log2(s16.astype(np.float64)).astype(np.int8))
+            mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
+            self._front = (front_table(mu, e, self._fe), e)
         self._q_div = None if s16 is None else torch.as_tensor(s16.astype(np.float32), device=device)
         self.hat = {k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
         self.codes, self.scales = {}, {}
@@ -212,13 +215,11 @@ class _GoldenStore:
     def keys_in(self, k16):
         """Keys ``[B, KVH, T, D]`` (torch fp16) -> the encoder input of the key front end (torch fp16)."""
         torch = _torch()
-        if self._s16 is None and self._mu_s is None:
+        if self._front is None:
             return k16
+        mu_s, e = self._front
         bits = k16.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
-        if self._s16 is not None:
-            bits = scale_keys(bits, self._s16[None, :, None, :], self._fe)
-        if self._mu_s is not None:
-            bits = center(bits, self._mu_s[None, :, None, :], self._fe)
+        bits = key_front(bits, mu_s[None, :, None, :], e[None, :, None, :], self._fe)
         return torch.from_numpy(bits.view(np.int16)).view(torch.float16).to(k16.device)
 
     def query(self, q):

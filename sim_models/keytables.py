@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .center import center
-from .keyscale import pow2_scales, scale_keys
+from .keyscale import LOG2_S_RANGE, front_table, key_front, pow2_scales
 from .params import FormatParams
 
 #: Largest |e| of a calibrated key-scale exponent (the study's range; the RTL and CUDA
@@ -96,8 +95,8 @@ class KeyTables:
             if not isinstance(e, np.ndarray) or e.dtype != np.int8 or e.shape != self.mu.shape:
                 raise TypeError(f"log2_s must be an int8 array of mu's shape {self.mu.shape}, got "
                                 f"{getattr(e, 'dtype', type(e).__name__)} {getattr(e, 'shape', '')}")
-            if e.min() < -14 or e.max() > 15:
-                raise ValueError("log2_s must be in [-14, 15] (fp16-normal powers of two)")
+            if e.min() < LOG2_S_RANGE[0] or e.max() > LOG2_S_RANGE[1]:
+                raise ValueError(f"log2_s must be in {list(LOG2_S_RANGE)} (fp16-normal powers of two)")
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -114,11 +113,11 @@ class KeyTables:
         mu = self.mu.view(np.uint16)
         if self.log2_s is None:
             return mu.copy()
-        p = FormatParams(n=self.shape[2])
-        return scale_keys(mu, self.scales(), p)
+        return front_table(mu, self.log2_s, FormatParams(n=self.shape[2]))
 
     def front_end(self, k: np.ndarray, layer: int, head: int, p: FormatParams | None = None) -> np.ndarray:
-        """Encoder input of keys of (layer, head): ``RNE(RN16(k s) - RN16(mu s))`` (FORMAT.md 8).
+        """Encoder input of keys of (layer, head): ``RNE(RN16(k s) - RN16(mu s))`` (FORMAT.md 8),
+        :func:`sim_models.keyscale.key_front` with this entry's tables.
 
         Args:
             k: fp16 keys, float16 or uint16 bits [..., D].
@@ -137,8 +136,8 @@ class KeyTables:
         p = p or FormatParams(n=D)
         if p.dtype != "fp16":
             raise ValueError(f"the key front end is defined for fp16 keys, got dtype={p.dtype!r}")
-        x = k if self.log2_s is None else scale_keys(k, pow2_scales(self.log2_s[layer, head]), p)
-        return center(x, self.scaled_mu()[layer, head], p)
+        e = np.zeros(D, np.int8) if self.log2_s is None else self.log2_s[layer, head]
+        return key_front(k, self.scaled_mu()[layer, head], e, p)
 
     # ---------------------------------------------------------------- files
     @classmethod
