@@ -265,6 +265,16 @@ class _GoldenStore:
         return sum(a.nbytes for a in (*self.codes.values(), *self.scales.values()))
 
 
+class _StreamHandle:
+    """A raw ``cudaStream_t`` under the CUDA stream protocol (``__cuda_stream__``, version 0)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = int(ptr)
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
 class _CudaStore:
     """The project's kernels through gpu_ref's plan/run API; every call into gpu_ref is in this class.
 
@@ -314,8 +324,10 @@ class _CudaStore:
         cur = _torch().cuda.current_stream()
         key = (cur.cuda_stream, cur.device.index)
         s = cls._streams.get(key)
-        if s is None:                           # CuPy wants the stream's device (deprecation otherwise)
-            s = cls._streams[key] = cupy.cuda.ExternalStream(cur.cuda_stream, cur.device.index)
+        if s is None:
+            wrap = getattr(cupy.cuda.Stream, "from_external", None)      # CuPy >= 14 (ExternalStream deprecated)
+            s = cls._streams[key] = (wrap(_StreamHandle(cur.cuda_stream)) if wrap is not None
+                                     else cupy.cuda.ExternalStream(cur.cuda_stream, cur.device.index))
         return s
 
     @staticmethod
