@@ -38,8 +38,10 @@ from sim_models.params import FormatParams
 #: Name prefix -> rtl_gen kind.
 KIND_TAGS = {"enc": "encoder", "dec": "decoder", "rt": "roundtrip"}
 _TAG_OF = {k: t for t, k in KIND_TAGS.items()}
-#: Preset names (``sim_models.params.PRESETS``), oldest first.
-PRESETS = tuple(_pm.PRESETS)
+#: Preset names that config names use: the distinct per-vector quantizers of
+#: ``sim_models.params.PRESETS``, oldest first (version 3 keeps version 2's quantizer, so
+#: its configurations are named ``v2``; ``v3`` is accepted when parsing).
+PRESETS = tuple(n for n in _pm.PRESETS if FormatParams.preset(n).quantizer_preset == n)
 
 
 #: Fields the fixed part of a name states.
@@ -172,7 +174,7 @@ class RTLConfig:
         if not isinstance(s, str):
             raise TypeError(f"config name must be a str, got {type(s).__name__}")
         parts = s.strip().split("_")
-        if len(parts) < 2 or parts[0] not in KIND_TAGS or parts[1] not in PRESETS:
+        if len(parts) < 2 or parts[0] not in KIND_TAGS or parts[1] not in _pm.PRESETS:
             raise ValueError(f"bad config name {s!r}: start with a kind {sorted(KIND_TAGS)} and a "
                              f"preset {list(PRESETS)}, e.g. enc_v2_n128_g64_b3_l2")
         kw: dict = {}

@@ -305,3 +305,12 @@ def test_key_front_manifest_and_lint(tmp_path):
         r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "%Warning" not in r.stdout + r.stderr
+
+
+def test_config_names_use_the_distinct_quantizer_presets():
+    """Version 3 keeps version 2's per-vector quantizer: its configurations are named v2 (names
+    and records stay comparable across versions), and a v3 name parses to the same config."""
+    from rtl_gen.config import PRESETS, RTLConfig
+    assert PRESETS == ("v1", "v2")
+    assert RTLConfig.parse("enc_v3_n64_g32_b4_l1").name == "enc_v2_n64_g32_b4_l1"
+    assert RTLConfig.parse("rt_v1_n64_g32_b3_l2").name == "rt_v1_n64_g32_b3_l2"
