@@ -60,6 +60,8 @@ def main(argv=None) -> int:
             tables = KeyTables.load(a.tables)
         except ValueError as err:
             ap.error(f"--tables: {err}")
+        if policy.key_scale and tables.log2_s is None:
+            ap.error(f"--policy {a.policy!r} scales keys (KS2) but --tables {a.tables!r} hold no key scales (log2_s)")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
 
     from gpu_ref import hf
 
+    if a.backend == "cuda" and not torch.cuda.is_available():
+        ap.error("--backend cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --backend golden")
     device = "cuda" if a.backend == "cuda" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     kw = {"gguf_file": a.gguf} if a.gguf else {}
@@ -82,7 +86,10 @@ def main(argv=None) -> int:
     ids = tok(text, return_tensors="pt", add_special_tokens=not a.chat)["input_ids"].to(device)
     ids = ids.repeat(a.batch, 1)
     cap = ids.shape[1] + a.max_new_tokens
-    cache = hf.PackedCache(model.config, policy, a.batch, cap, tables=tables, backend=a.backend)
+    try:
+        cache = hf.PackedCache(model.config, policy, a.batch, cap, tables=tables, backend=a.backend)
+    except (ValueError, TypeError) as err:
+        ap.error(f"{err}")
     streamer = TextStreamer(tok, skip_prompt=True) if a.batch == 1 else None
     if device == "cuda":
         torch.cuda.synchronize()

@@ -36,7 +36,7 @@ golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over 
 reconstructions; any device, any format; the reference of tests/test_hf.py). What the kernels
 cannot serve (head_dim not in {64, 128, 256}, K/V bits outside {3, 4}, more than 64 sinks, one
 of K/V 16-bit) raises ``ValueError`` naming the field at cache creation. The key front end runs
-inside the write kernel (cuda) or through ``sim_models.scale_keys`` / ``center`` (golden), and the
+inside the write kernel (cuda) or through ``sim_models.keyscale.key_front`` (golden), and the
 query side ``q / s`` inside the decode kernel (cuda) or before SDPA (golden); a cache with a front
 end stores fp16. A decode step of the cuda
 backend allocates nothing on the CuPy side and makes no host<->device copy, so a whole model
@@ -55,7 +55,7 @@ import threading
 import numpy as np
 
 from sim_models import CachePolicy, FormatParams, KeyTables, decode_float, encode
-from sim_models.keyscale import front_table, key_front
+from sim_models.keyscale import LOG2_S_RANGE, front_table, key_front
 from sim_models.policy import POLICY_PRESETS
 
 __all__ = ["ATTN_NAME", "PackedCache", "PackedLayer", "enable", "parse_policy", "policy_spec"]
@@ -95,6 +95,9 @@ def parse_policy(spec: str, base: FormatParams | None = None) -> CachePolicy:
     presets = {name.lower(): name for name in POLICY_PRESETS}
     if spec.strip().lower() in presets:
         return parse_policy(policy_spec(CachePolicy.preset(presets[spec.strip().lower()])), base)
+    if spec.split("+")[0].strip().lower() in presets:
+        raise ValueError(f"policy spec {spec!r}: a preset name ({', '.join(POLICY_PRESETS)}) stands alone; "
+                         f"write the terms out instead (v3 = {policy_spec(CachePolicy.preset('v3'))})")
     terms = [t.strip().upper() for t in spec.split("+")]
 
     def fmt(bits: str):
@@ -143,8 +146,17 @@ def policy_spec(policy: CachePolicy) -> str:
 
 # ============================================================================ model shape
 def _shape(config):
-    """(layers, q heads, kv heads, head_dim) of a transformers decoder config."""
+    """(layers, q heads, kv heads, head_dim) of a transformers decoder config.
+
+    Raises:
+        ValueError: sliding-window attention layers (this cache attends over every cached token).
+    """
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) or (
+            getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)):
+        raise ValueError(f"config: sliding-window attention layers (layer_types / sliding_window="
+                         f"{getattr(cfg, 'sliding_window', None)}) are not supported; PackedCache attends over "
+                         f"every cached token (Llama and Qwen2 without sliding windows)")
     hq = cfg.num_attention_heads
     kvh = getattr(cfg, "num_key_value_heads", None) or hq
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
@@ -677,6 +689,15 @@ class PackedCache(Cache):
         ks = arrays["key_scales"]
         if ks is not None and (np.any(ks <= 0) or np.any(np.frexp(ks)[0] != 0.5)):
             raise ValueError("key_scales must be positive powers of two (the reparametrization is exact)")
+        if ks is not None:
+            lo, hi = LOG2_S_RANGE if backend == "golden" else (LOG2_S_RANGE[0], LOG2_S_RANGE[1] - 1)
+            e = np.log2(ks)
+            if e.min() < lo or e.max() > hi:
+                raise ValueError(f"key_scales must be 2^e with e in [{lo}, {hi}] for backend {backend!r}, got e in "
+                                 f"[{e.min():.0f}, {e.max():.0f}]")
+            if policy.key_scale is None:
+                raise ValueError("key_scales given but the policy does not scale keys: add the KS2 term "
+                                 "(e.g. K3V3+C+KS2) or use the v3 preset")
         self.policy, self.backend, self.n_seqs, self.capacity = policy, backend, int(batch_size), int(capacity)
         self.shape = dict(layers=n_layers, q_heads=hq, kv_heads=kvh, head_dim=d)
         front = any(policy.format_for(l, "k") is not None for l in range(n_layers)) and (

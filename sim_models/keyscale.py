@@ -108,7 +108,9 @@ def key_front(x: np.ndarray, mu_s: np.ndarray, log2_s: np.ndarray,
         ValueError: a dtype other than fp16 (the RTL front end is fp16 only), an exponent
             out of range, mu_s not finite; TypeError / ValueError of :func:`center`.
     """
-    p = p or FormatParams()
+    if p is None:
+        n = np.shape(x)[-1]
+        p = FormatParams(n=n, block=min(64, n))
     if p.dtype != "fp16":
         raise ValueError(f"key_front: dtype must be 'fp16', got {p.dtype!r}")
     with np.errstate(invalid="ignore"):         # NaN lanes: passed through, not computed

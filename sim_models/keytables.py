@@ -8,8 +8,8 @@ fixed per model and calibrated once (``python bench/accuracy.py --model M --cali
 of a key depend only on the key and these tables (streaming-safe).
 
 The exponents are query-aware (issue-13 study, docs/ACCURACY.md): per channel
-``e_i = round(log2(E q_i^2 / E (k_i - mu_i)^2) / 4)``, centred to mean 0 over the head's
-channels and clipped to +-:data:`LOG2_S_MAX`; this minimises the expected logit error
+``e_i = clip(round(l_i - mean_j l_j), +-LOG2_S_MAX)`` with ``l_i = log2(E q_i^2 / E (k_i - mu_i)^2) / 4``
+(centred over the head's channels, then rounded and clipped); this minimises the expected logit error
 E (q . dk)^2 for a rotation-isotropic key error dk (queries averaged over the kv head's
 query heads).
 
@@ -28,8 +28,8 @@ import numpy as np
 from .keyscale import LOG2_S_RANGE, front_table, key_front, pow2_scales
 from .params import FormatParams
 
-#: Largest |e| of a calibrated key-scale exponent (the study's range; the RTL and CUDA
-#: front ends accept any fp16-normal power of two, [-14, 15]).
+#: Largest |e| of a calibrated key-scale exponent (the study's range; the golden model and
+#: the RTL accept [-14, 15] (LOG2_S_RANGE), the CUDA kernels [-14, 14]).
 LOG2_S_MAX = 4
 
 
@@ -113,7 +113,8 @@ class KeyTables:
         mu = self.mu.view(np.uint16)
         if self.log2_s is None:
             return mu.copy()
-        return front_table(mu, self.log2_s, FormatParams(n=self.shape[2]))
+        d = self.shape[2]
+        return front_table(mu, self.log2_s, FormatParams(n=d, block=min(64, d)))
 
     def front_end(self, k: np.ndarray, layer: int, head: int, p: FormatParams | None = None) -> np.ndarray:
         """Encoder input of keys of (layer, head): ``RNE(RN16(k s) - RN16(mu s))`` (FORMAT.md 8),
@@ -133,7 +134,7 @@ class KeyTables:
         L, H, D = self.shape
         if not (0 <= layer < L and 0 <= head < H):
             raise IndexError(f"(layer, head) = ({layer}, {head}) outside the tables' [{L}, {H}]")
-        p = p or FormatParams(n=D)
+        p = p or FormatParams(n=D, block=min(64, D))
         if p.dtype != "fp16":
             raise ValueError(f"the key front end is defined for fp16 keys, got dtype={p.dtype!r}")
         e = np.zeros(D, np.int8) if self.log2_s is None else self.log2_s[layer, head]
@@ -175,6 +176,9 @@ class KeyTables:
         """
         path = Path(path)
         with np.load(path) as z:
+            if "k_energy" in z.files:
+                raise ValueError(f"{path}: a calibration statistics file, not key tables; the tables are "
+                                 f"{path.with_suffix('.keytables.npz').name} (KeyTables.from_calibration)")
             if not {"model_id", "shape", "mu"} <= set(z.files):
                 raise ValueError(f"{path}: not a key-tables file (needs model_id, shape, mu; has "
                                  f"{sorted(z.files)})")

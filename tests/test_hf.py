@@ -179,7 +179,7 @@ def test_stored_bytes_equal_golden_encode():
     ids = torch.tensor(rng.integers(0, 96, (2, 9)))
     mu = (rng.normal(size=(2, 2, 64)) * 0.3).astype(np.float16)
     ks = np.exp2(rng.integers(-2, 3, size=(2, 2, 64))).astype(np.float32)
-    pol = hf.parse_policy("K3V3+C+S2+K4@1")
+    pol = hf.parse_policy("K3V3+C+S2+KS2+K4@1")
     c = hf.PackedCache(m.config, pol, 2, 16, mu=mu, key_scales=ks, backend="golden")
     seen = _record_updates(c)
     with torch.no_grad():
@@ -250,6 +250,28 @@ def test_v3_policy_with_key_tables_equals_explicit_tables():
         hf.PackedCache(m.config, "v3", 2, 16, tables={"mu": t.mu}, backend="golden")
 
 
+def test_refused_at_creation_key_scale_range_policy_and_sliding_windows():
+    """Key scales outside the backend's exponent range, key scales without the policy's KS2 term,
+    a preset combined with terms, and sliding-window configs are refused by name at creation."""
+    from transformers import Qwen2Config
+    m = tiny()
+    z = np.zeros((2, 2, 64), np.float16)
+    for e, backend in ((16, "golden"), (-15, "golden"), (15, "cuda")):
+        with pytest.raises(ValueError, match="key_scales must be 2"):
+            hf.PackedCache(m.config, "v3", 1, 8, mu=z, key_scales=np.full((2, 2, 64), 2.0 ** e), backend=backend)
+    hf.PackedCache(m.config, "v3", 1, 8, mu=z, key_scales=np.full((2, 2, 64), 2.0 ** 15), backend="golden")
+    with pytest.raises(ValueError, match="KS2"):
+        hf.PackedCache(m.config, "K3V3", 1, 8, key_scales=np.full((2, 2, 64), 4.0), backend="golden")
+    with pytest.raises(ValueError, match="stands alone"):
+        hf.parse_policy("v3+S8")
+    cfg = Qwen2Config(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, use_sliding_window=True, sliding_window=4)
+    with pytest.raises(ValueError, match="sliding"):
+        hf.PackedCache(cfg, "K3V3", 1, 8, backend="golden")
+    cfg.use_sliding_window = False                           # Qwen2's default: the window is off
+    hf.PackedCache(cfg, "K3V3", 1, 8, backend="golden")
+
+
 def test_decode_one_token_at_a_time_equals_fake_quant_forward():
     """prefill='packed' (the golden fake-quant forward) == appending and decoding token by token."""
     m = tiny("qwen2")
@@ -277,7 +299,7 @@ def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
     ids = torch.tensor(rng.integers(0, 96, (2, 20)), device="cuda")
     mu = (rng.normal(size=(2, 2, head_dim)) * 0.3).astype(np.float16)
     ks = np.exp2(rng.integers(-1, 2, size=(2, 2, head_dim))).astype(np.float32)
-    caches = {be: hf.PackedCache(m.config, "K3V3+C", 2, 64, mu=mu, key_scales=ks, backend=be)
+    caches = {be: hf.PackedCache(m.config, "K3V3+C+KS2", 2, 64, mu=mu, key_scales=ks, backend=be)
               for be in ("cuda", "golden")}
     seen = _record_updates(caches["cuda"])
     logits = {}
@@ -289,7 +311,7 @@ def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
             logits[be] = torch.cat(out, 1).float()
     # the bytes: the K/V the kernels were given (each layer's input depends on the earlier layers'
     # attention, which differs in float rounding between the two runs), written by the golden store
-    ref = hf.PackedCache(m.config, "K3V3+C", 2, 64, mu=mu, key_scales=ks, backend="golden")
+    ref = hf.PackedCache(m.config, "K3V3+C+KS2", 2, 64, mu=mu, key_scales=ks, backend="golden")
     for i, (lk, rec) in enumerate(zip(caches["cuda"].layers, seen)):
         for k, v in rec:
             ref.layers[i].update(k, v)

@@ -174,3 +174,19 @@ def test_policy_presets():
     hf = pytest.importorskip("gpu_ref.hf")
     assert hf.parse_policy("v3") == v3 and hf.parse_policy("V3-K4V3") == CachePolicy.preset("v3-K4V3")
     assert hf.policy_spec(v3) == "K3V3+C+S4+KS2" and hf.parse_policy("K3V3+C+S4+KS2") == v3
+
+
+def test_small_head_dims_default_params_and_the_calibration_file_is_named(tmp_path):
+    """head_dim 32 tables work (block clipped to N); key_front's default p follows x's last axis;
+    loading the calibration statistics file instead of the tables says which file to load."""
+    from sim_models.keyscale import key_front
+    rng = np.random.default_rng(5)
+    t = KeyTables("m", (rng.standard_normal((1, 2, 32)) * 2).astype(np.float16),
+                  rng.integers(-3, 4, (1, 2, 32)).astype(np.int8))
+    k = (rng.standard_normal((4, 32)) * 3).astype(np.float16)
+    got = t.front_end(k, 0, 1)
+    assert np.array_equal(got, oracle(k, t.mu[0, 1], t.log2_s[0, 1]))
+    assert np.array_equal(key_front(k, t.scaled_mu()[0, 1], t.log2_s[0, 1]), got)
+    np.savez(tmp_path / "m.npz", mu=t.mu, k_energy=np.ones((1, 2, 32)), model_id="m", shape=[1, 2, 2, 32])
+    with pytest.raises(ValueError, match="m.keytables.npz"):
+        KeyTables.load(tmp_path / "m.npz")
