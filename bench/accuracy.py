@@ -143,6 +143,12 @@ def main(argv=None) -> int:
             by_name(args.only.split(","))
         except ValueError as err:
             ap.error(f"--only: {err}")
+    if not args.v3_report and not args.list:
+        from bench.models import resolve
+        try:
+            resolve(args.model)
+        except (ValueError, FileNotFoundError) as err:
+            ap.error(f"{err}")
     return run(args)
 
 

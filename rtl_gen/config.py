@@ -108,6 +108,9 @@ class RTLConfig:
         if ks and self.kind != "encoder":
             raise ValueError(f"key_slots (kT): the key front end is built on the encoder (enc_) "
                              f"only, got kind {self.kind!r}")
+        if ks and self.params.dtype != "fp16":
+            raise ValueError(f"key_slots (kT): the key front end is fp16 only (docs/FORMAT.md 8), "
+                             f"got dtype {self.params.dtype!r}")
         if pp and self.kind == "decoder":
             raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
                              f"tree registers, the decoder has none; got {pp}")

@@ -128,9 +128,10 @@ class CachePolicy:
         Raises:
             ValueError: unknown name.
         """
-        if name not in POLICY_PRESETS:
+        names = {n.lower(): n for n in POLICY_PRESETS}
+        if not isinstance(name, str) or name.strip().lower() not in names:
             raise ValueError(f"policy preset must be one of {tuple(POLICY_PRESETS)}, got {name!r}")
-        return cls(**POLICY_PRESETS[name])
+        return cls(**POLICY_PRESETS[names[name.strip().lower()]])
 
 
 #: Named cache policies. ``v3`` is format version 3's recommended policy (docs/FORMAT.md 8):

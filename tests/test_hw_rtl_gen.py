@@ -314,3 +314,5 @@ def test_config_names_use_the_distinct_quantizer_presets():
     assert PRESETS == ("v1", "v2")
     assert RTLConfig.parse("enc_v3_n64_g32_b4_l1").name == "enc_v2_n64_g32_b4_l1"
     assert RTLConfig.parse("rt_v1_n64_g32_b3_l2").name == "rt_v1_n64_g32_b3_l2"
+    with pytest.raises(ValueError, match="fp16 only"):            # refused when parsed, not at elaboration
+        RTLConfig.parse("enc_v2_n16_g8_b3_l1_bf16_k8")

@@ -171,6 +171,7 @@ def test_policy_presets():
     assert set(POLICY_PRESETS) == {"v2", "v3", "v3-K4V3"}
     with pytest.raises(ValueError, match="policy preset"):
         CachePolicy.preset("v4")
+    assert CachePolicy.preset(" V3 ") == v3                    # as parse_policy: case and spaces
     hf = pytest.importorskip("gpu_ref.hf")
     assert hf.parse_policy("v3") == v3 and hf.parse_policy("V3-K4V3") == CachePolicy.preset("v3-K4V3")
     assert hf.policy_spec(v3) == "K3V3+C+S4+KS2" and hf.parse_policy("K3V3+C+S4+KS2") == v3

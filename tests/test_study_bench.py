@@ -173,7 +173,8 @@ def test_passkey_prompt_places_the_needle():
 
 @pytest.mark.parametrize("argv, word", [(["--windows", "0"], "--windows"), (["--windows", "5"], "--windows"),
                                         (["--context", "8"], "--context"), (["--threads", "0"], "--threads"),
-                                        (["--calibrate-only"], "--calibrate"), (["--only", "nope"], "--only")])
+                                        (["--calibrate-only"], "--calibrate"), (["--only", "nope"], "--only"),
+                                        (["--model", "/nope", "--report-only"], "--model")])
 def test_accuracy_cli_refuses_bad_arguments_before_loading(argv, word, capsys):
     """bench/accuracy.py: exit 2 naming the option, before any model is loaded."""
     from bench.accuracy import main
