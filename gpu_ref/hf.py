@@ -56,7 +56,7 @@ import numpy as np
 
 from sim_models import CachePolicy, FormatParams, KeyTables, decode_float, encode
 from sim_models.keyscale import LOG2_S_RANGE, front_table, key_front
-from sim_models.policy import POLICY_PRESETS
+from sim_models.policy import POLICY_PRESETS, fit_format
 
 __all__ = ["ATTN_NAME", "PackedCache", "PackedLayer", "enable", "parse_policy", "policy_spec"]
 
@@ -161,17 +161,6 @@ def _shape(config):
     kvh = getattr(cfg, "num_key_value_heads", None) or hq
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
     return cfg.num_hidden_layers, hq, kvh, d
-
-
-def _layer_format(f: FormatParams | None, head_dim: int, dtype: str) -> FormatParams | None:
-    """The policy's format with n = head_dim (block clipped to n) and the cache's 16-bit type."""
-    if f is None:
-        return None
-    try:
-        return dataclasses.replace(f, n=head_dim, block=min(f.block, head_dim), dtype=dtype)
-    except ValueError as err:
-        raise ValueError(f"head_dim {head_dim} cannot be stored in the packed format (one vector per "
-                         f"head): {err}") from None
 
 
 def _check_cuda_layer(layer: int, kf, vf, sinks: int):
@@ -710,8 +699,8 @@ class PackedCache(Cache):
         fmt_dtype = dtype or "fp16"
         layers = []
         for l in range(n_layers):
-            kf = _layer_format(policy.format_for(l, "k"), d, fmt_dtype)
-            vf = _layer_format(policy.format_for(l, "v"), d, fmt_dtype)
+            kf = fit_format(policy.format_for(l, "k"), d, fmt_dtype)
+            vf = fit_format(policy.format_for(l, "v"), d, fmt_dtype)
             for kind, f in (("k", kf), ("v", vf)):
                 if f is not None and d % f.n:
                     raise ValueError(f"head_dim {d} is not a multiple of the {kind} format's n={f.n}")

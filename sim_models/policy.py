@@ -15,6 +15,7 @@ by :meth:`CachePolicy.table_bytes`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .params import FormatParams
@@ -94,7 +95,8 @@ class CachePolicy:
                     per_head = FP16_BITS * head_dim
                 else:
                     if head_dim % f.n:
-                        raise ValueError(f"head_dim {head_dim} is not a multiple of n={f.n}")
+                        raise ValueError(f"head_dim {head_dim} is not a multiple of n={f.n} (a cache with "
+                                         f"one vector per head uses policy.fit(head_dim))")
                     per_head = 8 * f.bytes_per_vector * (head_dim // f.n)
                 q_tokens = context - sink
                 total += n_kv_heads * (sink * FP16_BITS * head_dim + q_tokens * per_head)
@@ -121,6 +123,19 @@ class CachePolicy:
             per += (head_dim // 4) * 16 * 2
         return per * n_layers * n_kv_heads
 
+    def fit(self, head_dim: int, dtype: str | None = None) -> CachePolicy:
+        """This policy with every format (defaults and overrides) passed through
+        :func:`fit_format`: one vector per head, as the integrations store it.
+
+        Raises:
+            ValueError: ``head_dim`` cannot be one vector of some format.
+        """
+        def fit_layers(layers):
+            return tuple((l, fit_format(f, head_dim, dtype)) for l, f in layers)
+        return dataclasses.replace(self, k=fit_format(self.k, head_dim, dtype),
+                                   v=fit_format(self.v, head_dim, dtype),
+                                   layer_k=fit_layers(self.layer_k), layer_v=fit_layers(self.layer_v))
+
     @classmethod
     def preset(cls, name: str) -> CachePolicy:
         """A named policy (:data:`POLICY_PRESETS`; docs/FORMAT.md 8).
@@ -132,6 +147,26 @@ class CachePolicy:
         if not isinstance(name, str) or name.strip().lower() not in names:
             raise ValueError(f"policy preset must be one of {tuple(POLICY_PRESETS)}, got {name!r}")
         return cls(**POLICY_PRESETS[names[name.strip().lower()]])
+
+
+def fit_format(f: FormatParams | None, head_dim: int, dtype: str | None = None) -> FormatParams | None:
+    """``f`` with ``n = head_dim`` (one vector per head), ``block = min(block, head_dim)`` and,
+    if given, the input ``dtype``; ``None`` (fp16) stays ``None``.
+
+    Raises:
+        ValueError: naming ``head_dim`` if no vector of that length exists in the format
+            (not a power of two >= 8, ...).
+    """
+    if f is None:
+        return None
+    changes = dict(n=head_dim, block=min(f.block, head_dim))
+    if dtype is not None:
+        changes["dtype"] = dtype
+    try:
+        return dataclasses.replace(f, **changes)
+    except ValueError as err:
+        raise ValueError(f"head_dim {head_dim} cannot be stored in the packed format (one vector per "
+                         f"head): {err}") from None
 
 
 #: Named cache policies. ``v3`` is format version 3's recommended policy (docs/FORMAT.md 8):

@@ -191,3 +191,23 @@ def test_small_head_dims_default_params_and_the_calibration_file_is_named(tmp_pa
     np.savez(tmp_path / "m.npz", mu=t.mu, k_energy=np.ones((1, 2, 32)), model_id="m", shape=[1, 2, 2, 32])
     with pytest.raises(ValueError, match="m.keytables.npz"):
         KeyTables.load(tmp_path / "m.npz")
+
+
+def test_policy_fit_head_dim():
+    """A preset (n = 128) fitted to a 64-wide head counts one 64-lane vector per head, as the
+    integrations store it; without fit the shape is refused naming head_dim and fit."""
+    from sim_models.policy import fit_format
+    v3 = CachePolicy.preset("v3")
+    with pytest.raises(ValueError, match=r"head_dim 64.*fit\(head_dim\)"):
+        v3.bits_per_element(30, 3, 64, 2048)
+    fitted = v3.fit(64)
+    assert fitted.k.n == fitted.v.n == 64 and fitted.k.block == 64
+    # 64 codes x 3 bits + 1 scale byte = 200 bits per vector, 4 fp16 sinks per 2048 tokens
+    assert fitted.bits_per_element(30, 3, 64, 2048) == pytest.approx((2044 * 200 / 64 + 4 * 16) / 2048)
+    assert fitted.sinks == 4 and fitted.center_keys and fitted.key_scale == "pow2"
+    assert fit_format(None, 64) is None
+    assert fit_format(FormatParams(), 256).block == 64
+    over = CachePolicy(layer_k=((0, FormatParams(bits=4)),)).fit(64, "bf16")
+    assert over.layer_k[0][1].n == 64 and over.layer_k[0][1].dtype == "bf16"
+    with pytest.raises(ValueError, match="head_dim 48"):
+        v3.fit(48)
