@@ -263,7 +263,18 @@ class _GoldenStore:
         return o[:, :, 0]
 
     def nbytes(self):
-        return sum(a.nbytes for a in (*self.codes.values(), *self.scales.values()))
+        """Bytes of the stored format: codes and scale bytes of the packed rows (capacity minus
+        sinks), 16-bit sink rows, 16-bit rows of an unquantized kind (flags, which the golden
+        store does not keep, excluded)."""
+        b, h, cap, d = self.hat["k"].shape
+        rows = cap - min(self.sinks, cap)
+        total = 0
+        for kind, f in zip("kv", self.fmts):
+            if f is None:
+                total += b * h * cap * d * 2
+            else:
+                total += b * h * (rows * (d // f.n) * (f.code_bytes + f.n_blocks) + (cap - rows) * d * 2)
+        return total
 
 
 class _StreamHandle:
