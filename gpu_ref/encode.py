@@ -64,11 +64,11 @@ def key_table(n: int, mu16=None, s16=None, cp=None) -> KeyFront | None:
     Args:
         n: head dimension N.
         mu16: NumPy float16 ``[KVH, N]`` centering vectors (unscaled: the table holds
-            ``sim_models.scale_keys(mu, s)``, saturating, as the golden policy forms it), or None.
+            ``sim_models.keyscale.front_table(mu, log2 s)``, the golden rule's ``RN16(mu s)``), or None.
         s16: NumPy float16 ``[KVH, N]`` per-channel key scales (powers of two), or None.
-        cp: the cupy module (default: imported).
+        cp: the cupy module (default: imported; NumPy works for inspecting the table).
     """
-    from sim_models import scale_keys
+    from sim_models.keyscale import front_table
     if mu16 is None and s16 is None:
         return None
     cp = cp or cupy()
@@ -77,7 +77,8 @@ def key_table(n: int, mu16=None, s16=None, cp=None) -> KeyFront | None:
     if s16 is not None:
         words.append(np.ascontiguousarray(s16, np.float16).view(np.uint32))            # [KVH, N/2]
     if mu16 is not None:
-        m = mu16 if s16 is None else scale_keys(np.ascontiguousarray(mu16, np.float16), s16, p).view(np.float16)
+        m = mu16 if s16 is None else front_table(np.ascontiguousarray(mu16, np.float16),
+                                                 np.log2(s16.astype(np.float64)).astype(np.int8), p).view(np.float16)
         words.append(np.ascontiguousarray(m, np.float16).view(np.uint32))
     heads = words[0].shape[0]
     w = np.stack(words, axis=-1).reshape(heads, -1, 4)                                  # [KVH, chunks, 4]
