@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from hw.frontend import FE_CUTS
+from hw.keyfront import KF_CUTS
 from hw.quantizer import QUANT_CUTS
 from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
                                SCALE_RULES, FormatParams)
@@ -31,10 +32,14 @@ RTL_N_MAX = 512
 
 
 def _cuts(text: str) -> tuple[str, ...]:
-    """``--quant-regs`` / ``--fe-regs``: comma-separated cut names, or "none"."""
+    """``--quant-regs`` / ``--fe-regs`` / ``--kf-regs``: comma-separated cut names, or "none"
+    (an empty list is refused: "none" says it)."""
     if text.strip() == "none":
         return ()
-    return tuple(c.strip() for c in text.split(",") if c.strip())
+    cuts = tuple(c.strip() for c in text.split(",") if c.strip())
+    if not cuts:
+        raise argparse.ArgumentTypeError(f"empty cut list {text!r}: name cuts or write 'none'")
+    return cuts
 
 
 def main(argv=None) -> int:
@@ -63,6 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tree-every", type=int, default=0,
                     help="a register after every K levels of the epilogue's reduction trees "
                          "(exponent max tree, block statistic trees; default 0: none)")
+    ap.add_argument("--key-slots", type=int, default=0,
+                    help="key front end table slots T of the epilogue (docs/FORMAT.md 8; fp16 only; "
+                         "default 0: no key front end)")
+    ap.add_argument("--kf-regs", type=_cuts, default=KF_CUTS.default,
+                    help=f"key front end register cuts, comma-separated from {','.join(KF_CUTS.names)} "
+                         f"or 'none' (default {','.join(KF_CUTS.default)}; with --key-slots)")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -83,8 +94,8 @@ def main(argv=None) -> int:
                     help="Verilog module name (default: " + ", ".join(
                         f"{KINDS[k].top} for --module {m}" for m, k in MODULES.items())
                         + "; with --module both: the epilogue's)")
-    ap.add_argument("--dec-top", default=KINDS["decoder"].top,
-                    help="module name of the decompressor with --module both (default %(default)s)")
+    ap.add_argument("--dec-top", default=None,
+                    help=f"module name of the decompressor with --module both (default {KINDS['decoder'].top})")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lint", action="store_true",
                     help="also run verilator --lint-only -Wall (with rtl_gen's waivers)")
@@ -97,6 +108,16 @@ def main(argv=None) -> int:
                                            or a.fe_regs != FE_CUTS.default or a.tree_every):
             raise ValueError("--quant-regs/--fe-regs/--tree-every configure the epilogue (write "
                              "path); they do not apply to --module decompressor")
+        if a.dec_top is not None and a.module != "both":
+            raise ValueError("--dec-top names the decompressor of --module both; with --module "
+                             f"{a.module} use --top")
+        if a.key_slots < 0:
+            raise ValueError(f"--key-slots must be >= 0, got {a.key_slots}")
+        if a.module == "decompressor" and a.key_slots:
+            raise ValueError("--key-slots configures the epilogue (write path); it does not apply to "
+                             "--module decompressor")
+        if a.kf_regs != KF_CUTS.default and not a.key_slots:
+            raise ValueError("--kf-regs needs --key-slots > 0 (the key front end)")
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
                          scale=a.scale, dtype=a.dtype,
                          sign_seed=None if a.no_sign_flip else a.seed,
@@ -105,6 +126,8 @@ def main(argv=None) -> int:
         regs = {"latency": a.latency}
         if a.module != "decompressor":
             regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every)
+            if a.key_slots:
+                regs.update(key_slots=a.key_slots, kf_regs=a.kf_regs)
         if a.module == "both":
             mans = list(generate_both(p, a.out, top=a.top, dec_top=a.dec_top, **regs)
                         ["modules"].values())

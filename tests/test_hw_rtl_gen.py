@@ -151,6 +151,14 @@ def test_deterministic(tmp_path):
     (["--fe-regs", "max"], "fe_regs"),
     (["--n", "4096"], "n (N)"),
     (["--module", "decompressor", "--quant-regs", "none"], "--quant-regs"),
+    (["--quant-regs", ""], "--quant-regs"),
+    (["--fe-regs", " , "], "--fe-regs"),
+    (["--dec-top", "d"], "--dec-top"),
+    (["--key-slots", "-1"], "--key-slots"),
+    (["--module", "decompressor", "--key-slots", "2"], "--key-slots"),
+    (["--kf-regs", "out"], "--kf-regs"),
+    (["--key-slots", "2", "--kf-regs", "bogus"], "kf_regs"),
+    (["--key-slots", "2", "--dtype", "bf16"], "fp16"),
 ])
 def test_cli_errors(tmp_path, capsys, args, word):
     with pytest.raises(SystemExit) as e:
@@ -316,3 +324,16 @@ def test_config_names_use_the_distinct_quantizer_presets():
     assert RTLConfig.parse("rt_v1_n64_g32_b3_l2").name == "rt_v1_n64_g32_b3_l2"
     with pytest.raises(ValueError, match="fp16 only"):            # refused when parsed, not at elaboration
         RTLConfig.parse("enc_v2_n16_g8_b3_l1_bf16_k8")
+
+
+def test_cli_key_front(tmp_path):
+    """--key-slots builds the epilogue with the key front end; the manifest records its slots,
+    cuts and cfg port, and the latency grows by the table read register plus one cycle per cut."""
+    base = ["--n", "16", "--block", "8", "--latency", "1"]
+    assert cli_main(base + ["--out", str(tmp_path / "a")]) == 0
+    assert cli_main(base + ["--key-slots", "4", "--kf-regs", "scale,out", "--out", str(tmp_path / "b")]) == 0
+    a = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    b = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert "key_front" not in a
+    assert b["key_front"]["slots"] == 4 and b["key_front"]["register_cuts"] == ["scale", "out"]
+    assert b["latency_cycles"] == a["latency_cycles"] + 1 + 2
