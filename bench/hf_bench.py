@@ -165,7 +165,7 @@ def run_ppl(model, toks, log, tables, specs=None):
     out = {}
     with torch.no_grad():
         c = hf.PackedCache(model.config, "fp16", 1, n, backend="golden")
-        out["fp16"] = {"spec": "fp16", "ppl_16bit_cache_forward": ppl_of(model(ids, past_key_values=c).logits),
+        out["fp16"] = {"spec": "fp16", "ppl_16bit_cache_forward": ppl_of(model(ids, **hf.cache_kwargs(model, c)).logits),
                        "ppl_cpu_accuracy_json": acc.get("fp16", {}).get("ppl_2048")}
         for name, spec in PPL_CONFIGS.items():
             if specs and spec not in specs:
@@ -186,7 +186,7 @@ def run_ppl(model, toks, log, tables, specs=None):
                     return o
                 lg.update, lg.attend_chunk = update, attend_chunk
             t0 = time.perf_counter()
-            p_gold = ppl_of(model(ids, past_key_values=g).logits)
+            p_gold = ppl_of(model(ids, **hf.cache_kwargs(model, g)).logits)
             t_gold = time.perf_counter() - t0
             same = sum(_bytes_equal(lk, lg, n) for lk, lg in zip(side.layers, g.layers))
             del side
@@ -199,7 +199,7 @@ def run_ppl(model, toks, log, tables, specs=None):
                 for l in k.layers:
                     l.chunk_splits = splits
                 t0 = time.perf_counter()
-                p_k[str(splits or 1)] = ppl_of(model(ids, past_key_values=k).logits)
+                p_k[str(splits or 1)] = ppl_of(model(ids, **hf.cache_kwargs(model, k)).logits)
                 torch.cuda.synchronize()
                 t_k = time.perf_counter() - t0
                 del k
@@ -263,8 +263,7 @@ def run_generation(model, prompt, log, tables, specs=None):
         c = hf.PackedCache(model.config, spec, 1, cap, tables=tables, backend="cuda")
         t0 = time.perf_counter()
         with torch.no_grad():
-            g = model.generate(ids, past_key_values=c, max_new_tokens=GEN_TOKENS, min_new_tokens=GEN_TOKENS,
-                               do_sample=False)
+            g = hf.generate(model, ids, c, max_new_tokens=GEN_TOKENS, min_new_tokens=GEN_TOKENS, do_sample=False)
         torch.cuda.synchronize()
         out[name] = {"spec": spec, "tokens": g[0, ids.shape[1]:].tolist(), "seconds": time.perf_counter() - t0,
                      "cache_bytes": c.nbytes()}
@@ -336,11 +335,11 @@ def step_time(model, spec, batch, ctx, steps, null=False, eager=False):
     ids = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
     r = {}
     with torch.no_grad():
-        model(ids, past_key_values=c, logits_to_keep=1)              # initializes every layer
+        model(ids, **hf.cache_kwargs(model, c), logits_to_keep=1)              # initializes every layer
         c.set_length(ctx)
 
         def one():
-            model(ids, past_key_values=c, logits_to_keep=1)
+            model(ids, **hf.cache_kwargs(model, c), logits_to_keep=1)
             c.set_length(ctx)
         if null:
             model.set_attn_implementation("fwht_null")
@@ -536,7 +535,7 @@ def floor(gguf: Path, tokens: Path, specs, threads: int = 2):
                                    prefill="packed")
                 t0 = time.perf_counter()
                 with torch.no_grad():
-                    lg = model(ids, past_key_values=c).logits
+                    lg = model(ids, **hf.cache_kwargs(model, c)).logits
                 ce = torch.nn.functional.cross_entropy(lg[0, :-1].float(), ids[0, 1:])
                 res.setdefault(spec, {})[name] = math.exp(float(ce))
                 print(f"{spec} {name}: ppl {res[spec][name]:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)

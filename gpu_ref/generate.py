@@ -95,9 +95,9 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-                             max_new_tokens=a.max_new_tokens, do_sample=False, streamer=streamer,
-                             pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        out = hf.generate(model, ids, cache, attention_mask=torch.ones_like(ids),
+                          max_new_tokens=a.max_new_tokens, do_sample=False, streamer=streamer,
+                          pad_token_id=tok.pad_token_id or tok.eos_token_id)
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0

@@ -7,7 +7,7 @@
     hf.enable(model)                                   # model.config._attn_implementation = "fwht_kv"
     cache = hf.PackedCache(model.config, "v3", batch_size=1, capacity=4096,
                            tables=KeyTables.load("bench/calib/smollm2-135m.keytables.npz"))
-    model.generate(ids, past_key_values=cache, max_new_tokens=64)
+    hf.generate(model, ids, cache, max_new_tokens=64)  # model.generate with the cache argument
 
 What each step does (Llama and Qwen2 families; GQA of any ratio):
 
@@ -455,6 +455,19 @@ def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None, q_dtype="fp16"
     return plan(kv.params, kv.v_params, batch=queries, q_heads=hq, kv_heads=kv.kv_heads, max_length=max_length,
                 page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits,
                 key_scales=kv.q_scale is not None, q_dtype=q_dtype)
+
+
+def cache_kwargs(model, cache) -> dict:
+    """``{name: cache}`` for the model's forward / ``generate``: ``cache`` where the installed
+    transformers' forward takes it (5.2x on; ``past_key_values`` is deprecated there and removed
+    from forward in 5.40 and from generate in 6.0), else ``past_key_values`` (5.17 ..)."""
+    import inspect
+    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+
+
+def generate(model, input_ids, cache, **kwargs):
+    """``model.generate(input_ids, **cache_kwargs(model, cache), **kwargs)``."""
+    return model.generate(input_ids, **cache_kwargs(model, cache), **kwargs)
 
 
 # ============================================================================ cache

@@ -114,19 +114,19 @@ def test_capacity_and_shape_errors_at_update():
     m = tiny()
     c = hf.PackedCache(m.config, "K3V3", 1, 8, backend="golden")
     with torch.no_grad(), pytest.raises(ValueError, match="capacity=8"):
-        m(torch.zeros(1, 9, dtype=torch.long), past_key_values=c)
+        m(torch.zeros(1, 9, dtype=torch.long), **hf.cache_kwargs(m, c))
     c = hf.PackedCache(m.config, "K3V3", 2, 8, backend="golden")
     with torch.no_grad(), pytest.raises(ValueError, match="batch_size=2"):
-        m(torch.zeros(1, 3, dtype=torch.long), past_key_values=c)
+        m(torch.zeros(1, 3, dtype=torch.long), **hf.cache_kwargs(m, c))
 
 
 def test_chunked_prefill_after_cached_tokens_is_refused():
     m = tiny()
     c = hf.PackedCache(m.config, "K3V3", 1, 16, backend="golden")
     with torch.no_grad():
-        m(torch.zeros(1, 3, dtype=torch.long), past_key_values=c)
+        m(torch.zeros(1, 3, dtype=torch.long), **hf.cache_kwargs(m, c))
         with pytest.raises(NotImplementedError, match="chunked prefill"):
-            m(torch.zeros(1, 2, dtype=torch.long), past_key_values=c)
+            m(torch.zeros(1, 2, dtype=torch.long), **hf.cache_kwargs(m, c))
 
 
 # ------------------------------------------------------------------------- bookkeeping
@@ -136,7 +136,7 @@ def test_generate_shapes_and_seen_tokens(family):
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(1))
     c = hf.PackedCache(m.config, "K3V3+S2", 2, 32, backend="golden")
     with torch.no_grad():
-        out = m.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c, max_new_tokens=5,
+        out = hf.generate(m, ids, c, attention_mask=torch.ones_like(ids), max_new_tokens=5,
                          min_new_tokens=5, do_sample=False, pad_token_id=0)
     assert out.shape == (2, 12)
     assert torch.equal(out[:, :7], ids)
@@ -154,9 +154,9 @@ def test_fp16_policy_matches_dynamic_cache():
     m = tiny()
     ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        ref = m(ids, past_key_values=DynamicCache(config=m.config)).logits
+        ref = m(ids, **hf.cache_kwargs(m, DynamicCache(config=m.config))).logits
         c = hf.PackedCache(m.config, "fp16", 1, 16, backend="golden")
-        got = torch.cat([m(ids[:, i:i + 1], past_key_values=c).logits for i in range(10)], 1)
+        got = torch.cat([m(ids[:, i:i + 1], **hf.cache_kwargs(m, c)).logits for i in range(10)], 1)
     assert c.get_seq_length() == 10
     assert torch.allclose(got, ref, atol=2e-3), float((got - ref).abs().max())
 
@@ -184,9 +184,9 @@ def test_stored_bytes_equal_golden_encode():
     c = hf.PackedCache(m.config, pol, 2, 16, mu=mu, key_scales=ks, backend="golden")
     seen = _record_updates(c)
     with torch.no_grad():
-        m(ids[:, :5], past_key_values=c)
+        m(ids[:, :5], **hf.cache_kwargs(m, c))
         for i in range(5, 9):
-            m(ids[:, i:i + 1], past_key_values=c)
+            m(ids[:, i:i + 1], **hf.cache_kwargs(m, c))
     for layer, rec in enumerate(seen):
         k, v = (torch.cat(x, 2) for x in zip(*rec))
         st = c.layers[layer].store
@@ -213,7 +213,7 @@ def test_bf16_model_stores_bf16_and_a_lone_layer_agrees_with_the_cache():
     c = hf.PackedCache(m.config, "K3V3", 1, 8, backend="golden")
     seen = _record_updates(c)
     with torch.no_grad():
-        m(ids, past_key_values=c)
+        m(ids, **hf.cache_kwargs(m, c))
     lone = hf.PackedCache(m.config, "K3V3", 1, 8, backend="golden")
     for i, rec in enumerate(seen):
         lone.layers[i].update(*rec[0])
@@ -237,7 +237,7 @@ def test_v3_policy_with_key_tables_equals_explicit_tables():
     a = hf.PackedCache(m.config, "v3", 2, 16, tables=t, backend="golden")
     b = hf.PackedCache(m.config, "K3V3+C+S4+KS2", 2, 16, mu=t.mu, key_scales=t.scales(), backend="golden")
     with torch.no_grad():
-        la, lb = m(ids, past_key_values=a).logits, m(ids, past_key_values=b).logits
+        la, lb = m(ids, **hf.cache_kwargs(m, a)).logits, m(ids, **hf.cache_kwargs(m, b)).logits
     assert torch.equal(la, lb)
     for x, y in zip(a.layers, b.layers):
         assert np.array_equal(x.store.codes["k"], y.store.codes["k"]) and x.store.codes["k"].any()
@@ -282,8 +282,8 @@ def test_decode_one_token_at_a_time_equals_fake_quant_forward():
     a = hf.PackedCache(m.config, "K3V3+C+S1", 1, 16, mu=mu, backend="golden", prefill="packed")
     b = hf.PackedCache(m.config, "K3V3+C+S1", 1, 16, mu=mu, backend="golden")
     with torch.no_grad():
-        full = m(ids, past_key_values=a).logits
-        step = torch.cat([m(ids[:, i:i + 1], past_key_values=b).logits for i in range(12)], 1)
+        full = m(ids, **hf.cache_kwargs(m, a)).logits
+        step = torch.cat([m(ids[:, i:i + 1], **hf.cache_kwargs(m, b)).logits for i in range(12)], 1)
         exact = m(ids).logits
     # the one-row and 12-row projections round differently in the last bit of fp32
     assert torch.allclose(full, step, atol=1e-3), float((full - step).abs().max())
@@ -306,9 +306,9 @@ def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
     logits = {}
     with torch.no_grad():
         for be, c in caches.items():
-            out = [m(ids[:, :12], past_key_values=c).logits[:, -1:]]
+            out = [m(ids[:, :12], **hf.cache_kwargs(m, c)).logits[:, -1:]]
             for i in range(12, 20):                                  # 8 decode steps
-                out.append(m(ids[:, i:i + 1], past_key_values=c).logits)
+                out.append(m(ids[:, i:i + 1], **hf.cache_kwargs(m, c)).logits)
             logits[be] = torch.cat(out, 1).float()
     # the bytes: the K/V the kernels were given (each layer's input depends on the earlier layers'
     # attention, which differs in float rounding between the two runs), written by the golden store
@@ -332,7 +332,7 @@ def test_generate_on_gpu_with_kernels():
     ids = torch.randint(0, 96, (3, 5), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
     c = hf.PackedCache(m.config, "K3V3", 3, 40, backend="cuda")
     with torch.no_grad():
-        out = m.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=c, max_new_tokens=16,
+        out = hf.generate(m, ids, c, attention_mask=torch.ones_like(ids), max_new_tokens=16,
                          min_new_tokens=16, do_sample=False, pad_token_id=0)
     assert out.shape == (3, 21) and c.get_seq_length() == 20
     assert all(l.store.kv.host_lengths.tolist() == [20] * 3 for l in c.layers)
@@ -352,9 +352,9 @@ def test_packed_prefill_through_kernels_equals_decode_steps_and_golden(spec):
     chunk, steps, gold = mk("cuda", "packed"), mk("cuda", "exact"), mk("golden", "packed")
     seen = _record_updates(chunk)
     with torch.no_grad():
-        a = m(ids, past_key_values=chunk).logits
-        b = torch.cat([m(ids[:, i:i + 1], past_key_values=steps).logits for i in range(40)], 1)
-        g = m(ids, past_key_values=gold).logits
+        a = m(ids, **hf.cache_kwargs(m, chunk)).logits
+        b = torch.cat([m(ids[:, i:i + 1], **hf.cache_kwargs(m, steps)).logits for i in range(40)], 1)
+        g = m(ids, **hf.cache_kwargs(m, gold)).logits
     scale = g.abs().max()
     # same definition; the one-row and 40-row projections round differently, which can move a K/V
     # element across a 3-bit threshold in the next layer
@@ -385,15 +385,15 @@ def test_decode_step_replays_from_a_cuda_graph(spec):
     c = hf.PackedCache(m.config, spec, 2, 64, mu=mu if "+C" in spec else None, backend="cuda")
     tok = ids[:, 8:9].clone()
     with torch.no_grad():
-        m(ids[:, :8], past_key_values=c)
+        m(ids[:, :8], **hf.cache_kwargs(m, c))
         for i in range(6):                                   # past the 4 sinks
-            m(ids[:, i:i + 1], past_key_values=c)
+            m(ids[:, i:i + 1], **hf.cache_kwargs(m, c))
         n = c.get_seq_length()
-        want = m(tok, past_key_values=c).logits.clone()
+        want = m(tok, **hf.cache_kwargs(m, c)).logits.clone()
         c.set_length(n)
 
         def step():
-            out = m(tok, past_key_values=c).logits
+            out = m(tok, **hf.cache_kwargs(m, c)).logits
             c.set_length(n)
             return out
         st = torch.cuda.Stream()
@@ -428,3 +428,18 @@ def test_generate_refuses_bad_arguments_before_loading(argv, word, tmp_path, cap
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert word in err and "Traceback" not in err
+
+
+def test_cache_kwargs_follow_the_forward_signature():
+    """The cache keyword is the one the model's forward takes: cache (transformers 5.2x on),
+    else past_key_values (5.17 ..); generate is called with the same name, without warnings."""
+    class New:
+        def forward(self, input_ids, cache=None):
+            pass
+
+    class Old:
+        def forward(self, input_ids, past_key_values=None):
+            pass
+
+    assert hf.cache_kwargs(New(), 1) == {"cache": 1}
+    assert hf.cache_kwargs(Old(), 1) == {"past_key_values": 1}
