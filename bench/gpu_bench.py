@@ -878,6 +878,9 @@ def run_kernel(a, result, save, t_start):
         del x, codes, scales, flags
         free()
     save()
+    if a.no_decode:
+        finish(result, save, t_start)
+        return
     result["decode"] = []
     for bsz, t in KERNEL_SHAPES:
         splits = (None, 4, 8, 16, 32) if (bsz, t) == (1, 4096) else (None,)
@@ -1085,6 +1088,7 @@ def main():
     ap.add_argument("--baseline-tune", default=None, help="--only kernel: JSON tune dict for the baseline sources' "
                     "plans, or {NAME: tune dict} per baseline")
     ap.add_argument("--no-write", action="store_true", help="--only kernel: skip the write-kernel timings")
+    ap.add_argument("--no-decode", action="store_true", help="--only kernel: the write-kernel timings alone")
     ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves", "paging"), default="all",
                     help="write: the write kernel alone (gpu_bench_write.json); paging: paged vs contiguous "
                          "decode (gpu_bench_paging.json); "

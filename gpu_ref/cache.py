@@ -188,7 +188,7 @@ class KVCache:
                     (vb, vp, self.v_codes, self.v_scales, self.v_flags, None)):
                 src = bits if bi.size == self.batch * t else bits[sel_b, sel_t]
                 launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp, key=key,
-                              layout=self.layout if codes is self.v_codes else "wire")
+                              layout=self.layout if codes is self.v_codes else "wire", pair_vec=self.kv_heads)
         sb, st = np.nonzero(pos < s)                                         # sink tokens
         if sb.size:
             ib, it, ip = cp.asarray(sb), cp.asarray(st), cp.asarray(pos[sb, st])

@@ -119,12 +119,14 @@ def as_bits(x, p: FormatParams, cp, name: str = "x"):
 
 
 def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFront | None = None,
-                  layout: str = "wire"):
+                  layout: str = "wire", pair_vec: int = 1):
     """Encode ``bits`` (uint16 [V, N] contiguous) into rows ``rows`` (int64 [V] or None: row v) of the
     planes ``codes``/``scales``/``flags`` (any shapes whose rows are the last axes); ``key``: the key
     front end (vector v uses kv head ``v % key.heads``; fp16 only, V < 2^32); ``layout``: "vpair" writes
     the code rows in the token-pair order of :mod:`gpu_ref.layout` (row r pairs with r ^ 1, so the code
-    plane must hold an even number of rows)."""
+    plane must hold an even number of rows); ``pair_vec``: the input vectors from one token of a row pair to
+    the other (KVH for ``[B, T, KVH, N]`` input), a hint that lets the two writers of a pair exchange bytes and
+    store whole words (any value is correct; a wrong one only takes the slower 2-byte stores)."""
     nvec = bits.size // p.n
     if nvec == 0:
         return
@@ -140,7 +142,7 @@ def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFr
     grid = int(min(ntiles, minb * sms))
     args = kernel_struct(ENCODE_ARGS, x=bits, codes=codes, scales=scales, flags=flags, out_rows=rows,
                          key_tab=None if key is None else key.table, nvec=nvec,
-                         key_heads=1 if key is None else key.heads)
+                         key_heads=1 if key is None else key.heads, pair_vec=int(pair_vec))
     k((grid,), (128,), (args,), shared_mem=smem)
 
 

@@ -381,7 +381,8 @@ class _CudaStore:
                         (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front, "wire"),
                         (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
                     bits = self._cp(x[:, :, ns:].transpose(1, 2))                # [B, T', KVH, D]
-                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key, layout=lay)
+                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key, layout=lay,
+                                  pair_vec=bits.shape[-2])
         self._dlen_t += t
         self.length += t
         self.kv.host_lengths[:] = self.length

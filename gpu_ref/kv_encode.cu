@@ -727,10 +727,54 @@ kv_encode(const KvEncodeArgs a) {
     }
 
     // ---- stores ---------------------------------------------------------------------------
+    // vpair order (IL): when the thread of the same part of vector vec ^ pair_vec (lane ^ pair_vec TPV, a power
+    // of two below 32) writes the other row of this row pair, the two exchange half of their code bytes (CW / 2
+    // shuffles) and each writes whole 32-bit words [unit of row 2i | unit of row 2i + 1] of its half of the units
+    // (16-byte stores); otherwise (a lone token, e.g. one decode step) three 16-bit stores per group
+    bool paired = false;
+    if constexpr (IL != 0) {
+      static_assert(CW % 2 == 0 && CBT % 12 == 0 && TPV < 32, "vpair: halves of whole groups per thread");
+      const long long orow_m = vec < nvec ? (out_rows ? out_rows[vec] : vec) : -2;
+      const int pm = (int)min(a.pair_vec, 32ll) * TPV;  // partner lane distance (uniform)
+      const int pl = pm > 0 && pm < 32 && (pm & (pm - 1)) == 0 ? pm : 0;
+      const long long orow_p = shfl_xor_t(orow_m, pl);
+      const bool odd = (orow_m & 1) != 0;
+      paired = orow_m >= 0 && orow_p == (orow_m ^ 1);
+      kv_u32 lo[CW / 2], hi[CW / 2];  // bytes [h0, h0 + CBT / 2) of the part, rows 2i (lo) and 2i + 1 (hi)
+#pragma unroll
+      for (int k = 0; k < CW / 2; ++k) {
+        const kv_u32 pw = shfl_xor_t(odd ? cw[k] : cw[CW / 2 + k], pl);  // what the partner needs
+        lo[k] = odd ? pw : cw[k];
+        hi[k] = odd ? cw[CW / 2 + k] : pw;
+      }
+      if (paired) {
+        auto unit = [&](const kv_u32* x, int i0, int i1) {  // bytes i0, i1 of x as a 16-bit unit
+          return ((x[i0 >> 2] >> (8 * (i0 & 3))) & 0xFFu) | (((x[i1 >> 2] >> (8 * (i1 & 3))) & 0xFFu) << 8);
+        };
+        kv_u32 w[CBT / 4];  // units of this half: 3 per group (g0 g1, g2 g5, g3 g4)
+#pragma unroll
+        for (int q = 0; q < CBT / 12; ++q) {
+          w[3 * q] = unit(lo, 6 * q, 6 * q + 1) | (unit(hi, 6 * q, 6 * q + 1) << 16);
+          w[3 * q + 1] = unit(lo, 6 * q + 2, 6 * q + 5) | (unit(hi, 6 * q + 2, 6 * q + 5) << 16);
+          w[3 * q + 2] = unit(lo, 6 * q + 3, 6 * q + 4) | (unit(hi, 6 * q + 3, 6 * q + 4) << 16);
+        }
+        // first unit: part * CBT / 2 + (odd ? CBT / 4 : 0) of the pair, i.e. byte 2 part CBT + (odd ? CBT : 0)
+        kv_u8* pdst = codes + (orow_m & ~1ll) * CB + 2 * part * CBT + (odd ? CBT : 0);
+        if (CBT % 16 == 0 && CB % 8 == 0) {
+#pragma unroll
+          for (int k = 0; k < CBT / 16; ++k)
+            *reinterpret_cast<uint4*>(pdst + 16 * k) = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < CBT / 4; ++k) reinterpret_cast<kv_u32*>(pdst)[k] = w[k];
+        }
+      }
+    }
     if (vec < nvec) {
       const long long orow = out_rows ? out_rows[vec] : vec;
       kv_u8* cdst = codes + orow * CB + part * CBT;
-      if (IL) {  // vpair order: unit u of row r at byte 4u + 2(r & 1) of the pair's 2 CB bytes
+      if (IL && paired) {
+      } else if (IL) {  // vpair order: unit u of row r at byte 4u + 2(r & 1) of the pair's 2 CB bytes
         kv_u16* hd = reinterpret_cast<kv_u16*>(codes + (orow & ~1ll) * CB) + (orow & 1);
         auto byte = [&](int i) { return (cw[i >> 2] >> (8 * (i & 3))) & 0xFFu; };
 #pragma unroll
