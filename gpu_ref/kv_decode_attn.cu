@@ -10,7 +10,8 @@
 // rotates K or V, and rotates the output back once (again in registers).
 //
 // Cache layout (all uint8, 16-byte aligned): page pools (vLLM/FlashInfer convention, HND)
-//   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields)
+//   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields); with
+//                                        VIL = 1 the value rows in the vpair order of gpu_ref/layout.py (token pairs)
 //   k_scales, v_scales [P, KVH, page, N/G]                           ue5m3 scale bytes
 // addressed by a block table [B, max_pages]; the contiguous layout [B, KVH, CAP, *] is one page of
 // CAP rows per sequence (CAP a multiple of 16, so 16-byte copies of a partial tile stay inside).
@@ -452,6 +453,7 @@ __device__ __forceinline__ float ld_cluster(const float* p, int r) {
 
 }  // namespace kv_dec
 
+// VIL: 1 = value codes in the vpair order (gpu_ref/layout.py; 3-bit values, G = 64), 0 = golden order.
 // MINB: CTAs per SM for the register budget; QLO: also feed the low fp16 part of q~;
 // ABL: ablation for profiling only (1: no PV, 2: no QK) -- results are wrong when ABL != 0.
 // MR: 0 mid-tread (y_hat = c scale), 1 mid-rise (y_hat = (c + 1/2) scale).

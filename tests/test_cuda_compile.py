@@ -6,8 +6,8 @@ variant the Python side launches -- write kernel MODE (mid-tread 0, mid-rise 1) 
 rounding up 0, nearest 1) on the fast-quantizer path (fp16, bf16) and on both threshold-compare
 paths (fp32 and int32 butterflies); decode kernel MR (mid-tread 0, mid-rise 1) for every N and G
 it accepts, for key/value bits K3/V3, K4/V3 and K4/V4, q~ in one and two fp16 parts (QLO), and the
-paged variants (pages of 16 and 32 tokens), and the cluster-merge entry (kv_decode_attn_cl, cluster
-sizes 2, 4, 8). The test reads the template arguments back from the mangled entry names.
+paged variants (pages of 16 and 32 tokens), the vpair value layout (VIL 1; write kernel IL 1), and the
+cluster-merge entry (kv_decode_attn_cl, cluster sizes 2, 4, 8). The test reads the template arguments back from the mangled entry names.
 """
 
 from __future__ import annotations
