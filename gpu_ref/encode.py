@@ -95,6 +95,8 @@ def encode_cfg(p: FormatParams, tune=None, keyf: int = 0, layout: str = "wire"):
         raise ValueError(f"layout 'vpair' is defined for 3-bit codes, got bits={p.bits}")
     t = dict(ENCODE_TUNE, **(tune or {}))
     lpt = max(min(p.n, int(t["lptm"])), p.n // 32)  # at most 32 threads (one warp) per vector
+    if layout == "vpair" and lpt % 64:
+        raise ValueError(f"layout 'vpair' needs >= 64 lanes per thread (tune['lptm']), got {lpt}")
     if "minb" not in (tune or {}) and p.mant_bits - 1 + int(math.log2(p.n)) > 20:
         t["minb"] = min(int(t["minb"]), 2)  # threshold-compare path: more registers, 3 CTAs/SM would spill
     seed = 0 if p.sign_seed is None else p.sign_seed

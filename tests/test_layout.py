@@ -132,3 +132,6 @@ def test_plan_and_write_config_carry_the_layout():
     assert encode_cfg(p3, layout="vpair")[0][-1] == "1" and encode_cfg(p3)[0][-1] == "0"
     with pytest.raises(ValueError, match="bits=4"):
         encode_cfg(p4, layout="vpair")
+    with pytest.raises(ValueError, match="lptm"):
+        encode_cfg(p3, tune={"lptm": 32}, layout="vpair")
+    assert encode_cfg(FormatParams(n=64, bits=3), layout="vpair")[2] == 64
