@@ -632,16 +632,20 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
             packed, sets, rows, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, page,
                                                                     cp.float16)
             n_sets = len(sets)
+            # KVCache's value layout (the random bytes are valid codes in any order)
+            lay = var.get("layout") or ("vpair" if vpair_supported(vp.bits, vp.block) else "wire")
             pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                              page_size=page, capacity=None if page else rows, tune=var.get("tune"))
+                              page_size=page, capacity=None if page else rows, tune=var.get("tune"), layout=lay)
             ws = pl.workspace()
             fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(
-                pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out)) for s in sets]
+                pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out, layout=pl.layout))
+                for s in sets]
             ms, times, how = graph_time(fns, reps=5 if quick else 7)
             out_rows.append({"bits": f"K{kb}V{vb}", "sinks": sinks, "page": page, "tune": var.get("tune"),
+                             "layout": lay,
                          "ms": ms, "all_ms": times, "timing": how, "packed_bytes": packed,
                          "GBps": packed / (ms * 1e-3) / 1e9, "splits": pl.num_splits, "sets": n_sets})
-            log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} page {page} {var.get('tune') or ''}: "
+            log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} page {page} {lay} {var.get('tune') or ''}: "
                 f"{ms:.4f} ms, {out_rows[-1]['GBps']:.0f} GB/s, {pl.num_splits} splits")
             del sets
             free()
