@@ -75,6 +75,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpu_ref  # noqa: E402
+from gpu_ref.layout import deinterleave, vpair_supported  # noqa: E402
 from kvtest.gpu_cases import attention64, make_case, qparams, rel_err  # noqa: E402
 from kvtest.inputs import mixed_bits  # noqa: E402
 from kvtest.ties import count_ties, kernel_tie_vectors  # noqa: E402
@@ -248,8 +249,9 @@ def check_encode(count=32768):
 def check_decode():
     lengths = [4096, 1500]
     p, cache, qb, q64, k64, v64 = make_case(2, 64, 8, 128, 64, lengths, seed=1)
-    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
-    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    hp = cache.host_planes()  # golden byte order
+    khat = decode_float(hp["k_codes"], hp["k_scales"], p)
+    vhat = decode_float(hp["v_codes"], hp["v_scales"], p)
     ref = attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
     exact = attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
     o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
@@ -418,8 +420,9 @@ def check_versions(count=32768):
         lengths = [4096, 1500]
         p, cache, qb, q64, k64, v64 = make_case(2, 64, 8, 128, 64, lengths, seed=1,
                                                  quant=(PRESETS[name]["mode"], PRESETS[name]["scale_round"]))
-        khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
-        vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+        hp = cache.host_planes()  # golden byte order
+        khat = decode_float(hp["k_codes"], hp["k_scales"], p)
+        vhat = decode_float(hp["v_codes"], hp["v_scales"], p)
         ref = attention64(q64, khat, vhat, lengths, 1 / math.sqrt(128))
         exact = attention64(q64, k64, v64, lengths, 1 / math.sqrt(128))
         o32 = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
@@ -549,8 +552,10 @@ def ncu_decode_driver():
     q = cp.random.standard_normal((8, 64, 128), dtype=cp.float32).astype(cp.float16)
     lens = cp.full((8,), 131072, dtype=cp.int32)
     tunes = [None] + json.loads(os.environ.get("NCU_TUNES", "[]"))
-    for tu in tunes:
-        gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tu)
+    for tu in tunes:  # the cache's layout (vpair; the random bytes are valid codes in any order)
+        gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tu, layout="vpair")
+    if os.environ.get("NCU_WIRE"):  # and the same source on the golden order (round 9's token loop)
+        gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, layout="wire")
     cp.cuda.Device().synchronize()
 
 
@@ -627,16 +632,20 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
             packed, sets, rows, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, page,
                                                                     cp.float16)
             n_sets = len(sets)
+            # KVCache's value layout (the random bytes are valid codes in any order)
+            lay = var.get("layout") or ("vpair" if vpair_supported(vp.bits, vp.block) else "wire")
             pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                              page_size=page, capacity=None if page else rows, tune=var.get("tune"))
+                              page_size=page, capacity=None if page else rows, tune=var.get("tune"), layout=lay)
             ws = pl.workspace()
             fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(
-                pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out)) for s in sets]
+                pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out, layout=pl.layout))
+                for s in sets]
             ms, times, how = graph_time(fns, reps=5 if quick else 7)
             out_rows.append({"bits": f"K{kb}V{vb}", "sinks": sinks, "page": page, "tune": var.get("tune"),
+                             "layout": lay,
                          "ms": ms, "all_ms": times, "timing": how, "packed_bytes": packed,
                          "GBps": packed / (ms * 1e-3) / 1e9, "splits": pl.num_splits, "sets": n_sets})
-            log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} page {page} {var.get('tune') or ''}: "
+            log(f"  B{bsz} T{t} Hq{hq}/{kvh} K{kb}V{vb} sinks {sinks} page {page} {lay} {var.get('tune') or ''}: "
                 f"{ms:.4f} ms, {out_rows[-1]['GBps']:.0f} GB/s, {pl.num_splits} splits")
             del sets
             free()
@@ -749,22 +758,29 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
         kp, vp = qparams("midrise", "nearest", bits=kb), qparams("midrise", "nearest", bits=vb)
         packed, sets, cap, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, None, cp.float32)
         n_sets = len(sets)
+        # the random value planes are read as vpair by the current kernel (KVCache's layout); the wire path and the
+        # baseline sources read the same values de-interleaved (gpu_ref.layout), so every output is comparable
+        lay = "vpair" if vpair_supported(vp.bits, vp.block) else "wire"
+        wsets = sets if lay == "wire" else [(a, b, deinterleave(c), d, e) for a, b, c, d, e in sets]
         for ns in (splits if vi == 0 else (None,)):  # split counts: first variant only
-            def mk(**tune):
+            def mk(layout=lay, **tune):
                 return gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                                    capacity=cap, num_splits=ns, tune=tune or None)
+                                    capacity=cap, num_splits=ns, tune=tune or None, layout=layout)
             pl = mk()  # the defaults (cluster merge where the planner picks it)
             pw = mk(cluster=0)
             ws = pw.workspace()
             impls = [("new", pl, None)]
+            if lay == "vpair" and ns is None and not cluster and not sinks:
+                impls.append(("wire", mk(layout="wire"), None))  # the same source on the golden order (round 9's loop)
             k33 = (kb, vb) == (3, 3) and ns is None
             for bname, bdir in baseline or ():
                 if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
-                    impls.append(("old", dataclasses.replace(pw, partials=pw.num_splits), bdir))
+                    pw0 = mk(layout="wire", cluster=0)
+                    impls.append(("old", dataclasses.replace(pw0, partials=pw0.num_splits), bdir))
                 elif k33:  # an intermediate source with the current plan layout
                     bt = base_tune or {}
                     bt = bt.get(bname, {}) if bt and all(isinstance(v, dict) for v in bt.values()) else bt
-                    impls.append((bname, mk(**bt), bdir))
+                    impls.append((bname, mk(layout="wire", **bt), bdir))
             if k33:
                 for tu in tunes:
                     impls.append(("tune " + json.dumps(tu, sort_keys=True), mk(**tu), None))
@@ -778,23 +794,28 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 wsi = ws if p_.workspace_floats == pw.workspace_floats else p_.workspace()
 
                 legacy = bool(src) and "struct KvDecParams" not in open(os.path.join(src, "kv_decode_attn.cu")).read()
+                if src and "int VIL" not in open(os.path.join(src, "kv_decode_attn.cu")).read():
+                    # a source before round 10: no layout template argument (index 13 of the targs)
+                    p_ = dataclasses.replace(p_, targs=p_.targs[:13] + p_.targs[14:])
+                psets = sets if p_.layout == "vpair" else wsets
 
                 def call(s, p_=p_, wsi=wsi, legacy=legacy):
                     if legacy:  # a source before round 9: positional kernel arguments
                         return legacy_run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, sk, sv, out)
                     return gpu_ref.run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
-                                       out_dtype="fp32")
+                                       out_dtype="fp32", layout=p_.layout)
                 ctx = kernel_source(src) if src else None
                 try:
                     if ctx:
                         ctx.__enter__()
-                    outs[name] = cp.asnumpy(call(sets[0]))
-                    fns = [on_torch_stream(lambda s=s: call(s)) for s in sets]
+                    outs[name] = cp.asnumpy(call(psets[0]))
+                    fns = [on_torch_stream(lambda s=s: call(s)) for s in psets]
                     ms, times, how = graph_time(fns, reps=5 if quick else 7)
                 finally:
                     if ctx:
                         ctx.__exit__()
-                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "num_splits": p_.num_splits,
+                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "layout": p_.layout,
+                             "num_splits": p_.num_splits,
                              "partials": p_.partials, "kernel": p_.kind, "targs": list(p_.targs), "split_arg": ns,
                              "ms": ms, "all_ms": times, "timing": how,
                              "packed_bytes": packed, "GBps": packed / (ms * 1e-3) / 1e9, "sets": n_sets})
@@ -806,7 +827,7 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                     d = float(np.linalg.norm(outs[first] - outs[other]) / max(np.linalg.norm(outs[first]), 1e-30))
                     rows[len(rows) - len(impls) + 1 + k][f"rel_diff_vs_{first}"] = d
                     log(f"    {first} vs {other} output: relative difference {d:.2e}")
-        del sets
+        del sets, wsets
         free()
     sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
     for r in rows:
@@ -840,7 +861,8 @@ def run_kernel(a, result, save, t_start):
     base_tune = json.loads(a.baseline_tune) if a.baseline_tune else None
     result["tunes"], result["baseline_tune"] = tunes, base_tune
     result["write"] = []
-    for dt in (("fp16", "bf16") if not a.no_write else ()):
+    # the golden order for both dtypes, and the vpair order of KVCache's value planes (gpu_ref.layout) for fp16
+    for dt, lay in ((("fp16", "wire"), ("bf16", "wire"), ("fp16", "vpair")) if not a.no_write else ()):
         p = qparams("midrise", "nearest", bits=3, dtype=dt)
         nvec = 1 << 24
         g = cp.random.standard_normal((nvec, 128), dtype=cp.float32)
@@ -848,18 +870,21 @@ def run_kernel(a, result, save, t_start):
         del g
         codes, scales = cp.empty((nvec, p.code_bytes), cp.uint8), cp.empty((nvec, p.n_blocks), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
-        fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp))
+        fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, layout=lay))
         ms, times, how = graph_time([fn], reps=7, inner=2)
         byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
-        r = {"bits": 3, "dtype": dt, "vectors": nvec, "ms": ms, "GBps": byts / (ms * 1e-3) / 1e9,
+        r = {"bits": 3, "dtype": dt, "layout": lay, "vectors": nvec, "ms": ms, "GBps": byts / (ms * 1e-3) / 1e9,
              "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / copy_gbs, "timing": how, "all_ms": times,
-             "bit_exact_65536": write_variant_exact(p, None)}
+             "bit_exact_65536": write_variant_exact(p, None) if lay == "wire" else None}
         result["write"].append(r)
-        log(f"write b=3 {dt}: {ms:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy, "
+        log(f"write b=3 {dt} {lay}: {ms:.3f} ms, {r['GBps']:.0f} GB/s = {r['pct_copy']:.1f}% of copy, "
             f"bit-exact {r['bit_exact_65536']}")
         del x, codes, scales, flags
         free()
     save()
+    if a.no_decode:
+        finish(result, save, t_start)
+        return
     result["decode"] = []
     for bsz, t in KERNEL_SHAPES:
         splits = (None, 4, 8, 16, 32) if (bsz, t) == (1, 4096) else (None,)
@@ -916,7 +941,7 @@ class BaselineWrite:
         k = self.kernels.get(targs)
         if k is None:  # compiled once, outside any graph capture (the first call is the warm-up)
             with kernel_source(self.folder):
-                k = self.kernels[targs] = _build.kernel("encode", targs[:-1], smem)   # no KEYF argument
+                k = self.kernels[targs] = _build.kernel("encode", targs[:-2], smem)   # no KEYF, IL arguments
         nvec = bits.size // p.n
         grid = int(min((nvec + 127) // 128, minb * cp.cuda.Device().attributes["MultiProcessorCount"]))
         k((grid,), (128,), (bits, codes, scales, flags, np.uint64(0), np.int64(nvec)), shared_mem=smem)
@@ -1067,6 +1092,7 @@ def main():
     ap.add_argument("--baseline-tune", default=None, help="--only kernel: JSON tune dict for the baseline sources' "
                     "plans, or {NAME: tune dict} per baseline")
     ap.add_argument("--no-write", action="store_true", help="--only kernel: skip the write-kernel timings")
+    ap.add_argument("--no-decode", action="store_true", help="--only kernel: the write-kernel timings alone")
     ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves", "paging"), default="all",
                     help="write: the write kernel alone (gpu_bench_write.json); paging: paged vs contiguous "
                          "decode (gpu_bench_paging.json); "

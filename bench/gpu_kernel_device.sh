@@ -3,7 +3,8 @@
 # them; TEST_TIMEOUT seconds; they also fill CuPy's kernel cache in parallel), then bench/gpu_bench.py --only ONLY.
 # ONLY=kernel (default): the current decode kernel, the sources BASELINE names -- old=DIR for the round-7 kernel,
 # NAME=DIR for others, planned with the tune BASELINE_TUNE (JSON) --, the current kernel with each tune of TUNES
-# (JSON list), the cluster merge, SDPA bf16 in the same run; NO_WRITE=1 skips the write-kernel rows. ONLY=write:
+# (JSON list), the cluster merge, SDPA bf16 in the same run; NO_WRITE=1 skips the write-kernel rows, NO_DECODE=1
+# the decode rows (write rows alone, incl. the vpair value layout). ONLY=write:
 # the write kernel, BASELINE=DIR a previous kv_encode.cu/encode.py. Then with PAGING=1 --only paging (paged vs
 # contiguous, issue 10), then with NCU=1 Nsight Compute on the headline decode launch (default plan and the tunes
 # of NCU_TUNES: instructions, issue slots, DRAM, warp stall reasons). Writes under $OUT. Usage (repository root):
@@ -23,7 +24,7 @@ ONLY=${ONLY:-kernel}
 if [ "$ONLY" = kernel ]; then
   python3 bench/gpu_bench.py --only kernel --out $OUT ${BASELINE:+--baseline $BASELINE} \
     ${BASELINE_TUNE:+--baseline-tune "$BASELINE_TUNE"} ${TUNES:+--tunes "$TUNES"} ${NO_WRITE:+--no-write} \
-    2>&1 | tee $OUT/gpu_bench_kernel.log
+    ${NO_DECODE:+--no-decode} 2>&1 | tee $OUT/gpu_bench_kernel.log
 else
   python3 bench/gpu_bench.py --only $ONLY --out $OUT ${BASELINE:+--baseline $BASELINE} 2>&1 | tee $OUT/gpu_bench_$ONLY.log
 fi

@@ -24,7 +24,8 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
 * :class:`KVCache` -- one layer's cache with a policy (bits per K/V, sinks, key centering and
   scales, contiguous or paged), ``append`` / ``plan`` / ``run`` / ``attend``.
 
-Modules: ``_build`` (checks, kernel cache), ``encode``, ``decode`` (plan/run), ``cache``.
+Modules: ``_build`` (checks, kernel cache), ``encode``, ``decode`` (plan/run), ``cache``, ``layout`` (the vpair
+storage order of the value codes).
 
 Method and sources
 ------------------

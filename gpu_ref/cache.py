@@ -5,7 +5,11 @@ first ``sinks`` tokens of every sequence kept unquantized in side planes, key ce
 head, sim_models.center) and per-channel power-of-two key scales ``s`` (keys stored as
 ``k * s - mu * s``, queries read as ``q / s``: q.k is unchanged up to the constant q.mu, to which
 softmax is invariant). Layout: contiguous ``[B, KVH, CAP, *]`` planes, or a pool of fixed-size pages
-with a per-sequence block table (vLLM/FlashInfer convention); pages are handed out on append.
+with a per-sequence block table (vLLM/FlashInfer convention); pages are handed out on append. The value
+code plane of 3-bit values in 64-lane blocks is stored in the token-pair order of :mod:`gpu_ref.layout`
+(``layout == "vpair"``, written so by the write kernel and read so by the decode kernel); every other
+plane, and other value formats, in the golden byte order (``"wire"``). :meth:`KVCache.host_planes`
+exports the golden bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from sim_models.params import FormatParams
 from . import decode as _dec
 from ._build import check_cupy_array, cupy
 from .encode import as_bits, key_front, key_table, launch_encode
+from .layout import to_wire, vpair_supported
 
 
 def _check_pos(name, v, lo=1):
@@ -40,13 +45,15 @@ class KVCache:
         key_scale: per-channel key scales ``[KVH, N]`` (NumPy, powers of two), or None.
         page_size: None (contiguous) or tokens per page (16, 32 or a power-of-two multiple of 64).
         num_pages: pages in the pool (default: enough for every sequence at capacity).
+        layout: order of the value code plane, "vpair" or "wire" (default: "vpair" where the decode kernel
+            reads it -- 3-bit values, 64-lane blocks -- else "wire"); see :mod:`gpu_ref.layout`.
 
     Attributes:
         k_codes, v_codes, k_scales, v_scales: uint8 planes (contiguous ``[B, KVH, CAP, *]`` or pools
         ``[P, KVH, page, *]``); k_flags, v_flags: uint8 ``[B|P, KVH, CAP|page]``; k_sink, v_sink:
         uint16 ``[B, KVH, sinks, N]`` (None without sinks); block_table: int32 ``[B, max_pages]``
         (paged); lengths: int32 cupy ``[B]`` tokens per sequence (host copy in ``host_lengths``);
-        q_scale: float32 cupy ``[KVH, N]`` = 1/s (None without key scales).
+        q_scale: float32 cupy ``[KVH, N]`` = 1/s (None without key scales); layout: as the argument.
 
     Raises:
         ValueError: a bad size, format pair, policy value or page size (named).
@@ -55,8 +62,10 @@ class KVCache:
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, params: FormatParams | None = None, *,
                  v_params: FormatParams | None = None, sinks: int = 0, mu=None, key_scale=None,
-                 page_size: int | None = None, num_pages: int | None = None):
+                 page_size: int | None = None, num_pages: int | None = None, layout: str | None = None):
         kp, vp = _dec.check_kv_pair(params, v_params)
+        self.layout = _dec.check_layout(
+            ("vpair" if vpair_supported(vp.bits, vp.block) else "wire") if layout is None else layout, vp)
         self.batch = _check_pos("batch", batch)
         self.kv_heads = _check_pos("kv_heads", kv_heads)
         _check_pos("capacity", capacity)
@@ -178,7 +187,8 @@ class KVCache:
                     (kb, kp, self.k_codes, self.k_scales, self.k_flags, self._key),
                     (vb, vp, self.v_codes, self.v_scales, self.v_flags, None)):
                 src = bits if bi.size == self.batch * t else bits[sel_b, sel_t]
-                launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp, key=key)
+                launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp, key=key,
+                              layout=self.layout if codes is self.v_codes else "wire", pair_vec=self.kv_heads)
         sb, st = np.nonzero(pos < s)                                         # sink tokens
         if sb.size:
             ib, it, ip = cp.asarray(sb), cp.asarray(st), cp.asarray(pos[sb, st])
@@ -200,13 +210,25 @@ class KVCache:
             kw.setdefault("max_pages", self.max_pages)
         kw.setdefault("key_scales", self.q_scale is not None)
         kw.setdefault("q_dtype", self.params.dtype)  # q has the type of the cached K/V
+        kw.setdefault("layout", self.layout)
         return _dec.plan(self.params, self.v_params, batch=self.batch, q_heads=q_heads, kv_heads=self.kv_heads,
                          max_length=ml, page_size=self.page_size, sinks=self.sinks, **kw)
 
     def run(self, pl, ws, q, **kw):
         """:func:`gpu_ref.decode.run` over this cache with its current lengths (device array)."""
         return _dec.run(pl, ws, q, self.k_codes, self.k_scales, self.v_codes, self.v_scales, self.lengths,
-                        self.block_table, k_sink=self.k_sink, v_sink=self.v_sink, q_scale=self.q_scale, **kw)
+                        self.block_table, k_sink=self.k_sink, v_sink=self.v_sink, q_scale=self.q_scale,
+                        layout=self.layout, **kw)
+
+    def host_planes(self) -> dict:
+        """The packed planes as NumPy arrays in the golden byte order (the interchange format): ``k_codes``,
+        ``k_scales``, ``v_codes`` (de-interleaved when ``layout == "vpair"``), ``v_scales``, ``k_flags``,
+        ``v_flags``, same shapes as the attributes."""
+        cp = cupy()
+        out = {name: cp.asnumpy(getattr(self, name)) for name in
+               ("k_codes", "k_scales", "v_codes", "v_scales", "k_flags", "v_flags")}
+        out["v_codes"] = to_wire(out["v_codes"], self.layout, self.v_params.bits)
+        return out
 
     def attend(self, q, *, lengths=None, num_splits=None, precise_p=False, tune=None, **kw):
         """One-call decode over the cache (plan for the current lengths, fresh workspace, run).

@@ -18,6 +18,9 @@ Layout (paged, vLLM/FlashInfer convention, HND): ``k_codes [P, KVH, page, N*KB/8
 table int32 ``[B, max_pages]``: packed token i of sequence b is row ``i % page`` of page
 ``block_table[b, i // page]``. Contiguous ``[B, KVH, CAP, *]`` planes are the case ``page = CAP``,
 sequence b in page b (no block table). Page sizes: 16, 32 or any multiple of 64 (powers of two).
+The value code plane is in the golden byte order (``layout="wire"``) or, for 3-bit values in 64-lane blocks,
+in the token-pair order of :mod:`gpu_ref.layout` (``layout="vpair"``, what :class:`gpu_ref.KVCache` stores);
+a plan is made for one of them and :func:`run` refuses planes declared in the other.
 
 Numerical budget (docs/FORMAT.md, implementation notes): K codes enter the tensor cores exactly, q~ as
 one fp16 part, or two (``qlo``; the default for plans with ``key_scales``, whose q / s with |log2 s| up to
@@ -37,6 +40,7 @@ import numpy as np
 from sim_models.params import FormatParams
 
 from ._build import MODE_ID, SUPPORTED_QUANTIZER, check_cupy_array, checked_params, cupy, kernel
+from .layout import LAYOUTS, vpair_supported
 
 DECODE_N = (64, 128, 256)
 DECODE_G = (16, 32, 64)
@@ -153,14 +157,26 @@ def _pages_per_tile(page: int | None) -> int:
     return TT // page
 
 
+def check_layout(layout, vp: FormatParams) -> str:
+    """``layout`` checked against the value format (ValueError naming it)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "vpair" and not vpair_supported(vp.bits, vp.block):
+        raise ValueError(f"layout 'vpair' needs 3-bit values in 64-lane blocks, got bits={vp.bits} "
+                         f"block={vp.block}")
+    return layout
+
+
 def kernel_params(kp: FormatParams, vp: FormatParams | None = None, precise_p: bool = False,
-                  stages: int | None = None, tune=None, page_size: int | None = None, two_q_parts: bool = False):
+                  stages: int | None = None, tune=None, page_size: int | None = None, two_q_parts: bool = False,
+                  layout: str = "wire"):
     """(template arguments, dynamic shared memory bytes, CTAs per SM, warp region bytes).
 
     Raises:
         TypeError, ValueError: parameters the decode kernel does not support.
     """
     kp, vp = check_kv_pair(kp, vp)
+    check_layout(layout, vp)
     if not isinstance(precise_p, (bool, np.bool_)):
         raise ValueError(f"precise_p must be a bool, got {precise_p!r}")
     if tune is not None and not isinstance(tune, dict):
@@ -180,7 +196,8 @@ def kernel_params(kp: FormatParams, vp: FormatParams | None = None, precise_p: b
     seed = 0 if kp.sign_seed is None else kp.sign_seed
     targs = (str(kp.n), str(kp.block), str(kp.bits), str(vp.bits), "1" if precise_p else "0", str(st),
              f"{seed}ull", "0" if kp.sign_seed is None else "1", str(int(t["minb"])), str(int(t["qlo"])),
-             str(int(t["abl"])), str(MODE_ID[kp.mode]), str(_pages_per_tile(page_size)))
+             str(int(t["abl"])), str(MODE_ID[kp.mode]), str(_pages_per_tile(page_size)),
+             "1" if layout == "vpair" else "0")
     smem, wreg = _smem(kp, vp, st)
     return targs, smem, int(t["minb"]), wreg
 
@@ -233,6 +250,8 @@ class DecodePlan:
     partials: int = 1
     #: kernel entry: "decode" (workspace merge) or "decode_cl" (cluster of ``partials`` CTAs, see DECODE_TUNE)
     kind: str = "decode"
+    #: order of the value code plane the plan reads: "wire" (golden) or "vpair" (gpu_ref.layout)
+    layout: str = "wire"
 
     @property
     def workspace_bytes(self) -> int:
@@ -252,7 +271,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
          page_size: int | None = None, max_pages: int | None = None, sinks: int = 0,
          num_splits: int | None = None, precise_p: bool = False, stages: int | None = None,
          tune: dict | None = None, num_sms: int | None = None, key_scales: bool = False,
-         q_dtype: str = "fp16") -> DecodePlan:
+         q_dtype: str = "fp16", layout: str = "wire") -> DecodePlan:
     """Plan decode attention for fixed shapes and a bound on the sequence lengths.
 
     Args:
@@ -272,6 +291,8 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts too).
         stages, tune: kernel tuning (benchmarks).
         num_sms: multiprocessors to plan for (default: the current device's).
+        layout: order of the value code plane, "wire" (golden bytes) or "vpair" (:mod:`gpu_ref.layout`;
+            3-bit values, G = 64).
 
     Returns:
         :class:`DecodePlan`.
@@ -321,7 +342,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     if q_dtype not in ("fp16", "bf16"):
         raise ValueError(f"q_dtype must be 'fp16' or 'bf16', got {q_dtype!r}")
     targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size,
-                                            bool(key_scales) or q_dtype == "bf16")
+                                            bool(key_scales) or q_dtype == "bf16", layout)
     # the last CTA stages (m, l) of every partial in one warp region; a plan with more than SINK_FOLD sinks
     # has one more partial (the sink CTA) than token splits
     hs = 1 if s > SINK_FOLD else 0
@@ -359,7 +380,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
                       key_scales=bool(key_scales), q_dtype=q_dtype, chunk=chunk,
                       head_tiles=ht, targs=targs, smem=smem,
                       workspace_floats=(pairs * parts * 8 * n, pairs * parts * 16, pairs), partials=parts,
-                      kind=kind)
+                      kind=kind, layout=layout)
 
 
 def _check_plane(name, a, width, lead, cp):
@@ -375,7 +396,7 @@ def _check_plane(name, a, width, lead, cp):
 
 def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, lengths, block_table=None, *,
         k_sink=None, v_sink=None, q_scale=None, scale: float | None = None, out=None,
-        out_dtype: str | None = None):
+        out_dtype: str | None = None, layout: str = "wire"):
     """Launch the planned decode (no device->host copies: capturable in a CUDA graph).
 
     Args:
@@ -391,6 +412,7 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
             with a plan made with ``key_scales=True``.
         scale: softmax scale (default ``1/sqrt(N)``).
         out: optional output; out_dtype "fp16", "bf16" (uint16 bits) or "fp32" (default: q's type).
+        layout: order of ``v_codes`` ("wire" or "vpair"); must be the plan's.
 
     Returns:
         cupy ``[B, Hq, N]``.
@@ -398,6 +420,9 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
     Raises:
         TypeError, ValueError: arrays that do not match the plan (named).
     """
+    if layout != pl.layout:
+        raise ValueError(f"layout {layout!r} of the value codes does not match the plan's layout {pl.layout!r} "
+                         f"(plan(..., layout={layout!r}))")
     if q_scale is not None and not pl.key_scales:
         raise ValueError("q_scale given, but the plan was made with key_scales=False (plan(..., key_scales=True) "
                          "picks the q precision key scales need)")
@@ -494,7 +519,7 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
                      *, v_params: FormatParams | None = None, scale: float | None = None,
                      out_dtype: str | None = None, num_splits: int | None = None, precise_p: bool = False,
                      max_length: int | None = None, stages: int | None = None, out=None,
-                     tune: dict | None = None):
+                     tune: dict | None = None, layout: str = "wire"):
     """One-call decode over contiguous planes ``[B, KVH, CAP, *]`` (plan + fresh workspace + run).
 
     Not for CUDA-graph capture (the workspace is allocated per call): use :func:`plan` / :func:`run`.
@@ -552,6 +577,6 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
         maxlen = int(max_length)
     pl = plan(kp, vp, batch=bsz, q_heads=q.shape[1], kv_heads=kvh, max_length=maxlen, capacity=cap,
               num_splits=num_splits, precise_p=precise_p, stages=stages, tune=tune,
-              q_dtype="bf16" if q.dtype == cp.uint16 else "fp16")
+              q_dtype="bf16" if q.dtype == cp.uint16 else "fp16", layout=layout)
     return run(pl, pl.workspace(), q, k_codes, k_scales, v_codes, v_scales, dev, scale=scale, out=out,
-               out_dtype=out_dtype)
+               out_dtype=out_dtype, layout=layout)

@@ -19,6 +19,7 @@ import numpy as np
 from sim_models.params import FormatParams
 
 from ._build import ENCODE_ARGS, MODE_ID, ROUND_ID, check_cupy_array, checked_params, cupy, kernel, kernel_struct
+from .layout import LAYOUTS
 
 
 @dataclass
@@ -86,16 +87,23 @@ def key_table(n: int, mu16=None, s16=None, cp=None) -> KeyFront | None:
     return KeyFront(table=cp.asarray(np.ascontiguousarray(w.transpose(1, 0, 2))), heads=heads, keyf=keyf)
 
 
-def encode_cfg(p: FormatParams, tune=None, keyf: int = 0):
-    """(template arguments, dynamic shared memory bytes, lanes per thread, CTAs per SM)."""
+def encode_cfg(p: FormatParams, tune=None, keyf: int = 0, layout: str = "wire"):
+    """(template arguments, dynamic shared memory bytes, lanes per thread, CTAs per SM); ``layout``: order of
+    the code rows written ("wire", or "vpair" of :mod:`gpu_ref.layout` for 3-bit codes)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "vpair" and p.bits != 3:
+        raise ValueError(f"layout 'vpair' is defined for 3-bit codes, got bits={p.bits}")
     t = dict(ENCODE_TUNE, **(tune or {}))
     lpt = max(min(p.n, int(t["lptm"])), p.n // 32)  # at most 32 threads (one warp) per vector
+    if layout == "vpair" and lpt % 64:
+        raise ValueError(f"layout 'vpair' needs >= 64 lanes per thread (tune['lptm']), got {lpt}")
     if "minb" not in (tune or {}) and p.mant_bits - 1 + int(math.log2(p.n)) > 20:
         t["minb"] = min(int(t["minb"]), 2)  # threshold-compare path: more registers, 3 CTAs/SM would spill
     seed = 0 if p.sign_seed is None else p.sign_seed
     targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
              f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])),
-             str(MODE_ID[p.mode]), str(ROUND_ID[p.scale_round]), str(int(keyf)))
+             str(MODE_ID[p.mode]), str(ROUND_ID[p.scale_round]), str(int(keyf)), "1" if layout == "vpair" else "0")
     return targs, 2 * 128 * (lpt * 2 + 16), lpt, int(t["minb"])
 
 
@@ -113,16 +121,23 @@ def as_bits(x, p: FormatParams, cp, name: str = "x"):
     return x
 
 
-def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFront | None = None):
+def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFront | None = None,
+                  layout: str = "wire", pair_vec: int = 1):
     """Encode ``bits`` (uint16 [V, N] contiguous) into rows ``rows`` (int64 [V] or None: row v) of the
     planes ``codes``/``scales``/``flags`` (any shapes whose rows are the last axes); ``key``: the key
-    front end (vector v uses kv head ``v % key.heads``; fp16 only, V < 2^32)."""
+    front end (vector v uses kv head ``v % key.heads``; fp16 only, V < 2^32); ``layout``: "vpair" writes
+    the code rows in the token-pair order of :mod:`gpu_ref.layout` (row r pairs with r ^ 1, so the code
+    plane must hold an even number of rows); ``pair_vec``: the input vectors from one token of a row pair to
+    the other (KVH for ``[B, T, KVH, N]`` input), a hint that lets the two writers of a pair exchange bytes and
+    store whole words (any value is correct; a wrong one only takes the slower 2-byte stores)."""
     nvec = bits.size // p.n
     if nvec == 0:
         return
     if key is not None and (p.dtype != "fp16" or nvec >= 1 << 32):
         raise ValueError(f"the key front end needs dtype fp16 and < 2^32 vectors, got {p.dtype!r}, {nvec}")
-    targs, smem, lpt, minb = encode_cfg(p, tune, key.keyf if key is not None else 0)
+    targs, smem, lpt, minb = encode_cfg(p, tune, key.keyf if key is not None else 0, layout)
+    if layout == "vpair" and (codes.size // p.code_bytes) % 2:
+        raise ValueError(f"layout 'vpair' needs an even number of code rows, got {codes.size // p.code_bytes}")
     k = kernel("encode", targs, smem)
     vpb = 128 // (p.n // lpt)
     ntiles = (nvec + vpb - 1) // vpb
@@ -130,7 +145,7 @@ def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFr
     grid = int(min(ntiles, minb * sms))
     args = kernel_struct(ENCODE_ARGS, x=bits, codes=codes, scales=scales, flags=flags, out_rows=rows,
                          key_tab=None if key is None else key.table, nvec=nvec,
-                         key_heads=1 if key is None else key.heads)
+                         key_heads=1 if key is None else key.heads, pair_vec=int(pair_vec))
     k((grid,), (128,), (args,), shared_mem=smem)
 
 

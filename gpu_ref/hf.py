@@ -377,11 +377,12 @@ class _CudaStore:
                 rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
             kv = self.kv
             with self._stream():
-                for x, p, codes, scales, flags, key in (
-                        (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front),
-                        (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None)):
+                for x, p, codes, scales, flags, key, lay in (
+                        (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front, "wire"),
+                        (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
                     bits = self._cp(x[:, :, ns:].transpose(1, 2))                # [B, T', KVH, D]
-                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key)
+                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key, layout=lay,
+                                  pair_vec=bits.shape[-2])
         self._dlen_t += t
         self.length += t
         self.kv.host_lengths[:] = self.length
@@ -429,6 +430,7 @@ class _CudaStore:
                         for k, s in zip("kv", self._sink_t)}
             run(pl, ws, self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, self._cp(lengths),
                 self._cp(table), q_scale=kv.q_scale, scale=float(scaling), out=self._cp(out), out_dtype="fp32",
+                layout=kv.layout,
                 **sink)
         return out.reshape(b, t, hq, d)
 
@@ -454,7 +456,7 @@ def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None, q_dtype="fp16"
     from gpu_ref import plan
     return plan(kv.params, kv.v_params, batch=queries, q_heads=hq, kv_heads=kv.kv_heads, max_length=max_length,
                 page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits,
-                key_scales=kv.q_scale is not None, q_dtype=q_dtype)
+                key_scales=kv.q_scale is not None, q_dtype=q_dtype, layout=kv.layout)
 
 
 def cache_kwargs(model, cache) -> dict:

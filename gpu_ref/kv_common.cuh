@@ -35,8 +35,10 @@ struct KvEncodeArgs {
   const kv_u32* key_tab;      // key front-end table (KEYF != 0), see kv_encode.cu
   long long nvec;             // input vectors
   long long key_heads;        // rows of the key table (kv heads); vector v uses row v % key_heads
+  long long pair_vec;         // vpair layout (IL): vectors from one token of a row pair to the other (the kv
+                              // heads of a [B, T, KVH, N] input); only a hint, the rows decide (kv_encode.cu)
 };
-static_assert(sizeof(KvEncodeArgs) == 64, "KvEncodeArgs: eight 8-byte members");
+static_assert(sizeof(KvEncodeArgs) == 72, "KvEncodeArgs: nine 8-byte members");
 
 namespace kv_common {
 // fp16 bit pattern (low 16 bits of h) -> float, exact

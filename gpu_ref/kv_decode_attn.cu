@@ -10,7 +10,8 @@
 // rotates K or V, and rotates the output back once (again in registers).
 //
 // Cache layout (all uint8, 16-byte aligned): page pools (vLLM/FlashInfer convention, HND)
-//   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields)
+//   k_codes [P, KVH, page, N*KB/8], v_codes [P, KVH, page, N*VB/8]  golden code rows (LSB-first fields); with
+//                                        VIL = 1 the value rows in the vpair order of gpu_ref/layout.py (token pairs)
 //   k_scales, v_scales [P, KVH, page, N/G]                           ue5m3 scale bytes
 // addressed by a block table [B, max_pages]; the contiguous layout [B, KVH, CAP, *] is one page of
 // CAP rows per sequence (CAP a multiple of 16, so 16-byte copies of a partial tile stay inside).
@@ -156,6 +157,26 @@ __device__ __forceinline__ kv_u32 vext(kv_u32 sx, kv_u32 sy) {
   if (MR && O == 0) {
     kv_u32 d;
     asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(r), "r"(0x38003800u));  // + 1/2, exact
+    r = d;
+  }
+  return r;
+}
+
+// half2 of a 3-bit V field at bit offset O of both 16-bit halves of x (the vpair layout puts the same lane of two
+// tokens there): LOP3 + HFMA2 as in vext (+ HADD2 for mid-rise at O == 0), same values bit for bit.
+template <int O, int MR>
+__device__ __forceinline__ kv_u32 vfin(kv_u32 x) {
+  constexpr int T = 4, FM = 7;
+  constexpr kv_u32 AM = ((kv_u32)FM << O) | ((kv_u32)FM << (16 + O));
+  constexpr kv_u32 HALF = (MR && O > 0) ? ((1u << (O - 1)) | (1u << (15 + O))) : 0u;
+  constexpr kv_u32 BM = ((kv_u32)T << O) | ((kv_u32)T << (16 + O)) | 0x64006400u | HALF;
+  constexpr kv_u32 MUL = ((kv_u32)(15 - O) << 10) * 0x10001u;
+  constexpr kv_u32 ADD = (0x8000u | h_int((1 << (10 - O)) + T)) * 0x10001u;
+  static_assert(O + 3 <= 10, "field inside the fp16 mantissa");
+  kv_u32 r = hfma2(lop_field(x, AM, BM), MUL, ADD);
+  if (MR && O == 0) {
+    kv_u32 d;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(r), "r"(0x38003800u));
     r = d;
   }
   return r;
@@ -432,6 +453,7 @@ __device__ __forceinline__ float ld_cluster(const float* p, int r) {
 
 }  // namespace kv_dec
 
+// VIL: 1 = value codes in the vpair order (gpu_ref/layout.py; 3-bit values, G = 64), 0 = golden order.
 // MINB: CTAs per SM for the register budget; QLO: also feed the low fp16 part of q~;
 // ABL: ablation for profiling only (1: no PV, 2: no QK) -- results are wrong when ABL != 0.
 // MR: 0 mid-tread (y_hat = c scale), 1 mid-rise (y_hat = (c + 1/2) scale).
@@ -482,7 +504,7 @@ struct KvDecParams {
       p.group, p.cap, p.S, p.chunk, p.sm_scale
 
 template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
-          int ABL, int MR, int PSUB, int CL>
+          int ABL, int MR, int PSUB, int VIL, int CL>
 __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   using namespace kv_dec;
   typedef KvDecCfg<N, G, KB, VB, PSPLIT, STAGES, PSUB> C;
@@ -493,6 +515,7 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
   static_assert(N % G == 0, "G | N");
   static_assert(KB == 3 || KB == 4, "KB");
   static_assert(VB == 3 || VB == 4, "VB");
+  static_assert(VIL == 0 || (VB == 3 && G == 64), "vpair value layout: 3-bit values, 64-lane scale blocks");
 
   extern __shared__ __align__(16) kv_u8 smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
@@ -601,7 +624,9 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
       }
       return;
     }
-    const int nck = (nv * CBK + 15) >> 4, ncv = (nv * CBV + 15) >> 4, ns = (nv * NB + 15) >> 4;
+    // (vpair: whole token pairs, the last valid token's bytes are spread over its pair's 2 CBV bytes)
+    const int nck = (nv * CBK + 15) >> 4, ncv = (((VIL ? (nv + 1) & ~1 : nv) * CBV) + 15) >> 4,
+              ns = (nv * NB + 15) >> 4;
     for (int c = lane; c < nck; c += 32) cp_async16(dkc + 16 * c, tile_addr<PSUB, CBK, PG>(gkc, 16 * c));
     for (int c = lane; c < ncv; c += 32) cp_async16(dvc + 16 * c, tile_addr<PSUB, CBV, PG>(gvc, 16 * c));
     for (int c = lane; c < ns; c += 32) {
@@ -729,6 +754,10 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
     vsh[bb] = boff & 31;
   }
 
+  // vpair value layout (VIL): thread g's lanes 64 bb + 8 g .. + 7 are half (g & 1) of 16-lane group 4 bb + g / 2,
+  // whose units are words 3 j .. 3 j + 2 of a token pair: its own unit (H0 even g, H2 odd g) and the shared H1
+  const int vdw = 3 * (g >> 1) + 2 * (g & 1), vsw = 3 * (g >> 1) + 1;
+  const kv_u32 vsel = (g & 1) ? 0x7351u : 0x6341u;  // (own, H1) -> segment bits 8..23 of both tokens
   kv_u32 ksel[3];  // KSEG: this thread's PRMT selectors
 #pragma unroll
   for (int w = 0; w < 3; ++w) ksel[w] = kseg_sel(w, tig);
@@ -936,6 +965,31 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
             B0l[bb] = movtrans(y0);
             B1l[bb] = movtrans(y1);
           }
+        }
+        if constexpr (VIL) {
+          // pairs P = 8 mt + tig (tokens 16 mt + 2 tig, + 1) and Q = P + 4 (+ 8, + 9): per block, word d holds segment
+          // bits 0..15 of both tokens (lanes 0, 1, 2 at 0, 3, 6), w = PRMT(d, H1) bits 8..23 (lanes 3, 4, 5 at 1, 4, 7),
+          // w >> 8 lanes 6, 7 at 2, 5; item i = lane 8 g + i feeds row g (even i) / g + 8 (odd i) of m-tile i / 2
+          const kv_u32* pd = reinterpret_cast<const kv_u32*>(sVC + (16 * mt + 2 * tig) * CBV);
+#pragma unroll
+          for (int bb = 0; bb < NB; ++bb) {
+            constexpr int WQ = 2 * CBV;  // words from pair P to pair Q (8 rows)
+            const kv_u32 dP = pd[12 * bb + vdw], hP = pd[12 * bb + vsw];
+            const kv_u32 dQ = pd[WQ + 12 * bb + vdw], hQ = pd[WQ + 12 * bb + vsw];
+            const kv_u32 wP = __byte_perm(dP, hP, vsel), wQ = __byte_perm(dQ, hQ, vsel);
+            const kv_u32 zP = wP >> 8, zQ = wQ >> 8;
+            mma16816(acc[bb * 4 + 0], vfin<0, MR>(dP), vfin<3, MR>(dP), vfin<0, MR>(dQ), vfin<3, MR>(dQ), B0[bb], B1[bb]);
+            mma16816(acc[bb * 4 + 1], vfin<6, MR>(dP), vfin<1, MR>(wP), vfin<6, MR>(dQ), vfin<1, MR>(wQ), B0[bb], B1[bb]);
+            mma16816(acc[bb * 4 + 2], vfin<4, MR>(wP), vfin<7, MR>(wP), vfin<4, MR>(wQ), vfin<7, MR>(wQ), B0[bb], B1[bb]);
+            mma16816(acc[bb * 4 + 3], vfin<2, MR>(zP), vfin<5, MR>(zP), vfin<2, MR>(zQ), vfin<5, MR>(zQ), B0[bb], B1[bb]);
+            if (PSPLIT) {
+              mma16816(acc[bb * 4 + 0], vfin<0, MR>(dP), vfin<3, MR>(dP), vfin<0, MR>(dQ), vfin<3, MR>(dQ), B0l[bb], B1l[bb]);
+              mma16816(acc[bb * 4 + 1], vfin<6, MR>(dP), vfin<1, MR>(wP), vfin<6, MR>(dQ), vfin<1, MR>(wQ), B0l[bb], B1l[bb]);
+              mma16816(acc[bb * 4 + 2], vfin<4, MR>(wP), vfin<7, MR>(wP), vfin<4, MR>(wQ), vfin<7, MR>(wQ), B0l[bb], B1l[bb]);
+              mma16816(acc[bb * 4 + 3], vfin<2, MR>(zP), vfin<5, MR>(zP), vfin<2, MR>(zQ), vfin<5, MR>(zQ), B0l[bb], B1l[bb]);
+            }
+          }
+          continue;
         }
         const int tv = 16 * mt + 2 * tig;
         const kv_u8* r0 = sVC + tv * CBV;
@@ -1185,16 +1239,16 @@ __device__ __forceinline__ void kv_decode_body(KV_DEC_PARAMS) {
 }
 
 template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB = 2,
-          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1>
+          int QLO = 1, int ABL = 0, int MR = 0, int PSUB = 1, int VIL = 0>
 __global__ void __launch_bounds__(128, MINB) kv_decode_attn(const KvDecParams p) {
-  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, 0>(KV_DEC_ARGS);
+  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, VIL, 0>(KV_DEC_ARGS);
 }
 
 // The same kernel with the CTAs of one (batch, head tile) as one cluster of CL (grid y = CL partials).
 template <int N, int G, int KB, int VB, int PSPLIT, int STAGES, kv_u64 SEED, int HAS_SIGN, int MINB, int QLO,
-          int ABL, int MR, int PSUB, int CL>
+          int ABL, int MR, int PSUB, int VIL, int CL>
 __global__ void __launch_bounds__(128, MINB) __cluster_dims__(1, CL, 1) kv_decode_attn_cl(const KvDecParams p) {
-  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, CL>(KV_DEC_ARGS);
+  kv_decode_body<N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, VIL, CL>(KV_DEC_ARGS);
 }
 
 #ifndef KV_NVRTC
@@ -1226,7 +1280,20 @@ KV_DEC_INST(128, 64, 3, 3, 0, 3, 0, 2)
 KV_DEC_INST(64, 16, 4, 4, 0, 4, 1, 4)
 KV_DEC_INST(256, 32, 4, 4, 0, 2, 1, 4)
 // cluster merge (CL = 2, 4, 8) for the headline format
-#define KV_DEC_CL(KB_, VB_, CL_) \
-  template __global__ void kv_decode_attn_cl<128, 64, KB_, VB_, 0, 3, 0ull, 1, 2, 1, 0, 1, 1, CL_> KV_DEC_SIG;
-KV_DEC_CL(3, 3, 2) KV_DEC_CL(3, 3, 4) KV_DEC_CL(3, 3, 8) KV_DEC_CL(4, 3, 2) KV_DEC_CL(4, 3, 4) KV_DEC_CL(4, 3, 8)
+#define KV_DEC_CL(KB_, VB_, VIL_, CL_) \
+  template __global__ void kv_decode_attn_cl<128, 64, KB_, VB_, 0, 3, 0ull, 1, 2, 1, 0, 1, 1, VIL_, CL_> KV_DEC_SIG;
+KV_DEC_CL(3, 3, 0, 2) KV_DEC_CL(3, 3, 0, 4) KV_DEC_CL(3, 3, 0, 8) KV_DEC_CL(4, 3, 0, 2) KV_DEC_CL(4, 3, 0, 4) KV_DEC_CL(4, 3, 0, 8)
+KV_DEC_CL(3, 3, 1, 2) KV_DEC_CL(3, 3, 1, 4) KV_DEC_CL(3, 3, 1, 8) KV_DEC_CL(4, 3, 1, 2) KV_DEC_CL(4, 3, 1, 4) KV_DEC_CL(4, 3, 1, 8)
+// the vpair value layout (VIL 1; 3-bit values, G = 64), as KVCache stores it: both reconstructions, one and two
+// q~ parts, the paged variants
+#define KV_DEC_INSTV(N_, KB_, S_, QLO_, MR_, PS_) \
+  template __global__ void kv_decode_attn<N_, 64, KB_, 3, 0, S_, 0ull, 1, 2, QLO_, 0, MR_, PS_, 1> KV_DEC_SIG;
+#define KV_DEC_VPAIR(N_, S_) \
+  KV_DEC_INSTV(N_, 3, S_, 1, 0, 1) KV_DEC_INSTV(N_, 3, S_, 1, 1, 1) KV_DEC_INSTV(N_, 3, S_, 0, 1, 1) \
+  KV_DEC_INSTV(N_, 4, S_, 1, 0, 1) KV_DEC_INSTV(N_, 4, S_, 1, 1, 1) KV_DEC_INSTV(N_, 4, S_, 0, 1, 1)
+KV_DEC_VPAIR(128, 3)
+KV_DEC_VPAIR(64, 4)
+KV_DEC_VPAIR(256, 2)
+KV_DEC_INSTV(128, 3, 3, 1, 1, 4) KV_DEC_INSTV(128, 4, 3, 1, 1, 4) KV_DEC_INSTV(128, 3, 3, 1, 1, 2)
+KV_DEC_INSTV(128, 3, 3, 0, 1, 4) KV_DEC_INSTV(128, 4, 3, 0, 1, 2)
 #endif

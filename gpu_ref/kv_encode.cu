@@ -240,8 +240,11 @@ __device__ __forceinline__ T shfl_xor_t(T v, int m) { return __shfl_xor_sync(0xf
 // a:      KvEncodeArgs (kv_common.cuh): input rows, the three planes, optional output rows and key table
 // MODE:   0 mid-tread, 1 mid-rise;  RND: scale rounding, 0 up, 1 nearest (ties up)
 // KEYF:   key front end, bit 0 per-channel key scales, bit 1 centering (fp16 only; 0: none)
+// IL:     1: store the code rows in the vpair order (gpu_ref/layout.py, 3-bit codes): per 16-lane group the
+//         16-bit units (g0 g1), (g2 g5), (g3 g4), interleaved with the other token of the row pair
+//         (row r & ~1, r | 1) -- 2-byte stores, so one token of a pair can be written alone
 template <int N, int G, int BITS, int M, int DT, kv_u64 SEED, int HAS_SIGN, int LPTM = 128, int MINB = 2,
-          int MODE = 0, int RND = 0, int KEYF = 0>
+          int MODE = 0, int RND = 0, int KEYF = 0, int IL = 0>
 __global__ void __launch_bounds__(128, MINB)
 kv_encode(const KvEncodeArgs a) {
   using namespace kv_enc;
@@ -273,6 +276,7 @@ kv_encode(const KvEncodeArgs a) {
   constexpr int TPB = G <= LPT ? 1 : G / LPT;   // threads per scale block
   constexpr int CBT = LPT * BITS / 8;           // code bytes per thread
   constexpr int CW = (LPT * BITS + 31) / 32;    // code words per thread
+  static_assert(IL == 0 || (BITS == 3 && CBT % 6 == 0), "vpair layout: 3-bit codes, whole 16-lane groups");
   static_assert(N >= 8 && (N & (N - 1)) == 0 && N <= 4096, "N");
   static_assert(G >= 8 && N % G == 0, "G");
   static_assert(BITS >= 2 && BITS <= 4, "BITS");
@@ -723,10 +727,64 @@ kv_encode(const KvEncodeArgs a) {
     }
 
     // ---- stores ---------------------------------------------------------------------------
+    // vpair order (IL): when the thread of the same part of vector vec ^ pair_vec (lane ^ pair_vec TPV, a power
+    // of two below 32) writes the other row of this row pair, the two exchange half of their code bytes (CW / 2
+    // shuffles) and each writes whole 32-bit words [unit of row 2i | unit of row 2i + 1] of its half of the units
+    // (16-byte stores); otherwise (a lone token, e.g. one decode step) three 16-bit stores per group
+    bool paired = false;
+    if constexpr (IL != 0) {
+      static_assert(CW % 2 == 0 && CBT % 12 == 0 && TPV < 32, "vpair: halves of whole groups per thread");
+      const long long orow_m = vec < nvec ? (out_rows ? out_rows[vec] : vec) : -2;
+      const int pm = (int)min(a.pair_vec, 32ll) * TPV;  // partner lane distance (uniform)
+      const int pl = pm > 0 && pm < 32 && (pm & (pm - 1)) == 0 ? pm : 0;
+      const long long orow_p = shfl_xor_t(orow_m, pl);
+      const bool odd = (orow_m & 1) != 0;
+      paired = orow_m >= 0 && orow_p == (orow_m ^ 1);
+      kv_u32 lo[CW / 2], hi[CW / 2];  // bytes [h0, h0 + CBT / 2) of the part, rows 2i (lo) and 2i + 1 (hi)
+#pragma unroll
+      for (int k = 0; k < CW / 2; ++k) {
+        const kv_u32 pw = shfl_xor_t(odd ? cw[k] : cw[CW / 2 + k], pl);  // what the partner needs
+        lo[k] = odd ? pw : cw[k];
+        hi[k] = odd ? cw[CW / 2 + k] : pw;
+      }
+      if (paired) {
+        auto unit = [&](const kv_u32* x, int i0, int i1) {  // bytes i0, i1 of x as a 16-bit unit
+          return ((x[i0 >> 2] >> (8 * (i0 & 3))) & 0xFFu) | (((x[i1 >> 2] >> (8 * (i1 & 3))) & 0xFFu) << 8);
+        };
+        kv_u32 w[CBT / 4];  // units of this half: 3 per group (g0 g1, g2 g5, g3 g4)
+#pragma unroll
+        for (int q = 0; q < CBT / 12; ++q) {
+          w[3 * q] = unit(lo, 6 * q, 6 * q + 1) | (unit(hi, 6 * q, 6 * q + 1) << 16);
+          w[3 * q + 1] = unit(lo, 6 * q + 2, 6 * q + 5) | (unit(hi, 6 * q + 2, 6 * q + 5) << 16);
+          w[3 * q + 2] = unit(lo, 6 * q + 3, 6 * q + 4) | (unit(hi, 6 * q + 3, 6 * q + 4) << 16);
+        }
+        // first unit: part * CBT / 2 + (odd ? CBT / 4 : 0) of the pair, i.e. byte 2 part CBT + (odd ? CBT : 0)
+        kv_u8* pdst = codes + (orow_m & ~1ll) * CB + 2 * part * CBT + (odd ? CBT : 0);
+        if (CBT % 16 == 0 && CB % 8 == 0) {
+#pragma unroll
+          for (int k = 0; k < CBT / 16; ++k)
+            *reinterpret_cast<uint4*>(pdst + 16 * k) = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < CBT / 4; ++k) reinterpret_cast<kv_u32*>(pdst)[k] = w[k];
+        }
+      }
+    }
     if (vec < nvec) {
       const long long orow = out_rows ? out_rows[vec] : vec;
       kv_u8* cdst = codes + orow * CB + part * CBT;
-      if (CBT % 16 == 0 && CB % 16 == 0) {
+      if (IL && paired) {
+      } else if (IL) {  // vpair order: unit u of row r at byte 4u + 2(r & 1) of the pair's 2 CB bytes
+        kv_u16* hd = reinterpret_cast<kv_u16*>(codes + (orow & ~1ll) * CB) + (orow & 1);
+        auto byte = [&](int i) { return (cw[i >> 2] >> (8 * (i & 3))) & 0xFFu; };
+#pragma unroll
+        for (int q = 0; q < CBT / 6; ++q) {
+          const int u = 3 * (part * (CBT / 6) + q);  // first unit of the group in the row
+          hd[2 * u] = (kv_u16)(byte(6 * q) | (byte(6 * q + 1) << 8));
+          hd[2 * u + 2] = (kv_u16)(byte(6 * q + 2) | (byte(6 * q + 5) << 8));
+          hd[2 * u + 4] = (kv_u16)(byte(6 * q + 3) | (byte(6 * q + 4) << 8));
+        }
+      } else if (CBT % 16 == 0 && CB % 16 == 0) {
 #pragma unroll
         for (int k = 0; k < CBT / 16; ++k)
           *reinterpret_cast<uint4*>(cdst + 16 * k) =
@@ -793,6 +851,11 @@ KV_ENC_KEYF(128, 3)
 KV_ENC_KEYF(128, 4)
 KV_ENC_KEYF(64, 3)
 KV_ENC_KEYF(256, 4)
+// the vpair value layout (IL 1) for the cache's value formats (3-bit, both dtypes, v2 quantizer)
+KV_ENC(128, 64, 3, 12, 0, 0ull, 1, 128, 3, 1, 1, 0, 1)
+KV_ENC(128, 64, 3, 12, 1, 0ull, 1, 128, 3, 1, 1, 0, 1)
+KV_ENC(64, 64, 3, 12, 0, 0ull, 1, 128, 3, 1, 1, 0, 1)
+KV_ENC(256, 64, 3, 12, 0, 0ull, 1, 128, 3, 1, 1, 0, 1)
 template __global__ void kv_key_front<128, 1>(const kv_u32*, kv_u32*, const kv_u32*, long long, long long);
 template __global__ void kv_key_front<128, 2>(const kv_u32*, kv_u32*, const kv_u32*, long long, long long);
 template __global__ void kv_key_front<128, 3>(const kv_u32*, kv_u32*, const kv_u32*, long long, long long);

@@ -6,8 +6,8 @@ variant the Python side launches -- write kernel MODE (mid-tread 0, mid-rise 1) 
 rounding up 0, nearest 1) on the fast-quantizer path (fp16, bf16) and on both threshold-compare
 paths (fp32 and int32 butterflies); decode kernel MR (mid-tread 0, mid-rise 1) for every N and G
 it accepts, for key/value bits K3/V3, K4/V3 and K4/V4, q~ in one and two fp16 parts (QLO), and the
-paged variants (pages of 16 and 32 tokens), and the cluster-merge entry (kv_decode_attn_cl, cluster
-sizes 2, 4, 8). The test reads the template arguments back from the mangled entry names.
+paged variants (pages of 16 and 32 tokens), the vpair value layout (VIL 1; write kernel IL 1), and the
+cluster-merge entry (kv_decode_attn_cl, cluster sizes 2, 4, 8). The test reads the template arguments back from the mangled entry names.
 """
 
 from __future__ import annotations
@@ -50,26 +50,35 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
     if "decode" in os.path.basename(src):
         assert "mma.sync.aligned.m16n8k16" in ptx and "movmatrix" in ptx
         args = _template_args(ptx, "kv_decode_attn")
-        # <N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB>
-        assert args and all(len(a) == 13 for a in args), args
+        # <N, G, KB, VB, PSPLIT, STAGES, SEED, HAS_SIGN, MINB, QLO, ABL, MR, PSUB, VIL>
+        assert args and all(len(a) == 14 for a in args), args
         for n in (64, 128, 256):
             for g in (16, 32, 64):
                 for kb, vb in ((3, 3), (4, 3), (4, 4)):
-                    got = {a[11] for a in args if a[:4] == (n, g, kb, vb) and a[12] == 1}
+                    got = {a[11] for a in args if a[:4] == (n, g, kb, vb) and a[12] == 1 and a[13] == 0}
                     assert got == {0, 1}, f"decode N={n} G={g} K{kb}V{vb}: MR variants {got}"
                     qlo = {a[9] for a in args if a[:4] == (n, g, kb, vb) and a[11] == 1 and a[12] == 1}
                     assert qlo == {0, 1}, f"decode N={n} G={g} K{kb}V{vb}: QLO variants {qlo}"
         assert {a[12] for a in args} == {1, 2, 4}  # contiguous / 64-token pages, 32- and 16-token pages
+        # the vpair value layout (VIL 1: 3-bit values, G = 64): every N, K3/V3 and K4/V3, both reconstructions,
+        # one and two q parts, paged
+        for n in (64, 128, 256):
+            for kb in (3, 4):
+                got = {(a[11], a[9]) for a in args if a[:4] == (n, 64, kb, 3) and a[12] == 1 and a[13] == 1}
+                assert got == {(0, 1), (1, 1), (1, 0)}, f"decode vpair N={n} K{kb}V3: (MR, QLO) {got}"
+        assert {a[12] for a in args if a[13] == 1} == {1, 2, 4}
+        assert all(a[3] == 3 and a[1] == 64 for a in args if a[13] == 1)
         assert "add.rn.f16x2" in ptx  # the mid-rise + 1/2 of V lanes at bit offset 0
-        # cluster-merge entry: the same 13 arguments + the cluster size CL
+        # cluster-merge entry: the same 14 arguments + the cluster size CL
         cl = _template_args(ptx, "kv_decode_attn_cl")
-        assert {a[13] for a in cl if a[:4] == (128, 64, 3, 3)} == {2, 4, 8}, cl
+        for vil in (0, 1):
+            assert {a[14] for a in cl if a[:4] == (128, 64, 3, 3) and a[13] == vil} == {2, 4, 8}, cl
         assert ".reqnctapercluster 1, 8, 1" in ptx and "mapa.shared::cluster" in ptx
     if "encode" in os.path.basename(src):
         assert "cp.async" in ptx
         args = _template_args(ptx, "kv_encode")
-        # <N, G, BITS, M, DT, SEED, HAS_SIGN, LPTM, MINB, MODE, RND, KEYF>
-        assert args and all(len(a) == 12 for a in args), args
+        # <N, G, BITS, M, DT, SEED, HAS_SIGN, LPTM, MINB, MODE, RND, KEYF, IL>
+        assert args and all(len(a) == 13 for a in args), args
         for shape in ((128, 64, 3, 12, 0), (128, 64, 3, 12, 1), (256, 64, 4, 16, 1), (4096, 64, 2, 16, 0)):
             got = {(a[9], a[10]) for a in args if a[:5] == shape and a[11] == 0}
             assert got == {(0, 0), (0, 1), (1, 0), (1, 1)}, f"encode {shape}: (MODE, RND) variants {got}"
@@ -77,5 +86,8 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
             got = {a[11] for a in args if a[:5] == shape and a[9:11] == (1, 1)}
             assert {1, 2, 3} <= got, f"encode {shape}: key front-end variants {got}"
         assert {a[1] for a in _template_args(ptx, "kv_key_front")} == {1, 2, 3}
+        # the vpair layout of the value codes (IL 1): 3-bit, fp16 and bf16, N 64/128/256
+        il = {(a[0], a[4]) for a in args if a[12] == 1}
+        assert {(128, 0), (128, 1), (64, 0), (256, 0)} <= il and all(a[2] == 3 for a in args if a[12] == 1)
         assert "fma.rm.f32" in ptx  # mid-rise codes: floor by an FMA rounding toward -inf
         assert "min.relu.s16x2" in ptx and "mul.rn.f16x2" in ptx and "sub.rn.f16x2" in ptx

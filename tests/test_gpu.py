@@ -193,13 +193,15 @@ def test_decode_vs_float64(case, quant):
     p, cache, qb, q64, k64, v64 = make_case(bsz, hq, kvh, n, g, lengths, seed=sum(lengths) + hq, quant=quant)
     # the cache holds exactly the golden encoding
     t = max(lengths)
+    hp = cache.host_planes()  # golden byte order (the value codes de-interleaved for layout "vpair")
+    assert cache.layout == ("vpair" if g == 64 else "wire")
     gk = encode(np.ascontiguousarray(k64.transpose(0, 2, 1, 3)).astype(np.float16), p)
-    assert np.array_equal(cp.asnumpy(cache.k_codes[:, :, :t]), gk.codes.transpose(0, 2, 1, 3))
-    assert np.array_equal(cp.asnumpy(cache.k_scales[:, :, :t]), gk.scales.transpose(0, 2, 1, 3))
+    assert np.array_equal(hp["k_codes"][:, :, :t], gk.codes.transpose(0, 2, 1, 3))
+    assert np.array_equal(hp["k_scales"][:, :, :t], gk.scales.transpose(0, 2, 1, 3))
     gv = encode(np.ascontiguousarray(v64.transpose(0, 2, 1, 3)).astype(np.float16), p)
-    assert np.array_equal(cp.asnumpy(cache.v_codes[:, :, :t]), gv.codes.transpose(0, 2, 1, 3))
-    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
-    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    assert np.array_equal(hp["v_codes"][:, :, :t], gv.codes.transpose(0, 2, 1, 3))
+    khat = decode_float(hp["k_codes"], hp["k_scales"], p)
+    vhat = decode_float(hp["v_codes"], hp["v_scales"], p)
     scale = 1.0 / math.sqrt(n)
     ref = attention64(q64, khat, vhat, lengths, scale)
     out = cp.asnumpy(cache.attend(cp.asarray(qb.view(np.float16)), out_dtype="fp32"))
@@ -219,8 +221,9 @@ def test_decode_vs_float64(case, quant):
 def test_decode_bf16_and_splits(quant):
     lengths = [20000, 3]
     p, cache, qb, q64, k64, v64 = make_case(2, 16, 2, 128, 64, lengths, dtype="bf16", seed=3, quant=quant)
-    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
-    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    hp = cache.host_planes()
+    khat = decode_float(hp["k_codes"], hp["k_scales"], p)
+    vhat = decode_float(hp["v_codes"], hp["v_scales"], p)
     ref = attention64(q64, khat, vhat, lengths, 0.2)
     budget = _sdpa_bf16_error(q64, k64.transpose(0, 2, 1, 3), v64.transpose(0, 2, 1, 3), lengths, 0.2)
     outs = []
@@ -242,14 +245,16 @@ def test_decode_bf16_and_splits(quant):
 @pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
 def test_decode_zero_length_and_device_lengths(quant):
     p, cache, qb, q64, k64, v64 = make_case(3, 8, 2, 128, 64, [0, 50, 7], seed=5, quant=quant)
-    khat = decode_float(cp.asnumpy(cache.k_codes), cp.asnumpy(cache.k_scales), p)
-    vhat = decode_float(cp.asnumpy(cache.v_codes), cp.asnumpy(cache.v_scales), p)
+    hp = cache.host_planes()
+    khat = decode_float(hp["k_codes"], hp["k_scales"], p)
+    vhat = decode_float(hp["v_codes"], hp["v_scales"], p)
     ref = attention64(q64, khat, vhat, [0, 50, 7], 1 / math.sqrt(128))
     q = cp.asarray(qb.view(np.float16))
     dl = cp.asarray([0, 50, 7], dtype=cp.int32)
     for kw in ({}, {"max_length": 50}):
         o = cp.asnumpy(gpu_ref.decode_attention(q, cache.k_codes, cache.k_scales, cache.v_codes,
-                                                cache.v_scales, dl, p, out_dtype="fp32", **kw))
+                                                cache.v_scales, dl, p, out_dtype="fp32", layout=cache.layout,
+                                                **kw))
         assert np.all(o[0] == 0)
         assert rel_err(o, ref) <= 1e-3
 
@@ -400,7 +405,8 @@ def test_key_front_end_bitexact_corner_inputs(keyf, quant):
 def _packed_planes(cache):
     """The cache's packed planes as contiguous [B, KVH, rows, *] NumPy arrays (gathered through the
     block table when paged)."""
-    planes = [cp.asnumpy(a) for a in (cache.k_codes, cache.k_scales, cache.v_codes, cache.v_scales)]
+    hp = cache.host_planes()  # golden byte order
+    planes = [hp[k] for k in ("k_codes", "k_scales", "v_codes", "v_scales")]
     if cache.page_size is None:
         return planes
     bt = cp.asnumpy(cache.block_table)
@@ -529,6 +535,43 @@ def test_paged_equals_contiguous_and_append_order(page):
         pl = c.plan(16, num_splits=3)
         outs.append(cp.asnumpy(c.run(pl, pl.workspace(), q, out_dtype="fp32")))
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize("page", [None, 16, 64])
+def test_vpair_write_bytes_equal_interleaved_golden(page):
+    """KVCache stores 3-bit values (G = 64) in the vpair order: the write kernel's raw bytes == interleave(golden
+    rows) bit for bit, contiguous and paged, with appends of odd sizes and single tokens (one token of a pair
+    written alone); decode over the vpair planes == decode over the same planes de-interleaved (layout "wire"),
+    bit for bit."""
+    from gpu_ref.layout import deinterleave, interleave
+    lengths = [301, 77]
+    for chunks in (5, 150):
+        cache, q16, k16, v16, mu16, s = _policy_case(2, 16, 2, 128, 64, lengths, kb=4, vb=3, sinks=4,
+                                                      page=page, seed=3, chunks=chunks)
+        assert cache.layout == "vpair"
+        vp, sk = cache.v_params, cache.sinks
+        t = k16.shape[1]
+        gv = encode(v16.view(np.uint16)[:, sk:], vp).codes            # [B, T', KVH, R] golden rows
+        raw = cp.asnumpy(cache.v_codes)
+        wire = np.zeros_like(raw)                                      # the golden rows where the cache put them
+        for b in range(cache.batch):
+            for i in range(t - sk):
+                if page is None:
+                    wire[b, :, i] = gv[b, i]
+                else:
+                    wire[cache._host_table[b, i // page], :, i % page] = gv[b, i]
+        assert np.array_equal(raw, interleave(wire)), f"write kernel bytes != interleave(golden), page {page}"
+        assert np.array_equal(deinterleave(raw), wire)
+        pv = cache.plan(16, num_splits=3)
+        ov = cp.asnumpy(cache.run(pv, pv.workspace(), cp.asarray(q16), out_dtype="fp32"))
+        pw = cache.plan(16, num_splits=3, layout="wire")
+        with pytest.raises(ValueError, match="layout"):
+            cache.run(pw, pw.workspace(), cp.asarray(q16))
+        vw = deinterleave(cache.v_codes)
+        ow = cp.asnumpy(gpu_ref.run(pw, pw.workspace(), cp.asarray(q16), cache.k_codes, cache.k_scales, vw,
+                                    cache.v_scales, cache.lengths, cache.block_table, k_sink=cache.k_sink,
+                                    v_sink=cache.v_sink, out_dtype="fp32"))
+        assert np.array_equal(ov, ow), float(np.abs(ov - ow).max())
 
 
 def test_mqa_70000_tokens():

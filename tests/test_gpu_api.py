@@ -434,16 +434,16 @@ def test_encode_args_struct_matches_header():
     """The host struct (one 8-byte member per field of KvEncodeArgs, read from kv_common.cuh) has the
     member order and layout the kernel expects; values become pointers / null / 64-bit ints."""
     from gpu_ref._build import ENCODE_ARGS, kernel_struct
-    assert ENCODE_ARGS == ("x", "codes", "scales", "flags", "out_rows", "key_tab", "nvec", "key_heads")
+    assert ENCODE_ARGS == ("x", "codes", "scales", "flags", "out_rows", "key_tab", "nvec", "key_heads", "pair_vec")
 
     class FakeArray:
         class data:  # noqa: N801 - mimics cupy's MemoryPointer
             ptr = 0x7F0012345600
     s = kernel_struct(ENCODE_ARGS, x=FakeArray(), codes=None, scales=3, flags=4, out_rows=None, key_tab=None,
-                      nvec=2**40 + 5, key_heads=-1)
-    assert s.dtype.itemsize == 64 and [s.dtype.fields[f][1] for f in ENCODE_ARGS] == list(range(0, 64, 8))
+                      nvec=2**40 + 5, key_heads=-1, pair_vec=8)
+    assert s.dtype.itemsize == 72 and [s.dtype.fields[f][1] for f in ENCODE_ARGS] == list(range(0, 72, 8))
     w = np.frombuffer(s.tobytes(), np.uint64)
-    assert list(w) == [0x7F0012345600, 0, 3, 4, 0, 0, 2**40 + 5, 2**64 - 1]
+    assert list(w) == [0x7F0012345600, 0, 3, 4, 0, 0, 2**40 + 5, 2**64 - 1, 8]
     with pytest.raises(ValueError, match="members"):
         kernel_struct(ENCODE_ARGS, x=None)
 

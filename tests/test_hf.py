@@ -318,10 +318,11 @@ def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
             ref.layers[i].update(k, v)
         lg, kv = ref.layers[i], lk.store.kv
         assert kv.host_lengths.tolist() == [20, 20]
+        hp = kv.host_planes()  # golden byte order (value codes de-interleaved from the vpair layout)
         for kind in "kv":
-            assert np.array_equal(getattr(kv, f"{kind}_codes").get()[:, :, :20], lg.store.codes[kind][:, :, :20, 0]), \
+            assert np.array_equal(hp[f"{kind}_codes"][:, :, :20], lg.store.codes[kind][:, :, :20, 0]), \
                 f"layer {i} {kind} codes"
-            assert np.array_equal(getattr(kv, f"{kind}_scales").get()[:, :, :20], lg.store.scales[kind][:, :, :20, 0])
+            assert np.array_equal(hp[f"{kind}_scales"][:, :, :20], lg.store.scales[kind][:, :, :20, 0])
     err = (logits["cuda"] - logits["golden"]).abs().max() / logits["golden"].abs().max()
     assert err < 2e-2, float(err)          # the kernels take q in 16 bits
 
@@ -365,8 +366,9 @@ def test_packed_prefill_through_kernels_equals_decode_steps_and_golden(spec):
     for i, (lk, rec) in enumerate(zip(chunk.layers, seen)):
         ref.layers[i].update(*rec[0])
         kv, lg = lk.store.kv, ref.layers[i].store
+        hp = kv.host_planes()  # golden byte order
         for kind in "kv":
-            assert np.array_equal(getattr(kv, f"{kind}_codes").get()[:, :, :40 - s0], lg.codes[kind][:, :, s0:40, 0])
+            assert np.array_equal(hp[f"{kind}_codes"][:, :, :40 - s0], lg.codes[kind][:, :, s0:40, 0])
     if s0:
         k16 = ref.layers[0].store.keys_in(seen[0][0][0].to(torch.float16))     # the golden key front end
         assert torch.equal(torch.from_dlpack(chunk.layers[0].store.kv.k_sink.view("float16")),
