@@ -707,7 +707,10 @@ def run_policy(a, result, save, t_start):
 # ---------------------------------------------------------------------------------------------
 # decode kernel work (issue 12): the current kernel against a previous source in the same run
 KERNEL_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 131072), (32, 131072))
-KERNEL_VARIANTS = ({"bits": (3, 3)}, {"bits": (3, 3), "sinks": 4}, {"bits": (4, 3)}, {"bits": (4, 3), "sinks": 4})
+KERNEL_VARIANTS = ({"bits": (3, 3)}, {"bits": (3, 3), "sinks": 4}, {"bits": (4, 3)}, {"bits": (4, 3), "sinks": 4},
+                   {"bits": (3, 3), "sinks": 4, "key_scales": True}, {"bits": (4, 3), "sinks": 4, "key_scales": True})
+#: the decode side of format version 3's policies (FORMAT.md 8): v3 = K3V3 + 4 sinks + key scales (q / s in the
+#: kernel: a plan with key_scales feeds q~ as two fp16 parts); centering needs nothing at decode time
 
 
 class kernel_source:  # noqa: N801 - used as a context manager
@@ -754,9 +757,11 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
     rows = []
     for vi, var in enumerate(variants):
         kb, vb = var["bits"]
-        sinks = var.get("sinks", 0)
+        sinks, kscale = var.get("sinks", 0), bool(var.get("key_scales"))
         kp, vp = qparams("midrise", "nearest", bits=kb), qparams("midrise", "nearest", bits=vb)
         packed, sets, cap, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, None, cp.float32)
+        # key scales 2^e, e in [-2, 2] per channel (the calibrated tables' spread): q_scale = 1 / s
+        qs = (cp.exp2(-cp.random.randint(-2, 3, (kvh, n)).astype(cp.float32)) if kscale else None)
         n_sets = len(sets)
         # the random value planes are read as vpair by the current kernel (KVCache's layout); the wire path and the
         # baseline sources read the same values de-interleaved (gpu_ref.layout), so every output is comparable
@@ -765,14 +770,15 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
         for ns in (splits if vi == 0 else (None,)):  # split counts: first variant only
             def mk(layout=lay, **tune):
                 return gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
-                                    capacity=cap, num_splits=ns, tune=tune or None, layout=layout)
+                                    capacity=cap, num_splits=ns, tune=tune or None, layout=layout,
+                                    key_scales=kscale)
             pl = mk()  # the defaults (cluster merge where the planner picks it)
             pw = mk(cluster=0)
             ws = pw.workspace()
             impls = [("new", pl, None)]
-            if lay == "vpair" and ns is None and not cluster and not sinks:
+            if lay == "vpair" and ns is None and not cluster and not sinks and not kscale:
                 impls.append(("wire", mk(layout="wire"), None))  # the same source on the golden order (round 9's loop)
-            k33 = (kb, vb) == (3, 3) and ns is None
+            k33 = (kb, vb) == (3, 3) and ns is None and not kscale
             for bname, bdir in baseline or ():
                 if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
                     pw0 = mk(layout="wire", cluster=0)
@@ -803,7 +809,7 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                     if legacy:  # a source before round 9: positional kernel arguments
                         return legacy_run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, sk, sv, out)
                     return gpu_ref.run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
-                                       out_dtype="fp32", layout=p_.layout)
+                                       out_dtype="fp32", layout=p_.layout, q_scale=qs)
                 ctx = kernel_source(src) if src else None
                 try:
                     if ctx:
@@ -814,7 +820,8 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 finally:
                     if ctx:
                         ctx.__exit__()
-                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "layout": p_.layout,
+                rows.append({"impl": name, "bits": f"K{kb}V{vb}", "sinks": sinks, "key_scales": kscale,
+                             "layout": p_.layout,
                              "num_splits": p_.num_splits,
                              "partials": p_.partials, "kernel": p_.kind, "targs": list(p_.targs), "split_arg": ns,
                              "ms": ms, "all_ms": times, "timing": how,

@@ -165,9 +165,10 @@ def plot_policy(r, dst):
     print(policy_table(r))
 
 
-def _kernel_ms(row, impl, bits="K3V3", sinks=0):
+def _kernel_ms(row, impl, bits="K3V3", sinks=0, key_scales=False):
     for x in row.get("rows", []):
-        if x["impl"] == impl and x["bits"] == bits and x["sinks"] == sinks and x["split_arg"] is None:
+        if (x["impl"] == impl and x["bits"] == bits and x["sinks"] == sinks and x["split_arg"] is None
+                and bool(x.get("key_scales")) == key_scales):
             return x["ms"]
     return float("nan")
 
@@ -185,14 +186,17 @@ def kernel_table(r) -> str:
     names = r.get("provenance", {}).get("impls", {})
     impls = _impl_order(rows, names)
     head = ["batch", "context"] + [f"{names.get(i, i)} us" for i in impls] + ["SDPA bf16 us"] + \
-        [f"speed-up {i}" for i in impls] + ["+4 sinks ('new' source)"]
+        [f"speed-up {i}" for i in impls] + ["+4 sinks ('new' source)", "v3 us (4 sinks + key scales)",
+                                             "v3 speed-up"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in rows:
         ms = [_kernel_ms(d, i) for i in impls]
         sd = d.get("sdpa_bf16_ms") or float("nan")
         sink = _kernel_ms(d, "new", sinks=4) / _kernel_ms(d, "new") - 1
+        v3 = _kernel_ms(d, "new", sinks=4, key_scales=True)
         out.append("| " + " | ".join([str(d["batch"]), f"{d['context'] // 1024}K"] + [f"{m * 1e3:.2f}" for m in ms]
-                                      + [f"{sd * 1e3:.2f}"] + [f"{sd / m:.2f}x" for m in ms] + [f"{100 * sink:+.1f}%"]) + " |")
+                                      + [f"{sd * 1e3:.2f}"] + [f"{sd / m:.2f}x" for m in ms] + [f"{100 * sink:+.1f}%"]
+                                      + [f"{v3 * 1e3:.2f}", f"{sd / v3:.2f}x"]) + " |")
     return "\n".join(out)
 
 
