@@ -39,7 +39,7 @@ import cupy as cp  # noqa: E402
 
 import gpu_ref  # noqa: E402
 import test_gpu as T  # noqa: E402  (the policy-case helpers: reference, SDPA budget)
-from kvtest.gpu_cases import qparams, rel_err  # noqa: E402
+from kvtest.gpu_cases import key_scale_rho, qparams, rel_err  # noqa: E402
 from sim_models.fwht import hadamard  # noqa: E402
 
 
@@ -78,16 +78,7 @@ def diagnostics(q16, k16, s, kvh, lengths):
     bsz, hq, n = q16.shape
     grp = hq // kvh
     qs = q16.astype(np.float64) / np.repeat(s.astype(np.float64), grp, axis=0)[None]   # q / s  [B, Hq, N]
-    num = den = 0.0
-    for b in range(bsz):
-        L = int(lengths[b])
-        kk = k16[b, :L].astype(np.float64)                                             # [L, KVH, N]
-        ks = kk * s[None].astype(np.float64)
-        for h in range(hq):
-            g = h // grp
-            num += np.sum((np.linalg.norm(qs[b, h]) * np.linalg.norm(ks[:, g], axis=1)) ** 2)
-            den += n * np.sum((q16[b, h].astype(np.float64)[None] * kk[:, g]) ** 2)
-    rho = math.sqrt(num / den)
+    rho = key_scale_rho(q16, k16, s, lengths)
     qt = (qs.reshape(-1, n) @ hadamard(n).T).astype(np.float32)                          # rotated, unnormalised
     mx = np.abs(qt).max(axis=1, keepdims=True)
     eq = np.floor(np.log2(mx)) + 1 - 5                    # the kernel's eq: max |q~| 2^(10 - eq) in [2^14, 2^15)

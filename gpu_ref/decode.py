@@ -23,11 +23,15 @@ in the token-pair order of :mod:`gpu_ref.layout` (``layout="vpair"``, what :clas
 a plan is made for one of them and :func:`run` refuses planes declared in the other.
 
 Numerical budget (docs/FORMAT.md, implementation notes): K codes enter the tensor cores exactly, q~ as
-one fp16 part, or two (``qlo``; the default for plans with ``key_scales``, whose q / s with |log2 s| up to
-3 needs them, and for bf16 q, whose data leave SDPA bf16 a smaller error), softmax weights times V scales
-as fp16, fp32 accumulation. The relative error against a float64 reference over the same dequantized
-cache must not exceed torch SDPA bf16's own error against float64 on unquantized K/V of the same shape
-(tests/test_gpu.py measures both).
+one fp16 part (a power of two per head puts its largest entry in [2^14, 2^15); undone on the fp32 logits), or two
+(``qlo``; the default for bf16 q, whose data leave SDPA bf16 a smaller error), softmax weights times V scales
+as fp16, fp32 accumulation. With key scales s the one-part error grows with
+``rho = rms(|q / s| |k s|) / rms(sqrt(N) |q * k|)`` (channel products q * k), not with the exponents of s: q~ is
+rotated, so its fp16 rounding error is isotropic over the channels. Scales calibrated as FORMAT.md 8 says
+(``s ~ (E q^2 / E k^2)^(1/4)``) give rho ~ 1 at any |log2 s| <= 14; random scales over |log2 s| <= 3 about 12, still
+within the budget with one part (bench/GPU_NOTES.md, round 11). The relative error against a float64 reference
+over the same dequantized cache must not exceed torch SDPA bf16's own error against float64 on unquantized K/V of
+the same shape (tests/test_gpu.py measures both).
 """
 
 from __future__ import annotations
@@ -77,14 +81,21 @@ def wave_splits(pairs: int, slots: int, tiles: int, cap: int) -> int:
     best = min(costs)
     return next(ns for ns, c in zip(counts, costs) if c <= best * (1 + SPLIT_GAIN))
 
-#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off (None: on for plans
-#: with ``key_scales`` or bf16 q only -- one fp16 part keeps the error within the budget for fp16 q without
-#: key scales, not with them, and not always for bf16 data: bench/GPU_NOTES.md, rounds 7 and 9), ablation
+#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off (None: on for bf16 q only --
+#: one fp16 part keeps the error within the budget for fp16 q, with or without key scales, not always for bf16
+#: data: bench/GPU_NOTES.md, rounds 7, 9 and 11), ablation
 #: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: a plan with 2..8
 #: partials whose grid fits one CTA per multiprocessor runs each (batch, head tile)'s partials as one
 #: thread-block cluster, padded to 2, 4 or 8, merged in distributed shared memory instead of the
 #: workspace; 0: never. Larger grids lose occupancy to clusters: bench/GPU_NOTES.md, round 8).
 DECODE_TUNE = {"minb": 2, "qlo": None, "abl": 0, "cluster": 1}
+#: the 12-warp tune (3 CTAs per SM, 2 pipeline stages) that :func:`plan` picks for long splits: N = 128, one q~
+#: part, no ``precise_p``, 3 CTAs fit in shared memory (K3V3, K4V3), and the plan under this tune gives every
+#: split at least ``LONG_CHUNK`` tokens. H200, K3V3 GQA 64/8 at 128K, same split counts under both tunes
+#: (bench/results/gpu_tune12_r11.json): 12 warps -1.4..-14.6 % at B8/B16/B32; at B1/32K, B1/128K and B8/4K the
+#: 12-warp plan's shorter splits (<= 2.7K tokens) were 9..34 % slower (run 23)
+LONG_TUNE = {"minb": 3, "stages": 2}
+LONG_CHUNK = 16384
 
 
 #: the kernel's parameter struct ``KvDecParams`` (kv_decode_attn.cu), field by field in its order, with C
@@ -236,7 +247,7 @@ class DecodePlan:
     max_pages: int
     sinks: int
     num_splits: int
-    #: planned for a q_scale (key scales) at run time; such plans feed q~ as two fp16 parts by default
+    #: planned for a q_scale (key scales) at run time
     key_scales: bool
     #: type of q at run time, "fp16" or "bf16" (bf16 plans feed q~ as two fp16 parts by default)
     q_dtype: str
@@ -286,10 +297,11 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         sinks: fp16 sink tokens per sequence (0..64).
         num_splits: split-KV factor (default: one wave of CTAs, clamped to the merge limit).
         precise_p: also split the softmax weights into two fp16 parts.
-        key_scales: :func:`run` will get a ``q_scale`` (per-channel key scales); picks two fp16 q~ parts
-            unless ``tune`` sets ``qlo``.
-        q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts too).
-        stages, tune: kernel tuning (benchmarks).
+        key_scales: :func:`run` will get a ``q_scale`` (per-channel key scales).
+        q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts unless
+            ``tune`` sets ``qlo``).
+        stages, tune: kernel tuning (benchmarks). Without them (and without ``precise_p``), an N = 128 plan with one
+            q~ part takes ``LONG_TUNE`` (12 warps per SM) when that gives every split >= ``LONG_CHUNK`` tokens.
         num_sms: multiprocessors to plan for (default: the current device's).
         layout: order of the value code plane, "wire" (golden bytes) or "vpair" (:mod:`gpu_ref.layout`;
             3-bit values, G = 64).
@@ -301,6 +313,17 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         ValueError: a bad shape, length bound, page size, sink count or split count (named).
     """
     kp, vp = check_kv_pair(k_params, v_params)
+    user = tune if isinstance(tune, dict) else {}
+    qlo = user.get("qlo", DECODE_TUNE["qlo"])
+    if (kp.n == 128 and stages is None and not precise_p and not set(LONG_TUNE) & set(user)
+            and (qlo == 0 or (qlo is None and q_dtype == "fp16"))
+            and 3 * (_smem(kp, vp, LONG_TUNE["stages"])[0] + 1024) <= 228 * 1024):
+        p12 = plan(kp, vp, batch=batch, q_heads=q_heads, kv_heads=kv_heads, max_length=max_length,
+                   capacity=capacity, page_size=page_size, max_pages=max_pages, sinks=sinks, num_splits=num_splits,
+                   tune=dict(user, **LONG_TUNE), num_sms=num_sms, key_scales=key_scales, q_dtype=q_dtype,
+                   layout=layout)
+        if p12.chunk >= LONG_CHUNK:
+            return p12
     bsz = _pos_int("batch", batch)
     hq = _pos_int("q_heads", q_heads)
     kvh = _pos_int("kv_heads", kv_heads)
@@ -341,8 +364,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         raise ValueError(f"key_scales must be a bool, got {key_scales!r}")
     if q_dtype not in ("fp16", "bf16"):
         raise ValueError(f"q_dtype must be 'fp16' or 'bf16', got {q_dtype!r}")
-    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size,
-                                            bool(key_scales) or q_dtype == "bf16", layout)
+    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size, q_dtype == "bf16", layout)
     # the last CTA stages (m, l) of every partial in one warp region; a plan with more than SINK_FOLD sinks
     # has one more partial (the sink CTA) than token splits
     hs = 1 if s > SINK_FOLD else 0
@@ -425,7 +447,7 @@ def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, 
                          f"(plan(..., layout={layout!r}))")
     if q_scale is not None and not pl.key_scales:
         raise ValueError("q_scale given, but the plan was made with key_scales=False (plan(..., key_scales=True) "
-                         "picks the q precision key scales need)")
+                         "plans for it)")
     cp = cupy()
     kp, vp = pl.k_params, pl.v_params
     n = kp.n

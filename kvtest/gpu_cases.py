@@ -2,7 +2,8 @@
 
 The quantizers the kernels implement (:data:`QUANTIZERS`, the presets first),
 decode-attention cases (:func:`make_case`; needs CuPy and a device), the float64
-attention reference (:func:`attention64`) and the error measure (:func:`rel_err`).
+attention reference (:func:`attention64`), the error measure (:func:`rel_err`) and the conditioning of
+key scales (:func:`key_scale_rho`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,29 @@ def attention64(q, k, v, lengths, scale):
 def rel_err(a, b):
     """||a - b|| / ||b|| (Frobenius; b == 0 counts as 1e-300)."""
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def key_scale_rho(q16, k16, s, lengths) -> float:
+    """rms(|q / s| |k s|) / rms(sqrt(N) |q * k|) over (query head, token), ``q * k`` the channel products.
+
+    The factor by which per-channel key scales s grow one fp16 q~ part's error (isotropic over the channels
+    after the rotation: ~2^-12 |q / s| |k s| / sqrt(N) per logit) relative to SDPA bf16's (~2^-9 |q * k|);
+    1 for balanced channels without scales or with calibrated ones. q16 [B, Hq, N], k16 [B, T, KVH, N]
+    (unscaled keys), s [KVH, N] or None.
+    """
+    bsz, hq, n = q16.shape
+    kvh = k16.shape[2]
+    grp = hq // kvh
+    sv = np.ones((kvh, n)) if s is None else np.asarray(s, np.float64)
+    q = q16.astype(np.float64)
+    num = den = 0.0
+    for b in range(bsz):
+        kk = k16[b, :int(lengths[b])].astype(np.float64)                      # [L, KVH, N]
+        for h in range(hq):
+            g = h // grp
+            num += np.sum((np.linalg.norm(q[b, h] / sv[g]) * np.linalg.norm(kk[:, g] * sv[g], axis=1)) ** 2)
+            den += n * np.sum((q[b, h][None] * kk[:, g]) ** 2)
+    return float(np.sqrt(num / den)) if den > 0 else 1.0
 
 
 def make_case(bsz, hq, kvh, n, g, lengths, dtype="fp16", seed=0, quant=QUANTIZERS[0]):
