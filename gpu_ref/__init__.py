@@ -55,7 +55,7 @@ below ``max|y|/K``).
 
 Decode accuracy: K codes enter the tensor cores exactly (``1 + (c+T) 2^(o-10)`` in fp16,
 T = 2^(b-1), the constant removed through the accumulator start value); q~ enters as one fp16 part,
-or as two (~22 bits) for bf16 q (or ``tune={"qlo": 1}``); softmax weights times V
+or as two (~22 bits) for plans with ``key_scales`` and for bf16 q (or ``tune={"qlo": 1}``); softmax weights times V
 scales enter as fp16 (``precise_p=True`` splits them too); accumulation is fp32. Budget: no worse than torch SDPA bf16's
 own error against float64 (see gpu_ref.decode and tests/test_gpu.py).
 

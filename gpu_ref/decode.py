@@ -24,12 +24,14 @@ a plan is made for one of them and :func:`run` refuses planes declared in the ot
 
 Numerical budget (docs/FORMAT.md, implementation notes): K codes enter the tensor cores exactly, q~ as
 one fp16 part (a power of two per head puts its largest entry in [2^14, 2^15); undone on the fp32 logits), or two
-(``qlo``; the default for bf16 q, whose data leave SDPA bf16 a smaller error), softmax weights times V scales
-as fp16, fp32 accumulation. With key scales s the one-part error grows with
-``rho = rms(|q / s| |k s|) / rms(sqrt(N) |q * k|)`` (channel products q * k), not with the exponents of s: q~ is
-rotated, so its fp16 rounding error is isotropic over the channels. Scales calibrated as FORMAT.md 8 says
-(``s ~ (E q^2 / E k^2)^(1/4)``) give rho ~ 1 at any |log2 s| <= 14; random scales over |log2 s| <= 3 about 12, still
-within the budget with one part (bench/GPU_NOTES.md, round 11). The relative error against a float64 reference
+(``qlo``; the default for plans with ``key_scales`` and for bf16 q, whose data leave SDPA bf16 a smaller error),
+softmax weights times V scales as fp16, fp32 accumulation. With key scales s the one-part error grows with
+``rho = rms(|q / s| |k s|) / rms(sqrt(N) |q * k|)`` (kvtest.gpu_cases.key_scale_rho; channel products q * k), not
+with the exponents of s: q~ is rotated, so its fp16 rounding error is isotropic over the channels (no entry is
+subnormal). Scales calibrated as FORMAT.md 8 says (``s ~ (E q^2 / E k^2)^(1/4)``) give rho ~ 1 and one part ~1/10
+of the budget at any |log2 s| <= 14; scales drawn independently of q and k (the tests' data, |log2 s| <= 3) give
+rho ~ 12, and one part exceeded the budget on some shapes, so two parts stay the default there
+(bench/GPU_NOTES.md, round 11). The relative error against a float64 reference
 over the same dequantized cache must not exceed torch SDPA bf16's own error against float64 on unquantized K/V of
 the same shape (tests/test_gpu.py measures both).
 """
@@ -81,21 +83,26 @@ def wave_splits(pairs: int, slots: int, tiles: int, cap: int) -> int:
     best = min(costs)
     return next(ns for ns, c in zip(counts, costs) if c <= best * (1 + SPLIT_GAIN))
 
-#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off (None: on for bf16 q only --
-#: one fp16 part keeps the error within the budget for fp16 q, with or without key scales, not always for bf16
-#: data: bench/GPU_NOTES.md, rounds 7, 9 and 11), ablation
+#: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off (None: on for plans
+#: with ``key_scales`` or bf16 q only -- one fp16 part keeps the error within the budget for fp16 q without
+#: key scales, not with uncalibrated ones (rho ~ 12), and not always for bf16 data: bench/GPU_NOTES.md, rounds 7,
+#: 9 and 11), ablation
 #: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: a plan with 2..8
 #: partials whose grid fits one CTA per multiprocessor runs each (batch, head tile)'s partials as one
 #: thread-block cluster, padded to 2, 4 or 8, merged in distributed shared memory instead of the
 #: workspace; 0: never. Larger grids lose occupancy to clusters: bench/GPU_NOTES.md, round 8).
 DECODE_TUNE = {"minb": 2, "qlo": None, "abl": 0, "cluster": 1}
 #: the 12-warp tune (3 CTAs per SM, 2 pipeline stages) that :func:`plan` picks for long splits: N = 128, one q~
-#: part, no ``precise_p``, 3 CTAs fit in shared memory (K3V3, K4V3), and the plan under this tune gives every
-#: split at least ``LONG_CHUNK`` tokens. H200, K3V3 GQA 64/8 at 128K, same split counts under both tunes
-#: (bench/results/gpu_tune12_r11.json): 12 warps -1.4..-14.6 % at B8/B16/B32; at B1/32K, B1/128K and B8/4K the
-#: 12-warp plan's shorter splits (<= 2.7K tokens) were 9..34 % slower (run 23)
+#: part, no ``precise_p``, 3 CTAs fit in shared memory (K3V3, K4V3), the plan under this tune gives every split at
+#: least ``LONG_CHUNK`` tokens, and its CTAs load the multiprocessors evenly (total >= ``LONG_BALANCE`` x SMs x the
+#: most on one SM). H200 (bench/results/gpu_tune12_r11.json, gpu_rule12_r11.json): at equal split counts 12 warps
+#: -1.4..-14.6 % (B8/B16/B32 at 128K); the rule against 8 warps -0.6..-9 % where it picks 12 (B8..B128, 32K..128K,
+#: GQA 64/8 and 32/8, K4V3, pages 16 and 64); the 12-warp plan's short splits (<= 2.7K tokens: B1/32K, B1/128K,
+#: B8/4K) were 9..34 % slower (run 23), its uneven single waves (B35 / B40 at 128K, GQA 32/8: 280 / 320 CTAs on 132
+#: SMs) +22 / +7 %
 LONG_TUNE = {"minb": 3, "stages": 2}
 LONG_CHUNK = 16384
+LONG_BALANCE = 0.9
 
 
 #: the kernel's parameter struct ``KvDecParams`` (kv_decode_attn.cu), field by field in its order, with C
@@ -247,7 +254,7 @@ class DecodePlan:
     max_pages: int
     sinks: int
     num_splits: int
-    #: planned for a q_scale (key scales) at run time
+    #: planned for a q_scale (key scales) at run time; such plans feed q~ as two fp16 parts by default
     key_scales: bool
     #: type of q at run time, "fp16" or "bf16" (bf16 plans feed q~ as two fp16 parts by default)
     q_dtype: str
@@ -297,9 +304,9 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         sinks: fp16 sink tokens per sequence (0..64).
         num_splits: split-KV factor (default: one wave of CTAs, clamped to the merge limit).
         precise_p: also split the softmax weights into two fp16 parts.
-        key_scales: :func:`run` will get a ``q_scale`` (per-channel key scales).
-        q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts unless
-            ``tune`` sets ``qlo``).
+        key_scales: :func:`run` will get a ``q_scale`` (per-channel key scales); picks two fp16 q~ parts
+            unless ``tune`` sets ``qlo``.
+        q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts too).
         stages, tune: kernel tuning (benchmarks). Without them (and without ``precise_p``), an N = 128 plan with one
             q~ part takes ``LONG_TUNE`` (12 warps per SM) when that gives every split >= ``LONG_CHUNK`` tokens.
         num_sms: multiprocessors to plan for (default: the current device's).
@@ -316,13 +323,15 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     user = tune if isinstance(tune, dict) else {}
     qlo = user.get("qlo", DECODE_TUNE["qlo"])
     if (kp.n == 128 and stages is None and not precise_p and not set(LONG_TUNE) & set(user)
-            and (qlo == 0 or (qlo is None and q_dtype == "fp16"))
+            and (qlo == 0 or (qlo is None and q_dtype == "fp16" and not key_scales))
             and 3 * (_smem(kp, vp, LONG_TUNE["stages"])[0] + 1024) <= 228 * 1024):
         p12 = plan(kp, vp, batch=batch, q_heads=q_heads, kv_heads=kv_heads, max_length=max_length,
                    capacity=capacity, page_size=page_size, max_pages=max_pages, sinks=sinks, num_splits=num_splits,
                    tune=dict(user, **LONG_TUNE), num_sms=num_sms, key_scales=key_scales, q_dtype=q_dtype,
                    layout=layout)
-        if p12.chunk >= LONG_CHUNK:
+        ctas = p12.batch * p12.kv_heads * p12.head_tiles * p12.partials
+        sms = int(num_sms) if num_sms is not None else cupy().cuda.Device().attributes["MultiProcessorCount"]
+        if p12.chunk >= LONG_CHUNK and ctas >= LONG_BALANCE * sms * -(-ctas // sms):
             return p12
     bsz = _pos_int("batch", batch)
     hq = _pos_int("q_heads", q_heads)
@@ -364,7 +373,8 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         raise ValueError(f"key_scales must be a bool, got {key_scales!r}")
     if q_dtype not in ("fp16", "bf16"):
         raise ValueError(f"q_dtype must be 'fp16' or 'bf16', got {q_dtype!r}")
-    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size, q_dtype == "bf16", layout)
+    targs, smem, minb, wreg = kernel_params(kp, vp, precise_p, stages, tune, page_size,
+                                            bool(key_scales) or q_dtype == "bf16", layout)
     # the last CTA stages (m, l) of every partial in one warp region; a plan with more than SINK_FOLD sinks
     # has one more partial (the sink CTA) than token splits
     hs = 1 if s > SINK_FOLD else 0

@@ -515,46 +515,47 @@ def test_policy_writes_bitexact_and_decode_within_budget(case, kb, vb):
     scale = 1.0 / math.sqrt(n)
     ref = _reference(cache, q16, lengths, scale)
     pl = cache.plan(hq)
-    assert pl.targs[9] == "0"                                  # one fp16 q~ part, with or without key scales
     ws = pl.workspace()
     out = cp.asnumpy(cache.run(pl, ws, cp.asarray(q16), out_dtype="fp32"))
     err = rel_err(out, ref)
     budget = _sdpa_bf16_error(q16, k16, v16, lengths, scale)
-    pl2 = cache.plan(hq, tune={"qlo": 1})
-    err2 = rel_err(cp.asnumpy(cache.run(pl2, pl2.workspace(), cp.asarray(q16), out_dtype="fp32")), ref)
+    pl0 = cache.plan(hq, tune={"qlo": 0})
+    err0 = rel_err(cp.asnumpy(cache.run(pl0, pl0.workspace(), cp.asarray(q16), out_dtype="fp32")), ref)
     rho = key_scale_rho(q16, k16, s, lengths)
-    print(f"\n{case} K{kb}V{vb}: kernel vs float64(cache) {err:.2e} (two q parts: {err2:.2e}); "
+    print(f"\n{case} K{kb}V{vb}: kernel vs float64(cache) {err:.2e} (one q part: {err0:.2e}); "
           f"SDPA bf16 vs float64 {budget:.2e}; rho {rho:.3g}")
-    # the budget; and a guard 1e-3 (measured <= 8.6e-4 without key scales) grown by the key scales' rho
-    # (the tests' random scales: ~12; one part's error grows with it, bench/GPU_NOTES.md round 11)
-    assert err <= budget and err <= 1e-3 * max(1.0, rho), (err, budget, rho)
-    assert err2 <= budget and err2 <= 1e-3, (err2, budget)
+    assert err <= budget and err <= 1e-3, (err, budget)
+    if not kscale:
+        # one fp16 q part is within the budget without key scales; with these scales (|log2 s| <= 3, drawn
+        # independently of q and k: rho ~ 12) its error grows ~rho-fold (bench/GPU_NOTES.md, round 11)
+        assert err0 <= budget, (err0, budget)
     assert np.all(out[np.asarray(lengths) == 0] == 0)
 
 
 @pytest.mark.parametrize("kb,vb", [(3, 3), (4, 3)], ids=["K3V3", "K4V3"])
 @pytest.mark.parametrize("e_max,calibrated", [(4, True), (14, True), (14, False)],
                          ids=["calibrated-e4", "calibrated-e14", "random-e14"])
-def test_key_scales_extreme_exponents_one_q_part_within_budget(e_max, calibrated, kb, vb):
+def test_key_scales_extreme_exponents_within_budget(e_max, calibrated, kb, vb):
     """Key scales 2^e with e in [-e_max, e_max], both extremes and both signs present in every kv head: the
-    default plan (one fp16 q~ part) within SDPA bf16's error. Calibrated scales keep rho ~ 1 (q / s and k s
-    balanced) at |e| up to 14; random ones at |e| <= 14 make rho ~ 1e7 -- the scaled keys saturate fp16 and the
-    softmax is one-hot, both exact."""
+    default plan (two fp16 q~ parts) within SDPA bf16's error; calibrated scales (q / s and k s balanced: rho ~ 1)
+    also with one part at |e| up to 14. Random scales at |e| <= 14 (rho ~ 1e7) saturate the scaled keys in fp16 and
+    make the softmax one-hot."""
     lengths = [1000, 300]
     cache, q16, k16, v16, mu16, s = _policy_case(2, 32, 8, 128, 64, lengths, kb, vb, 4, True, True, None,
                                                   seed=21, e_max=e_max, calibrated=calibrated)
     scale = 1.0 / math.sqrt(128)
     ref = _reference(cache, q16, lengths, scale)
-    pl = cache.plan(32)
-    assert pl.targs[9] == "0"
-    err = rel_err(cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32")), ref)
     budget = _sdpa_bf16_error(q16, k16, v16, lengths, scale)
+    errs = {}
+    for qlo in (None, 0):
+        pl = cache.plan(32, tune=None if qlo is None else {"qlo": qlo})
+        errs[qlo] = rel_err(cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32")), ref)
     rho = key_scale_rho(q16, k16, s, lengths)
-    print(f"\nkey scales e_max {e_max} calibrated {calibrated} K{kb}V{vb}: one q part {err:.2e}, SDPA bf16 "
-          f"{budget:.2e}, rho {rho:.3g}")
-    assert err <= budget, (err, budget, rho)
+    print(f"\nkey scales e_max {e_max} calibrated {calibrated} K{kb}V{vb}: two q parts {errs[None]:.2e}, one "
+          f"{errs[0]:.2e}, SDPA bf16 {budget:.2e}, rho {rho:.3g}")
+    assert errs[None] <= budget, (errs, budget, rho)
     if calibrated:
-        assert rho < 1.5 and err <= 1e-3, (err, rho)
+        assert rho < 1.5 and errs[0] <= budget, (errs, budget, rho)
 
 
 @pytest.mark.parametrize("page", [16, 32, 64, 128])

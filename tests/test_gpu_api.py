@@ -380,21 +380,45 @@ def test_plan_fills_the_last_wave_as_measured():
     assert len(result["waves"]) >= 6
 
 
-def test_plan_q_parts_follow_q_dtype():
-    """One fp16 q~ part for fp16 q, with or without key scales (within the SDPA-bf16 budget, tests/test_gpu.py),
-    two for bf16 q; ``tune`` overrides; a q_scale on a plan made without key_scales is refused before any GPU
-    work."""
+def test_plan_q_parts_follow_key_scales():
+    """One fp16 q~ part for fp16 q without key scales (within the SDPA-bf16 budget, tests/test_gpu.py), two
+    with them or for bf16 q (round 11: scales drawn independently of q and k push one part over the budget);
+    ``tune`` overrides; a q_scale on a plan made without key_scales is refused before any GPU work."""
     p = FormatParams()
     args = dict(batch=2, q_heads=8, kv_heads=2, max_length=1000, num_sms=132)
     qlo = 9  # template argument QLO of kv_decode_attn
     assert gpu_ref.plan(p, **args).targs[qlo] == "0"
-    assert gpu_ref.plan(p, key_scales=True, **args).targs[qlo] == "0"
+    assert gpu_ref.plan(p, key_scales=True, **args).targs[qlo] == "1"
     assert gpu_ref.plan(p, tune={"qlo": 1}, **args).targs[qlo] == "1"
-    assert gpu_ref.plan(p, key_scales=True, tune={"qlo": 1}, **args).targs[qlo] == "1"
+    assert gpu_ref.plan(p, key_scales=True, tune={"qlo": 0}, **args).targs[qlo] == "0"
     assert gpu_ref.plan(p, q_dtype="bf16", **args).targs[qlo] == "1"
-    assert gpu_ref.plan(p, q_dtype="bf16", key_scales=True, **args).targs[qlo] == "1"
     with pytest.raises(ValueError, match="key_scales"):
         gpu_ref.run(gpu_ref.plan(p, **args), None, None, None, None, None, None, None, q_scale=object())
+
+
+def test_plan_picks_12_warps_for_long_even_splits():
+    """LONG_TUNE where the rule picks it on the H200 (bench/results/gpu_rule12_r11.json), 8 warps elsewhere:
+    short splits, uneven single waves, two q~ parts, explicit tunes, N != 128, K4V4 (3 CTAs do not fit)."""
+    p3, p4 = FormatParams(n=128, bits=3), FormatParams(n=128, bits=4)
+
+    def minb(batch, t, hq=64, kp=p3, vp=p3, **kw):
+        return gpu_ref.plan(kp, vp, batch=batch, q_heads=hq, kv_heads=8, max_length=t, num_sms=132, **kw).targs[8]
+    for b, t, hq in ((8, 131072, 64), (8, 131072, 32), (16, 131072, 64), (32, 131072, 64), (64, 131072, 64),
+                     (128, 32768, 64), (48, 131072, 32)):
+        assert minb(b, t, hq) == "3", (b, t, hq)
+    assert minb(8, 131072, kp=p4) == "3"
+    for b, t, hq in ((1, 4096, 64), (1, 32768, 64), (1, 131072, 64), (8, 4096, 64), (4, 131072, 64),
+                     (35, 131072, 32), (40, 131072, 32)):
+        assert minb(b, t, hq) == "2", (b, t, hq)
+    assert minb(8, 131072, key_scales=True) == "2"
+    assert minb(8, 131072, q_dtype="bf16") == "2"
+    assert minb(8, 131072, tune={"qlo": 1}) == "2"
+    assert minb(8, 131072, precise_p=True) == "2"
+    assert minb(8, 131072, tune={"minb": 2}) == "2"
+    assert minb(8, 131072, kp=p4, vp=p4) == "2"
+    assert minb(8, 131072, key_scales=True, tune={"qlo": 0}) == "3"
+    pl = gpu_ref.plan(p3, p3, batch=8, q_heads=64, kv_heads=8, max_length=131072, num_sms=132)
+    assert pl.targs[5] == "2" and pl.num_splits == 6
 
 
 def test_plan_refusals_name_the_parameter():
