@@ -96,10 +96,10 @@ DECODE_TUNE = {"minb": 2, "qlo": None, "abl": 0, "cluster": 1}
 #: part, no ``precise_p``, 3 CTAs fit in shared memory (K3V3, K4V3), the plan under this tune gives every split at
 #: least ``LONG_CHUNK`` tokens, and its CTAs load the multiprocessors evenly (total >= ``LONG_BALANCE`` x SMs x the
 #: most on one SM). H200 (bench/results/gpu_tune12_r11.json, gpu_rule12_r11.json): at equal split counts 12 warps
-#: -1.4..-14.6 % (B8/B16/B32 at 128K); the rule against 8 warps -0.6..-9 % where it picks 12 (B8..B128, 32K..128K,
-#: GQA 64/8 and 32/8, K4V3, pages 16 and 64); the 12-warp plan's short splits (<= 2.7K tokens: B1/32K, B1/128K,
-#: B8/4K) were 9..34 % slower (run 23), its uneven single waves (B35 / B40 at 128K, GQA 32/8: 280 / 320 CTAs on 132
-#: SMs) +22 / +7 %
+#: -1.4..-14.6 % (B8/B16/B32 at 128K); the rule against 8 warps -0.9..-10.8 % where it picks 12 (B8..B128,
+#: 32K..128K, GQA 64/8 and 32/8, K4V3, pages 16 and 64), a tie at B32/32K (+1.3 %, reps +4.1 / -1.6 %); the 12-warp
+#: plan's short splits (<= 2.7K tokens: B1/32K, B1/128K, B8/4K) were 9..34 % slower (run 23), its uneven single
+#: waves (B35 / B40 at 128K, GQA 32/8: 280 / 320 CTAs on 132 SMs) +22 / +7 %
 LONG_TUNE = {"minb": 3, "stages": 2}
 LONG_CHUNK = 16384
 LONG_BALANCE = 0.9

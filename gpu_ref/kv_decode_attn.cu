@@ -1296,4 +1296,10 @@ KV_DEC_VPAIR(64, 4)
 KV_DEC_VPAIR(256, 2)
 KV_DEC_INSTV(128, 3, 3, 1, 1, 4) KV_DEC_INSTV(128, 4, 3, 1, 1, 4) KV_DEC_INSTV(128, 3, 3, 1, 1, 2)
 KV_DEC_INSTV(128, 3, 3, 0, 1, 4) KV_DEC_INSTV(128, 4, 3, 0, 1, 2)
+// the 12-warp tune the planner picks for long, even splits (decode.py LONG_TUNE: MINB 3, 2 stages; one q~ part,
+// mid-rise), both value orders, contiguous and paged
+#define KV_DEC_LONG(KB_, PS_, VIL_) \
+  template __global__ void kv_decode_attn<128, 64, KB_, 3, 0, 2, 0ull, 1, 3, 0, 0, 1, PS_, VIL_> KV_DEC_SIG;
+KV_DEC_LONG(3, 1, 0) KV_DEC_LONG(4, 1, 0) KV_DEC_LONG(3, 1, 1) KV_DEC_LONG(4, 1, 1) KV_DEC_LONG(3, 4, 1)
+KV_DEC_LONG(3, 2, 1) KV_DEC_LONG(4, 4, 1) KV_DEC_LONG(4, 2, 1)
 #endif

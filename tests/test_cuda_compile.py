@@ -7,7 +7,8 @@ rounding up 0, nearest 1) on the fast-quantizer path (fp16, bf16) and on both th
 paths (fp32 and int32 butterflies); decode kernel MR (mid-tread 0, mid-rise 1) for every N and G
 it accepts, for key/value bits K3/V3, K4/V3 and K4/V4, q~ in one and two fp16 parts (QLO), and the
 paged variants (pages of 16 and 32 tokens), the vpair value layout (VIL 1; write kernel IL 1), and the
-cluster-merge entry (kv_decode_attn_cl, cluster sizes 2, 4, 8). The test reads the template arguments back from the mangled entry names.
+cluster-merge entry (kv_decode_attn_cl, cluster sizes 2, 4, 8), and the 12-warp tune of long splits (MINB 3).
+The test reads the template arguments back from the mangled entry names.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def test_compiles_to_ptx_sm90(src, tmp_path):
                 assert got == {(0, 1), (1, 1), (1, 0)}, f"decode vpair N={n} K{kb}V3: (MR, QLO) {got}"
         assert {a[12] for a in args if a[13] == 1} == {1, 2, 4}
         assert all(a[3] == 3 and a[1] == 64 for a in args if a[13] == 1)
+        # the 12-warp tune (decode.py LONG_TUNE: MINB 3, STAGES 2, one q part), K3V3 and K4V3, both value orders
+        assert {(a[2], a[13]) for a in args if a[5] == 2 and a[8] == 3 and a[9] == 0 and a[:2] == (128, 64)} == \
+            {(3, 0), (4, 0), (3, 1), (4, 1)}
         assert "add.rn.f16x2" in ptx  # the mid-rise + 1/2 of V lanes at bit offset 0
         # cluster-merge entry: the same 14 arguments + the cluster size CL
         cl = _template_args(ptx, "kv_decode_attn_cl")
