@@ -307,8 +307,9 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         key_scales: :func:`run` will get a ``q_scale`` (per-channel key scales); picks two fp16 q~ parts
             unless ``tune`` sets ``qlo``.
         q_dtype: "fp16" or "bf16", the type of q :func:`run` will get ("bf16" picks two q~ parts too).
-        stages, tune: kernel tuning (benchmarks). Without them (and without ``precise_p``), an N = 128 plan with one
-            q~ part takes ``LONG_TUNE`` (12 warps per SM) when that gives every split >= ``LONG_CHUNK`` tokens.
+        stages, tune: kernel tuning (benchmarks). Without them, ``num_splits`` and ``precise_p``, an N = 128 plan with
+            one q~ part takes ``LONG_TUNE`` (12 warps per SM) when that gives every split >= ``LONG_CHUNK`` tokens
+            and loads the multiprocessors evenly (``LONG_BALANCE``).
         num_sms: multiprocessors to plan for (default: the current device's).
         layout: order of the value code plane, "wire" (golden bytes) or "vpair" (:mod:`gpu_ref.layout`;
             3-bit values, G = 64).
@@ -322,11 +323,12 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     kp, vp = check_kv_pair(k_params, v_params)
     user = tune if isinstance(tune, dict) else {}
     qlo = user.get("qlo", DECODE_TUNE["qlo"])
-    if (kp.n == 128 and stages is None and not precise_p and not set(LONG_TUNE) & set(user)
+    if (kp.n == 128 and stages is None and num_splits is None and (tune is None or isinstance(tune, dict))
+            and isinstance(precise_p, (bool, np.bool_)) and not precise_p and not set(LONG_TUNE) & set(user)
             and (qlo == 0 or (qlo is None and q_dtype == "fp16" and not key_scales))
             and 3 * (_smem(kp, vp, LONG_TUNE["stages"])[0] + 1024) <= 228 * 1024):
         p12 = plan(kp, vp, batch=batch, q_heads=q_heads, kv_heads=kv_heads, max_length=max_length,
-                   capacity=capacity, page_size=page_size, max_pages=max_pages, sinks=sinks, num_splits=num_splits,
+                   capacity=capacity, page_size=page_size, max_pages=max_pages, sinks=sinks,
                    tune=dict(user, **LONG_TUNE), num_sms=num_sms, key_scales=key_scales, q_dtype=q_dtype,
                    layout=layout)
         ctas = p12.batch * p12.kv_heads * p12.head_tiles * p12.partials

@@ -398,7 +398,8 @@ def test_plan_q_parts_follow_key_scales():
 
 def test_plan_picks_12_warps_for_long_even_splits():
     """LONG_TUNE where the rule picks it on the H200 (bench/results/gpu_rule12_r11.json), 8 warps elsewhere:
-    short splits, uneven single waves, two q~ parts, explicit tunes, N != 128, K4V4 (3 CTAs do not fit)."""
+    short splits, uneven single waves, two q~ parts, explicit tunes or split counts, N != 128, K4V4 (3 CTAs do not
+    fit)."""
     p3, p4 = FormatParams(n=128, bits=3), FormatParams(n=128, bits=4)
 
     def minb(batch, t, hq=64, kp=p3, vp=p3, **kw):
@@ -415,6 +416,7 @@ def test_plan_picks_12_warps_for_long_even_splits():
     assert minb(8, 131072, tune={"qlo": 1}) == "2"
     assert minb(8, 131072, precise_p=True) == "2"
     assert minb(8, 131072, tune={"minb": 2}) == "2"
+    assert minb(8, 131072, num_splits=6) == "2"            # an explicit split count keeps the 8-warp default
     assert minb(8, 131072, kp=p4, vp=p4) == "2"
     assert minb(8, 131072, key_scales=True, tune={"qlo": 0}) == "3"
     pl = gpu_ref.plan(p3, p3, batch=8, q_heads=64, kv_heads=8, max_length=131072, num_sms=132)
