@@ -178,7 +178,7 @@ class KVDecompressor(wiring.Component):
         regs = self.float_regs
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
                                             lead_reg="lead" in regs)
-        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o.ef_min),
+        m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.zneg.eq(Mux(fw.side_o.allzero, fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
         valid = fw.o_valid
