@@ -25,7 +25,8 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
 
     i.payload -> dequant (comb: scale decode, level * sig, ef_min, shifts) -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
-         ``latency`` registers, see hw/ifwht.py)
+         ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
+         flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
       -> FloatPrep (|S| [REG abs] leading one [REG lead] subnormal clamp, sign) [REG prep]
       -> FloatPack (shift + sticky [REG shift] RNE [REG round] pack, saturate) -> REG
       -> o.payload
