@@ -25,7 +25,8 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
 
     i.payload -> dequant (comb: scale decode, level * sig, ef_min, shifts) -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
-         ``latency`` registers, see hw/ifwht.py)
+         ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
+         flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
       -> FloatPrep (|S| [REG abs] leading one [REG lead] subnormal clamp, sign) [REG prep]
       -> FloatPack (shift + sticky [REG shift] RNE [REG round] pack, saturate) -> REG
       -> o.payload
@@ -178,7 +179,7 @@ class KVDecompressor(wiring.Component):
         regs = self.float_regs
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
                                             lead_reg="lead" in regs)
-        m.d.comb += [fp.y.eq(fw.y), fp.ef_min.eq(fw.side_o.ef_min),
+        m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.zneg.eq(Mux(fw.side_o.allzero, fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
         valid = fw.o_valid

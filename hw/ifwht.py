@@ -17,6 +17,18 @@ commute, and the order here is the golden one.
   block k is shifted left by ``d_k = ef_k - ef_min`` (0 .. ``max_align``, the
   exponent-field span of the scale encoding: 30 for ue5m3; exact), so all
   lanes share the unit 2^(ef_min + c).
+* Block swap (``align="swap"``, the default for N/G = 2, :func:`default_align`):
+  the block t with ``d_t = 0`` (the lowest such index; the read path's contract
+  guarantees one) is never shifted. The input blocks are permuted by XOR,
+  slot j <- block ``j ^ t`` (an N/G:1 select per lane at the alignment; the
+  inner stages commute with it), slot j is shifted by ``d_(j ^ t)`` and slot 0 not at all,
+  so only N (1 - G/N) lanes have a shifter (half of them for N/G = 2). Since
+  ``H_N = H_(N/G) (x) H_G`` and ``H[r, k ^ t] = (-1)^popcount(r & t) H[r, k]``,
+  the result is ``S_i = (-1)^flip_i y_i`` with ``flip_i = popcount((i // G) & t)
+  mod 2``: output port ``flip``, which the float conversion folds into the sign
+  (:class:`hw.tofloat.FloatPrep`). Exact by construction: the network computes
+  H of a block permutation of an in-contract input, with the same widths. With
+  ``align="lane"`` every lane has a shifter and ``flip`` is 0.
 * Outer stages s >= log2 G combine blocks on the aligned, wider integers
   (+1 bit per stage). Width of S: ``w_p + log2 N + max_align`` at most (46 bits
   for b = 4, N = 256, midtread/ue5m3), exact for every input.
@@ -44,7 +56,7 @@ vectors.)
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Shape, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -71,6 +83,27 @@ def steps_of(n: int, block: int, split_align: bool = False) -> list[tuple[str, i
     return steps
 
 
+#: Block alignments: "lane" = a shifter on every lane, "swap" = the block with d = 0
+#: permuted into slot 0, which has no shifter (module docstring).
+ALIGNS = ("lane", "swap")
+
+
+def default_align(n: int, block: int) -> str:
+    """"swap" for N/G = 2, "lane" otherwise: from N/G = 4 on, the N/G:1 select per lane
+    costs more than the one shifter in N/G it saves (measured, docs/SYNTH.md, Area)."""
+    return "swap" if n // block == 2 else "lane"
+
+
+def _select(values: list, sel):
+    """``values[sel]`` as a tree of 2:1 multiplexers on the bits of ``sel``
+    (len(values) a power of two)."""
+    j = 0
+    while len(values) > 1:
+        values = [Mux(sel[j], values[2 * k + 1], values[2 * k]) for k in range(len(values) // 2)]
+        j += 1
+    return values[0]
+
+
 def out_width(n: int, block: int, in_width: int, max_align: int = MAX_ALIGN) -> int:
     """Signed width of the output lanes."""
     return in_width + (n.bit_length() - 1) + (max_align if n > block else 0)
@@ -87,14 +120,17 @@ class BlockFWHT(wiring.Component):
             shape (e.g. a ``data.StructLayout``).
         max_align: largest shift amount d (default :data:`MAX_ALIGN`, ue5m3).
         split_align: the alignment as two steps (see the module docstring).
+        align: "lane" or "swap" (:data:`ALIGNS`, module docstring); default
+            :func:`default_align`.
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
-    ``max_align.bit_length()`` bits, each <= max_align), ``side_i`` in;
-    ``o_valid``, ``y`` (N lanes, :func:`out_width` bits), ``side_o`` out.
+    ``max_align.bit_length()`` bits, each <= max_align, at least one 0), ``side_i`` in;
+    ``o_valid``, ``y`` (N lanes, :func:`out_width` bits), ``flip`` (N bits: the
+    result is ``S_i = (-1)^flip_i y_i``), ``side_o`` out.
     """
 
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
-                 max_align: int = MAX_ALIGN, split_align: bool = False):
+                 max_align: int = MAX_ALIGN, split_align: bool = False, align=None):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
         self.n, self.block = n, block
@@ -108,6 +144,11 @@ class BlockFWHT(wiring.Component):
         if not isinstance(max_align, int) or max_align < 0:
             raise ValueError(f"max_align must be a non-negative int, got {max_align!r}")
         self.max_align = max_align
+        if align is None:
+            align = default_align(n, block)
+        if align not in ALIGNS:
+            raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
+        self.align = align if self.n_blocks > 1 else "lane"
         self.d_width = max(1, max_align.bit_length())
         self.out_width = out_width(n, block, self.in_shape.width, max_align)
         super().__init__({
@@ -119,6 +160,7 @@ class BlockFWHT(wiring.Component):
             "zneg": In(n),
             "o_valid": Out(1),
             "y": Out(data.ArrayLayout(signed(self.out_width), n)),
+            "flip": Out(n),
             "side_o": Out(side_width),
             "zneg_o": Out(n),
         })
@@ -131,6 +173,20 @@ class BlockFWHT(wiring.Component):
         d = [self.d[k] for k in range(self.n_blocks)]
         valid, side = self.i_valid, self.side_i
         zn = [self.zneg[i] for i in range(n)]
+        nb, t = self.n_blocks, None
+        if self.align == "swap":
+            # t: the lowest block with d == 0; slot j <- block j ^ t, shifted by d_(j ^ t)
+            t = Signal(range(nb), name="swap_t")
+            pick = Const(0, range(nb))
+            for k in range(nb - 1, -1, -1):
+                pick = Mux(d[k] == 0, k, pick)
+            m.d.comb += t.eq(pick)
+            ds = [Const(0, self.d_width)]
+            for k in range(1, nb):
+                dk = Signal(self.d_width, name=f"sw_d{k}")
+                m.d.comb += dk.eq(_select([d[k ^ u] for u in range(nb)], t))
+                ds.append(dk)
+            d = ds
         for idx, (kind, s) in enumerate(self.steps):
             if kind == "align":
                 split = ("align", 1) in self.steps
@@ -142,11 +198,21 @@ class BlockFWHT(wiring.Component):
                 else:               # low bits: the rest of the exact max_align growth
                     part = [dk[:ALIGN_LO_BITS] for dk in d]
                     add = self.max_align - (self.max_align & ~ALIGN_LO)
+                if self.align == "swap" and s == 0:
+                    # the block permutation, on the inner stages' results (commutes with them)
+                    perm = [Signal(signed(width), name=f"sw_{i}") for i in range(n)]
+                    for i in range(n):
+                        k, lane = divmod(i, g)
+                        m.d.comb += perm[i].eq(
+                            _select([lanes[(k ^ u) * g + lane] for u in range(nb)], t))
+                    lanes = perm
                 width += add
                 nxt = [Signal(signed(width), name=f"al{s}_{i}") for i in range(n)]
                 for i in range(n):
-                    # exact: d <= max_align, so the shifted value fits
-                    m.d.comb += nxt[i].eq(lanes[i] << part[i // g])
+                    # exact: d <= max_align, so the shifted value fits; with the block
+                    # swap slot 0 holds the block with d = 0 and has no shifter
+                    unshifted = self.align == "swap" and i < g
+                    m.d.comb += nxt[i].eq(lanes[i] if unshifted else lanes[i] << part[i // g])
             else:
                 width += 1
                 h = 1 << s
@@ -161,12 +227,20 @@ class BlockFWHT(wiring.Component):
             if idx + 1 in self.positions:
                 # the shift amounts ride along while the alignment is still ahead
                 carry_d = any(k == "align" for k, _ in self.steps[idx + 1:])
+                extra = {"d": d[1:] if t is not None else d} if carry_d else {}
+                if t is not None:
+                    extra["t"] = t
                 r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side,
-                          zneg=Cat(*zn), **({"d": d} if carry_d else {}))
+                          zneg=Cat(*zn), **extra)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]
                 zn = [r["zneg"][i] for i in range(n)]
-                d = r.get("d", d)
+                if carry_d:
+                    d = [d[0]] + r["d"] if t is not None else r["d"]
+                t = r.get("t", t)
         assert width == self.out_width
         m.d.comb += [self.y[i].eq(lanes[i]) for i in range(n)]
+        if t is not None:
+            # H[r, k ^ t] = (-1)^popcount(r & t) H[r, k], r = i // G the output's block
+            m.d.comb += self.flip.eq(Cat(*((t & (i // g)).xor() for i in range(n))))
         m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side), self.zneg_o.eq(Cat(*zn))]
         return m

@@ -17,7 +17,9 @@ number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
 the exact zero is -0.0 in the golden float64 path, see hw/ifwht.py) and
 ``nz = (S != 0)``. Per
-vector it passes on ``B = T + bias - 1``.
+vector it passes on ``B = T + bias - 1``. ``S = (-1)^flip_i y_i`` (the FWHT's
+block swap, hw/ifwht.py): ``|S| = |y|``, and ``S < 0`` is ``(y < 0) xor flip_i``
+for ``y != 0`` (from the leading-one tree's "any"; a zero keeps the rule above).
 
 :class:`FloatPack` (per lane): with ``sh = Lp - mb`` (the ulp is 2^sh units),
 ``t = (mag << (mb + 1)) >> Lp`` holds the kept significand ``r0`` above the
@@ -109,7 +111,8 @@ class FloatPrep(wiring.Component):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask``/``zneg`` per register.
 
-    Ports: ``y`` (N signed lanes), ``ef_min``, ``mask`` (N bits: D), ``zneg`` in;
+    Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
+    ``mask`` (N bits: D), ``zneg`` in;
     ``mag``, ``lp``, ``neg``, ``nz`` (per lane) and ``b`` (per vector) out.
     """
 
@@ -121,6 +124,7 @@ class FloatPrep(wiring.Component):
             "ef_min": In(ef_width),
             "mask": In(n),
             "zneg": In(n),
+            "flip": In(n),
             "mag": Out(data.ArrayLayout(consts.mag_width, n)),
             "lp": Out(data.ArrayLayout(consts.lp_width, n)),
             "neg": Out(n),
@@ -148,9 +152,10 @@ class FloatPrep(wiring.Component):
             yv = self.y[i]
             m.d.comb += [mags[i].eq(Mux(yv < 0, -yv, yv)),
                          negs[i].eq(((yv < 0) | self.zneg[i]) ^ self.mask[i])]
+        flips = self.flip
         if self.abs_reg:
-            r = stage(m, self.en, "abs", mag=mags, neg=negs, kc=kc, b=b)
-            mags, negs, kc, b = r["mag"], r["neg"], r["kc"], r["b"]
+            r = stage(m, self.en, "abs", mag=mags, neg=negs, flip=flips, kc=kc, b=b)
+            mags, negs, flips, kc, b = r["mag"], r["neg"], r["flip"], r["kc"], r["b"]
         poss, anys = [], []
         for i in range(self.n):
             mag = Signal(c.mag_width, name=f"mag{i}")
@@ -160,10 +165,11 @@ class FloatPrep(wiring.Component):
             anys.append(any_)
         if self.lead_reg:
             r = stage(m, self.en, "lead", mag=[mags[i] for i in range(self.n)], pos=poss,
-                      nz=Cat(*anys), neg=negs, kc=kc, b=b)
+                      nz=Cat(*anys), neg=negs, flip=flips, kc=kc, b=b)
             mags, poss, negs, kc, b = r["mag"], r["pos"], r["neg"], r["kc"], r["b"]
+            flips = r["flip"]
             anys = [r["nz"][i] for i in range(self.n)]
-        m.d.comb += [self.b.eq(b), self.neg.eq(negs)]
+        m.d.comb += [self.b.eq(b), self.neg.eq(negs ^ (flips & Cat(*anys)))]
         for i in range(self.n):
             m.d.comb += [self.mag[i].eq(mags[i]),
                          self.lp[i].eq(Mux(poss[i] > kc, poss[i], kc)),

