@@ -71,13 +71,13 @@ def _fmt(v, spec="{:,}"):
 def synth_table(recs: list[dict], default_names: set) -> str:
     hdr = ("| config | module | quantizer | N | G | b | M | FWHT regs | cuts | latency cycles "
            "| latency ns | LUT4 | CCU2C | LUTs total "
-           "| FF | PFUMX+L6MUX | Fmax MHz | Gelem/s | Melem/s per LUT | generic cells | "
+           "| FF | DP16KD | PFUMX+L6MUX | Fmax MHz | Gelem/s | Melem/s per LUT | generic cells | "
            "FWHT adder bits (lower bound) | FWHT alone: LUTs / lower bound |")
-    sep = "|" + "---|" * 22
+    sep = "|" + "---|" * 23
     lines = [hdr, sep]
     for rec in recs:
         if not rec.get("ok"):
-            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:220]} |" + " |" * 20)
+            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:220]} |" + " |" * 21)
             continue
         d = derived(rec)
         c, p = d["cfg"], d["cfg"].params
@@ -87,11 +87,13 @@ def synth_table(recs: list[dict], default_names: set) -> str:
         lines.append(
             f"| {name} | {c.kind} | {quant} | {p.n} | {p.block} | {p.bits} | "
             f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.latency} | "
-            f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'} | "
+            f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'}"
+            f"{f', lane RAM/{c.lane_ram}' if c.lane_ram else ''} | "
             f"{rec['latency_cycles']} | "
             f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
             f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
-            f"{d['ffs']:,} | {d['wide']:,} | {_fmt(d['fmax'], '{:.1f}')} | "
+            f"{d['ffs']:,} | {rec['ecp5'].get('cells', {}).get('DP16KD', 0):,} | {d['wide']:,} | "
+            f"{_fmt(d['fmax'], '{:.1f}')} | "
             f"{_fmt(d['throughput'] and d['throughput'] / 1e9, '{:.2f}')} | "
             f"{_fmt(d['per_lut'] and d['per_lut'] / 1e6, '{:.3f}')} | "
             f"{d['generic_cells']:,} | "
@@ -273,7 +275,9 @@ def generated(res: dict, mres: dict | None) -> str:
         "(nextpnr takes tens of minutes per N=128 design in WebAssembly on 2 cores). "
         "cuts: 'default' = the components' default register cuts; 'all' = the Fmax profile "
         "`pK` of the config name (every cut of FE_CUTS, QUANT_CUTS, FLOAT_CUTS), "
-        "'tree/K' = plus a register every K levels of the encoder's reduction trees. "
+        "'tree/K' = plus a register every K levels of the encoder's reduction trees; "
+        "'lane RAM/D' = config part `rD`: the lane delay lines of D or more stages in block "
+        "RAM (DP16KD: 18 Kbit ECP5 block RAMs, 208 on the LFE5U-85F) instead of flip-flops. "
         "latency ns = latency cycles / Fmax.",
         "",
         synth_table(recs, set(DEFAULT_SET)),

@@ -56,12 +56,14 @@ from amaranth.lib.wiring import In, Out
 from sim_models.params import FormatParams, check_supported
 
 from .frontend import FE_CUTS, FrontEnd, u_shape
+from .frontend import ram_lines as frontend_ram_lines
 from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FWHT
 from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
 from .packer import Packer
-from .pipeline import check_latency, check_tree_every, stage
+from .pipeline import check_lane_ram, check_latency, check_tree_every, stage
 from .quantizer import QUANT_CUTS, Quantizer
+from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
 from .wire import encoder_input_layout, encoder_output_layout, key_config_layout
 
@@ -107,6 +109,10 @@ class KVEpilogue(wiring.Component):
             ``cfg`` (fp16 only).
         kf_regs: register cuts of the key front end, names from
             ``hw.keyfront.KF_CUTS`` (default ``KF_CUTS.default``; unused without it).
+        lane_ram: 0 (default: flip-flops) or the minimum delay in stages of a lane
+            delay line that goes to block RAM (the front end's decoded lanes beside
+            the exponent max tree, ``hw.frontend.lane_delay`` stages; the quantizer's
+            lanes beside the block scale, ``hw.quantizer.lane_delay``; :attr:`ram_lines`). Same cycles, stalls and bytes either way.
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
@@ -117,7 +123,7 @@ class KVEpilogue(wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
                  fe_regs=FE_CUTS.default, tree_every: int = 0, key_slots: int = 0,
-                 kf_regs=KF_CUTS.default):
+                 kf_regs=KF_CUTS.default, lane_ram: int = 0):
         check_epilogue_params(params)
         if key_slots != 0:
             check_key_slots(params, key_slots)
@@ -128,6 +134,7 @@ class KVEpilogue(wiring.Component):
         self.quant_regs = QUANT_CUTS.check(quant_regs)
         self.fe_regs = FE_CUTS.check(fe_regs)
         self.tree_every = check_tree_every(tree_every)
+        self.lane_ram = check_lane_ram(lane_ram)
         members = {
             "i": In(stream.Signature(encoder_input_layout(params, key_slots))),
             "o": Out(stream.Signature(encoder_output_layout(params))),
@@ -148,6 +155,15 @@ class KVEpilogue(wiring.Component):
                 "quant_regs": len(self.quant_regs), "output_reg": 1}
 
     @property
+    def ram_lines(self) -> dict:
+        """Lane delay lines in block RAM: name -> {stages, width, depth} (empty: none)."""
+        p, k, r = self.params, self.tree_every, self.lane_ram
+        fe = frontend_ram_lines(p, self.fe_regs, k, r)
+        qz = quant_ram_lines(p, self.quant_regs, k, r)
+        return {**{f"frontend.{n}": v for n, v in fe.items()},
+                **{f"quant.{n}": v for n, v in qz.items()}}
+
+    @property
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
         return sum(self.latency_breakdown.values())
@@ -160,7 +176,7 @@ class KVEpilogue(wiring.Component):
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
 
         # [key front end] + front end + register
-        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every)
+        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram)
         if self.key_slots:
             m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs)
             wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
@@ -179,7 +195,7 @@ class KVEpilogue(wiring.Component):
                      fw.side_i.u.eq(fe_r["u"]), fw.side_i.flags.eq(fe_r["flags"])]
 
         # quantizer
-        m.submodules.quant = qz = Quantizer(p, self.quant_regs, self.tree_every)
+        m.submodules.quant = qz = Quantizer(p, self.quant_regs, self.tree_every, self.lane_ram)
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o.u), qz.flags_i.eq(fw.side_o.flags)]
 

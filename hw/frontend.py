@@ -8,7 +8,10 @@ along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
 shifter, before the rounding increment) and ``tree_every`` = k, a register
 after every k levels of the max tree (:func:`hw.trees.tree_cut_levels`). Each
 register holds the rest of the vector (decoded lanes, partial maxima, flags).
-Latency = len(regs) + :func:`tree_cuts`.
+Latency = len(regs) + :func:`tree_cuts`. The decoded lanes (exponent,
+significand, sign) only wait while the max tree runs, :func:`lane_delay` stages;
+with ``lane_ram`` > 0 and at least that many stages they wait in block RAM
+(:func:`hw.pipeline.ram_delay`) instead of in every cut's register.
 
 Per lane k (bits [16k, 16k+16) of ``bits``):
 
@@ -32,7 +35,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import Cuts, check_tree_every, stage
+from .pipeline import Cuts, check_lane_ram, check_tree_every, ram_delay, ram_depth, stage
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -60,6 +63,23 @@ def tree_cuts(n: int, tree_every: int) -> int:
     return len(tree_cut_levels(tree_levels(n), tree_every))
 
 
+def lane_delay(p: FormatParams, regs, tree_every: int) -> int:
+    """Register stages the decoded lanes wait between the ``dec`` cut (or the input)
+    and the shift amounts: the max tree's registers and the ``emax`` cut."""
+    regs = FE_CUTS.check(regs)
+    return tree_cuts(p.n, tree_every) + ("emax" in regs)
+
+
+def ram_lines(p: FormatParams, regs, tree_every: int, lane_ram: int) -> dict:
+    """The front end's delay lines in block RAM for ``lane_ram``: name -> {stages,
+    width, depth} (empty: none, the lanes wait in registers)."""
+    d = lane_delay(p, regs, tree_every)
+    if not check_lane_ram(lane_ram) or d < lane_ram:
+        return {}
+    e_bits, m_bits, _ = p.in_format
+    return {"lanes": {"stages": d, "width": p.n * (e_bits + m_bits + 2), "depth": ram_depth(d)}}
+
+
 class FrontEnd(wiring.Component):
     """Front end (see module docstring).
 
@@ -67,15 +87,18 @@ class FrontEnd(wiring.Component):
         p: format parameters.
         regs: pipeline cuts, a subset of :data:`FE_CUTS` (default none: combinational).
         tree_every: a register after every k levels of the max tree (0: none).
+        lane_ram: 0 (default: the lanes wait in the cuts' registers) or the minimum
+            :func:`lane_delay` that puts them into a block RAM delay line (:func:`ram_lines`).
 
     Ports: ``bits`` (N x 16), ``en``, ``i_valid`` in; ``x`` (N signed M-bit),
     ``u``, ``flags`` (bit0 NaN, bit1 Inf), ``o_valid`` out.
     """
 
-    def __init__(self, p: FormatParams, regs=(), tree_every: int = 0):
+    def __init__(self, p: FormatParams, regs=(), tree_every: int = 0, lane_ram: int = 0):
         self.p = p
         self.regs = FE_CUTS.check(regs)
         self.tree_every = check_tree_every(tree_every)
+        self.lane_ram = check_lane_ram(lane_ram)
         self.mask = sign_mask_int(p.n, p.sign_seed)
         super().__init__({
             "bits": In(p.n * 16),
@@ -141,6 +164,13 @@ class FrontEnd(wiring.Component):
         if "dec" in self.regs:
             cut("dec")
             exps = vec["exp"]
+        lines = ram_lines(p, self.regs, self.tree_every, self.lane_ram)
+        if lines:            # the lanes wait in block RAM, beside the max tree
+            late = ram_delay(m, self.en, "lanes", Cat(*vec.pop("exp"), *vec.pop("sig"),
+                                                      *vec.pop("sign")), lines["lanes"]["stages"])
+            lw = [e_bits] * p.n + [m_bits + 1] * p.n + [1] * p.n
+            at = [sum(lw[:i]) for i in range(len(lw))]
+            parts = [late[a:a + w] for a, w in zip(at, lw)]
 
         def tree_cut(parts: list) -> list:
             cut(f"emaxt{tree_cut.count}", part=parts)
@@ -157,6 +187,8 @@ class FrontEnd(wiring.Component):
         vec["emaxc"] = emaxc
         if "emax" in self.regs:
             cut("emax")
+        if lines:
+            vec.update(exp=parts[:p.n], sig=parts[p.n:2 * p.n], sign=parts[2 * p.n:])
 
         # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
         shs = []

@@ -12,6 +12,12 @@ k levels of the reduction trees (:mod:`hw.trees`: the front end's exponent max
 tree, the quantizer's block statistic trees; checked by :func:`check_tree_every`).
 Every component validates them here, so the error messages name the same
 fields everywhere. Registers change the latency, never the bytes.
+
+A lane delay line (a wide value that only waits while a narrow computation
+beside it takes several stages) can live in block RAM instead of a chain of
+register stages: :func:`ram_delay`, chosen by ``lane_ram`` (the minimum delay
+in stages that goes to RAM; :func:`check_lane_ram`). It is cycle-for-cycle the
+same as the register chain under the same enable, stalls and resets included.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amaranth.hdl import Const, Module, Signal, Value
+from amaranth.lib.memory import Memory
 
 from sim_models.params import FormatParams
 
@@ -168,3 +175,67 @@ class Cuts:
     def latency(self, regs) -> int:
         """Register stages (cycles) that the placement ``regs`` adds."""
         return len(self.check(regs))
+
+
+#: Smallest delay (register stages) :func:`ram_delay` builds: one stage is the
+#: memory's read register, one a register behind it (the block RAM's slow
+#: clock-to-out stays off the datapath), and the read address must differ from
+#: the write address of the same cycle (no read-during-write).
+LANE_RAM_MIN = 3
+
+
+def check_lane_ram(lane_ram) -> int:
+    """Validate ``lane_ram``: 0 (every delay line in registers) or the minimum delay in
+    register stages that goes to block RAM, >= :data:`LANE_RAM_MIN`.
+
+    Raises:
+        TypeError: not an int (bool refused). ValueError: 1 .. LANE_RAM_MIN - 1 or negative.
+    """
+    if isinstance(lane_ram, bool) or not isinstance(lane_ram, int):
+        raise TypeError(f"lane_ram must be an int, got {type(lane_ram).__name__}")
+    if lane_ram != 0 and lane_ram < LANE_RAM_MIN:
+        raise ValueError(f"lane_ram (minimum delay in stages that goes to block RAM) must be 0 "
+                         f"(none) or >= {LANE_RAM_MIN}, got {lane_ram}")
+    return lane_ram
+
+
+def ram_depth(stages: int) -> int:
+    """Entries of the circular buffer of a ``stages``-stage :func:`ram_delay`: the
+    smallest power of two above ``stages - 2`` (the read pointer trails the write
+    pointer by ``stages - 2``)."""
+    return 1 << (stages - 2).bit_length()
+
+
+def ram_delay(m: Module, en, name: str, value, stages: int) -> Signal:
+    """``value`` delayed by ``stages`` register stages that advance with ``en``, in a
+    block RAM: what the last of ``stages`` chained :func:`stage` registers holds.
+
+    A circular buffer of :func:`ram_depth` entries: while ``en`` is high the
+    value is written at the pointer, the pointer advances, and the synchronous
+    read port (enabled by ``en`` too) reads the entry written ``stages - 2``
+    enabled cycles ago into its data register; one more register (``{name}_data``)
+    follows. So an entry written at the k-th enabled cycle is at the output after
+    the (k + stages - 1)-th, exactly like the register chain, and nothing moves
+    while ``en`` is low. There is no valid bit here: the caller's valid bits (in
+    registers with reset) say which entries are vectors, so a reset needs no
+    clearing of the buffer. Yosys maps the memory (``ram_style`` block) to ECP5
+    DP16KD.
+
+    Raises:
+        ValueError: ``stages`` < :data:`LANE_RAM_MIN`.
+    """
+    if stages < LANE_RAM_MIN:
+        raise ValueError(f"ram_delay {name!r}: a block RAM delay needs >= {LANE_RAM_MIN} "
+                         f"stages, got {stages}")
+    value = Value.cast(value)
+    depth = ram_depth(stages)
+    mem = Memory(shape=len(value), depth=depth, init=[], attrs={"ram_style": "block"})
+    m.submodules[f"{name}_ram"] = mem
+    wr = mem.write_port()
+    rd = mem.read_port(domain="sync", transparent_for=())
+    ptr = Signal(range(depth), name=f"{name}_ptr")
+    m.d.comb += [wr.addr.eq(ptr), wr.data.eq(value), wr.en.eq(en),
+                 rd.addr.eq(ptr - (stages - 2)), rd.en.eq(en)]
+    with m.If(en):
+        m.d.sync += ptr.eq(ptr + 1)
+    return stage(m, en, name, reset=(), data=rd.data)["data"]

@@ -20,6 +20,11 @@ adds a register after every k levels of each half of the statistic tree. Every
 register carries the rest of the vector (:class:`_Vector`) and advances with
 ``en``. The outputs are combinational from the last register (the top level
 registers them again). Latency = len(regs) + :func:`tree_cuts` cycles.
+
+The lanes (|y| and the sign, N (M + log2 N) bits) only wait while the block
+scale and thresholds are computed, :func:`lane_delay` stages; with ``lane_ram``
+> 0 and at least that many stages they wait in block RAM
+(:func:`hw.pipeline.ram_delay`) instead of in every cut's register.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
 from .frontend import u_shape
-from .pipeline import Cuts, check_tree_every, stage
+from .pipeline import Cuts, check_lane_ram, check_tree_every, ram_delay, ram_depth, stage
 from .scale_select import ScaleSelect, rule_units
 from .thresholds import Thresholds
 from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
@@ -58,6 +63,22 @@ def tree_cuts(p: FormatParams, tree_every: int) -> int:
     return len(tree_cut_levels(half, tree_every)) + len(tree_cut_levels(rest, tree_every))
 
 
+def lane_delay(p: FormatParams, regs, tree_every: int) -> int:
+    """Register stages the lanes (|y|, sign) wait between the ``abs`` cut (or the
+    input) and the lane compares: every other quantizer register."""
+    regs = QUANT_CUTS.check(regs)
+    return len(regs) - ("abs" in regs) + tree_cuts(p, tree_every)
+
+
+def ram_lines(p: FormatParams, regs, tree_every: int, lane_ram: int) -> dict:
+    """The quantizer's delay lines in block RAM for ``lane_ram``: name -> {stages,
+    width, depth} (empty: none, the lanes wait in registers)."""
+    d = lane_delay(p, regs, tree_every)
+    if not check_lane_ram(lane_ram) or d < lane_ram:
+        return {}
+    return {"lanes": {"stages": d, "width": p.n * p.fwht_width, "depth": ram_depth(d)}}
+
+
 @dataclass
 class _Vector:
     """The vector in flight between two quantizer cuts; ``None``: not carried there.
@@ -70,8 +91,8 @@ class _Vector:
     valid: Value
     u: Value | None
     flags: Value                # NaN, Inf (+ SAT after the scale select)
-    neg: Value                  # N bits: y < 0
-    mags: list                  # |y|
+    neg: Value | None           # N bits: y < 0 (None: in the lane RAM)
+    mags: list | None           # |y|
     partial: dict | None = None
     stat: list | None = None    # the scale statistic A (times mult_odd)
     nlo: list | None = None     # mode asym: -lo, for the zero point
@@ -113,6 +134,9 @@ class Quantizer(wiring.Component):
         tree_every: a register after every k levels of the block statistic trees
             (0: none; in each half of the tree, see :func:`tree_cuts`).
             Latency = len(regs) + :func:`tree_cuts`.
+        lane_ram: 0 (default: the lanes wait in the cuts' registers) or the minimum
+            :func:`lane_delay` that puts them into a block RAM delay line
+            (:func:`ram_lines`); same cycles and bytes either way.
 
     Ports: ``en`` (advance the registers), ``i_valid``, ``y``, ``u``, ``flags_i``
     (NaN, Inf) in; ``o_valid``, ``codes``, ``scales``, ``flags`` (NaN, Inf, SAT)
@@ -123,12 +147,14 @@ class Quantizer(wiring.Component):
         ValueError: a format option not built here, or a bad ``regs`` (the message names it).
     """
 
-    def __init__(self, p: FormatParams, regs=QUANT_CUTS.default, tree_every: int = 0):
+    def __init__(self, p: FormatParams, regs=QUANT_CUTS.default, tree_every: int = 0,
+                 lane_ram: int = 0):
         _, _, self.mult_odd = rule_units(p)
         self.coefs, _ = threshold_coefs(p.mode, p.bits)
         self.p = p
         self.regs = QUANT_CUTS.check(regs)
         self.tree_every = check_tree_every(tree_every)
+        self.lane_ram = check_lane_ram(lane_ram)
         self.u_shape = u_shape(p)
         self.y_width = p.fwht_width - 1   # |y| < 2^(M-1+log2 N)
         ports = {
@@ -190,6 +216,11 @@ class Quantizer(wiring.Component):
         vec = cut(_Vector(valid=self.i_valid, u=self.u, flags=self.flags_i, neg=negs, mags=mags),
                   "abs")
         negs, mags = vec.neg, vec.mags
+        lines = ram_lines(p, self.regs, self.tree_every, self.lane_ram)
+        if lines:            # the lanes wait in block RAM, beside the cuts
+            late = ram_delay(m, self.en, "lanes", Cat(negs, *mags), lines["lanes"]["stages"])
+            late_neg, late_mags = late[:n], [late[n + i * wy:n + (i + 1) * wy] for i in range(n)]
+            vec = replace(vec, neg=None, mags=None)
         # trees: of |y| (symmetric modes); asym: of max(y, 0) ("hi") and of
         # max(-y, 0) ("nlo" = -lo), whose sum is the block range hi - lo
         if asym:
@@ -257,6 +288,8 @@ class Quantizer(wiring.Component):
             ths.append([th.th[j] for j in range(nth)])
         vec = cut(replace(vec, u=None), "tsh")       # in step with Thresholds
         vec = cut(replace(vec, th=ths), "thr")
+        if not lines:
+            late_neg, late_mags = vec.neg, vec.mags
 
         # ---- lane compares ------------------------------------------------------------
         for b in range(nb):
@@ -267,8 +300,8 @@ class Quantizer(wiring.Component):
                 m.d.comb += self.zeros[b].eq(zp)
             for i in range(b * g, (b + 1) * g):
                 cnt = Signal(range(nth + 1), name=f"cnt{i}")
-                m.d.comb += cnt.eq(sum(vec.mags[i] >= vec.th[b][j] for j in range(nth)))
-                neg = vec.neg[i]
+                m.d.comb += cnt.eq(sum(late_mags[i] >= vec.th[b][j] for j in range(nth)))
+                neg = late_neg[i]
                 if p.mode == "midtread":
                     m.d.comb += self.codes[i].eq(Mux(neg, -cnt, cnt))
                 elif asym:

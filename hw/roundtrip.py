@@ -29,7 +29,8 @@ class KVRoundTrip(wiring.Component):
     Args:
         params: format parameters; both paths must implement them.
         latency: FWHT pipeline registers of both modules, in [0, log2 N].
-        quant_regs, fe_regs, tree_every: the epilogue's register cuts (:class:`KVEpilogue`).
+        quant_regs, fe_regs, tree_every, lane_ram: the epilogue's register cuts and lane RAM
+            (:class:`KVEpilogue`).
         float_regs, split_align: the decompressor's float registers and alignment
             split (:class:`KVDecompressor`).
 
@@ -39,8 +40,9 @@ class KVRoundTrip(wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
                  fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
-                 split_align: bool = False):
-        self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every)
+                 split_align: bool = False, lane_ram: int = 0):
+        self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every,
+                              lane_ram=lane_ram)
         self.dec = KVDecompressor(params, latency, float_regs, split_align)
         self.params = params
         self.latency = latency

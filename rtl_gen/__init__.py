@@ -113,6 +113,7 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
         "quant_register_cuts": list(dut.quant_regs),
         "frontend_register_cuts": list(dut.fe_regs),
         "tree_every": dut.tree_every,
+        "lane_ram": {"min_stages": dut.lane_ram, "lines": dut.ram_lines},
         "i_payload": {"lanes": p.n, "lane_bits": 16, "lane_k_bits": "[16k, 16k+16)"},
         "o_payload": {"width": Shape.cast(o_shape).width, "fields": payload_fields(o_shape)},
         "flags": {"nan": 1, "inf": 2, "sat": 4},
@@ -199,8 +200,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         out: output directory (created if missing).
         top: Verilog module name (default ``KINDS[kind].top``).
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
-            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``
-            (encoder),
+            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``/
+            ``lane_ram`` (encoder),
             ``float_regs``/``split_align`` (decoder).
 
     Returns:
@@ -265,7 +266,8 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
     enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align")}
     dec_regs = {k: v for k, v in regs.items()
-                if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs")}
+                if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs",
+                             "lane_ram")}
     with warnings.catch_warnings():     # validation only: the probes are never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
         build("encoder", params, **enc_regs)

@@ -74,6 +74,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kf-regs", type=_cuts, default=KF_CUTS.default,
                     help=f"key front end register cuts, comma-separated from {','.join(KF_CUTS.names)} "
                          f"or 'none' (default {','.join(KF_CUTS.default)}; with --key-slots)")
+    ap.add_argument("--lane-ram", type=int, default=0,
+                    help="lane delay lines of at least D register stages (D >= 3) in block RAM "
+                         "instead of flip-flops (epilogue; default 0: none)")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -105,8 +108,9 @@ def main(argv=None) -> int:
             raise ValueError(f"n (N) = {a.n} is above the largest RTL size {RTL_N_MAX} "
                              f"(verified: N = 64, 128, 256; a 16*N-bit port per lane set)")
         if a.module == "decompressor" and (a.quant_regs != QUANT_CUTS.default
-                                           or a.fe_regs != FE_CUTS.default or a.tree_every):
-            raise ValueError("--quant-regs/--fe-regs/--tree-every configure the epilogue (write "
+                                           or a.fe_regs != FE_CUTS.default or a.tree_every
+                                           or a.lane_ram):
+            raise ValueError("--quant-regs/--fe-regs/--tree-every/--lane-ram configure the epilogue (write "
                              "path); they do not apply to --module decompressor")
         if a.dec_top is not None and a.module != "both":
             raise ValueError("--dec-top names the decompressor of --module both; with --module "
@@ -125,7 +129,8 @@ def main(argv=None) -> int:
                          scale_mult=a.scale_mult)
         regs = {"latency": a.latency}
         if a.module != "decompressor":
-            regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every)
+            regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every,
+                        lane_ram=a.lane_ram)
             if a.key_slots:
                 regs.update(key_slots=a.key_slots, kf_regs=a.kf_regs)
         if a.module == "both":

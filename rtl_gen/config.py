@@ -18,6 +18,9 @@
 * optional ``k<T>`` (after ``l`` / ``p``, encoder only): the cache policy's key front end
   (``hw.keyfront.KeyFrontEnd``) with T table slots, its ``cfg`` port and the ``slot`` /
   ``bypass`` input side band (``KVEpilogue(key_slots=T)``; with ``pK`` all its cuts);
+* optional ``r<D>`` (after ``l`` / ``p`` / ``k``, encoder and round trip): a lane delay
+  line of at least D register stages (D >= 3) is a block RAM circular buffer instead of
+  flip-flops (``KVEpilogue(lane_ram=D)``, ``hw.pipeline.ram_delay``); same cycles and bytes;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -47,7 +50,7 @@ PRESETS = tuple(n for n in _pm.PRESETS if FormatParams.preset(n).quantizer_prese
 #: Fields the fixed part of a name states.
 _FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
 #: Optional parts of the fixed group: letter -> RTLConfig field.
-_OPTIONAL = {"p": "pipe", "k": "key_slots"}
+_OPTIONAL = {"p": "pipe", "k": "key_slots", "r": "lane_ram"}
 _FIELDS = [f.name for f in fields(FormatParams)]
 #: String-valued fields whose values may stand bare in a name.
 _ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
@@ -87,6 +90,7 @@ class RTLConfig:
     latency: int = 2
     pipe: int | None = None
     key_slots: int = 0
+    lane_ram: int = 0
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -111,6 +115,13 @@ class RTLConfig:
         if ks and self.params.dtype != "fp16":
             raise ValueError(f"key_slots (kT): the key front end is fp16 only (docs/FORMAT.md 8), "
                              f"got dtype {self.params.dtype!r}")
+        lr = self.lane_ram
+        if isinstance(lr, bool) or not isinstance(lr, int) or lr < 0:
+            raise ValueError(f"lane_ram (rD, minimum lane delay in block RAM) must be an int "
+                             f">= 0, got {lr!r}")
+        if lr and self.kind == "decoder":
+            raise ValueError(f"lane_ram (rD): the lane delay lines in block RAM are the "
+                             f"encoder's (enc_, rt_), got kind {self.kind!r}")
         if pp and self.kind == "decoder":
             raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
                              f"tree registers, the decoder has none; got {pp}")
@@ -124,6 +135,8 @@ class RTLConfig:
         regs: dict = {"latency": self.latency}
         if self.key_slots:
             regs["key_slots"] = self.key_slots
+        if self.lane_ram:
+            regs["lane_ram"] = self.lane_ram
         if self.pipe is None:
             return regs
         from hw.decompressor import FLOAT_CUTS
@@ -156,6 +169,8 @@ class RTLConfig:
             parts.append(f"p{self.pipe}")
         if self.key_slots:
             parts.append(f"k{self.key_slots}")
+        if self.lane_ram:
+            parts.append(f"r{self.lane_ram}")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -184,7 +199,7 @@ class RTLConfig:
         fixed: dict = {}
         bare = _bare_values()
         for part in parts[2:]:
-            m = re.fullmatch(r"([ngblmpk])(\d+)", part)
+            m = re.fullmatch(r"([ngblmpkr])(\d+)", part)
             if m and m.group(1) in _FIXED:
                 name, tgt, val = _FIXED[m.group(1)], fixed, int(m.group(2))
             elif m and m.group(1) in _OPTIONAL:
@@ -198,7 +213,7 @@ class RTLConfig:
                 name, tgt = _SQUASHED[f], kw
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
-                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, mM, a bare "
+                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")
@@ -209,6 +224,7 @@ class RTLConfig:
         lat = fixed.pop("latency")
         pipe = fixed.pop("pipe", None)
         key_slots = fixed.pop("key_slots", 0)
+        lane_ram = fixed.pop("lane_ram", 0)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots)
+        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram)

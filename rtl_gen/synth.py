@@ -119,8 +119,12 @@ SETS = {
 }
 # Fmax register profiles (config part pK: every register cut, a register every K
 # levels of the encoder's trees; FWHT registers after every stage) at N = 128 and 64,
-# placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores)
-SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", True), ("dec_v2_n128_g64_b3_l7_p0", True),
+# placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores);
+# ``_r3``: the same with the lane delay lines in block RAM; the N=128 encoder without
+# it is synthesised only (its 62.5k flip-flops do not place on the LFE5U-85F,
+# docs/SYNTH.md)
+SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p2_r3", True),
+                  ("dec_v2_n128_g64_b3_l7_p0", True),
                   ("enc_v2_n64_g64_b3_l6_p2", True), ("dec_v2_n64_g32_b3_l6_p0", True),
                   ("enc_v2_n16_g8_b3_l4_p1", True), ("enc_v2_n16_g8_b3_l4_p1_m8", True),
                   ("dec_v2_n16_g8_b3_l4_p0", True)]
@@ -361,7 +365,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     rec["ecp5"] = {
         "LUT4": cells.get("LUT4", 0), "TRELLIS_FF": cells.get("TRELLIS_FF", 0),
         "CCU2C": cells.get("CCU2C", 0), "PFUMX": cells.get("PFUMX", 0),
-        "L6MUX21": cells.get("L6MUX21", 0), "cells": cells,
+        "L6MUX21": cells.get("L6MUX21", 0), "DP16KD": cells.get("DP16KD", 0), "cells": cells,
     }
     rec["ecp5"]["dut_est"] = {
         "LUT4": rec["ecp5"]["LUT4"] - sizes["xor_luts_est"],

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import warnings
 
 import numpy as np
 import pytest
-from amaranth.hdl import UnusedElaboratable
+from amaranth.hdl import UnusedElaboratable, Value
 
 from hw import KVEpilogue
 from hw.frontend import FE_CUTS
@@ -39,6 +40,13 @@ FULL = os.environ.get("HW_FULL", "") not in ("", "0")
 # constructors that raise leave half-built components behind; Amaranth warns
 # about them when they are garbage collected
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+
+
+def ram_lines_of(p: FormatParams, quant_regs, fe_regs, tree_every: int, lane_ram: int) -> dict:
+    """The delay lines that ``lane_ram`` puts into block RAM (``KVEpilogue.ram_lines``)."""
+    from hw.frontend import ram_lines as fe_lines
+    from hw.quantizer import ram_lines as q_lines
+    return {**fe_lines(p, fe_regs, tree_every, lane_ram), **q_lines(p, quant_regs, tree_every, lane_ram)}
 
 
 def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
@@ -83,14 +91,15 @@ def _flags_seen(exp, p):
     return f
 
 
-def test_default_config():
+@pytest.mark.parametrize("lane_ram", [0, 3])
+def test_default_config(lane_ram):
     """N=128, G=64, b=3, M=12, fp16, seed 0, latency 2: own directed + random
     vectors and every 8th vector of the shared adversarial set (all of it, plus
-    the shared random set, with HW_FULL=1)."""
+    the shared random set, with HW_FULL=1); flip-flop and block RAM lane delay."""
     p = FormatParams()
     adv = adversarial_vectors(p.n, 0, p)
     extra = np.concatenate([adv, random_vectors(p.n, 300, 0)]) if FULL else adv[::8]
-    exp = check(p, 2, 300 if FULL else 100, extra=extra)
+    exp = check(p, 2, 300 if FULL else 100, extra=extra, dut_kw={"lane_ram": lane_ram})
     assert _flags_seen(exp, p) == FLAG_NAN | FLAG_INF   # fp16 at N=128 cannot saturate
 
 
@@ -127,13 +136,17 @@ def test_no_sign_flip():
     (("max", "scale"), ()), (("abs", "lead", "sexp", "tsh"), ("shamt",)),
     (("abs", "max", "lead", "norm", "sexp", "scale", "tsh", "thr"), ("align",)),
 ])
-def test_register_placements(quant_regs, fe_regs):
+@pytest.mark.parametrize("lane_ram", [0, 3])
+def test_register_placements(quant_regs, fe_regs, lane_ram):
     """Every pipeline cut alone and in combinations: same payloads, latency =
-    sum of the breakdown, full rate, stalls (presets v2 and v1)."""
+    sum of the breakdown, full rate, stalls (presets v2 and v1); lane delays of 3+
+    stages in flip-flops or block RAM."""
+    if lane_ram and not ram_lines_of(FormatParams(n=32, block=16), quant_regs, fe_regs, 0, lane_ram):
+        pytest.skip("no lane delay of lane_ram or more stages: the same design as lane_ram = 0")
     for preset in ("v2", "v1"):
         p = FormatParams.preset(preset, n=32, block=16, bits=3, sign_seed=2)
         check(p, 1, 16, seed=len(quant_regs) + 3 * len(fe_regs),
-              dut_kw={"quant_regs": quant_regs, "fe_regs": fe_regs})
+              dut_kw={"quant_regs": quant_regs, "fe_regs": fe_regs, "lane_ram": lane_ram})
 
 
 @pytest.mark.parametrize("tree_every,fe_regs,kw", [
@@ -141,13 +154,15 @@ def test_register_placements(quant_regs, fe_regs):
     (1, FE_CUTS.names, {"mode": "asym"}), (2, ("align",), {"scale_rule": "absmean"}),
     (1, (), {"dtype": "bf16"}),
 ])
-def test_tree_registers(tree_every, fe_regs, kw):
+@pytest.mark.parametrize("lane_ram", [0, 3])
+def test_tree_registers(tree_every, fe_regs, kw, lane_ram):
     """A register every k levels of the exponent max tree and of the block statistic
     trees (asym: two trees; absmean: an adder tree), with the front-end cuts: same
-    payloads, latency = sum of the breakdown, full rate, stalls."""
+    payloads, latency = sum of the breakdown, full rate, stalls; lane delays in
+    flip-flops or block RAM."""
     p = FormatParams(n=64, block=16, bits=3, sign_seed=2, **kw)
-    check(p, 2, 16, seed=tree_every, dut_kw={"quant_regs": QUANT_CUTS.names,
-                                             "fe_regs": fe_regs, "tree_every": tree_every})
+    check(p, 2, 16, seed=tree_every, dut_kw={"quant_regs": QUANT_CUTS.names, "fe_regs": fe_regs,
+                                             "tree_every": tree_every, "lane_ram": lane_ram})
     # N = 64: 6 max-tree levels; G = 16: 2 + 2 statistic-tree levels
     assert fe_tree_cuts(p.n, tree_every) == {1: 5, 2: 2, 3: 1}[tree_every]
     assert quant_tree_cuts(p, tree_every) == {1: 2, 2: 0, 3: 0}[tree_every]
@@ -362,3 +377,154 @@ def test_key_front_end_stream(slots, kf_regs, pipe):
     first = replay(p, slots, x, slot, byp, run["in_cycles"], [w for at, w in cfg if not at],
                    [c for (at, _), c in zip(cfg, run["cfg_cycles"]) if not at])
     assert (first != xin).any()
+
+
+# ---- lane delay lines in block RAM (lane_ram) ------------------------------------------
+
+def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_random: int,
+                 seed: int, resets: int = 4):
+    """The encoder with flip-flop delay lines and with ``lane_ram`` side by side on the same
+    stimulus until every input vector went in and the pipeline drained: random gaps and
+    stalls, long stall and gap bursts (longer than any lane buffer), status_clear pulses,
+    and ``resets`` mid-stream resets spread over the input, each with vectors in flight,
+    every other one while the output is stalled. Asserted every cycle:
+    o.valid, i.ready and status equal, and the payload equal while valid. Every output
+    word is checked against the golden model (the vectors in flight at a reset are lost,
+    in both).
+
+    Returns:
+        counts: outputs, resets with words in flight, resets with the output stalled,
+        long stalls.
+    """
+    from amaranth.hdl import ClockDomain, Module
+    from amaranth.sim import Simulator
+    vecs = make_vectors(p, n_random, seed)
+    ins = wire.rows_to_ints(wire.lane_rows(vecs))
+    exp = wire.rows_to_ints(encoder_rows(vecs, p)[0])
+    top = Module()
+    top.domains.sync = cd = ClockDomain("sync")
+    top.submodules.ff = ff = KVEpilogue(p, latency, **dut_kw)
+    top.submodules.ram = ram = KVEpilogue(p, latency, **dut_kw, lane_ram=lane_ram)
+    assert ram.ram_lines and not ff.ram_lines
+    assert ram.latency_breakdown == ff.latency_breakdown
+    depth = max(v["depth"] for v in ram.ram_lines.values())
+    rnd = random.Random(seed)
+    win = len(Value.cast(ff.i.payload))
+    st = {"out": 0, "reset_in_flight": 0, "reset_stalled": 0, "long_stalls": 0}
+
+    async def tb(ctx):
+        idx, pending, burst, gap, cyc = 0, [], 0, 0, 0
+        due = [len(ins) * (k + 1) // (resets + 1) for k in range(resets)]
+        while idx < len(ins) or pending:
+            assert cyc < 60 * len(ins) + 1000, "no progress"
+            if burst == 0 and rnd.random() < 0.02:
+                burst = rnd.randrange(2 * depth, 8 * depth)   # o.ready low beyond the buffer
+                st["long_stalls"] += 1
+            if gap == 0 and rnd.random() < 0.005:
+                gap = rnd.randrange(depth, 4 * depth)
+            iv = idx < len(ins) and gap == 0 and rnd.random() < 0.8
+            ordy = burst == 0 and rnd.random() < 0.7
+            burst, gap = max(burst - 1, 0), max(gap - 1, 0)
+            ov = ctx.get(ff.o.valid)
+            rst = bool(due) and idx >= due[0] and bool(pending) and \
+                (len(due) % 2 == 1 or (ov and not ordy))
+            if rst:
+                due.pop(0)
+            clr = rnd.random() < 0.03
+            if rst:
+                st["reset_in_flight"] += bool(pending)
+                st["reset_stalled"] += bool(ov and not ordy)
+            pay = ins[idx] if iv else rnd.getrandbits(win)
+            for d in (ff, ram):
+                ctx.set(d.i.valid, iv)
+                ctx.set(Value.cast(d.i.payload), pay)
+                ctx.set(d.o.ready, ordy)
+                ctx.set(d.status_clear, clr)
+            ctx.set(cd.rst, rst)
+            assert ctx.get(ram.o.valid) == ov, f"o.valid differs at cycle {cyc}"
+            assert ctx.get(ram.i.ready) == ctx.get(ff.i.ready), f"i.ready differs at cycle {cyc}"
+            assert ctx.get(ram.status) == ctx.get(ff.status), f"status differs at cycle {cyc}"
+            if ov:
+                op = ctx.get(Value.cast(ram.o.payload))
+                assert op == ctx.get(Value.cast(ff.o.payload)), f"payload differs at cycle {cyc}"
+            if rst:
+                pending = []
+            else:
+                if ov and ordy:
+                    assert pending, f"an output without an input at cycle {cyc}"
+                    k = pending.pop(0)
+                    assert op == exp[k], (f"vector {k} (cycle {cyc}): "
+                                          f"{describe_encoder_word(op, exp[k], p)}")
+                    st["out"] += 1
+                if iv and ctx.get(ff.i.ready):
+                    pending.append(idx)
+            if iv and (rst or ctx.get(ff.i.ready)):
+                idx += 1
+            await ctx.tick()
+            cyc += 1
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    return st
+
+
+@pytest.mark.parametrize("n,block,latency,pipe", [
+    (32, 16, 2, 1),            # every cut, a tree register every level: both lines in RAM
+    (16, 8, 1, None),          # default cuts: the quantizer's lanes only (5 stages)
+    (64, 32, 3, 2),
+])
+def test_lane_ram_lockstep(n, block, latency, pipe):
+    """lane_ram = 3 against flip-flops, cycle by cycle, with long stalls and mid-stream
+    resets, every word bit-exact with the golden model (:func:`run_lockstep`)."""
+    p = FormatParams(n=n, block=block, bits=3, sign_seed=3)
+    kw = {} if pipe is None else {"quant_regs": QUANT_CUTS.names, "fe_regs": FE_CUTS.names,
+                                  "tree_every": pipe}
+    st = run_lockstep(p, latency, kw, 3, 100, n + latency)
+    assert st["out"] >= 60 and st["long_stalls"] >= 3
+    assert st["reset_in_flight"] == 4 and st["reset_stalled"] >= 2, st
+
+
+def test_lane_ram_n128_profile():
+    """The N=128 Fmax profile with both lane delay lines in block RAM
+    (``enc_v2_n128_g64_b3_l7_p2_r3``): golden stream check, then lockstep with resets."""
+    from rtl_gen.config import RTLConfig
+    cfg = RTLConfig.parse("enc_v2_n128_g64_b3_l7_p2_r3")
+    kw = {k: v for k, v in cfg.regs.items() if k not in ("latency", "lane_ram")}
+    dut = KVEpilogue(cfg.params, cfg.latency, **kw, lane_ram=cfg.lane_ram)
+    assert set(dut.ram_lines) == {"frontend.lanes", "quant.lanes"}
+    assert dut.ram_lines["quant.lanes"] == {"stages": 10, "width": 128 * 19, "depth": 16}
+    assert dut.ram_lines["frontend.lanes"] == {"stages": 4, "width": 128 * 17, "depth": 4}
+    del dut
+    gc.collect()
+    check(cfg.params, cfg.latency, 24, dut_kw={**kw, "lane_ram": cfg.lane_ram})
+    st = run_lockstep(cfg.params, cfg.latency, kw, cfg.lane_ram, 40, 128, resets=2)
+    assert st["out"] >= 15 and st["reset_in_flight"] == 2 and st["reset_stalled"] >= 1, st
+    assert st["long_stalls"] >= 1, st
+
+
+@pytest.mark.parametrize("quant_regs,fe_regs,tree_every,lines", [
+    (QUANT_CUTS.default, FE_CUTS.default, 0, {"quant.lanes": 5}),
+    (("max", "thr"), ("emax",), 0, {}),                       # 2 stages: flip-flops
+    (("abs", "max", "scale"), (), 0, {}),                      # abs is the write point
+    (("abs", "max", "scale", "thr"), (), 0, {"quant.lanes": 3}),
+    (QUANT_CUTS.names, FE_CUTS.names, 1, {"frontend.lanes": 6, "quant.lanes": 10}),
+])
+def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):
+    """Which delay lines go to RAM (at least lane_ram = 3 stages) and their delays, N=64."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        for lane_ram, want in ((3, lines), (0, {})):
+            dut = KVEpilogue(FormatParams(n=64, block=16), 2, quant_regs, fe_regs, tree_every,
+                             lane_ram=lane_ram)
+            assert {k: v["stages"] for k, v in dut.ram_lines.items()} == want
+            del dut
+            gc.collect()
+
+
+@pytest.mark.parametrize("value,exc", [(2, ValueError), (-3, ValueError), (True, TypeError),
+                                       (3.0, TypeError)])
+def test_bad_lane_ram(value, exc):
+    with pytest.raises(exc, match="lane_ram"):
+        KVEpilogue(FormatParams(n=16, block=8), 1, lane_ram=value)

@@ -337,3 +337,37 @@ def test_cli_key_front(tmp_path):
     assert "key_front" not in a
     assert b["key_front"]["slots"] == 4 and b["key_front"]["register_cuts"] == ["scale", "out"]
     assert b["latency_cycles"] == a["latency_cycles"] + 1 + 2
+
+
+def test_lane_ram_config_and_manifest(tmp_path):
+    """Config part rD: the lane delay lines of D or more stages in block RAM (encoder and
+    round trip), named in the manifest with their delay, width and buffer depth; same
+    latency and ports as without; a memory with ram_style block in the Verilog,
+    lint-clean."""
+    from rtl_gen.config import RTLConfig
+    c = RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_r3")
+    assert c.lane_ram == 3 and c.name == "enc_v2_n16_g8_b3_l4_p1_r3"
+    assert c.regs["lane_ram"] == 3 and c.regs["tree_every"] == 1
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").lane_ram == 0
+    assert RTLConfig.parse("rt_v2_n16_g8_b3_l2_r4").regs == {"latency": 2, "lane_ram": 4}
+    for bad, word in (("dec_v2_n16_g8_b3_l1_r3", "lane_ram"), ("enc_v2_n16_g8_b3_l1_r3_r4", "twice")):
+        with pytest.raises(ValueError, match=word):
+            RTLConfig.parse(bad)
+    man = rtl_gen.generate("encoder", c.params, tmp_path, **c.regs)
+    plain = rtl_gen.generate("encoder", c.params, tmp_path / "ff",
+                             **{k: v for k, v in c.regs.items() if k != "lane_ram"})
+    assert man["lane_ram"] == {"min_stages": 3, "lines": {
+        "frontend.lanes": {"stages": 4, "width": 16 * 17, "depth": 4},
+        "quant.lanes": {"stages": 9, "width": 16 * 16, "depth": 8}}}
+    assert plain["lane_ram"] == {"min_stages": 0, "lines": {}}
+    assert man["latency_cycles"] == plain["latency_cycles"] == 23
+    assert man["ports"] == plain["ports"]
+    v = (tmp_path / man["verilog"]).read_text()
+    assert v.count('ram_style = "block"') == 2 and 'ram_style' not in \
+        (tmp_path / "ff" / plain["verilog"]).read_text()
+    with pytest.raises(ValueError, match="lane_ram"):
+        rtl_gen.generate("encoder", c.params, tmp_path / "bad", latency=1, lane_ram=2)
+    if rtl_gen.find_tool("verilator") is not None:
+        r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "%Warning" not in r.stdout + r.stderr

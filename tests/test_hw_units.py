@@ -17,7 +17,7 @@ import random
 
 import numpy as np
 import pytest
-from amaranth.hdl import Elaboratable, Module, Signal, signed
+from amaranth.hdl import ClockDomain, Elaboratable, Module, Signal, signed
 from amaranth.sim import Simulator
 
 from hw.frontend import FrontEnd, u_range
@@ -559,3 +559,69 @@ def test_keyfront_arguments():
     with pytest.raises(ValueError, match="kf_regs"):
         KVEpilogue(p, 1, key_slots=2, kf_regs=("nope",))
     assert "cfg" not in KVEpilogue(p, 1).signature.members
+
+
+# ---- lane delay line in block RAM (hw.pipeline.ram_delay) ---------------------------
+
+@pytest.mark.parametrize("stages", [3, 4, 5, 6, 9, 11, 18])
+def test_ram_delay_equals_register_chain(stages):
+    """``ram_delay`` against ``stages`` chained ``stage`` registers under the same random
+    enable (long stall runs included) and random resets: every cycle the valid bits
+    agree (they are the chain's), and wherever the chain's output is valid the RAM's
+    data equals the chain's; after the last reset a stall-free stretch checks every
+    cycle, valid or not."""
+    from hw.pipeline import LANE_RAM_MIN, ram_delay, ram_depth, stage
+    width = 24
+    top = Module()
+    top.domains.sync = cd = ClockDomain("sync")
+    en, val, vin = Signal(), Signal(width), Signal()
+    top.submodules.sub = sub = Module()          # the helper adds a memory submodule
+    chain = {"data": val, "valid": vin}
+    for s in range(stages):
+        chain = stage(sub, en, f"c{s}", **chain)
+    ram = ram_delay(sub, en, "lanes", val, stages)
+    assert ram_depth(stages) >= stages - 1 and LANE_RAM_MIN == 3
+    rnd = random.Random(stages)
+    stats = {"valid_cmp": 0, "resets": 0, "long_stalls": 0}
+
+    async def tb(ctx):
+        stall = 0
+        for cyc in range(1500):
+            tail = cyc >= 1300                   # no resets, no stalls
+            if stall == 0 and not tail and rnd.random() < 0.02:
+                stall = rnd.randrange(stages, 4 * stages + 8)     # beyond the buffer depth
+                stats["long_stalls"] += 1
+            e = tail or (stall == 0 and rnd.random() < 0.7)
+            stall = max(stall - 1, 0)
+            r = not tail and rnd.random() < 0.01
+            stats["resets"] += r
+            ctx.set(en, e)
+            ctx.set(cd.rst, r)
+            ctx.set(val, rnd.getrandbits(width))
+            ctx.set(vin, rnd.random() < 0.8)
+            if ctx.get(chain["valid"]) or cyc >= 1300 + stages:
+                assert ctx.get(ram) == ctx.get(chain["data"]), f"cycle {cyc}"
+                stats["valid_cmp"] += 1
+            await ctx.tick()
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert stats["resets"] >= 5 and stats["long_stalls"] >= 5 and stats["valid_cmp"] > 500
+
+
+@pytest.mark.parametrize("stages", [0, 1, 2])
+def test_ram_delay_refuses_short_delays(stages):
+    from hw.pipeline import ram_delay
+    with pytest.raises(ValueError, match="stages"):
+        ram_delay(Module(), Signal(), "lanes", Signal(8), stages)
+
+
+@pytest.mark.parametrize("value,exc", [(1, ValueError), (2, ValueError), (-1, ValueError),
+                                       (True, TypeError), (3.0, TypeError), ("3", TypeError)])
+def test_check_lane_ram(value, exc):
+    from hw.pipeline import check_lane_ram
+    with pytest.raises(exc, match="lane_ram"):
+        check_lane_ram(value)
+    assert check_lane_ram(0) == 0 and check_lane_ram(3) == 3

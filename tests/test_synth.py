@@ -42,6 +42,11 @@ def test_config_names():
     for bad in ("dec_v2_n128_g64_b3_l7_p1", "enc_v2_n128_g64_b3_l7_p1_p2"):
         with pytest.raises(ValueError):
             synth_config(bad)
+    # the lane delay lines in block RAM (rD): the every-cut N=128 encoder that places
+    r = synth_config("enc_v2_n128_g64_b3_l7_p2_r3")
+    assert r.lane_ram == 3 and r.regs["lane_ram"] == 3 and r.pipe == 2
+    assert ("enc_v2_n128_g64_b3_l7_p2_r3", True) in synth.SETS["timing"]
+    assert all("_r" not in n for n, _ in synth.SETS["ci"] + synth.SETS["default"])
     for plan in synth.SETS.values():
         for n, pnr in plan:
             assert synth_config(n).name == n and isinstance(pnr, bool)

@@ -101,9 +101,9 @@ DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_
 #: round trip with block alignment (N/G = 2).
 QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2")
 #: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
-#: trip), G = 32, FWHT latency 0, the remaining N / b /
-#: latency pairs, bf16 at N = 128, more round trips.
-EXTRA_CONFIGS = ("enc_v2_n64_g64_b3_l6_p1", "rt_v2_n128_g64_b3_l7_p2",
+#: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``), G = 32, FWHT
+#: latency 0, the remaining N / b / latency pairs, bf16 at N = 128, more round trips.
+EXTRA_CONFIGS = ("enc_v2_n64_g64_b3_l6_p1", "rt_v2_n128_g64_b3_l7_p2", "enc_v2_n128_g64_b3_l7_p2_r3",
                  "enc_v2_n128_g64_b2_l7", "enc_v2_n128_g32_b3_l2", "enc_v2_n64_g64_b3_l0",
                  "enc_v2_n64_g64_b3_l2", "enc_v2_n256_g64_b3_l1", "enc_v2_n128_g64_b4_l1",
                  "enc_v2_n128_g64_b3_l2_bf16", "rt_v2_n256_g64_b4_l1",
