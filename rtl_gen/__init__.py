@@ -46,9 +46,27 @@ MANIFEST_VERSION = 2
 WAIVER_FILE = Path(__file__).with_name("verilator_waivers.vlt")
 
 
-def _check_name(name: str) -> str:
+#: Reserved words of Verilog-2005 (IEEE 1364-2005, Annex B) and SystemVerilog's common ones: a
+#: module named by one is written as an escaped identifier, which the manifest would not match.
+VERILOG_KEYWORDS = frozenset("""
+always and assign automatic begin buf bufif0 bufif1 case casex casez cell cmos config deassign default
+defparam design disable edge else end endcase endconfig endfunction endgenerate endmodule endprimitive
+endspecify endtable endtask event for force forever fork function generate genvar highz0 highz1 if ifnone
+incdir include initial inout input instance integer join large liblist library localparam macromodule
+medium module nand negedge nmos nor noshowcancelled not notif0 notif1 or output parameter pmos posedge
+primitive pull0 pull1 pulldown pullup pulsestyle_onevent pulsestyle_ondetect rcmos real realtime reg
+release repeat rnmos rpmos rtran rtranif0 rtranif1 scalared showcancelled signed small specify specparam
+strong0 strong1 supply0 supply1 table task time tran tranif0 tranif1 tri tri0 tri1 triand trior trireg
+unsigned use uwire vectored wait wand weak0 weak1 while wire wor xnor xor
+bit byte int logic shortint longint interface endinterface package endpackage class endclass
+""".split())
+
+
+def _check_name(name: str, what: str = "top") -> str:
     if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
-        raise ValueError(f"top (module name) must be a plain Verilog identifier, got {name!r}")
+        raise ValueError(f"{what} (module name) must be a plain Verilog identifier, got {name!r}")
+    if name in VERILOG_KEYWORDS:
+        raise ValueError(f"{what} (module name) {name!r} is a Verilog reserved word")
     return name
 
 
@@ -261,7 +279,7 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
         the ``manifest.json`` dict.
     """
     top = _check_name(KINDS["encoder"].top if top is None else top)
-    dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top)
+    dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top, "dec_top")
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
     enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align")}

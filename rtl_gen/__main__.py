@@ -56,8 +56,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bits", type=int, default=d.bits,
                     help=f"code bits b in {{2,3,4}} (default {d.bits})")
     ap.add_argument("--latency", type=int, default=2,
-                    help="FWHT pipeline registers, 0..log2(N) (default 2); total latency = "
-                         "latency + 2 + number of --quant-regs and --fe-regs cuts (written to the manifest)")
+                    help="FWHT pipeline registers, 0..log2(N) (default 2); the total latency (the manifest's "
+                         "latency_cycles and latency_breakdown) adds the --quant-regs / --fe-regs cuts, the "
+                         "--tree-every registers and the key front end (table read + --kf-regs cuts)")
     ap.add_argument("--quant-regs", type=_cuts, default=QUANT_CUTS.default,
                     help=f"quantizer register cuts, comma-separated from {','.join(QUANT_CUTS.names)} "
                          f"or 'none' (default {','.join(QUANT_CUTS.default) or 'none'}); "
@@ -117,9 +118,9 @@ def main(argv=None) -> int:
                              f"{a.module} use --top")
         if a.key_slots < 0:
             raise ValueError(f"--key-slots must be >= 0, got {a.key_slots}")
-        if a.module == "decompressor" and a.key_slots:
-            raise ValueError("--key-slots configures the epilogue (write path); it does not apply to "
-                             "--module decompressor")
+        if a.module in ("decompressor", "roundtrip") and a.key_slots:
+            raise ValueError("--key-slots configures the epilogue's key front end (write path); it does not "
+                             f"apply to --module {a.module}")
         if a.kf_regs != KF_CUTS.default and not a.key_slots:
             raise ValueError("--kf-regs needs --key-slots > 0 (the key front end)")
         p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,

@@ -11,6 +11,7 @@ N = head_dim.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from .params import QUANT_MODES, FormatParams
@@ -68,8 +69,9 @@ def main(argv=None) -> int:
     if None in (layers, heads, hd):
         ap.error("give --preset or all of --layers, --kv-heads, --head-dim")
     try:
-        p = FormatParams(n=hd, block=min(a.block, hd), bits=a.bits, mode=a.mode)
-        pol = CachePolicy(k=p, v=p, sinks=a.sinks)
+        pol = CachePolicy(k=FormatParams(block=a.block, bits=a.bits, mode=a.mode), sinks=a.sinks)
+        pol = dataclasses.replace(pol, v=pol.k).fit(hd)        # one vector per head (--head-dim)
+        p = pol.k
         fp = cache_bytes(layers, heads, hd, a.context, None, a.batch)
         fm = cache_bytes(layers, heads, hd, a.context, pol, a.batch)
     except (ValueError, TypeError) as err:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .params import FormatParams
 
 FP16_BITS = 16
@@ -65,6 +67,8 @@ class CachePolicy:
             raise ValueError(f"sinks must be an int >= 0, got {self.sinks!r}")
         for name in ("layer_k", "layer_v"):
             layers = [entry[0] for entry in getattr(self, name)]
+            if any(isinstance(l, bool) or not isinstance(l, (int, np.integer)) for l in layers):
+                raise ValueError(f"{name} layers must be ints, got {layers}")
             if len(set(layers)) != len(layers) or any(l < 0 for l in layers):
                 raise ValueError(f"{name} layers must be distinct and >= 0, got {layers}")
             for _, f in getattr(self, name):
@@ -84,8 +88,10 @@ class CachePolicy:
         """Total bits the cache stores for one sequence of ``context`` tokens (K and V).
 
         Raises:
-            ValueError: head_dim is not a multiple of some format's N.
+            ValueError: n_layers, n_kv_heads, head_dim or context not an int >= 1, or head_dim
+                not a multiple of some format's N.
         """
+        _check_counts(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, context=context)
         total = 0
         sink = min(self.sinks, context)
         for layer in range(n_layers):
@@ -130,6 +136,8 @@ class CachePolicy:
         Raises:
             ValueError: ``head_dim`` cannot be one vector of some format.
         """
+        _check_counts(head_dim=head_dim)
+
         def fit_layers(layers):
             return tuple((l, fit_format(f, head_dim, dtype)) for l, f in layers)
         return dataclasses.replace(self, k=fit_format(self.k, head_dim, dtype),
@@ -147,6 +155,13 @@ class CachePolicy:
         if not isinstance(name, str) or name.strip().lower() not in names:
             raise ValueError(f"policy preset must be one of {tuple(POLICY_PRESETS)}, got {name!r}")
         return cls(**POLICY_PRESETS[names[name.strip().lower()]])
+
+
+def _check_counts(**counts):
+    """ValueError naming the first count that is not an int >= 1."""
+    for name, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
 
 def fit_format(f: FormatParams | None, head_dim: int, dtype: str | None = None) -> FormatParams | None:

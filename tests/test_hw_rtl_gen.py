@@ -157,6 +157,10 @@ def test_deterministic(tmp_path):
     (["--key-slots", "-1"], "--key-slots"),
     (["--module", "decompressor", "--key-slots", "2"], "--key-slots"),
     (["--kf-regs", "out"], "--kf-regs"),
+    (["--module", "roundtrip", "--key-slots", "2"], "--key-slots"),
+    (["--top", "module"], "reserved word"),
+    (["--module", "both", "--dec-top", "1x"], "dec_top"),
+    (["--module", "both", "--dec-top", "wire"], "dec_top"),
     (["--key-slots", "2", "--kf-regs", "bogus"], "kf_regs"),
     (["--key-slots", "2", "--dtype", "bf16"], "fp16"),
 ])

@@ -211,3 +211,11 @@ def test_policy_fit_head_dim():
     assert over.layer_k[0][1].n == 64 and over.layer_k[0][1].dtype == "bf16"
     with pytest.raises(ValueError, match="head_dim 48"):
         v3.fit(48)
+    for args, word in (((0, 1, 64, 2048), "n_layers"), ((1, 0, 64, 2048), "n_kv_heads"),
+                       ((1, 1, 64, 0), "context"), ((1, 1, 64, -5), "context"), ((1, 1, 64.0, 8), "head_dim")):
+        with pytest.raises(ValueError, match=word):
+            fitted.bits_per_element(*args)
+    with pytest.raises(ValueError, match="head_dim"):
+        v3.fit("64")
+    with pytest.raises(ValueError, match="layer_k"):
+        CachePolicy(layer_k=(("a", None),))
