@@ -263,18 +263,12 @@ class _GoldenStore:
         return o[:, :, 0]
 
     def nbytes(self):
-        """Bytes of the stored format: codes and scale bytes of the packed rows (capacity minus
-        sinks), 16-bit sink rows, 16-bit rows of an unquantized kind (flags, which the golden
-        store does not keep, excluded)."""
+        """Bytes of the stored format (:meth:`sim_models.CachePolicy.stored_bits` of these formats
+        and sinks at this capacity: packed vectors, fp16 sink rows, 16-bit unquantized kinds;
+        flags, which the golden store does not keep, excluded)."""
         b, h, cap, d = self.hat["k"].shape
-        rows = cap - min(self.sinks, cap)
-        total = 0
-        for kind, f in zip("kv", self.fmts):
-            if f is None:
-                total += b * h * cap * d * 2
-            else:
-                total += b * h * (rows * (d // f.n) * (f.code_bytes + f.n_blocks) + (cap - rows) * d * 2)
-        return total
+        pol = CachePolicy(k=self.fmts[0], v=self.fmts[1], sinks=self.sinks)
+        return b * pol.stored_bits(1, h, d, cap) // 8
 
 
 class _StreamHandle:

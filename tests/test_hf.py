@@ -445,3 +445,18 @@ def test_cache_kwargs_follow_the_forward_signature():
 
     assert hf.cache_kwargs(New(), 1) == {"cache": 1}
     assert hf.cache_kwargs(Old(), 1) == {"past_key_values": 1}
+
+
+def test_golden_store_nbytes_counts_zero_points():
+    """The golden store's bytes are CachePolicy.stored_bits of its formats: asym vectors carry
+    a zero-point plane (26 bytes per 64-lane vector at b = 3, not codes + scale = 25)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    m = LlamaForCausalLM(cfg).eval()
+    asym = FormatParams(mode="asym")
+    c = hf.PackedCache(cfg, CachePolicy(k=asym, v=asym), 1, 16, backend="golden")
+    with torch.no_grad():
+        m(torch.zeros(1, 4, dtype=torch.long), **hf.cache_kwargs(m, c))
+    assert FormatParams(mode="asym", n=64).bytes_per_vector == 26
+    assert c.nbytes() == 2 * 16 * 26            # K and V x capacity x one 64-lane vector
