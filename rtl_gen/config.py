@@ -71,6 +71,13 @@ def _changes(p: FormatParams, base: FormatParams) -> list[str]:
     return [f for f in _FIELDS if f not in ("n", "block", "bits") and getattr(p, f) != getattr(base, f)]
 
 
+def _check_count(v, msg: str) -> int:
+    """``v`` if it is an int >= 0 (bool refused), else ValueError ``msg, got v``."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{msg}, got {v!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class RTLConfig:
     """One RTL configuration: which top level, its format parameters, FWHT registers.
@@ -102,23 +109,17 @@ class RTLConfig:
             raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
                              f"0..{self.params.log2n}, got {lat!r}")
         pp = self.pipe
-        if pp is not None and (isinstance(pp, bool) or not isinstance(pp, int) or pp < 0):
-            raise ValueError(f"pipe (pK, tree levels per register of the Fmax profile) must be "
-                             f"None or an int >= 0, got {pp!r}")
-        ks = self.key_slots
-        if isinstance(ks, bool) or not isinstance(ks, int) or ks < 0:
-            raise ValueError(f"key_slots (kT, key front end table slots) must be an int >= 0, "
-                             f"got {ks!r}")
+        if pp is not None:
+            _check_count(pp, "pipe (pK, tree levels per register of the Fmax profile) must be "
+                             "None or an int >= 0")
+        ks = _check_count(self.key_slots, "key_slots (kT, key front end table slots) must be an int >= 0")
         if ks and self.kind != "encoder":
             raise ValueError(f"key_slots (kT): the key front end is built on the encoder (enc_) "
                              f"only, got kind {self.kind!r}")
         if ks and self.params.dtype != "fp16":
             raise ValueError(f"key_slots (kT): the key front end is fp16 only (docs/FORMAT.md 8), "
                              f"got dtype {self.params.dtype!r}")
-        lr = self.lane_ram
-        if isinstance(lr, bool) or not isinstance(lr, int) or lr < 0:
-            raise ValueError(f"lane_ram (rD, minimum lane delay in block RAM) must be an int "
-                             f">= 0, got {lr!r}")
+        lr = _check_count(self.lane_ram, "lane_ram (rD, minimum lane delay in block RAM) must be an int >= 0")
         if lr and self.kind == "decoder":
             raise ValueError(f"lane_ram (rD): the lane delay lines in block RAM are the "
                              f"encoder's (enc_, rt_), got kind {self.kind!r}")
