@@ -4,7 +4,8 @@
 # sources in SOURCES (--source NAME=DIR ...), then with NCU=1 Nsight Compute (sources NCU_SOURCES, default
 # SOURCES) on one launch per (source, dtype, layout): instructions, issue, pipes, stall reasons, DRAM and store
 # sectors per request. Writes under $OUT.
-# Usage (repository root): SOURCES="--source old=wbase" NCU=1 bash bench/gpu_r12_device.sh
+# Usage (repository root; wbase = a folder holding a previous kv_encode.cu and kv_common.cuh, e.g. from
+# `git show 44f01dd:gpu_ref/kv_encode.cu`): SOURCES="--source old=wbase" NCU=1 bash bench/gpu_r12_device.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv > $OUT/gpu.txt
