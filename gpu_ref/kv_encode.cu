@@ -667,6 +667,13 @@ kv_encode(const KvEncodeArgs a) {
       // field d = c + 2^(b-1) itself (c = -2^(b-1) - 1 gives 0xFFFF = -1); one VIMNMX.S16x2.RELU clamps d
       // to [0, 2^b - 1] and clears the high half (min with 0), so the field is packed clean (no constant to
       // subtract) -- instead of two FMNMX per lane on the float.
+      auto kc_word = [&](int k) {  // the constant part of the F added into word k (compile time)
+        kv_u32 kc = 0;
+#pragma unroll
+        for (int i = 0; i < LPT; ++i)
+          if (((i * BITS) >> 5) == k) kc += (__float_as_uint(CMQ) & ~FM) << ((i * BITS) & 31);
+        return kc;
+      };
       const bool relu = MR && !anysat;
       if (relu) {
 #pragma unroll
@@ -679,20 +686,23 @@ kv_encode(const KvEncodeArgs a) {
       } else if (!MR && !RND && !anysat) {  // version-1 quantizer, no saturated block: no code can clip
 #pragma unroll
         for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(qf(yf[FLT ? i : 0], kq[i / BL])));
+#pragma unroll
+        for (int k = 0; k < CW; ++k) cw[k] -= kc_word(k);  // in the branch: the relu path skips it
       } else {  // clamp the sum (monotone, so clamping after the rounding equals clipping the code)
 #pragma unroll
         for (int i = 0; i < LPT; ++i) putq(i, __float_as_uint(fminf(fmaxf(qf(yf[FLT ? i : 0], kq[i / BL]), FLO), FHI)));
+#pragma unroll
+        for (int k = 0; k < CW; ++k) cw[k] -= kc_word(k);
       }
 #pragma unroll
       for (int k = 0; k < CW; ++k) {
-        kv_u32 kc = 0, flip = 0;  // compile-time per word
+        kv_u32 flip = 0;  // compile-time per word
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
           const int bit = i * BITS;
-          if ((bit >> 5) == k) kc += (__float_as_uint(CMQ) & ~FM) << (bit & 31);
           if (((bit + BITS - 1) >> 5) == k) flip |= 1u << ((bit + BITS - 1) & 31);
         }
-        cw[k] = (relu ? cw[k] : cw[k] - kc) ^ flip;
+        cw[k] ^= flip;
       }
     } else
     {
@@ -728,38 +738,50 @@ kv_encode(const KvEncodeArgs a) {
 
     // ---- stores ---------------------------------------------------------------------------
     // vpair order (IL): when the thread of the same part of vector vec ^ pair_vec (lane ^ pair_vec TPV, a power
-    // of two below 32) writes the other row of this row pair, the two exchange half of their code bytes (CW / 2
-    // shuffles) and each writes whole 32-bit words [unit of row 2i | unit of row 2i + 1] of its half of the units
-    // (16-byte stores); otherwise (a lone token, e.g. one decode step) three 16-bit stores per group
+    // of two below 32) writes the other row of this row pair, the two exchange half of their code words (CW / 2
+    // shuffles: the even row's writer keeps the first half of its part and sends the second, the odd row's writer
+    // the reverse) and each writes whole 32-bit words [unit of row 2i | unit of row 2i + 1] of its half of the units
+    // (16-byte stores); otherwise (a lone token, e.g. one decode step) three 16-bit stores per group.
+    // The pair words come from the golden words by byte permutes (PRMT) alone: per two groups (three words w0 w1 w2
+    // of each row; group q = w0.b0-3 w1.b0-1, group q+1 = w1.b2-3 w2.b0-3) the units are H0 = w0.b0 b1,
+    // H1 = w0.b2 w1.b1, H2 = w0.b3 w1.b0, H0' = w1.b2 b3, H1' = w2.b0 b3, H2' = w2.b1 b2; one PRMT per pair word
+    // takes a unit from each row's word, after one PRMT per row gathers [H1 | H2] (x = bytes 2 5 3 4 of w0:w1).
+    // The selector below is for (row 2i, row 2i + 1) as (first, second) source; the odd row's writer holds the
+    // second row in its own words, so it flips bit 2 of every selector nibble (xor 0x4444) to swap the sources.
+    const long long orow = vec < nvec ? (out_rows ? out_rows[vec] : vec) : -2;  // output row (-2: none)
     bool paired = false;
     if constexpr (IL != 0) {
       static_assert(CW % 2 == 0 && CBT % 12 == 0 && TPV < 32, "vpair: halves of whole groups per thread");
-      const long long orow_m = vec < nvec ? (out_rows ? out_rows[vec] : vec) : -2;
+      constexpr int HW = CW / 2;  // words of half a part (a whole number of group pairs: 3 words each)
       const int pm = (int)min(a.pair_vec, 32ll) * TPV;  // partner lane distance (uniform)
       const int pl = pm > 0 && pm < 32 && (pm & (pm - 1)) == 0 ? pm : 0;
-      const long long orow_p = shfl_xor_t(orow_m, pl);
-      const bool odd = (orow_m & 1) != 0;
-      paired = orow_m >= 0 && orow_p == (orow_m ^ 1);
-      kv_u32 lo[CW / 2], hi[CW / 2];  // bytes [h0, h0 + CBT / 2) of the part, rows 2i (lo) and 2i + 1 (hi)
+      const long long orow_p = shfl_xor_t(orow, pl);
+      const bool odd = (orow & 1) != 0;
+      paired = orow >= 0 && orow_p == (orow ^ 1);
+      kv_u32 own[HW], oth[HW];  // this row's and the partner row's words of the half this thread writes
 #pragma unroll
-      for (int k = 0; k < CW / 2; ++k) {
-        const kv_u32 pw = shfl_xor_t(odd ? cw[k] : cw[CW / 2 + k], pl);  // what the partner needs
-        lo[k] = odd ? pw : cw[k];
-        hi[k] = odd ? cw[CW / 2 + k] : pw;
+      for (int k = 0; k < HW; ++k) {
+        own[k] = odd ? cw[HW + k] : cw[k];
+        oth[k] = shfl_xor_t(odd ? cw[k] : cw[HW + k], pl);  // what the partner needs
       }
       if (paired) {
-        auto unit = [&](const kv_u32* x, int i0, int i1) {  // bytes i0, i1 of x as a 16-bit unit
-          return ((x[i0 >> 2] >> (8 * (i0 & 3))) & 0xFFu) | (((x[i1 >> 2] >> (8 * (i1 & 3))) & 0xFFu) << 8);
-        };
-        kv_u32 w[CBT / 4];  // units of this half: 3 per group (g0 g1, g2 g5, g3 g4)
+        const kv_u32 f = odd ? 0x4444u : 0u;
+        const kv_u32 s10 = 0x5410u ^ f, s32 = 0x7632u ^ f, s30 = 0x7430u ^ f, s21 = 0x6521u ^ f;
+        kv_u32 w[CBT / 4];  // this half's pair words: 3 units per group (g0 g1, g2 g5, g3 g4) of both rows
 #pragma unroll
-        for (int q = 0; q < CBT / 12; ++q) {
-          w[3 * q] = unit(lo, 6 * q, 6 * q + 1) | (unit(hi, 6 * q, 6 * q + 1) << 16);
-          w[3 * q + 1] = unit(lo, 6 * q + 2, 6 * q + 5) | (unit(hi, 6 * q + 2, 6 * q + 5) << 16);
-          w[3 * q + 2] = unit(lo, 6 * q + 3, 6 * q + 4) | (unit(hi, 6 * q + 3, 6 * q + 4) << 16);
+        for (int m = 0; m < HW / 3; ++m) {
+          const kv_u32* o = own + 3 * m;
+          const kv_u32* t = oth + 3 * m;
+          const kv_u32 xo = __byte_perm(o[0], o[1], 0x4352u), xt = __byte_perm(t[0], t[1], 0x4352u);  // [H1 | H2]
+          w[6 * m] = __byte_perm(o[0], t[0], s10);      // H0
+          w[6 * m + 1] = __byte_perm(xo, xt, s10);      // H1
+          w[6 * m + 2] = __byte_perm(xo, xt, s32);      // H2
+          w[6 * m + 3] = __byte_perm(o[1], t[1], s32);  // H0'
+          w[6 * m + 4] = __byte_perm(o[2], t[2], s30);  // H1'
+          w[6 * m + 5] = __byte_perm(o[2], t[2], s21);  // H2'
         }
         // first unit: part * CBT / 2 + (odd ? CBT / 4 : 0) of the pair, i.e. byte 2 part CBT + (odd ? CBT : 0)
-        kv_u8* pdst = codes + (orow_m & ~1ll) * CB + 2 * part * CBT + (odd ? CBT : 0);
+        kv_u8* pdst = codes + (orow & ~1ll) * CB + 2 * part * CBT + (odd ? CBT : 0);
         if (CBT % 16 == 0 && CB % 8 == 0) {
 #pragma unroll
           for (int k = 0; k < CBT / 16; ++k)
@@ -771,18 +793,20 @@ kv_encode(const KvEncodeArgs a) {
       }
     }
     if (vec < nvec) {
-      const long long orow = out_rows ? out_rows[vec] : vec;
       kv_u8* cdst = codes + orow * CB + part * CBT;
       if (IL && paired) {
       } else if (IL) {  // vpair order: unit u of row r at byte 4u + 2(r & 1) of the pair's 2 CB bytes
         kv_u16* hd = reinterpret_cast<kv_u16*>(codes + (orow & ~1ll) * CB) + (orow & 1);
-        auto byte = [&](int i) { return (cw[i >> 2] >> (8 * (i & 3))) & 0xFFu; };
 #pragma unroll
-        for (int q = 0; q < CBT / 6; ++q) {
-          const int u = 3 * (part * (CBT / 6) + q);  // first unit of the group in the row
-          hd[2 * u] = (kv_u16)(byte(6 * q) | (byte(6 * q + 1) << 8));
-          hd[2 * u + 2] = (kv_u16)(byte(6 * q + 2) | (byte(6 * q + 5) << 8));
-          hd[2 * u + 4] = (kv_u16)(byte(6 * q + 3) | (byte(6 * q + 4) << 8));
+        for (int m = 0; m < CBT / 12; ++m) {  // two groups (words w0 w1 w2, units as in the paired case)
+          const int u = 6 * (part * (CBT / 12) + m);  // first unit of the two groups in the row
+          const kv_u32 w0 = cw[3 * m], w1 = cw[3 * m + 1], w2 = cw[3 * m + 2], x = __byte_perm(w0, w1, 0x4352u);
+          hd[2 * u] = (kv_u16)w0;
+          hd[2 * u + 2] = (kv_u16)x;
+          hd[2 * u + 4] = (kv_u16)(x >> 16);
+          hd[2 * u + 6] = (kv_u16)(w1 >> 16);
+          hd[2 * u + 8] = (kv_u16)__byte_perm(w2, 0u, 0x30u);
+          hd[2 * u + 10] = (kv_u16)(w2 >> 8);
         }
       } else if (CBT % 16 == 0 && CB % 16 == 0) {
 #pragma unroll

@@ -615,6 +615,43 @@ def test_vpair_write_bytes_equal_interleaved_golden(page):
         assert np.array_equal(ov, ow), float(np.abs(ov - ow).max())
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_vpair_write_kernel_every_n(n, dtype):
+    """The write kernel's vpair stores for every N of the layout (one thread per row up to N = 128, two for
+    N = 256): raw bytes == interleave(golden) with row v for vector v (pair_vec 1: the pair's writers in
+    adjacent lanes), with the cache's rows [B, KVH, T] for [B, T, KVH, N] input (pair_vec KVH), and with odd
+    token counts (the last token's partner is not in the launch: 2-byte stores), mixed values (NaN/inf,
+    saturated blocks)."""
+    from gpu_ref.layout import interleave
+    p = qparams("midrise", "nearest", bits=3, n=n, block=64, dtype=dtype)
+    for bsz, t, kvh in ((1, 4096, 1), (2, 37, 4), (3, 8, 8)):
+        bits = mixed_bits(n, bsz * t * kvh, seed=n + t, dtype=dtype).reshape(bsz, t, kvh, n)
+        g = encode(bits, p)
+        cap = t + (t & 1)                                                  # even token axis
+        for how in ("rows", "cache"):
+            x = cp.asarray(bits)
+            if how == "rows":  # vector v -> row v (pair_vec 1); the last row left out (its partner row alone)
+                nv = bsz * t * kvh
+                codes = cp.full((nv, p.code_bytes), 0xA5, cp.uint8)
+                gpu_ref.launch_encode(x.reshape(-1, n)[:nv - 1], p, codes, cp.empty((nv, p.n_blocks), cp.uint8),
+                                      cp.empty(nv, cp.uint8), None, cp, layout="vpair")
+                want = g.codes.reshape(nv, p.code_bytes).copy()
+                want[-1] = 0xA5
+                got = cp.asnumpy(codes)
+            else:  # KVCache's rows: [B, KVH, cap] planes, token pairs (2i, 2i + 1) of one kv head
+                codes = cp.full((bsz, kvh, cap, p.code_bytes), 0xA5, cp.uint8)
+                rows = ((np.arange(bsz)[:, None, None] * kvh + np.arange(kvh)[None, None, :]) * cap
+                        + np.arange(t)[None, :, None]).reshape(-1)
+                gpu_ref.launch_encode(x.reshape(-1, n), p, codes, cp.empty(codes.shape[:3] + (p.n_blocks,), cp.uint8),
+                                      cp.empty(codes.shape[:3], cp.uint8), cp.asarray(rows), cp, layout="vpair",
+                                      pair_vec=kvh)
+                want = np.full((bsz, kvh, cap, p.code_bytes), 0xA5, np.uint8)
+                want[:, :, :t] = g.codes.transpose(0, 2, 1, 3)
+                got = cp.asnumpy(codes)
+            assert np.array_equal(got, interleave(want)), f"N={n} {dtype} B{bsz} T{t} KVH{kvh} {how}: bytes differ"
+
+
 def test_mqa_70000_tokens():
     """The case that raised 'num_splits must be in [1, 128], got 132' (issue 10)."""
     lengths = [70000]
