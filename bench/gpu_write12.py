@@ -10,7 +10,8 @@ source, golden order and vpair (rows v, and KVCache's rows: 16 sequences x 128K 
 to the copy kernel over the same byte count (read + written) in the same round; CUDA-graph medians, two rounds
 with the sources in turn (A B C A B C). ``% copy`` is against the copy bandwidth of the earlier rounds (a 4 GB copy,
 ``gpu_bench.copy_bandwidth``), ``% same-bytes copy`` against the copy kernel over the write kernel's own bytes.
-``--ncu``: one launch of 2^21 vectors per (source, dtype, layout) for Nsight Compute, in the order printed.
+``--ncu``: one launch of 2^21 vectors per (source, dtype, layout) for Nsight Compute, in the order printed
+(``--ncu-cache``: each also with KVCache's rows).
 
 Usage (device): python3 bench/gpu_write12.py --out $OUT [--source old=DIR ...] [--ncu]
 """
@@ -155,6 +156,8 @@ def bench(sources, copy_gbs, rounds=2):
                              "ms": ms, "round_ms": [r[0] for r in reps], "all_ms": allt,
                              "GBps": byts / (ms * 1e-3) / 1e9, "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / copy_gbs,
                              "copy_same_bytes_ms": cms, "pct_copy_same_bytes": 100 * cms / ms * byts / cbytes,
+                             # the cache rows' cases also read one 8-byte output row per vector (not in "bytes")
+                             "row_bytes": 8 * NVEC if "cache rows" in label else 0,
                              "gpu_state_after": gb.gpu_state()})
         del x, codes, scales, flags, crow, keep
         gb.free()
@@ -164,23 +167,27 @@ def bench(sources, copy_gbs, rounds=2):
 SKIP = set()  # (source name, layout) pairs not timed (--skip-wire NAME: a variant that changes only vpair)
 
 
-def ncu_launches(sources):
-    """One launch per (source, dtype, layout), 2^21 vectors, for ncu (-k regex:kv_encode): the order printed."""
+def ncu_launches(sources, with_cache=False):
+    """One launch per (source, dtype, layout), 2^21 vectors, for ncu (-k regex:kv_encode): the order printed.
+    ``with_cache``: each also with KVCache's rows (2 sequences x 128K tokens x 8 kv heads, pair_vec 8)."""
     order = []
+    nv = 1 << 21
     for dtype in ("fp16", "bf16"):
         p = qparams("midrise", "nearest", bits=3, dtype=dtype)
-        x = inputs(dtype, 1 << 21)
-        codes, scales = cp.empty((1 << 21, p.code_bytes), cp.uint8), cp.empty((1 << 21, p.n_blocks), cp.uint8)
-        flags = cp.empty(1 << 21, cp.uint8)
+        x = inputs(dtype, nv)
+        codes, scales = cp.empty((nv, p.code_bytes), cp.uint8), cp.empty((nv, p.n_blocks), cp.uint8)
+        flags = cp.empty(nv, cp.uint8)
+        crow = cp.asarray(cache_rows(nv // (131072 * KVH), 131072, KVH))
         for name, folder in sources:
             for layout in ("wire", "vpair"):
                 if (name, layout) in SKIP:
                     continue
                 encode_kernel(folder, p, layout)  # compile first (no launch)
-                launch(folder, x, p, codes, scales, flags, None, layout)
-                cp.cuda.Device().synchronize()
-                order.append(f"{dtype} {layout} {name}")
-                log(f"ncu launch {len(order)}: {order[-1]}")
+                for rows, pv, what in ((None, 1, ""), (crow, KVH, " cache rows"))[:2 if with_cache else 1]:
+                    launch(folder, x, p, codes, scales, flags, rows, layout, pv)
+                    cp.cuda.Device().synchronize()
+                    order.append(f"{dtype} {layout}{what} {name}")
+                    log(f"ncu launch {len(order)}: {order[-1]}")
     return order
 
 
@@ -190,11 +197,12 @@ def main():
     ap.add_argument("--source", action="append", default=[], help="NAME=DIR: another kernel source folder")
     ap.add_argument("--skip-wire", action="append", default=[], help="source NAME whose golden order is not timed")
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--ncu-cache", action="store_true", help="--ncu: each launch also with KVCache's rows")
     a = ap.parse_args()
     sources = [("current", None)] + [tuple(s.split("=", 1)) for s in a.source]
     SKIP.update((n, "wire") for n in a.skip_wire)
     if a.ncu:
-        log(json.dumps(ncu_launches(sources)))
+        log(json.dumps(ncu_launches(sources, a.ncu_cache)))
         return
     t0 = time.time()
     res = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "date": time.strftime("%Y-%m-%d %H:%M"),

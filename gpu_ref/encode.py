@@ -104,7 +104,12 @@ def encode_cfg(p: FormatParams, tune=None, keyf: int = 0, layout: str = "wire"):
     targs = (str(p.n), str(p.block), str(p.bits), str(p.mant_bits), "0" if p.dtype == "fp16" else "1",
              f"{seed}ull", "0" if p.sign_seed is None else "1", str(int(t["lptm"])), str(int(t["minb"])),
              str(MODE_ID[p.mode]), str(ROUND_ID[p.scale_round]), str(int(keyf)), "1" if layout == "vpair" else "0")
-    return targs, 2 * 128 * (lpt * 2 + 16), lpt, int(t["minb"])
+    return targs, encode_smem(lpt), lpt, int(t["minb"])
+
+
+def encode_smem(lpt: int) -> int:
+    """Dynamic shared memory of kv_encode: two input tiles of 128 padded rows, two tiles of output rows."""
+    return 2 * 128 * (lpt * 2 + 16) + 2 * 128 * 8
 
 
 def as_bits(x, p: FormatParams, cp, name: str = "x"):

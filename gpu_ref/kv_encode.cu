@@ -27,7 +27,8 @@
 // Thread mapping: one thread holds LPT = min(N, 128) lanes of one vector in registers
 // (TPV = N / LPT threads per vector, cross-thread butterfly stages by warp shuffles).
 // A persistent grid of 128-thread blocks double-buffers 128*LPT input lanes per tile in
-// shared memory with cp.async (coalesced 16-byte copies).
+// shared memory with cp.async (coalesced 16-byte copies); the tile's output rows (out_rows, one 8-byte
+// copy per vector) travel with it, so the stores at the end of a tile wait for no global load.
 //
 // Key front end (template KEYF: bit 0 per-channel key scales s, bit 1 centering; fp16 keys only): the
 // golden rule center(scale_keys(x, s), mu') with mu' = scale_keys(mu, s) (sim_models/keyscale.py,
@@ -55,6 +56,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   int n = pred ? 16 : 0;  // src-size 0: zero fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  int n = pred ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 __device__ __forceinline__ void cp_async16_full(void* smem, const void* gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -288,9 +294,15 @@ kv_encode(const KvEncodeArgs a) {
   const int tid = threadIdx.x;
   const long long ntiles = (nvec + VPB - 1) / VPB;
 
+  // output rows of the tile (out_rows given): copied with its input, one tile ahead, behind the input buffers
+  long long* const srows = reinterpret_cast<long long*>(smem + 2 * TILEB);
   auto issue = [&](long long tile, int buf) {
     kv_u8* dst = smem + buf * TILEB;
     const kv_u16* src = x + tile * (long long)VPB * N;
+    if (out_rows != nullptr && tid < VPB) {
+      const long long v = tile * VPB + tid;
+      cp_async8(srows + buf * VPB + tid, v < nvec ? out_rows + v : out_rows, v < nvec);
+    }
     if ((tile + 1) * VPB <= nvec) {  // full tile (all but the last): a contiguous 128*LPT*2-byte run
       // chunk tid + 128 j: global byte offset 16 (tid + 128 j), row tid / CPR + j * (128 / CPR)
       kv_u8* d0 = dst + (tid / CPR) * ROWB + (tid % CPR) * 16;
@@ -748,7 +760,9 @@ kv_encode(const KvEncodeArgs a) {
     // takes a unit from each row's word, after one PRMT per row gathers [H1 | H2] (x = bytes 2 5 3 4 of w0:w1).
     // The selector below is for (row 2i, row 2i + 1) as (first, second) source; the odd row's writer holds the
     // second row in its own words, so it flips bit 2 of every selector nibble (xor 0x4444) to swap the sources.
-    const long long orow = vec < nvec ? (out_rows ? out_rows[vec] : vec) : -2;  // output row (-2: none)
+    // output row (-2: none); out_rows from shared memory: a global load here would put one DRAM round trip
+    // between the packing and the stores of every tile (GPU_NOTES round 12c)
+    const long long orow = vec < nvec ? (out_rows ? srows[(it & 1) * VPB + tid / TPV] : vec) : -2;
     bool paired = false;
     if constexpr (IL != 0) {
       static_assert(CW % 2 == 0 && CBT % 12 == 0 && TPV < 32, "vpair: halves of whole groups per thread");
