@@ -16,6 +16,10 @@ A write-kernel file (gpu_bench_write.json, ``gpu_bench.py --only write``) gives
 bench/results/gpu_bench_write.png (write time per variant, current kernel next to the previous source
 and, for the key front end, the previous separate pass + kernel; % of the copy bandwidth).
 
+A round-12 write file (gpu_write12*.json, ``bench/gpu_write12.py``) gives a .png of the same name: % of
+the copy bandwidth per (dtype, row mapping, byte order), one bar per kernel source in the run, the 85 %
+target as a line.
+
 A cache-policy file (gpu_bench_policy.json, ``gpu_bench.py --only policy``) gives
 bench/results/gpu_bench_policy.png (speed-up over SDPA bf16 per bits setting, GQA 64/8; cost of sinks
 and paging relative to the plain kernel) and prints the README's Markdown table.
@@ -270,12 +274,48 @@ def plot_write(r, dst):
     print(f"wrote {dst}")
 
 
+def plot_write12(r, dst):
+    """gpu_write12*.json -> % of copy per (dtype, case), one bar per source (same run), 85 % target line."""
+    rows = [w for w in r.get("write", []) if "pct_copy" in w]
+    groups = list(dict.fromkeys((w["dtype"], w["case"]) for w in rows))
+    srcs = list(dict.fromkeys(w["source"] for w in rows))
+    fig, ax = plt.subplots(figsize=(11, 4.4))
+    wdt = 0.8 / max(len(srcs), 1)
+    for k, src in enumerate(srcs):
+        xs, ys = [], []
+        for i, (dt, case) in enumerate(groups):
+            sel = [w for w in rows if (w["dtype"], w["case"], w["source"]) == (dt, case, src)]
+            if sel:
+                xs.append(i + (k - (len(srcs) - 1) / 2) * wdt)
+                ys.append(sel[0]["pct_copy"])
+        bars = ax.bar(xs, ys, wdt, label=src)
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + wdt / 2, y, f"{y:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(85, color="k", ls="--", lw=0.8, label="target 85 %")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{dt}\n{case}" for dt, case in groups], fontsize=7)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% of copy bandwidth (median)")
+    copy = r.get("copy", {}).get("GBps", float("nan"))
+    ax.set_title(f"write kernel, {r.get('nvec', 0)} vectors N=128, {r.get('device', '')}, {r.get('date', '')}; "
+                 f"copy {copy:.0f} GB/s", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(f"wrote {dst}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     src = argv[0] if argv else os.path.join(HERE, "results", "gpu_bench.json")
     dst = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "gpu_bench.png")
     with open(src) as f:
         r = json.load(f)
+    if r.get("write") and isinstance(r["write"], list) and "case" in r["write"][0]:
+        if len(argv) < 2:
+            dst = os.path.splitext(src)[0] + ".png"
+        plot_write12(r, dst)
+        return
     if r.get("write") and isinstance(r["write"], list) and "impl" in r["write"][0]:
         if len(argv) < 2:
             dst = os.path.splitext(src)[0] + ".png"
