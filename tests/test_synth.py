@@ -205,9 +205,9 @@ else:                                           # nextpnr
 
 
 def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
-    """Place and route in two runs (placement checkpoint, then routing with the chosen
-    router); --resume reruns no step whose inputs are unchanged and redoes placement
-    when the netlist changes; without --resume everything reruns."""
+    """One nextpnr run by default; with checkpoint two (placement to placed.json, then
+    routing with the chosen router). --resume reruns no step whose inputs are unchanged
+    and redoes placement when the netlist changes; without it everything reruns."""
     tool = tmp_path / "fake_tool.py"
     tool.write_text(FAKE_TOOL)
     exe = tmp_path / "fake"
@@ -222,12 +222,16 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
         rec = synth.run_config(cfg, build=build, timeout=60, log=lambda s: None, **kw)
         return rec, calls.read_text().splitlines() if calls.exists() else []
 
-    rec, c = run(router="router2")
+    rec, c = run()                                                # default: one nextpnr run
+    assert c[3:] == ["nextpnr route router1 ecp5.json"] and len(c) == 4
+    assert rec["nextpnr"]["flow"] == "one run" and "nextpnr_place" not in rec
+    rec, c = run(router="router2", checkpoint=True)
     assert [x.split()[0] for x in c] == ["yosys"] * 3 + ["nextpnr"] * 2
     assert c[3] == "nextpnr place ecp5.json" and c[4] == "nextpnr route router2 placed.json"
     assert rec["nextpnr_place"]["fmax_est_mhz"] == 40.0 and rec["nextpnr"]["fmax_mhz"] == 30.0
     assert rec["nextpnr"]["router"] == "router2" and rec["reused"] == []
-    rec, c = run(resume=True)                    # only routing runs again
+    assert rec["nextpnr"]["flow"] == "placement checkpoint"
+    rec, c = run(resume=True, checkpoint=True)                    # only routing runs again
     assert c == ["nextpnr route router1 placed.json"]
     assert rec["reused"] == ["yosys_generic", "yosys_ecp5", "nextpnr_place"]
     assert rec["nextpnr_place"]["fmax_est_mhz"] == 40.0
@@ -236,10 +240,10 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     st = json.loads(stamps.read_text())
     st["yosys_ecp5"]["key"]["script"] = "changed"    # synth_ecp5 reruns: a new netlist (fake: time)
     stamps.write_text(json.dumps(st))
-    rec, c = run(resume=True)
+    rec, c = run(resume=True, checkpoint=True)
     assert c[0].startswith("yosys") and "nextpnr place ecp5.json" in c
     (build / cfg.name / "placed.json").write_text("")             # an empty checkpoint is not reused
-    rec, c = run(resume=True)
+    rec, c = run(resume=True, checkpoint=True)
     assert "nextpnr place ecp5.json" in c
-    rec, c = run()                                                # no --resume: everything
+    rec, c = run(checkpoint=True)                                 # no --resume: everything
     assert len(c) == 5 and rec["reused"] == []
