@@ -27,7 +27,7 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
          flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
-      -> FloatPrep (sign fold, saturation flag [REG abs] leading one [REG lead]
+      -> FloatPrep (saturation flag [REG abs] sign fold, leading one [REG lead]
          subnormal clamp, sign) [REG prep]
       -> FloatPack (shift + sticky [REG shift] one's complement correction, RNE
          [REG round] pack, saturate) -> REG
@@ -65,7 +65,7 @@ from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
 
 #: Optional pipeline registers of the float conversion, in pipeline order:
-#: ``"abs"`` after the sign fold and the saturation flag (before the leading-one
+#: ``"abs"`` after the saturation flag (before the sign fold and the leading-one
 #: tree; the conversion never forms |S|, see hw/tofloat.py), ``"lead"`` after the
 #: leading-one tree, ``"prep"`` after FloatPrep (subnormal clamp), ``"shift"``
 #: after FloatPack's right shifter and sticky bit (before RNE, packing,

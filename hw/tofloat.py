@@ -145,8 +145,8 @@ PREP_PORTS = ("low", "lp", "ysign", "sat", "neg", "nz", "b")
 class FloatPrep(wiring.Component):
     """Sign fold, leading-one detect, subnormal clamp, saturation flag (module docstring).
 
-    Combinational, or with ``abs_reg`` one pipeline register after the sign fold
-    and the saturation flag (before the leading-one tree), and/or with
+    Combinational, or with ``abs_reg`` one pipeline register after the saturation
+    flag (before the sign fold and the leading-one tree), and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask``/``zneg`` per register.
