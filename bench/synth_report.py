@@ -117,6 +117,29 @@ def critical_table(recs: list[dict]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def decoder_parts_table(recs: list[dict]) -> str:
+    """Each decoder record with its parts synthesised alone (``parts``, ``fwht``): LUT
+    equivalents (LUT4 + 2 CCU2C) and PFUMX + L6MUX21 of the inverse FWHT, FloatPrep and
+    FloatPack, their sum, the whole decoder (harness subtracted) and the rest (dequant,
+    the top's registers' logic, and what the flattened mapping adds or saves)."""
+    lines = ["| config | FWHT alone | FloatPrep alone | FloatPack alone | sum of parts | "
+             "decoder | rest |",
+             "|" + "---|" * 7]
+    for rec in recs:
+        parts = rec.get("parts")
+        if not rec.get("ok") or not parts or "fwht" not in rec:
+            continue
+        d = derived(rec)
+        cols = [rec["fwht"], parts["fprep"], parts["fpack"]]
+        tot = sum(c["lut_equiv"] for c in cols)
+
+        def cell(c):
+            return f"{c['lut_equiv']:,} ({c.get('PFUMX', 0) + c.get('L6MUX21', 0):,})"
+        lines.append(f"| {rec['config']} | " + " | ".join(cell(c) for c in cols) +
+                     f" | {tot:,} | {d['luts']:,} ({d['wide']:,}) | {d['luts'] - tot:,} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def key_front_table(recs: list[dict]) -> str:
     """Each record with the key front end (config part ``kT``) against the same config
     without it: area deltas (DUT estimates), LUT RAM of the table, Fmax, latency."""
@@ -290,6 +313,20 @@ def generated(res: dict, mres: dict | None) -> str:
         "![area](../bench/results/synth_area.png)",
         "",
     ]
+    dpt = decoder_parts_table(recs)
+    if dpt:
+        lines += [
+            "## Read path by part",
+            "",
+            "Decoder records whose parts were synthesised alone (`rtl_gen.synth`: the FWHT, "
+            "`hw.tofloat.FloatPrep` and `FloatPack` at the config's N, constants and cuts, "
+            "each through `synth_ecp5` without the rest): LUTs (LUT4 + 2 CCU2C) and, in "
+            "brackets, PFUMX + L6MUX21; rest = decoder - sum of parts (dequant, the logic "
+            "of the top's registers, and what the flattened mapping adds or saves).",
+            "",
+            dpt,
+            "",
+        ]
     kft = key_front_table(recs)
     if kft:
         lines += [

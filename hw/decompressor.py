@@ -27,8 +27,10 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
          flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
-      -> FloatPrep (|S| [REG abs] leading one [REG lead] subnormal clamp, sign) [REG prep]
-      -> FloatPack (shift + sticky [REG shift] RNE [REG round] pack, saturate) -> REG
+      -> FloatPrep (saturation flag [REG abs] sign fold, leading one [REG lead]
+         subnormal clamp, sign) [REG prep]
+      -> FloatPack (shift + sticky [REG shift] one's complement correction, RNE
+         [REG round] pack, saturate) -> REG
       -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs)`` (5 for the defaults:
@@ -56,18 +58,29 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
                       scale_format)
-from .ifwht import BlockFWHT
+from .ifwht import BlockFWHT, out_width
 from .pipeline import Cuts, check_latency, stage
-from .tofloat import FloatConsts, FloatPack, FloatPrep
+from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
 
 #: Optional pipeline registers of the float conversion, in pipeline order:
-#: ``"abs"`` after |S| (before the leading-one tree), ``"lead"`` after the
+#: ``"abs"`` after the saturation flag (before the sign fold and the leading-one
+#: tree; the conversion never forms |S|, see hw/tofloat.py), ``"lead"`` after the
 #: leading-one tree, ``"prep"`` after FloatPrep (subnormal clamp), ``"shift"``
 #: after FloatPack's right shifter and sticky bit (before RNE, packing,
 #: saturation), ``"round"`` after the RNE increment. Default: ``"prep"``.
 FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
+
+
+def float_consts(params: FormatParams) -> FloatConsts:
+    """The float conversion's constants of the read path of ``params``: the FWHT's output
+    width (``hw.ifwht.out_width``), the input type, the exponent-field range of the scale
+    encoding and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
+    sf, table = scale_format(params), level_table(params)
+    w = out_width(params.n, params.block, product_shape(table).width, sf.max_align)
+    return FloatConsts(w, params.in_format, (sf.ef_min, sf.ef_max),
+                       sf.exp_offset + table.exp_offset - params.log2n)
 
 
 class KVDecompressor(wiring.Component):
@@ -174,8 +187,8 @@ class KVDecompressor(wiring.Component):
                      fw.side_i.allzero.eq(dq["allzero"]), fw.zneg.eq(dq["zneg"])]
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
-        consts = FloatConsts(fw.out_width, p.in_format, (sf.ef_min, sf.ef_max),
-                             sf.exp_offset + self.table.exp_offset - p.log2n)
+        consts = float_consts(p)
+        assert consts.y_width == fw.out_width
         regs = self.float_regs
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
                                             lead_reg="lead" in regs)
@@ -188,14 +201,13 @@ class KVDecompressor(wiring.Component):
         for r in ("abs", "lead"):       # the data registers are inside FloatPrep
             if r in regs:
                 valid = stage(m, en, r, valid=valid)["valid"]
-        prep = {"mag": fp.mag, "lead": fp.lp, "neg": fp.neg, "nz": fp.nz, "bexp": fp.b}
+        prep = {k: getattr(fp, k) for k in PREP_PORTS}
         if "prep" in regs:
             prep = stage(m, en, "fp", **prep, valid=valid)
             valid = prep["valid"]
         m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs,
                                             round_reg="round" in regs)
-        m.d.comb += [pk.mag.eq(prep["mag"]), pk.lp.eq(prep["lead"]), pk.neg.eq(prep["neg"]),
-                     pk.nz.eq(prep["nz"]), pk.b.eq(prep["bexp"])]
+        m.d.comb += [getattr(pk, k).eq(prep[k]) for k in PREP_PORTS]
         if "shift" in regs or "round" in regs:
             m.d.comb += pk.en.eq(en)
         for r in ("shift", "round"):    # the data registers are inside FloatPack

@@ -8,35 +8,50 @@ exponent offset: no divider). Input type: ``e`` exponent bits, ``mb`` stored
 mantissa bits, bias ``bias`` (fp16 5/10/15, bf16 8/7/127).
 
 Two combinational halves, with a pipeline register between them in the top
-level (``KVDecompressor``):
+level (``KVDecompressor``). Neither takes ``|S|``: the magnitude is handled in
+one's complement, ``m1 = y xor s`` (s = the sign bit of y; ``m1 = |y| - s``),
+and the +s is added to the mb + 2 bits that the conversion keeps.
 
-:class:`FloatPrep` (per lane): ``mag = |S|``, ``L`` = position of its leading
+:class:`FloatPrep` (per lane): ``m1``; ``L`` = position of its leading
 one (:func:`hw.scale_select.leading_one`), ``Lp = max(L, K)`` with ``K = (1 -
 bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
 the exact zero is -0.0 in the golden float64 path, see hw/ifwht.py) and
-``nz = (S != 0)``. Per
-vector it passes on ``B = T + bias - 1``. ``S = (-1)^flip_i y_i`` (the FWHT's
-block swap, hw/ifwht.py): ``|S| = |y|``, and ``S < 0`` is ``(y < 0) xor flip_i``
-for ``y != 0`` (from the leading-one tree's "any"; a zero keeps the rule above).
+``nz = (S != 0)``. Per vector it passes on ``B = T + bias - 1``.
+``S = (-1)^flip_i y_i`` (the FWHT's block swap, hw/ifwht.py): ``|S| = |y|``, and
+``S < 0`` is ``(y < 0) xor flip_i`` for ``y != 0``.
+Only the low ``Lsat = 2^(e-1) - T_min`` bits of m1 (:attr:`FloatConsts.mag_width`;
+T_min: T at the smallest ef_min) reach the leading-one tree and the shifter: any
+higher bit set means ``|S| 2^T >= 2^(2^(e-1))``, above the largest finite value
+for every ef_min, and only sets the per-lane flag ``sat`` (fp16 at N=128: 33 of the
+44 bits; bf16 keeps every bit). L is the leading one of m1, not of |y|: they differ
+only for y = -2^k (m1 = 2^k - 1), where the kept bits below overflow into the next
+binade and the packing's exponent addition absorbs the carry (below).
 
 :class:`FloatPack` (per lane): with ``sh = Lp - mb`` (the ulp is 2^sh units),
-``t = (mag << (mb + 1)) >> Lp`` holds the kept significand ``r0`` above the
-guard bit g (a right shifter with mb + 2 output bits; a left shift when
-``sh < 1``, then exact); sticky = OR of the bits of mag below position sh - 1,
-collected from the bits each shifter level drops (:func:`shift_right_sticky`). RNE: ``r = r0 + (g & (sticky | r0[0]))``. The
-result is ``((Lp + B) << mb) + r``: for a normal number r carries the hidden bit
+the right shifter gives ``w = (y << (mb + 1)) >> Lp`` cut to mb + 2 bits (bits Lp - mb - 1
+.. Lp of y; a left shift when ``sh < 1``, then exact) and sticky = OR of the bits of
+y below them, collected from the bits each shifter level drops
+(:func:`shift_right_sticky`; a nonzero remainder stays nonzero under negation, so it
+is also the sticky bit of |y|). For y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
+are ``t = (w xor s) + (s & ~sticky)`` (mb + 3 bits: the +1 carries into them exactly
+when every lower bit of y is 0). ``t`` holds the significand ``r0 = t >> 1`` above
+the guard bit g = t[0]. RNE: ``r = r0 + (g & (sticky | r0[0]))``. The
+result is ``((Lp + B) << mb) + r``, computed as ``Lp + B + (r >> mb)`` above the mb
+low bits of r: for a normal number r carries the hidden bit
 into the exponent field (biased exponent Lp + T + bias), for a subnormal
-(Lp = K, field 0) r < 2^mb, and a rounding carry out of the significand
-increments the exponent by itself. Anything above the largest finite pattern
-(0x7BFF fp16, 0x7F7F bf16) becomes it (the golden model saturates, never inf);
-S = 0 gives +-0 with the sign of D_i (the golden model negates +0.0).
+(Lp = K, field 0) r < 2^mb, and a rounding carry out of the significand (or the
+one's complement carry of y = -2^k: r = 2^(mb+1)) increments the exponent by
+itself. Anything above the largest finite pattern
+(0x7BFF fp16, 0x7F7F bf16), or with ``sat``, becomes it (the golden model
+saturates, never inf); S = 0 gives +-0 with the sign of D_i (the golden model
+negates +0.0).
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -44,19 +59,31 @@ from .pipeline import gt_const, stage
 from .scale_select import leading_one
 
 
-def shift_right_sticky(m: Module, v, amount, out_width: int, name: str):
+def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_max=None):
     """``(v >> amount)[:out_width]`` and the OR of the bits shifted out below bit 0.
 
     A log shifter, largest shift first; at level k the 2^k bits that fall off
     are ORed into the sticky bit, and the value is cut to the bits that can
-    still reach the output (``out_width + 2^k - 1``). Bits of ``v`` that would
-    land at or above ``out_width`` must be zero (the caller guarantees it: the
-    shift amount is at least the leading-one position minus out_width - 1).
+    still reach the output (``out_width + 2^k - 1``): bits of ``v`` that would
+    land at or above ``out_width`` are dropped (the result is exactly bits
+    [amount, amount + out_width) of v, zero above the top of v).
+    ``amount_max`` (default: every value of ``amount``): the largest amount the
+    caller drives; when it is 2^(k-1) for a k-bit amount, the top bit means
+    "exactly 2^(k-1)" and becomes one out_width-bit select after a (k-1)-level
+    shifter instead of a first level of out_width + 2^(k-1) - 1 multiplexers.
 
     Returns:
         (shifted, sticky): Signal(out_width), Signal().
     """
     k = len(amount)
+    top = 1 << (k - 1)
+    if amount_max is not None and k > 1 and amount_max == top:
+        low, low_st = shift_right_sticky(m, v, amount[:k - 1], out_width, f"{name}_lo")
+        hi = v[top:top + out_width] if top < len(v) else Const(0, out_width)
+        out, st = Signal(out_width, name=f"{name}_out"), Signal(name=f"{name}_st")
+        m.d.comb += [out.eq(Mux(amount[k - 1], hi, low)),
+                     st.eq(Mux(amount[k - 1], v[:top].any(), low_st))]
+        return out, st
     cur = v
     sticky = None
     for j in range(k - 1, -1, -1):
@@ -81,43 +108,59 @@ class FloatConsts:
     """Per-configuration constants of the conversion.
 
     Args:
-        y_width: signed width W of the integers S (|S| < 2^(W-1)).
-        log2n: log2 N.
+        y_width: signed width W of the integers y (|y| < 2^(W-1)).
         in_format: (exponent bits, mantissa bits, bias) of the output type.
         ef_range: (min, max) of the shared exponent field ef_min.
         exp_add: T = ef_min + exp_add (scale_offset + exp_offset - log2 N).
+
+    Attributes:
+        lsat: |y| >= 2^lsat saturates at every ef_min (2^lsat 2^T_min = 2^(2^(e-1)),
+            above the largest finite value).
+        mag_width: low bits of y that the leading-one tree and the shifter see
+            (min(W - 1, max(lsat, K_max + 1))); the bits above only feed ``sat``.
     """
 
     def __init__(self, y_width: int, in_format, ef_range, exp_add: int):
         self.e_bits, self.m_bits, self.bias = in_format
-        self.mag_width = y_width - 1
+        self.y_width = y_width
         self.ef_lo, self.ef_hi = ef_range
         self.exp_add = exp_add
         t_lo, t_hi = self.ef_lo + exp_add, self.ef_hi + exp_add
         # K = (1 - bias) - T, clamped at 0 (Lp >= L >= 0 anyway)
         self.k_hi = max(0, (1 - self.bias) - t_lo)
-        self.lp_width = max(self.mag_width - 1, self.k_hi).bit_length() or 1
+        self.lsat = max(0, (1 << (self.e_bits - 1)) - t_lo)
+        self.mag_width = max(1, min(y_width - 1, max(self.lsat, self.k_hi + 1)))
+        self.lp_max = max(self.mag_width - 1, self.k_hi)
+        self.lp_width = self.lp_max.bit_length() or 1
         # B = T + bias - 1
         self.b_shape = _rng(t_lo + self.bias - 1, t_hi + self.bias - 1)
         self.max_finite = (((1 << self.e_bits) - 2) << self.m_bits) | ((1 << self.m_bits) - 1)
 
 
-class FloatPrep(wiring.Component):
-    """abs, leading-one detect, subnormal clamp (see module docstring).
+#: The ports FloatPrep hands to FloatPack (same names on both; the top level may
+#: register them in between).
+PREP_PORTS = ("low", "lp", "ysign", "sat", "neg", "nz", "b")
 
-    Combinational, or with ``abs_reg`` one pipeline register after ``|S|`` (the
-    negation's carry chain) and before the leading-one tree, and/or with
+
+class FloatPrep(wiring.Component):
+    """Sign fold, leading-one detect, subnormal clamp, saturation flag (module docstring).
+
+    Combinational, or with ``abs_reg`` one pipeline register after the saturation
+    flag (before the sign fold and the leading-one tree), and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask``/``zneg`` per register.
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
-    ``mask`` (N bits: D), ``zneg`` in;
-    ``mag``, ``lp``, ``neg``, ``nz`` (per lane) and ``b`` (per vector) out.
+    ``mask`` (N bits: D), ``zneg`` in; per lane ``low`` (the low ``mag_width`` bits
+    of y), ``lp``, ``ysign`` (y < 0), ``sat``, ``neg`` (the output sign), ``nz``
+    (y != 0), and ``b`` (per vector) out (:data:`PREP_PORTS`).
     """
 
     def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts,
                  abs_reg: bool = False, lead_reg: bool = False):
+        if y_width != consts.y_width:
+            raise ValueError(f"y_width {y_width} != consts.y_width {consts.y_width}")
         self.n, self.c, self.abs_reg, self.lead_reg = n, consts, bool(abs_reg), bool(lead_reg)
         ports = {
             "y": In(data.ArrayLayout(signed(y_width), n)),
@@ -125,8 +168,10 @@ class FloatPrep(wiring.Component):
             "mask": In(n),
             "zneg": In(n),
             "flip": In(n),
-            "mag": Out(data.ArrayLayout(consts.mag_width, n)),
+            "low": Out(data.ArrayLayout(consts.mag_width, n)),
             "lp": Out(data.ArrayLayout(consts.lp_width, n)),
+            "ysign": Out(n),
+            "sat": Out(n),
             "neg": Out(n),
             "nz": Out(n),
             "b": Out(consts.b_shape),
@@ -138,6 +183,7 @@ class FloatPrep(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self.c
+        w, mw = c.y_width, c.mag_width
         t = Signal(_rng(c.ef_lo + c.exp_add, c.ef_hi + c.exp_add), name="t_unit")
         m.d.comb += t.eq(self.ef_min + c.exp_add)
         k = Signal(_rng(min(0, (1 - c.bias) - (c.ef_hi + c.exp_add)), c.k_hi), name="k_raw")
@@ -146,47 +192,56 @@ class FloatPrep(wiring.Component):
         m.d.comb += kc.eq(Mux(k < 0, 0, k))
         b = Signal(c.b_shape, name="b_bias")
         m.d.comb += b.eq(t + (c.bias - 1))
-        mags = Signal(data.ArrayLayout(c.mag_width, self.n), name="mag")
+        lows = [Signal(mw, name=f"low{i}") for i in range(self.n)]
+        sgn = Signal(self.n, name="ysgn")
+        sat = Signal(self.n, name="sat")
         negs = Signal(self.n, name="neg")
         for i in range(self.n):
-            yv = self.y[i]
-            m.d.comb += [mags[i].eq(Mux(yv < 0, -yv, yv)),
-                         negs[i].eq(((yv < 0) | self.zneg[i]) ^ self.mask[i])]
+            yv = Value.cast(self.y[i])
+            s = yv[w - 1]
+            m1 = yv.as_unsigned() ^ s.replicate(w)          # |y| - s: one's complement
+            m.d.comb += [lows[i].eq(yv[:mw]), sgn[i].eq(s),
+                         sat[i].eq(m1[c.lsat:w - 1].any() if c.lsat < w - 1 else 0),
+                         negs[i].eq((s | self.zneg[i]) ^ self.mask[i])]
         flips = self.flip
         if self.abs_reg:
-            r = stage(m, self.en, "abs", mag=mags, neg=negs, flip=flips, kc=kc, b=b)
-            mags, negs, flips, kc, b = r["mag"], r["neg"], r["flip"], r["kc"], r["b"]
-        poss, anys = [], []
+            r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
+                      kc=kc, b=b)
+            lows, sgn, sat, negs, flips, kc, b = (r["low"], r["s"], r["sat"], r["neg"],
+                                                  r["flip"], r["kc"], r["b"])
+        poss, nzs = [], []
         for i in range(self.n):
-            mag = Signal(c.mag_width, name=f"mag{i}")
-            m.d.comb += mag.eq(mags[i])
+            mag = Signal(mw, name=f"m1_{i}")
+            m.d.comb += mag.eq(lows[i] ^ sgn[i].replicate(mw))
             pos, any_ = leading_one(m, mag, f"lod{i}")
             poss.append(pos)
-            anys.append(any_)
+            nzs.append(any_ | sgn[i] | sat[i])          # y != 0
         if self.lead_reg:
-            r = stage(m, self.en, "lead", mag=[mags[i] for i in range(self.n)], pos=poss,
-                      nz=Cat(*anys), neg=negs, flip=flips, kc=kc, b=b)
-            mags, poss, negs, kc, b = r["mag"], r["pos"], r["neg"], r["kc"], r["b"]
-            flips = r["flip"]
-            anys = [r["nz"][i] for i in range(self.n)]
-        m.d.comb += [self.b.eq(b), self.neg.eq(negs ^ (flips & Cat(*anys)))]
+            r = stage(m, self.en, "lead", low=lows, pos=poss, nz=Cat(*nzs), s=sgn, sat=sat,
+                      neg=negs, flip=flips, kc=kc, b=b)
+            lows, poss, negs, kc, b = r["low"], r["pos"], r["neg"], r["kc"], r["b"]
+            sgn, sat, flips = r["s"], r["sat"], r["flip"]
+            nzs = [r["nz"][i] for i in range(self.n)]
+        nz = Cat(*nzs)
+        m.d.comb += [self.b.eq(b), self.neg.eq(negs ^ (flips & nz)), self.nz.eq(nz),
+                     self.ysign.eq(sgn), self.sat.eq(sat)]
         for i in range(self.n):
-            m.d.comb += [self.mag[i].eq(mags[i]),
-                         self.lp[i].eq(Mux(poss[i] > kc, poss[i], kc)),
-                         self.nz[i].eq(anys[i])]
+            m.d.comb += [self.low[i].eq(lows[i]),
+                         self.lp[i].eq(Mux(poss[i] > kc, poss[i], kc))]
         return m
 
 
 class FloatPack(wiring.Component):
-    """Shift, round to nearest even, saturate, pack (see module docstring).
+    """Shift, one's complement correction, round to nearest even, saturate, pack
+    (module docstring).
 
     Combinational, or with ``shift_reg`` one pipeline register after the right
-    shifter and its sticky bit (before rounding, packing and saturation), and/or
-    with ``round_reg`` one after the rounding increment (before packing and
-    saturation): then ``en`` (In) advances them and ``bits`` is one cycle behind
-    the inputs per register.
+    shifter and its sticky bit (before the correction, rounding, packing and
+    saturation), and/or with ``round_reg`` one after the rounding increment (before
+    packing and saturation): then ``en`` (In) advances them and ``bits`` is one
+    cycle behind the inputs per register.
 
-    Ports: ``mag``, ``lp``, ``neg``, ``nz`` (per lane), ``b`` in; ``bits`` (N x 16) out.
+    Ports: :data:`PREP_PORTS` in; ``bits`` (N x 16) out.
     """
 
     def __init__(self, n: int, consts: FloatConsts, shift_reg: bool = False,
@@ -194,8 +249,10 @@ class FloatPack(wiring.Component):
         self.n, self.c = n, consts
         self.shift_reg, self.round_reg = bool(shift_reg), bool(round_reg)
         ports = {
-            "mag": In(data.ArrayLayout(consts.mag_width, n)),
+            "low": In(data.ArrayLayout(consts.mag_width, n)),
             "lp": In(data.ArrayLayout(consts.lp_width, n)),
+            "ysign": In(n),
+            "sat": In(n),
             "neg": In(n),
             "nz": In(n),
             "b": In(consts.b_shape),
@@ -212,11 +269,11 @@ class FloatPack(wiring.Component):
         lp_max = (1 << c.lp_width) - 1
         blo, bhi = -(1 << (c.b_shape.width - 1)), (1 << (c.b_shape.width - 1)) - 1
         top = c.max_finite >> mb            # X: the exponent part of max_finite
-        ts, sts, ebs, ovs = [], [], [], []
+        ws, sts, ebs, ovs = [], [], [], []
         for i in range(self.n):
-            t, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.mag[i]), self.lp[i],
-                                           mb + 2, f"sh{i}")
-            ts.append(t)
+            wv, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.low[i]), self.lp[i],
+                                            mb + 2, f"sh{i}", amount_max=c.lp_max)
+            ws.append(wv)
             sts.append(sticky)
             # exponent part of the result, beside the shifter: Lp + B
             eb = Signal(_rng(min(0, blo), lp_max + bhi), name=f"eb{i}")
@@ -227,29 +284,33 @@ class FloatPack(wiring.Component):
             fl = Signal(3, name=f"ebx{i}")
             m.d.comb += fl.eq(Cat(gt_const(eb, top), eb == top, eb == top - 1))
             ovs.append(fl)
-        neg, nz = self.neg, self.nz
+        neg, nz, sgn, sat = self.neg, self.nz, self.ysign, self.sat
         if self.shift_reg:
-            r = stage(m, self.en, "shr", t=ts, eb=ebs, ov=ovs, sticky=Cat(*sts), neg=neg, nz=nz)
-            ts, sts, ebs = r["t"], [r["sticky"][i] for i in range(self.n)], r["eb"]
-            neg, nz, ovs = r["neg"], r["nz"], r["ov"]
+            r = stage(m, self.en, "shr", w=ws, eb=ebs, ov=ovs, sticky=Cat(*sts), neg=neg,
+                      nz=nz, s=sgn, sat=sat)
+            ws, sts, ebs = r["w"], [r["sticky"][i] for i in range(self.n)], r["eb"]
+            neg, nz, ovs, sgn, sat = r["neg"], r["nz"], r["ov"], r["s"], r["sat"]
         rs = []
         for i in range(self.n):
-            t, sticky = ts[i], sts[i]
+            sticky, s = sts[i], sgn[i]
+            # kept bits of |y|: one's complement plus the +1 that reaches them
+            t = Signal(mb + 3, name=f"kept{i}")
+            m.d.comb += t.eq((ws[i] ^ s.replicate(mb + 2)) + (s & ~sticky))
             r0, g = t[1:], t[0]
             r = Signal(mb + 2, name=f"rnd{i}")
             m.d.comb += r.eq(r0 + (g & (sticky | r0[0])))
             rs.append(r)
         if self.round_reg:
-            r = stage(m, self.en, "rnd", r=rs, eb=ebs, ov=ovs, neg=neg, nz=nz)
-            rs, ebs, neg, nz, ovs = r["r"], r["eb"], r["neg"], r["nz"], r["ov"]
+            r = stage(m, self.en, "rnd", r=rs, eb=ebs, ov=ovs, neg=neg, nz=nz, sat=sat)
+            rs, ebs, neg, nz, ovs, sat = r["r"], r["eb"], r["neg"], r["nz"], r["ov"], r["sat"]
         for i in range(self.n):
-            pk = Signal(_rng(min(0, blo) << mb, ((lp_max + bhi) << mb) + (1 << (mb + 1))),
-                        name=f"packed{i}")
-            m.d.comb += pk.eq((ebs[i] << mb) + rs[i])
             rh, fl = rs[i][mb:], ovs[i]            # r >> mb; eb > X, eb == X, eb == X - 1
+            # ((eb << mb) + r): the mb low bits of r pass, r >> mb adds to the exponent
+            ex = Signal(_rng(min(0, blo), lp_max + bhi + 2), name=f"pkexp{i}")
+            m.d.comb += ex.eq(ebs[i] + rh)
             over = Signal(name=f"over{i}")
-            m.d.comb += over.eq(fl[0] | (fl[1] & (rh != 0)) | (fl[2] & rh[1]))
+            m.d.comb += over.eq(sat[i] | fl[0] | (fl[1] & (rh != 0)) | (fl[2] & rh[1]))
             mbits = Signal(15, name=f"magbits{i}")
-            m.d.comb += mbits.eq(Mux(~nz[i], 0, Mux(over, c.max_finite, pk)))
+            m.d.comb += mbits.eq(Mux(~nz[i], 0, Mux(over, c.max_finite, Cat(rs[i][:mb], ex))))
             m.d.comb += self.bits[i].eq(Cat(mbits, neg[i]))
         return m

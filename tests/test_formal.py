@@ -17,7 +17,7 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from verif.formal import mutants
-from verif.formal.plan import fwht_width, read_widths, stream_design
+from verif.formal.plan import FLOAT_CONFIGS, float_miter, fwht_width, read_widths, stream_design
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
 from verif.formal.specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, check_factorization,
@@ -118,6 +118,24 @@ def test_block_fwht_proof_fails_beyond_max_align(work):
     # the DUT is sized for shifts <= 6 but the harness allows d up to 7 (same 3-bit port)
     dut = BlockFWHT(16, 8, signed(4), 0, max_align=6)
     rec = prove_comb(BlockFWHTMiter(16, 8, 4, 7, dut=dut), "ifwht_ovf", work)
+    assert rec["result"] == "failed"
+
+
+# ---- float conversion (one lane, every S and ef_min) -----------------------------------------
+
+@needs_yosys
+@pytest.mark.parametrize("config", FLOAT_CONFIGS["ci"])
+def test_float_conversion(config, work):
+    assert prove_comb(float_miter(config), f"float_{config}", work)["result"] == "proved"
+
+
+@needs_yosys
+def test_float_proof_fails_without_sign_correction(work):
+    from hw.decompressor import float_consts
+    from rtl_gen.config import RTLConfig
+    c = float_consts(RTLConfig.parse("dec_v2_n16_g8_b3_l1").params)
+    rec = prove_comb(float_miter("dec_v2_n16_g8_b3_l1", dut=mutants.NoSignFloatPack(1, c)),
+                     "float_nosign", work)
     assert rec["result"] == "failed"
 
 

@@ -37,7 +37,7 @@ from kvtest.simstream import check_run, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
 from hw.ifwht import MAX_ALIGN, BlockFWHT, default_align, out_width
-from hw.tofloat import FloatConsts, FloatPack, FloatPrep
+from hw.tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
 from sim_models.codec import decode_float, encode, round_to_input_type
 from sim_models.bfp import FLAG_INF, FLAG_NAN
@@ -381,8 +381,7 @@ def test_tofloat_unit(dtype, w, log2n):
     m = Module()
     m.submodules.prep = prep = FloatPrep(lanes, w, 5, consts)
     m.submodules.pack = pack = FloatPack(lanes, consts)
-    m.d.comb += [pack.mag.eq(prep.mag), pack.lp.eq(prep.lp), pack.neg.eq(prep.neg),
-                 pack.nz.eq(prep.nz), pack.b.eq(prep.b)]
+    m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
     rng = np.random.default_rng(w + log2n)
     mask = int(rng.integers(0, 1 << 62)) << 1
     fails = []

@@ -147,6 +147,8 @@ def test_ci_set(tmp_path):
         assert rec["ecp5"]["LUT4"] > 0 and rec["ecp5"]["TRELLIS_FF"] > 0
         assert rec["nextpnr"]["fmax_mhz"] > 0
         assert rec["generic"]["submodules"]
+        if rec["kind"] == "decoder":       # the read path by part
+            assert all(rec["parts"][k]["lut_equiv"] > 0 for k in ("fprep", "fpack"))
 
 
 def test_critical_path():

@@ -86,3 +86,21 @@ def duplicate_first(m, dut, o_ready):
     with m.If(first):
         m.d.sync += done.eq(1)
     return dut.o.valid | again, Mux(again, last, Value.cast(dut.o.payload))
+
+
+class NoSignFloatPack(wiring.Component):
+    """``hw.tofloat.FloatPack`` with its ``ysign`` input tied to 0: the one's complement
+    correction of negative y (xor and the +1 into the kept bits) dropped."""
+
+    def __init__(self, n: int, consts):
+        from hw.tofloat import FloatPack
+        self.inner = FloatPack(n, consts)
+        super().__init__(self.inner.signature)
+
+    def elaborate(self, platform):
+        from hw.tofloat import PREP_PORTS
+        m = Module()
+        m.submodules.inner = f = self.inner
+        m.d.comb += [getattr(f, k).eq(0 if k == "ysign" else getattr(self, k)) for k in PREP_PORTS]
+        m.d.comb += self.bits.eq(f.bits)
+        return m

@@ -12,14 +12,14 @@ from functools import partial
 from pathlib import Path
 
 
-from hw.decompressor import KVDecompressor
+from hw.decompressor import KVDecompressor, float_consts
 from hw.dequant import level_table, product_shape, scale_format
 from hw.epilogue import KVEpilogue
 from sim_models.params import FormatParams
 
 from .prove import FormalError, prove_bmc, prove_comb
-from .specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, RoundTripMiter, check_factorization,
-                    check_swap)
+from .specs import (BlockFWHTMiter, FloatMiter, FWHTMiter, FWHTPipeMiter, RoundTripMiter,
+                    check_factorization, check_swap)
 from .stream import StreamHarness
 
 
@@ -57,6 +57,27 @@ def _roundtrip(n, g, work, timeout):
                       work, timeout)
 
 
+#: Read-path configurations (``rtl_gen.config`` names) whose float conversion is proved.
+FLOAT_CONFIGS = {"ci": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2"),
+                 "full": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2",
+                          "dec_v2_n128_g64_b3_l2_bf16", "dec_v1_n128_g64_b3_l2",
+                          "dec_v2_n128_g64_b3_l2_lloydmax", "dec_v2_n128_g64_b3_l2_asym",
+                          "dec_v2_n64_g32_b4_l2_e4m3fn", "dec_v2_n128_g64_b3_l2_e5m2",
+                          "dec_v2_n128_g64_b3_l2_ue4m4")}
+
+
+def float_miter(config: str, dut=None) -> FloatMiter:
+    """The float conversion miter of a read-path configuration (one lane, its constants
+    from ``hw.decompressor.float_consts``)."""
+    from rtl_gen.config import RTLConfig
+    p = RTLConfig.parse(config).params
+    return FloatMiter(float_consts(p), scale_format(p).exp_bits, dut=dut)
+
+
+def _float(config, work, timeout):
+    return prove_comb(float_miter(config), f"float_{config}", work, timeout)
+
+
 def stream_design(kind: str, n: int, g: int, cuts: str):
     """A factory for the stream proofs: kind "enc" (KVEpilogue) or "dec" (KVDecompressor);
     cuts "min" (FWHT latency 1, no optional registers) or "default"."""
@@ -91,6 +112,8 @@ def plan(name: str) -> list:
     blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
     items += [(f"ifwht_n{n}_g{g}_stages", "BlockFWHT == H (p << d), all p, d <= max_align",
                partial(_block, n, g, "stages")) for n, g in blocks]
+    items += [(f"float_{c}", "FloatPrep -> FloatPack == RNE-saturating rounding of "
+               "(-1)^D S 2^T, every S and ef_min", partial(_float, c)) for c in FLOAT_CONFIGS[name]]
     if name == "full":
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))

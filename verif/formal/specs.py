@@ -295,3 +295,83 @@ class FWHTPipeMiter(wiring.Component):
         with m.If(filled == self.latency):
             m.d.comb += Assert(match & (dut.o_valid == vs))
         return m
+
+
+class FloatMiter(wiring.Component):
+    """``ok`` = (one lane of ``hw.tofloat.FloatPrep`` -> ``FloatPack`` == the rounding of
+    ``(-1)^D S 2^T`` to the input type) for every y with |y| < 2^(W-1), flip, D and every
+    ef_min in range (and zneg only with y == 0, the top level's contract).
+
+    The spec, written from the definition (docs/FORMAT.md 5, round_to_input_type) with
+    Amaranth's own shifts and comparisons: ``a = |y|``, L its leading one (a priority
+    chain), binade ``E = max(L + T, 1 - bias)``, ``q = E - mb`` the ulp's exponent;
+    ``sig = a 2^(T - q)`` exact when T >= q, else ``a >> (q - T)`` rounded to nearest
+    even from the remainder compared with half the divisor; ``sig = 2^(mb+1)`` moves to
+    the next binade; a subnormal has field 0; a biased exponent of 2^e - 1 or more
+    saturates to the largest finite pattern; a = 0 gives +-0. Sign: D xor (S < 0, or
+    zneg for S = 0), S = (-1)^flip y.
+
+    Args:
+        consts: the ``hw.tofloat.FloatConsts`` of the configuration.
+        ef_width: bits of ef_min.
+    """
+
+    def __init__(self, consts, ef_width: int, dut=None):
+        from hw.tofloat import FloatPack, FloatPrep
+        self.c, self.ef_width = consts, ef_width
+        self.prep = FloatPrep(1, consts.y_width, ef_width, consts)
+        self.pack = dut if dut is not None else FloatPack(1, consts)
+        super().__init__({"y": In(signed(consts.y_width)), "ef": In(ef_width), "mask": In(1),
+                          "zneg": In(1), "flip": In(1), "ok": Out(1)})
+
+    def elaborate(self, platform):
+        from hw.tofloat import PREP_PORTS
+        m = Module()
+        c = self.c
+        m.submodules.prep, m.submodules.pack = prep, pack = self.prep, self.pack
+        m.d.comb += [prep.y[0].eq(self.y), prep.ef_min.eq(self.ef), prep.mask.eq(self.mask),
+                     prep.zneg.eq(self.zneg), prep.flip.eq(self.flip)]
+        m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
+        w, mb, bias = c.y_width, c.m_bits, c.bias
+        y = self.y
+        a = Signal(w - 1, name="spec_a")
+        m.d.comb += a.eq(Mux(y < 0, -y, y))
+        lead = Const(0, range(w))
+        for j in range(w - 1):                       # priority chain, lowest bit first
+            lead = Mux(a[j], j, lead)
+        t = Signal(signed(8), name="spec_t")
+        m.d.comb += t.eq(self.ef + c.exp_add)
+        e = Signal(signed(10), name="spec_e")          # binade, clamped at the subnormals
+        m.d.comb += e.eq(Mux(lead + t > 1 - bias, lead + t, 1 - bias))
+        d = Signal(signed(10), name="spec_d")          # T - q: left shift if >= 0
+        m.d.comb += d.eq(t - (e - mb))
+        ls = Signal(range(64), name="spec_ls")
+        rs = Signal(range(128), name="spec_rs")
+        m.d.comb += [ls.eq(Mux(d >= 0, d, 0)), rs.eq(Mux(d < 0, -d, 0))]
+        quo = Signal(w - 1, name="spec_quo")
+        m.d.comb += quo.eq(a >> rs)
+        rem = Signal(w - 1, name="spec_rem")
+        m.d.comb += rem.eq(a - (quo << rs))
+        half = Signal(w, name="spec_half")
+        m.d.comb += half.eq((Const(1, w + 1) << rs)[1:])         # 2^(rs-1), 0 for rs = 0
+        up = (rs != 0) & ((rem > half) | ((rem == half) & quo[0]))
+        sig = Signal(mb + 3, name="spec_sig")
+        m.d.comb += sig.eq(Mux(d >= 0, a << ls, quo + up))
+        field = Signal(signed(12), name="spec_field")
+        mant = Signal(mb, name="spec_mant")
+        with m.If(sig[mb + 1]):                       # 2^(mb+1): next binade
+            m.d.comb += [field.eq(e + 1 + bias), mant.eq(0)]
+        with m.Elif(sig[mb]):
+            m.d.comb += [field.eq(e + bias), mant.eq(sig[:mb])]
+        with m.Else():                                # subnormal (e = 1 - bias)
+            m.d.comb += [field.eq(0), mant.eq(sig[:mb])]
+        maxf = c.max_finite
+        mag = Signal(15, name="spec_mag")
+        m.d.comb += mag.eq(Mux(a == 0, 0, Mux(field >= (1 << c.e_bits) - 1, maxf,
+                                                Cat(mant, field[:c.e_bits]))))
+        sneg = Mux(y == 0, self.zneg, (y < 0) ^ self.flip) ^ self.mask
+        want = Cat(mag, sneg)
+        in_range = ((self.ef >= c.ef_lo) & (self.ef <= c.ef_hi) & (~self.zneg | (y == 0))
+                    & (y != -(1 << (w - 1))))                   # |y| < 2^(W-1)
+        m.d.comb += self.ok.eq(~in_range | (pack.bits[0] == want))
+        return m
