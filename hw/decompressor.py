@@ -32,7 +32,7 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
       -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs)`` (5 for the defaults:
-latency 2, float_regs ("prep",)), plus 2 for the skid FIFO in credit flow. Flow
+latency 2, float_regs ("prep",)), plus 3 for the skid FIFO in credit flow. Flow
 control as in ``KVEpilogue`` (``flow``: :class:`hw.pipeline.FlowControl`): every
 register stage carries a valid bit; ``"stall"``: the whole pipeline advances when
 ``en = o.ready | ~o.valid`` and ``i.ready = en``; ``"credit"``: it never stalls, the

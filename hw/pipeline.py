@@ -265,8 +265,9 @@ def ram_delay(m: Module, en, name: str, value, stages: int) -> Signal:
 FLOWS = ("stall", "credit")
 
 #: Cycles the skid FIFO adds between the pipeline's output register and ``o.valid``
-#: (:func:`skid_fifo`: the write, then the block RAM's read into its data register).
-SKID_FIFO_CYCLES = 2
+#: (:func:`skid_fifo`: the write, the block RAM's read into its data register, the
+#: output register).
+SKID_FIFO_CYCLES = 3
 
 
 def check_flow(flow, credit_extra=0) -> tuple[str, int]:
@@ -314,12 +315,15 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
 
     A circular buffer in block RAM (``ram_style`` block: ECP5 DP16KD, 36 bits wide per
     block RAM) of the smallest power of two >= ``depth`` entries, with write and read
-    pointers one bit wider than its address (full and empty apart). Its synchronous,
-    non-transparent read port is the output register: ``o.payload`` is the read data,
-    ``o.valid`` a register. The head is read when the buffer is not empty and the
-    output is empty or taken (``~o.valid | o.ready``), so ``o.ready`` drives only the
-    read port's enable (one pin per block RAM), the read pointer and ``o.valid``: no wide
-    register. While ``o.valid & ~o.ready`` nothing is read and the read data holds.
+    pointers one bit wider than its address (full and empty apart), then two places
+    for the head: the RAM's read data register (``{name}_rv``: it holds an entry) and
+    the output register ``o.payload`` (``o.valid``). The output register loads the read
+    data when that holds an entry and the output is empty or taken
+    (``~o.valid | o.ready``); the RAM is read when it is not empty and its read data
+    register is empty or being moved on. So ``o.payload`` comes from flip-flops (the
+    block RAM's slow clock-to-out stays inside), ``o.ready`` drives the output
+    register's enable, the RAM's read enable and the read pointer, and while
+    ``o.valid & ~o.ready`` nothing moves.
 
     The caller guarantees (credits) that at most ``depth`` vectors are in the FIFO
     and the pipeline before it; then a write never meets a full buffer, and the
@@ -337,16 +341,24 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     rd = mem.read_port(domain="sync", transparent_for=())
     wp = Signal(abits + 1, name=f"{name}_wp")
     rp = Signal(abits + 1, name=f"{name}_rp")
+    rv = Signal(name=f"{name}_rv")
     ov = Signal(name=f"{name}_valid")
+    q = Signal(len(data), name=f"{name}_q", reset_less=True)
+    load = Signal(name=f"{name}_load")
     take = Signal(name=f"{name}_take")
-    m.d.comb += [take.eq((wp != rp) & (~ov | o.ready)),
+    m.d.comb += [load.eq(rv & (~ov | o.ready)),
+                 take.eq((wp != rp) & (~rv | load)),
                  wr.addr.eq(wp[:abits]), wr.data.eq(data), wr.en.eq(valid),
                  rd.addr.eq(rp[:abits]), rd.en.eq(take),
-                 o.valid.eq(ov), Value.cast(o.payload).eq(rd.data)]
+                 o.valid.eq(ov), Value.cast(o.payload).eq(q)]
     with m.If(valid):
         m.d.sync += wp.eq(wp + 1)
     with m.If(take):
-        m.d.sync += [rp.eq(rp + 1), ov.eq(1)]
+        m.d.sync += [rp.eq(rp + 1), rv.eq(1)]
+    with m.Elif(load):
+        m.d.sync += rv.eq(0)
+    with m.If(load):
+        m.d.sync += [q.eq(rd.data), ov.eq(1)]
     with m.Elif(o.ready):
         m.d.sync += ov.eq(0)
 
@@ -413,6 +425,6 @@ class FlowControl:
 
 
 def flow_cycles(flow: str) -> dict:
-    """The latency_breakdown entry of the flow control: ``{"skid_fifo": 2}`` in credit
-    flow, nothing in stall flow."""
+    """The latency_breakdown entry of the flow control: ``{"skid_fifo":``
+    :data:`SKID_FIFO_CYCLES` ``}`` in credit flow, nothing in stall flow."""
     return {"skid_fifo": SKID_FIFO_CYCLES} if flow == "credit" else {}

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flow", choices=FLOWS, default="stall",
                     help="flow control (default stall: every register advances with o__ready | ~o__valid; "
                          "credit: credit-based flow control, the pipeline never stalls, an output skid "
-                         "FIFO in block RAM, i__ready a register; +2 cycles of latency)")
+                         "FIFO in block RAM, i__ready a register; +3 cycles of latency)")
     ap.add_argument("--credit-extra", type=int, default=0,
                     help="with --flow credit: skid FIFO entries beyond latency + 1 (default 0)")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,

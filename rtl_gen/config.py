@@ -25,7 +25,7 @@
   instead of the global stall: the pipeline never stalls, an output skid FIFO in block RAM
   with E credits beyond the minimum (``flow="credit", credit_extra=E``;
   ``hw.pipeline.FlowControl``; ``c0``: latency + 1 credits, one vector per cycle); the
-  latency grows by the FIFO's 2 cycles, never the bytes;
+  latency grows by the FIFO's 3 cycles, never the bytes;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,

@@ -728,9 +728,12 @@ def test_credit_full_rate_check_can_fail(monkeypatch):
     dut = FlowPipe("credit", 5)
     n = 4 * (dut.latency_cycles + 1) + 20
     rec = held_high(dut, n)
-    assert len(rec["in"]) < n
+    assert rec["in"] != list(range(n))
+    # steady state: the input pauses once in every latency + 1 cycles
     lat = dut.latency_cycles
-    assert len(rec["in"]) == n - (n - 1) // (lat + 1)
+    late = [t for t in rec["in"] if t >= 2 * lat]
+    span = range(2 * lat, n)
+    assert len(span) - len(late) >= len(span) // (lat + 1)
 
 
 @pytest.mark.parametrize("extra", [0, 3])
