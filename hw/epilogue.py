@@ -29,7 +29,8 @@ thresholds) -> lane compares + packer -> output register; ``tree_every`` = k
 adds a register after every k levels of the front end's max tree and of the
 quantizer's statistic trees (default 0). So ``latency_cycles =
 frontend_tree + len(fe_regs) + 1 + latency + quant_tree + len(quant_regs) + 1``
-(:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2).
+(:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2), + 3 for the
+skid FIFO in credit flow.
 The manifest (``rtl_gen``) records the breakdown and the total.
 
 Flow control (``flow``, :class:`hw.pipeline.FlowControl`): every register stage
