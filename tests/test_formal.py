@@ -17,7 +17,8 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from verif.formal import mutants
-from verif.formal.plan import fwht_width, read_widths, stream_depth, stream_design
+from verif.formal.plan import (flow_credit_design, fwht_width, read_widths, stream_depth,
+                               stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
 from verif.formal.specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, check_factorization,
@@ -141,6 +142,21 @@ def test_stream_properties_credit_flow(work):
     assert h.capacity == h.a.credits == h.latency + 1
     depth = stream_depth("enc", 16, 8, "min", "credit")
     assert prove_bmc(h, "stream_enc_credit", work, depth=depth)["result"] == "proved"
+
+
+@needs_yosys
+@pytest.mark.parametrize("broken", [False, True])
+def test_credit_flow_order(broken, monkeypatch, work):
+    """The credit flow control and skid FIFO alone (a 4-bit counter pipeline) with the
+    reference copy: no vector dropped, duplicated or reordered through a FIFO filled while
+    stalled and drained (BMC 2 x credits + 1); fails when the FIFO reads its block RAM
+    ahead while the output is stalled (verif.formal.mutants.skid_fifo_reads_ahead)."""
+    import hw.pipeline
+    if broken:
+        monkeypatch.setattr(hw.pipeline, "skid_fifo", mutants.skid_fifo_reads_ahead)
+    h = StreamHarness(flow_credit_design(0, 4), reference=True)
+    rec = prove_bmc(h, "flow_credit", work, depth=2 * h.a.credits + 1)
+    assert rec["result"] == ("failed" if broken else "proved")
 
 
 @needs_yosys

@@ -630,41 +630,10 @@ def test_check_lane_ram(value, exc):
 # ---- flow control: stall vs credit (hw.pipeline.FlowControl, skid_fifo) ----------------
 
 from amaranth.hdl import Value  # noqa: E402
-from amaranth.lib import stream, wiring  # noqa: E402
-from amaranth.lib.wiring import In, Out  # noqa: E402
 
-from hw.pipeline import (FLOWS, FlowControl, check_flow, credit_depth,  # noqa: E402
-                         flow_cycles, stage)
+from hw.pipeline import FLOWS, check_flow  # noqa: E402
+from kvtest.flowpipe import FlowPipe  # noqa: E402
 from kvtest.simstream import check_run, run_stream  # noqa: E402
-
-
-class FlowPipe(wiring.Component):
-    """A toy top level on the shared flow control: ``stages`` register stages that each add
-    1 to a ``width``-bit payload, then :meth:`FlowControl.output` (the same plumbing as
-    KVEpilogue / KVDecompressor, without their data path)."""
-
-    def __init__(self, flow: str, stages: int, credit_extra: int = 0, width: int = 12):
-        self.flow, self.credit_extra = check_flow(flow, credit_extra)
-        self.stages, self.width = stages, width
-        super().__init__({"i": In(stream.Signature(width)), "o": Out(stream.Signature(width))})
-
-    @property
-    def latency_cycles(self) -> int:
-        return self.stages + 1 + sum(flow_cycles(self.flow).values())
-
-    @property
-    def credits(self):
-        return credit_depth(self.latency_cycles, self.credit_extra) if self.flow == "credit" else None
-
-    def elaborate(self, platform):
-        m = Module()
-        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra)
-        x, v = self.i.payload, fc.i_valid
-        for s in range(self.stages):
-            r = stage(m, fc.en, f"s{s}", x=(x + 1)[:self.width], valid=v)
-            x, v = r["x"], r["valid"]
-        fc.output(x, v)
-        return m
 
 
 def held_high(dut, cycles: int, stall_from: int | None = None, stall_for: int = 0) -> dict:

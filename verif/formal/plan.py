@@ -87,6 +87,21 @@ def _stream(kind, n, g, cuts, depth, ref, flow, work, timeout):
                      timeout=timeout)
 
 
+def flow_credit_design(stages: int = 0, width: int = 4):
+    """A factory for the order proof of the credit flow control alone
+    (``kvtest.flowpipe.FlowPipe``: the shared FlowControl and skid FIFO behind ``stages``
+    register stages of a ``width``-bit counter)."""
+    from kvtest.flowpipe import FlowPipe
+    return lambda: FlowPipe("credit", stages, width=width)
+
+
+def _flow(stages, width, work, timeout):
+    h = StreamHarness(flow_credit_design(stages, width), reference=True)
+    depth = 2 * h.a.credits + 1
+    return prove_bmc(h, f"stream_flow_credit_s{stages}_w{width}_d{depth}_ref", work,
+                     depth=depth, timeout=timeout)
+
+
 def plan(name: str) -> list:
     """[(proof name, claim, callable(work, timeout))] of the set ``name``."""
     fw = "FWHT(latency 0) == H x, all inputs"
@@ -109,8 +124,10 @@ def plan(name: str) -> list:
                ("enc", 16, 8, "min", cd, False, "credit"),
                ("dec", 16, 8, "min", cd, False, "credit")]
     if name == "full":
-        streams += [("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall"),
-                    ("enc", 8, 8, "min", cd, True, "credit")]
+        streams += [("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
+    items.append(("stream_flow_credit_ref", "credit flow control + skid FIFO alone: hold, "
+                  "count, drain, order (reference copy), BMC 2 x credits + 1",
+                  partial(_flow, 0, 4)))
     items += [(f"stream_{k}_n{n}_g{g}_{c}_d{d}{'_ref' if r else ''}"
                f"{'_credit' if f == 'credit' else ''}",
                f"stream ({f} flow): hold, count, drain{', order (reference copy)' if r else ''} "
