@@ -8,9 +8,13 @@ dequantized product shape and the ue5m3 alignment span).
 
 from __future__ import annotations
 
+import gc
+import warnings
 from functools import partial
 from pathlib import Path
 
+
+from amaranth.hdl import UnusedElaboratable
 
 from hw.decompressor import KVDecompressor
 from hw.dequant import level_table, product_shape, scale_format
@@ -74,9 +78,12 @@ def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall"):
 def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str) -> int:
     """BMC depth of a stream proof: stall flow, latency + 2 (the drain window plus two);
     credit flow, 2 x credits + 1 (fill the skid FIFO while stalled, then drain it)."""
-    dut = stream_design(kind, n, g, cuts, flow)()
-    depth = dut.latency_cycles + 2 if flow == "stall" else 2 * dut.credits + 1
-    del dut
+    with warnings.catch_warnings():     # a probe, never elaborated
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        dut = stream_design(kind, n, g, cuts, flow)()
+        depth = dut.latency_cycles + 2 if flow == "stall" else 2 * dut.credits + 1
+        del dut
+        gc.collect()
     return depth
 
 
@@ -121,10 +128,9 @@ def plan(name: str) -> list:
                       partial(_roundtrip, 16, 8)))
     cd = stream_depth("enc", 16, 8, "min", "credit")     # 15: latency 6 (3 + the FIFO's 3)
     streams = [("enc", 16, 8, "min", 5, False, "stall"), ("dec", 16, 8, "min", 5, False, "stall"),
-               ("enc", 16, 8, "min", cd, False, "credit"),
-               ("dec", 16, 8, "min", cd, False, "credit")]
+               ("enc", 16, 8, "min", cd, False, "credit")]
     if name == "full":
-        streams += [("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
+        streams += [("dec", 16, 8, "min", cd, False, "credit"),("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
     items.append(("stream_flow_credit_ref", "credit flow control + skid FIFO alone: hold, "
                   "count, drain, order (reference copy), BMC 2 x credits + 1",
                   partial(_flow, 0, 4)))
