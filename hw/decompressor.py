@@ -130,7 +130,9 @@ class KVDecompressor(wiring.Component):
         """Credit flow: the most vectors in flight (pipeline and skid FIFO),
         ``hw.pipeline.credit_depth``; stall flow: None (the pipeline holds at most
         ``latency_cycles``)."""
-        return credit_depth(self.latency_cycles, self.credit_extra) if self.flow == "credit" else None
+        if self.flow != "credit":
+            return None
+        return credit_depth(self.latency_cycles, self.credit_extra)
 
     def elaborate(self, platform):
         m = Module()

@@ -9,8 +9,9 @@ Every pipeline register of the design advances with one enable ``en``
 without enable), the output goes through a skid FIFO (:func:`skid_fifo`) and
 ``i.ready`` is a register fed by a credit counter.
 
-Two kinds of knobs place the optional registers: the FWHT ``latency`` (how many of the log2 N butterfly stages end in a register,
-:mod:`hw.fwht` / :mod:`hw.ifwht`, checked by :func:`check_latency`) and named
+Two kinds of knobs place the optional registers: the FWHT ``latency`` (how many
+of the log2 N butterfly stages end in a register, :mod:`hw.fwht` /
+:mod:`hw.ifwht`, checked by :func:`check_latency`) and named
 *cuts*, a subset of a component's cut points (:class:`Cuts`:
 ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
 ``hw.decompressor.FLOAT_CUTS``), and ``tree_every`` = k, a register after every

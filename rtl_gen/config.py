@@ -227,7 +227,8 @@ class RTLConfig:
                 name, tgt = _SQUASHED[f], kw
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
-                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, cE, mM, a bare "
+                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, "
+                                 f"cE, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")

@@ -406,7 +406,8 @@ def test_flow_config_and_manifest(tmp_path, capsys):
     assert man["latency_breakdown"]["skid_fifo"] == SKID_FIFO_CYCLES
     assert man["flow_control"]["flow"] == "credit"
     assert man["flow_control"]["credits"] == man["latency_cycles"] + 1 + 2
-    assert plain["flow_control"]["flow"] == "stall" and "skid_fifo" not in plain["latency_breakdown"]
+    assert plain["flow_control"]["flow"] == "stall"
+    assert "skid_fifo" not in plain["latency_breakdown"]
     assert man["ports"] == plain["ports"]
     assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--flow", "credit",
                      "--module", "roundtrip", "--out", str(tmp_path / "rt")]) == 0

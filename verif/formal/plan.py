@@ -130,7 +130,8 @@ def plan(name: str) -> list:
     streams = [("enc", 16, 8, "min", 5, False, "stall"), ("dec", 16, 8, "min", 5, False, "stall"),
                ("enc", 16, 8, "min", cd, False, "credit")]
     if name == "full":
-        streams += [("dec", 16, 8, "min", cd, False, "credit"),("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
+        streams += [("dec", 16, 8, "min", cd, False, "credit"),
+                    ("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
     items.append(("stream_flow_credit_ref", "credit flow control + skid FIFO alone: hold, "
                   "count, drain, order (reference copy), BMC 2 x credits + 1",
                   partial(_flow, 0, 4)))
