@@ -27,7 +27,9 @@ class FlowPipe(wiring.Component):
 
     @property
     def credits(self):
-        return credit_depth(self.latency_cycles, self.credit_extra) if self.flow == "credit" else None
+        if self.flow != "credit":
+            return None
+        return credit_depth(self.latency_cycles, self.credit_extra)
 
     def elaborate(self, platform):
         m = Module()
