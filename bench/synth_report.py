@@ -88,7 +88,8 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             f"| {name} | {c.kind} | {quant} | {p.n} | {p.block} | {p.bits} | "
             f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.latency} | "
             f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'}"
-            f"{f', lane RAM/{c.lane_ram}' if c.lane_ram else ''} | "
+            f"{f', lane RAM/{c.lane_ram}' if c.lane_ram else ''}"
+            f"{'' if c.credit is None else f', credit+{c.credit}' if c.credit else ', credit'} | "
             f"{rec['latency_cycles']} | "
             f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
             f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
@@ -174,6 +175,48 @@ def key_front_table(recs: list[dict]) -> str:
             f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | "
             f"{rec['ecp5'].get('cells', {}).get('TRELLIS_DPR16X4', 0):,} | "
             f"{_fmt(d['fmax'], '{:.1f}')} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def flow_table(recs: list[dict]) -> str:
+    """Each placed-and-routed record with credit flow control (config part ``cE``) against
+    the same config with the global stall: latency, area, block RAM, Fmax and both
+    critical paths."""
+    from dataclasses import replace
+
+    from rtl_gen.synth import synth_config
+    ok = {r["config"]: r for r in recs if r.get("ok")}
+    lines = ["| config (credit) | stall twin | latency cycles stall -> credit | LUT4 | CCU2C | "
+             "FF | DP16KD | Fmax MHz stall -> credit | latency ns stall -> credit | "
+             "critical path stall | critical path credit |",
+             "|" + "---|" * 11]
+
+    def path(rec):
+        cp = rec.get("nextpnr", {}).get("critical_path")
+        if not cp:
+            return "—"
+        return (f"{cp['ns']:.2f} ns ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}): "
+                f"`{cp['from'][:48]}` -> `{cp['to'][:48]}`")
+
+    for name, rec in ok.items():
+        cfg = synth_config(name)
+        if cfg.credit is None:
+            continue
+        base = ok.get(replace(cfg, credit=None).name)
+        if base is None:
+            continue
+        d, b = derived(rec), derived(base)
+
+        def ns(r, x):
+            return _fmt(x["fmax"] and r["latency_cycles"] * 1e3 / x["fmax"], "{:.1f}")
+        lines.append(
+            f"| {name} | {base['config']} | {base['latency_cycles']} -> {rec['latency_cycles']} | "
+            f"{b['lut4']:,} -> {d['lut4']:,} | {b['ccu2c']:,} -> {d['ccu2c']:,} | "
+            f"{b['ffs']:,} -> {d['ffs']:,} | "
+            f"{base['ecp5'].get('cells', {}).get('DP16KD', 0)} -> "
+            f"{rec['ecp5'].get('cells', {}).get('DP16KD', 0)} | "
+            f"{_fmt(b['fmax'], '{:.1f}')} -> {_fmt(d['fmax'], '{:.1f}')} | "
+            f"{ns(base, b)} -> {ns(rec, d)} | {path(base)} | {path(rec)} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -300,7 +343,9 @@ def generated(res: dict, mres: dict | None) -> str:
         "`pK` of the config name (every cut of FE_CUTS, QUANT_CUTS, FLOAT_CUTS), "
         "'tree/K' = plus a register every K levels of the encoder's reduction trees; "
         "'lane RAM/D' = config part `rD`: the lane delay lines of D or more stages in block "
-        "RAM (DP16KD: 18 Kbit ECP5 block RAMs, 208 on the LFE5U-85F) instead of flip-flops. "
+        "RAM (DP16KD: 18 Kbit ECP5 block RAMs, 208 on the LFE5U-85F) instead of flip-flops; "
+        "'credit' = config part `cE`: credit-based flow control (the pipeline never stalls, "
+        "output skid FIFO in block RAM, registered i.ready; 'credit+E': E extra credits). "
         "latency ns = latency cycles / Fmax.",
         "",
         synth_table(recs, set(DEFAULT_SET)),
@@ -342,6 +387,21 @@ def generated(res: dict, mres: dict | None) -> str:
             "max tree, the path that starts at the input without it).",
             "",
             kft,
+            "",
+        ]
+    ft = flow_table(recs)
+    if ft:
+        lines += [
+            "## Flow control: global stall vs credits",
+            "",
+            "Each config with credit-based flow control (config part `cE`, "
+            "`hw.pipeline.FlowControl`: registers without enable, output skid FIFO in block "
+            "RAM behind the output register, `i.ready` a register from a credit counter) "
+            "against the same config with the global stall enable `en = o.ready | ~o.valid` "
+            "(the default); same tools, seed and target. Area: synth_ecp5 totals with the "
+            "harness (DUT estimate for LUT4 and FF).",
+            "",
+            ft,
             "",
         ]
     if mres:

@@ -34,9 +34,11 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
       -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs)`` (5 for the defaults:
-latency 2, float_regs ("prep",)). Flow control as
-in ``KVEpilogue``: every register stage carries a valid bit, the whole pipeline
-advances when ``en = o.ready | ~o.valid`` and ``i.ready = en``; one vector per
+latency 2, float_regs ("prep",)), plus 3 for the skid FIFO in credit flow. Flow
+control as in ``KVEpilogue`` (``flow``: :class:`hw.pipeline.FlowControl`): every
+register stage carries a valid bit; ``"stall"``: the whole pipeline advances when
+``en = o.ready | ~o.valid`` and ``i.ready = en``; ``"credit"``: it never stalls, the
+output goes through a skid FIFO and ``i.ready`` is a credit register. One vector per
 cycle while ``o.ready`` is high; data registers have no reset, valid bits do.
 
 Supported options: :data:`hw.dequant.READ_SUPPORT` (mode and scale encoding);
@@ -59,7 +61,8 @@ from sim_models.signs import sign_mask_int
 from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
                       scale_format)
 from .ifwht import BlockFWHT, out_width
-from .pipeline import Cuts, check_latency, stage
+from .pipeline import (Cuts, FlowControl, check_flow, check_latency, credit_depth, flow_cycles,
+                       stage)
 from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
@@ -94,6 +97,8 @@ class KVDecompressor(wiring.Component):
             ``FLOAT_CUTS.default``); each adds one cycle of latency.
         split_align: the FWHT's block alignment as two steps, so that a ``latency``
             register can sit inside the shifter (``hw.ifwht.BlockFWHT``; default False).
+        flow: flow control, ``"stall"`` (default) or ``"credit"`` (:class:`KVEpilogue`).
+        credit_extra: credit flow only: skid FIFO entries beyond ``latency_cycles + 1``.
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -102,8 +107,10 @@ class KVDecompressor(wiring.Component):
     """
 
     def __init__(self, params: FormatParams, latency: int = 2,
-                 float_regs=FLOAT_CUTS.default, split_align: bool = False):
+                 float_regs=FLOAT_CUTS.default, split_align: bool = False, flow: str = "stall",
+                 credit_extra: int = 0):
         check_read_params(params)
+        self.flow, self.credit_extra = check_flow(flow, credit_extra)
         self.float_regs = FLOAT_CUTS.check(float_regs)
         if not isinstance(split_align, bool):
             raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
@@ -123,12 +130,22 @@ class KVDecompressor(wiring.Component):
         float registers appear only where placed (``float_abs_reg`` / ``float_prep_reg``
         / ``float_shift_reg``)."""
         return {"dequant_reg": 1, "fwht": self.latency,
-                **{f"float_{r}_reg": 1 for r in self.float_regs}, "output_reg": 1}
+                **{f"float_{r}_reg": 1 for r in self.float_regs}, "output_reg": 1,
+                **flow_cycles(self.flow)}
 
     @property
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
         return sum(self.latency_breakdown.values())
+
+    @property
+    def credits(self) -> int | None:
+        """Credit flow: the most vectors in flight (pipeline and skid FIFO),
+        ``hw.pipeline.credit_depth``; stall flow: None (the pipeline holds at most
+        ``latency_cycles``)."""
+        if self.flow != "credit":
+            return None
+        return credit_depth(self.latency_cycles, self.credit_extra)
 
     def elaborate(self, platform):
         m = Module()
@@ -136,8 +153,8 @@ class KVDecompressor(wiring.Component):
         n, g, nb = p.n, p.block, p.n_blocks
         pshape = product_shape(self.table)
 
-        en = Signal()
-        m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
+        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra)
+        en = fc.en
 
         # ---- dequant (combinational) + register -----------------------------------
         sf = self.scale_fmt
@@ -176,7 +193,7 @@ class KVDecompressor(wiring.Component):
         shift = Signal(data.ArrayLayout(dw, nb), name="dq_shift_c")
         m.d.comb += [shift[k].eq(efs[k] - ef_min) for k in range(nb)]
         dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, zneg=zneg,
-                   allzero=allzero, valid=self.i.valid)
+                   allzero=allzero, valid=fc.i_valid)
 
         # ---- inverse FWHT (ef_min and "all zero" ride along as side band) --------------
         side = data.StructLayout({"ef_min": efw, "allzero": 1})
@@ -213,9 +230,5 @@ class KVDecompressor(wiring.Component):
         for r in ("shift", "round"):    # the data registers are inside FloatPack
             if r in regs:
                 valid = stage(m, en, r, valid=valid)["valid"]
-        out = Signal(16 * n, name="out_reg", reset_less=True)
-        out_v = Signal(name="out_valid")
-        with m.If(en):
-            m.d.sync += [out.eq(pk.bits), out_v.eq(valid)]
-        m.d.comb += [self.o.payload.eq(out), self.o.valid.eq(out_v)]
+        fc.output(pk.bits, valid)
         return m

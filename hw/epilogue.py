@@ -29,16 +29,22 @@ thresholds) -> lane compares + packer -> output register; ``tree_every`` = k
 adds a register after every k levels of the front end's max tree and of the
 quantizer's statistic trees (default 0). So ``latency_cycles =
 frontend_tree + len(fe_regs) + 1 + latency + quant_tree + len(quant_regs) + 1``
-(:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2).
+(:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2), + 3 for the
+skid FIFO in credit flow.
 The manifest (``rtl_gen``) records the breakdown and the total.
 
-Flow control: every register stage carries a valid bit and the whole pipeline
-advances when ``en = o.ready | ~o.valid``; ``i.ready = en``. One vector per
-cycle while ``o.ready`` is high; while the output is stalled nothing moves
-(no loss, duplication or reordering, payload held stable); an empty output
-register never blocks the pipeline. ``i.ready`` depends combinationally on
-``o.ready`` and ``o.valid`` (allowed by the stream rules; ``o.valid`` does not
-depend on ``o.ready``).
+Flow control (``flow``, :class:`hw.pipeline.FlowControl`): every register stage
+carries a valid bit. ``"stall"`` (default): the whole pipeline advances when
+``en = o.ready | ~o.valid``; ``i.ready = en``, combinational from ``o.ready`` and
+``o.valid`` (allowed by the stream rules; ``o.valid`` does not depend on
+``o.ready``); while the output is stalled nothing moves; an empty output register
+never blocks the pipeline. ``"credit"``: the pipeline never stalls (registers
+without enable), the output register writes a skid FIFO in block RAM that drives
+``o`` (``latency_breakdown["skid_fifo"]`` = 3 cycles), and ``i.ready`` is a register
+driven by a credit counter (``latency_cycles + 1 + credit_extra`` vectors in flight
+at most). Either way: one vector per cycle while ``o.ready`` is high, no loss,
+duplication or reordering under back-pressure, the payload held while
+``o.valid & ~o.ready``.
 
 Status: ``status`` is a register, updated every cycle as
 ``status <= (status_clear ? 0 : status) | (o.valid & o.ready ? o.flags : 0)``:
@@ -61,7 +67,8 @@ from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FWHT
 from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
 from .packer import Packer
-from .pipeline import check_lane_ram, check_latency, check_tree_every, stage
+from .pipeline import (FlowControl, check_flow, check_lane_ram, check_latency, check_tree_every,
+                       credit_depth, flow_cycles, stage)
 from .quantizer import QUANT_CUTS, Quantizer
 from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
@@ -113,6 +120,10 @@ class KVEpilogue(wiring.Component):
             delay line that goes to block RAM (the front end's decoded lanes beside
             the exponent max tree, ``hw.frontend.lane_delay`` stages; the quantizer's
             lanes beside the block scale, ``hw.quantizer.lane_delay``; :attr:`ram_lines`). Same cycles, stalls and bytes either way.
+        flow: flow control, ``"stall"`` (default: global stall enable) or ``"credit"``
+            (credit-based flow control with an output skid FIFO; :data:`hw.pipeline.FLOWS`).
+        credit_extra: credit flow only: skid FIFO entries beyond the minimum
+            ``latency_cycles + 1`` for one vector per cycle (default 0).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
@@ -123,8 +134,10 @@ class KVEpilogue(wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
                  fe_regs=FE_CUTS.default, tree_every: int = 0, key_slots: int = 0,
-                 kf_regs=KF_CUTS.default, lane_ram: int = 0):
+                 kf_regs=KF_CUTS.default, lane_ram: int = 0, flow: str = "stall",
+                 credit_extra: int = 0):
         check_epilogue_params(params)
+        self.flow, self.credit_extra = check_flow(flow, credit_extra)
         if key_slots != 0:
             check_key_slots(params, key_slots)
         self.key_slots = key_slots
@@ -152,7 +165,7 @@ class KVEpilogue(wiring.Component):
         kf = {"keyfront": 1 + len(self.kf_regs)} if self.key_slots else {}
         return {**kf, "frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
                 "frontend_reg": 1, "fwht": self.latency, "quant_tree": quant_tree_cuts(p, k),
-                "quant_regs": len(self.quant_regs), "output_reg": 1}
+                "quant_regs": len(self.quant_regs), "output_reg": 1, **flow_cycles(self.flow)}
 
     @property
     def ram_lines(self) -> dict:
@@ -168,23 +181,32 @@ class KVEpilogue(wiring.Component):
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
         return sum(self.latency_breakdown.values())
 
+    @property
+    def credits(self) -> int | None:
+        """Credit flow: the most vectors in flight (pipeline and skid FIFO),
+        ``hw.pipeline.credit_depth``; stall flow: None (the pipeline holds at most
+        ``latency_cycles``)."""
+        if self.flow != "credit":
+            return None
+        return credit_depth(self.latency_cycles, self.credit_extra)
+
     def elaborate(self, platform):
         m = Module()
         p = self.params
 
-        en = Signal()
-        m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
+        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra)
+        en, i_valid = fc.en, fc.i_valid
 
         # [key front end] + front end + register
         m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram)
         if self.key_slots:
             m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs)
             wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
-            m.d.comb += [kf.en.eq(en), kf.i_valid.eq(self.i.valid), kf.bits.eq(self.i.payload.lanes),
+            m.d.comb += [kf.en.eq(en), kf.i_valid.eq(i_valid), kf.bits.eq(self.i.payload.lanes),
                          kf.slot.eq(self.i.payload.slot), kf.bypass.eq(self.i.payload.bypass),
                          fe.bits.eq(kf.o_bits), fe.i_valid.eq(kf.o_valid)]
         else:
-            m.d.comb += [fe.bits.eq(self.i.payload), fe.i_valid.eq(self.i.valid)]
+            m.d.comb += [fe.bits.eq(self.i.payload), fe.i_valid.eq(i_valid)]
         m.d.comb += fe.en.eq(en)
         fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)
 
@@ -199,17 +221,14 @@ class KVEpilogue(wiring.Component):
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o.u), qz.flags_i.eq(fw.side_o.flags)]
 
-        # packer + output register
+        # packer + output register [+ skid FIFO]
         m.submodules.packer = pk = Packer(p.n, p.bits)
         m.d.comb += pk.codes.eq(qz.codes)
-        out = Signal(encoder_output_layout(p), name="out_reg", reset_less=True)
-        out_v = Signal(name="out_valid")
-        with m.If(en):
-            m.d.sync += [out.codes.eq(pk.plane), out.scales.eq(qz.scales),
-                         out.flags.eq(qz.flags), out_v.eq(qz.o_valid)]
-            if p.zero_bytes:
-                m.d.sync += out.zeros.eq(qz.zeros)
-        m.d.comb += [self.o.payload.eq(out), self.o.valid.eq(out_v)]
+        res = Signal(encoder_output_layout(p), name="result")
+        m.d.comb += [res.codes.eq(pk.plane), res.scales.eq(qz.scales), res.flags.eq(qz.flags)]
+        if p.zero_bytes:
+            m.d.comb += res.zeros.eq(qz.zeros)
+        fc.output(res, qz.o_valid)
 
         # sticky status
         accepted = self.o.valid & self.o.ready

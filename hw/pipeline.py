@@ -1,10 +1,17 @@
-"""Pipeline plumbing shared by the RTL components: register stages and their placements.
+"""Pipeline plumbing shared by the RTL components: register stages, their placements
+and the top levels' flow control.
 
-Every pipeline register of the design advances with one enable, ``en = o.ready
-| ~o.valid`` of the top level (a global stall): :func:`stage` builds one such
-register stage. Two kinds of knobs place the optional registers: the FWHT
-``latency`` (how many of the log2 N butterfly stages end in a register,
-:mod:`hw.fwht` / :mod:`hw.ifwht`, checked by :func:`check_latency`) and named
+Every pipeline register of the design advances with one enable ``en``
+(:func:`stage` builds one such register stage). The top level's ``flow``
+(:data:`FLOWS`, :class:`FlowControl`) chooses what drives it: ``"stall"``
+(default), a global stall ``en = o.ready | ~o.valid`` with ``i.ready = en``; or
+``"credit"``, credit-based flow control: ``en`` is the constant 1 (registers
+without enable), the output goes through a skid FIFO (:func:`skid_fifo`) and
+``i.ready`` is a register fed by a credit counter.
+
+Two kinds of knobs place the optional registers: the FWHT ``latency`` (how many
+of the log2 N butterfly stages end in a register, :mod:`hw.fwht` /
+:mod:`hw.ifwht`, checked by :func:`check_latency`) and named
 *cuts*, a subset of a component's cut points (:class:`Cuts`:
 ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
 ``hw.decompressor.FLOAT_CUTS``), and ``tree_every`` = k, a register after every
@@ -22,6 +29,7 @@ same as the register chain under the same enable, stalls and resets included.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from amaranth.hdl import Const, Module, Signal, Value
@@ -56,10 +64,18 @@ def stage(m: Module, en, name: str, *, reset=("valid",), **values) -> dict:
         else:
             regs = [Signal.like(v, name=f"{name}_{key}", reset_less=key not in reset)]
             srcs = [v]
-        with m.If(en):
+        with when(m, en):
             m.d.sync += [r.eq(s) for r, s in zip(regs, srcs)]
         out[key] = regs if isinstance(v, (list, tuple)) else regs[0]
     return out
+
+
+def when(m: Module, en):
+    """``m.If(en)``, or no condition when ``en`` is the constant 1 (credit flow: the
+    registers have no enable, so the Verilog has no enable mux to optimise away)."""
+    if isinstance(en, Const) and en.value == 1:
+        return nullcontext()
+    return m.If(en)
 
 
 def gt_const(x, c: int) -> Value:
@@ -236,6 +252,180 @@ def ram_delay(m: Module, en, name: str, value, stages: int) -> Signal:
     ptr = Signal(range(depth), name=f"{name}_ptr")
     m.d.comb += [wr.addr.eq(ptr), wr.data.eq(value), wr.en.eq(en),
                  rd.addr.eq(ptr - (stages - 2)), rd.en.eq(en)]
-    with m.If(en):
+    with when(m, en):
         m.d.sync += ptr.eq(ptr + 1)
     return stage(m, en, name, reset=(), data=rd.data)["data"]
+
+
+# ---- flow control of the top levels ----------------------------------------------------
+
+#: Flow-control modes of a top level (its ``flow`` argument): ``"stall"``, a global
+#: stall enable (every register advances when ``o.ready | ~o.valid``, ``i.ready`` is
+#: that enable, combinational from ``o.ready``); ``"credit"``, credit-based flow control
+#: (the pipeline never stalls, a skid FIFO at the output, a registered ``i.ready``).
+FLOWS = ("stall", "credit")
+
+#: Cycles the skid FIFO adds between the pipeline's output register and ``o.valid``
+#: (:func:`skid_fifo`: the write, the block RAM's read into its data register, the
+#: output register).
+SKID_FIFO_CYCLES = 3
+
+
+def check_flow(flow, credit_extra=0) -> tuple[str, int]:
+    """Validate ``flow`` (one of :data:`FLOWS`) and ``credit_extra`` (skid FIFO entries
+    beyond the minimum for one vector per cycle, an int >= 0; only with ``"credit"``).
+
+    Raises:
+        TypeError: a str / int of the wrong type (bool refused).
+        ValueError: an unknown mode, a negative ``credit_extra``, or ``credit_extra`` > 0
+            with ``flow="stall"`` (the message names the argument).
+    """
+    if not isinstance(flow, str):
+        raise TypeError(f"flow must be a str of {FLOWS}, got {type(flow).__name__}")
+    if flow not in FLOWS:
+        raise ValueError(f"flow (flow control) must be one of {FLOWS}, got {flow!r}")
+    if isinstance(credit_extra, bool) or not isinstance(credit_extra, int):
+        raise TypeError(f"credit_extra must be an int, got {type(credit_extra).__name__}")
+    if credit_extra < 0:
+        raise ValueError(f"credit_extra (skid FIFO entries beyond latency + 1) must be >= 0, "
+                         f"got {credit_extra}")
+    if credit_extra and flow != "credit":
+        raise ValueError(f"credit_extra (skid FIFO entries) needs flow='credit', "
+                         f"got flow={flow!r}")
+    return flow, credit_extra
+
+
+def credit_depth(latency: int, extra: int = 0) -> int:
+    """Credits of a credit-flow top level whose ``latency_cycles`` is ``latency`` (its
+    skid FIFO included): ``latency + 1 + extra`` vectors in flight at most.
+
+    Why latency + 1: a vector accepted in cycle t leaves (with ``o.ready`` high) in
+    cycle t + latency and is counted from cycle t + 1 through t + latency, so at one
+    vector per cycle the count is ``latency`` in every cycle; ``i.ready`` is a register,
+    computed from the count without the current cycle's output handshake, so one vector
+    per cycle needs ``count < depth`` at count = ``latency``. With ``latency`` credits the
+    input would pause one cycle in every ``latency + 1`` (tests/test_hw_units.py).
+    The FIFO must hold all of them: every vector in flight lands in it when ``o.ready``
+    stays low.
+    """
+    return latency + 1 + extra
+
+
+def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
+    """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
+
+    A circular buffer in block RAM (``ram_style`` block: ECP5 DP16KD, 36 bits wide per
+    block RAM) of the smallest power of two >= ``depth`` entries, with write and read
+    pointers one bit wider than its address (full and empty apart), then two places
+    for the head: the RAM's read data register (``{name}_rv``: it holds an entry) and
+    the output register ``o.payload`` (``o.valid``). The output register loads the read
+    data when that holds an entry and the output is empty or taken
+    (``~o.valid | o.ready``); the RAM is read when it is not empty and its read data
+    register is empty or being moved on. So ``o.payload`` comes from flip-flops (the
+    block RAM's slow clock-to-out stays inside), ``o.ready`` drives the output
+    register's enable, the RAM's read enable and the read pointer, and while
+    ``o.valid & ~o.ready`` nothing moves.
+
+    The caller guarantees (credits) that at most ``depth`` vectors are in the FIFO
+    and the pipeline before it; then a write never meets a full buffer, and the
+    read and write addresses of one cycle differ whenever both are enabled (a
+    read needs a stored entry, written in an earlier cycle). A value written in
+    cycle t is at the output (``o.valid``) in cycle t + :data:`SKID_FIFO_CYCLES`
+    when the FIFO was empty.
+    """
+    data = Value.cast(data)
+    size = 1 << (depth - 1).bit_length()
+    abits = size.bit_length() - 1
+    mem = Memory(shape=len(data), depth=size, init=[], attrs={"ram_style": "block"})
+    m.submodules[f"{name}_ram"] = mem
+    wr = mem.write_port()
+    rd = mem.read_port(domain="sync", transparent_for=())
+    wp = Signal(abits + 1, name=f"{name}_wp")
+    rp = Signal(abits + 1, name=f"{name}_rp")
+    rv = Signal(name=f"{name}_rv")
+    ov = Signal(name=f"{name}_valid")
+    q = Signal(len(data), name=f"{name}_q", reset_less=True)
+    load = Signal(name=f"{name}_load")
+    take = Signal(name=f"{name}_take")
+    m.d.comb += [load.eq(rv & (~ov | o.ready)),
+                 take.eq((wp != rp) & (~rv | load)),
+                 wr.addr.eq(wp[:abits]), wr.data.eq(data), wr.en.eq(valid),
+                 rd.addr.eq(rp[:abits]), rd.en.eq(take),
+                 o.valid.eq(ov), Value.cast(o.payload).eq(q)]
+    with m.If(valid):
+        m.d.sync += wp.eq(wp + 1)
+    with m.If(take):
+        m.d.sync += [rp.eq(rp + 1), rv.eq(1)]
+    with m.Elif(load):
+        m.d.sync += rv.eq(0)
+    with m.If(load):
+        m.d.sync += [q.eq(rd.data), ov.eq(1)]
+    with m.Elif(o.ready):
+        m.d.sync += ov.eq(0)
+
+
+class FlowControl:
+    """The flow control of one top level, built into its module ``m``.
+
+    ``flow="stall"``: ``en = o.ready | ~o.valid``, ``i.ready = en``; the input's valid
+    enters the pipeline as is (a vector is accepted exactly when the pipeline moves),
+    and :meth:`output` is the output register, advanced by ``en``, driving ``o``.
+
+    ``flow="credit"``: ``en`` is the constant 1 (every pipeline register loads every
+    cycle; only the valid bits have a reset). A counter holds the vectors accepted and
+    not yet taken from ``o`` (in the pipeline or in the skid FIFO); ``i.ready`` is a
+    register, set for the next cycle when the next count is below :attr:`depth`
+    (:func:`credit_depth`), so neither ``i.ready`` nor any pipeline register depends
+    combinationally on ``o.ready``. The pipeline's input valid is the handshake
+    ``i.valid & i.ready``; :meth:`output` is the output register (no enable) writing
+    the skid FIFO (:func:`skid_fifo`, :data:`SKID_FIFO_CYCLES` more cycles), which
+    drives ``o``. The counter never exceeds ``depth``, so nothing is lost; the FIFO
+    keeps the order and holds its output while stalled.
+
+    Args:
+        m: the top level's module.
+        flow: one of :data:`FLOWS` (validated by :func:`check_flow`).
+        i, o: the top level's input and output streams.
+        latency: its ``latency_cycles`` (with the FIFO's cycles in credit flow).
+        credit_extra: credits beyond ``latency + 1``.
+    """
+
+    def __init__(self, m: Module, flow: str, i, o, latency: int, credit_extra: int = 0):
+        check_flow(flow, credit_extra)
+        self.m, self.flow, self.o = m, flow, o
+        if flow == "stall":
+            self.depth = None
+            self.en = Signal(name="en")
+            m.d.comb += [self.en.eq(o.ready | ~o.valid), i.ready.eq(self.en)]
+            self.i_valid = i.valid
+            return
+        self.depth = credit_depth(latency, credit_extra)
+        self.en = Const(1, 1)
+        count = Signal(range(self.depth + 1), name="credit_count")
+        ready = Signal(init=1, name="credit_ready")
+        accept, taken = Signal(name="credit_accept"), Signal(name="credit_taken")
+        m.d.comb += [i.ready.eq(ready), accept.eq(i.valid & ready),
+                     taken.eq(o.valid & o.ready)]
+        nxt = count + accept - taken
+        m.d.sync += [count.eq(nxt), ready.eq(nxt < self.depth)]
+        self.i_valid = accept
+
+    def output(self, payload, valid) -> None:
+        """The output register of ``payload`` (a Value or View) and ``valid`` (the
+        pipeline's last valid bit), then (credit flow) the skid FIFO, driving ``o``."""
+        m, o = self.m, self.o
+        payload = Value.cast(payload)
+        out = Signal(len(payload), name="out_reg", reset_less=True)
+        out_v = Signal(name="out_valid")
+        with when(m, self.en):
+            m.d.sync += [out.eq(payload), out_v.eq(valid)]
+        if self.flow == "stall":
+            m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_v)]
+        else:
+            skid_fifo(m, out, out_v, o, self.depth)
+
+
+def flow_cycles(flow: str) -> dict:
+    """The latency_breakdown entry of the flow control: ``{"skid_fifo":``
+    :data:`SKID_FIFO_CYCLES` ``}`` in credit flow, nothing in stall flow."""
+    return {"skid_fifo": SKID_FIFO_CYCLES} if flow == "credit" else {}

@@ -6,7 +6,9 @@
 (code and scale planes fed directly) and the epilogue is held (``i.ready`` = 0,
 its output not taken). ``sel`` may change only while both modules are idle.
 ``status`` is the epilogue's sticky status (``status_clear`` tied low). Latency:
-the sum of both modules'.
+the sum of both modules'. ``flow`` (and ``credit_extra``) applies to both modules: in
+credit flow each has its skid FIFO and credit counter, and the decompressor's
+registered ``i.ready`` is the epilogue's ``o.ready``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class KVRoundTrip(wiring.Component):
             (:class:`KVEpilogue`).
         float_regs, split_align: the decompressor's float registers and alignment
             split (:class:`KVDecompressor`).
+        flow, credit_extra: the flow control of both modules (``hw.pipeline.FLOWS``).
 
     Raises:
         TypeError / ValueError: from either module's validation (names the argument).
@@ -40,10 +43,13 @@ class KVRoundTrip(wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
                  fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
-                 split_align: bool = False, lane_ram: int = 0):
+                 split_align: bool = False, lane_ram: int = 0, flow: str = "stall",
+                 credit_extra: int = 0):
         self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every,
-                              lane_ram=lane_ram)
-        self.dec = KVDecompressor(params, latency, float_regs, split_align)
+                              lane_ram=lane_ram, flow=flow, credit_extra=credit_extra)
+        self.dec = KVDecompressor(params, latency, float_regs, split_align, flow=flow,
+                                  credit_extra=credit_extra)
+        self.flow, self.credit_extra = flow, credit_extra
         self.params = params
         self.latency = latency
         enc_m, dec_m = self.enc.signature.members, self.dec.signature.members
@@ -59,6 +65,12 @@ class KVRoundTrip(wiring.Component):
     def latency_breakdown(self) -> dict:
         """Cycles of each module (sums to :attr:`latency_cycles`)."""
         return {"encoder": self.enc.latency_cycles, "decoder": self.dec.latency_cycles}
+
+    @property
+    def credits(self) -> int | None:
+        """Credit flow: the most vectors in flight, both modules' credits together
+        (each module counts its own); stall flow: None."""
+        return self.enc.credits + self.dec.credits if self.flow == "credit" else None
 
     @property
     def latency_cycles(self) -> int:

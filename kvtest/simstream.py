@@ -41,8 +41,11 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
 
     The first ``free_run_first`` vectors go with i.valid and o.ready held high;
     then random gaps (``p_valid``), stalls (``p_ready``) and, when ``p_clear`` is
-    given, ``status_clear`` pulses. Checked every cycle (assert): ``i.ready ==
-    o.ready | ~o.valid``, payload and valid held while stalled, and, with
+    given, ``status_clear`` pulses. Checked every cycle (assert): the flow control's
+    ``i.ready`` rule (``dut.flow``: ``"stall"``, ``i.ready == o.ready | ~o.valid``;
+    ``"credit"``, ``i.ready`` the same with ``o.ready`` inverted in the same cycle, i.e.
+    not combinational from it, and at most ``dut.credits`` vectors in flight), payload
+    and valid held while stalled, and, with
     ``p_clear``, ``status`` against :func:`kvtest.streamcheck.sticky_status` of
     ``flags_of(payload)`` (exact, one cycle after the handshake).
     ``cfg``: (input index, word) pairs for a ``cfg`` stream (the key front end's table
@@ -55,6 +58,7 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
     """
     rnd = random.Random(seed)
     lat = dut.latency_cycles
+    credits = dut.credits if getattr(dut, "flow", "stall") == "credit" else None
     ipay, opay = Value.cast(dut.i.payload), Value.cast(dut.o.payload)
     win = len(ipay)
     status = p_clear is not None
@@ -91,7 +95,14 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
             ir = ctx.get(dut.i.ready)
             if status:
                 assert ctx.get(dut.status) == status_model, f"status at cycle {cyc}"
-            assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
+            if credits is None:
+                assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
+            else:
+                ctx.set(dut.o.ready, not ordy)
+                assert ctx.get(dut.i.ready) == ir, \
+                    f"i.ready depends combinationally on o.ready at cycle {cyc}"
+                ctx.set(dut.o.ready, ordy)
+                assert len(in_cyc) - len(got) <= credits, f"over {credits} in flight at cycle {cyc}"
             if held is not None:
                 assert ov and op == held, f"output changed while stalled at cycle {cyc}"
             if iv and ir:

@@ -123,6 +123,16 @@ def _key_front_fields(dut: KVEpilogue) -> dict:
                         "the table starts all zero (identity)"}}
 
 
+def _flow_fields(dut) -> dict:
+    """Manifest entry of the flow control (``hw.pipeline.FlowControl``)."""
+    if dut.flow == "stall":
+        return {"flow": "stall", "rule": "every register advances when o__ready | ~o__valid; "
+                                          "i__ready = o__ready | ~o__valid"}
+    return {"flow": "credit", "credits": dut.credits, "credit_extra": dut.credit_extra,
+            "rule": "the pipeline never stalls; output skid FIFO (block RAM); i__ready is a "
+                    "register: vectors in flight after this cycle < credits"}
+
+
 def _encoder_fields(dut: KVEpilogue) -> dict:
     p = dut.params
     o_shape = _stream_shape(dut, "o")
@@ -250,6 +260,7 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         "latency_cycles": dut.latency_cycles,
         "latency_breakdown": latency_breakdown(dut),
         "throughput_vectors_per_cycle": 1,
+        "flow_control": _flow_fields(dut),
         "clock": {"port": "clk", "edge": "posedge"},
         "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
         "ports": ports(dut),

@@ -17,6 +17,7 @@ import sys
 
 from hw.frontend import FE_CUTS
 from hw.keyfront import KF_CUTS
+from hw.pipeline import FLOWS
 from hw.quantizer import QUANT_CUTS
 from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
                                SCALE_RULES, FormatParams)
@@ -78,6 +79,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lane-ram", type=int, default=0,
                     help="lane delay lines of at least D register stages (D >= 3) in block RAM "
                          "instead of flip-flops (epilogue; default 0: none)")
+    ap.add_argument("--flow", choices=FLOWS, default="stall",
+                    help="flow control (default stall: every register advances with o__ready | ~o__valid; "
+                         "credit: credit-based flow control, the pipeline never stalls, an output skid "
+                         "FIFO in block RAM, i__ready a register; +3 cycles of latency)")
+    ap.add_argument("--credit-extra", type=int, default=0,
+                    help="with --flow credit: skid FIFO entries beyond latency + 1 (default 0)")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -129,6 +136,8 @@ def main(argv=None) -> int:
                          scale_rule=a.scale_rule, scale_round=a.scale_round,
                          scale_mult=a.scale_mult)
         regs = {"latency": a.latency}
+        if a.flow != "stall" or a.credit_extra:
+            regs.update(flow=a.flow, credit_extra=a.credit_extra)
         if a.module != "decompressor":
             regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every,
                         lane_ram=a.lane_ram)

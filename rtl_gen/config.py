@@ -21,6 +21,11 @@
 * optional ``r<D>`` (after ``l`` / ``p`` / ``k``, encoder and round trip): a lane delay
   line of at least D register stages (D >= 3) is a block RAM circular buffer instead of
   flip-flops (``KVEpilogue(lane_ram=D)``, ``hw.pipeline.ram_delay``); same cycles and bytes;
+* optional ``c<E>`` (after ``l`` / ``p`` / ``k`` / ``r``, every kind): credit-based flow control
+  instead of the global stall: the pipeline never stalls, an output skid FIFO in block RAM
+  with E credits beyond the minimum (``flow="credit", credit_extra=E``;
+  ``hw.pipeline.FlowControl``; ``c0``: latency + 1 credits, one vector per cycle); the
+  latency grows by the FIFO's 3 cycles, never the bytes;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -50,7 +55,7 @@ PRESETS = tuple(n for n in _pm.PRESETS if FormatParams.preset(n).quantizer_prese
 #: Fields the fixed part of a name states.
 _FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
 #: Optional parts of the fixed group: letter -> RTLConfig field.
-_OPTIONAL = {"p": "pipe", "k": "key_slots", "r": "lane_ram"}
+_OPTIONAL = {"p": "pipe", "k": "key_slots", "r": "lane_ram", "c": "credit"}
 _FIELDS = [f.name for f in fields(FormatParams)]
 #: String-valued fields whose values may stand bare in a name.
 _ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
@@ -98,6 +103,7 @@ class RTLConfig:
     pipe: int | None = None
     key_slots: int = 0
     lane_ram: int = 0
+    credit: int | None = None
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -123,6 +129,9 @@ class RTLConfig:
         if lr and self.kind == "decoder":
             raise ValueError(f"lane_ram (rD): the lane delay lines in block RAM are the "
                              f"encoder's (enc_, rt_), got kind {self.kind!r}")
+        if self.credit is not None:
+            _check_count(self.credit, "credit (cE, credit flow control with E extra skid FIFO "
+                                      "entries) must be None or an int >= 0")
         if pp and self.kind == "decoder":
             raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
                              f"tree registers, the decoder has none; got {pp}")
@@ -138,6 +147,8 @@ class RTLConfig:
             regs["key_slots"] = self.key_slots
         if self.lane_ram:
             regs["lane_ram"] = self.lane_ram
+        if self.credit is not None:
+            regs.update(flow="credit", credit_extra=self.credit)
         if self.pipe is None:
             return regs
         from hw.decompressor import FLOAT_CUTS
@@ -172,6 +183,8 @@ class RTLConfig:
             parts.append(f"k{self.key_slots}")
         if self.lane_ram:
             parts.append(f"r{self.lane_ram}")
+        if self.credit is not None:
+            parts.append(f"c{self.credit}")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -200,7 +213,7 @@ class RTLConfig:
         fixed: dict = {}
         bare = _bare_values()
         for part in parts[2:]:
-            m = re.fullmatch(r"([ngblmpkr])(\d+)", part)
+            m = re.fullmatch(r"([ngblmpkrc])(\d+)", part)
             if m and m.group(1) in _FIXED:
                 name, tgt, val = _FIXED[m.group(1)], fixed, int(m.group(2))
             elif m and m.group(1) in _OPTIONAL:
@@ -214,7 +227,8 @@ class RTLConfig:
                 name, tgt = _SQUASHED[f], kw
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
-                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, mM, a bare "
+                raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, "
+                                 f"cE, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")
@@ -226,6 +240,7 @@ class RTLConfig:
         pipe = fixed.pop("pipe", None)
         key_slots = fixed.pop("key_slots", 0)
         lane_ram = fixed.pop("lane_ram", 0)
+        credit = fixed.pop("credit", None)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram)
+        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit)

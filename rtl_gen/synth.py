@@ -135,7 +135,10 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("dec_v2_n128_g64_b3_l7_p0", True),
                   ("enc_v2_n64_g64_b3_l6_p2", True), ("dec_v2_n64_g32_b3_l6_p0", True),
                   ("enc_v2_n16_g8_b3_l4_p1", True), ("enc_v2_n16_g8_b3_l4_p1_m8", True),
-                  ("dec_v2_n16_g8_b3_l4_p0", True)]
+                  ("dec_v2_n16_g8_b3_l4_p0", True),
+                  # credit-based flow control (config part cE) against the global stall
+                  ("enc_v2_n16_g8_b3_l4_p1_c0", True), ("dec_v2_n16_g8_b3_l4_p0_c0", True),
+                  ("dec_v2_n64_g32_b3_l6_p0_c0", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])

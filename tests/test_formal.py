@@ -17,7 +17,8 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from verif.formal import mutants
-from verif.formal.plan import FLOAT_CONFIGS, float_miter, fwht_width, read_widths, stream_design
+from verif.formal.plan import (FLOAT_CONFIGS, float_miter, flow_credit_design, fwht_width,
+                               read_widths, stream_depth, stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
 from verif.formal.specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, check_factorization,
@@ -148,6 +149,45 @@ def test_stream_properties(kind, work):
     # the free input drives every payload bit (encoder: 16 N lane bits; decoder: N b + 8 N/G)
     assert len(h.i_payload) == {"enc": 16 * 16, "dec": 16 * 3 + 8 * 2}[kind]
     assert prove_bmc(h, f"stream_{kind}", work, depth=5)["result"] == "proved"
+
+
+@needs_yosys
+def test_stream_properties_credit_flow(work):
+    """The encoder with credit flow control (skid FIFO, registered i.ready): hold, count
+    (at most ``credits`` in flight), drain after ``credits`` cycles of o.ready; BMC over
+    2 x credits + 1 cycles (the FIFO filled while stalled, then drained)."""
+    h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
+    assert h.capacity == h.a.credits == h.latency + 1
+    depth = stream_depth("enc", 16, 8, "min", "credit")
+    assert prove_bmc(h, "stream_enc_credit", work, depth=depth)["result"] == "proved"
+
+
+@needs_yosys
+@pytest.mark.parametrize("broken", [False, True])
+def test_credit_flow_order(broken, monkeypatch, work):
+    """The credit flow control and skid FIFO alone (a 4-bit counter pipeline) with the
+    reference copy: no vector dropped, duplicated or reordered through a FIFO filled while
+    stalled and drained (BMC 2 x credits + 1); fails when the FIFO reads its block RAM
+    ahead while the output is stalled (verif.formal.mutants.skid_fifo_reads_ahead)."""
+    import hw.pipeline
+    if broken:
+        monkeypatch.setattr(hw.pipeline, "skid_fifo", mutants.skid_fifo_reads_ahead)
+    h = StreamHarness(flow_credit_design(0, 4), reference=True)
+    rec = prove_bmc(h, "flow_credit", work, depth=2 * h.a.credits + 1)
+    assert rec["result"] == ("failed" if broken else "proved")
+
+
+@needs_yosys
+def test_stream_proof_fails_with_one_credit_too_many(monkeypatch, work):
+    """The hardware's credit counter allows one vector more than the design declares
+    (``credits``): the count property fails."""
+    import hw.pipeline
+    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0: lat + 2 + extra)
+    h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
+    assert h.capacity == h.latency + 1          # KVEpilogue.credits: the declared number
+    # credits + 1 accepted while o.ready is low: visible after credits + 2 cycles
+    rec = prove_bmc(h, "stream_credit_mut", work, depth=h.capacity + 2)
+    assert rec["result"] == "failed"
 
 
 @needs_yosys

@@ -33,6 +33,7 @@ from hw.decompressor import FLOAT_CUTS
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
+from hw.pipeline import FLOWS, SKID_FIFO_CYCLES
 from kvtest.simstream import check_run, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
@@ -72,19 +73,22 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
 def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray,
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
-            raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False):
+            raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False,
+            flow: str = "stall"):
     """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
     returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
-    instead of ``scales`` (the expected outputs still come from ``scales``)."""
+    instead of ``scales`` (the expected outputs still come from ``scales``). ``flow``: the
+    flow control (``hw.pipeline.FLOWS``)."""
     ins = wire.rows_to_ints(wire.decoder_input_rows(
         p, codes, scales if raw_scales is None else raw_scales, zeros))
     exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
-        dut = KVDecompressor(p, latency)
+        dut = KVDecompressor(p, latency, flow=flow)
         assert dut.float_regs == FLOAT_CUTS.default
     else:
-        dut = KVDecompressor(p, latency, float_regs, split_align)
-    assert dut.latency_cycles == latency + 2 + len(dut.float_regs)
+        dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow)
+    fifo = SKID_FIFO_CYCLES if flow == "credit" else 0
+    assert dut.latency_cycles == latency + 2 + len(dut.float_regs) + fifo
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready,
                      free_run_first=free_run_first)
@@ -120,12 +124,13 @@ QUICK = [
 ]
 
 
+@pytest.mark.parametrize("flow", FLOWS)
 @pytest.mark.parametrize("n,block,bits,latency,n_random,stride", QUICK)
-def test_configs(n, block, bits, latency, n_random, stride):
+def test_configs(n, block, bits, latency, n_random, stride, flow):
     p = FormatParams.preset("v1", n=n, block=block, bits=bits, sign_seed=n + bits)
     codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
                                       seed=n + bits + latency)
-    check(p, latency, codes, scales, zeros, seed=n + bits + latency)
+    check(p, latency, codes, scales, zeros, seed=n + bits + latency, flow=flow)
 
 
 def test_default_config():
@@ -255,12 +260,13 @@ def test_asym_payload_layout():
 @pytest.mark.parametrize("regs,latency", [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1),
                                           (("shift", "abs"), 3), (("prep", "shift"), 2),
                                           (("lead", "round"), 2), (FLOAT_CUTS.names, 6)])
-def test_float_regs(regs, latency):
+@pytest.mark.parametrize("flow", FLOWS)
+def test_float_regs(regs, latency, flow):
     """Optional float-conversion registers: same outputs, latency + 2 + len(regs) cycles
     (checked exactly by run_dut), stalls handled."""
     p = FormatParams(n=64, block=16, bits=3, mode="midrise", sign_seed=9)
     codes, scales, zeros = planes_for(p, 6, 10, seed=len(regs) + latency)
-    check(p, latency, codes, scales, zeros, seed=latency, float_regs=regs)
+    check(p, latency, codes, scales, zeros, seed=latency, float_regs=regs, flow=flow)
 
 
 @pytest.mark.parametrize("n,block,latency,scale", [(64, 16, 6, "ue5m3"), (64, 32, 2, "ue5m3"),

@@ -26,6 +26,8 @@ from amaranth.hdl import UnusedElaboratable, Value
 from hw import KVEpilogue
 from hw.frontend import FE_CUTS
 from hw.frontend import tree_cuts as fe_tree_cuts
+from hw.keyfront import KF_CUTS
+from hw.pipeline import FLOWS, SKID_FIFO_CYCLES
 from hw.quantizer import QUANT_CUTS
 from hw.quantizer import tree_cuts as quant_tree_cuts
 from kvtest.inputs import encoder_rows, make_vectors
@@ -68,7 +70,8 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
     dut = KVEpilogue(p, latency, **dut_kw)
     lat = dut.latency_cycles
     trees = fe_tree_cuts(p.n, dut.tree_every) + quant_tree_cuts(p, dut.tree_every)
-    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs) + trees
+    fifo = SKID_FIFO_CYCLES if dut.flow == "credit" else 0
+    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs) + trees + fifo
     assert lat == sum(dut.latency_breakdown.values())
     flags_at = wire.encoder_output(p)["flags"].offset
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready, p_clear=p_clear,
@@ -117,10 +120,13 @@ QUICK = [
 ]
 
 
+@pytest.mark.parametrize("flow", FLOWS)
 @pytest.mark.parametrize("n,block,bits,latency,mant_bits,dtype,n_random", QUICK)
-def test_configs(n, block, bits, latency, mant_bits, dtype, n_random):
+def test_configs(n, block, bits, latency, mant_bits, dtype, n_random, flow):
+    """Stream, back-pressure and sticky status (kvtest.simstream.run_stream) in both flow
+    controls (stall: global enable; credit: skid FIFO, registered i.ready)."""
     p = FormatParams(n=n, block=block, bits=bits, mant_bits=mant_bits, dtype=dtype, sign_seed=7)
-    exp = check(p, latency, n_random, seed=n + bits + latency)
+    exp = check(p, latency, n_random, seed=n + bits + latency, dut_kw={"flow": flow})
     if dtype == "bf16":
         assert _flags_seen(exp, p) & FLAG_SAT
 
@@ -342,6 +348,9 @@ def test_latency_property():
     (4, (), {"fe_regs": ()}),
     (4, ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
      {"fe_regs": FE_CUTS.names, "tree_every": 1}),
+    (3, ("scale", "sum", "out"), {"flow": "credit"}),
+    (4, KF_CUTS.names, {"fe_regs": FE_CUTS.names, "tree_every": 1, "flow": "credit",
+                        "lane_ram": 3}),
 ])
 def test_key_front_end_stream(slots, kf_regs, pipe):
     """KVEpilogue(key_slots=T): the pinned key-front-end set with its side band, tables
@@ -475,13 +484,18 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
     (16, 8, 1, None),          # default cuts: the quantizer's lanes only (5 stages)
     (64, 32, 3, 2),
 ])
-def test_lane_ram_lockstep(n, block, latency, pipe):
+@pytest.mark.parametrize("flow", FLOWS)
+def test_lane_ram_lockstep(n, block, latency, pipe, flow):
     """lane_ram = 3 against flip-flops, cycle by cycle, with long stalls and mid-stream
-    resets, every word bit-exact with the golden model (:func:`run_lockstep`)."""
+    resets, every word bit-exact with the golden model (:func:`run_lockstep`), in both
+    flow controls (credit: the RAM lines advance every cycle)."""
     p = FormatParams(n=n, block=block, bits=3, sign_seed=3)
     kw = {} if pipe is None else {"quant_regs": QUANT_CUTS.names, "fe_regs": FE_CUTS.names,
                                   "tree_every": pipe}
-    st = run_lockstep(p, latency, kw, 3, 100, n + latency)
+    kw["flow"] = flow
+    # a reset loses the vectors in flight: at most latency_cycles (stall) or the credits
+    # (credit flow: the skid FIFO holds more) per reset, so credit flow streams more
+    st = run_lockstep(p, latency, kw, 3, 100 if flow == "stall" else 180, n + latency)
     assert st["out"] >= 60 and st["long_stalls"] >= 3
     assert st["reset_in_flight"] == 4 and st["reset_stalled"] >= 2, st
 

@@ -163,6 +163,9 @@ def test_deterministic(tmp_path):
     (["--module", "both", "--dec-top", "wire"], "dec_top"),
     (["--key-slots", "2", "--kf-regs", "bogus"], "kf_regs"),
     (["--key-slots", "2", "--dtype", "bf16"], "fp16"),
+    (["--credit-extra", "2"], "credit_extra"),
+    (["--flow", "credit", "--credit-extra", "-1"], "credit_extra"),
+    (["--flow", "credits"], "--flow"),
 ])
 def test_cli_errors(tmp_path, capsys, args, word):
     with pytest.raises(SystemExit) as e:
@@ -375,3 +378,42 @@ def test_lane_ram_config_and_manifest(tmp_path):
         r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "%Warning" not in r.stdout + r.stderr
+
+
+def test_flow_config_and_manifest(tmp_path, capsys):
+    """Config part cE: credit flow control with E extra credits on every kind (regs
+    flow / credit_extra), round trip of the name; the manifest's flow_control and
+    latency (+ the skid FIFO's cycles); the CLI's --flow / --credit-extra; lint-clean."""
+    from hw.pipeline import SKID_FIFO_CYCLES
+    from rtl_gen.__main__ import main as cli_main
+    from rtl_gen.config import RTLConfig
+    for name in ("enc_v2_n16_g8_b3_l4_p1_r3_c0", "dec_v2_n16_g8_b3_l4_p0_c2",
+                 "rt_v2_n64_g32_b3_l2_c0", "enc_v2_n16_g8_b3_l1_k3_c1"):
+        c = RTLConfig.parse(name)
+        assert c.name == name and c.regs["flow"] == "credit"
+        assert c.regs["credit_extra"] == int(name.rsplit("_c", 1)[1])
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").credit is None
+    assert "flow" not in RTLConfig.parse("enc_v2_n16_g8_b3_l1").regs
+    for bad, word in (("enc_v2_n16_g8_b3_l1_c0_c1", "twice"),):
+        with pytest.raises(ValueError, match=word):
+            RTLConfig.parse(bad)
+    with pytest.raises(ValueError, match="credit"):
+        RTLConfig("encoder", FormatParams(n=16, block=8), 1, credit=-1)
+    c = RTLConfig.parse("dec_v2_n16_g8_b3_l1_c2")
+    man = rtl_gen.generate("decoder", c.params, tmp_path / "c", **c.regs)
+    plain = rtl_gen.generate("decoder", c.params, tmp_path / "s", latency=1)
+    assert man["latency_cycles"] == plain["latency_cycles"] + SKID_FIFO_CYCLES
+    assert man["latency_breakdown"]["skid_fifo"] == SKID_FIFO_CYCLES
+    assert man["flow_control"]["flow"] == "credit"
+    assert man["flow_control"]["credits"] == man["latency_cycles"] + 1 + 2
+    assert plain["flow_control"]["flow"] == "stall"
+    assert "skid_fifo" not in plain["latency_breakdown"]
+    assert man["ports"] == plain["ports"]
+    assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--flow", "credit",
+                     "--module", "roundtrip", "--out", str(tmp_path / "rt")]) == 0
+    rt = json.loads((tmp_path / "rt" / "manifest.json").read_text())
+    assert rt["flow_control"]["flow"] == "credit" and rt["latency_cycles"] == sum(
+        rt["latency_breakdown"].values())
+    if rtl_gen.find_tool("verilator") is not None:
+        r = rtl_gen.lint(tmp_path / "c" / man["verilog"], man["top"])
+        assert r.returncode == 0 and "%Warning" not in r.stdout + r.stderr, r.stdout + r.stderr

@@ -625,3 +625,114 @@ def test_check_lane_ram(value, exc):
     with pytest.raises(exc, match="lane_ram"):
         check_lane_ram(value)
     assert check_lane_ram(0) == 0 and check_lane_ram(3) == 3
+
+
+# ---- flow control: stall vs credit (hw.pipeline.FlowControl, skid_fifo) ----------------
+
+from amaranth.hdl import Value  # noqa: E402
+
+from hw.pipeline import FLOWS, check_flow  # noqa: E402
+from kvtest.flowpipe import FlowPipe  # noqa: E402
+from kvtest.simstream import check_run, run_stream  # noqa: E402
+
+
+def held_high(dut, cycles: int, stall_from: int | None = None, stall_for: int = 0) -> dict:
+    """i.valid and o.ready high for ``cycles`` cycles (``o.ready`` low for ``stall_for``
+    cycles from ``stall_from``); i.ready read twice per cycle, with o.ready high and low.
+    Returns the handshake cycles, the payloads out and the cycles where i.ready followed
+    o.ready combinationally."""
+    rec = {"in": [], "out": [], "got": [], "comb": []}
+    ipay, opay = Value.cast(dut.i.payload), Value.cast(dut.o.payload)
+
+    async def tb(ctx):
+        for cyc in range(cycles):
+            stalled = stall_from is not None and stall_from <= cyc < stall_from + stall_for
+            ctx.set(dut.i.valid, 1)
+            ctx.set(ipay, len(rec["in"]) % (1 << len(ipay)))
+            ctx.set(dut.o.ready, 0)
+            r0 = ctx.get(dut.i.ready)
+            ctx.set(dut.o.ready, 1)
+            r1 = ctx.get(dut.i.ready)
+            ctx.set(dut.o.ready, int(not stalled))
+            if r0 != r1:
+                rec["comb"].append(cyc)
+            if ctx.get(dut.i.ready):
+                rec["in"].append(cyc)
+            if ctx.get(dut.o.valid) and not stalled:
+                rec["out"].append(cyc)
+                rec["got"].append(ctx.get(opay))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    return rec
+
+
+@pytest.mark.parametrize("stages", [0, 1, 5, 12])
+def test_credit_full_rate_registered_ready(stages):
+    """Credit flow with o.ready held high: one vector per cycle for many times the credits
+    (i.ready never drops, the outputs leave exactly latency_cycles after their input), and
+    i.ready is not combinational from o.ready. Stall flow, the same run: i.ready does
+    follow o.ready (the check sees it)."""
+    dut = FlowPipe("credit", stages)
+    n = 4 * dut.credits + 20
+    rec = held_high(dut, n)
+    assert rec["in"] == list(range(n)), "i.ready dropped with o.ready high (credits too few?)"
+    lat = dut.latency_cycles
+    assert rec["out"] == list(range(lat, n))
+    assert rec["got"] == [(k + stages) % 4096 for k in range(n - lat)]
+    assert rec["comb"] == []
+    stall = held_high(FlowPipe("stall", stages), stages + 8)
+    assert stall["comb"] != []
+
+
+def test_credit_full_rate_check_can_fail(monkeypatch):
+    """One credit fewer (latency_cycles instead of latency_cycles + 1): the input pauses
+    one cycle in every latency + 1, and test_credit_full_rate_registered_ready's check
+    fails."""
+    import hw.pipeline
+    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0: lat + extra)
+    dut = FlowPipe("credit", 5)
+    n = 4 * (dut.latency_cycles + 1) + 20
+    rec = held_high(dut, n)
+    assert rec["in"] != list(range(n))
+    # steady state: the input pauses once in every latency + 1 cycles
+    lat = dut.latency_cycles
+    late = [t for t in rec["in"] if t >= 2 * lat]
+    span = range(2 * lat, n)
+    assert len(span) - len(late) >= len(span) // (lat + 1)
+
+
+@pytest.mark.parametrize("extra", [0, 3])
+def test_credit_long_stall_holds_every_vector(extra):
+    """o.ready low for many cycles: the input takes exactly ``credits`` vectors (all land
+    in the skid FIFO) and stops; after the stall every vector comes out, in order, once."""
+    dut = FlowPipe("credit", 4, extra)
+    c = dut.credits
+    rec = held_high(dut, 10 * c, stall_from=0, stall_for=5 * c)
+    assert [t for t in rec["in"] if t < 5 * c] == list(range(c))     # c taken, then i.ready low
+    assert rec["out"][:c] == list(range(5 * c, 6 * c))               # all held, all out
+    assert rec["got"] == [(k + 4) % 4096 for k in range(len(rec["got"]))]  # once, in order
+    assert len(rec["got"]) >= len(rec["in"]) - c
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+@pytest.mark.parametrize("stages", [0, 3, 9])
+def test_flow_random_stream(flow, stages):
+    """Random gaps and stalls (kvtest.simstream.run_stream: stream rules every cycle, the
+    i.ready rule of the flow, at most ``credits`` in flight): every vector once, in order."""
+    dut = FlowPipe(flow, stages)
+    ins = list(range(400))
+    run = run_stream(dut, ins, stages, p_valid=0.8, p_ready=0.6, free_run_first=12)
+    check_run(run, [(x + stages) % 4096 for x in ins], 12)
+    assert run["stall_cycles"] > 50
+
+
+@pytest.mark.parametrize("flow,extra,exc", [("credits", 0, ValueError), (1, 0, TypeError),
+                                            ("stall", 1, ValueError), ("credit", -1, ValueError),
+                                            ("credit", True, TypeError)])
+def test_check_flow(flow, extra, exc):
+    with pytest.raises(exc, match="flow" if flow != "credit" else "credit_extra"):
+        check_flow(flow, extra)

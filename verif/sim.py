@@ -83,19 +83,21 @@ from .run import run
 #: 256); bf16 input (the only way to reach FLAG_SAT); the N = 128 Fmax register
 #: profile of docs/SYNTH.md (``p2``); the key front end of the cache policy (``kT``:
 #: T = 3 slots, so a slot value >= T exists, with the default cuts; T = 8 in the N = 64
-#: Fmax profile, every cut). Chosen for build time (the
+#: Fmax profile, every cut); credit-based flow control (``c0``: the pipeline never stalls,
+#: output skid FIFO, registered i__ready) on the N = 64 Fmax profile. Chosen for build time (the
 #: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
 #: modes are added by mode_configs().
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
                    "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16",
                    "enc_v2_n128_g64_b3_l7_p2", "enc_v2_n64_g32_b3_l2_k3",
-                   "enc_v2_n64_g64_b3_l6_p1_k8")
+                   "enc_v2_n64_g64_b3_l6_p1_k8", "enc_v2_n64_g64_b3_l6_p1_c0")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
 #: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules;
 #: the Fmax register profiles (``pK``: every register cut, a register every K tree
-#: levels) through both modules, at N = 64 with two blocks (block alignment).
+#: levels) through both modules, at N = 64 with two blocks (block alignment); both modules
+#: with credit flow control (``c0``), the encoder's skid FIFO feeding the decoder's credits.
 DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_g64_b3_l2",
-                      "rt_v2_n64_g32_b3_l6_p1", "rt_v2_n64_g32_b3_l6_p2")
+                      "rt_v2_n64_g32_b3_l6_p1", "rt_v2_n64_g32_b3_l6_p2", "rt_v2_n64_g32_b3_l2_c0")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
 #: first mode combination the RTL implements, see quick_configs()) and one small
 #: round trip with block alignment (N/G = 2).

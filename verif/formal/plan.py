@@ -8,9 +8,12 @@ dequantized product shape and the ue5m3 alignment span).
 
 from __future__ import annotations
 
+import gc
+import warnings
 from functools import partial
 from pathlib import Path
 
+from amaranth.hdl import UnusedElaboratable
 
 from hw.decompressor import KVDecompressor, float_consts
 from hw.dequant import level_table, product_shape, scale_format
@@ -78,24 +81,52 @@ def _float(config, work, timeout):
     return prove_comb(float_miter(config), f"float_{config}", work, timeout)
 
 
-def stream_design(kind: str, n: int, g: int, cuts: str):
+def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall"):
     """A factory for the stream proofs: kind "enc" (KVEpilogue) or "dec" (KVDecompressor);
-    cuts "min" (FWHT latency 1, no optional registers) or "default"."""
+    cuts "min" (FWHT latency 1, no optional registers) or "default"; ``flow`` the flow
+    control (``hw.pipeline.FLOWS``)."""
     p = FormatParams(n=n, block=g)
     if kind == "enc":
         if cuts == "min":
-            return lambda: KVEpilogue(p, latency=1, quant_regs=(), fe_regs=())
-        return lambda: KVEpilogue(p)
+            return lambda: KVEpilogue(p, latency=1, quant_regs=(), fe_regs=(), flow=flow)
+        return lambda: KVEpilogue(p, flow=flow)
     if cuts == "min":
-        return lambda: KVDecompressor(p, latency=1, float_regs=())
-    return lambda: KVDecompressor(p)
+        return lambda: KVDecompressor(p, latency=1, float_regs=(), flow=flow)
+    return lambda: KVDecompressor(p, flow=flow)
 
 
-def _stream(kind, n, g, cuts, depth, ref, work, timeout):
-    h = StreamHarness(stream_design(kind, n, g, cuts), reference=ref)
-    tag = "_ref" if ref else ""
+def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str) -> int:
+    """BMC depth of a stream proof: stall flow, latency + 2 (the drain window plus two);
+    credit flow, 2 x credits + 1 (fill the skid FIFO while stalled, then drain it)."""
+    with warnings.catch_warnings():     # a probe, never elaborated
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        dut = stream_design(kind, n, g, cuts, flow)()
+        depth = dut.latency_cycles + 2 if flow == "stall" else 2 * dut.credits + 1
+        del dut
+        gc.collect()
+    return depth
+
+
+def _stream(kind, n, g, cuts, depth, ref, flow, work, timeout):
+    h = StreamHarness(stream_design(kind, n, g, cuts, flow), reference=ref)
+    tag = ("_ref" if ref else "") + ("_credit" if flow == "credit" else "")
     return prove_bmc(h, f"stream_{kind}_n{n}_g{g}_{cuts}_d{depth}{tag}", work, depth=depth,
                      timeout=timeout)
+
+
+def flow_credit_design(stages: int = 0, width: int = 4):
+    """A factory for the order proof of the credit flow control alone
+    (``kvtest.flowpipe.FlowPipe``: the shared FlowControl and skid FIFO behind ``stages``
+    register stages of a ``width``-bit counter)."""
+    from kvtest.flowpipe import FlowPipe
+    return lambda: FlowPipe("credit", stages, width=width)
+
+
+def _flow(stages, width, work, timeout):
+    h = StreamHarness(flow_credit_design(stages, width), reference=True)
+    depth = 2 * h.a.credits + 1
+    return prove_bmc(h, f"stream_flow_credit_s{stages}_w{width}_d{depth}_ref", work,
+                     depth=depth, timeout=timeout)
 
 
 def plan(name: str) -> list:
@@ -117,13 +148,20 @@ def plan(name: str) -> list:
     if name == "full":
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))
-    streams = [("enc", 16, 8, "min", 5, False), ("dec", 16, 8, "min", 5, False)]
+    cd = stream_depth("enc", 16, 8, "min", "credit")     # 15: latency 6 (3 + the FIFO's 3)
+    streams = [("enc", 16, 8, "min", 5, False, "stall"), ("dec", 16, 8, "min", 5, False, "stall"),
+               ("enc", 16, 8, "min", cd, False, "credit")]
     if name == "full":
-        streams += [("enc", 8, 8, "min", 6, True), ("dec", 8, 8, "min", 6, True)]
-    items += [(f"stream_{k}_n{n}_g{g}_{c}_d{d}{'_ref' if r else ''}",
-               f"stream: hold, count, drain{', order (reference copy)' if r else ''} "
-               f"(BMC {d} cycles)", partial(_stream, k, n, g, c, d, r))
-              for k, n, g, c, d, r in streams]
+        streams += [("dec", 16, 8, "min", cd, False, "credit"),
+                    ("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
+    items.append(("stream_flow_credit_ref", "credit flow control + skid FIFO alone: hold, "
+                  "count, drain, order (reference copy), BMC 2 x credits + 1",
+                  partial(_flow, 0, 4)))
+    items += [(f"stream_{k}_n{n}_g{g}_{c}_d{d}{'_ref' if r else ''}"
+               f"{'_credit' if f == 'credit' else ''}",
+               f"stream ({f} flow): hold, count, drain{', order (reference copy)' if r else ''} "
+               f"(BMC {d} cycles)", partial(_stream, k, n, g, c, d, r, f))
+              for k, n, g, c, d, r, f in streams]
     return items
 
 

@@ -39,7 +39,7 @@ def _yosys(top, name: str, workdir: Path, commands: list[str], timeout: int) -> 
     il.write_text(rtlil.convert(top, name="top"))
     script = workdir / f"{name}.ys"
     script.write_text("\n".join([
-        f"read_rtlil {il.name}", "hierarchy -top top", "proc", "flatten", "opt_clean",
+        f"read_rtlil {il.name}", "hierarchy -top top", "proc", "flatten", "memory", "opt_clean",
         f"tee -o {name}.stat stat", "opt",
         *commands, ""]))
     log = workdir / f"{name}.log"

@@ -17,10 +17,15 @@ carries the same payload. Assertions (``Assert``, every cycle):
 2. order: A's k-th output equals B's k-th output (no drop, duplicate or reorder:
    any of these makes some k-th output another vector's, visible for some inputs);
 3. count: A never emits more vectors than it accepted, and holds at most
-   ``latency`` vectors;
-4. drain / delay: if ``o.ready`` was high in each of the last ``latency``
-   cycles, ``o.valid`` equals the input handshake ``latency`` cycles earlier and
-   every vector accepted before then has been emitted (nothing lost or held back);
+   its capacity: ``latency`` vectors in stall flow, ``credits`` in credit flow
+   (``hw.pipeline.FlowControl``);
+4. drain / delay: if ``o.ready`` was high in each of the last W cycles (W =
+   ``latency`` in stall flow; W = ``credits`` = latency + 1 in credit flow, where
+   a backlog in the skid FIFO drains while new vectors arrive on time),
+   ``o.valid`` equals the input handshake ``latency`` cycles earlier and every
+   vector accepted before then has been emitted (nothing lost or held back;
+   asserted only without extra credits, ``credit_extra`` = 0, since extra credits
+   allow a lasting backlog at full rate);
 5. B's ``o.valid`` equals A's input handshake ``latency`` cycles earlier, and A
    never emits more vectors than B.
 
@@ -56,6 +61,12 @@ class StreamHarness(wiring.Component):
         self.b = make_dut() if reference else None
         self.mutate = mutate
         self.latency = self.a.latency_cycles
+        credits = getattr(self.a, "credits", None)
+        #: most vectors the design holds; cycles of o.ready after which it has no backlog
+        self.capacity = credits or self.latency
+        self.drain = credits or self.latency
+        #: extra credits make a lasting backlog possible (the delay property needs none)
+        self.check_delay = getattr(self.a, "credit_extra", 0) == 0
         self.count_width = count_width
         super().__init__({
             "i_valid": In(1),
@@ -95,7 +106,8 @@ class StreamHarness(wiring.Component):
         # counters never wrap within the checked depth
         m.d.comb += Assume(n_in != (1 << cw) - 1)
         # history of the last `lat` cycles: o.ready and the input handshake ([0] = previous cycle)
-        ready_hist, hs_hist = Signal(lat), Signal(lat)
+        cap, win = self.capacity, self.drain
+        ready_hist, hs_hist = Signal(win), Signal(lat)
         m.d.sync += [ready_hist.eq(Cat(self.o_ready, ready_hist[:-1])),
                      hs_hist.eq(Cat(in_hs, hs_hist[:-1]))]
         recent = Signal(cw)
@@ -107,13 +119,14 @@ class StreamHarness(wiring.Component):
         with m.If(stalled):
             m.d.comb += Assert(o_valid & (o_payload == prev))
 
-        # 3. count: nothing emitted that was not accepted; at most `lat` in flight
-        m.d.comb += Assert((n_a <= n_in) & (n_in - n_a <= lat))
+        # 3. count: nothing emitted that was not accepted; at most `cap` in flight
+        m.d.comb += Assert((n_a <= n_in) & (n_in - n_a <= cap))
 
-        # 4. drain / delay: o.ready high in each of the last `lat` cycles -> the output is
+        # 4. drain / delay: o.ready high in each of the last `win` cycles -> the output is
         # exactly the input handshake `lat` cycles ago and every older vector has left
-        with m.If(ready_hist.all()):
-            m.d.comb += Assert((o_valid == hs_hist[lat - 1]) & (n_a == n_in - recent))
+        if self.check_delay:
+            with m.If(ready_hist.all()):
+                m.d.comb += Assert((o_valid == hs_hist[lat - 1]) & (n_a == n_in - recent))
 
         if b is None:
             return m
