@@ -32,7 +32,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from amaranth.hdl import Const, Module, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Signal, Value
 from amaranth.lib.memory import Memory
 
 from sim_models.params import FormatParams
@@ -311,6 +311,10 @@ def credit_depth(latency: int, extra: int = 0) -> int:
     return latency + 1 + extra
 
 
+#: Widest Memory of a skid FIFO (bits); wider data is split over several (see skid_fifo).
+SKID_RAM_WIDTH = 1024
+
+
 def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
 
@@ -336,10 +340,6 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     data = Value.cast(data)
     size = 1 << (depth - 1).bit_length()
     abits = size.bit_length() - 1
-    mem = Memory(shape=len(data), depth=size, init=[], attrs={"ram_style": "block"})
-    m.submodules[f"{name}_ram"] = mem
-    wr = mem.write_port()
-    rd = mem.read_port(domain="sync", transparent_for=())
     wp = Signal(abits + 1, name=f"{name}_wp")
     rp = Signal(abits + 1, name=f"{name}_rp")
     rv = Signal(name=f"{name}_rv")
@@ -347,10 +347,22 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     q = Signal(len(data), name=f"{name}_q", reset_less=True)
     load = Signal(name=f"{name}_load")
     take = Signal(name=f"{name}_take")
+    rdata = []
+    # one Memory per SKID_RAM_WIDTH bits (same pointers and enables): the block RAMs are
+    # the same (36 bits each), and Amaranth's Python simulator expands a write enable
+    # into one term per data bit, which at 4096 bits (the N=256 decoder) exceeds
+    # Python's compiler recursion limit
+    for k, lo in enumerate(range(0, len(data), SKID_RAM_WIDTH)):
+        part = data[lo:lo + SKID_RAM_WIDTH]
+        mem = Memory(shape=len(part), depth=size, init=[], attrs={"ram_style": "block"})
+        m.submodules[f"{name}_ram" if k == 0 else f"{name}_ram{k}"] = mem
+        wr = mem.write_port()
+        rd = mem.read_port(domain="sync", transparent_for=())
+        m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(part), wr.en.eq(valid),
+                     rd.addr.eq(rp[:abits]), rd.en.eq(take)]
+        rdata.append(rd.data)
     m.d.comb += [load.eq(rv & (~ov | o.ready)),
                  take.eq((wp != rp) & (~rv | load)),
-                 wr.addr.eq(wp[:abits]), wr.data.eq(data), wr.en.eq(valid),
-                 rd.addr.eq(rp[:abits]), rd.en.eq(take),
                  o.valid.eq(ov), Value.cast(o.payload).eq(q)]
     with m.If(valid):
         m.d.sync += wp.eq(wp + 1)
@@ -359,7 +371,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     with m.Elif(load):
         m.d.sync += rv.eq(0)
     with m.If(load):
-        m.d.sync += [q.eq(rd.data), ov.eq(1)]
+        m.d.sync += [q.eq(Cat(*rdata)), ov.eq(1)]
     with m.Elif(o.ready):
         m.d.sync += ov.eq(0)
 
