@@ -360,18 +360,9 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                         f"synth -top {dut} -noabc -run fine:", f"abc -script {GENERIC_ABC}",
                         "opt_clean", f"tee -q -o {fine.name} stat", ""])
     (d / "generic.ys").write_text(script)
-    glog = d / "yosys_generic.log"
     key = {"verilog": _sha256(vfile), "script": script}
-    t = _stamp_ok(d, "yosys_generic", key, [coarse, fine, glog]) if resume else None
-    if t is not None:
-        log(f"[{cfg.name}] yosys generic: reusing (same Verilog and script)")
-        rec["reused"].append("yosys_generic")
-    else:
-        log(f"[{cfg.name}] yosys generic ...")
-        t = _run([yosys, "-q", "-l", glog.name, "-s", "generic.ys"], d / "yosys_generic.out", d,
-                 [coarse, fine, glog], timeout)
-        _check_yosys_log(glog)
-        _stamp(d, "yosys_generic", key, t)
+    t = _yosys_step(yosys, d, "generic", key, [coarse, fine], timeout, resume,
+                    log, f"[{cfg.name}] yosys generic", rec["reused"])
     rec["times_s"]["yosys_generic"] = round(t, 1)
     cst, fst = parse_stat(coarse.read_text()), parse_stat(fine.read_text())
     rec["generic"] = _generic_summary(cst, fst, dut)
@@ -380,23 +371,15 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     htext, sizes = harness_verilog(dut, man["ports"])
     (d / "synth_top.v").write_text(htext)
     rec["harness"] = sizes
-    ejson, estat, elog = d / "ecp5.json", d / "ecp5_stat.txt", d / "yosys_ecp5.log"
+    ejson, estat = d / "ecp5.json", d / "ecp5_stat.txt"
     script = "\n".join([f"read_verilog {vfile.name} synth_top.v", f"hierarchy -top {HARNESS_TOP}",
                         "proc", "opt_clean -purge",
                         f"synth_ecp5 -top {HARNESS_TOP} -nodsp -json {ejson.name}",
                         f"tee -q -o {estat.name} stat", ""])
     (d / "ecp5.ys").write_text(script)
     key = {"verilog": _sha256(vfile), "harness": _sha256(d / "synth_top.v"), "script": script}
-    t = _stamp_ok(d, "yosys_ecp5", key, [ejson, estat, elog]) if resume else None
-    if t is not None:
-        log(f"[{cfg.name}] yosys synth_ecp5: reusing (same Verilog, harness and script)")
-        rec["reused"].append("yosys_ecp5")
-    else:
-        log(f"[{cfg.name}] yosys synth_ecp5 ...")
-        t = _run([yosys, "-q", "-l", elog.name, "-s", "ecp5.ys"], d / "yosys_ecp5.out", d,
-                 [ejson, estat, elog], timeout)
-        _check_yosys_log(elog)
-        _stamp(d, "yosys_ecp5", key, t)
+    t = _yosys_step(yosys, d, "ecp5", key, [ejson, estat], timeout, resume,
+                    log, f"[{cfg.name}] yosys synth_ecp5", rec["reused"])
     rec["times_s"]["yosys_ecp5"] = round(t, 1)
     est = parse_stat(estat.read_text())
     cells = est.get(HARNESS_TOP, {}).get("cells", {})
@@ -448,6 +431,26 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                           "router": router, "flow": "placement checkpoint" if checkpoint else "one run"}
     rec["ok"] = True
     return rec
+
+
+def _yosys_step(yosys: str, d: Path, name: str, key: dict, outputs: list[Path], timeout: int,
+                resume: bool, log, label: str, reused: list) -> float:
+    """Run the Yosys script ``d/{name}.ys`` (log ``yosys_{name}.log``, output
+    ``yosys_{name}.out``) unless ``resume`` and its stamp ``yosys_{name}`` has the same
+    ``key`` and its ``outputs`` exist (then ``yosys_{name}`` is appended to ``reused``);
+    returns the run time in seconds (the earlier run's when reused)."""
+    step, ylog = f"yosys_{name}", d / f"yosys_{name}.log"
+    t = _stamp_ok(d, step, key, outputs + [ylog]) if resume else None
+    if t is not None:
+        log(f"{label}: reusing (same inputs)")
+        reused.append(step)
+        return t
+    log(f"{label} ...")
+    t = _run([yosys, "-q", "-l", ylog.name, "-s", f"{name}.ys"], d / f"{step}.out", d,
+             outputs + [ylog], timeout)
+    _check_yosys_log(ylog)
+    _stamp(d, step, key, t)
+    return t
 
 
 def _sha256(path: Path) -> str:
@@ -527,21 +530,14 @@ def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
     from amaranth.back import verilog
 
     (d / f"{top}.v").write_text(verilog.convert(comp, name=top, emit_src=False))
-    stat, flog = d / f"{top}_stat.txt", d / f"yosys_{top}.log"
+    stat = d / f"{top}_stat.txt"
     script = "\n".join([f"read_verilog {top}.v", f"hierarchy -top {top}", "proc",
                         "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
                         f"tee -q -o {stat.name} stat", ""])
     (d / f"{top}.ys").write_text(script)
     key = {"verilog": _sha256(d / f"{top}.v"), "script": script}
-    t = _stamp_ok(d, f"yosys_{top}", key, [stat, flog]) if resume else None
-    if t is not None:
-        log(f"[{d.name}] yosys synth_ecp5 of {top} alone: reusing (same Verilog and script)")
-    else:
-        log(f"[{d.name}] yosys synth_ecp5 of {top} alone ...")
-        t = _run([yosys, "-q", "-l", flog.name, "-s", f"{top}.ys"], d / f"yosys_{top}.out", d,
-                 [stat, flog], timeout)
-        _check_yosys_log(flog)
-        _stamp(d, f"yosys_{top}", key, t)
+    t = _yosys_step(yosys, d, top, key, [stat], timeout, resume, log,
+                    f"[{d.name}] yosys synth_ecp5 of {top} alone", [])
     cells = parse_stat(stat.read_text()).get(top, {}).get("cells", {})
     if not cells:
         raise SynthError(f"[{d.name}] no cells in {stat}")
