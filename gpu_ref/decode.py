@@ -134,8 +134,15 @@ def check_decode(params) -> FormatParams:
     the unsupported field otherwise (before CuPy is needed)."""
     p = checked_params(params)
     if not decode_supported(p):
-        raise ValueError(f"decode_attention supports bits in {DECODE_BITS}, n in {DECODE_N}, block in "
-                         f"{DECODE_G}; got bits={p.bits}, n={p.n}, block={p.block}")
+        bad = [f"{f}={getattr(p, f)!r}" for f, ok in
+               (("bits", p.bits in DECODE_BITS), ("n", p.n in DECODE_N),
+                ("block", p.block in DECODE_G and p.block <= p.n))
+               if not ok]
+        bad += [f"{f}={getattr(p, f)!r}" for f, allowed in SUPPORTED_QUANTIZER.items()
+                if getattr(p, f) not in allowed]
+        raise ValueError(f"decode_attention does not support {', '.join(bad)}: it supports bits in "
+                         f"{DECODE_BITS}, n in {DECODE_N}, block in {DECODE_G} (block <= n) and "
+                         f"the quantizers of gpu_ref.SUPPORTED_QUANTIZER")
     return p
 
 

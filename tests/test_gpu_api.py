@@ -173,8 +173,10 @@ def test_unsupported_params_refused_without_gpu():
         gpu_ref.KVCache(1, 1, 0)
     with pytest.raises(ValueError, match="supports"):
         gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(bits=2))
-    with pytest.raises(ValueError, match="supports"):
+    with pytest.raises(ValueError, match="support n=512:"):
         gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(n=512))
+    with pytest.raises(ValueError, match="support bits=2:"):
+        gpu_ref.plan(FormatParams(bits=2), batch=1, q_heads=1, kv_heads=1, max_length=1, num_sms=1)
     assert gpu_ref.decode_supported(FormatParams(bits=4))
     with pytest.raises(TypeError):
         gpu_ref.encode_kv(None, {"n": 128})
