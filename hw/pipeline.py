@@ -315,6 +315,13 @@ def credit_depth(latency: int, extra: int = 0) -> int:
 SKID_RAM_WIDTH = 1024
 
 
+def skid_read_enable(nonempty, rv, load):
+    """The skid FIFO's block-RAM read enable (1-bit Value): the RAM holds an entry
+    (``nonempty``) and its read data register is empty (``~rv``) or moves on to the
+    output register this cycle (``load``). Reading otherwise would overwrite a held entry."""
+    return nonempty & (~rv | load)
+
+
 def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
 
@@ -362,7 +369,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
                      rd.addr.eq(rp[:abits]), rd.en.eq(take)]
         rdata.append(rd.data)
     m.d.comb += [load.eq(rv & (~ov | o.ready)),
-                 take.eq((wp != rp) & (~rv | load)),
+                 take.eq(skid_read_enable(wp != rp, rv, load)),
                  o.valid.eq(ov), Value.cast(o.payload).eq(q)]
     with m.If(valid):
         m.d.sync += wp.eq(wp + 1)

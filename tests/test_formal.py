@@ -168,10 +168,10 @@ def test_credit_flow_order(broken, monkeypatch, work):
     """The credit flow control and skid FIFO alone (a 4-bit counter pipeline) with the
     reference copy: no vector dropped, duplicated or reordered through a FIFO filled while
     stalled and drained (BMC 2 x credits + 1); fails when the FIFO reads its block RAM
-    ahead while the output is stalled (verif.formal.mutants.skid_fifo_reads_ahead)."""
+    ahead while the output is stalled (verif.formal.mutants.skid_read_enable_ahead)."""
     import hw.pipeline
     if broken:
-        monkeypatch.setattr(hw.pipeline, "skid_fifo", mutants.skid_fifo_reads_ahead)
+        monkeypatch.setattr(hw.pipeline, "skid_read_enable", mutants.skid_read_enable_ahead)
     h = StreamHarness(flow_credit_design(0, 4), reference=True)
     rec = prove_bmc(h, "flow_credit", work, depth=2 * h.a.credits + 1)
     assert rec["result"] == ("failed" if broken else "proved")

@@ -106,31 +106,8 @@ class NoSignFloatPack(wiring.Component):
         return m
 
 
-def skid_fifo_reads_ahead(m, data, valid, o, depth, name="skid"):
-    """``hw.pipeline.skid_fifo`` whose block RAM is read whenever it holds an entry, also
-    while the head waits in the read data register behind a stalled output (the entry
-    there is overwritten: a vector lost)."""
-    from amaranth.lib.memory import Memory
-    data = Value.cast(data)
-    size = 1 << (depth - 1).bit_length()
-    abits = size.bit_length() - 1
-    mem = Memory(shape=len(data), depth=size, init=[])
-    m.submodules[f"{name}_ram"] = mem
-    wr, rd = mem.write_port(), mem.read_port(domain="sync", transparent_for=())
-    wp, rp = Signal(abits + 1), Signal(abits + 1)
-    rv, ov, q = Signal(), Signal(), Signal(len(data))
-    load, take = Signal(), Signal()
-    m.d.comb += [load.eq(rv & (~ov | o.ready)), take.eq(wp != rp),
-                 wr.addr.eq(wp[:abits]), wr.data.eq(data), wr.en.eq(valid),
-                 rd.addr.eq(rp[:abits]), rd.en.eq(take),
-                 o.valid.eq(ov), Value.cast(o.payload).eq(q)]
-    with m.If(valid):
-        m.d.sync += wp.eq(wp + 1)
-    with m.If(take):
-        m.d.sync += [rp.eq(rp + 1), rv.eq(1)]
-    with m.Elif(load):
-        m.d.sync += rv.eq(0)
-    with m.If(load):
-        m.d.sync += [q.eq(rd.data), ov.eq(1)]
-    with m.Elif(o.ready):
-        m.d.sync += ov.eq(0)
+def skid_read_enable_ahead(nonempty, rv, load):
+    """``hw.pipeline.skid_read_enable`` that reads the block RAM whenever it holds an
+    entry, also while the head waits in the read data register behind a stalled output
+    (the entry there is overwritten: a vector lost)."""
+    return nonempty
