@@ -61,7 +61,7 @@ from sim_models.signs import sign_mask_int
 from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
                       scale_format)
 from .ifwht import BlockFWHT, out_width
-from .pipeline import (Cuts, FlowControl, check_flow, check_latency, credit_depth, flow_cycles,
+from .pipeline import (Cuts, FlowControl, FlowTop, check_flow, check_latency, flow_cycles,
                        stage)
 from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
@@ -86,7 +86,7 @@ def float_consts(params: FormatParams) -> FloatConsts:
                        sf.exp_offset + table.exp_offset - params.log2n)
 
 
-class KVDecompressor(wiring.Component):
+class KVDecompressor(FlowTop, wiring.Component):
     """KV-cache read path (see module docstring).
 
     Args:
@@ -137,15 +137,6 @@ class KVDecompressor(wiring.Component):
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
         return sum(self.latency_breakdown.values())
-
-    @property
-    def credits(self) -> int | None:
-        """Credit flow: the most vectors in flight (pipeline and skid FIFO),
-        ``hw.pipeline.credit_depth``; stall flow: None (the pipeline holds at most
-        ``latency_cycles``)."""
-        if self.flow != "credit":
-            return None
-        return credit_depth(self.latency_cycles, self.credit_extra)
 
     def elaborate(self, platform):
         m = Module()

@@ -67,8 +67,8 @@ from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FWHT
 from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
 from .packer import Packer
-from .pipeline import (FlowControl, check_flow, check_lane_ram, check_latency, check_tree_every,
-                       credit_depth, flow_cycles, stage)
+from .pipeline import (FlowControl, FlowTop, check_flow, check_lane_ram, check_latency,
+                       check_tree_every, flow_cycles, stage)
 from .quantizer import QUANT_CUTS, Quantizer
 from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
@@ -98,7 +98,7 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     return check_supported(p, EPILOGUE_SUPPORT, "RTL write path")
 
 
-class KVEpilogue(wiring.Component):
+class KVEpilogue(FlowTop, wiring.Component):
     """KV-cache write path (see module docstring).
 
     Args:
@@ -180,15 +180,6 @@ class KVEpilogue(wiring.Component):
     def latency_cycles(self) -> int:
         """Cycles from the ``i`` handshake to ``o.valid`` without stalls."""
         return sum(self.latency_breakdown.values())
-
-    @property
-    def credits(self) -> int | None:
-        """Credit flow: the most vectors in flight (pipeline and skid FIFO),
-        ``hw.pipeline.credit_depth``; stall flow: None (the pipeline holds at most
-        ``latency_cycles``)."""
-        if self.flow != "credit":
-            return None
-        return credit_depth(self.latency_cycles, self.credit_extra)
 
     def elaborate(self, platform):
         m = Module()

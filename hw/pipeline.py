@@ -383,6 +383,20 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
         m.d.sync += ov.eq(0)
 
 
+class FlowTop:
+    """Mixin of a top level with ``flow`` and ``credit_extra`` (see :class:`FlowControl`)
+    and a ``latency_cycles`` property: its declared :attr:`credits`."""
+
+    @property
+    def credits(self) -> int | None:
+        """Credit flow: the most vectors in flight (pipeline and skid FIFO),
+        :func:`credit_depth`; stall flow: None (the pipeline holds at most
+        ``latency_cycles``)."""
+        if self.flow != "credit":
+            return None
+        return credit_depth(self.latency_cycles, self.credit_extra)
+
+
 class FlowControl:
     """The flow control of one top level, built into its module ``m``.
 

@@ -182,7 +182,10 @@ def test_stream_proof_fails_with_one_credit_too_many(monkeypatch, work):
     """The hardware's credit counter allows one vector more than the design declares
     (``credits``): the count property fails."""
     import hw.pipeline
-    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0: lat + 2 + extra)
+    hw_init = hw.pipeline.FlowControl.__init__
+    monkeypatch.setattr(hw.pipeline.FlowControl, "__init__",
+                        lambda self, m, flow, i, o, lat, extra=0: hw_init(self, m, flow, i, o, lat,
+                                                                         extra + 1))
     h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
     assert h.capacity == h.latency + 1          # KVEpilogue.credits: the declared number
     # credits + 1 accepted while o.ready is low: visible after credits + 2 cycles
