@@ -335,7 +335,9 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     its script or flags): Yosys generic, synth_ecp5, the FWHT alone and, with
     ``checkpoint``, the placement, so an interrupted N=128 run restarts at routing;
     ``reused`` in the record lists the skipped steps (their ``times_s`` are the
-    earlier run's). ``router``: nextpnr's ``--router`` (router1 or router2).
+    earlier run's). ``router``: nextpnr's ``--router`` (router1 or router2); in the
+    checkpoint flow it is given to the placement run, because nextpnr stores its
+    settings in ``placed.json`` and restores them over the routing run's flags.
     """
     import rtl_gen
 
@@ -409,14 +411,17 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
         src = ejson
         if checkpoint:
             placed, preport, pplog = d / "placed.json", d / "place_report.json", d / "place.log"
-            key = {"ecp5_json": _sha256(ejson), "flags": base[1:]}
+            # nextpnr writes its settings (the router among them) into placed.json and takes
+            # them back from it over the command line's, so the router is chosen here
+            key = {"ecp5_json": _sha256(ejson), "flags": base[1:] + ["--router", router]}
             t = _stamp_ok(d, "nextpnr_place", key, [placed, preport, pplog]) if resume else None
             if t is not None:
                 log(f"[{cfg.name}] nextpnr placement: reusing {placed.name} (same netlist and flags)")
                 rec["reused"].append("nextpnr_place")
             else:
                 log(f"[{cfg.name}] nextpnr-ecp5 placement ...")
-                t = _run(base + ["--json", ejson.name, "--no-route", "--write", placed.name,
+                t = _run(base + ["--json", ejson.name, "--router", router, "--no-route",
+                                 "--write", placed.name,
                                  "--report", preport.name, "--log", pplog.name, "-q"],
                          d / "place.out", d, [placed, preport, pplog], timeout)
                 _stamp(d, "nextpnr_place", key, t)

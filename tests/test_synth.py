@@ -195,7 +195,7 @@ if "-s" in a:                                   # yosys: the stat files, the net
 elif "--version" in a or "-V" in a:
     print("fake 0")
 else:                                           # nextpnr
-    step = "place" if "--no-route" in a else "route " + arg("--router")
+    step = ("place " if "--no-route" in a else "route ") + arg("--router")
     calls.open("a").write(f"nextpnr {step} {arg('--json')}\n")
     if arg("--write"):
         pathlib.Path(arg("--write")).write_text('{"placed": 1}')
@@ -229,10 +229,12 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     assert rec["nextpnr"]["flow"] == "one run" and "nextpnr_place" not in rec
     rec, c = run(router="router2", checkpoint=True)
     assert [x.split()[0] for x in c] == ["yosys"] * 3 + ["nextpnr"] * 2
-    assert c[3] == "nextpnr place ecp5.json" and c[4] == "nextpnr route router2 placed.json"
+    assert c[3] == "nextpnr place router2 ecp5.json" and c[4] == "nextpnr route router2 placed.json"
     assert rec["nextpnr_place"]["fmax_est_mhz"] == 40.0 and rec["nextpnr"]["fmax_mhz"] == 30.0
     assert rec["nextpnr"]["router"] == "router2" and rec["reused"] == []
     assert rec["nextpnr"]["flow"] == "placement checkpoint"
+    rec, c = run(resume=True, checkpoint=True)    # router1: placed.json carries the router
+    assert c == ["nextpnr place router1 ecp5.json", "nextpnr route router1 placed.json"]
     rec, c = run(resume=True, checkpoint=True)                    # only routing runs again
     assert c == ["nextpnr route router1 placed.json"]
     assert rec["reused"] == ["yosys_generic", "yosys_ecp5", "nextpnr_place"]
@@ -243,9 +245,9 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     st["yosys_ecp5"]["key"]["script"] = "changed"    # synth_ecp5 reruns: a new netlist (fake: time)
     stamps.write_text(json.dumps(st))
     rec, c = run(resume=True, checkpoint=True)
-    assert c[0].startswith("yosys") and "nextpnr place ecp5.json" in c
+    assert c[0].startswith("yosys") and "nextpnr place router1 ecp5.json" in c
     (build / cfg.name / "placed.json").write_text("")             # an empty checkpoint is not reused
     rec, c = run(resume=True, checkpoint=True)
-    assert "nextpnr place ecp5.json" in c
+    assert "nextpnr place router1 ecp5.json" in c
     rec, c = run(checkpoint=True)                                 # no --resume: everything
     assert len(c) == 5 and rec["reused"] == []
