@@ -160,22 +160,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         zeros = [pay.zeros[k] for k in range(nb)] if p.zero_bytes else [None] * nb
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
-        prods, negs, nzs = [], [], []
-        for i in range(n):
-            pr, ng, lnz = dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}",
-                                       zeros[i // g])
-            prods.append(pr)
-            negs.append(ng)
-            nzs.append(lnz)
-        # signed zeros of the golden float64 path: yhat_i = level * 0.0 is -0.0 for a
-        # negative level (sig 0: scale byte 0x00); see hw/ifwht.py
-        zneg = Signal(n, name="dq_zneg_c")
-        m.d.comb += zneg.eq(Cat(*(negs[i] & (sigs[i // g] == 0) for i in range(n))))
-        allzero = Signal(name="dq_allzero_c")
-        # level * sig == 0 exactly when one factor is 0 (no multiplier on this path)
-        sig_nz = [Signal(name=f"dq_signz{k}") for k in range(nb)]
-        m.d.comb += [sig_nz[k].eq(sigs[k] != 0) for k in range(nb)]
-        m.d.comb += allzero.eq(~Cat(*(nzs[i] & sig_nz[i // g] for i in range(n))).any())
+        prods = [dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}", zeros[i // g])
+                 for i in range(n)]
 
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
@@ -183,16 +169,14 @@ class KVDecompressor(FlowTop, wiring.Component):
         m.d.comb += [prod[i].eq(prods[i]) for i in range(n)]
         shift = Signal(data.ArrayLayout(dw, nb), name="dq_shift_c")
         m.d.comb += [shift[k].eq(efs[k] - ef_min) for k in range(nb)]
-        dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, zneg=zneg,
-                   allzero=allzero, valid=fc.i_valid)
+        dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, valid=fc.i_valid)
 
-        # ---- inverse FWHT (ef_min and "all zero" ride along as side band) --------------
-        side = data.StructLayout({"ef_min": efw, "allzero": 1})
+        # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
+        side = data.StructLayout({"ef_min": efw})
         m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=side,
                                             max_align=sf.max_align, split_align=self.split_align)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
-                     fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"]),
-                     fw.side_i.allzero.eq(dq["allzero"]), fw.zneg.eq(dq["zneg"])]
+                     fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
         consts = float_consts(p)
@@ -201,7 +185,6 @@ class KVDecompressor(FlowTop, wiring.Component):
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
                                             lead_reg="lead" in regs)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
-                     fp.zneg.eq(Mux(fw.side_o.allzero, fw.zneg_o, 0)),
                      fp.mask.eq(sign_mask_int(n, p.sign_seed))]
         valid = fw.o_valid
         if "abs" in regs or "lead" in regs:

@@ -264,9 +264,7 @@ def dequant_lane(m: Module, table: LevelTable, code, sig, name: str, zero=None):
             ``table.zero_point``, ignored otherwise.
 
     Returns:
-        (prod, neg, nz): ``prod`` a Signal of :func:`product_shape` (signed), ``neg``
-        a 1-bit Value, "the level is negative" (for the golden model's -0.0 when
-        sig == 0, see hw/ifwht.py), ``nz`` a 1-bit Value, "the level is not 0".
+        ``prod``: a Signal of :func:`product_shape` (signed).
     """
     level = Signal(table.shape, name=f"{name}_level")
     if table.zero_point:
@@ -285,7 +283,7 @@ def dequant_lane(m: Module, table: LevelTable, code, sig, name: str, zero=None):
                     m.d.comb += level.eq(v)
     prod = Signal(product_shape(table), name=f"{name}_prod")
     m.d.comb += prod.eq(level * sig)
-    return prod, level < 0, level != 0
+    return prod
 
 
 __all__ = ["LevelTable", "READ_SUPPORT", "ScaleDecode", "ScaleFormat", "check_read_params",

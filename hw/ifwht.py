@@ -43,15 +43,8 @@ is at the output. All registers advance together when ``en`` is high; a valid
 bit and a side band (a plain width or a layout) travel with the data
 (:func:`hw.pipeline.stage`).
 
-Signed zeros (``zneg`` -> ``zneg_o``): the golden model computes the FWHT in
-float64, where ``level * 0.0`` is -0.0 for a negative level (scale byte 0x00,
-never written by the encoder). When the whole vector is zero, output lane i is
-then -0.0 exactly when every signed term ``H[i, j] * yhat_j`` is -0.0; with
-``zneg_j`` = "yhat_j is -0.0", the same butterflies on these bits,
-``zneg(a + b) = za & zb`` and ``zneg(a - b) = za & ~zb`` (IEEE: x + y is -0 only
-if both are -0), give that bit per output lane. (If any yhat_j is nonzero, an
-exact-zero output is +0.0: the top level uses ``zneg_o`` only for all-zero
-vectors.)
+Signed zeros: none. The format's exact-zero result is +0 before the sign flip D
+(docs/FORMAT.md, read path), which the integers carry as they are.
 """
 
 from __future__ import annotations
@@ -157,12 +150,10 @@ class BlockFWHT(wiring.Component):
             "p": In(data.ArrayLayout(self.in_shape, n)),
             "d": In(data.ArrayLayout(self.d_width, self.n_blocks)),
             "side_i": In(side_width),
-            "zneg": In(n),
             "o_valid": Out(1),
             "y": Out(data.ArrayLayout(signed(self.out_width), n)),
             "flip": Out(n),
             "side_o": Out(side_width),
-            "zneg_o": Out(n),
         })
 
     def elaborate(self, platform):
@@ -172,7 +163,6 @@ class BlockFWHT(wiring.Component):
         width = self.in_shape.width
         d = [self.d[k] for k in range(self.n_blocks)]
         valid, side = self.i_valid, self.side_i
-        zn = [self.zneg[i] for i in range(n)]
         nb, t = self.n_blocks, None
         if self.align == "swap":
             # t: the lowest block with d == 0; slot j <- block j ^ t, shifted by d_(j ^ t)
@@ -222,7 +212,6 @@ class BlockFWHT(wiring.Component):
                         continue
                     a, b = lanes[i], lanes[i + h]
                     m.d.comb += [nxt[i].eq(a + b), nxt[i + h].eq(a - b)]
-                zn = [(zn[i] & zn[i + h]) if not i & h else (zn[i - h] & ~zn[i]) for i in range(n)]
             lanes = nxt
             if idx + 1 in self.positions:
                 # the shift amounts ride along while the alignment is still ahead
@@ -230,10 +219,8 @@ class BlockFWHT(wiring.Component):
                 extra = {"d": d[1:] if t is not None else d} if carry_d else {}
                 if t is not None:
                     extra["t"] = t
-                r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side,
-                          zneg=Cat(*zn), **extra)
+                r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side, **extra)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]
-                zn = [r["zneg"][i] for i in range(n)]
                 if carry_d:
                     d = [d[0]] + r["d"] if t is not None else r["d"]
                 t = r.get("t", t)
@@ -242,5 +229,5 @@ class BlockFWHT(wiring.Component):
         if t is not None:
             # H[r, k ^ t] = (-1)^popcount(r & t) H[r, k], r = i // G the output's block
             m.d.comb += self.flip.eq(Cat(*((t & (i // g)).xor() for i in range(n))))
-        m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side), self.zneg_o.eq(Cat(*zn))]
+        m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side)]
         return m

@@ -16,8 +16,7 @@ and the +s is added to the mb + 2 bits that the conversion keeps.
 one (:func:`hw.scale_select.leading_one`), ``Lp = max(L, K)`` with ``K = (1 -
 bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
-``2^(1 - bias - mb)``), the sign ``((S < 0) | zneg_i) xor D_i`` (``zneg_i``:
-the exact zero is -0.0 in the golden float64 path, see hw/ifwht.py) and
+``2^(1 - bias - mb)``), the sign ``(S < 0) xor D_i`` (an exact zero is +0 before D) and
 ``nz = (S != 0)``. Per vector it passes on ``B = T + bias - 1``.
 ``S = (-1)^flip_i y_i`` (the FWHT's block swap, hw/ifwht.py): ``|S| = |y|``, and
 ``S < 0`` is ``(y < 0) xor flip_i`` for ``y != 0``.
@@ -149,10 +148,10 @@ class FloatPrep(wiring.Component):
     flag (before the sign fold and the leading-one tree), and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
-    ``y``/``ef_min``/``mask``/``zneg`` per register.
+    ``y``/``ef_min``/``mask`` per register.
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
-    ``mask`` (N bits: D), ``zneg`` in; per lane ``low`` (the low ``mag_width`` bits
+    ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits
     of y), ``lp``, ``ysign`` (y < 0), ``sat``, ``neg`` (the output sign), ``nz``
     (y != 0), and ``b`` (per vector) out (:data:`PREP_PORTS`).
     """
@@ -166,7 +165,6 @@ class FloatPrep(wiring.Component):
             "y": In(data.ArrayLayout(signed(y_width), n)),
             "ef_min": In(ef_width),
             "mask": In(n),
-            "zneg": In(n),
             "flip": In(n),
             "low": Out(data.ArrayLayout(consts.mag_width, n)),
             "lp": Out(data.ArrayLayout(consts.lp_width, n)),
@@ -202,7 +200,7 @@ class FloatPrep(wiring.Component):
             m1 = yv.as_unsigned() ^ s.replicate(w)          # |y| - s: one's complement
             m.d.comb += [lows[i].eq(yv[:mw]), sgn[i].eq(s),
                          sat[i].eq(m1[c.lsat:w - 1].any() if c.lsat < w - 1 else 0),
-                         negs[i].eq((s | self.zneg[i]) ^ self.mask[i])]
+                         negs[i].eq(s ^ self.mask[i])]
         flips = self.flip
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,

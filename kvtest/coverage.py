@@ -501,28 +501,11 @@ def coverage_vectors(p: FormatParams, seed: int = 0) -> np.ndarray:
                            zero_point_tie_vectors(p, rng), flag_vectors(p)])
 
 
-def disputed_zero_lanes(planes: tuple, p: FormatParams) -> np.ndarray:
-    """bool [V]: vectors with an exact-zero output lane that the golden float64 FWHT
-    gives as -0.0 (before D) while another block's scale is nonzero: (-0) - (+0) = -0
-    where a zero-scale block (0x00, never written by the encoder) meets an exactly
-    cancelling nonzero block. The RTL (hw/ifwht.py) gives +0.0 there (it uses the
-    signed-zero bits only for all-zero vectors): a known mismatch, reproduced by
-    tests/test_hw_decompressor.py::test_zero_scale_block_signed_zero."""
-    from sim_models.signs import sign_mask
-
-    codes, scales = planes[0], planes[1]
-    zeros = planes[2] if len(planes) > 2 else None
-    x = decode_float(codes, scales, p, zeros)
-    pre = np.where(sign_mask(p.n, p.sign_seed)[None, :] == 1, -x, x)
-    return ((x == 0) & np.signbit(pre)).any(axis=1) & (scales != 0).any(axis=1)
-
-
 def coverage_planes(p: FormatParams, seed: int = 0):
     """The directed decompressor set ``coverage``: random codes with scale byte 0x00 (a
     zero scale: every encoding reads it as +0, ``sim_models.quant.dequantize``) in each
-    block in turn and in all blocks, next to the smallest and largest bytes, without the
-    vectors of :func:`disputed_zero_lanes` (a known RTL mismatch, tested on its own).
-    Returns ``(codes, scales[, zeros])`` (``kvtest.levels.plane_set``)."""
+    block in turn and in all blocks, next to the smallest and largest bytes (exactly
+    cancelling lanes among them: an exact zero is +0 before D). Returns ``(codes, scales[, zeros])`` (``kvtest.levels.plane_set``)."""
     from .levels import plane_set, scale_bytes
 
     rng = np.random.default_rng([seed, p.n, p.bits, 19])
@@ -540,9 +523,7 @@ def coverage_planes(p: FormatParams, seed: int = 0):
     codes = rng.integers(0, 256, size=(v, p.code_bytes), dtype=np.uint8)
     q = (1 << p.bits) - 1
     zeros = rng.integers(0, q + 1, size=(v, nb)).astype(np.uint8)
-    planes = plane_set(p, codes, scales, zeros)
-    keep = ~disputed_zero_lanes(planes, p)
-    return tuple(a[keep] for a in planes)
+    return plane_set(p, codes, scales, zeros)
 
 
 def take(t: Trace, idx: np.ndarray) -> Trace:

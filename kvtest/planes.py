@@ -21,8 +21,8 @@ Sets (return ``(codes uint8 [V, N*b/8], scales uint8 [V, N/G])``, and for mode
   saturation to +-65504 for fp16), the most extreme block-scale mixes (smallest
   next to largest, so the alignment spans every binade of the encoding),
   one-hot codes, ties of the final rounding (:func:`kvtest.ties.tie_planes`),
-  scale byte 0x00 (the "v1" preset only: the golden model's float64 signed
-  zeros, -H rows give -0.0 before D) and every scale byte once.
+  scale byte 0x00 (the "v1" preset only: negative levels times a zero scale,
+  whose exact zeros are +0 before D) and every scale byte once.
 
 Scale bytes: :func:`kvtest.levels.scale_bytes`.
 """
@@ -118,7 +118,7 @@ def adversarial_planes(p: FormatParams, seed: int = 0):
         add(sm_codes(p, hm[rows], top, zh), s)     # Hadamard rows: one-hot after H/N
         add(sm_codes(p, -hm[rows], 1 if p.mode in ("midtread", "asym") else 0, zh), s)
     if v1:
-        # scale 0x00: golden float64 signed zeros (-1 * 0.0 = -0.0); -H row r gives -0.0 at lane r
+        # scale 0x00 under negative levels: float64 gives -0.0 there, the format +0 before D
         add(-hm[rows], 0x00)
         add(hm[rows[:8]] * (h - 1), 0x00)
     # extreme block-scale mixes: block k largest, the others smallest (and vice versa)

@@ -187,7 +187,8 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
         t: the transform tables the vectors were encoded with, or None.
 
     Returns:
-        float64 [..., N]. Exact: every term is an integer of < 8 bits (lloydmax:
+        float64 [..., N]; an exact zero is +0.0 before D (so -0.0 exactly where D
+        flips it). Exact: every term is an integer of < 8 bits (lloydmax:
         < 14 bits) times a power of two, and the partial sums stay within
         float64's 53 bits while a vector's block scales lie within 2^30 of each
         other (always, for real data).
@@ -210,6 +211,9 @@ def decode_float(codes: np.ndarray, scales: np.ndarray, p: FormatParams | None =
     if t is not None and t.rot is not None:
         yhat = rotate_back(yhat, t.rot)
     xhat = fwht(yhat) / p.n
+    # an exact zero is +0 before D (FORMAT.md, read path): float64's -0.0 (a negative
+    # level times a zero scale, and the sums it enters) is not part of the format
+    xhat = np.where(xhat == 0, 0.0, xhat)
     xhat = np.where(_signs(p, t)[None, :] == 1, -xhat, xhat)
     return xhat.reshape(*lead, p.n)
 

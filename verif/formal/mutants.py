@@ -44,9 +44,9 @@ class NoFlipBlockFWHT(wiring.Component):
         m = Module()
         m.submodules.inner = f = self.inner
         m.d.comb += [f.en.eq(self.en), f.i_valid.eq(self.i_valid), f.p.eq(self.p),
-                     f.d.eq(self.d), f.zneg.eq(self.zneg), f.side_i.eq(self.side_i),
+                     f.d.eq(self.d), f.side_i.eq(self.side_i),
                      self.o_valid.eq(f.o_valid), self.y.eq(f.y), self.side_o.eq(f.side_o),
-                     self.zneg_o.eq(f.zneg_o), self.flip.eq(0)]
+                     self.flip.eq(0)]
         return m
 
 

@@ -175,8 +175,7 @@ class BlockFWHTMiter(wiring.Component):
         m = Module()
         m.submodules.dut = dut = self.dut
         nb = self.n // self.block
-        m.d.comb += [dut.p.eq(self.p), dut.d.eq(self.d), dut.en.eq(1), dut.i_valid.eq(1),
-                     dut.zneg.eq(0)]
+        m.d.comb += [dut.p.eq(self.p), dut.d.eq(self.d), dut.en.eq(1), dut.i_valid.eq(1)]
         g, log2n = self.block, self.n.bit_length() - 1
         d = [self.d[k] for k in range(nb)]
         swap = getattr(dut, "align", "lane") == "swap"
@@ -243,8 +242,7 @@ class RoundTripMiter(wiring.Component):
         m = Module()
         m.submodules.fwd, m.submodules.inv = fwd, inv = self.fwd, self.inv
         m.d.comb += [fwd.x.eq(self.x), fwd.en.eq(1), fwd.i_valid.eq(1),
-                     inv.p.eq(fwd.y), inv.d.eq(0), inv.en.eq(1), inv.i_valid.eq(1),
-                     inv.zneg.eq(0)]
+                     inv.p.eq(fwd.y), inv.d.eq(0), inv.en.eq(1), inv.i_valid.eq(1)]
         m.d.comb += self.ok.eq(Cat(*(signed_result(inv, i) == self.x[i] * self.n
                                      for i in range(self.n))).all())
         return m
@@ -300,7 +298,7 @@ class FWHTPipeMiter(wiring.Component):
 class FloatMiter(wiring.Component):
     """``ok`` = (one lane of ``hw.tofloat.FloatPrep`` -> ``FloatPack`` == the rounding of
     ``(-1)^D S 2^T`` to the input type) for every y with |y| < 2^(W-1), flip, D and every
-    ef_min in range (and zneg only with y == 0, the top level's contract).
+    ef_min in range.
 
     The spec, written from the definition (docs/FORMAT.md 5, round_to_input_type) with
     Amaranth's own shifts and comparisons: ``a = |y|``, L its leading one (a priority
@@ -308,8 +306,8 @@ class FloatMiter(wiring.Component):
     ``sig = a 2^(T - q)`` exact when T >= q, else ``a >> (q - T)`` rounded to nearest
     even from the remainder compared with half the divisor; ``sig = 2^(mb+1)`` moves to
     the next binade; a subnormal has field 0; a biased exponent of 2^e - 1 or more
-    saturates to the largest finite pattern; a = 0 gives +-0. Sign: D xor (S < 0, or
-    zneg for S = 0), S = (-1)^flip y.
+    saturates to the largest finite pattern; a = 0 gives +-0. Sign: D xor (S < 0)
+    (an exact zero is +0 before D), S = (-1)^flip y.
 
     Args:
         consts: the ``hw.tofloat.FloatConsts`` of the configuration.
@@ -322,7 +320,7 @@ class FloatMiter(wiring.Component):
         self.prep = FloatPrep(1, consts.y_width, ef_width, consts)
         self.pack = dut if dut is not None else FloatPack(1, consts)
         super().__init__({"y": In(signed(consts.y_width)), "ef": In(ef_width), "mask": In(1),
-                          "zneg": In(1), "flip": In(1), "ok": Out(1)})
+                          "flip": In(1), "ok": Out(1)})
 
     def elaborate(self, platform):
         from hw.tofloat import PREP_PORTS
@@ -330,7 +328,7 @@ class FloatMiter(wiring.Component):
         c = self.c
         m.submodules.prep, m.submodules.pack = prep, pack = self.prep, self.pack
         m.d.comb += [prep.y[0].eq(self.y), prep.ef_min.eq(self.ef), prep.mask.eq(self.mask),
-                     prep.zneg.eq(self.zneg), prep.flip.eq(self.flip)]
+                     prep.flip.eq(self.flip)]
         m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
         w, mb, bias = c.y_width, c.m_bits, c.bias
         y = self.y
@@ -369,9 +367,9 @@ class FloatMiter(wiring.Component):
         mag = Signal(15, name="spec_mag")
         m.d.comb += mag.eq(Mux(a == 0, 0, Mux(field >= (1 << c.e_bits) - 1, maxf,
                                                 Cat(mant, field[:c.e_bits]))))
-        sneg = Mux(y == 0, self.zneg, (y < 0) ^ self.flip) ^ self.mask
+        sneg = Mux(y == 0, 0, (y < 0) ^ self.flip) ^ self.mask
         want = Cat(mag, sneg)
-        in_range = ((self.ef >= c.ef_lo) & (self.ef <= c.ef_hi) & (~self.zneg | (y == 0))
+        in_range = ((self.ef >= c.ef_lo) & (self.ef <= c.ef_hi)
                     & (y != -(1 << (w - 1))))                   # |y| < 2^(W-1)
         m.d.comb += self.ok.eq(~in_range | (pack.bits[0] == want))
         return m
