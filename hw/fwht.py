@@ -37,6 +37,20 @@ def register_positions(log2n: int, latency: int) -> list[int]:
     return [-(-r * log2n // latency) for r in range(1, latency + 1)]
 
 
+def butterfly_stage(m: Module, lanes: list, s: int, width: int) -> list:
+    """Butterfly stage ``s`` of the Sylvester-order FWHT, combinational: lanes i and
+    i + 2^s (i with bit s clear) -> their sum (lane i) and difference (lane i + 2^s),
+    as new signed ``width``-bit Signals ``st{s}_{i}`` (width: one bit more than the
+    inputs', so exact). Returns the N new lanes."""
+    h = 1 << s
+    nxt = [Signal(signed(width), name=f"st{s}_{i}") for i in range(len(lanes))]
+    for i in range(len(lanes)):
+        if not i & h:
+            a, b = lanes[i], lanes[i + h]
+            m.d.comb += [nxt[i].eq(a + b), nxt[i + h].eq(a - b)]
+    return nxt
+
+
 class FWHT(wiring.Component):
     """Pipelined butterfly FWHT.
 
@@ -75,14 +89,7 @@ class FWHT(wiring.Component):
         width = self.in_width
         for s in range(self.log2n):
             width += 1
-            h = 1 << s
-            nxt = [Signal(signed(width), name=f"st{s}_{i}") for i in range(n)]
-            for i in range(n):
-                if i & h:
-                    continue
-                a, b = lanes[i], lanes[i + h]
-                m.d.comb += [nxt[i].eq(a + b), nxt[i + h].eq(a - b)]
-            lanes = nxt
+            lanes = butterfly_stage(m, lanes, s, width)
             if s + 1 in self.positions:
                 r = stage(m, self.en, f"r{s}", lane=lanes, valid=valid, side=side)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]

@@ -53,7 +53,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .fwht import register_positions
+from .fwht import butterfly_stage, register_positions
 from .pipeline import stage
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
@@ -205,13 +205,7 @@ class BlockFWHT(wiring.Component):
                     m.d.comb += nxt[i].eq(lanes[i] if unshifted else lanes[i] << part[i // g])
             else:
                 width += 1
-                h = 1 << s
-                nxt = [Signal(signed(width), name=f"st{s}_{i}") for i in range(n)]
-                for i in range(n):
-                    if i & h:
-                        continue
-                    a, b = lanes[i], lanes[i + h]
-                    m.d.comb += [nxt[i].eq(a + b), nxt[i + h].eq(a - b)]
+                nxt = butterfly_stage(m, lanes, s, width)
             lanes = nxt
             if idx + 1 in self.positions:
                 # the shift amounts ride along while the alignment is still ahead
