@@ -334,7 +334,6 @@ def make_planes(bsz, kvh, t, n_sets, p):
 
 def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
     n = p.n
-    group = hq // kvh
     comp_bytes = bsz * kvh * t * 2 * (p.code_bytes + p.n_blocks)
     n_sets = max(1, min(64, math.ceil(L2_ROTATE_BYTES / comp_bytes)))
     sets = make_planes(bsz, kvh, t, n_sets, p)
@@ -360,34 +359,9 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
     del sets
     free()
     if sdpa:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        bf_bytes = bsz * kvh * t * n * 2 * 2
-        ns = max(1, min(16, math.ceil(L2_ROTATE_BYTES / bf_bytes)))
-        kv = [(torch.randn(bsz, kvh, t, n, dtype=torch.bfloat16, device="cuda"),
-               torch.randn(bsz, kvh, t, n, dtype=torch.bfloat16, device="cuda")) for _ in range(ns)]
-        qp = torch.randn(bsz, kvh, group, n, dtype=torch.bfloat16, device="cuda")   # packed GQA
-        qg = torch.randn(bsz, hq, 1, n, dtype=torch.bfloat16, device="cuda")
-        res = {}
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            try:
-                ms, times, how = graph_time([lambda k=k, v=v: F.scaled_dot_product_attention(qp, k, v)
-                                             for k, v in kv], reps=7)
-                res["packed"] = (ms, how)
-            except Exception as err:  # noqa: BLE001
-                res["packed_error"] = f"{type(err).__name__}: {err}"
-            try:
-                ms, times, how = graph_time([lambda k=k, v=v: F.scaled_dot_product_attention(
-                    qg, k, v, enable_gqa=True) for k, v in kv], reps=7)
-                res["enable_gqa"] = (ms, how)
-            except Exception as err:  # noqa: BLE001
-                res["enable_gqa_error"] = f"{type(err).__name__}: {err}"
-        del kv, qp, qg
-        free()
-        cands = [v for k, v in res.items() if k in ("packed", "enable_gqa")]
-        row["sdpa_variants"] = {k: (v if isinstance(v, str) else {"ms": v[0], "timing": v[1]})
-                                for k, v in res.items()}
-        if cands:
-            sms = min(c[0] for c in cands)
+        sms, bf_bytes, res = sdpa_time(bsz, hq, kvh, t, n)
+        row["sdpa_variants"] = res
+        if sms is not None:
             row.update({"sdpa_bf16_ms": sms, "sdpa_bytes": bf_bytes,
                         "sdpa_GBps": bf_bytes / (sms * 1e-3) / 1e9, "speedup": sms / row["ours_ms"]})
     return row
