@@ -701,6 +701,58 @@ def _fwht_only(cfgs, a) -> int:
     return 0 if ok else 1
 
 
+def _router_of(plog: Path) -> str | None:
+    """The router a nextpnr log shows: router2 prints "Running router2", router1 its
+    "Routing N arcs" table."""
+    text = plog.read_text(errors="replace")
+    if "Running router2" in text:
+        return "router2"
+    return "router1" if re.search(r"Routing \d+ arcs", text) else None
+
+
+def _attach_pnr(cfgs, a) -> int:
+    """--attach-pnr DIR: add a place and route run made outside this tool (the flags of
+    NEXTPNR_FLAGS, e.g. a routing resumed by hand from placed.json) to the existing
+    record of one --configs entry in --out. DIR holds the netlist it placed (ecp5.json,
+    byte-identical to the record's build/<config>/ecp5.json, else an error),
+    nextpnr_report.json and nextpnr.log of the routing run, and, for the checkpoint
+    flow, place_report.json. The record's ``nextpnr`` names the router (from the log),
+    the flow and ``attached_from``."""
+    d = a.attach_pnr
+    if len(cfgs) != 1:
+        print("error: --attach-pnr takes exactly one --configs entry", file=sys.stderr)
+        return 2
+    cfg = cfgs[0][0]
+    res = json.loads(a.out.read_text()) if a.out.exists() else {"configs": []}
+    by = {r["config"]: r for r in res["configs"]}
+    rec = by.get(cfg.name)
+    if rec is None or not rec.get("ok"):
+        print(f"error: no successful record of {cfg.name} in {a.out} (run the Yosys steps "
+              f"first: --configs {cfg.name} --pnr none)", file=sys.stderr)
+        return 2
+    mine, theirs = a.build / cfg.name / "ecp5.json", d / "ecp5.json"
+    for f in (mine, theirs, d / "nextpnr_report.json", d / "nextpnr.log"):
+        if not f.exists() or f.stat().st_size == 0:
+            print(f"error: --attach-pnr needs {f} (missing or empty)", file=sys.stderr)
+            return 2
+    if _sha256(mine) != _sha256(theirs):
+        print(f"error: {theirs} is not the netlist of the record ({mine}): sha256 differs",
+              file=sys.stderr)
+        return 2
+    plog = d / "nextpnr.log"
+    preport = d / "place_report.json"
+    rec["nextpnr"] = {**_nextpnr_summary(json.loads((d / "nextpnr_report.json").read_text()), plog),
+                      "router": _router_of(plog),
+                      "flow": "placement checkpoint" if preport.exists() else "one run",
+                      "attached_from": str(d)}
+    if preport.exists():
+        rec["nextpnr_place"] = _placement_summary(json.loads(preport.read_text()))
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"[{cfg.name}] attached {d}: Fmax {rec['nextpnr']['fmax_mhz']} MHz "
+          f"({rec['nextpnr']['router']}, {rec['nextpnr']['flow']})", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rtl_gen.synth", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -734,6 +786,10 @@ def main(argv=None) -> int:
                     help="keep the build directory and reuse every finished step whose inputs are "
                          "unchanged (the Yosys runs; with --checkpoint the placement, so an "
                          "interrupted place-and-route restarts at routing)")
+    ap.add_argument("--attach-pnr", type=Path, default=None, metavar="DIR",
+                    help="add the nextpnr reports in DIR (a place and route of the same netlist "
+                         "run outside this tool) to the existing record of the one --configs "
+                         "entry in --out")
     a = ap.parse_args(argv)
     if not 0 < a.freq <= 1000:
         ap.error(f"--freq must be in (0, 1000] MHz, got {a.freq}")
@@ -764,6 +820,8 @@ def main(argv=None) -> int:
           flush=True)
     if a.fwht_only:
         return _fwht_only(cfgs, a)
+    if a.attach_pnr is not None:
+        return _attach_pnr(cfgs, a)
     t0 = time.time()
     flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
              "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router,

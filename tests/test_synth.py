@@ -251,3 +251,35 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     assert "nextpnr place router1 ecp5.json" in c
     rec, c = run(checkpoint=True)                                 # no --resume: everything
     assert len(c) == 5 and rec["reused"] == []
+
+
+def test_attach_pnr(tmp_path, capsys):
+    """--attach-pnr: a place and route made outside the tool joins the record only for the
+    same netlist; the router comes from the log, the flow from place_report.json."""
+    import argparse
+    import json
+    cfg = synth_config("enc_v2_n16_g8_b3_l1")
+    out, build, pnr = tmp_path / "synth.json", tmp_path / "b", tmp_path / "pnr"
+    (build / cfg.name).mkdir(parents=True)
+    pnr.mkdir()
+    (build / cfg.name / "ecp5.json").write_text('{"netlist": 1}')
+    (pnr / "ecp5.json").write_text('{"netlist": 1}')
+    report = {"fmax": {"$glbnet$clk": {"achieved": 51.234, "constraint": 100.0}}, "utilization": {}}
+    (pnr / "nextpnr_report.json").write_text(json.dumps(report))
+    (pnr / "nextpnr.log").write_text("Info: Running router2...\nInfo: iter=1 wires=10\n")
+    out.write_text(json.dumps({"configs": [{"config": cfg.name, "ok": True}]}))
+    a = argparse.Namespace(attach_pnr=pnr, out=out, build=build)
+    assert synth._attach_pnr([(cfg, True)], a) == 0
+    rec = json.loads(out.read_text())["configs"][0]
+    assert rec["nextpnr"]["fmax_mhz"] == 51.23 and rec["nextpnr"]["router"] == "router2"
+    assert rec["nextpnr"]["flow"] == "one run" and "nextpnr_place" not in rec
+    (pnr / "place_report.json").write_text(json.dumps({"fmax": {"clk": {"achieved": 49.0}}}))
+    assert synth._attach_pnr([(cfg, True)], a) == 0
+    rec = json.loads(out.read_text())["configs"][0]
+    assert rec["nextpnr"]["flow"] == "placement checkpoint"
+    assert rec["nextpnr_place"]["fmax_est_mhz"] == 49.0
+    (pnr / "ecp5.json").write_text('{"netlist": 2}')              # another netlist: refused
+    assert synth._attach_pnr([(cfg, True)], a) == 2
+    assert "not the netlist" in capsys.readouterr().err
+    out.write_text(json.dumps({"configs": []}))                    # no record to attach to
+    assert synth._attach_pnr([(cfg, True)], a) == 2
