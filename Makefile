@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml
 sim: $(STAMP)
 	$(VPY) -m verif.sim --summary $(OUT)/sim_summary.json
 
-## test: golden-model + RTL unit tests, then a short sim (what CI runs)
+## test: golden-model + RTL unit tests (over every CPU core, the 15 slowest listed), then a short sim (what CI runs)
 test: $(STAMP)
-	$(VPY) -m pytest tests -q
+	$(VPY) -m pytest tests -q -n auto --durations=15
 	$(VPY) -m verif.sim --quick --summary $(OUT)/sim_summary_quick.json
 
 ## verilog: write Verilog + manifest for the default configuration to build/verilog
@@ -45,7 +45,7 @@ formal: $(STAMP)
 ## formal-ci: the small proof set + the mutation tests (CI, a few minutes)
 formal-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[formal]"
-	$(VPY) -m pytest tests/test_formal.py -q
+	$(VPY) -m pytest tests/test_formal.py -q -n auto --durations=10
 
 ## accuracy: format study, perplexity with fake-quantized K/V (CPU torch, slow); MODEL=gemma3-270m for Gemma 3
 MODEL ?= smollm2-135m

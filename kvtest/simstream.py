@@ -34,6 +34,16 @@ async def stream_get(ctx, stream) -> int:
     return payload
 
 
+def flow_cases(cases, credit, full: bool = False) -> list[tuple]:
+    """pytest parameter rows ``(*case, flow)``: every case with flow ``"stall"``, and with
+    ``"credit"`` the cases at the indices ``credit`` (every case when ``full``, HW_FULL=1).
+    The credit flow's own logic (hw.pipeline.FlowControl, skid_fifo) does not depend on
+    the format: its stream properties are proven (tests/test_formal.py) and ``make sim``
+    streams two credit configs in full, so the quick set streams a few formats in it."""
+    return ([(*c, "stall") for c in cases]
+            + [(*c, "credit") for k, c in enumerate(cases) if full or k in credit])
+
+
 def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_ready: float = 0.7,
                p_clear: float | None = None, free_run_first: int = 12, flags_of=None,
                cfg: list[tuple[int, int]] | None = None) -> dict:

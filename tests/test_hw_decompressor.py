@@ -33,8 +33,8 @@ from hw.decompressor import FLOAT_CUTS
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
-from hw.pipeline import FLOWS, SKID_FIFO_CYCLES
-from kvtest.simstream import check_run, run_stream, stream_get, stream_put
+from hw.pipeline import SKID_FIFO_CYCLES
+from kvtest.simstream import check_run, flow_cases, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
 from hw.ifwht import MAX_ALIGN, BlockFWHT, default_align, out_width
@@ -124,8 +124,8 @@ QUICK = [
 ]
 
 
-@pytest.mark.parametrize("flow", FLOWS)
-@pytest.mark.parametrize("n,block,bits,latency,n_random,stride", QUICK)
+@pytest.mark.parametrize("n,block,bits,latency,n_random,stride,flow",
+                         flow_cases(QUICK, credit=(3, 5, 8), full=FULL))
 def test_configs(n, block, bits, latency, n_random, stride, flow):
     p = FormatParams.preset("v1", n=n, block=block, bits=bits, sign_seed=n + bits)
     codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
@@ -257,10 +257,10 @@ def test_asym_payload_layout():
     assert (lanes != 0).any()
 
 
-@pytest.mark.parametrize("regs,latency", [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1),
-                                          (("shift", "abs"), 3), (("prep", "shift"), 2),
-                                          (("lead", "round"), 2), (FLOAT_CUTS.names, 6)])
-@pytest.mark.parametrize("flow", FLOWS)
+@pytest.mark.parametrize("regs,latency,flow", flow_cases(
+    [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1), (("shift", "abs"), 3),
+     (("prep", "shift"), 2), (("lead", "round"), 2), (FLOAT_CUTS.names, 6)],
+    credit=(0, 6), full=FULL))
 def test_float_regs(regs, latency, flow):
     """Optional float-conversion registers: same outputs, latency + 2 + len(regs) cycles
     (checked exactly by run_dut), stalls handled."""

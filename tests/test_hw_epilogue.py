@@ -27,11 +27,11 @@ from hw import KVEpilogue
 from hw.frontend import FE_CUTS
 from hw.frontend import tree_cuts as fe_tree_cuts
 from hw.keyfront import KF_CUTS
-from hw.pipeline import FLOWS, SKID_FIFO_CYCLES
+from hw.pipeline import SKID_FIFO_CYCLES
 from hw.quantizer import QUANT_CUTS
 from hw.quantizer import tree_cuts as quant_tree_cuts
 from kvtest.inputs import encoder_rows, make_vectors
-from kvtest.simstream import check_run, run_stream
+from kvtest.simstream import check_run, flow_cases, run_stream
 from kvtest.streamcheck import describe_encoder_word
 from kvtest.ties import count_ties, threshold_tie_vectors
 from sim_models import FLAG_INF, FLAG_NAN, FLAG_SAT, wire
@@ -120,8 +120,8 @@ QUICK = [
 ]
 
 
-@pytest.mark.parametrize("flow", FLOWS)
-@pytest.mark.parametrize("n,block,bits,latency,mant_bits,dtype,n_random", QUICK)
+@pytest.mark.parametrize("n,block,bits,latency,mant_bits,dtype,n_random,flow",
+                         flow_cases(QUICK, credit=(2, 4, 6), full=FULL))
 def test_configs(n, block, bits, latency, mant_bits, dtype, n_random, flow):
     """Stream, back-pressure and sticky status (kvtest.simstream.run_stream) in both flow
     controls (stall: global enable; credit: skid FIFO, registered i.ready)."""
@@ -479,12 +479,11 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
     return st
 
 
-@pytest.mark.parametrize("n,block,latency,pipe", [
+@pytest.mark.parametrize("n,block,latency,pipe,flow", flow_cases([
     (32, 16, 2, 1),            # every cut, a tree register every level: both lines in RAM
     (16, 8, 1, None),          # default cuts: the quantizer's lanes only (5 stages)
     (64, 32, 3, 2),
-])
-@pytest.mark.parametrize("flow", FLOWS)
+], credit=(0, 2), full=FULL))
 def test_lane_ram_lockstep(n, block, latency, pipe, flow):
     """lane_ram = 3 against flip-flops, cycle by cycle, with long stalls and mid-stream
     resets, every word bit-exact with the golden model (:func:`run_lockstep`), in both
