@@ -311,8 +311,9 @@ def credit_depth(latency: int, extra: int = 0) -> int:
     return latency + 1 + extra
 
 
-#: Widest Memory of a skid FIFO (bits); wider data is split over several (see skid_fifo).
-SKID_RAM_WIDTH = 1024
+#: Bits per slice of a skid FIFO: two ECP5 block RAMs (DP16KD, 36 bits wide in their
+#: 512 x 36 mode). Each slice has its own copy of the FIFO's control (see skid_fifo).
+SKID_SLICE_BITS = 72
 
 
 def skid_read_enable(nonempty, rv, load):
@@ -322,20 +323,29 @@ def skid_read_enable(nonempty, rv, load):
     return nonempty & (~rv | load)
 
 
-def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
+def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
+              slice_bits: int | None = None) -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
 
-    A circular buffer in block RAM (``ram_style`` block: ECP5 DP16KD, 36 bits wide per
-    block RAM) of the smallest power of two >= ``depth`` entries, with write and read
-    pointers one bit wider than its address (full and empty apart), then two places
-    for the head: the RAM's read data register (``{name}_rv``: it holds an entry) and
-    the output register ``o.payload`` (``o.valid``). The output register loads the read
-    data when that holds an entry and the output is empty or taken
-    (``~o.valid | o.ready``); the RAM is read when it is not empty and its read data
-    register is empty or being moved on. So ``o.payload`` comes from flip-flops (the
-    block RAM's slow clock-to-out stays inside), ``o.ready`` drives the output
-    register's enable, the RAM's read enable and the read pointer, and while
-    ``o.valid & ~o.ready`` nothing moves.
+    A circular buffer in block RAM (``ram_style`` block: ECP5 DP16KD) of the smallest
+    power of two >= ``depth`` entries, with write and read pointers one bit wider than
+    its address (full and empty apart), then two places for the head: the RAM's read
+    data register (``rv``: it holds an entry) and the output register ``o.payload``
+    (valid: ``ov``). The output register loads the read data when that holds an entry
+    and the output is empty or taken (``load = rv & (~ov | o.ready)``); the RAM is read
+    when it is not empty and its read data register is empty or being moved on
+    (:func:`skid_read_enable`). So ``o.payload`` comes from flip-flops (the block RAM's
+    slow clock-to-out stays inside) and while ``o.valid & ~o.ready`` nothing moves.
+
+    The data is cut into slices of ``slice_bits`` (default :data:`SKID_SLICE_BITS`),
+    each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
+    ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
+    same ``valid``, ``o.ready`` and reset, so all hold the same entries and step
+    together, and ``o.valid`` is slice 0's ``ov``. Each pointer then drives the
+    addresses of one slice's block RAMs and each ``load`` the enables of its
+    ``slice_bits`` output flip-flops, instead of one pointer for every block RAM of
+    the vector (the N=64 decoder's worst path, 29 block RAMs, docs/SYNTH.md). Yosys
+    keeps the copies: each counter's next value depends on itself.
 
     The caller guarantees (credits) that at most ``depth`` vectors are in the FIFO
     and the pipeline before it; then a write never meets a full buffer, and the
@@ -345,42 +355,43 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     when the FIFO was empty.
     """
     data = Value.cast(data)
+    width = SKID_SLICE_BITS if slice_bits is None else slice_bits
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"slice_bits must be an int >= 1, got {width!r}")
     size = 1 << (depth - 1).bit_length()
     abits = size.bit_length() - 1
-    wp = Signal(abits + 1, name=f"{name}_wp")
-    rp = Signal(abits + 1, name=f"{name}_rp")
-    rv = Signal(name=f"{name}_rv")
-    ov = Signal(name=f"{name}_valid")
-    q = Signal(len(data), name=f"{name}_q", reset_less=True)
-    load = Signal(name=f"{name}_load")
-    take = Signal(name=f"{name}_take")
-    rdata = []
-    # one Memory per SKID_RAM_WIDTH bits (same pointers and enables): the block RAMs are
-    # the same (36 bits each), and Amaranth's Python simulator expands a write enable
-    # into one term per data bit, which at 4096 bits (the N=256 decoder) exceeds
-    # Python's compiler recursion limit
-    for k, lo in enumerate(range(0, len(data), SKID_RAM_WIDTH)):
-        part = data[lo:lo + SKID_RAM_WIDTH]
+    qs, ov0 = [], None
+    for k, lo in enumerate(range(0, len(data), width)):
+        part = data[lo:lo + width]
+        sn = name if k == 0 else f"{name}{k}"
+        wp = Signal(abits + 1, name=f"{sn}_wp")
+        rp = Signal(abits + 1, name=f"{sn}_rp")
+        rv = Signal(name=f"{sn}_rv")
+        ov = Signal(name=f"{sn}_valid")
+        q = Signal(len(part), name=f"{sn}_q", reset_less=True)
+        load = Signal(name=f"{sn}_load")
+        take = Signal(name=f"{sn}_take")
         mem = Memory(shape=len(part), depth=size, init=[], attrs={"ram_style": "block"})
-        m.submodules[f"{name}_ram" if k == 0 else f"{name}_ram{k}"] = mem
+        m.submodules[f"{sn}_ram"] = mem
         wr = mem.write_port()
         rd = mem.read_port(domain="sync", transparent_for=())
         m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(part), wr.en.eq(valid),
-                     rd.addr.eq(rp[:abits]), rd.en.eq(take)]
-        rdata.append(rd.data)
-    m.d.comb += [load.eq(rv & (~ov | o.ready)),
-                 take.eq(skid_read_enable(wp != rp, rv, load)),
-                 o.valid.eq(ov), Value.cast(o.payload).eq(q)]
-    with m.If(valid):
-        m.d.sync += wp.eq(wp + 1)
-    with m.If(take):
-        m.d.sync += [rp.eq(rp + 1), rv.eq(1)]
-    with m.Elif(load):
-        m.d.sync += rv.eq(0)
-    with m.If(load):
-        m.d.sync += [q.eq(Cat(*rdata)), ov.eq(1)]
-    with m.Elif(o.ready):
-        m.d.sync += ov.eq(0)
+                     rd.addr.eq(rp[:abits]), rd.en.eq(take),
+                     load.eq(rv & (~ov | o.ready)),
+                     take.eq(skid_read_enable(wp != rp, rv, load))]
+        with m.If(valid):
+            m.d.sync += wp.eq(wp + 1)
+        with m.If(take):
+            m.d.sync += [rp.eq(rp + 1), rv.eq(1)]
+        with m.Elif(load):
+            m.d.sync += rv.eq(0)
+        with m.If(load):
+            m.d.sync += [q.eq(rd.data), ov.eq(1)]
+        with m.Elif(o.ready):
+            m.d.sync += ov.eq(0)
+        qs.append(q)
+        ov0 = ov if ov0 is None else ov0
+    m.d.comb += [o.valid.eq(ov0), Value.cast(o.payload).eq(Cat(*qs))]
 
 
 class FlowTop:

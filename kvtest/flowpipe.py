@@ -8,10 +8,10 @@ from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.pipeline import FlowControl, check_flow, credit_depth, flow_cycles, stage
+from hw.pipeline import FlowControl, FlowTop, check_flow, flow_cycles, stage
 
 
-class FlowPipe(wiring.Component):
+class FlowPipe(FlowTop, wiring.Component):
     """A toy top level on the shared flow control: ``stages`` register stages that each add
     1 to a ``width``-bit payload, then :meth:`FlowControl.output` (the same plumbing as
     KVEpilogue / KVDecompressor, without their data path)."""
@@ -24,12 +24,6 @@ class FlowPipe(wiring.Component):
     @property
     def latency_cycles(self) -> int:
         return self.stages + 1 + sum(flow_cycles(self.flow).values())
-
-    @property
-    def credits(self):
-        if self.flow != "credit":
-            return None
-        return credit_depth(self.latency_cycles, self.credit_extra)
 
     def elaborate(self, platform):
         m = Module()

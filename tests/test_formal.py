@@ -163,13 +163,16 @@ def test_stream_properties_credit_flow(work):
 
 
 @needs_yosys
-@pytest.mark.parametrize("broken", [False, True])
-def test_credit_flow_order(broken, monkeypatch, work):
+@pytest.mark.parametrize("broken,slice_bits", [(False, None), (True, None), (False, 1)])
+def test_credit_flow_order(broken, slice_bits, monkeypatch, work):
     """The credit flow control and skid FIFO alone (a 4-bit counter pipeline) with the
     reference copy: no vector dropped, duplicated or reordered through a FIFO filled while
-    stalled and drained (BMC 2 x credits + 1); fails when the FIFO reads its block RAM
-    ahead while the output is stalled (verif.formal.mutants.skid_read_enable_ahead)."""
+    stalled and drained (BMC 2 x credits + 1), also cut into four 1-bit slices with their
+    own control copies; fails when the FIFO reads its block RAM ahead while the output is
+    stalled (verif.formal.mutants.skid_read_enable_ahead)."""
     import hw.pipeline
+    if slice_bits is not None:
+        monkeypatch.setattr(hw.pipeline, "SKID_SLICE_BITS", slice_bits)
     if broken:
         monkeypatch.setattr(hw.pipeline, "skid_read_enable", mutants.skid_read_enable_ahead)
     h = StreamHarness(flow_credit_design(0, 4), reference=True)
