@@ -77,7 +77,13 @@ def synth_table(recs: list[dict], default_names: set) -> str:
     lines = [hdr, sep]
     for rec in recs:
         if not rec.get("ok"):
-            lines.append(f"| {rec['config']} | failed: {rec.get('error', '?')[:220]} |" + " |" * 21)
+            err = " ".join(rec.get("error", "?").split())       # one table row
+            e, pk = rec.get("ecp5"), rec.get("nextpnr_failed", {}).get("packing", {})
+            area = (f"; synthesised: {e['LUT4']:,} LUT4 + {e['CCU2C']:,} CCU2C, "
+                    f"{e['TRELLIS_FF']:,} FF" if e else "")
+            if "LUT4" in pk:
+                area += f"; nextpnr: {pk['LUT4'][0]:,} of {pk['LUT4'][1]:,} LUT4 sites"
+            lines.append(f"| {rec['config']} | failed: {err[:220]}{area} |" + " |" * 21)
             continue
         d = derived(rec)
         c, p = d["cfg"], d["cfg"].params
