@@ -39,7 +39,7 @@ carries a valid bit. ``"stall"`` (default): the whole pipeline advances when
 ``o.valid`` (allowed by the stream rules; ``o.valid`` does not depend on
 ``o.ready``); while the output is stalled nothing moves; an empty output register
 never blocks the pipeline. ``"credit"``: the pipeline never stalls (registers
-without enable), the output register writes a skid FIFO in block RAM that drives
+without enable), the output register writes a skid FIFO (LUT or block RAM) that drives
 ``o`` (``latency_breakdown["skid_fifo"]`` = 3 cycles), and ``i.ready`` is a register
 driven by a credit counter (``latency_cycles + 1 + credit_extra`` vectors in flight
 at most). Either way: one vector per cycle while ``o.ready`` is high, no loss,

@@ -266,7 +266,7 @@ def ram_delay(m: Module, en, name: str, value, stages: int) -> Signal:
 FLOWS = ("stall", "credit")
 
 #: Cycles the skid FIFO adds between the pipeline's output register and ``o.valid``
-#: (:func:`skid_fifo`: the write, the block RAM's read into its data register, the
+#: (:func:`skid_fifo`: the write, the RAM's read into its data register, the
 #: output register).
 SKID_FIFO_CYCLES = 3
 
@@ -315,6 +315,12 @@ def credit_depth(latency: int, extra: int = 0) -> int:
 #: 512 x 36 mode). Each slice has its own copy of the FIFO's control (see skid_fifo).
 SKID_SLICE_BITS = 72
 
+#: Deepest skid FIFO kept in LUT RAM (``ram_style`` distributed: ECP5 TRELLIS_DPR16X4,
+#: 16 entries x 4 bits, read without a clock into the read data flip-flops); deeper
+#: ones go to block RAM. One vector per cycle needs latency + 1 entries (credit_depth):
+#: 15-33 for the configurations synthesised here.
+SKID_LUTRAM_DEPTH = 32
+
 
 def skid_read_enable(nonempty, rv, load):
     """The skid FIFO's block-RAM read enable (1-bit Value): the RAM holds an entry
@@ -327,22 +333,24 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
               slice_bits: int | None = None) -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
 
-    A circular buffer in block RAM (``ram_style`` block: ECP5 DP16KD) of the smallest
-    power of two >= ``depth`` entries, with write and read pointers one bit wider than
-    its address (full and empty apart), then two places for the head: the RAM's read
-    data register (``rv``: it holds an entry) and the output register ``o.payload``
-    (valid: ``ov``). The output register loads the read data when that holds an entry
-    and the output is empty or taken (``load = rv & (~ov | o.ready)``); the RAM is read
-    when it is not empty and its read data register is empty or being moved on
-    (:func:`skid_read_enable`). So ``o.payload`` comes from flip-flops (the block RAM's
-    slow clock-to-out stays inside) and while ``o.valid & ~o.ready`` nothing moves.
+    A circular buffer of the smallest power of two >= ``depth`` entries, in LUT RAM up
+    to :data:`SKID_LUTRAM_DEPTH` entries and in block RAM (ECP5 DP16KD) above, with
+    write and read pointers one bit wider than its address (full and empty apart), then
+    two places for the head: the RAM's read data register (``rv``: it holds an entry)
+    and the output register ``o.payload`` (valid: ``ov``). The output register loads
+    the read data when that holds an entry and the output is empty or taken (``load =
+    rv & (~ov | o.ready)``); the RAM is read when it is not empty and its read data
+    register is empty or being moved on (:func:`skid_read_enable`). So ``o.payload``
+    comes from flip-flops and while ``o.valid & ~o.ready`` nothing moves. (A block
+    RAM's clock-to-out, ~6 ns in nextpnr's model, ended the N=16 decoder's worst path
+    at 113 MHz; in LUT RAM the path leaves the FIFO: 137 MHz, docs/SYNTH.md.)
 
     The data is cut into slices of ``slice_bits`` (default :data:`SKID_SLICE_BITS`),
     each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
     ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
     same ``valid``, ``o.ready`` and reset, so all hold the same entries and step
     together, and ``o.valid`` is slice 0's ``ov``. Each pointer then drives the
-    addresses of one slice's block RAMs and each ``load`` the enables of its
+    addresses of one slice's RAMs and each ``load`` the enables of its
     ``slice_bits`` output flip-flops, instead of one pointer for every block RAM of
     the vector (the N=64 decoder's worst path, 29 block RAMs, docs/SYNTH.md). Yosys
     keeps the copies: each counter's next value depends on itself.
@@ -360,6 +368,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
         raise ValueError(f"slice_bits must be an int >= 1, got {width!r}")
     size = 1 << (depth - 1).bit_length()
     abits = size.bit_length() - 1
+    style = "distributed" if size <= SKID_LUTRAM_DEPTH else "block"
     qs, ov0 = [], None
     for k, lo in enumerate(range(0, len(data), width)):
         part = data[lo:lo + width]
@@ -371,7 +380,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
         q = Signal(len(part), name=f"{sn}_q", reset_less=True)
         load = Signal(name=f"{sn}_load")
         take = Signal(name=f"{sn}_take")
-        mem = Memory(shape=len(part), depth=size, init=[], attrs={"ram_style": "block"})
+        mem = Memory(shape=len(part), depth=size, init=[], attrs={"ram_style": style})
         m.submodules[f"{sn}_ram"] = mem
         wr = mem.write_port()
         rd = mem.read_port(domain="sync", transparent_for=())

@@ -757,3 +757,15 @@ def test_flow_random_stream(flow, stages):
 def test_check_flow(flow, extra, exc):
     with pytest.raises(exc, match="flow" if flow != "credit" else "credit_extra"):
         check_flow(flow, extra)
+
+
+@pytest.mark.parametrize("extra,style", [(0, "distributed"), (40, "block")])
+def test_skid_fifo_ram_style(extra, style):
+    """The skid FIFO in LUT RAM up to hw.pipeline.SKID_LUTRAM_DEPTH entries (FlowPipe with
+    3 stages: 8 credits, 8 entries), in block RAM above (48 credits: 64 entries)."""
+    from amaranth.back import rtlil
+    from hw.pipeline import SKID_LUTRAM_DEPTH
+    dut = FlowPipe("credit", 3, extra)
+    assert (dut.credits <= SKID_LUTRAM_DEPTH) == (style == "distributed")
+    text = rtlil.convert(dut)
+    assert f'attribute \\ram_style "{style}"' in text
