@@ -315,11 +315,13 @@ def credit_depth(latency: int, extra: int = 0) -> int:
 #: 512 x 36 mode). Each slice has its own copy of the FIFO's control (see skid_fifo).
 SKID_SLICE_BITS = 72
 
-#: Deepest skid FIFO kept in LUT RAM (``ram_style`` distributed: ECP5 TRELLIS_DPR16X4,
-#: 16 entries x 4 bits, read without a clock into the read data flip-flops); deeper
-#: ones go to block RAM. One vector per cycle needs latency + 1 entries (credit_depth):
-#: 15-33 for the configurations synthesised here.
-SKID_LUTRAM_DEPTH = 32
+#: Largest skid FIFO (bits: width x entries) kept in LUT RAM (``ram_style`` distributed:
+#: ECP5 TRELLIS_DPR16X4, 16 entries x 4 bits, read without a clock into the read data
+#: flip-flops): 8 Kbit is 128 DPR16X4, ~256 LUT4 sites. Larger ones go to block RAM,
+#: which these designs otherwise leave unused and which costs no LUT sites. Measured
+#: (docs/SYNTH.md): the N=16 decoder's 4 Kbit FIFO gains in LUT RAM (113 -> 137 MHz),
+#: the N=64 decoder's 32 Kbit FIFO loses (99 -> 86 MHz).
+SKID_LUTRAM_BITS = 8192
 
 
 def skid_read_enable(nonempty, rv, load):
@@ -334,16 +336,14 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
 
     A circular buffer of the smallest power of two >= ``depth`` entries, in LUT RAM up
-    to :data:`SKID_LUTRAM_DEPTH` entries and in block RAM (ECP5 DP16KD) above, with
+    to :data:`SKID_LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above, with
     write and read pointers one bit wider than its address (full and empty apart), then
     two places for the head: the RAM's read data register (``rv``: it holds an entry)
     and the output register ``o.payload`` (valid: ``ov``). The output register loads
     the read data when that holds an entry and the output is empty or taken (``load =
     rv & (~ov | o.ready)``); the RAM is read when it is not empty and its read data
     register is empty or being moved on (:func:`skid_read_enable`). So ``o.payload``
-    comes from flip-flops and while ``o.valid & ~o.ready`` nothing moves. (A block
-    RAM's clock-to-out, ~6 ns in nextpnr's model, ended the N=16 decoder's worst path
-    at 113 MHz; in LUT RAM the path leaves the FIFO: 137 MHz, docs/SYNTH.md.)
+    comes from flip-flops and while ``o.valid & ~o.ready`` nothing moves.
 
     The data is cut into slices of ``slice_bits`` (default :data:`SKID_SLICE_BITS`),
     each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
@@ -368,7 +368,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
         raise ValueError(f"slice_bits must be an int >= 1, got {width!r}")
     size = 1 << (depth - 1).bit_length()
     abits = size.bit_length() - 1
-    style = "distributed" if size <= SKID_LUTRAM_DEPTH else "block"
+    style = "distributed" if len(data) * size <= SKID_LUTRAM_BITS else "block"
     qs, ov0 = [], None
     for k, lo in enumerate(range(0, len(data), width)):
         part = data[lo:lo + width]

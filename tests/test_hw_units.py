@@ -759,13 +759,15 @@ def test_check_flow(flow, extra, exc):
         check_flow(flow, extra)
 
 
-@pytest.mark.parametrize("extra,style", [(0, "distributed"), (40, "block")])
-def test_skid_fifo_ram_style(extra, style):
-    """The skid FIFO in LUT RAM up to hw.pipeline.SKID_LUTRAM_DEPTH entries (FlowPipe with
-    3 stages: 8 credits, 8 entries), in block RAM above (48 credits: 64 entries)."""
+@pytest.mark.parametrize("width,extra,style", [(12, 40, "distributed"), (200, 0, "distributed"),
+                                               (200, 40, "block")])
+def test_skid_fifo_ram_style(width, extra, style):
+    """The skid FIFO in LUT RAM up to hw.pipeline.SKID_LUTRAM_BITS bits (width x entries:
+    12 x 64, 200 x 8), in block RAM above (200 x 64)."""
     from amaranth.back import rtlil
-    from hw.pipeline import SKID_LUTRAM_DEPTH
-    dut = FlowPipe("credit", 3, extra)
-    assert (dut.credits <= SKID_LUTRAM_DEPTH) == (style == "distributed")
+    from hw.pipeline import SKID_LUTRAM_BITS
+    dut = FlowPipe("credit", 3, extra, width=width)
+    size = 1 << (dut.credits - 1).bit_length()
+    assert (width * size <= SKID_LUTRAM_BITS) == (style == "distributed")
     text = rtlil.convert(dut)
     assert f'attribute \\ram_style "{style}"' in text
