@@ -324,19 +324,27 @@ SKID_SLICE_BITS = 72
 SKID_LUTRAM_BITS = 8192
 
 
+def skid_ram(width: int, depth: int) -> tuple[int, str]:
+    """The skid FIFO's RAM for ``width``-bit entries and ``depth`` credits: (entries, the
+    smallest power of two >= depth; ``ram_style``: "distributed" (LUT RAM) up to
+    :data:`SKID_LUTRAM_BITS` bits of width x entries, else "block")."""
+    size = 1 << (depth - 1).bit_length()
+    return size, "distributed" if width * size <= SKID_LUTRAM_BITS else "block"
+
+
 def skid_read_enable(nonempty, rv, load):
-    """The skid FIFO's block-RAM read enable (1-bit Value): the RAM holds an entry
+    """The skid FIFO's RAM read enable (1-bit Value): the RAM holds an entry
     (``nonempty``) and its read data register is empty (``~rv``) or moves on to the
     output register this cycle (``load``). Reading otherwise would overwrite a held entry."""
     return nonempty & (~rv | load)
 
 
-def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
-              slice_bits: int | None = None) -> None:
+def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
 
     A circular buffer of the smallest power of two >= ``depth`` entries, in LUT RAM up
-    to :data:`SKID_LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above, with
+    to :data:`SKID_LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above
+    (:func:`skid_ram`), with
     write and read pointers one bit wider than its address (full and empty apart), then
     two places for the head: the RAM's read data register (``rv``: it holds an entry)
     and the output register ``o.payload`` (valid: ``ov``). The output register loads
@@ -345,13 +353,13 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     register is empty or being moved on (:func:`skid_read_enable`). So ``o.payload``
     comes from flip-flops and while ``o.valid & ~o.ready`` nothing moves.
 
-    The data is cut into slices of ``slice_bits`` (default :data:`SKID_SLICE_BITS`),
+    The data is cut into slices of :data:`SKID_SLICE_BITS` bits,
     each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
     ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
     same ``valid``, ``o.ready`` and reset, so all hold the same entries and step
     together, and ``o.valid`` is slice 0's ``ov``. Each pointer then drives the
     addresses of one slice's RAMs and each ``load`` the enables of its
-    ``slice_bits`` output flip-flops, instead of one pointer for every block RAM of
+    slice's output flip-flops, instead of one pointer for every block RAM of
     the vector (the N=64 decoder's worst path, 29 block RAMs, docs/SYNTH.md). Yosys
     keeps the copies: each counter's next value depends on itself.
 
@@ -363,12 +371,9 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     when the FIFO was empty.
     """
     data = Value.cast(data)
-    width = SKID_SLICE_BITS if slice_bits is None else slice_bits
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"slice_bits must be an int >= 1, got {width!r}")
-    size = 1 << (depth - 1).bit_length()
+    width = SKID_SLICE_BITS
+    size, style = skid_ram(len(data), depth)
     abits = size.bit_length() - 1
-    style = "distributed" if len(data) * size <= SKID_LUTRAM_BITS else "block"
     qs, ov0 = [], None
     for k, lo in enumerate(range(0, len(data), width)):
         part = data[lo:lo + width]

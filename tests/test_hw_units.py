@@ -765,9 +765,10 @@ def test_skid_fifo_ram_style(width, extra, style):
     """The skid FIFO in LUT RAM up to hw.pipeline.SKID_LUTRAM_BITS bits (width x entries:
     12 x 64, 200 x 8), in block RAM above (200 x 64)."""
     from amaranth.back import rtlil
-    from hw.pipeline import SKID_LUTRAM_BITS
+    from hw.pipeline import SKID_LUTRAM_BITS, skid_ram
     dut = FlowPipe("credit", 3, extra, width=width)
-    size = 1 << (dut.credits - 1).bit_length()
+    size, got = skid_ram(width, dut.credits)
+    assert size in (8, 64) and got == style
     assert (width * size <= SKID_LUTRAM_BITS) == (style == "distributed")
     text = rtlil.convert(dut)
     assert f'attribute \\ram_style "{style}"' in text
