@@ -18,10 +18,12 @@ Derived quantities:
   harness's shift register and XOR pipeline.
 * FWHT lower bound: the adder bits the butterflies need, sum over stages of
   N (w + s + 1) (write path: w = M; read path: w = w_p = bits of level * sig
-  for the inner stages and w_p + 30 after the exact block alignment), against
+  for the inner stages and w_p + 30 after the exact block alignment; W instead of N
+  with two beats per vector: ``rtl_gen.synth.fwht_lower_bound``), against
   the adder bits of the FWHT submodule in Yosys' coarse netlist
   (``stat -width``: $alu/$add/$sub widths).
-* throughput = Fmax * N elements/s (one vector per cycle); per LUT = that / LUTs.
+* throughput = Fmax * W elements/s (W lanes per cycle: N, one vector per cycle, or N/2
+  with config part ``wW``, one vector per two cycles); per LUT = that / LUTs.
 
 Usage: ``.venv/bin/python bench/synth_report.py`` (after rtl_gen.synth and synth_mantissa).
 """
@@ -50,7 +52,7 @@ def derived(rec: dict) -> dict:
     fmax = rec.get("nextpnr", {}).get("fmax_mhz")
     sub = rec["generic"]["submodules"].get(FWHT_MODULE[cfg.kind], {})
     lb = fwht_lower_bound(cfg)
-    thr = fmax * 1e6 * cfg.params.n if fmax else None
+    thr = fmax * 1e6 * (cfg.lanes or cfg.params.n) if fmax else None   # W lanes per cycle
     return {
         "cfg": cfg, "luts": luts, "ffs": dut["TRELLIS_FF"], "lut4": dut["LUT4"],
         "ccu2c": dut["CCU2C"], "wide": e.get("PFUMX", 0) + e.get("L6MUX21", 0),
@@ -95,7 +97,8 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.latency} | "
             f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'}"
             f"{f', lane RAM/{c.lane_ram}' if c.lane_ram else ''}"
-            f"{'' if c.credit is None else f', credit+{c.credit}' if c.credit else ', credit'} | "
+            f"{'' if c.credit is None else f', credit+{c.credit}' if c.credit else ', credit'}"
+            f"{f', 2 beats of {c.lanes}' if c.lanes else ''} | "
             f"{rec['latency_cycles']} | "
             f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
             f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
@@ -340,10 +343,13 @@ def generated(res: dict, mres: dict | None) -> str:
         "## Results",
         "",
         "LUTs total = LUT4 + 2 x CCU2C (a CCU2C carry cell is two LUT4s with the carry chain). "
-        "Gelem/s = Fmax x N (one vector per cycle). FWHT adder bits: the adders of the FWHT "
+        "Gelem/s = Fmax x W, the lanes per cycle (W = N: one vector per cycle; config part "
+        "`wW`, W = N/2: one vector every two cycles, '2 beats of W'). FWHT adder bits: the "
+        "adders of the FWHT "
         "submodule in the coarse netlist, against the lower bound sum_s N (w + s + 1) "
         "(write path w = M; read path w = bits of level x sig before and +30 after the "
-        "exact block alignment). Fmax '—': placed and routed only where listed "
+        "exact block alignment; with two beats W/N of it, the adder bits per cycle). "
+        "Fmax '—': placed and routed only where listed "
         "(nextpnr takes tens of minutes per N=128 design in WebAssembly on 2 cores). "
         "cuts: 'default' = the components' default register cuts; 'all' = the Fmax profile "
         "`pK` of the config name (every cut of FE_CUTS, QUANT_CUTS, FLOAT_CUTS), "

@@ -39,7 +39,8 @@ control as in ``KVEpilogue`` (``flow``: :class:`hw.pipeline.FlowControl`): every
 register stage carries a valid bit; ``"stall"``: the whole pipeline advances when
 ``en = o.ready | ~o.valid`` and ``i.ready = en``; ``"credit"``: it never stalls, the
 output goes through a skid FIFO and ``i.ready`` is a credit register. One vector per
-cycle while ``o.ready`` is high; data registers have no reset, valid bits do.
+cycle (``lanes`` = N/2: per two cycles) while ``o.ready`` is high; data registers have no
+reset, valid bits do.
 
 Supported options: :data:`hw.dequant.READ_SUPPORT` (mode and scale encoding);
 decoding does not depend on scale_rule / scale_round / scale_mult / mant_bits,
@@ -61,8 +62,9 @@ from sim_models.signs import sign_mask_int
 from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
                       scale_format)
 from .ifwht import BlockFWHT, out_width
-from .pipeline import (Cuts, FlowControl, FlowTop, check_flow, check_latency, flow_cycles,
-                       stage)
+from .fwht import FOLD_CYCLES
+from .pipeline import (Cuts, FlowControl, FlowTop, beat_index, check_flow, check_lanes,
+                       check_latency, collect, flow_cycles, fold_cycles, stage)
 from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
@@ -99,6 +101,10 @@ class KVDecompressor(FlowTop, wiring.Component):
             register can sit inside the shifter (``hw.ifwht.BlockFWHT``; default False).
         flow: flow control, ``"stall"`` (default) or ``"credit"`` (:class:`KVEpilogue`).
         credit_extra: credit flow only: skid FIFO entries beyond ``latency_cycles + 1``.
+        lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
+            (ef_min over all N/G blocks, the last butterfly stage across the beats; one
+            vector every two cycles, ``latency_cycles`` + 4; ``latency`` in [0, log2 W];
+            G must divide W; hw/README.md).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -108,15 +114,17 @@ class KVDecompressor(FlowTop, wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2,
                  float_regs=FLOAT_CUTS.default, split_align: bool = False, flow: str = "stall",
-                 credit_extra: int = 0):
+                 credit_extra: int = 0, lanes: int | None = None):
         check_read_params(params)
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
+        self.lanes = check_lanes(params, lanes)
+        self.beats = params.n // self.lanes
         self.float_regs = FLOAT_CUTS.check(float_regs)
         if not isinstance(split_align, bool):
             raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
         self.split_align = split_align
         self.params = params
-        self.latency = check_latency(params, latency)
+        self.latency = check_latency(params, latency, self.lanes)
         self.table = level_table(params)
         self.scale_fmt = scale_format(params)
         super().__init__({
@@ -129,7 +137,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         """Register stages per pipeline section (sums to :attr:`latency_cycles`); the
         float registers appear only where placed (``float_abs_reg`` / ``float_prep_reg``
         / ``float_shift_reg``)."""
-        return {"dequant_reg": 1, "fwht": self.latency,
+        return {**fold_cycles(self.beats, "beat_data"), "dequant_reg": 1, "fwht": self.latency,
+                **({"fold_stage": FOLD_CYCLES} if self.beats > 1 else {}),
                 **{f"float_{r}_reg": 1 for r in self.float_regs}, "output_reg": 1,
                 **flow_cycles(self.flow)}
 
@@ -144,12 +153,14 @@ class KVDecompressor(FlowTop, wiring.Component):
         n, g, nb = p.n, p.block, p.n_blocks
         pshape = product_shape(self.table)
 
-        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra)
+        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra,
+                         beats=self.beats)
         en = fc.en
+        w, two = self.lanes, self.beats > 1
 
         # ---- dequant (combinational) + register -----------------------------------
         sf = self.scale_fmt
-        pay = self.i.payload
+        pay = data.View(decoder_input_layout(p), fc.payload) if two else self.i.payload
         sigs, efs = [], []
         for k in range(nb):
             sd = ScaleDecode(sf)
@@ -160,6 +171,12 @@ class KVDecompressor(FlowTop, wiring.Component):
         zeros = [pay.zeros[k] for k in range(nb)] if p.zero_bytes else [None] * nb
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
+        if two:     # beat 0: lanes [0, W) and their blocks, beat 1: [W, N)
+            nbw = w // g
+            codes, sigs, efs, zeros = ([Mux(fc.beat, v[len(v) // 2 + i], v[i]) if v[i] is not None
+                                        else None for i in range(len(v) // 2)]
+                                       for v in (codes, sigs, efs, zeros))
+            n, nb = w, nbw
         prods = [dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}", zeros[i // g])
                  for i in range(n)]
 
@@ -173,10 +190,15 @@ class KVDecompressor(FlowTop, wiring.Component):
 
         # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
         side = data.StructLayout({"ef_min": efw})
-        m.submodules.ifwht = fw = BlockFWHT(n, g, pshape, self.latency, side_width=side,
-                                            max_align=sf.max_align, split_align=self.split_align)
+        m.submodules.ifwht = fw = BlockFWHT(p.n, g, pshape, self.latency, side_width=side,
+                                            max_align=sf.max_align, split_align=self.split_align,
+                                            lanes=w)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
+        mask = sign_mask_int(p.n, p.sign_seed)
+        if two:     # D of the output beat: lanes [0, W), then [W, N)
+            ybeat = beat_index(m, en, "ifwht_out", fw.o_valid)
+            mask = Mux(ybeat, mask >> w, mask & ((1 << w) - 1))
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
         consts = float_consts(p)
@@ -185,7 +207,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
                                             lead_reg="lead" in regs)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
-                     fp.mask.eq(sign_mask_int(n, p.sign_seed))]
+                     fp.mask.eq(mask)]
         valid = fw.o_valid
         if "abs" in regs or "lead" in regs:
             m.d.comb += fp.en.eq(en)
@@ -204,5 +226,9 @@ class KVDecompressor(FlowTop, wiring.Component):
         for r in ("shift", "round"):    # the data registers are inside FloatPack
             if r in regs:
                 valid = stage(m, en, r, valid=valid)["valid"]
-        fc.output(pk.bits, valid)
+        if not two:
+            fc.output(pk.bits, valid)
+            return m
+        first, last = collect(m, en, "first", pk.bits, valid)
+        fc.output(Cat(first, pk.bits), last)
         return m

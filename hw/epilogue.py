@@ -42,7 +42,8 @@ never blocks the pipeline. ``"credit"``: the pipeline never stalls (registers
 without enable), the output register writes a skid FIFO (LUT or block RAM) that drives
 ``o`` (``latency_breakdown["skid_fifo"]`` = 3 cycles), and ``i.ready`` is a register
 driven by a credit counter (``latency_cycles + 1 + credit_extra`` vectors in flight
-at most). Either way: one vector per cycle while ``o.ready`` is high, no loss,
+at most). Either way: one vector per cycle (with ``lanes`` = N/2: per two cycles, two beats of N/2
+lanes inside) while ``o.ready`` is high, no loss,
 duplication or reordering under back-pressure, the payload held while
 ``o.valid & ~o.ready``.
 
@@ -55,7 +56,9 @@ handshake.
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal
+from dataclasses import replace
+
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -64,11 +67,11 @@ from sim_models.params import FormatParams, check_supported
 from .frontend import FE_CUTS, FrontEnd, u_shape
 from .frontend import ram_lines as frontend_ram_lines
 from .frontend import tree_cuts as frontend_tree_cuts
-from .fwht import FWHT
+from .fwht import FOLD_CYCLES, FWHT
 from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
 from .packer import Packer
-from .pipeline import (FlowControl, FlowTop, check_flow, check_lane_ram, check_latency,
-                       check_tree_every, flow_cycles, stage)
+from .pipeline import (FlowControl, FlowTop, check_flow, check_lane_ram, check_lanes,
+                       check_latency, check_tree_every, collect, flow_cycles, fold_cycles, stage)
 from .quantizer import QUANT_CUTS, Quantizer
 from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
@@ -124,26 +127,39 @@ class KVEpilogue(FlowTop, wiring.Component):
             (credit-based flow control with an output skid FIFO; :data:`hw.pipeline.FLOWS`).
         credit_extra: credit flow only: skid FIFO entries beyond the minimum
             ``latency_cycles + 1`` for one vector per cycle (default 0).
+        lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
+            through a W-lane data path (one vector every two cycles, ``latency_cycles``
+            + 4; ``latency`` in [0, log2 W]; G must divide W; hw/README.md). Not with
+            ``key_slots`` or ``lane_ram``.
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
             ``quant_regs`` / ``fe_regs`` not a tuple of names.
-        ValueError: ``latency`` out of range, an unknown cut name, or a format
-            option the RTL does not implement (see :data:`EPILOGUE_SUPPORT`).
+        ValueError: ``latency`` out of range, an unknown cut name, a format option the
+            RTL does not implement (see :data:`EPILOGUE_SUPPORT`), or a bad ``lanes``
+            (:func:`hw.pipeline.check_lanes`; with ``key_slots`` / ``lane_ram``).
     """
 
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
                  fe_regs=FE_CUTS.default, tree_every: int = 0, key_slots: int = 0,
                  kf_regs=KF_CUTS.default, lane_ram: int = 0, flow: str = "stall",
-                 credit_extra: int = 0):
+                 credit_extra: int = 0, lanes: int | None = None):
         check_epilogue_params(params)
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
+        self.lanes = check_lanes(params, lanes)
+        self.beats = params.n // self.lanes
+        if self.beats > 1 and key_slots:
+            raise ValueError(f"key_slots (key front end) needs lanes=N={params.n}, "
+                             f"got lanes={self.lanes}")
+        if self.beats > 1 and lane_ram:
+            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={params.n}, "
+                             f"got lanes={self.lanes}")
         if key_slots != 0:
             check_key_slots(params, key_slots)
         self.key_slots = key_slots
         self.kf_regs = KF_CUTS.check(kf_regs)
         self.params = params
-        self.latency = check_latency(params, latency)
+        self.latency = check_latency(params, latency, self.lanes)
         self.quant_regs = QUANT_CUTS.check(quant_regs)
         self.fe_regs = FE_CUTS.check(fe_regs)
         self.tree_every = check_tree_every(tree_every)
@@ -163,8 +179,11 @@ class KVEpilogue(FlowTop, wiring.Component):
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
         p, k = self.params, self.tree_every
         kf = {"keyfront": 1 + len(self.kf_regs)} if self.key_slots else {}
-        return {**kf, "frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
-                "frontend_reg": 1, "fwht": self.latency, "quant_tree": quant_tree_cuts(p, k),
+        two = self.beats > 1
+        fold = {"fold_stage": FOLD_CYCLES} if two else {}
+        return {**kf, **fold_cycles(self.beats, "beat_data"),
+                "frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
+                "frontend_reg": 1, "fwht": self.latency, **fold, "quant_tree": quant_tree_cuts(p, k),
                 "quant_regs": len(self.quant_regs), "output_reg": 1, **flow_cycles(self.flow)}
 
     @property
@@ -185,11 +204,16 @@ class KVEpilogue(FlowTop, wiring.Component):
         m = Module()
         p = self.params
 
-        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra)
+        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra,
+                         beats=self.beats)
         en, i_valid = fc.en, fc.i_valid
+        w, two = self.lanes, self.beats > 1
 
         # [key front end] + front end + register
-        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram)
+        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram,
+                                              lanes=w)
+        if two:
+            m.d.comb += fe.beat.eq(fc.beat)
         if self.key_slots:
             m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs)
             wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
@@ -197,29 +221,46 @@ class KVEpilogue(FlowTop, wiring.Component):
                          kf.slot.eq(self.i.payload.slot), kf.bypass.eq(self.i.payload.bypass),
                          fe.bits.eq(kf.o_bits), fe.i_valid.eq(kf.o_valid)]
         else:
-            m.d.comb += [fe.bits.eq(self.i.payload), fe.i_valid.eq(i_valid)]
+            m.d.comb += [fe.bits.eq(fc.payload), fe.i_valid.eq(i_valid)]
         m.d.comb += fe.en.eq(en)
         fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)
 
         # FWHT (u and the flags ride along as side band)
         side = data.StructLayout({"u": u_shape(p), "flags": 2})
-        m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency, side_width=side)
+        m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency, side_width=side, lanes=w)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(fe_r["valid"]), fw.x.eq(fe_r["x"]),
                      fw.side_i.u.eq(fe_r["u"]), fw.side_i.flags.eq(fe_r["flags"])]
 
         # quantizer
-        m.submodules.quant = qz = Quantizer(p, self.quant_regs, self.tree_every, self.lane_ram)
+        m.submodules.quant = qz = Quantizer(p, self.quant_regs, self.tree_every, self.lane_ram,
+                                            lanes=w)
         m.d.comb += [qz.en.eq(en), qz.i_valid.eq(fw.o_valid), qz.y.eq(fw.y),
                      qz.u.eq(fw.side_o.u), qz.flags_i.eq(fw.side_o.flags)]
 
-        # packer + output register [+ skid FIFO]
-        m.submodules.packer = pk = Packer(p.n, p.bits)
+        # packer [+ the first beat, held] + output register [+ skid FIFO]
+        m.submodules.packer = pk = Packer(w, p.bits)
         m.d.comb += pk.codes.eq(qz.codes)
         res = Signal(encoder_output_layout(p), name="result")
-        m.d.comb += [res.codes.eq(pk.plane), res.scales.eq(qz.scales), res.flags.eq(qz.flags)]
-        if p.zero_bytes:
-            m.d.comb += res.zeros.eq(qz.zeros)
-        fc.output(res, qz.o_valid)
+        if not two:
+            m.d.comb += [res.codes.eq(pk.plane), res.scales.eq(qz.scales), res.flags.eq(qz.flags)]
+            if p.zero_bytes:
+                m.d.comb += res.zeros.eq(qz.zeros)
+            fc.output(res, qz.o_valid)
+        else:
+            pw = replace(p, n=w)            # one beat's planes: W lanes, W/G blocks
+            beat = Signal(encoder_output_layout(pw), name="beat_result")
+            m.d.comb += [beat.codes.eq(pk.plane), beat.scales.eq(qz.scales),
+                         beat.flags.eq(qz.flags)]
+            if p.zero_bytes:
+                m.d.comb += beat.zeros.eq(qz.zeros)
+            held, last = collect(m, en, "first", beat, qz.o_valid)
+            first = data.View(encoder_output_layout(pw), held)
+            m.d.comb += [res.codes.eq(Cat(first.codes, beat.codes)),
+                         res.scales.eq(Cat(first.scales, beat.scales)),
+                         res.flags.eq(first.flags | beat.flags)]
+            if p.zero_bytes:
+                m.d.comb += res.zeros.eq(Cat(first.zeros, beat.zeros))
+            fc.output(res, last)
 
         # sticky status
         accepted = self.o.valid & self.o.ready

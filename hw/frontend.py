@@ -35,7 +35,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import Cuts, check_lane_ram, check_tree_every, ram_delay, ram_depth, stage
+from .pipeline import Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth, stage
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -90,25 +90,38 @@ class FrontEnd(wiring.Component):
         lane_ram: 0 (default: the lanes wait in the cuts' registers) or the minimum
             :func:`lane_delay` that puts them into a block RAM delay line (:func:`ram_lines`).
 
-    Ports: ``bits`` (N x 16), ``en``, ``i_valid`` in; ``x`` (N signed M-bit),
+        lanes: W, lanes per cycle (None: N; N/2: :func:`hw.pipeline.check_lanes`). With
+            W = N/2 the ``beat`` input (0 or 1) picks lanes [0, W) or [W, N) of ``bits``
+            (the whole vector, held for both beats); ``emax`` and ``flags`` are the
+            vector's, from all N lanes.
+
+    Ports: ``bits`` (N x 16), ``en``, ``i_valid`` [, ``beat``] in; ``x`` (W signed M-bit),
     ``u``, ``flags`` (bit0 NaN, bit1 Inf), ``o_valid`` out.
     """
 
-    def __init__(self, p: FormatParams, regs=(), tree_every: int = 0, lane_ram: int = 0):
+    def __init__(self, p: FormatParams, regs=(), tree_every: int = 0, lane_ram: int = 0,
+                 lanes: int | None = None):
         self.p = p
         self.regs = FE_CUTS.check(regs)
         self.tree_every = check_tree_every(tree_every)
         self.lane_ram = check_lane_ram(lane_ram)
+        self.lanes = check_lanes(p, lanes)
+        if self.lane_ram and self.lanes != p.n:
+            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={p.n}, "
+                             f"got lanes={self.lanes}")
         self.mask = sign_mask_int(p.n, p.sign_seed)
-        super().__init__({
+        ports = {
             "bits": In(p.n * 16),
             "en": In(1),
             "i_valid": In(1),
-            "x": Out(data.ArrayLayout(signed(p.mant_bits), p.n)),
+            "x": Out(data.ArrayLayout(signed(p.mant_bits), self.lanes)),
             "u": Out(u_shape(p)),
             "flags": Out(2),
             "o_valid": Out(1),
-        })
+        }
+        if self.lanes != p.n:
+            ports["beat"] = In(1)
+        super().__init__(ports)
 
     @property
     def latency(self) -> int:
@@ -154,8 +167,14 @@ class FrontEnd(wiring.Component):
             infs.append(is_inf)
 
         # the vector in flight; every register stage holds all of it
+        w = self.lanes
         vec = {"exp": exps, "sig": sigs, "sign": signs,
                "flags": Cat(Cat(*nans).any(), Cat(*infs).any()), "valid": self.i_valid}
+        if w != p.n:        # two beats: the max tree sees all N lanes, the rest the beat's W
+            beat = self.beat
+            vec.update(texp=exps, beat=beat,
+                       **{k: [Mux(beat, v[w + i], v[i]) for i in range(w)]
+                          for k, v in (("exp", exps), ("sig", sigs), ("sign", signs))})
 
         def cut(name: str, **more) -> None:
             vec.update(more)
@@ -164,6 +183,8 @@ class FrontEnd(wiring.Component):
         if "dec" in self.regs:
             cut("dec")
             exps = vec["exp"]
+        if w != p.n:
+            exps = vec.pop("texp")
         lines = ram_lines(p, self.regs, self.tree_every, self.lane_ram)
         if lines:            # the lanes wait in block RAM, beside the max tree
             late = ram_delay(m, self.en, "lanes", Cat(*vec.pop("exp"), *vec.pop("sig"),
@@ -192,7 +213,7 @@ class FrontEnd(wiring.Component):
 
         # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
         shs = []
-        for k in range(p.n):
+        for k in range(w):
             sh = Signal(range(wsp + 2), name=f"sh{k}")
             d = Signal(range(-(1 << e_bits), (1 << e_bits) + post), name=f"shd{k}")
             m.d.comb += d.eq(vec["emax"] - vec["exp"][k] + post)
@@ -206,7 +227,7 @@ class FrontEnd(wiring.Component):
             shs = vec.pop("sh")
         # round half away from zero: ((sig_p >> (sh-1)) + 1) >> 1 for sh >= 1
         halves, rnds = [], []
-        for k in range(p.n):
+        for k in range(w):
             sig_p = Signal(wsp, name=f"sigp{k}")
             m.d.comb += sig_p.eq(vec["sig"][k] << pre)
             v = Signal(wsp + 1, name=f"half{k}")
@@ -224,11 +245,16 @@ class FrontEnd(wiring.Component):
             self.o_valid.eq(vec["valid"]),
         ]
         signs = vec["sign"]
-        for k in range(p.n):
+        for k in range(w):
             mag = Signal(wsp + 1, name=f"mag{k}")
             m.d.comb += mag.eq((halves[k] + rnd[k]) >> 1)
             magc = Signal(M - 1, name=f"magc{k}")
             m.d.comb += magc.eq(Mux(mag[M - 1:].any(), lim, mag))   # mag > lim = 2^(M-1) - 1
-            neg = signs[k] ^ ((self.mask >> k) & 1)
+            d_lo = (self.mask >> k) & 1
+            if w == p.n:
+                neg = signs[k] ^ d_lo
+            else:           # D of lane k of beat 0 or of lane w + k of beat 1
+                d_hi = (self.mask >> (w + k)) & 1
+                neg = signs[k] ^ Mux(vec["beat"], d_hi, d_lo)
             m.d.comb += self.x[k].eq(Mux(neg, -magc, magc))
         return m

@@ -53,7 +53,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .fwht import butterfly_stage, register_positions
+from .fwht import FOLD_CYCLES, butterfly_stage, fold_stage, register_positions
 from .pipeline import stage
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
@@ -64,13 +64,16 @@ ALIGN_LO_BITS = 2
 ALIGN_LO = (1 << ALIGN_LO_BITS) - 1
 
 
-def steps_of(n: int, block: int, split_align: bool = False) -> list[tuple[str, int]]:
+def steps_of(n: int, block: int, split_align: bool = False,
+             aligned: bool | None = None) -> list[tuple[str, int]]:
     """The pipeline steps: ("bf", s) butterfly stage s, ("align", 0) the block alignment;
     with ``split_align`` two steps, ("align", 0) by the high bits of d (a multiple of
-    2^:data:`ALIGN_LO_BITS`) and ("align", 1) by its low bits."""
+    2^:data:`ALIGN_LO_BITS`) and ("align", 1) by its low bits. ``aligned``: whether
+    there is an alignment (default: n > block; a beat of a two-beat vector has one
+    even when it is one block)."""
     log2n, log2g = n.bit_length() - 1, block.bit_length() - 1
     steps = [("bf", s) for s in range(log2g)]
-    if n > block:
+    if n > block if aligned is None else aligned:
         steps += [("align", 0), ("align", 1)] if split_align else [("align", 0)]
     steps += [("bf", s) for s in range(log2g, log2n)]
     return steps
@@ -97,9 +100,11 @@ def _select(values: list, sel):
     return values[0]
 
 
-def out_width(n: int, block: int, in_width: int, max_align: int = MAX_ALIGN) -> int:
-    """Signed width of the output lanes."""
-    return in_width + (n.bit_length() - 1) + (max_align if n > block else 0)
+def out_width(n: int, block: int, in_width: int, max_align: int = MAX_ALIGN,
+              aligned: bool | None = None) -> int:
+    """Signed width of the output lanes (``aligned``: as in :func:`steps_of`)."""
+    al = n > block if aligned is None else aligned
+    return in_width + (n.bit_length() - 1) + (max_align if al else 0)
 
 
 class BlockFWHT(wiring.Component):
@@ -115,6 +120,11 @@ class BlockFWHT(wiring.Component):
         split_align: the alignment as two steps (see the module docstring).
         align: "lane" or "swap" (:data:`ALIGNS`, module docstring); default
             :func:`default_align`.
+        lanes: W, lanes per cycle: n (default) or n/2, a multiple of ``block``: a vector as
+            two beats (lanes [0, W), then [W, n)) with ``p`` / ``d`` / ``y`` / ``flip`` of W
+            lanes / W/G blocks; the W-point network aligns every lane (``d`` from ef_min of
+            all n/G blocks, so "lane" alignment, even when W == G) and :func:`hw.fwht.fold_stage`
+            adds the last stage across the beats; ``y`` is :func:`out_width` (n) bits.
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
     ``max_align.bit_length()`` bits, each <= max_align, at least one 0), ``side_i`` in;
@@ -123,13 +133,22 @@ class BlockFWHT(wiring.Component):
     """
 
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
-                 max_align: int = MAX_ALIGN, split_align: bool = False, align=None):
+                 max_align: int = MAX_ALIGN, split_align: bool = False, align=None,
+                 lanes: int | None = None):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
+        w = n if lanes is None else lanes
+        if w not in (n, n // 2) or w % block:
+            raise ValueError(f"lanes must be n={n} or n/2 and a multiple of block={block}, "
+                             f"got {lanes}")
+        self.n_total, self.lanes = n, w
+        aligned = None if w == n else n > block
+        n = w                       # the network below is W lanes wide
         self.n, self.block = n, block
         self.n_blocks = n // block
         self.in_shape = Shape.cast(in_shape)
-        self.steps = steps_of(n, block, split_align)
+        self.aligned = n > block if aligned is None else bool(aligned)
+        self.steps = steps_of(n, block, split_align, self.aligned)
         self.positions = register_positions(len(self.steps), latency) if latency else []
         if latency > n.bit_length() - 1:
             raise ValueError(f"latency must be in [0, log2(N)={n.bit_length() - 1}], got {latency}")
@@ -141,9 +160,12 @@ class BlockFWHT(wiring.Component):
             align = default_align(n, block)
         if align not in ALIGNS:
             raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
-        self.align = align if self.n_blocks > 1 else "lane"
+        # the block swap needs a block with d = 0 among these n lanes: given only when
+        # they are the whole vector (``aligned`` not given)
+        self.align = align if self.n_blocks > 1 and aligned is None else "lane"
         self.d_width = max(1, max_align.bit_length())
-        self.out_width = out_width(n, block, self.in_shape.width, max_align)
+        self.net_width = out_width(n, block, self.in_shape.width, max_align, self.aligned)
+        self.out_width = self.net_width + (self.n_total.bit_length() - n.bit_length())
         super().__init__({
             "en": In(1),
             "i_valid": In(1),
@@ -155,6 +177,11 @@ class BlockFWHT(wiring.Component):
             "flip": Out(n),
             "side_o": Out(side_width),
         })
+
+    @property
+    def cycles(self) -> int:
+        """Register stages from ``p`` to ``y`` (the last beat's, with two beats)."""
+        return self.latency + (FOLD_CYCLES if self.lanes < self.n_total else 0)
 
     def elaborate(self, platform):
         m = Module()
@@ -218,7 +245,10 @@ class BlockFWHT(wiring.Component):
                 if carry_d:
                     d = [d[0]] + r["d"] if t is not None else r["d"]
                 t = r.get("t", t)
-        assert width == self.out_width
+        assert width == self.net_width
+        if self.lanes < self.n_total:       # the last stage, across the two beats
+            f = fold_stage(m, self.en, "fold", lanes, valid, side)
+            lanes, valid, side = f["lane"], f["valid"], f["side"]
         m.d.comb += [self.y[i].eq(lanes[i]) for i in range(n)]
         if t is not None:
             # H[r, k ^ t] = (-1)^popcount(r & t) H[r, k], r = i // G the output's block

@@ -103,22 +103,57 @@ def gt_const(x, c: int) -> Value:
     return out
 
 
-def check_latency(p: FormatParams, latency) -> int:
-    """Validate the FWHT ``latency`` (registers in the butterfly network) for ``p``.
+def check_latency(p: FormatParams, latency, lanes: int | None = None) -> int:
+    """Validate the FWHT ``latency`` (registers in the butterfly network) for ``p``;
+    with ``lanes`` = W < N (:func:`check_lanes`) the spatial network has log2 W stages.
 
     Returns:
-        ``latency`` as an int in [0, log2 N].
+        ``latency`` as an int in [0, log2 W] (W = N unless given).
 
     Raises:
         TypeError: not an int (bool refused).
-        ValueError: outside [0, log2 N].
+        ValueError: outside [0, log2 W].
     """
     if isinstance(latency, bool) or not isinstance(latency, int):
         raise TypeError(f"latency must be an int, got {type(latency).__name__}")
-    if not 0 <= latency <= p.log2n:
-        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, log2(N)={p.log2n}] "
-                         f"for n={p.n}, got {latency}")
+    w = p.n if lanes is None else lanes
+    top = w.bit_length() - 1
+    if not 0 <= latency <= top:
+        where = f"log2(N)={top}] for n={p.n}" if w == p.n else f"log2(W)={top}] for lanes={w}"
+        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, {where}, got {latency}")
     return latency
+
+
+#: Beats per vector that a top level's ``lanes`` argument allows: W = N (one beat, the
+#: whole vector per cycle) or W = N/2 (two beats, one vector every two cycles).
+FOLDS = (1, 2)
+
+
+def check_lanes(p: FormatParams, lanes) -> int:
+    """Validate ``lanes`` (W, lanes per cycle of a top level; None: N) for ``p``.
+
+    W = N/2 streams a vector as two beats of W lanes: the last butterfly stage runs
+    across the beats (:func:`hw.fwht.fold_stage`) and every block of G lanes lies in
+    one beat, so G must divide W.
+
+    Returns:
+        W as an int (N or N/2).
+
+    Raises:
+        TypeError: not an int or None (bool refused).
+        ValueError: not N or N/2, or G does not divide W (the message names ``lanes``).
+    """
+    if lanes is None:
+        return p.n
+    if isinstance(lanes, bool) or not isinstance(lanes, int):
+        raise TypeError(f"lanes must be an int or None, got {type(lanes).__name__}")
+    if lanes not in (p.n, p.n // 2):
+        raise ValueError(f"lanes (lanes per cycle W) must be N={p.n} or N/2={p.n // 2}, "
+                         f"got {lanes}")
+    if lanes % p.block:
+        raise ValueError(f"lanes (lanes per cycle W={lanes}) must be a multiple of the "
+                         f"block G={p.block}: a scale block lies in one beat")
+    return lanes
 
 
 def check_tree_every(every) -> int:
@@ -408,6 +443,13 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     m.d.comb += [o.valid.eq(ov0), Value.cast(o.payload).eq(Cat(*qs))]
 
 
+def beat_register_free(valid, beat):
+    """Whether the two-beat input register (:class:`FlowControl` with ``beats`` = 2) can
+    take the next vector this cycle: it is empty (``~valid``) or on its last beat (``beat``).
+    Taking one while beat 0 is on would overwrite the vector before its beat 1."""
+    return ~valid | beat
+
+
 class FlowTop:
     """Mixin of a top level with ``flow`` and ``credit_extra`` (see :class:`FlowControl`)
     and a ``latency_cycles`` property: its declared :attr:`credits`."""
@@ -424,6 +466,12 @@ class FlowTop:
 
 class FlowControl:
     """The flow control of one top level, built into its module ``m``.
+
+    With ``beats`` = 2 (a top level of W = N/2 lanes per cycle) a vector is accepted into
+    a register (``beat_data``) that feeds the pipeline for two enabled cycles, beat 0 then
+    beat 1 (:attr:`beat`); ``i.ready`` is also low while beat 0 is on (one vector per two
+    cycles, one more cycle of latency). :attr:`payload`, :attr:`i_valid` and
+    :attr:`beat` are what the pipeline reads: the input stream's, or the register's.
 
     ``flow="stall"``: ``en = o.ready | ~o.valid``, ``i.ready = en``; the input's valid
     enters the pipeline as is (a vector is accepted exactly when the pipeline moves),
@@ -446,27 +494,59 @@ class FlowControl:
         i, o: the top level's input and output streams.
         latency: its ``latency_cycles`` (with the FIFO's cycles in credit flow).
         credit_extra: credits beyond ``latency + 1``.
+        beats: beats per vector, 1 or 2 (:data:`FOLDS`).
     """
 
-    def __init__(self, m: Module, flow: str, i, o, latency: int, credit_extra: int = 0):
+    def __init__(self, m: Module, flow: str, i, o, latency: int, credit_extra: int = 0,
+                 beats: int = 1):
         check_flow(flow, credit_extra)
+        if beats not in FOLDS:
+            raise ValueError(f"beats (per vector) must be one of {FOLDS}, got {beats!r}")
         self.m, self.flow, self.o = m, flow, o
+        self.payload, self.beat = Value.cast(i.payload), Const(0, 1)
         if flow == "stall":
             self.depth = None
             self.en = Signal(name="en")
-            m.d.comb += [self.en.eq(o.ready | ~o.valid), i.ready.eq(self.en)]
-            self.i_valid = i.valid
+            m.d.comb += self.en.eq(o.ready | ~o.valid)
+            if beats == 1:
+                m.d.comb += i.ready.eq(self.en)
+                self.i_valid = i.valid
+                return
+            free = Signal(name="beat_free")
+            m.d.comb += i.ready.eq(self.en & free)
+            self._serializer(i, free, i.valid & i.ready)
             return
         self.depth = credit_depth(latency, credit_extra)
         self.en = Const(1, 1)
         count = Signal(range(self.depth + 1), name="credit_count")
         ready = Signal(init=1, name="credit_ready")
         accept, taken = Signal(name="credit_accept"), Signal(name="credit_taken")
-        m.d.comb += [i.ready.eq(ready), accept.eq(i.valid & ready),
-                     taken.eq(o.valid & o.ready)]
+        if beats == 1:
+            m.d.comb += i.ready.eq(ready)
+        else:
+            free = Signal(name="beat_free")
+            m.d.comb += i.ready.eq(ready & free)
+        m.d.comb += [accept.eq(i.valid & i.ready), taken.eq(o.valid & o.ready)]
         nxt = count + accept - taken
         m.d.sync += [count.eq(nxt), ready.eq(nxt < self.depth)]
         self.i_valid = accept
+        if beats == 2:
+            self._serializer(i, free, accept)
+
+    def _serializer(self, i, free, accept) -> None:
+        """Two beats per vector: the accepted payload waits in a register (``beat_data``)
+        for two enabled cycles, beat 0 then beat 1 (``beat``); ``free``: the register can
+        take the next vector this cycle (empty, or on its last beat)."""
+        m = self.m
+        data = Signal(len(self.payload), name="beat_data", reset_less=True)
+        valid, beat = Signal(name="beat_valid"), Signal(name="beat")
+        m.d.comb += free.eq(beat_register_free(valid, beat))
+        with when(m, self.en):
+            with m.If(accept):
+                m.d.sync += [data.eq(self.payload), valid.eq(1), beat.eq(0)]
+            with m.Elif(valid):
+                m.d.sync += [valid.eq(~beat), beat.eq(~beat)]
+        self.payload, self.beat, self.i_valid = data, beat, valid
 
     def output(self, payload, valid) -> None:
         """The output register of ``payload`` (a Value or View) and ``valid`` (the
@@ -483,7 +563,42 @@ class FlowControl:
             skid_fifo(m, out, out_v, o, self.depth)
 
 
+def fold_cycles(beats: int, name: str) -> dict:
+    """The latency_breakdown entries of two beats per vector (``beats`` = 2): the input
+    register ``name`` (:class:`FlowControl`) and ``"second_beat"``, beat 1 one cycle
+    behind beat 0; nothing for one beat."""
+    return {name: 1, "second_beat": 1} if beats == 2 else {}
+
+
 def flow_cycles(flow: str) -> dict:
     """The latency_breakdown entry of the flow control: ``{"skid_fifo":``
     :data:`SKID_FIFO_CYCLES` ``}`` in credit flow, nothing in stall flow."""
     return {"skid_fifo": SKID_FIFO_CYCLES} if flow == "credit" else {}
+
+
+def collect(m: Module, en, name: str, value, valid) -> tuple[Signal, Value]:
+    """The first of two beats of a vector, held: a register (``{name}_first``) loaded
+    with ``value`` when beat 0 is ``valid`` (and ``en``), and the beat index at this
+    point (``{name}_beat``, toggled by every valid beat: beats arrive in order, beat 0
+    first, and nothing is in flight after reset).
+
+    Returns:
+        (the register, ``valid`` of beat 1: the whole vector is here this cycle).
+    """
+    value = Value.cast(value)
+    first = Signal(len(value), name=f"{name}_first", reset_less=True)
+    beat = beat_index(m, en, name, valid)
+    with when(m, en & valid & ~beat):
+        m.d.sync += first.eq(value)
+    return first, valid & beat
+
+
+def beat_index(m: Module, en, name: str, valid) -> Signal:
+    """The beat index (0, 1) of the beat that is ``valid`` at one point of a pipeline of
+    two beats per vector: a register (``{name}_beat``, reset 0) toggled by every valid
+    beat that moves on (``en``). Beats keep their order, beat 0 first, and nothing is in
+    flight after reset, so no index needs to travel with the data."""
+    beat = Signal(name=f"{name}_beat")
+    with when(m, en & valid):
+        m.d.sync += beat.eq(~beat)
+    return beat

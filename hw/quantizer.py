@@ -39,7 +39,7 @@ from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
 from .frontend import u_shape
-from .pipeline import Cuts, check_lane_ram, check_tree_every, ram_delay, ram_depth, stage
+from .pipeline import Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth, stage
 from .scale_select import ScaleSelect, rule_units
 from .thresholds import Thresholds
 from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
@@ -137,6 +137,9 @@ class Quantizer(wiring.Component):
         lane_ram: 0 (default: the lanes wait in the cuts' registers) or the minimum
             :func:`lane_delay` that puts them into a block RAM delay line
             (:func:`ram_lines`); same cycles and bytes either way.
+        lanes: W, lanes per cycle (None: N; N/2: one beat of a two-beat vector, W/G
+            blocks; :func:`hw.pipeline.check_lanes`). Every block is quantized on its own,
+            so a beat needs nothing from the other.
 
     Ports: ``en`` (advance the registers), ``i_valid``, ``y``, ``u``, ``flags_i``
     (NaN, Inf) in; ``o_valid``, ``codes``, ``scales``, ``flags`` (NaN, Inf, SAT)
@@ -148,7 +151,11 @@ class Quantizer(wiring.Component):
     """
 
     def __init__(self, p: FormatParams, regs=QUANT_CUTS.default, tree_every: int = 0,
-                 lane_ram: int = 0):
+                 lane_ram: int = 0, lanes: int | None = None):
+        self.lanes = check_lanes(p, lanes)
+        if lane_ram and self.lanes != p.n:
+            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={p.n}, "
+                             f"got lanes={self.lanes}")
         _, _, self.mult_odd = rule_units(p)
         self.coefs, _ = threshold_coefs(p.mode, p.bits)
         self.p = p
@@ -160,16 +167,16 @@ class Quantizer(wiring.Component):
         ports = {
             "en": In(1),
             "i_valid": In(1),
-            "y": In(data.ArrayLayout(signed(p.fwht_width), p.n)),
+            "y": In(data.ArrayLayout(signed(p.fwht_width), self.lanes)),
             "u": In(self.u_shape),
             "flags_i": In(2),
             "o_valid": Out(1),
-            "codes": Out(data.ArrayLayout(signed(p.bits), p.n)),
-            "scales": Out(data.ArrayLayout(8, p.n_blocks)),
+            "codes": Out(data.ArrayLayout(signed(p.bits), self.lanes)),
+            "scales": Out(data.ArrayLayout(8, self.lanes // p.block)),
             "flags": Out(3),
         }
         if p.mode == "asym":
-            ports["zeros"] = Out(data.ArrayLayout(8, p.n_blocks))
+            ports["zeros"] = Out(data.ArrayLayout(8, self.lanes // p.block))
         super().__init__(ports)
 
     @property
@@ -180,7 +187,8 @@ class Quantizer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p = self.p
-        n, g, wy, nb = p.n, p.block, self.y_width, p.n_blocks
+        n, g, wy = self.lanes, p.block, self.y_width
+        nb = n // g
         asym = p.mode == "asym"
 
         def cut(vec: _Vector, name: str) -> _Vector:

@@ -36,6 +36,7 @@ class KVRoundTrip(wiring.Component):
         float_regs, split_align: the decompressor's float registers and alignment
             split (:class:`KVDecompressor`).
         flow, credit_extra: the flow control of both modules (``hw.pipeline.FLOWS``).
+        lanes: lanes per cycle W of both modules (None: N; N/2: two beats per vector).
 
     Raises:
         TypeError / ValueError: from either module's validation (names the argument).
@@ -44,11 +45,12 @@ class KVRoundTrip(wiring.Component):
     def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
                  fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
                  split_align: bool = False, lane_ram: int = 0, flow: str = "stall",
-                 credit_extra: int = 0):
+                 credit_extra: int = 0, lanes: int | None = None):
         self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every,
-                              lane_ram=lane_ram, flow=flow, credit_extra=credit_extra)
+                              lane_ram=lane_ram, flow=flow, credit_extra=credit_extra, lanes=lanes)
         self.dec = KVDecompressor(params, latency, float_regs, split_align, flow=flow,
-                                  credit_extra=credit_extra)
+                                  credit_extra=credit_extra, lanes=lanes)
+        self.lanes, self.beats = self.enc.lanes, self.enc.beats
         self.flow, self.credit_extra = flow, credit_extra
         self.params = params
         self.latency = latency

@@ -393,11 +393,17 @@ def run_bin_names(what: str, lengths: np.ndarray) -> list[str]:
     return out
 
 
-def stream_events(o_valid, o_ready, o_fire, i_valid, i_fire, rst, resets) -> list[str]:
+def stream_events(o_valid, o_ready, o_fire, i_valid, i_fire, rst, resets,
+                  interval: int = 1) -> list[str]:
     """Stream bin names of one phase, one per event, from its per-cycle record (bool
     arrays, one entry per clock edge) and its resets (``(words in flight, output
-    stalled, input presented)`` at each reset)."""
+    stalled, input presented)`` at each reset). ``interval``: cycles per vector at full
+    rate (2: two beats per vector; a full-rate run is then an output every 2 cycles, and
+    its cycles count from the first output to one cycle past the last)."""
     run = ~rst
+    if interval > 1:
+        o_fire = np.asarray(o_fire, bool)
+        o_fire = o_fire | np.concatenate([[False], o_fire[:-1]])
     ev = run_bin_names("stall", _runs(o_valid & ~o_ready & run))
     ev += run_bin_names("gap", _runs(~i_valid & run, interior=True))
     ev += run_bin_names("iready_low", _runs(i_valid & ~i_fire & run))

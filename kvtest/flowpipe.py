@@ -4,33 +4,49 @@ flow-control unit tests (tests/test_hw_units.py) and the stream proofs of
 
 from __future__ import annotations
 
-from amaranth.hdl import Module
+from amaranth.hdl import Cat, Module, Mux
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.pipeline import FlowControl, FlowTop, check_flow, flow_cycles, stage
+from hw.pipeline import (FOLDS, FlowControl, FlowTop, check_flow, collect, flow_cycles,
+                         fold_cycles, stage)
 
 
 class FlowPipe(FlowTop, wiring.Component):
     """A toy top level on the shared flow control: ``stages`` register stages that each add
     1 to a ``width``-bit payload, then :meth:`FlowControl.output` (the same plumbing as
-    KVEpilogue / KVDecompressor, without their data path)."""
+    KVEpilogue / KVDecompressor, without their data path). With ``beats`` = 2 the payload
+    goes as two beats of ``width / 2`` bits (low half first), each counted up on its own,
+    joined again at the output (:func:`hw.pipeline.collect`), like a top level of
+    ``lanes`` = N/2."""
 
-    def __init__(self, flow: str, stages: int, credit_extra: int = 0, width: int = 12):
+    def __init__(self, flow: str, stages: int, credit_extra: int = 0, width: int = 12,
+                 beats: int = 1):
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
-        self.stages, self.width = stages, width
+        if beats not in FOLDS or width % beats:
+            raise ValueError(f"beats must be one of {FOLDS} and divide width={width}, "
+                             f"got {beats!r}")
+        self.stages, self.width, self.beats = stages, width, beats
         super().__init__({"i": In(stream.Signature(width)), "o": Out(stream.Signature(width))})
 
     @property
     def latency_cycles(self) -> int:
-        return self.stages + 1 + sum(flow_cycles(self.flow).values())
+        return (self.stages + 1 + sum(flow_cycles(self.flow).values())
+                + sum(fold_cycles(self.beats, "beat_data").values()))
 
     def elaborate(self, platform):
         m = Module()
-        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra)
-        x, v = self.i.payload, fc.i_valid
+        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra,
+                         beats=self.beats)
+        w = self.width // self.beats
+        x, v = fc.payload, fc.i_valid
+        if self.beats > 1:
+            x = Mux(fc.beat, x[w:], x[:w])
         for s in range(self.stages):
-            r = stage(m, fc.en, f"s{s}", x=(x + 1)[:self.width], valid=v)
+            r = stage(m, fc.en, f"s{s}", x=(x + 1)[:w], valid=v)
             x, v = r["x"], r["valid"]
+        if self.beats > 1:
+            first, v = collect(m, fc.en, "first", x, v)
+            x = Cat(first, x)
         fc.output(x, v)
         return m

@@ -54,7 +54,9 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
     given, ``status_clear`` pulses. Checked every cycle (assert): the flow control's
     ``i.ready`` rule (``dut.flow``: ``"stall"``, ``i.ready == o.ready | ~o.valid``;
     ``"credit"``, ``i.ready`` the same with ``o.ready`` inverted in the same cycle, i.e.
-    not combinational from it, and at most ``dut.credits`` vectors in flight), payload
+    not combinational from it, and at most ``dut.credits`` vectors in flight; a DUT of
+    ``dut.beats`` = 2 beats per vector may also hold ``i.ready`` low, never high while
+    stalled), payload
     and valid held while stalled, and, with
     ``p_clear``, ``status`` against :func:`kvtest.streamcheck.sticky_status` of
     ``flags_of(payload)`` (exact, one cycle after the handshake).
@@ -64,11 +66,13 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
 
     Returns:
         {"got": output ints, "in_cycles", "out_cycles", "cfg_cycles": handshake cycles,
-        "stall_cycles", "clears", "latency": dut.latency_cycles}.
+        "stall_cycles", "clears", "latency": dut.latency_cycles, "interval": cycles per
+        vector at full rate (``dut.beats``, 1 without)}.
     """
     rnd = random.Random(seed)
     lat = dut.latency_cycles
     credits = dut.credits if getattr(dut, "flow", "stall") == "credit" else None
+    beats = getattr(dut, "beats", 1)
     ipay, opay = Value.cast(dut.i.payload), Value.cast(dut.o.payload)
     win = len(ipay)
     status = p_clear is not None
@@ -81,7 +85,7 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
         idx, cyc, held, status_model = 0, 0, None, 0
         while len(got) < len(ins) or len(cfg_cyc) < len(cfg):
             assert cyc < 40 * len(ins) + 100, "DUT stopped producing outputs"
-            free = cyc < free_run_first + lat           # phase 1: no stalls, no gaps
+            free = cyc < free_run_first * beats + lat   # phase 1: no stalls, no gaps
             if free:
                 iv = idx < min(free_run_first, len(ins))
             else:
@@ -105,7 +109,9 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
             ir = ctx.get(dut.i.ready)
             if status:
                 assert ctx.get(dut.status) == status_model, f"status at cycle {cyc}"
-            if credits is None:
+            if credits is None and beats > 1:   # ready only while the pipeline moves
+                assert not ir or ordy or not ov, f"i.ready at cycle {cyc}"
+            elif credits is None:
                 assert ir == (ordy or not ov), f"i.ready at cycle {cyc}"
             else:
                 ctx.set(dut.o.ready, not ordy)
@@ -134,7 +140,7 @@ def run_stream(dut, ins: list[int], seed: int = 1, *, p_valid: float = 0.8, p_re
     sim.add_testbench(tb)
     sim.run()
     return {"got": got, "in_cycles": in_cyc, "out_cycles": out_cyc, "cfg_cycles": cfg_cyc,
-            "latency": lat, **stats}
+            "latency": lat, "interval": beats, **stats}
 
 
 def check_run(run: dict, expected: list[int], free_run_first: int, describe=None) -> None:
@@ -145,6 +151,7 @@ def check_run(run: dict, expected: list[int], free_run_first: int, describe=None
     assert len(got) == len(expected), f"{len(got)} outputs for {len(expected)} inputs"
     bad, _, errors = score(got, list(range(len(got))), expected, run["out_cycles"], describe)
     assert not bad, f"{len(bad)}/{len(expected)} vectors differ; first: {errors[0]}"
-    errs = full_rate_errors(run["in_cycles"], run["out_cycles"], run["latency"], free_run_first)
+    errs = full_rate_errors(run["in_cycles"], run["out_cycles"], run["latency"], free_run_first,
+                            run.get("interval", 1))
     assert not errs, errs[0]
     assert all(o - i >= run["latency"] for i, o in zip(run["in_cycles"], run["out_cycles"]))

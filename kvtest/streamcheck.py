@@ -78,33 +78,38 @@ def latencies(acc_cycles: list[int], out_cycles: list[int], out_index: list[int]
 
 
 def full_rate_errors(acc_cycles: list[int], out_cycles: list[int], latency: int,
-                     count: int | None = None) -> list[str]:
+                     count: int | None = None, interval: int = 1) -> list[str]:
     """The no-stall contract over the first ``count`` vectors (all: None): each
-    output exactly ``latency`` cycles after its input, inputs and outputs on
-    consecutive cycles."""
+    output exactly ``latency`` cycles after its input, inputs and outputs
+    ``interval`` cycles apart (1: consecutive cycles; 2: a top level of two beats
+    per vector)."""
     k = len(out_cycles) if count is None else min(count, len(out_cycles))
     errs = []
     for i in range(k):
         if out_cycles[i] - acc_cycles[i] != latency:
             errs.append(f"latency of vector {i}: {out_cycles[i] - acc_cycles[i]}, expected {latency}")
-        elif i and not (acc_cycles[i] == acc_cycles[i - 1] + 1 and out_cycles[i] == out_cycles[i - 1] + 1):
-            errs.append(f"vector {i}: not one vector per cycle at full rate")
+        elif i and not (acc_cycles[i] == acc_cycles[i - 1] + interval
+                        and out_cycles[i] == out_cycles[i - 1] + interval):
+            errs.append(f"vector {i}: not one vector per {interval} cycle(s) at full rate")
     return errs
 
 
-def full_rate_record_errors(rec: dict, latency: int) -> list[str]:
+def full_rate_record_errors(rec: dict, latency: int, interval: int = 1) -> list[str]:
     """Checks of a phase streamed with valid and ready always high: i__ready never
-    low, one vector per cycle, every word with the same latency == ``latency``."""
+    low (``interval`` = 1), one vector per ``interval`` cycles (2: a DUT of two beats
+    per vector, whose i__ready is low while beat 0 is on), every word with the same
+    latency == ``latency``."""
     errs = []
-    if rec["i_ready_low_cycles"]:
+    if rec["i_ready_low_cycles"] and interval == 1:
         errs.append(f"i__ready low in {rec['i_ready_low_cycles']} cycles with o__ready always 1")
-    if rec["span_cycles_per_vector"] != 1.0:
-        errs.append(f"{rec['span_cycles_per_vector']} cycles per vector at full load, expected 1")
+    n, span = rec["outputs"], rec["output_span_cycles"]
+    if not n or span != interval * (n - 1) + 1:    # one output every ``interval`` cycles
+        errs.append(f"{n} outputs over {span} cycles at full load, expected one every "
+                    f"{interval} cycle(s)")
     if not (rec["latency_min"] == rec["latency_max"] == latency):
         errs.append(f"latency {rec['latency_min']}..{rec['latency_max']} under full load, "
                     f"manifest {latency}")
-    rec["throughput_vectors_per_cycle"] = (1 / rec["span_cycles_per_vector"]
-                                           if rec["span_cycles_per_vector"] else 0.0)
+    rec["throughput_vectors_per_cycle"] = ((n - 1) / (span - 1) if n > 1 else 0.0)
     return errs
 
 

@@ -133,11 +133,22 @@ def _flow_fields(dut) -> dict:
                     "register: vectors in flight after this cycle < credits"}
 
 
+def _fold_fields(dut) -> dict:
+    """Manifest entry of a top level of two beats per vector (``lanes`` = N/2)."""
+    if dut.beats == 1:
+        return {}
+    return {"beats": {"beats_per_vector": dut.beats, "lanes_per_beat": dut.lanes,
+                      "rule": "the accepted vector waits in a register for two cycles; beat 0 = "
+                              "lanes [0, W), beat 1 = [W, N); butterfly stage log2 N - 1 across "
+                              "the beats (hw.fwht.fold_stage); i__ready low while beat 0 is on"}}
+
+
 def _encoder_fields(dut: KVEpilogue) -> dict:
     p = dut.params
     o_shape = _stream_shape(dut, "o")
     return {**_key_front_fields(dut),
-        "fwht_register_after_stages": register_positions(p.log2n, dut.latency),
+        "fwht_register_after_stages": register_positions(dut.lanes.bit_length() - 1, dut.latency),
+        **_fold_fields(dut),
         "quant_register_cuts": list(dut.quant_regs),
         "frontend_register_cuts": list(dut.fe_regs),
         "tree_every": dut.tree_every,
@@ -152,9 +163,10 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
 
 def _decoder_fields(dut: KVDecompressor) -> dict:
     p = dut.params
-    steps = steps_of(p.n, p.block, dut.split_align)
+    two = dut.beats > 1
+    steps = steps_of(dut.lanes, p.block, dut.split_align, True if two else None)
     i_shape = _stream_shape(dut, "i")
-    return {
+    return {**_fold_fields(dut),
         "fwht_steps": [("align_lo" if s else "align_hi" if dut.split_align else "align")
                        if k == "align" else f"stage{s}" for k, s in steps],
         "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
@@ -259,7 +271,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         "fwht_latency": dut.latency,
         "latency_cycles": dut.latency_cycles,
         "latency_breakdown": latency_breakdown(dut),
-        "throughput_vectors_per_cycle": 1,
+        "lanes_per_cycle": getattr(dut, "lanes", p.n),
+        "throughput_vectors_per_cycle": 1 / getattr(dut, "beats", 1),
         "flow_control": _flow_fields(dut),
         "clock": {"port": "clk", "edge": "posedge"},
         "reset": {"port": "rst", "kind": "synchronous", "active": "high"},

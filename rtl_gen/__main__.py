@@ -85,6 +85,10 @@ def main(argv=None) -> int:
                          "FIFO in block RAM, i__ready a register; +3 cycles of latency)")
     ap.add_argument("--credit-extra", type=int, default=0,
                     help="with --flow credit: skid FIFO entries beyond latency + 1 (default 0)")
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="lanes per cycle W: N (default) or N/2, each vector as two beats "
+                         "(one vector every two cycles; --latency then counts the W-point "
+                         "network's registers, 0 .. log2 W)")
     ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
     ap.add_argument("--seed", type=int, default=d.sign_seed,
@@ -138,6 +142,8 @@ def main(argv=None) -> int:
         regs = {"latency": a.latency}
         if a.flow != "stall" or a.credit_extra:
             regs.update(flow=a.flow, credit_extra=a.credit_extra)
+        if a.lanes is not None:
+            regs["lanes"] = a.lanes
         if a.module != "decompressor":
             regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every,
                         lane_ram=a.lane_ram)

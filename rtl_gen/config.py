@@ -26,6 +26,10 @@
   with E credits beyond the minimum (``flow="credit", credit_extra=E``;
   ``hw.pipeline.FlowControl``; ``c0``: latency + 1 credits, one vector per cycle); the
   latency grows by the FIFO's 3 cycles, never the bytes;
+* optional ``w<W>`` (after ``l`` / ``p`` / ``k`` / ``r`` / ``c``, every kind): W = N/2 lanes
+  per cycle, each vector streamed as two beats (``lanes=W``, ``hw.pipeline.check_lanes``;
+  ``l`` then counts registers of the W-point network, 0 .. log2 W); one vector every two
+  cycles, the bytes unchanged;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -55,7 +59,7 @@ PRESETS = tuple(n for n in _pm.PRESETS if FormatParams.preset(n).quantizer_prese
 #: Fields the fixed part of a name states.
 _FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
 #: Optional parts of the fixed group: letter -> RTLConfig field.
-_OPTIONAL = {"p": "pipe", "k": "key_slots", "r": "lane_ram", "c": "credit"}
+_OPTIONAL = {"p": "pipe", "k": "key_slots", "r": "lane_ram", "c": "credit", "w": "lanes"}
 _FIELDS = [f.name for f in fields(FormatParams)]
 #: String-valued fields whose values may stand bare in a name.
 _ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
@@ -104,6 +108,7 @@ class RTLConfig:
     key_slots: int = 0
     lane_ram: int = 0
     credit: int | None = None
+    lanes: int | None = None
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -132,6 +137,9 @@ class RTLConfig:
         if self.credit is not None:
             _check_count(self.credit, "credit (cE, credit flow control with E extra skid FIFO "
                                       "entries) must be None or an int >= 0")
+        if self.lanes is not None:
+            from hw.pipeline import check_lanes
+            check_lanes(self.params, self.lanes)
         if pp and self.kind == "decoder":
             raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
                              f"tree registers, the decoder has none; got {pp}")
@@ -149,6 +157,8 @@ class RTLConfig:
             regs["lane_ram"] = self.lane_ram
         if self.credit is not None:
             regs.update(flow="credit", credit_extra=self.credit)
+        if self.lanes is not None:
+            regs["lanes"] = self.lanes
         if self.pipe is None:
             return regs
         from hw.decompressor import FLOAT_CUTS
@@ -185,6 +195,8 @@ class RTLConfig:
             parts.append(f"r{self.lane_ram}")
         if self.credit is not None:
             parts.append(f"c{self.credit}")
+        if self.lanes is not None:
+            parts.append(f"w{self.lanes}")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -213,7 +225,7 @@ class RTLConfig:
         fixed: dict = {}
         bare = _bare_values()
         for part in parts[2:]:
-            m = re.fullmatch(r"([ngblmpkrc])(\d+)", part)
+            m = re.fullmatch(r"([ngblmpkrcw])(\d+)", part)
             if m and m.group(1) in _FIXED:
                 name, tgt, val = _FIXED[m.group(1)], fixed, int(m.group(2))
             elif m and m.group(1) in _OPTIONAL:
@@ -228,7 +240,7 @@ class RTLConfig:
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
                 raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, "
-                                 f"cE, mM, a bare "
+                                 f"cE, wW, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")
@@ -241,6 +253,7 @@ class RTLConfig:
         key_slots = fixed.pop("key_slots", 0)
         lane_ram = fixed.pop("lane_ram", 0)
         credit = fixed.pop("credit", None)
+        lanes = fixed.pop("lanes", None)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit)
+        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit, lanes)

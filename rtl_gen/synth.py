@@ -155,7 +155,11 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("dec_v2_n16_g8_b3_l4_p0", True),
                   # credit-based flow control (config part cE) against the global stall
                   ("enc_v2_n16_g8_b3_l4_p1_c0", True), ("dec_v2_n16_g8_b3_l4_p0_c0", True),
-                  ("dec_v2_n64_g32_b3_l6_p0_c0", True)]
+                  ("dec_v2_n64_g32_b3_l6_p0_c0", True),
+                  # N = 128 as two beats of 64 lanes (config part wW): the last butterfly
+                  # stage across the beats, half the lanes of everything else
+                  ("enc_v2_n128_g64_b3_l6_p2_c0_w64", True),
+                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])
@@ -324,14 +328,18 @@ def fwht_lower_bound(cfg: RTLConfig) -> int:
     Read path (``hw.ifwht``): inner stages on the w_p-bit products, the outer
     stages on the exactly aligned w_p + 30 + s-bit sums: sum_s N (w + s + 1) with
     w = w_p below log2 G and w_p + 30 from there.
+
+    With two beats per vector (``lanes`` W = N/2) the same work takes two cycles: the
+    bound is W/N of it (adder bits per cycle).
     """
     p = cfg.params
+    w = cfg.lanes or p.n
     if cfg.kind == "encoder":
-        return sum(p.n * (p.mant_bits + s + 1) for s in range(p.log2n))
+        return sum(w * (p.mant_bits + s + 1) for s in range(p.log2n))
     from hw.dequant import level_table, product_shape
     wp = product_shape(level_table(p)).width
     log2g = p.block.bit_length() - 1
-    return sum(p.n * (wp + (30 if s >= log2g and p.n > p.block else 0) + s + 1)
+    return sum(w * (wp + (30 if s >= log2g and p.n > p.block else 0) + s + 1)
                for s in range(p.log2n))
 
 
@@ -549,10 +557,11 @@ def fwht_component(cfg: RTLConfig):
     p = cfg.params
     if cfg.kind == "encoder":
         from hw.fwht import FWHT
-        return FWHT(p.n, p.mant_bits, cfg.latency)
+        return FWHT(p.n, p.mant_bits, cfg.latency, lanes=cfg.lanes)
     from hw.dequant import level_table, product_shape
     from hw.ifwht import BlockFWHT
-    return BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency)
+    return BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency,
+                     lanes=cfg.lanes)
 
 
 def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
@@ -596,16 +605,17 @@ def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
 
 def float_parts(cfg: RTLConfig) -> dict:
     """The read path's float conversion components as built inside the decoder of ``cfg``
-    (N lanes, its constants and register cuts): {"fprep": FloatPrep, "fpack": FloatPack}."""
+    (its lanes per cycle, constants and register cuts): {"fprep": FloatPrep, "fpack": FloatPack}."""
     from hw.decompressor import FLOAT_CUTS, float_consts
     from hw.dequant import scale_format
     from hw.tofloat import FloatPack, FloatPrep
     p = cfg.params
     c = float_consts(p)
     regs = FLOAT_CUTS.check(cfg.regs.get("float_regs", FLOAT_CUTS.default))
-    return {"fprep": FloatPrep(p.n, c.y_width, scale_format(p).exp_bits, c,
+    w = cfg.lanes or p.n
+    return {"fprep": FloatPrep(w, c.y_width, scale_format(p).exp_bits, c,
                                abs_reg="abs" in regs, lead_reg="lead" in regs),
-            "fpack": FloatPack(p.n, c, shift_reg="shift" in regs, round_reg="round" in regs)}
+            "fpack": FloatPack(w, c, shift_reg="shift" in regs, round_reg="round" in regs)}
 
 
 def decoder_parts(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,

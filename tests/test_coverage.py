@@ -204,6 +204,16 @@ def test_stream_events():
     assert "stream.full_rate=64+" not in ev
     ev = stream_events(o_valid, np.ones(n, bool), o_valid, i_valid, i_fire, rst, [])
     assert ev.count("stream.full_rate=64+") == 1
+    # two beats per vector: an output every second cycle is full rate (interval 2), a
+    # gap of one more cycle ends the run
+    every2 = np.zeros(n, bool)
+    every2[10:210:2] = True
+    every2[150] = False
+    every2[151] = True
+    for interval, runs in ((1, 0), (2, 1)):
+        ev = stream_events(every2, np.ones(n, bool), every2, i_valid, i_fire, rst, [],
+                           interval=interval)
+        assert ev.count("stream.full_rate=64+") == runs
 
 
 def test_sampler_roundtrip(tmp_path):
@@ -271,3 +281,20 @@ def test_key_front_bins(slots):
     assert (oor is None) == (slots == 3)
     s, _ = side_band(4000, slots, 1)
     assert (s >= slots).any() == (slots == 3)
+
+
+def test_full_rate_record_errors():
+    """The full-load check: one output every ``interval`` cycles at the manifest latency;
+    i__ready low only allowed with two beats per vector."""
+    from kvtest.streamcheck import full_rate_record_errors
+    rec = {"i_ready_low_cycles": 0, "outputs": 10, "output_span_cycles": 10,
+           "latency_min": 5, "latency_max": 5}
+    assert full_rate_record_errors(dict(rec), 5) == []
+    assert full_rate_record_errors(dict(rec), 6)                 # wrong latency
+    assert full_rate_record_errors(dict(rec), 5, interval=2)     # too fast for 2 beats
+    two = {**rec, "i_ready_low_cycles": 9, "output_span_cycles": 19}
+    assert full_rate_record_errors(dict(two), 5, interval=2) == []
+    assert full_rate_record_errors(dict(two), 5)                 # ready low, half rate
+    r = dict(two)
+    full_rate_record_errors(r, 5, interval=2)
+    assert r["throughput_vectors_per_cycle"] == 0.5

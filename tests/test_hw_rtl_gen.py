@@ -417,3 +417,39 @@ def test_flow_config_and_manifest(tmp_path, capsys):
     if rtl_gen.find_tool("verilator") is not None:
         r = rtl_gen.lint(tmp_path / "c" / man["verilog"], man["top"])
         assert r.returncode == 0 and "%Warning" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_lanes_config_and_manifest(tmp_path, capsys):
+    """Config part wW: two beats per vector on every kind (regs lanes), round trip of the
+    name; refusals name ``lanes``; the manifest's lanes, throughput (1/2), beats entry and
+    latency (+4); the CLI's --lanes; lint-clean."""
+    from rtl_gen.__main__ import main as cli_main
+    from rtl_gen.config import RTLConfig
+    for name in ("enc_v2_n128_g64_b3_l6_p2_c0_w64", "dec_v2_n128_g64_b3_l6_p0_c0_w64",
+                 "rt_v2_n64_g32_b3_l2_w32", "enc_v2_n16_g8_b3_l1_w8"):
+        c = RTLConfig.parse(name)
+        assert c.name == name and c.regs["lanes"] == c.params.n // 2
+    assert "lanes" not in RTLConfig.parse("enc_v2_n16_g8_b3_l1").regs
+    for bad in ("enc_v2_n16_g8_b3_l1_w4", "enc_v2_n16_g16_b3_l1_w8", "enc_v2_n16_g8_b3_l1_w32"):
+        with pytest.raises(ValueError, match="lanes"):
+            RTLConfig.parse(bad)
+    c = RTLConfig.parse("dec_v2_n16_g8_b3_l1_w8")
+    man = rtl_gen.generate("decoder", c.params, tmp_path / "w", **c.regs)
+    plain = rtl_gen.generate("decoder", c.params, tmp_path / "s", latency=1)
+    assert man["latency_cycles"] == plain["latency_cycles"] + 4
+    assert (man["lanes_per_cycle"], man["throughput_vectors_per_cycle"]) == (8, 0.5)
+    assert (plain["lanes_per_cycle"], plain["throughput_vectors_per_cycle"]) == (16, 1)
+    assert man["beats"]["beats_per_vector"] == 2 and "beats" not in plain
+    assert man["ports"] == plain["ports"]        # the same stream interface
+    assert cli_main(["--n", "16", "--block", "8", "--latency", "3", "--lanes", "8",
+                     "--module", "roundtrip", "--out", str(tmp_path / "rt")]) == 0
+    rt = json.loads((tmp_path / "rt" / "manifest.json").read_text())
+    assert rt["throughput_vectors_per_cycle"] == 0.5
+    assert rt["latency_cycles"] == sum(rt["latency_breakdown"].values())
+    with pytest.raises(SystemExit):
+        cli_main(["--n", "16", "--block", "8", "--latency", "4", "--lanes", "8",
+                  "--out", str(tmp_path / "bad")])
+    assert "log2(W)=3" in capsys.readouterr().err
+    if rtl_gen.find_tool("verilator") is not None:
+        r = rtl_gen.lint(tmp_path / "w" / man["verilog"], man["top"])
+        assert r.returncode == 0 and "%Warning" not in r.stdout + r.stderr, r.stdout + r.stderr

@@ -28,6 +28,8 @@ class Job:
         latency: cycles from input to output handshake without stalls (manifest
             ``latency_cycles``; the round trip's whole latency).
         latency_dec: the decoder's latency in cycles (round trip only).
+        interval: cycles per vector at full load (1; 2 for two beats per vector, the
+            manifest's ``throughput_vectors_per_cycle`` = 1/2).
         harness: bit layout of the harness control vectors (verif.harness.harness_layout).
         model: reference model name.
     Stimulus:
@@ -49,6 +51,7 @@ class Job:
     config: str = ""
     latency: int = 0
     latency_dec: int | None = None
+    interval: int = 1
     harness: dict = field(default_factory=dict)
     model: str = "golden"
     seed: int = 1

@@ -102,6 +102,7 @@ def run(cfg: RTLConfig, files: list[Path], bdir: Path, manifest: dict, job: Job,
     job = dataclasses.replace(job, params=cfg.params, config=cfg.name, model=model,
                               latency=int(manifest["latency"]),
                               latency_dec=manifest.get("latency_dec"),
+                              interval=round(1 / manifest.get("throughput_vectors_per_cycle", 1)),
                               harness=manifest["harness"])
     res = _simulate(cfg, bdir, job, bdir / "runs" / tag, testcase)
     res["waves"] = []

@@ -13,7 +13,8 @@ Encoder configs ``enc_...`` (verif/tb_epilogue.py, kv_epilogue vs
 sim_models.encode, every output word bit-exact: codes, scales, flags):
 
 * latency      isolated vectors, no stalls: measured == manifest latency_cycles
-* throughput   valid and ready always high: 1 vector / cycle
+* throughput   valid and ready always high: 1 vector / cycle (two beats per vector,
+               ``w<N/2>``: 1 vector / 2 cycles)
 * random       sim_models.testvectors.random_vectors (10,000 per config; --quick 1,000)
 * adversarial  the whole sim_models.testvectors.adversarial_vectors set: zeros,
                +-0, fp16 max / full-scale, subnormals, single spikes, Hadamard rows
@@ -84,24 +85,31 @@ from .run import run
 #: profile of docs/SYNTH.md (``p2``); the key front end of the cache policy (``kT``:
 #: T = 3 slots, so a slot value >= T exists, with the default cuts; T = 8 in the N = 64
 #: Fmax profile, every cut); credit-based flow control (``c0``: the pipeline never stalls,
-#: output skid FIFO, registered i__ready) on the N = 64 Fmax profile. Chosen for build time (the
-#: C++ compile dominates a run on 2 cores): most variety at N = 64. Quantizer
-#: modes are added by mode_configs().
+#: output skid FIFO, registered i__ready) on the N = 64 Fmax profile; two beats per vector
+#: (``w64``: 64 lanes per cycle) on the N = 128 encoder that docs/SYNTH.md places and routes.
+#: Chosen for build time (the C++ compile dominates a run on 2 cores): most variety at N = 64.
+#: Quantizer modes are added by mode_configs().
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
                    "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16",
                    "enc_v2_n128_g64_b3_l7_p2", "enc_v2_n64_g32_b3_l2_k3",
-                   "enc_v2_n64_g64_b3_l6_p1_k8", "enc_v2_n64_g64_b3_l6_p1_c0")
+                   "enc_v2_n64_g64_b3_l6_p1_k8", "enc_v2_n64_g64_b3_l6_p1_c0",
+                   "enc_v2_n128_g64_b3_l6_p2_c0_w64")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
 #: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules;
 #: the Fmax register profiles (``pK``: every register cut, a register every K tree
 #: levels) through both modules, at N = 64 with two blocks (block alignment); both modules
-#: with credit flow control (``c0``), the encoder's skid FIFO feeding the decoder's credits.
+#: with credit flow control (``c0``), the encoder's skid FIFO feeding the decoder's credits;
+#: both modules with two beats per vector (``w64``) at N = 128, the decoder as synthesised
+#: (``p0``: every float cut, split alignment; credit flow).
 DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_g64_b3_l2",
-                      "rt_v2_n64_g32_b3_l6_p1", "rt_v2_n64_g32_b3_l6_p2", "rt_v2_n64_g32_b3_l2_c0")
+                      "rt_v2_n64_g32_b3_l6_p1", "rt_v2_n64_g32_b3_l6_p2", "rt_v2_n64_g32_b3_l2_c0",
+                      "rt_v2_n128_g64_b3_l6_p0_c0_w64")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
-#: first mode combination the RTL implements, see quick_configs()) and one small
-#: round trip with block alignment (N/G = 2).
-QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2")
+#: first mode combination the RTL implements, see quick_configs()), one small
+#: round trip with block alignment (N/G = 2), and the same round trip with two beats per
+#: vector (``w32``).
+QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2",
+                 "rt_v2_n64_g32_b3_l2_w32")
 #: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
 #: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``), G = 32, FWHT
 #: latency 0, the remaining N / b / latency pairs, bf16 at N = 128, more round trips.

@@ -364,7 +364,7 @@ class Bench:
             self.cov.events(stream_events(
                 o_valid=(mm & 2) != 0, o_ready=(d & ordy_b) != 0, o_fire=(mm & 1) != 0,
                 i_valid=(d & val_b) != 0, i_fire=(mm & ifire) != 0, rst=(d & rst_b) != 0,
-                resets=reset_events))
+                resets=reset_events, interval=self.job.interval))
         # ---- scoreboard, latency, status: kvtest.streamcheck ----
         extra, spurious_end = [], 0
         if m & 2:

@@ -11,7 +11,7 @@ kvtest.streamcheck. Expected words: the golden model (``sim_models.encode``) via
 ``kvtest.inputs.encoder_rows``. Tests:
 
 * test_latency       isolated vectors: latency == the manifest's latency_cycles
-* test_throughput    valid/ready always high: 1 vector per cycle, constant latency
+* test_throughput    valid/ready always high: 1 vector per cycle (per 2 for two beats), constant latency
 * test_stream        every vector set of the job under gaps, stalls, bursts, clears
 
 Key-front-end configs (``..._k<T>``: ``i__payload`` = lanes | slot | bypass, table port
@@ -143,11 +143,12 @@ async def test_latency(dut):
 
 @cocotb.test()
 async def test_throughput(dut):
-    """i__valid always 1, o__ready always 1: one vector per cycle, constant latency."""
+    """i__valid always 1, o__ready always 1: one vector per cycle (two beats per vector:
+    per two cycles), constant latency."""
     b = await bench(dut, "test_throughput")
     rec = await run_set(b, vectors(b, "random", b.job.throughput_vectors, b.seed + 202),
                         "throughput", status_init=0)
-    errs = full_rate_record_errors(rec, b.latency)
+    errs = full_rate_record_errors(rec, b.latency, b.job.interval)
     assert_ok([b.finish(rec, errs)])
 
 

@@ -7,6 +7,7 @@ from amaranth.hdl import Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 
 from hw.fwht import FWHT
+from hw.fwht import fold_stage as _fold_stage
 from hw.ifwht import BlockFWHT
 
 
@@ -111,3 +112,15 @@ def skid_read_enable_ahead(nonempty, rv, load):
     entry, also while the head waits in the read data register behind a stalled output
     (the entry there is overwritten: a vector lost)."""
     return nonempty
+
+
+def beat_register_free_early(valid, beat):
+    """``hw.pipeline.beat_register_free`` that frees the two-beat input register as soon as
+    it holds a vector (beat 0 included): the next vector overwrites it before its beat 1."""
+    return ~valid | ~beat
+
+
+def fold_stage_skewed(m, en, name, lanes, valid, side=None):
+    """``hw.fwht.fold_stage`` fed with lane 0 of every beat negated (a sign error in
+    front of the stage that runs across the beats)."""
+    return _fold_stage(m, en, name, [-lanes[0], *lanes[1:]], valid, side)

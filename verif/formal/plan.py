@@ -21,8 +21,8 @@ from hw.epilogue import KVEpilogue
 from sim_models.params import FormatParams
 
 from .prove import FormalError, prove_bmc, prove_comb
-from .specs import (BlockFWHTMiter, FloatMiter, FWHTMiter, FWHTPipeMiter, RoundTripMiter,
-                    check_factorization, check_swap)
+from .specs import (BlockFWHTMiter, FloatMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
+                    RoundTripMiter, check_factorization, check_swap)
 from .stream import StreamHarness
 
 
@@ -46,6 +46,12 @@ def _fwht(n, spec, work, timeout):
 def _pipe(n, width, latency, work, timeout):
     return prove_bmc(FWHTPipeMiter(n, width, latency), f"fwht_pipe_n{n}_w{width}_l{latency}",
                      work, depth=latency + 2, timeout=timeout)
+
+
+def _fold(n, width, latency, work, timeout):
+    # one pair from reset: 2 input beats, the network's latency, 2 output beats
+    return prove_bmc(FoldFWHTMiter(n, width, latency), f"fwht_fold_n{n}_w{width}_l{latency}",
+                     work, depth=latency + 4, timeout=timeout)
 
 
 def _block(n, g, spec, work, timeout):
@@ -81,51 +87,56 @@ def _float(config, work, timeout):
     return prove_comb(float_miter(config), f"float_{config}", work, timeout)
 
 
-def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall"):
+def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall",
+                  lanes: int | None = None):
     """A factory for the stream proofs: kind "enc" (KVEpilogue) or "dec" (KVDecompressor);
     cuts "min" (FWHT latency 1, no optional registers) or "default"; ``flow`` the flow
-    control (``hw.pipeline.FLOWS``)."""
+    control (``hw.pipeline.FLOWS``); ``lanes`` W (None: N; N/2: two beats per vector)."""
     p = FormatParams(n=n, block=g)
     if kind == "enc":
         if cuts == "min":
-            return lambda: KVEpilogue(p, latency=1, quant_regs=(), fe_regs=(), flow=flow)
-        return lambda: KVEpilogue(p, flow=flow)
+            return lambda: KVEpilogue(p, latency=1, quant_regs=(), fe_regs=(), flow=flow,
+                                      lanes=lanes)
+        return lambda: KVEpilogue(p, flow=flow, lanes=lanes)
     if cuts == "min":
-        return lambda: KVDecompressor(p, latency=1, float_regs=(), flow=flow)
-    return lambda: KVDecompressor(p, flow=flow)
+        return lambda: KVDecompressor(p, latency=1, float_regs=(), flow=flow, lanes=lanes)
+    return lambda: KVDecompressor(p, flow=flow, lanes=lanes)
 
 
-def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str) -> int:
+def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str,
+                 lanes: int | None = None) -> int:
     """BMC depth of a stream proof: stall flow, latency + 2 (the drain window plus two);
     credit flow, 2 x credits + 1 (fill the skid FIFO while stalled, then drain it)."""
     with warnings.catch_warnings():     # a probe, never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
-        dut = stream_design(kind, n, g, cuts, flow)()
+        dut = stream_design(kind, n, g, cuts, flow, lanes)()
         depth = dut.latency_cycles + 2 if flow == "stall" else 2 * dut.credits + 1
         del dut
         gc.collect()
     return depth
 
 
-def _stream(kind, n, g, cuts, depth, ref, flow, work, timeout):
-    h = StreamHarness(stream_design(kind, n, g, cuts, flow), reference=ref)
-    tag = ("_ref" if ref else "") + ("_credit" if flow == "credit" else "")
+def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout):
+    h = StreamHarness(stream_design(kind, n, g, cuts, flow, lanes), reference=ref)
+    tag = ("_ref" if ref else "") + ("_credit" if flow == "credit" else "") + \
+        (f"_w{lanes}" if lanes else "")
     return prove_bmc(h, f"stream_{kind}_n{n}_g{g}_{cuts}_d{depth}{tag}", work, depth=depth,
                      timeout=timeout)
 
 
-def flow_credit_design(stages: int = 0, width: int = 4):
-    """A factory for the order proof of the credit flow control alone
-    (``kvtest.flowpipe.FlowPipe``: the shared FlowControl and skid FIFO behind ``stages``
-    register stages of a ``width``-bit counter)."""
+def flow_design(flow: str = "credit", stages: int = 0, width: int = 4, beats: int = 1):
+    """A factory for the order proof of the flow control alone (``kvtest.flowpipe.FlowPipe``:
+    the shared FlowControl [and skid FIFO] behind ``stages`` register stages of a
+    ``width``-bit counter; ``beats`` = 2: the two-beat input register and the join)."""
     from kvtest.flowpipe import FlowPipe
-    return lambda: FlowPipe("credit", stages, width=width)
+    return lambda: FlowPipe(flow, stages, width=width, beats=beats)
 
 
-def _flow(stages, width, work, timeout):
-    h = StreamHarness(flow_credit_design(stages, width), reference=True)
-    depth = 2 * h.a.credits + 1
-    return prove_bmc(h, f"stream_flow_credit_s{stages}_w{width}_d{depth}_ref", work,
+def _flow(flow, stages, width, beats, work, timeout):
+    h = StreamHarness(flow_design(flow, stages, width, beats), reference=True)
+    depth = 2 * h.a.credits + 1 if flow == "credit" else h.a.latency_cycles + 6
+    tag = f"_b{beats}" if beats > 1 else ""
+    return prove_bmc(h, f"stream_flow_{flow}_s{stages}_w{width}_d{depth}{tag}_ref", work,
                      depth=depth, timeout=timeout)
 
 
@@ -140,6 +151,10 @@ def plan(name: str) -> list:
         [(8, 12, 1), (8, 12, 2), (8, 12, 3), (16, 12, 2)]
     items += [(f"fwht_pipe_n{n}_w{w}_l{lat}", f"FWHT(latency {lat}): y == H x({lat} enabled "
                "cycles earlier), BMC", partial(_pipe, n, w, lat)) for n, w, lat in pipes]
+    folds = [(8, 4, 0)] if name == "ci" else [(8, 4, 0), (8, 4, 1), (16, 4, 1)]
+    items += [(f"fwht_fold_n{n}_w{w}_l{lat}", f"FWHT of N points as two beats of N/2 lanes "
+               f"(latency {lat}): output beats == H_N (last input pair), BMC {lat + 4}",
+               partial(_fold, n, w, lat)) for n, w, lat in folds]
     blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
     items += [(f"ifwht_n{n}_g{g}_stages", "BlockFWHT == H (p << d), all p, d <= max_align",
                partial(_block, n, g, "stages")) for n, g in blocks]
@@ -149,19 +164,30 @@ def plan(name: str) -> list:
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))
     cd = stream_depth("enc", 16, 8, "min", "credit")     # 15: latency 6 (3 + the FIFO's 3)
-    streams = [("enc", 16, 8, "min", 5, False, "stall"), ("dec", 16, 8, "min", 5, False, "stall"),
-               ("enc", 16, 8, "min", cd, False, "credit")]
+    wd = stream_depth("enc", 16, 8, "min", "stall", 8)   # two beats: latency 7, + 2
+    streams = [("enc", 16, 8, "min", 5, False, "stall", None),
+               ("dec", 16, 8, "min", 5, False, "stall", None),
+               ("enc", 16, 8, "min", cd, False, "credit", None),
+               ("enc", 16, 8, "min", wd, False, "stall", 8)]
     if name == "full":
-        streams += [("dec", 16, 8, "min", cd, False, "credit"),
-                    ("enc", 8, 8, "min", 6, True, "stall"), ("dec", 8, 8, "min", 6, True, "stall")]
+        streams += [("dec", 16, 8, "min", cd, False, "credit", None),
+                    ("enc", 8, 8, "min", 6, True, "stall", None),
+                    ("dec", 8, 8, "min", 6, True, "stall", None),
+                    ("dec", 16, 8, "min", stream_depth("dec", 16, 8, "min", "stall", 8), False,
+                     "stall", 8)]
     items.append(("stream_flow_credit_ref", "credit flow control + skid FIFO alone: hold, "
                   "count, drain, order (reference copy), BMC 2 x credits + 1",
-                  partial(_flow, 0, 4)))
+                  partial(_flow, "credit", 0, 4, 1)))
+    for f in ("stall", "credit"):
+        items.append((f"stream_flow_{f}_b2_ref", f"{f} flow control with two beats per vector "
+                      "(input register, join) alone: hold, count, drain, order (reference "
+                      "copy)", partial(_flow, f, 1, 4, 2)))
     items += [(f"stream_{k}_n{n}_g{g}_{c}_d{d}{'_ref' if r else ''}"
-               f"{'_credit' if f == 'credit' else ''}",
-               f"stream ({f} flow): hold, count, drain{', order (reference copy)' if r else ''} "
-               f"(BMC {d} cycles)", partial(_stream, k, n, g, c, d, r, f))
-              for k, n, g, c, d, r, f in streams]
+               f"{'_credit' if f == 'credit' else ''}{f'_w{w}' if w else ''}",
+               f"stream ({f} flow{', two beats' if w else ''}): hold, count, drain"
+               f"{', order (reference copy)' if r else ''} (BMC {d} cycles)",
+               partial(_stream, k, n, g, c, d, r, f, w))
+              for k, n, g, c, d, r, f, w in streams]
     return items
 
 

@@ -19,7 +19,7 @@ Used by :mod:`verif.formal.prove` (yosys ``sat -prove ok 1``).
 from __future__ import annotations
 
 import numpy as np
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -372,4 +372,67 @@ class FloatMiter(wiring.Component):
         in_range = ((self.ef >= c.ef_lo) & (self.ef <= c.ef_hi)
                     & (y != -(1 << (w - 1))))                   # |y| < 2^(W-1)
         m.d.comb += self.ok.eq(~in_range | (pack.bits[0] == want))
+        return m
+
+
+class FoldFWHTMiter(wiring.Component):
+    """The FWHT of N points streamed as two beats of W = N/2 lanes
+    (``hw.fwht.FWHT(n, in_width, latency, lanes=n // 2)``: the W-point network, then
+    ``fold_stage``) against H_N of the last two input beats.
+
+    ``en``, ``i_valid`` and ``x`` (W lanes) are free every cycle. The harness takes the
+    valid beats in pairs (beat 0 = lanes [0, W), beat 1 = [W, N); the first valid beat
+    after reset is a beat 0) and, when a pair is complete, keeps it; a shadow delay line
+    of ``latency`` enabled cycles then says when the output beats are due: ``Assert``
+    that ``o_valid`` is high exactly in the two enabled cycles after a pair's delay and
+    that ``y`` is lanes [0, W) of H_N (pair), then lanes [W, N).
+
+    Args:
+        n, in_width, latency: the FWHT parameters (latency of the W-point network).
+        spec: ``"direct"`` or ``"stages"``.
+    """
+
+    def __init__(self, n: int, in_width: int, latency: int, spec: str = "stages"):
+        self.n, self.w, self.latency, self.spec = n, n // 2, latency, _check_spec(spec)
+        self.dut = FWHT(n, in_width, latency, lanes=self.w)
+        super().__init__({
+            "en": In(1), "i_valid": In(1),
+            "x": In(data.ArrayLayout(signed(in_width), self.w)),
+        })
+
+    def elaborate(self, platform):
+        from amaranth.hdl import Assert
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        en, w = self.en, self.w
+        m.d.comb += [dut.x.eq(self.x), dut.en.eq(en), dut.i_valid.eq(self.i_valid)]
+        beat = Signal()                          # index of the next valid input beat
+        first = Signal.like(self.x)              # beat 0 of the pair in progress
+        with m.If(en & self.i_valid):
+            m.d.sync += beat.eq(~beat)
+            with m.If(~beat):
+                m.d.sync += first.eq(self.x)
+        done = self.i_valid & beat               # a pair completes with this beat
+        pair = Cat(first, self.x)
+        for r in range(self.latency):            # the W-point network's registers
+            d, p = Signal(name=f"shadow_done{r}"), Signal(len(pair), name=f"shadow_pair{r}")
+            with m.If(en):
+                m.d.sync += [d.eq(done), p.eq(pair)]
+            done, pair = d, p
+        due0, due1 = Signal(), Signal()          # output beat 0, then beat 1
+        held = Signal(len(pair))
+        with m.If(en):
+            m.d.sync += [due0.eq(done), due1.eq(due0)]
+            with m.If(done):
+                m.d.sync += held.eq(pair)
+        xw = len(pair) // self.n
+        lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
+        want = spec_transform(lanes, self.spec)
+        lo = Cat(*(dut.y[i] == want[i] for i in range(w))).all()
+        hi = Cat(*(dut.y[i] == want[w + i] for i in range(w))).all()
+        m.d.comb += Assert(dut.o_valid == (due0 | due1))
+        with m.If(due0):
+            m.d.comb += Assert(lo)
+        with m.If(due1):
+            m.d.comb += Assert(hi)
         return m
