@@ -443,11 +443,14 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     m.d.comb += [o.valid.eq(ov0), Value.cast(o.payload).eq(Cat(*qs))]
 
 
-def beat_register_free(valid, beat):
+def beat_register_free_next(accept):
     """Whether the two-beat input register (:class:`FlowControl` with ``beats`` = 2) can
-    take the next vector this cycle: it is empty (``~valid``) or on its last beat (``beat``).
-    Taking one while beat 0 is on would overwrite the vector before its beat 1."""
-    return ~valid | beat
+    take a vector in the next enabled cycle: it is then empty or on its last beat, which
+    is the case exactly when it takes none in this one (``~accept``: after a handshake
+    it holds beat 0 next; otherwise it was empty, or on beat 0 and moves to beat 1, or
+    on beat 1 and empties). Taking one while beat 0 is on would overwrite the vector
+    before its beat 1."""
+    return ~accept
 
 
 class FlowTop:
@@ -535,15 +538,23 @@ class FlowControl:
 
     def _serializer(self, i, free, accept) -> None:
         """Two beats per vector: the accepted payload waits in a register (``beat_data``)
-        for two enabled cycles, beat 0 then beat 1 (``beat``); ``free``: the register can
-        take the next vector this cycle (empty, or on its last beat)."""
+        for two enabled cycles, beat 0 then beat 1 (``beat``). ``free`` (the register can
+        take the next vector this cycle: empty, or on its last beat) is a register of its
+        own, :func:`beat_register_free_next` of the previous enabled cycle, so that the
+        input handshake and the credit counter do not wait on the far ends of
+        ``beat_valid`` / ``beat``; ``beat_data`` loads whenever it is free (a load without
+        a handshake leaves ``beat_valid`` low), so its clock enable is that register too."""
         m = self.m
         data = Signal(len(self.payload), name="beat_data", reset_less=True)
         valid, beat = Signal(name="beat_valid"), Signal(name="beat")
-        m.d.comb += free.eq(beat_register_free(valid, beat))
+        free_r = Signal(init=1, name="beat_free")
+        m.d.comb += free.eq(free_r)
         with when(m, self.en):
+            m.d.sync += free_r.eq(beat_register_free_next(accept))
+            with m.If(free_r):
+                m.d.sync += data.eq(self.payload)
             with m.If(accept):
-                m.d.sync += [data.eq(self.payload), valid.eq(1), beat.eq(0)]
+                m.d.sync += [valid.eq(1), beat.eq(0)]
             with m.Elif(valid):
                 m.d.sync += [valid.eq(~beat), beat.eq(~beat)]
         self.payload, self.beat, self.i_valid = data, beat, valid

@@ -203,7 +203,8 @@ def test_two_beat_flow_order(flow, broken, monkeypatch, work):
     (verif.formal.mutants.beat_register_free_early)."""
     import hw.pipeline
     if broken:
-        monkeypatch.setattr(hw.pipeline, "beat_register_free", mutants.beat_register_free_early)
+        monkeypatch.setattr(hw.pipeline, "beat_register_free_next",
+                            mutants.beat_register_free_early)
     h = StreamHarness(flow_design(flow, 1, 4, beats=2), reference=True)
     depth = 2 * h.a.credits + 1 if flow == "credit" else h.latency + 6
     rec = prove_bmc(h, f"flow_b2_{flow}", work, depth=depth)

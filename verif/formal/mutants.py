@@ -114,10 +114,11 @@ def skid_read_enable_ahead(nonempty, rv, load):
     return nonempty
 
 
-def beat_register_free_early(valid, beat):
-    """``hw.pipeline.beat_register_free`` that frees the two-beat input register as soon as
-    it holds a vector (beat 0 included): the next vector overwrites it before its beat 1."""
-    return ~valid | ~beat
+def beat_register_free_early(accept):
+    """``hw.pipeline.beat_register_free_next`` that keeps the two-beat input register free
+    after a handshake too (beat 0 included): the next vector overwrites it before its
+    beat 1."""
+    return Const(1, 1)
 
 
 def fold_stage_skewed(m, en, name, lanes, valid, side=None):
