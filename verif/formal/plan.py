@@ -151,7 +151,7 @@ def plan(name: str) -> list:
         [(8, 12, 1), (8, 12, 2), (8, 12, 3), (16, 12, 2)]
     items += [(f"fwht_pipe_n{n}_w{w}_l{lat}", f"FWHT(latency {lat}): y == H x({lat} enabled "
                "cycles earlier), BMC", partial(_pipe, n, w, lat)) for n, w, lat in pipes]
-    folds = [(8, 4, 0)] if name == "ci" else [(8, 4, 0), (8, 4, 1), (16, 4, 1)]
+    folds = [(8, 4, 0)] if name == "ci" else [(8, 4, 0), (8, 4, 1)]
     items += [(f"fwht_fold_n{n}_w{w}_l{lat}", f"FWHT of N points as two beats of N/2 lanes "
                f"(latency {lat}): output beats == H_N (last input pair), BMC {lat + 4}",
                partial(_fold, n, w, lat)) for n, w, lat in folds]
