@@ -21,9 +21,10 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     o__valid (out), o__ready  output stream
     o__payload [16*N]         lane k's fp16/bf16 pattern at bits [16k, 16k+16)
 
-Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
+Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_regs``):
 
-    i.payload -> dequant (comb: scale decode, level * sig, ef_min, shifts) -> REG
+    i.payload -> scale decode, per block the 2^b products level * sig, ef_min, shifts
+      [REG table] -> each lane selects its product by code -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
          flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
@@ -33,7 +34,7 @@ Pipeline (no stalls; [REG name] = optional register of ``float_regs``):
          [REG round] pack, saturate) -> REG
       -> o.payload
 
-``latency_cycles = latency + 2 + len(float_regs)`` (5 for the defaults:
+``latency_cycles = latency + 2 + len(float_regs) + len(dq_regs)`` (5 for the defaults:
 latency 2, float_regs ("prep",)), plus 3 for the skid FIFO in credit flow. Flow
 control as in ``KVEpilogue`` (``flow``: :class:`hw.pipeline.FlowControl`): every
 register stage carries a valid bit; ``"stall"``: the whole pipeline advances when
@@ -52,14 +53,14 @@ exponent field).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
 
-from .dequant import (ScaleDecode, check_read_params, dequant_lane, level_table, product_shape,
+from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
 from .ifwht import BlockFWHT, out_width
 from .fwht import FOLD_CYCLES
@@ -76,6 +77,14 @@ from .wire import decoder_input_layout, lanes_layout
 #: after FloatPack's right shifter and sticky bit (before RNE, packing,
 #: saturation), ``"round"`` after the RNE increment. Default: ``"prep"``.
 FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
+
+#: Optional pipeline register of the dequant: ``"table"`` after the scale decode, the
+#: per-block product tables (``hw.dequant.dequant_table``), ef_min and the shifts, with
+#: the codes (and, with two beats, after the beat select), so that the lanes' code
+#: select is the only logic before the dequant register (the N=128 decoder's worst path
+#: ran from a scale byte through the decode and the product of all lanes of its block).
+#: Default: none.
+DQ_CUTS = Cuts("dq_regs", ("table",), default=())
 
 
 def float_consts(params: FormatParams) -> FloatConsts:
@@ -105,6 +114,8 @@ class KVDecompressor(FlowTop, wiring.Component):
             (ef_min over all N/G blocks, the last butterfly stage across the beats; one
             vector every two cycles, ``latency_cycles`` + 4; ``latency`` in [0, log2 W];
             G must divide W; hw/README.md).
+        dq_regs: optional registers of the dequant (names from :data:`DQ_CUTS`; default
+            none); each adds one cycle of latency.
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -114,8 +125,9 @@ class KVDecompressor(FlowTop, wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2,
                  float_regs=FLOAT_CUTS.default, split_align: bool = False, flow: str = "stall",
-                 credit_extra: int = 0, lanes: int | None = None):
+                 credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default):
         check_read_params(params)
+        self.dq_regs = DQ_CUTS.check(dq_regs)
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
         self.lanes = check_lanes(params, lanes)
         self.beats = params.n // self.lanes
@@ -137,7 +149,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         """Register stages per pipeline section (sums to :attr:`latency_cycles`); the
         float registers appear only where placed (``float_abs_reg`` / ``float_prep_reg``
         / ``float_shift_reg``)."""
-        return {**fold_cycles(self.beats, "beat_data"), "dequant_reg": 1, "fwht": self.latency,
+        return {**fold_cycles(self.beats, "beat_data"),
+                **{f"dq_{r}_reg": 1 for r in self.dq_regs}, "dequant_reg": 1, "fwht": self.latency,
                 **({"fold_stage": FOLD_CYCLES} if self.beats > 1 else {}),
                 **{f"float_{r}_reg": 1 for r in self.float_regs}, "output_reg": 1,
                 **flow_cycles(self.flow)}
@@ -158,35 +171,41 @@ class KVDecompressor(FlowTop, wiring.Component):
         en = fc.en
         w, two = self.lanes, self.beats > 1
 
-        # ---- dequant (combinational) + register -----------------------------------
+        # ---- dequant: per block the 2^b products level * sig, lanes select by code ------
         sf = self.scale_fmt
         pay = data.View(decoder_input_layout(p), fc.payload) if two else self.i.payload
-        sigs, efs = [], []
+        tables, efs = [], []
         for k in range(nb):
             sd = ScaleDecode(sf)
             m.submodules[f"scale{k}"] = sd
             m.d.comb += sd.byte.eq(pay.scales[k])
-            sigs.append(sd.sig)
+            zero = pay.zeros[k] if p.zero_bytes else None
+            tables.append(dequant_table(m, self.table, sd.sig, f"dq{k}", zero))
             efs.append(sd.ef)
-        zeros = [pay.zeros[k] for k in range(nb)] if p.zero_bytes else [None] * nb
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
         if two:     # beat 0: lanes [0, W) and their blocks, beat 1: [W, N)
-            nbw = w // g
-            codes, sigs, efs, zeros = ([Mux(fc.beat, v[len(v) // 2 + i], v[i]) if v[i] is not None
-                                        else None for i in range(len(v) // 2)]
-                                       for v in (codes, sigs, efs, zeros))
-            n, nb = w, nbw
-        prods = [dequant_lane(m, self.table, codes[i], sigs[i // g], f"dq{i}", zeros[i // g])
-                 for i in range(n)]
-
+            codes, tables, efs = ([Mux(fc.beat, v[len(v) // 2 + i], v[i])
+                                   for i in range(len(v) // 2)] for v in (codes, tables, efs))
+            n, nb = w, w // g
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
+        shifts = [Signal(dw, name=f"dq_shift{k}") for k in range(nb)]
+        m.d.comb += [shifts[k].eq(efs[k] - ef_min) for k in range(nb)]
+        valid = fc.i_valid
+        if "table" in self.dq_regs:     # the block tables, codes and shifts registered
+            t = stage(m, en, "dqt", table=tables, code=codes, shift=shifts, efmin=ef_min,
+                      valid=valid)
+            tables, codes, shifts, ef_min, valid = (t[k] for k in ("table", "code", "shift",
+                                                                   "efmin", "valid"))
+        pw = pshape.width       # a lane's product: its block table's entry at its code
+        entries = [Array(Value.cast(v)[f * pw:(f + 1) * pw] for f in range(1 << p.bits))
+                   for v in tables]
         prod = Signal(data.ArrayLayout(pshape, n), name="dq_prod_c")
-        m.d.comb += [prod[i].eq(prods[i]) for i in range(n)]
+        m.d.comb += [prod[i].eq(entries[i // g][codes[i]]) for i in range(n)]
         shift = Signal(data.ArrayLayout(dw, nb), name="dq_shift_c")
-        m.d.comb += [shift[k].eq(efs[k] - ef_min) for k in range(nb)]
-        dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, valid=fc.i_valid)
+        m.d.comb += [shift[k].eq(shifts[k]) for k in range(nb)]
+        dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, valid=valid)
 
         # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
         side = data.StructLayout({"ef_min": efw})

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from sim_models.lloyd_max import LEVEL_FRAC_BITS, LEVELS
@@ -251,40 +251,33 @@ def product_shape(table: LevelTable) -> Shape:
     return Shape.cast(range(min(0, lo) * table.sig_max, max(0, hi) * table.sig_max + 1))
 
 
-def dequant_lane(m: Module, table: LevelTable, code, sig, name: str, zero=None):
-    """One lane, combinational: code field -> level (table) -> ``level * sig``.
+def dequant_table(m: Module, table: LevelTable, sig, name: str, zero=None):
+    """One block, combinational: the products ``level(f) * sig`` of its 2^b code values f
+    (a lane then selects its own by its code field, ``table[code]``; the block's scale
+    significand drives 2^b constant products instead of one product per lane).
 
     Args:
         m: module to add the logic to.
         table: the level table.
-        code: the lane's b-bit code field (unsigned Value).
         sig: the block's scale significand (unsigned Value).
-        name: prefix of the created signals.
+        name: prefix of the created signal.
         zero: the block's zero point (8-bit unsigned Value); required when
-            ``table.zero_point``, ignored otherwise.
+            ``table.zero_point`` (level = f - zero), ignored otherwise.
 
     Returns:
-        ``prod``: a Signal of :func:`product_shape` (signed).
+        A Signal of ``ArrayLayout(product_shape(table), 2^b)``.
+
+    Raises:
+        ValueError: ``zero`` missing for a zero-point table.
     """
-    level = Signal(table.shape, name=f"{name}_level")
-    if table.zero_point:
-        if zero is None:
-            raise ValueError("zero (the block's zero point) is required for a zero-point table")
-        assert table.is_unsigned
-        m.d.comb += level.eq(code - zero)
-    elif table.is_twos_complement:
-        m.d.comb += level.eq(code.as_signed())
-    elif table.is_odd_twos_complement:
-        m.d.comb += level.eq(Cat(Const(1, 1), code).as_signed())
-    else:
-        with m.Switch(code):
-            for f, v in enumerate(table.levels):
-                with m.Case(f):
-                    m.d.comb += level.eq(v)
-    prod = Signal(product_shape(table), name=f"{name}_prod")
-    m.d.comb += prod.eq(level * sig)
-    return prod
+    if table.zero_point and zero is None:
+        raise ValueError("zero (the block's zero point) is required for a zero-point table")
+    tbl = Signal(data.ArrayLayout(product_shape(table), 1 << table.bits), name=f"{name}_table")
+    for f, v in enumerate(table.levels):
+        level = Const(v, table.shape) - zero if table.zero_point else Const(v, table.shape)
+        m.d.comb += tbl[f].eq(level * sig)
+    return tbl
 
 
 __all__ = ["LevelTable", "READ_SUPPORT", "ScaleDecode", "ScaleFormat", "check_read_params",
-           "dequant_lane", "level_table", "product_shape", "scale_format"]
+           "dequant_table", "level_table", "product_shape", "scale_format"]

@@ -174,6 +174,7 @@ def _decoder_fields(dut: KVDecompressor) -> dict:
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
                                        dut.scale_fmt.max_align),
         "float_regs": list(dut.float_regs),
+        "dequant_regs": list(dut.dq_regs),
         "i_payload": {"width": Shape.cast(i_shape).width,
                       # codes | scales [| zeros (asym)]
                       "fields": payload_fields(i_shape)},
@@ -242,7 +243,7 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
             0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``/
             ``lane_ram`` (encoder),
-            ``float_regs``/``split_align`` (decoder).
+            ``float_regs``/``split_align``/``dq_regs`` (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -306,7 +307,7 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top, "dec_top")
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align")}
+    enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align", "dq_regs")}
     dec_regs = {k: v for k, v in regs.items()
                 if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs",
                              "lane_ram")}

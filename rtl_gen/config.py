@@ -148,7 +148,7 @@ class RTLConfig:
     def regs(self) -> dict:
         """Register options of the component(s) (``rtl_gen.generate`` keywords): the FWHT
         ``latency``; with ``pipe`` = k every cut of ``FE_CUTS``, ``QUANT_CUTS`` and
-        ``FLOAT_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
+        ``FLOAT_CUTS`` and ``DQ_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
         decoder's block alignment as two FWHT steps (``split_align``)."""
         regs: dict = {"latency": self.latency}
         if self.key_slots:
@@ -161,7 +161,7 @@ class RTLConfig:
             regs["lanes"] = self.lanes
         if self.pipe is None:
             return regs
-        from hw.decompressor import FLOAT_CUTS
+        from hw.decompressor import DQ_CUTS, FLOAT_CUTS
         from hw.frontend import FE_CUTS
         from hw.quantizer import QUANT_CUTS
         if self.kind in ("encoder", "roundtrip"):
@@ -170,7 +170,7 @@ class RTLConfig:
                 from hw.keyfront import KF_CUTS
                 regs["kf_regs"] = KF_CUTS.names
         if self.kind in ("decoder", "roundtrip"):
-            regs.update(float_regs=FLOAT_CUTS.names, split_align=True)
+            regs.update(float_regs=FLOAT_CUTS.names, split_align=True, dq_regs=DQ_CUTS.names)
         return regs
 
     @property

@@ -29,7 +29,7 @@ from amaranth.hdl import Module, UnusedElaboratable, signed
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
-from hw.decompressor import FLOAT_CUTS
+from hw.decompressor import DQ_CUTS, FLOAT_CUTS
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
@@ -74,7 +74,7 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
             raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False,
-            flow: str = "stall", lanes: int | None = None):
+            flow: str = "stall", lanes: int | None = None, dq_regs=DQ_CUTS.default):
     """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
     returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
     instead of ``scales`` (the expected outputs still come from ``scales``). ``flow``: the
@@ -83,13 +83,15 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
         p, codes, scales if raw_scales is None else raw_scales, zeros))
     exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
-        dut = KVDecompressor(p, latency, flow=flow, lanes=lanes)
+        dut = KVDecompressor(p, latency, flow=flow, lanes=lanes, dq_regs=dq_regs)
         assert dut.float_regs == FLOAT_CUTS.default
     else:
-        dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow, lanes=lanes)
+        dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow, lanes=lanes,
+                             dq_regs=dq_regs)
     fifo = SKID_FIFO_CYCLES if flow == "credit" else 0
     beats = 4 if dut.beats > 1 else 0      # input register, second beat, fold stage (2)
-    assert dut.latency_cycles == latency + 2 + len(dut.float_regs) + fifo + beats
+    assert dut.latency_cycles == (latency + 2 + len(dut.float_regs) + len(dut.dq_regs) + fifo
+                                  + beats)
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
     run = run_stream(dut, ins, seed, p_valid=p_valid, p_ready=p_ready,
                      free_run_first=free_run_first)
@@ -286,6 +288,22 @@ def test_split_align(n, block, latency, scale):
 def test_bad_float_regs(regs, err):
     with pytest.raises(err, match="float_regs"):
         KVDecompressor(FormatParams(), 2, regs)
+    with pytest.raises(err, match="dq_regs"):
+        KVDecompressor(FormatParams(), 2, dq_regs=regs)
+
+
+@pytest.mark.parametrize("mode,scale,bits,block,lanes,flow", [
+    ("midrise", "ue5m3", 3, 16, None, "stall"), ("midtread", "e4m3fn", 2, 8, None, "credit"),
+    ("lloydmax", "ue5m3", 4, 16, None, "stall"), ("asym", "ue4m4", 3, 8, None, "credit"),
+    ("midrise", "ue5m3", 3, 16, 32, "stall"), ("asym", "ue5m3", 4, 32, 32, "credit")])
+def test_dq_table_reg(mode, scale, bits, block, lanes, flow):
+    """The dequant's ``table`` register (the per-block product tables, codes, shifts and
+    ef_min registered before the lanes' code select): same outputs for every mode (the
+    zero point included) and both flows, one cycle more (checked exactly by run_dut)."""
+    p = FormatParams(n=64, block=block, bits=bits, mode=mode, scale=scale, sign_seed=4)
+    codes, scales, zeros = planes_for(p, 6, 10, seed=bits)
+    check(p, 2, codes, scales, zeros, seed=bits, dq_regs=DQ_CUTS.names, lanes=lanes,
+          flow=flow)
 
 
 def _full_cases():
@@ -830,8 +848,10 @@ def test_two_beats(preset, n, block, bits, latency, mode, float_regs, split, n_r
     p = FormatParams.preset(preset, n=n, block=block, bits=bits, sign_seed=n + bits, **kw)
     codes, scales, zeros = planes_for(p, 200 if FULL else n_random, 1 if FULL else stride,
                                       seed=n + latency)
+    profile = float_regs == FLOAT_CUTS.names      # the synthesised profile: every cut
     check(p, latency, codes, scales, zeros, seed=n + latency, flow=flow, lanes=n // 2,
-          float_regs=float_regs, split_align=split, free_run_first=8)
+          float_regs=float_regs, split_align=split, free_run_first=8,
+          dq_regs=DQ_CUTS.names if profile else DQ_CUTS.default)
 
 
 @pytest.mark.parametrize("kw,exc,word", [
