@@ -64,8 +64,8 @@ from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table
                       scale_format)
 from .ifwht import BlockFWHT, out_width
 from .fwht import FOLD_CYCLES
-from .pipeline import (Cuts, FlowControl, FlowTop, beat_index, check_flow, check_lanes,
-                       check_latency, collect, flow_cycles, fold_cycles, stage)
+from .pipeline import (Cuts, FlowControl, FlowTop, beat_groups, beat_index, beat_of, check_flow,
+                       check_lanes, check_latency, collect, flow_cycles, fold_cycles, stage)
 from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
@@ -109,7 +109,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         split_align: the FWHT's block alignment as two steps, so that a ``latency``
             register can sit inside the shifter (``hw.ifwht.BlockFWHT``; default False).
         flow: flow control, ``"stall"`` (default) or ``"credit"`` (:class:`KVEpilogue`).
-        credit_extra: credit flow only: skid FIFO entries beyond ``latency_cycles + 1``.
+        credit_extra: credit flow only: skid FIFO entries beyond the minimum
+            (:func:`hw.pipeline.credit_depth`).
         lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
             (ef_min over all N/G blocks, the last butterfly stage across the beats; one
             vector every two cycles, ``latency_cycles`` + 4; ``latency`` in [0, log2 W];
@@ -185,8 +186,10 @@ class KVDecompressor(FlowTop, wiring.Component):
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
         if two:     # beat 0: lanes [0, W) and their blocks, beat 1: [W, N)
-            codes, tables, efs = ([Mux(fc.beat, v[len(v) // 2 + i], v[i])
-                                   for i in range(len(v) // 2)] for v in (codes, tables, efs))
+            beat = fc.beat_copies(beat_groups(w))       # one copy per lane group
+            codes = [Mux(beat_of(beat, i, w), codes[w + i], codes[i]) for i in range(w)]
+            tables, efs = ([Mux(beat_of(beat, k * g, w), v[w // g + k], v[k])
+                            for k in range(w // g)] for v in (tables, efs))
             n, nb = w, w // g
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
@@ -216,8 +219,9 @@ class KVDecompressor(FlowTop, wiring.Component):
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
         mask = sign_mask_int(p.n, p.sign_seed)
         if two:     # D of the output beat: lanes [0, W), then [W, N)
-            ybeat = beat_index(m, en, "ifwht_out", fw.o_valid)
-            mask = Mux(ybeat, mask >> w, mask & ((1 << w) - 1))
+            ybeat = beat_index(m, en, "ifwht_out", fw.o_valid, beat_groups(w))
+            mask = Cat(Mux(beat_of(ybeat, k, w), (mask >> (w + k)) & 1, (mask >> k) & 1)
+                       for k in range(w))
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
         consts = float_consts(p)

@@ -42,7 +42,7 @@ never blocks the pipeline. ``"credit"``: the pipeline never stalls (registers
 without enable), the output register writes a skid FIFO (LUT or block RAM) that drives
 ``o`` (``latency_breakdown["skid_fifo"]`` = 3 cycles), and ``i.ready`` is a register
 driven by a credit counter (``latency_cycles + 1 + credit_extra`` vectors in flight
-at most). Either way: one vector per cycle (with ``lanes`` = N/2: per two cycles, two beats of N/2
+at most; two beats: ``latency_cycles // 2 + 1 + credit_extra``). Either way: one vector per cycle (with ``lanes`` = N/2: per two cycles, two beats of N/2
 lanes inside) while ``o.ready`` is high, no loss,
 duplication or reordering under back-pressure, the payload held while
 ``o.valid & ~o.ready``.
@@ -70,7 +70,7 @@ from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FOLD_CYCLES, FWHT
 from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
 from .packer import Packer
-from .pipeline import (FlowControl, FlowTop, check_flow, check_lane_ram, check_lanes,
+from .pipeline import (FlowControl, FlowTop, beat_groups, check_flow, check_lane_ram, check_lanes,
                        check_latency, check_tree_every, collect, flow_cycles, fold_cycles, stage)
 from .quantizer import QUANT_CUTS, Quantizer
 from .quantizer import ram_lines as quant_ram_lines
@@ -126,7 +126,8 @@ class KVEpilogue(FlowTop, wiring.Component):
         flow: flow control, ``"stall"`` (default: global stall enable) or ``"credit"``
             (credit-based flow control with an output skid FIFO; :data:`hw.pipeline.FLOWS`).
         credit_extra: credit flow only: skid FIFO entries beyond the minimum
-            ``latency_cycles + 1`` for one vector per cycle (default 0).
+            ``latency_cycles + 1`` for one vector per cycle (two beats: ``latency_cycles
+            // 2 + 1``, :func:`hw.pipeline.credit_depth`; default 0).
         lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
             through a W-lane data path (one vector every two cycles, ``latency_cycles``
             + 4; ``latency`` in [0, log2 W]; G must divide W; hw/README.md). Not with
@@ -213,7 +214,7 @@ class KVEpilogue(FlowTop, wiring.Component):
         m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram,
                                               lanes=w)
         if two:
-            m.d.comb += fe.beat.eq(fc.beat)
+            m.d.comb += fe.beat.eq(fc.beat_copies(beat_groups(w)))
         if self.key_slots:
             m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs)
             wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)

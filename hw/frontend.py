@@ -7,7 +7,7 @@ along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
 ``emax`` after the exponent max tree, ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
 shifter, before the rounding increment) and ``tree_every`` = k, a register
 after every k levels of the max tree (:func:`hw.trees.tree_cut_levels`). Each
-register holds the rest of the vector (decoded lanes, partial maxima, flags).
+register holds the rest of the vector (decoded lanes, partial maxima with the OR of their lanes' NaN / Inf flags).
 Latency = len(regs) + :func:`tree_cuts`. The decoded lanes (exponent,
 significand, sign) only wait while the max tree runs, :func:`lane_delay` stages;
 with ``lane_ram`` > 0 and at least that many stages they wait in block RAM
@@ -35,7 +35,8 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth, stage
+from .pipeline import (Cuts, beat_groups, beat_of, check_lane_ram, check_lanes, check_tree_every,
+                       ram_delay, ram_depth, stage)
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -91,7 +92,8 @@ class FrontEnd(wiring.Component):
             :func:`lane_delay` that puts them into a block RAM delay line (:func:`ram_lines`).
 
         lanes: W, lanes per cycle (None: N; N/2: :func:`hw.pipeline.check_lanes`). With
-            W = N/2 the ``beat`` input (0 or 1) picks lanes [0, W) or [W, N) of ``bits``
+            W = N/2 the ``beat`` input (0 or 1; :func:`hw.pipeline.beat_groups` equal copies,
+            each read by its lane group) picks lanes [0, W) or [W, N) of ``bits``
             (the whole vector, held for both beats); ``emax`` and ``flags`` are the
             vector's, from all N lanes.
 
@@ -119,8 +121,8 @@ class FrontEnd(wiring.Component):
             "flags": Out(2),
             "o_valid": Out(1),
         }
-        if self.lanes != p.n:
-            ports["beat"] = In(1)
+        if self.lanes != p.n:       # the beat index, one copy per lane group
+            ports["beat"] = In(beat_groups(self.lanes))
         super().__init__(ports)
 
     @property
@@ -168,12 +170,14 @@ class FrontEnd(wiring.Component):
 
         # the vector in flight; every register stage holds all of it
         w = self.lanes
+        # the NaN / Inf flags of a lane ride with its exponent through the max tree (OR at
+        # every node), so their N-lane OR is pipelined by the tree's registers
         vec = {"exp": exps, "sig": sigs, "sign": signs,
-               "flags": Cat(Cat(*nans).any(), Cat(*infs).any()), "valid": self.i_valid}
+               "tflag": [Cat(a, b) for a, b in zip(nans, infs)], "valid": self.i_valid}
         if w != p.n:        # two beats: the max tree sees all N lanes, the rest the beat's W
             beat = self.beat
             vec.update(texp=exps, beat=beat,
-                       **{k: [Mux(beat, v[w + i], v[i]) for i in range(w)]
+                       **{k: [Mux(beat_of(beat, i, w), v[w + i], v[i]) for i in range(w)]
                           for k, v in (("exp", exps), ("sig", sigs), ("sign", signs))})
 
         def cut(name: str, **more) -> None:
@@ -199,8 +203,13 @@ class FrontEnd(wiring.Component):
             return vec.pop("part")
         tree_cut.count = 0
 
-        vec["emax"] = tree_reduce(m, exps, lambda a, b: Mux(a > b, a, b), "emax",
-                                  every=self.tree_every, cut=tree_cut)
+        def max_or(a, b):   # (exponent, flags): the larger exponent, the OR of the flags
+            return Cat(Mux(a[:e_bits] > b[:e_bits], a[:e_bits], b[:e_bits]),
+                       a[e_bits:] | b[e_bits:])
+
+        root = tree_reduce(m, [Cat(e, f) for e, f in zip(exps, vec.pop("tflag"))], max_or,
+                           "emax", every=self.tree_every, cut=tree_cut)
+        vec["emax"], vec["flags"] = root[:e_bits], root[e_bits:]
         # the clamp test d > wsp + 1 as the sign of a second subtraction beside d:
         # d > wsp + 1  <=>  (emax - (wsp + 2 - post)) - exp >= 0
         emaxc = Signal(range(-(wsp + 2), 1 << e_bits), name="emax_clamp")
@@ -255,6 +264,6 @@ class FrontEnd(wiring.Component):
                 neg = signs[k] ^ d_lo
             else:           # D of lane k of beat 0 or of lane w + k of beat 1
                 d_hi = (self.mask >> (w + k)) & 1
-                neg = signs[k] ^ Mux(vec["beat"], d_hi, d_lo)
+                neg = signs[k] ^ Mux(beat_of(vec["beat"], k, w), d_hi, d_lo)
             m.d.comb += self.x[k].eq(Mux(neg, -magc, magc))
         return m

@@ -322,7 +322,7 @@ def check_flow(flow, credit_extra=0) -> tuple[str, int]:
     if isinstance(credit_extra, bool) or not isinstance(credit_extra, int):
         raise TypeError(f"credit_extra must be an int, got {type(credit_extra).__name__}")
     if credit_extra < 0:
-        raise ValueError(f"credit_extra (skid FIFO entries beyond latency + 1) must be >= 0, "
+        raise ValueError(f"credit_extra (skid FIFO entries beyond the minimum) must be >= 0, "
                          f"got {credit_extra}")
     if credit_extra and flow != "credit":
         raise ValueError(f"credit_extra (skid FIFO entries) needs flow='credit', "
@@ -330,20 +330,22 @@ def check_flow(flow, credit_extra=0) -> tuple[str, int]:
     return flow, credit_extra
 
 
-def credit_depth(latency: int, extra: int = 0) -> int:
+def credit_depth(latency: int, extra: int = 0, beats: int = 1) -> int:
     """Credits of a credit-flow top level whose ``latency_cycles`` is ``latency`` (its
-    skid FIFO included): ``latency + 1 + extra`` vectors in flight at most.
+    skid FIFO included) and that takes one vector every ``beats`` cycles:
+    ``latency // beats + 1 + extra`` vectors in flight at most.
 
-    Why latency + 1: a vector accepted in cycle t leaves (with ``o.ready`` high) in
-    cycle t + latency and is counted from cycle t + 1 through t + latency, so at one
-    vector per cycle the count is ``latency`` in every cycle; ``i.ready`` is a register,
-    computed from the count without the current cycle's output handshake, so one vector
-    per cycle needs ``count < depth`` at count = ``latency``. With ``latency`` credits the
-    input would pause one cycle in every ``latency + 1`` (tests/test_hw_units.py).
-    The FIFO must hold all of them: every vector in flight lands in it when ``o.ready``
-    stays low.
+    Why: a vector accepted in cycle t leaves (with ``o.ready`` high) in cycle t + latency
+    and is counted from cycle t + 1 through t + latency. At one vector every ``beats``
+    cycles the count in a cycle that accepts one is ``latency // beats`` (the vectors
+    accepted in the ``latency`` cycles before it, every ``beats``-th); ``i.ready`` is a
+    register, computed from the count without the current cycle's output handshake, so
+    full rate needs ``count < depth`` there. For ``beats`` = 1: ``latency + 1``; with
+    ``latency`` credits the input would pause one cycle in every ``latency + 1``
+    (tests/test_hw_units.py). The FIFO must hold all of them: every vector in flight
+    lands in it when ``o.ready`` stays low, so two beats halve the skid FIFO.
     """
-    return latency + 1 + extra
+    return latency // beats + 1 + extra
 
 
 #: Bits per slice of a skid FIFO: two ECP5 block RAMs (DP16KD, 36 bits wide in their
@@ -464,7 +466,7 @@ class FlowTop:
         ``latency_cycles``)."""
         if self.flow != "credit":
             return None
-        return credit_depth(self.latency_cycles, self.credit_extra)
+        return credit_depth(self.latency_cycles, self.credit_extra, getattr(self, "beats", 1))
 
 
 class FlowControl:
@@ -496,7 +498,7 @@ class FlowControl:
         flow: one of :data:`FLOWS` (validated by :func:`check_flow`).
         i, o: the top level's input and output streams.
         latency: its ``latency_cycles`` (with the FIFO's cycles in credit flow).
-        credit_extra: credits beyond ``latency + 1``.
+        credit_extra: credits beyond the minimum (:func:`credit_depth`).
         beats: beats per vector, 1 or 2 (:data:`FOLDS`).
     """
 
@@ -519,7 +521,7 @@ class FlowControl:
             m.d.comb += i.ready.eq(self.en & free)
             self._serializer(i, free, i.valid & i.ready)
             return
-        self.depth = credit_depth(latency, credit_extra)
+        self.depth = credit_depth(latency, credit_extra, beats)
         self.en = Const(1, 1)
         count = Signal(range(self.depth + 1), name="credit_count")
         ready = Signal(init=1, name="credit_ready")
@@ -558,6 +560,23 @@ class FlowControl:
             with m.Elif(valid):
                 m.d.sync += [valid.eq(~beat), beat.eq(~beat)]
         self.payload, self.beat, self.i_valid = data, beat, valid
+        self._accept = accept
+
+    def beat_copies(self, count: int) -> Value:
+        """``count`` copies of :attr:`beat` (two beats per vector): registers with its
+        update rule (0 after a handshake, toggled on every other enabled cycle with a
+        beat on), every bit equal to it in every cycle. Each copy's next value depends
+        on itself, so synthesis keeps them apart and each drives only its own lanes'
+        beat select (:func:`beat_of`)."""
+        if count == 1:
+            return self.beat
+        copies = Signal(count, name="beat_copy")
+        with when(self.m, self.en):
+            with self.m.If(self._accept):
+                self.m.d.sync += copies.eq(0)
+            with self.m.Elif(self.i_valid):
+                self.m.d.sync += copies.eq(~copies)
+        return copies
 
     def output(self, payload, valid) -> None:
         """The output register of ``payload`` (a Value or View) and ``valid`` (the
@@ -572,6 +591,26 @@ class FlowControl:
             m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_v)]
         else:
             skid_fifo(m, out, out_v, o, self.depth)
+
+
+#: Lanes per copy of a beat index (:func:`beat_groups`): the beat select of a two-beat top
+#: level drives a multiplexer in every bit of every lane (W = 64 lanes of 17 bits in the
+#: N=128 encoder: 1,088 loads, 7.8 ns of routing from one flip-flop across the die), so
+#: each group of this many lanes reads its own copy of the register.
+BEAT_GROUP_LANES = 8
+
+
+def beat_groups(lanes: int) -> int:
+    """Copies of a beat index for ``lanes`` lanes per beat (one per
+    :data:`BEAT_GROUP_LANES` lanes, at least one)."""
+    return max(1, -(-lanes // BEAT_GROUP_LANES))
+
+
+def beat_of(beat, lane: int, lanes: int):
+    """The copy of the beat index (a Value of :func:`beat_groups` bits, every bit equal)
+    that lane ``lane`` of ``lanes`` reads."""
+    beat = Value.cast(beat)
+    return beat[lane * len(beat) // lanes]
 
 
 def fold_cycles(beats: int, name: str) -> dict:
@@ -604,12 +643,14 @@ def collect(m: Module, en, name: str, value, valid) -> tuple[Signal, Value]:
     return first, valid & beat
 
 
-def beat_index(m: Module, en, name: str, valid) -> Signal:
+def beat_index(m: Module, en, name: str, valid, copies: int = 1) -> Signal:
     """The beat index (0, 1) of the beat that is ``valid`` at one point of a pipeline of
     two beats per vector: a register (``{name}_beat``, reset 0) toggled by every valid
     beat that moves on (``en``). Beats keep their order, beat 0 first, and nothing is in
-    flight after reset, so no index needs to travel with the data."""
-    beat = Signal(name=f"{name}_beat")
+    flight after reset, so no index needs to travel with the data. ``copies`` > 1: that
+    many such registers, every bit equal (each toggles itself, so synthesis keeps them
+    apart; :func:`beat_of` picks a lane's)."""
+    beat = Signal(copies, name=f"{name}_beat")
     with when(m, en & valid):
         m.d.sync += beat.eq(~beat)
     return beat

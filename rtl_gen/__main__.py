@@ -84,7 +84,8 @@ def main(argv=None) -> int:
                          "credit: credit-based flow control, the pipeline never stalls, an output skid "
                          "FIFO in block RAM, i__ready a register; +3 cycles of latency)")
     ap.add_argument("--credit-extra", type=int, default=0,
-                    help="with --flow credit: skid FIFO entries beyond latency + 1 (default 0)")
+                    help="with --flow credit: skid FIFO entries beyond the minimum, latency + 1 "
+                         "(two beats: latency // 2 + 1) (default 0)")
     ap.add_argument("--lanes", type=int, default=None,
                     help="lanes per cycle W: N (default) or N/2, each vector as two beats "
                          "(one vector every two cycles; --latency then counts the W-point "

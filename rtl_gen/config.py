@@ -24,7 +24,7 @@
 * optional ``c<E>`` (after ``l`` / ``p`` / ``k`` / ``r``, every kind): credit-based flow control
   instead of the global stall: the pipeline never stalls, an output skid FIFO in block RAM
   with E credits beyond the minimum (``flow="credit", credit_extra=E``;
-  ``hw.pipeline.FlowControl``; ``c0``: latency + 1 credits, one vector per cycle); the
+  ``hw.pipeline.FlowControl``; ``c0``: latency + 1 credits, one vector per cycle; two beats: latency // 2 + 1); the
   latency grows by the FIFO's 3 cycles, never the bytes;
 * optional ``w<W>`` (after ``l`` / ``p`` / ``k`` / ``r`` / ``c``, every kind): W = N/2 lanes
   per cycle, each vector streamed as two beats (``lanes=W``, ``hw.pipeline.check_lanes``;

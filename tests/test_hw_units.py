@@ -693,7 +693,7 @@ def test_credit_full_rate_check_can_fail(monkeypatch):
     one cycle in every latency + 1, and test_credit_full_rate_registered_ready's check
     fails."""
     import hw.pipeline
-    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0: lat + extra)
+    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0, beats=1: lat + extra)
     dut = FlowPipe("credit", 5)
     n = 4 * (dut.latency_cycles + 1) + 20
     rec = held_high(dut, n)
@@ -703,6 +703,33 @@ def test_credit_full_rate_check_can_fail(monkeypatch):
     late = [t for t in rec["in"] if t >= 2 * lat]
     span = range(2 * lat, n)
     assert len(span) - len(late) >= len(span) // (lat + 1)
+
+
+@pytest.mark.parametrize("stages", [0, 1, 4, 7])
+@pytest.mark.parametrize("fewer", [False, True])
+def test_credit_full_rate_two_beats(stages, fewer, monkeypatch):
+    """Two beats per vector with o.ready held high: latency // 2 + 1 credits
+    (hw.pipeline.credit_depth) take a vector every two cycles without a pause, and each
+    leaves latency_cycles after its input; one credit fewer and the input pauses."""
+    import hw.pipeline
+    if fewer:
+        depth = hw.pipeline.credit_depth
+        monkeypatch.setattr(hw.pipeline, "credit_depth",
+                            lambda lat, extra=0, beats=1: depth(lat, extra, beats) - 1)
+    dut = FlowPipe("credit", stages, beats=2)
+    lat = dut.latency_cycles
+    assert dut.credits == lat // 2 + 1 - fewer
+    n = 8 * (lat + 2) + 20
+    rec = held_high(dut, n)
+    late = [t for t in rec["in"] if t >= 2 * lat]
+    if fewer:
+        assert late != list(range(late[0], n, 2)), "one credit fewer still at full rate"
+        return
+    assert rec["in"] == list(range(0, n, 2))
+    assert rec["out"] == [t + lat for t in rec["in"] if t + lat < n]
+    half = [(v + stages) % 64 for v in range(64)]        # each 6-bit beat counted up
+    assert rec["got"] == [half[k % 64] | half[(k >> 6) % 64] << 6
+                          for k in range(len(rec["got"]))]
 
 
 @pytest.mark.parametrize("extra", [0, 3])
@@ -772,3 +799,53 @@ def test_skid_fifo_ram_style(width, extra, style):
     assert (width * size <= SKID_LUTRAM_BITS) == (style == "distributed")
     text = rtlil.convert(dut)
     assert f'attribute \\ram_style "{style}"' in text
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+def test_beat_copies_equal_beat(flow):
+    """FlowControl.beat_copies: every copy of the beat index equals ``beat`` in every cycle
+    (random i.valid / o.ready, a reset in mid-stream), and beat_groups / beat_of give each
+    group of BEAT_GROUP_LANES lanes its own copy."""
+    from amaranth.lib import stream, wiring
+    from amaranth.lib.wiring import In, Out
+    from hw.pipeline import BEAT_GROUP_LANES, FlowControl, beat_groups, beat_of
+
+    class Top(wiring.Component):
+        def __init__(self):
+            super().__init__({"i": In(stream.Signature(8)), "o": Out(stream.Signature(8)),
+                              "beat": Out(1), "copies": Out(3)})
+            self.cd = ClockDomain("sync")
+
+        def elaborate(self, platform):
+            m = Module()
+            m.domains.sync = self.cd
+            fc = FlowControl(m, flow, self.i, self.o, 2, beats=2)
+            m.d.comb += [self.beat.eq(fc.beat), self.copies.eq(fc.beat_copies(3))]
+            fc.output(fc.payload, fc.i_valid & fc.beat)
+            return m
+
+    dut = Top()
+    rng = np.random.default_rng(3)
+    seen = set()
+
+    async def tb(ctx):
+        for cyc in range(400):
+            ctx.set(dut.i.valid, int(rng.random() < 0.7))
+            ctx.set(dut.o.ready, int(rng.random() < 0.6))
+            ctx.set(Value.cast(dut.i.payload), cyc % 256)
+            b, c = ctx.get(dut.beat), ctx.get(dut.copies)
+            assert c == (0b111 if b else 0), f"cycle {cyc}: beat {b}, copies {c:03b}"
+            seen.add(b)
+            ctx.set(dut.cd.rst, int(cyc == 200))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert seen == {0, 1}
+    assert [beat_groups(w) for w in (4, 8, 9, 32, 64)] == [1, 1, 2, 4, 8]
+    two = Signal(2)         # 2 groups of BEAT_GROUP_LANES lanes: the copy by lane
+    assert [beat_of(two, i, 2 * BEAT_GROUP_LANES).start
+            for i in (0, BEAT_GROUP_LANES - 1, BEAT_GROUP_LANES, 2 * BEAT_GROUP_LANES - 1)] \
+        == [0, 0, 1, 1]
