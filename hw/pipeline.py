@@ -360,13 +360,21 @@ SKID_SLICE_BITS = 72
 #: the N=64 decoder's 32 Kbit FIFO loses (99 -> 86 MHz).
 SKID_LUTRAM_BITS = 8192
 
+#: Entries up to which a skid FIFO of any width is kept in LUT RAM: 16 is one
+#: TRELLIS_DPR16X4 deep (no read multiplexer), where a block RAM would use 16 of its 512
+#: words and bring its 6 ns clock-to-out; the 2,048-bit FIFO of the two-beat N=128
+#: decoder in 57 DP16KD did not route (docs/SYNTH.md).
+SKID_LUTRAM_ENTRIES = 16
+
 
 def skid_ram(width: int, depth: int) -> tuple[int, str]:
     """The skid FIFO's RAM for ``width``-bit entries and ``depth`` credits: (entries, the
     smallest power of two >= depth; ``ram_style``: "distributed" (LUT RAM) up to
-    :data:`SKID_LUTRAM_BITS` bits of width x entries, else "block")."""
+    :data:`SKID_LUTRAM_BITS` bits of width x entries or up to
+    :data:`SKID_LUTRAM_ENTRIES` entries, else "block")."""
     size = 1 << (depth - 1).bit_length()
-    return size, "distributed" if width * size <= SKID_LUTRAM_BITS else "block"
+    lut = width * size <= SKID_LUTRAM_BITS or size <= SKID_LUTRAM_ENTRIES
+    return size, "distributed" if lut else "block"
 
 
 def skid_read_enable(nonempty, rv, load):
