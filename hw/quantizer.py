@@ -48,10 +48,11 @@ from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
 #: the middle of the block statistic tree (after floor(log2(G)/2) levels), after
 #: the tree, inside the scale select (after the leading one, after the
 #: normalization, after the exponent arithmetic), after the scale select, inside
-#: the thresholds (after the shift amounts), after the thresholds. Default:
+#: the thresholds (after the exponent differences, after the shift amounts), after the
+#: thresholds. Default:
 #: maxhalf, max, norm, scale, thr (hw/README.md).
 QUANT_CUTS = Cuts("quant_regs", ("abs", "maxhalf", "max", "lead", "norm", "sexp", "scale",
-                                 "tsh", "thr"),
+                                 "tsd", "tsh", "thr"),
                   default=("maxhalf", "max", "norm", "scale", "thr"))
 
 
@@ -288,13 +289,14 @@ class Quantizer(wiring.Component):
         nth = len(self.coefs)
         ths = []
         for b in range(nb):
-            th = Thresholds(p, wy, self.u_shape, pipelined="tsh" in self.regs)
+            th = Thresholds(p, wy, self.u_shape, pipelined="tsh" in self.regs,
+                            diff_reg="tsd" in self.regs)
             m.submodules[f"thr{b}"] = th
             m.d.comb += [th.byte.eq(vec.scales[b]), th.u.eq(vec.u)]
-            if "tsh" in self.regs:
+            if "tsh" in self.regs or "tsd" in self.regs:
                 m.d.comb += th.en.eq(self.en)
             ths.append([th.th[j] for j in range(nth)])
-        vec = cut(replace(vec, u=None), "tsh")       # in step with Thresholds
+        vec = cut(cut(replace(vec, u=None), "tsd"), "tsh")     # in step with Thresholds
         vec = cut(replace(vec, th=ths), "thr")
         if not lines:
             late_neg, late_mags = vec.neg, vec.mags

@@ -30,22 +30,24 @@ class Thresholds(wiring.Component):
         u_shape: shape of u.
 
     Ports: ``byte``, ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
-    Combinational, or with ``pipelined`` one register (advanced by ``en``, In)
-    after the shift amounts and the products ``a_j sig``, before the shifts.
+    Combinational, or with registers advanced by ``en`` (In): ``diff_reg`` after the
+    exponent differences d = e - off - u and -d (two carry chains), ``pipelined`` after
+    the shift amounts and the products ``a_j sig``, before the shifts.
     """
 
-    def __init__(self, p: FormatParams, y_width: int, u_shape, pipelined: bool = False):
+    def __init__(self, p: FormatParams, y_width: int, u_shape, pipelined: bool = False,
+                 diff_reg: bool = False):
         self.coefs, self.frac = threshold_coefs(p.mode, p.bits)
         encoding(p.scale)
         self.scale = p.scale
         self.y_width, self.u_shape = y_width, Shape.cast(u_shape)
-        self.pipelined = bool(pipelined)
+        self.pipelined, self.diff_reg = bool(pipelined), bool(diff_reg)
         ports = {
             "byte": In(8),
             "u": In(u_shape),
             "th": Out(data.ArrayLayout(unsigned(y_width + 1), len(self.coefs))),
         }
-        if self.pipelined:
+        if self.pipelined or self.diff_reg:
             ports["en"] = In(1)
         super().__init__(ports)
 
@@ -69,6 +71,9 @@ class Thresholds(wiring.Component):
         m.d.comb += d.eq(e1 - off - self.u)
         nd = Signal(shape_range(off + ulo - (1 << eb) + 1, off + uhi - 1))
         m.d.comb += nd.eq(off + self.u - e1)
+        if self.diff_reg:
+            st = stage(m, self.en, "tsd", d=d, nd=nd, sig=sig)
+            d, nd, sig = st["d"], st["nd"], st["sig"]
         dneg = d[-1]
         dp = Signal(range(wy + 1))
         m.d.comb += dp.eq(Mux(dneg, 0, Mux(gt_const(d, wy), wy, d)))
