@@ -186,10 +186,12 @@ class KVDecompressor(FlowTop, wiring.Component):
         ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
         if two:     # beat 0: lanes [0, W) and their blocks, beat 1: [W, N)
-            beat = fc.beat_copies(beat_groups(w))       # one copy per lane group
-            codes = [Mux(beat_of(beat, i, w), codes[w + i], codes[i]) for i in range(w)]
-            tables, efs = ([Mux(beat_of(beat, k * g, w), v[w // g + k], v[k])
-                            for k in range(w // g)] for v in (tables, efs))
+            # one copy per lane group for the code selects, one more for the blocks' scale
+            # logic (placed beside the tables, not beside the lanes of group 0)
+            beat = fc.beat_copies(beat_groups(w) + 1)
+            codes = [Mux(beat_of(beat[:-1], i, w), codes[w + i], codes[i]) for i in range(w)]
+            tables, efs = ([Mux(beat[-1], v[w // g + k], v[k]) for k in range(w // g)]
+                           for v in (tables, efs))
             n, nb = w, w // g
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
