@@ -158,9 +158,12 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("dec_v2_n64_g32_b3_l6_p0_c0", True),
                   # N = 128 as two beats of 64 lanes (config part wW): the last butterfly
                   # stage across the beats, half the lanes of everything else; the
-                  # decoder in both flows (the credit one did not route, docs/SYNTH.md)
-                  ("enc_v2_n128_g64_b3_l6_p2_c0_w64", True),
-                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True), ("dec_v2_n128_g64_b3_l6_p0_w64", True)]
+                  # encoder at tree registers every 2 and every level, the decoder in
+                  # both flows (docs/SYNTH.md)
+                  ("enc_v2_n128_g64_b3_l6_p2_c0_w64", True), ("enc_v2_n128_g64_b3_l6_p1_c0_w64", True),
+                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True), ("dec_v2_n128_g64_b3_l6_p0_w64", True),
+                  # N = 64, one beat, every cut, credit flow
+                  ("enc_v2_n64_g64_b3_l6_p1_c0", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])
