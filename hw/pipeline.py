@@ -464,8 +464,8 @@ def beat_register_free_next(accept):
 
 
 class FlowTop:
-    """Mixin of a top level with ``flow`` and ``credit_extra`` (see :class:`FlowControl`)
-    and a ``latency_cycles`` property: its declared :attr:`credits`."""
+    """Mixin of a top level with ``flow``, ``credit_extra``, ``beats`` (see
+    :class:`FlowControl`) and a ``latency_cycles`` property: its declared :attr:`credits`."""
 
     @property
     def credits(self) -> int | None:
@@ -474,7 +474,7 @@ class FlowTop:
         ``latency_cycles``)."""
         if self.flow != "credit":
             return None
-        return credit_depth(self.latency_cycles, self.credit_extra, getattr(self, "beats", 1))
+        return credit_depth(self.latency_cycles, self.credit_extra, self.beats)
 
 
 class FlowControl:
@@ -556,35 +556,38 @@ class FlowControl:
         a handshake leaves ``beat_valid`` low), so its clock enable is that register too."""
         m = self.m
         data = Signal(len(self.payload), name="beat_data", reset_less=True)
-        valid, beat = Signal(name="beat_valid"), Signal(name="beat")
+        valid = Signal(name="beat_valid")
         free_r = Signal(init=1, name="beat_free")
         m.d.comb += free.eq(free_r)
+        self._accept, self.i_valid = accept, valid
+        beat = self._beat_register(1, "beat")
         with when(m, self.en):
             m.d.sync += free_r.eq(beat_register_free_next(accept))
             with m.If(free_r):
                 m.d.sync += data.eq(self.payload)
             with m.If(accept):
-                m.d.sync += [valid.eq(1), beat.eq(0)]
+                m.d.sync += valid.eq(1)
             with m.Elif(valid):
-                m.d.sync += [valid.eq(~beat), beat.eq(~beat)]
-        self.payload, self.beat, self.i_valid = data, beat, valid
-        self._accept = accept
+                m.d.sync += valid.eq(~beat)
+        self.payload, self.beat = data, beat
+
+    def _beat_register(self, count: int, name: str) -> Signal:
+        """``count`` bits, each the beat index of the two-beat input register: 0 after a
+        handshake, toggled on every other enabled cycle with a beat on."""
+        r = Signal(count, name=name)
+        with when(self.m, self.en):
+            with self.m.If(self._accept):
+                self.m.d.sync += r.eq(0)
+            with self.m.Elif(self.i_valid):
+                self.m.d.sync += r.eq(~r)
+        return r
 
     def beat_copies(self, count: int) -> Value:
         """``count`` copies of :attr:`beat` (two beats per vector): registers with its
-        update rule (0 after a handshake, toggled on every other enabled cycle with a
-        beat on), every bit equal to it in every cycle. Each copy's next value depends
-        on itself, so synthesis keeps them apart and each drives only its own lanes'
-        beat select (:func:`beat_of`)."""
-        if count == 1:
-            return self.beat
-        copies = Signal(count, name="beat_copy")
-        with when(self.m, self.en):
-            with self.m.If(self._accept):
-                self.m.d.sync += copies.eq(0)
-            with self.m.Elif(self.i_valid):
-                self.m.d.sync += copies.eq(~copies)
-        return copies
+        update rule (:meth:`_beat_register`), every bit equal to it in every cycle. Each
+        copy's next value depends on itself, so synthesis keeps them apart and each drives
+        only its own lanes' beat select (:func:`beat_of`)."""
+        return self.beat if count == 1 else self._beat_register(count, "beat_copy")
 
     def output(self, payload, valid) -> None:
         """The output register of ``payload`` (a Value or View) and ``valid`` (the
