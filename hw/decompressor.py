@@ -62,7 +62,7 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
-from .ifwht import BlockFWHT, out_width
+from .ifwht import BlockFWHT, out_width, steps_of
 from .fwht import FOLD_CYCLES
 from .pipeline import (Cuts, FlowControl, FlowTop, beat_groups, beat_index, beat_of, check_flow,
                        check_lanes, check_latency, collect, flow_cycles, fold_cycles, stage)
@@ -87,6 +87,13 @@ FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), defau
 DQ_CUTS = Cuts("dq_regs", ("table",), default=())
 
 
+def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False) -> int:
+    """Steps of the read path's FWHT (``hw.ifwht.BlockFWHT`` over ``lanes`` = W lanes):
+    log2 W butterfly stages and the block alignment (two steps with ``split_align``;
+    none for N = G); the most FWHT registers ``latency`` can place, one per step."""
+    return len(steps_of(lanes, params.block, split_align, params.n > params.block))
+
+
 def float_consts(params: FormatParams) -> FloatConsts:
     """The float conversion's constants of the read path of ``params``: the FWHT's output
     width (``hw.ifwht.out_width``), the input type, the exponent-field range of the scale
@@ -102,7 +109,8 @@ class KVDecompressor(FlowTop, wiring.Component):
 
     Args:
         params: format parameters (``sim_models.FormatParams``); fp16 or bf16 output.
-        latency: FWHT pipeline registers, in [0, log2 N] (default 2).
+        latency: FWHT pipeline registers, in [0, S] (default 2): S = :func:`fwht_steps`,
+            log2 W butterfly stages and the block alignment (one register per step at most).
         float_regs: which optional registers of the float conversion to place
             (names from :data:`FLOAT_CUTS`, any order; default
             ``FLOAT_CUTS.default``); each adds one cycle of latency.
@@ -137,7 +145,8 @@ class KVDecompressor(FlowTop, wiring.Component):
             raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
         self.split_align = split_align
         self.params = params
-        self.latency = check_latency(params, latency, self.lanes)
+        self.latency = check_latency(params, latency, self.lanes,
+                                     fwht_steps(params, self.lanes, split_align))
         self.table = level_table(params)
         self.scale_fmt = scale_format(params)
         super().__init__({

@@ -126,8 +126,8 @@ class KVEpilogue(FlowTop, wiring.Component):
         flow: flow control, ``"stall"`` (default: global stall enable) or ``"credit"``
             (credit-based flow control with an output skid FIFO; :data:`hw.pipeline.FLOWS`).
         credit_extra: credit flow only: skid FIFO entries beyond the minimum
-            ``latency_cycles + 1`` for one vector per cycle (two beats: ``latency_cycles
-            // 2 + 1``, :func:`hw.pipeline.credit_depth`; default 0).
+            ``latency_cycles + 2`` for one vector per cycle (two beats: ``(latency_cycles
+            + 1) // 2 + 1``, :func:`hw.pipeline.credit_depth`; default 0).
         lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
             through a W-lane data path (one vector every two cycles, ``latency_cycles``
             + 4; ``latency`` in [0, log2 W]; G must divide W; hw/README.md). Not with

@@ -4,7 +4,8 @@ Bit-exact with ``sim_models.bfp.to_block_fp`` (FORMAT.md 3.1-3.3).
 Combinational (the top level registers its outputs), except for the optional
 pipeline registers (``en`` advances them, ``i_valid`` -> ``o_valid`` rides
 along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
-``emax`` after the exponent max tree, ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
+``emax`` after the exponent max tree (one register copy of the max per
+:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes), ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
 shifter, before the rounding increment) and ``tree_every`` = k, a register
 after every k levels of the max tree (:func:`hw.trees.tree_cut_levels`). Each
 register holds the rest of the vector (decoded lanes, partial maxima with the OR of their lanes' NaN / Inf flags).
@@ -36,7 +37,7 @@ from amaranth.lib.wiring import In, Out
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
 from .pipeline import (Cuts, beat_groups, beat_of, check_lane_ram, check_lanes, check_tree_every,
-                       ram_delay, ram_depth, stage)
+                       ram_delay, ram_depth, replica_count, replica_of, replicas, stage)
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -211,26 +212,44 @@ class FrontEnd(wiring.Component):
                            "emax", every=self.tree_every, cut=tree_cut)
         vec["emax"], vec["flags"] = root[:e_bits], root[e_bits:]
         # the clamp test d > wsp + 1 as the sign of a second subtraction beside d:
-        # d > wsp + 1  <=>  (emax - (wsp + 2 - post)) - exp >= 0
-        emaxc = Signal(range(-(wsp + 2), 1 << e_bits), name="emax_clamp")
-        m.d.comb += emaxc.eq(vec["emax"] - (wsp + 2 - post))
-        vec["emaxc"] = emaxc
-        if "emax" in self.regs:
+        # d > wsp + 1  <=>  emax - (exp + wsp + 2 - post) >= 0. The constant goes to the
+        # lanes (expc), off the max tree's last segment: beside the tree root from the
+        # lanes' register, or after the cut where the lanes leave their block RAM.
+        clamp = wsp + 2 - post
+
+        def lane_clamps():
+            vec["expc"] = []
+            for k, e in enumerate(vec["exp"]):
+                c = Signal(range(min(clamp, 0), (1 << e_bits) + max(clamp, 0)), name=f"expc{k}")
+                m.d.comb += c.eq(e + clamp)
+                vec["expc"].append(c)
+
+        if not lines:
+            lane_clamps()
+        if "emax" in self.regs:     # the max exponent in one register copy per lane group
+            root_emax = vec.pop("emax")
             cut("emax")
+            emaxs = replicas(m, self.en, "emax_emax", root_emax, replica_count(w))
+            vec["emax"] = emaxs[0]
+        else:
+            emaxs = [vec["emax"]]
         if lines:
             vec.update(exp=parts[:p.n], sig=parts[p.n:2 * p.n], sign=parts[2 * p.n:])
+            lane_clamps()
 
         # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
         shs = []
         for k in range(w):
             sh = Signal(range(wsp + 2), name=f"sh{k}")
             d = Signal(range(-(1 << e_bits), (1 << e_bits) + post), name=f"shd{k}")
-            m.d.comb += d.eq(vec["emax"] - vec["exp"][k] + post)
-            t = Signal(range(-(wsp + 2) - (1 << e_bits), 1 << e_bits), name=f"shc{k}")
-            m.d.comb += t.eq(vec["emaxc"] - vec["exp"][k])
+            emax = replica_of(emaxs, k, w)
+            m.d.comb += d.eq(emax - vec["exp"][k] + post)
+            t = Signal(range(-(1 << e_bits) - max(clamp, 0), (1 << e_bits) - min(clamp, 0)),
+                       name=f"shc{k}")
+            m.d.comb += t.eq(emax - vec["expc"][k])
             m.d.comb += sh.eq(Mux(t[-1], d, wsp + 1))
             shs.append(sh)
-        del vec["exp"], vec["emaxc"]
+        del vec["exp"], vec["expc"]
         if "shamt" in self.regs:
             cut("shamt", sh=shs)
             shs = vec.pop("sh")

@@ -27,7 +27,7 @@ from amaranth.hdl import Module, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .pipeline import stage, when
+from .pipeline import beat_groups, beat_index, beat_of, stage, when
 
 
 def register_positions(log2n: int, latency: int) -> list[int]:
@@ -136,7 +136,14 @@ def fold_stage(m: Module, en, name: str, lanes: list, valid, side=None) -> dict:
     """
     w = len(lanes)
     width = len(Value.cast(lanes[0])) + 1
-    beat = Signal(name=f"{name}_beat")
+    # the beat index, one copy per BEAT_GROUP_LANES lanes (each toggles itself, so
+    # synthesis keeps them apart): the lanes' loads, selects and enables read only
+    # their copy, never ``valid``. Beat 0 is taken whenever the index is 0 (a cycle
+    # without a beat loads a value that the next beat 0 overwrites), a - b whenever it
+    # is 1, and the output takes a + b while it is 1 (out of a cycle without a beat the
+    # output is not valid: ``pend`` is 0 then).
+    beats = beat_index(m, en, name, valid, beat_groups(w))
+    beat = beats[0]
     pend = Signal(name=f"{name}_pend")
     out_v = Signal(name=f"{name}_valid")
     a = [Signal(signed(width - 1), name=f"{name}_a{k}", reset_less=True) for k in range(w)]
@@ -145,15 +152,12 @@ def fold_stage(m: Module, en, name: str, lanes: list, valid, side=None) -> dict:
     last = valid & beat
     out = {"lane": y, "valid": out_v, "side": None}
     with when(m, en):
-        with m.If(valid):
-            m.d.sync += beat.eq(~beat)
-        with m.If(valid & ~beat):
-            m.d.sync += [a[k].eq(lanes[k]) for k in range(w)]
-        with m.If(last):
-            m.d.sync += [y[k].eq(a[k] + lanes[k]) for k in range(w)]
-            m.d.sync += [d[k].eq(a[k] - lanes[k]) for k in range(w)]
-        with m.Else():
-            m.d.sync += [y[k].eq(d[k]) for k in range(w)]
+        for k in range(w):
+            bk = beat_of(beats, k, w)
+            with m.If(bk):
+                m.d.sync += [y[k].eq(a[k] + lanes[k]), d[k].eq(a[k] - lanes[k])]
+            with m.Else():
+                m.d.sync += [a[k].eq(lanes[k]), y[k].eq(d[k])]
         m.d.sync += [out_v.eq(last | pend), pend.eq(last)]
     if side is not None:
         side_r = Signal.like(side, name=f"{name}_side", reset_less=True)

@@ -33,7 +33,7 @@ commute, and the order here is the golden one.
   (+1 bit per stage). Width of S: ``w_p + log2 N + max_align`` at most (46 bits
   for b = 4, N = 256, midtread/ue5m3), exact for every input.
 
-Register placement (``latency`` = L in [0, log2 N]): the steps are the
+Register placement (``latency`` = L in [0, S]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1;
 two with ``split_align``: the shift by the high bits of d, then by its low
 :data:`ALIGN_LO_BITS` bits, so that a register can sit inside the shifter),
@@ -150,8 +150,8 @@ class BlockFWHT(wiring.Component):
         self.aligned = n > block if aligned is None else bool(aligned)
         self.steps = steps_of(n, block, split_align, self.aligned)
         self.positions = register_positions(len(self.steps), latency) if latency else []
-        if latency > n.bit_length() - 1:
-            raise ValueError(f"latency must be in [0, log2(N)={n.bit_length() - 1}], got {latency}")
+        if latency > len(self.steps):
+            raise ValueError(f"latency must be in [0, S={len(self.steps)}] (the steps), got {latency}")
         self.latency = latency
         if not isinstance(max_align, int) or max_align < 0:
             raise ValueError(f"max_align must be a non-negative int, got {max_align!r}")

@@ -32,7 +32,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib.memory import Memory
 
 from sim_models.params import FormatParams
@@ -70,6 +70,47 @@ def stage(m: Module, en, name: str, *, reset=("valid",), **values) -> dict:
     return out
 
 
+#: The attribute that marks a register copy (:func:`replicas`) as one to keep apart:
+#: ``keep`` on the register's wire. A synthesis tool merges registers of equal inputs
+#: unless told not to (Vivado and Radiant honour ``keep`` on a register; Yosys needs it on
+#: the flip-flop cell, which ``rtl_gen.synth.KEEP_REPLICAS`` sets from the wire's).
+REPLICA_ATTRS = {"keep": 1}
+
+
+#: Lanes per register copy (:func:`replicas`) of a value that every lane reads: the
+#: block's thresholds in the quantizer (one compare per lane and threshold), the max
+#: exponent in the front end (two subtractions per lane). 16 lanes keep a copy's net at
+#: 16-32 loads per bit; one register for 64 lanes was the N=128 encoder's worst path
+#: twice (docs/SYNTH.md).
+REPLICA_GROUP_LANES = 16
+
+
+def replica_count(lanes: int) -> int:
+    """Register copies for ``lanes`` readers: one per :data:`REPLICA_GROUP_LANES`, at
+    least one."""
+    return max(1, -(-lanes // REPLICA_GROUP_LANES))
+
+
+def replica_of(copies: list, lane: int, lanes: int):
+    """The copy (of the list ``copies``) that lane ``lane`` of ``lanes`` reads."""
+    return copies[lane * len(copies) // lanes]
+
+
+def replicas(m: Module, en, name: str, value, copies: int) -> list:
+    """``copies`` registers of ``value`` (a Value; loaded while ``en``, no reset), named
+    ``{name}_r{k}``, each marked :data:`REPLICA_ATTRS` so that synthesis keeps them apart
+    and each drives only its own loads (a register that feeds every lane of a block of 64
+    reaches them over one net with 64+ loads per bit). Every copy equals the others in
+    every cycle. Returns the list of registers (one: a plain register)."""
+    value = Value.cast(value)
+    attrs = REPLICA_ATTRS if copies > 1 else {}
+    regs = [Signal(len(value), name=f"{name}_r{k}", reset_less=True, attrs=attrs)
+            for k in range(copies)]
+    with when(m, en):
+        m.d.sync += [r.eq(value) for r in regs]
+    return regs
+
+
 def when(m: Module, en):
     """``m.If(en)``, or no condition when ``en`` is the constant 1 (credit flow: the
     registers have no enable, so the Verilog has no enable mux to optimise away)."""
@@ -103,22 +144,29 @@ def gt_const(x, c: int) -> Value:
     return out
 
 
-def check_latency(p: FormatParams, latency, lanes: int | None = None) -> int:
+def check_latency(p: FormatParams, latency, lanes: int | None = None,
+                  steps: int | None = None) -> int:
     """Validate the FWHT ``latency`` (registers in the butterfly network) for ``p``;
-    with ``lanes`` = W < N (:func:`check_lanes`) the spatial network has log2 W stages.
+    with ``lanes`` = W < N (:func:`check_lanes`) the spatial network has log2 W stages;
+    ``steps``: the network's steps when it has more than its butterfly stages (the
+    decoder's block alignment, :func:`hw.ifwht.steps_of`), at most one register each.
 
     Returns:
-        ``latency`` as an int in [0, log2 W] (W = N unless given).
+        ``latency`` as an int in [0, log2 W] (W = N unless given), or [0, ``steps``].
 
     Raises:
         TypeError: not an int (bool refused).
-        ValueError: outside [0, log2 W].
+        ValueError: outside that range.
     """
     if isinstance(latency, bool) or not isinstance(latency, int):
         raise TypeError(f"latency must be an int, got {type(latency).__name__}")
     w = p.n if lanes is None else lanes
     top = w.bit_length() - 1
-    if not 0 <= latency <= top:
+    if steps is not None and not 0 <= latency <= steps:
+        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, S={steps}], the "
+                         f"steps of the read path's FWHT (log2(W)={top} butterfly stages and "
+                         f"the block alignment) for n={p.n}, lanes={w}; got {latency}")
+    if steps is None and not 0 <= latency <= top:
         where = f"log2(N)={top}] for n={p.n}" if w == p.n else f"log2(W)={top}] for lanes={w}"
         raise ValueError(f"latency (FWHT pipeline registers) must be in [0, {where}, got {latency}")
     return latency
@@ -333,19 +381,21 @@ def check_flow(flow, credit_extra=0) -> tuple[str, int]:
 def credit_depth(latency: int, extra: int = 0, beats: int = 1) -> int:
     """Credits of a credit-flow top level whose ``latency_cycles`` is ``latency`` (its
     skid FIFO included) and that takes one vector every ``beats`` cycles:
-    ``latency // beats + 1 + extra`` vectors in flight at most.
+    ``(latency + 1) // beats + 1 + extra`` vectors in flight at most.
 
-    Why: a vector accepted in cycle t leaves (with ``o.ready`` high) in cycle t + latency
-    and is counted from cycle t + 1 through t + latency. At one vector every ``beats``
-    cycles the count in a cycle that accepts one is ``latency // beats`` (the vectors
-    accepted in the ``latency`` cycles before it, every ``beats``-th); ``i.ready`` is a
-    register, computed from the count without the current cycle's output handshake, so
-    full rate needs ``count < depth`` there. For ``beats`` = 1: ``latency + 1``; with
-    ``latency`` credits the input would pause one cycle in every ``latency + 1``
-    (tests/test_hw_units.py). The FIFO must hold all of them: every vector in flight
-    lands in it when ``o.ready`` stays low, so two beats halve the skid FIFO.
+    Why: a vector accepted in cycle t leaves (with ``o.ready`` high) in cycle t + latency;
+    the counter decrements from the registered output handshake (``credit_taken``, one
+    cycle later), so the vector is counted from cycle t + 1 through t + latency + 1. At
+    one vector every ``beats`` cycles the count in a cycle that accepts one is
+    ``(latency + 1) // beats`` (the vectors accepted in the ``latency + 1`` cycles before
+    it, every ``beats``-th); ``i.ready`` is a register, computed from the count without
+    the current cycle's handshakes, so full rate needs ``count < depth`` there. For
+    ``beats`` = 1: ``latency + 2``; with one credit fewer the input would pause one cycle
+    in every ``latency + 2`` (tests/test_hw_units.py). The FIFO must hold all of them:
+    every vector in flight lands in it when ``o.ready`` stays low, so two beats halve the
+    skid FIFO.
     """
-    return latency // beats + 1 + extra
+    return (latency + 1) // beats + 1 + extra
 
 
 #: Bits per slice of a skid FIFO: two ECP5 block RAMs (DP16KD, 36 bits wide in their
@@ -492,7 +542,8 @@ class FlowControl:
 
     ``flow="credit"``: ``en`` is the constant 1 (every pipeline register loads every
     cycle; only the valid bits have a reset). A counter holds the vectors accepted and
-    not yet taken from ``o`` (in the pipeline or in the skid FIFO); ``i.ready`` is a
+    not yet taken from ``o`` (in the pipeline or in the skid FIFO), decremented one
+    cycle after the output handshake (a register, ``credit_taken``); ``i.ready`` is a
     register, set for the next cycle when the next count is below :attr:`depth`
     (:func:`credit_depth`), so neither ``i.ready`` nor any pipeline register depends
     combinationally on ``o.ready``. The pipeline's input valid is the handshake
@@ -539,9 +590,17 @@ class FlowControl:
         else:
             free = Signal(name="beat_free")
             m.d.comb += i.ready.eq(ready & free)
-        m.d.comb += [accept.eq(i.valid & i.ready), taken.eq(o.valid & o.ready)]
-        nxt = count + accept - taken
-        m.d.sync += [count.eq(nxt), ready.eq(nxt < self.depth)]
+        # the output handshake, registered: the counter and i.ready sit at the input
+        # end, o.valid (the skid FIFO's) and o.ready at the output end of the die
+        m.d.comb += accept.eq(i.valid & i.ready)
+        m.d.sync += taken.eq(o.valid & o.ready)
+        # the next count and i.ready for both values of accept, from registers only; the
+        # input handshake (the far end of i.valid) only selects between them
+        held = Signal.like(count, name="credit_held")        # count - taken
+        more = Signal.like(count, name="credit_more")        # count + 1 - taken
+        m.d.comb += [held.eq(count - taken), more.eq(count + ~taken)]
+        m.d.sync += [count.eq(Mux(accept, more, held)),
+                     ready.eq(Mux(accept, more < self.depth, held < self.depth))]
         self.i_valid = accept
         if beats == 2:
             self._serializer(i, free, accept)

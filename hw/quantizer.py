@@ -15,7 +15,9 @@ byte per block), m = #{j : |y| >= T_j}.
 
 Optional registers (``regs``, names in :data:`QUANT_CUTS`): ``maxhalf`` in
 the middle of the statistic tree, ``max`` after it, ``norm`` inside the scale
-select, ``scale`` after it, ``thr`` after the thresholds; ``tree_every`` = k
+select, ``scale`` after it, ``thr`` after the thresholds (one register copy per
+:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes of a block), ``code`` after the lane compares (the b-bit
+codes, not the lanes' |y|); ``tree_every`` = k
 adds a register after every k levels of each half of the statistic tree. Every
 register carries the rest of the vector (:class:`_Vector`) and advances with
 ``en``. The outputs are combinational from the last register (the top level
@@ -39,7 +41,8 @@ from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
 from .frontend import u_shape
-from .pipeline import Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth, stage
+from .pipeline import (Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth,
+                       replica_count, replica_of, replicas, stage)
 from .scale_select import ScaleSelect, rule_units
 from .thresholds import Thresholds
 from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
@@ -49,11 +52,25 @@ from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
 #: the tree, inside the scale select (after the leading one, after the
 #: normalization, after the exponent arithmetic), after the scale select, inside
 #: the thresholds (after the exponent differences, after the shift amounts), after the
-#: thresholds. Default:
+#: thresholds, after the lane compares (the codes, scale bytes and flags). Default:
 #: maxhalf, max, norm, scale, thr (hw/README.md).
 QUANT_CUTS = Cuts("quant_regs", ("abs", "maxhalf", "max", "lead", "norm", "sexp", "scale",
-                                 "tsd", "tsh", "thr"),
+                                 "tsd", "tsh", "thr", "code"),
                   default=("maxhalf", "max", "norm", "scale", "thr"))
+
+
+def _split(copies: list, like: list) -> list:
+    """Each register of ``copies`` (a Cat of the Values of ``like``) cut back into
+    Values of their widths: a list per copy."""
+    out = []
+    for r in copies:
+        parts, lo = [], 0
+        for v in like:
+            w = len(Value.cast(v))
+            parts.append(r[lo:lo + w].as_signed() if Value.cast(v).shape().signed else r[lo:lo + w])
+            lo += w
+        out.append(parts)
+    return out
 
 
 def tree_cuts(p: FormatParams, tree_every: int) -> int:
@@ -66,9 +83,9 @@ def tree_cuts(p: FormatParams, tree_every: int) -> int:
 
 def lane_delay(p: FormatParams, regs, tree_every: int) -> int:
     """Register stages the lanes (|y|, sign) wait between the ``abs`` cut (or the
-    input) and the lane compares: every other quantizer register."""
+    input) and the lane compares: every quantizer register but ``abs`` and ``code``."""
     regs = QUANT_CUTS.check(regs)
-    return len(regs) - ("abs" in regs) + tree_cuts(p, tree_every)
+    return len(regs) - ("abs" in regs) - ("code" in regs) + tree_cuts(p, tree_every)
 
 
 def ram_lines(p: FormatParams, regs, tree_every: int, lane_ram: int) -> dict:
@@ -297,28 +314,47 @@ class Quantizer(wiring.Component):
                 m.d.comb += th.en.eq(self.en)
             ths.append([th.th[j] for j in range(nth)])
         vec = cut(cut(replace(vec, u=None), "tsd"), "tsh")     # in step with Thresholds
-        vec = cut(replace(vec, th=ths), "thr")
+        copies = replica_count(g)
+        if "thr" in self.regs:     # the thresholds in one register copy per lane group
+            vec = cut(vec, "thr")
+            ths = [_split(replicas(m, self.en, f"thr_th{b}", Cat(*t), copies), t)
+                   for b, t in enumerate(ths)]
+        else:
+            ths = [[t] * copies for t in ths]
+        vec = replace(vec, th=None)
         if not lines:
             late_neg, late_mags = vec.neg, vec.mags
 
         # ---- lane compares ------------------------------------------------------------
+        codes, zeros = [], []
         for b in range(nb):
-            m.d.comb += self.scales[b].eq(vec.scales[b])
             if asym:       # zero point z = round(-lo / scale), ties up (Q thresholds)
                 zp = Signal(range(nth + 1), name=f"zero{b}")
-                m.d.comb += zp.eq(sum(vec.nlo[b] >= vec.th[b][j] for j in range(nth)))
-                m.d.comb += self.zeros[b].eq(zp)
+                m.d.comb += zp.eq(sum(vec.nlo[b] >= ths[b][0][j] for j in range(nth)))
+                zeros.append(zp)
             for i in range(b * g, (b + 1) * g):
                 cnt = Signal(range(nth + 1), name=f"cnt{i}")
-                m.d.comb += cnt.eq(sum(late_mags[i] >= vec.th[b][j] for j in range(nth)))
+                th = replica_of(ths[b], i - b * g, g)
+                m.d.comb += cnt.eq(sum(late_mags[i] >= th[j] for j in range(nth)))
                 neg = late_neg[i]
+                code = Signal(signed(p.bits), name=f"code{i}")
                 if p.mode == "midtread":
-                    m.d.comb += self.codes[i].eq(Mux(neg, -cnt, cnt))
+                    m.d.comb += code.eq(Mux(neg, -cnt, cnt))
                 elif asym:
                     v = Signal(range(-nth, 2 * nth + 1), name=f"zr{i}")
                     m.d.comb += v.eq(zp + Mux(neg, -cnt, cnt))
-                    m.d.comb += self.codes[i].eq(Mux(v < 0, 0, Mux(v > nth, nth, v)))
+                    m.d.comb += code.eq(Mux(v < 0, 0, Mux(v > nth, nth, v)))
                 else:
-                    m.d.comb += self.codes[i].eq(Mux(neg, -1 - cnt, cnt))
-        m.d.comb += [self.o_valid.eq(vec.valid), self.flags.eq(vec.flags)]
+                    m.d.comb += code.eq(Mux(neg, -1 - cnt, cnt))
+                codes.append(code)
+        out = {"valid": vec.valid, "flags": vec.flags, "scales": vec.scales, "codes": codes}
+        if asym:
+            out["zeros"] = zeros
+        if "code" in self.regs:
+            out = stage(m, self.en, "code", **out)
+        m.d.comb += [self.o_valid.eq(out["valid"]), self.flags.eq(out["flags"])]
+        m.d.comb += [self.codes[i].eq(c) for i, c in enumerate(out["codes"])]
+        m.d.comb += [self.scales[b].eq(s) for b, s in enumerate(out["scales"])]
+        if asym:
+            m.d.comb += [self.zeros[b].eq(z) for b, z in enumerate(out["zeros"])]
         return m

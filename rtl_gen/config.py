@@ -9,7 +9,8 @@
   quantizer of a name never depends on today's defaults (the other fields: the
   FormatParams defaults, e.g. M = 12, sign seed 0, fp16);
 * ``n g b``: N, block size G, code bits b; ``l``: FWHT pipeline registers (the
-  components' ``latency`` argument; the latency in cycles is in the manifest);
+  components' ``latency`` argument, 0 .. log2 N; a decoder's up to its FWHT's steps, the
+  block alignment included; the latency in cycles is in the manifest);
 * optional ``p<k>`` (after ``l``): the register profile for Fmax (:meth:`RTLConfig.regs`):
   every optional register cut of the components placed and a register after
   every k levels of the encoder's reduction trees (``tree_every``; ``p0``: the
@@ -24,7 +25,7 @@
 * optional ``c<E>`` (after ``l`` / ``p`` / ``k`` / ``r``, every kind): credit-based flow control
   instead of the global stall: the pipeline never stalls, an output skid FIFO in block RAM
   with E credits beyond the minimum (``flow="credit", credit_extra=E``;
-  ``hw.pipeline.FlowControl``; ``c0``: latency + 1 credits, one vector per cycle; two beats: latency // 2 + 1); the
+  ``hw.pipeline.FlowControl``; ``c0``: latency + 2 credits, one vector per cycle; two beats: (latency + 1) // 2 + 1); the
   latency grows by the FIFO's 3 cycles, never the bytes;
 * optional ``w<W>`` (after ``l`` / ``p`` / ``k`` / ``r`` / ``c``, every kind): W = N/2 lanes
   per cycle, each vector streamed as two beats (``lanes=W``, ``hw.pipeline.check_lanes``;
@@ -94,7 +95,8 @@ class RTLConfig:
     Attributes:
         kind: ``"encoder"``, ``"decoder"`` or ``"roundtrip"`` (rtl_gen.KINDS).
         params: the format parameters.
-        latency: FWHT pipeline registers, 0 .. log2 N.
+        latency: FWHT pipeline registers, 0 .. log2 N; a decoder 0 .. its FWHT's steps
+            (``hw.decompressor.fwht_steps``: the block alignment counts, two steps with ``pK``).
 
     Raises:
         ValueError / TypeError: unknown kind, params not a FormatParams, latency out of
@@ -115,10 +117,13 @@ class RTLConfig:
             raise ValueError(f"kind must be one of {sorted(_TAG_OF)}, got {self.kind!r}")
         if not isinstance(self.params, FormatParams):
             raise TypeError(f"params must be a FormatParams, got {type(self.params).__name__}")
-        lat = self.latency
-        if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= self.params.log2n:
+        lat, top = self.latency, self.params.log2n
+        if self.kind == "decoder" and (self.lanes is None or isinstance(self.lanes, int)):
+            from hw.decompressor import fwht_steps     # the read path: one register per step
+            top = fwht_steps(self.params, self.lanes or self.params.n, self.pipe is not None)
+        if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= top:
             raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
-                             f"0..{self.params.log2n}, got {lat!r}")
+                             f"0..{top}, got {lat!r}")
         pp = self.pipe
         if pp is not None:
             _check_count(pp, "pipe (pK, tree levels per register of the Fmax profile) must be "

@@ -72,10 +72,14 @@ DEVICE = {"family": "ecp5", "device": "LFE5U-85F", "nextpnr_flag": "--85k",
 #: ABC script of the generic gate counts (the default ``synth`` ABC script, with
 #: dch, runs for tens of minutes in WebAssembly on the N=128 quantizer).
 GENERIC_ABC = "+strash;map"
-YOSYS_GENERIC_FLAGS = ("proc; opt_clean -purge; synth -top <dut> -run begin:fine; stat -width; "
+#: After ``proc``: the flip-flops that drive a wire marked ``keep`` (register copies,
+#: ``hw.pipeline.replicas``) get ``keep`` themselves, so that ``opt_merge`` does not fold
+#: the copies of one register back into one (Yosys merges cells, not wires).
+KEEP_REPLICAS = r"setattr -set keep 1 w:* a:keep %i %ci1:+$dff[Q] t:$dff %i"
+YOSYS_GENERIC_FLAGS = (f"proc; {KEEP_REPLICAS}; opt_clean -purge; synth -top <dut> -run begin:fine; stat -width; "
                        f"synth -top <dut> -noabc -run fine:; abc -script {GENERIC_ABC}; "
                        "opt_clean; stat")
-YOSYS_ECP5_FLAGS = "proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
+YOSYS_ECP5_FLAGS = f"proc; {KEEP_REPLICAS}; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
 NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed 1 --timing-allow-fail"
                  " --router {router}{flow}")
 CHECKPOINT_FLOW = ("; two runs: placement --no-route --write placed.json, then routing "
@@ -163,7 +167,10 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("enc_v2_n128_g64_b3_l6_p2_c0_w64", True), ("enc_v2_n128_g64_b3_l6_p1_c0_w64", True),
                   ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True), ("dec_v2_n128_g64_b3_l6_p0_w64", True),
                   # N = 64, one beat, every cut, credit flow
-                  ("enc_v2_n64_g64_b3_l6_p1_c0", True)]
+                  ("enc_v2_n64_g64_b3_l6_p1_c0", True),
+                  # the decoders with a register after every FWHT step (8: 6 butterfly
+                  # stages and the alignment in two)
+                  ("dec_v2_n128_g64_b3_l8_p0_c0_w64", True), ("dec_v2_n64_g32_b3_l8_p0_c0", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])
@@ -386,7 +393,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     # 1) generic
     coarse, fine = d / "generic_coarse.txt", d / "generic_stat.txt"
     script = "\n".join([f"read_verilog {vfile.name}", f"hierarchy -top {dut}", "proc",
-                        "opt_clean -purge", f"synth -top {dut} -run begin:fine",
+                        KEEP_REPLICAS, "opt_clean -purge", f"synth -top {dut} -run begin:fine",
                         f"tee -q -o {coarse.name} stat -width",
                         f"synth -top {dut} -noabc -run fine:", f"abc -script {GENERIC_ABC}",
                         "opt_clean", f"tee -q -o {fine.name} stat", ""])
@@ -404,7 +411,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     rec["harness"] = sizes
     ejson, estat = d / "ecp5.json", d / "ecp5_stat.txt"
     script = "\n".join([f"read_verilog {vfile.name} synth_top.v", f"hierarchy -top {HARNESS_TOP}",
-                        "proc", "opt_clean -purge",
+                        "proc", KEEP_REPLICAS, "opt_clean -purge",
                         f"synth_ecp5 -top {HARNESS_TOP} -nodsp -json {ejson.name}",
                         f"tee -q -o {estat.name} stat", ""])
     (d / "ecp5.ys").write_text(script)
@@ -582,7 +589,7 @@ def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
     (d / f"{top}.v").write_text(verilog.convert(comp, name=top, emit_src=False))
     stat = d / f"{top}_stat.txt"
     script = "\n".join([f"read_verilog {top}.v", f"hierarchy -top {top}", "proc",
-                        "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
+                        KEEP_REPLICAS, "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
                         f"tee -q -o {stat.name} stat", ""])
     (d / f"{top}.ys").write_text(script)
     key = {"verilog": _sha256(d / f"{top}.v"), "script": script}

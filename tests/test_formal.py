@@ -170,7 +170,7 @@ def test_stream_properties_credit_flow(work):
     (at most ``credits`` in flight), drain after ``credits`` cycles of o.ready; BMC over
     2 x credits + 1 cycles (the FIFO filled while stalled, then drained)."""
     h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
-    assert h.capacity == h.a.credits == h.latency + 1
+    assert h.capacity == h.a.credits == h.latency + 2
     depth = stream_depth("enc", 16, 8, "min", "credit")
     assert prove_bmc(h, "stream_enc_credit", work, depth=depth)["result"] == "proved"
 
@@ -230,7 +230,7 @@ def test_stream_proof_fails_with_one_credit_too_many(monkeypatch, work):
                         lambda self, m, flow, i, o, lat, extra=0, beats=1:
                         hw_init(self, m, flow, i, o, lat, extra + 1, beats))
     h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
-    assert h.capacity == h.latency + 1          # KVEpilogue.credits: the declared number
+    assert h.capacity == h.latency + 2          # KVEpilogue.credits: the declared number
     # credits + 1 accepted while o.ready is low: visible after credits + 2 cycles
     rec = prove_bmc(h, "stream_credit_mut", work, depth=h.capacity + 2)
     assert rec["result"] == "failed"

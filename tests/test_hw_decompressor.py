@@ -479,10 +479,35 @@ def test_widths():
     assert sign_mask_int(256, 0) != 0
 
 
-@pytest.mark.parametrize("latency", [-1, 8, 99])
+@pytest.mark.parametrize("latency", [-1, 9, 99])
 def test_bad_latency(latency):
+    """N = 128, G = 64: 8 steps (7 butterfly stages and the alignment), so 0 .. 8."""
     with pytest.raises(ValueError, match="latency"):
         KVDecompressor(FormatParams(), latency)
+
+
+def test_latency_up_to_the_steps(monkeypatch):
+    """A register after every step of the read path's FWHT (the alignment as one or two
+    steps, two beats): latency = S places one per step, S + 1 is refused naming S; the
+    payloads match the golden model with L = S (split alignment, two beats)."""
+    from hw.decompressor import fwht_steps
+    p = FormatParams(n=16, block=8, bits=3, sign_seed=1)
+    assert fwht_steps(p, 16) == 5 and fwht_steps(p, 16, True) == 6 and fwht_steps(p, 8, True) == 5
+    assert fwht_steps(FormatParams(n=16, block=16), 16) == 4          # no alignment
+    for lanes, split in ((16, False), (16, True), (8, True)):
+        s = fwht_steps(p, lanes, split)
+        assert KVDecompressor(p, s, split_align=split, lanes=lanes).latency == s
+        with pytest.raises(ValueError, match=f"S={s}"):
+            KVDecompressor(p, s + 1, split_align=split, lanes=lanes)
+    from rtl_gen.config import RTLConfig        # config names: pK splits the alignment
+    assert RTLConfig.parse("dec_v2_n128_g64_b3_l8_p0_c0_w64").latency == 8
+    for bad, top in (("dec_v2_n64_g32_b3_l8_c0", 7), ("enc_v2_n64_g64_b3_l7", 6)):
+        with pytest.raises(ValueError, match=f"0..{top}, got"):
+            RTLConfig.parse(bad)
+    codes, scales = random_planes(p, 24, 3)
+    check(p, 6, codes, scales, None, seed=6, float_regs=FLOAT_CUTS.default, split_align=True)
+    check(p, 5, codes, scales, None, seed=5, float_regs=FLOAT_CUTS.default, split_align=True,
+          lanes=8)
 
 
 @pytest.mark.parametrize("latency", ["2", 2.0, True, None])
@@ -857,7 +882,7 @@ def test_two_beats(preset, n, block, bits, latency, mode, float_regs, split, n_r
 @pytest.mark.parametrize("kw,exc,word", [
     ({"lanes": 4}, ValueError, "lanes"),
     ({"lanes": 8.0}, TypeError, "lanes"),
-    ({"lanes": 8, "latency": 4}, ValueError, r"latency .*log2\(W\)=3"),
+    ({"lanes": 8, "latency": 5}, ValueError, r"latency .*S=4"),
 ])
 def test_bad_lanes(kw, exc, word):
     kw = {"latency": 1, **kw}

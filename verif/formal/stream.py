@@ -20,7 +20,7 @@ carries the same payload. Assertions (``Assert``, every cycle):
    its capacity: ``latency`` vectors in stall flow, ``credits`` in credit flow
    (``hw.pipeline.FlowControl``);
 4. drain / delay: if ``o.ready`` was high in each of the last W cycles (W =
-   ``latency`` in stall flow; W = ``credits`` = latency + 1 in credit flow, where
+   ``latency`` in stall flow; W = ``credits`` = latency + 2 in credit flow, where
    a backlog in the skid FIFO drains while new vectors arrive on time),
    ``o.valid`` equals the input handshake ``latency`` cycles earlier and every
    vector accepted before then has been emitted (nothing lost or held back;
