@@ -149,9 +149,9 @@ class BlockFWHT(wiring.Component):
         self.in_shape = Shape.cast(in_shape)
         self.aligned = n > block if aligned is None else bool(aligned)
         self.steps = steps_of(n, block, split_align, self.aligned)
-        self.positions = register_positions(len(self.steps), latency) if latency else []
         if latency > len(self.steps):
             raise ValueError(f"latency must be in [0, S={len(self.steps)}] (the steps), got {latency}")
+        self.positions = register_positions(len(self.steps), latency) if latency else []
         self.latency = latency
         if not isinstance(max_align, int) or max_align < 0:
             raise ValueError(f"max_align must be a non-negative int, got {max_align!r}")

@@ -563,8 +563,8 @@ def _identity(cfg: RTLConfig) -> dict:
 
 def fwht_component(cfg: RTLConfig):
     """The configuration's FWHT component alone: ``hw.fwht.FWHT`` (write path) or
-    ``hw.ifwht.BlockFWHT`` (read path), with the same latency and widths as inside the
-    module."""
+    ``hw.ifwht.BlockFWHT`` (read path), with the same latency, widths and alignment steps
+    (``split_align`` of the ``pK`` profile) as inside the module."""
     p = cfg.params
     if cfg.kind == "encoder":
         from hw.fwht import FWHT
@@ -572,7 +572,7 @@ def fwht_component(cfg: RTLConfig):
     from hw.dequant import level_table, product_shape
     from hw.ifwht import BlockFWHT
     return BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency,
-                     lanes=cfg.lanes)
+                     split_align=cfg.regs.get("split_align", False), lanes=cfg.lanes)
 
 
 def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
