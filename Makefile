@@ -32,9 +32,11 @@ synth: $(STAMP)
 	$(VPY) -m rtl_gen.synth --set default --out bench/results/synth.json
 	$(VPY) bench/synth_report.py
 
-## synth-ci: the small CI synthesis set (N=16 encoder + decoder, Yosys + nextpnr-ecp5, ~7 min) -> build/synth_ci.json
+## synth-ci: the small CI synthesis set (N=16 encoder + decoder, Yosys + nextpnr-ecp5, ~7 min) -> build/synth_ci.json,
+## and the synthesis-flow tests that need Yosys (register copies kept apart)
 synth-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
+	$(VPY) -m pytest tests/test_synth.py -q -k replicas
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
 ## formal: all proofs (FWHT == H x for N = 16..256, read-path FWHT, round trip, stream properties; yosys sat) -> build/formal.json

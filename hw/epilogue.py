@@ -41,8 +41,8 @@ carries a valid bit. ``"stall"`` (default): the whole pipeline advances when
 never blocks the pipeline. ``"credit"``: the pipeline never stalls (registers
 without enable), the output register writes a skid FIFO (LUT or block RAM) that drives
 ``o`` (``latency_breakdown["skid_fifo"]`` = 3 cycles), and ``i.ready`` is a register
-driven by a credit counter (``latency_cycles + 1 + credit_extra`` vectors in flight
-at most; two beats: ``latency_cycles // 2 + 1 + credit_extra``). Either way: one vector per cycle (with ``lanes`` = N/2: per two cycles, two beats of N/2
+driven by a credit counter (``latency_cycles + 2 + credit_extra`` vectors in flight
+at most; two beats: ``(latency_cycles + 1) // 2 + 1 + credit_extra``). Either way: one vector per cycle (with ``lanes`` = N/2: per two cycles, two beats of N/2
 lanes inside) while ``o.ready`` is high, no loss,
 duplication or reordering under back-pressure, the payload held while
 ``o.valid & ~o.ready``.

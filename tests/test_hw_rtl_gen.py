@@ -405,7 +405,7 @@ def test_flow_config_and_manifest(tmp_path, capsys):
     assert man["latency_cycles"] == plain["latency_cycles"] + SKID_FIFO_CYCLES
     assert man["latency_breakdown"]["skid_fifo"] == SKID_FIFO_CYCLES
     assert man["flow_control"]["flow"] == "credit"
-    assert man["flow_control"]["credits"] == man["latency_cycles"] + 1 + 2
+    assert man["flow_control"]["credits"] == man["latency_cycles"] + 2 + 2     # c2: 2 extra
     assert plain["flow_control"]["flow"] == "stall"
     assert "skid_fifo" not in plain["latency_breakdown"]
     assert man["ports"] == plain["ports"]
