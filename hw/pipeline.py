@@ -618,7 +618,7 @@ class FlowControl:
         valid = Signal(name="beat_valid")
         free_r = Signal(init=1, name="beat_free")
         m.d.comb += free.eq(free_r)
-        self._accept, self.i_valid = accept, valid
+        self.i_valid = valid
         beat = self._beat_register(1, "beat")
         with when(m, self.en):
             m.d.sync += free_r.eq(beat_register_free_next(accept))
@@ -631,13 +631,14 @@ class FlowControl:
         self.payload, self.beat = data, beat
 
     def _beat_register(self, count: int, name: str) -> Signal:
-        """``count`` bits, each the beat index of the two-beat input register: 0 after a
-        handshake, toggled on every other enabled cycle with a beat on."""
+        """``count`` bits, each the beat index of the two-beat input register: toggled on
+        every enabled cycle with a beat on (``beat_valid``). Beats come in pairs (a
+        handshake is taken only while the register is empty or on beat 1), so the index
+        is 0 whenever no beat is on and after every beat 1: it needs no reset from the
+        handshake, whose input side (``i.valid``) then reaches no copy."""
         r = Signal(count, name=name)
         with when(self.m, self.en):
-            with self.m.If(self._accept):
-                self.m.d.sync += r.eq(0)
-            with self.m.Elif(self.i_valid):
+            with self.m.If(self.i_valid):
                 self.m.d.sync += r.eq(~r)
         return r
 

@@ -855,8 +855,9 @@ def test_skid_fifo_ram_style(width, extra, style):
 @pytest.mark.parametrize("flow", FLOWS)
 def test_beat_copies_equal_beat(flow):
     """FlowControl.beat_copies: every copy of the beat index equals ``beat`` in every cycle
-    (random i.valid / o.ready, a reset in mid-stream), and beat_groups / beat_of give each
-    group of BEAT_GROUP_LANES lanes its own copy."""
+    (random i.valid / o.ready, a reset in mid-stream), the index is 0 whenever no beat is
+    on (the invariant that lets it toggle without a reset from the handshake), and
+    beat_groups / beat_of give each group of BEAT_GROUP_LANES lanes its own copy."""
     from amaranth.lib import stream, wiring
     from amaranth.lib.wiring import In, Out
     from hw.pipeline import BEAT_GROUP_LANES, FlowControl, beat_groups, beat_of
@@ -864,14 +865,15 @@ def test_beat_copies_equal_beat(flow):
     class Top(wiring.Component):
         def __init__(self):
             super().__init__({"i": In(stream.Signature(8)), "o": Out(stream.Signature(8)),
-                              "beat": Out(1), "copies": Out(3)})
+                              "beat": Out(1), "copies": Out(3), "on": Out(1)})
             self.cd = ClockDomain("sync")
 
         def elaborate(self, platform):
             m = Module()
             m.domains.sync = self.cd
             fc = FlowControl(m, flow, self.i, self.o, 2, beats=2)
-            m.d.comb += [self.beat.eq(fc.beat), self.copies.eq(fc.beat_copies(3))]
+            m.d.comb += [self.beat.eq(fc.beat), self.copies.eq(fc.beat_copies(3)),
+                         self.on.eq(fc.i_valid)]
             fc.output(fc.payload, fc.i_valid & fc.beat)
             return m
 
@@ -886,6 +888,7 @@ def test_beat_copies_equal_beat(flow):
             ctx.set(Value.cast(dut.i.payload), cyc % 256)
             b, c = ctx.get(dut.beat), ctx.get(dut.copies)
             assert c == (0b111 if b else 0), f"cycle {cyc}: beat {b}, copies {c:03b}"
+            assert ctx.get(dut.on) or not b, f"cycle {cyc}: beat 1 with no beat on"
             seen.add(b)
             ctx.set(dut.cd.rst, int(cyc == 200))
             await ctx.tick()
