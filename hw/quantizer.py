@@ -102,8 +102,8 @@ class _Vector:
     """The vector in flight between two quantizer cuts; ``None``: not carried there.
 
     Lists are per lane (``mags``) or per block (the others; ``partial``: tree
-    name -> per block a list of partial tree results, ``th``: per block a list
-    of thresholds).
+    name -> per block a list of partial tree results). The thresholds are not carried:
+    their cut ``thr`` is the last before the compares and has register copies of its own.
     """
 
     valid: Value
@@ -115,7 +115,6 @@ class _Vector:
     stat: list | None = None    # the scale statistic A (times mult_odd)
     nlo: list | None = None     # mode asym: -lo, for the zero point
     scales: list | None = None
-    th: list | None = None
 
     def cut(self, m: Module, en, name: str, regs: tuple) -> "_Vector":
         """The vector after cut ``name``: registered (:func:`hw.pipeline.stage`) if
@@ -128,8 +127,6 @@ class _Vector:
             if f.name == "partial" and v is not None:
                 flat.update({f"p{t}{b}_": parts for t, blocks in v.items()
                              for b, parts in enumerate(blocks)})
-            elif f.name == "th" and v is not None:
-                flat.update({f"th{b}_": ths for b, ths in enumerate(v)})
             elif v is not None:
                 flat[f.name] = v
         r = stage(m, en, name, **flat)
@@ -137,8 +134,6 @@ class _Vector:
         if self.partial is not None:
             out["partial"] = {t: [r[f"p{t}{b}_"] for b in range(len(blocks))]
                               for t, blocks in self.partial.items()}
-        if self.th is not None:
-            out["th"] = [r[f"th{b}_"] for b in range(len(self.th))]
         return _Vector(**out)
 
 
@@ -321,7 +316,6 @@ class Quantizer(wiring.Component):
                    for b, t in enumerate(ths)]
         else:
             ths = [[t] * copies for t in ths]
-        vec = replace(vec, th=None)
         if not lines:
             late_neg, late_mags = vec.neg, vec.mags
 
