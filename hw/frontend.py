@@ -96,7 +96,9 @@ class FrontEnd(wiring.Component):
             W = N/2 the ``beat`` input (0 or 1; :func:`hw.pipeline.beat_groups` equal copies,
             each read by its lane group) picks lanes [0, W) or [W, N) of ``bits``
             (the whole vector, held for both beats); ``emax`` and ``flags`` are the
-            vector's, from all N lanes.
+            vector's, from all N lanes. The ``dec`` register holds all N decoded
+            lanes and the beat's lanes are selected after it (the select is off the
+            decode's path).
 
     Ports: ``bits`` (N x 16), ``en``, ``i_valid`` [, ``beat``] in; ``x`` (W signed M-bit),
     ``u``, ``flags`` (bit0 NaN, bit1 Inf), ``o_valid`` out.
@@ -175,21 +177,19 @@ class FrontEnd(wiring.Component):
         # every node), so their N-lane OR is pipelined by the tree's registers
         vec = {"exp": exps, "sig": sigs, "sign": signs,
                "tflag": [Cat(a, b) for a, b in zip(nans, infs)], "valid": self.i_valid}
-        if w != p.n:        # two beats: the max tree sees all N lanes, the rest the beat's W
-            beat = self.beat
-            vec.update(texp=exps, beat=beat,
-                       **{k: [Mux(beat_of(beat, i, w), v[w + i], v[i]) for i in range(w)]
-                          for k, v in (("exp", exps), ("sig", sigs), ("sign", signs))})
+        if w != p.n:
+            vec["beat"] = self.beat
 
         def cut(name: str, **more) -> None:
             vec.update(more)
             vec.update(stage(m, self.en, name, **vec))
 
-        if "dec" in self.regs:
+        if "dec" in self.regs:      # all N decoded lanes (two beats: the select after it)
             cut("dec")
             exps = vec["exp"]
-        if w != p.n:
-            exps = vec.pop("texp")
+        if w != p.n:        # two beats: the max tree sees all N lanes, the rest the beat's W
+            vec.update({k: [Mux(beat_of(vec["beat"], i, w), v[w + i], v[i]) for i in range(w)]
+                        for k, v in ((k, vec[k]) for k in ("exp", "sig", "sign"))})
         lines = ram_lines(p, self.regs, self.tree_every, self.lane_ram)
         if lines:            # the lanes wait in block RAM, beside the max tree
             late = ram_delay(m, self.en, "lanes", Cat(*vec.pop("exp"), *vec.pop("sig"),

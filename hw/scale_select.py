@@ -159,6 +159,10 @@ def _scale_rule(k: int, rounding: str, scale: str):
     raise ValueError(f"scale_round must be one of {SCALE_ROUNDING}, got {rounding!r}")
 
 
+#: The optional registers of :class:`ScaleSelect` (``regs``), in data-flow order.
+SELECT_REGS = ("lead", "nshift", "sexp")
+
+
 class ScaleSelect(wiring.Component):
     """Combinational scale-byte selector (see module docstring).
 
@@ -169,8 +173,9 @@ class ScaleSelect(wiring.Component):
         u_shape: shape of the signed unit exponent u.
         pipelined: register (advanced by ``en``) after the leading-one detect and
             normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
-        regs: further registers, a subset of :data:`SELECT_CUTS` other than ``norm``
-            (``lead``: after the leading-one detect; ``sexp``: after the exponent
+        regs: further registers, a subset of ``("lead", "nshift", "sexp")`` (``lead``:
+            after the leading-one detect; ``nshift``: after the normalization
+            shifter, before its ceiling increment; ``sexp``: after the exponent
             arithmetic, before the byte compares); one cycle each.
 
     Ports: ``a``, ``u``, ``en`` in; ``byte`` (8), ``sat`` (1) out.
@@ -186,8 +191,8 @@ class ScaleSelect(wiring.Component):
         self.a_width, self.u_shape = a_width, Shape.cast(u_shape)
         self.pipelined = bool(pipelined)
         self.regs = tuple(regs)
-        if not set(self.regs) <= {"lead", "sexp"}:
-            raise ValueError(f"ScaleSelect regs must be from ('lead', 'sexp'), got {self.regs!r}")
+        if not set(self.regs) <= set(SELECT_REGS):
+            raise ValueError(f"ScaleSelect regs must be from {SELECT_REGS}, got {self.regs!r}")
         super().__init__({
             "a": In(a_width),
             "u": In(u_shape),
@@ -222,6 +227,9 @@ class ScaleSelect(wiring.Component):
         m.d.comb += lz.eq(W - 1 - k)
         an = Signal(W)
         m.d.comb += an.eq(a << lz)
+        if "nshift" in self.regs:
+            st = stage(m, self.en, "nshift", reset=("nz",), an=an, k=k, nz=nz, u=u_in)
+            an, k, nz, u_in = st["an"], st["k"], st["nz"], st["u"]
 
         def top_bits(jj: int, up: bool, name: str):
             """ceil(A 2^(jj-k)) (up) or floor(A 2^(jj-k)) + 1, jj+2 bits."""

@@ -17,7 +17,8 @@ one (:func:`hw.scale_select.leading_one`), ``Lp = max(L, K)`` with ``K = (1 -
 bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``(S < 0) xor D_i`` (an exact zero is +0 before D) and
-``nz = (S != 0)``. Per vector it passes on ``B = T + bias - 1``.
+``nz = (S != 0)``, and the exponent part ``Lp + B`` with ``B = T + bias - 1`` per vector
+(as ``max(L + B, K + B)``: the addition beside the compare of the max).
 ``S = (-1)^flip_i y_i`` (the FWHT's block swap, hw/ifwht.py): ``|S| = |y|``, and
 ``S < 0`` is ``(y < 0) xor flip_i`` for ``y != 0``.
 Only the low ``Lsat = 2^(e-1) - T_min`` bits of m1 (:attr:`FloatConsts.mag_width`;
@@ -55,7 +56,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .pipeline import gt_const, stage
-from .scale_select import leading_one
+from .scale_select import leading_one, shape_bounds
 
 
 def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_max=None):
@@ -131,14 +132,15 @@ class FloatConsts:
         self.mag_width = max(1, min(y_width - 1, max(self.lsat, self.k_hi + 1)))
         self.lp_max = max(self.mag_width - 1, self.k_hi)
         self.lp_width = self.lp_max.bit_length() or 1
-        # B = T + bias - 1
+        # B = T + bias - 1; the exponent part Lp + B of a lane
         self.b_shape = _rng(t_lo + self.bias - 1, t_hi + self.bias - 1)
+        self.eb_shape = _rng(min(0, t_lo + self.bias - 1), self.lp_max + t_hi + self.bias - 1)
         self.max_finite = (((1 << self.e_bits) - 2) << self.m_bits) | ((1 << self.m_bits) - 1)
 
 
 #: The ports FloatPrep hands to FloatPack (same names on both; the top level may
 #: register them in between).
-PREP_PORTS = ("low", "lp", "ysign", "sat", "neg", "nz", "b")
+PREP_PORTS = ("low", "lp", "eb", "ysign", "sat", "neg", "nz")
 
 
 class FloatPrep(wiring.Component):
@@ -153,7 +155,7 @@ class FloatPrep(wiring.Component):
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
     ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits
     of y), ``lp``, ``ysign`` (y < 0), ``sat``, ``neg`` (the output sign), ``nz``
-    (y != 0), and ``b`` (per vector) out (:data:`PREP_PORTS`).
+    (y != 0), ``eb`` (Lp + B) out (:data:`PREP_PORTS`).
     """
 
     def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts,
@@ -172,7 +174,7 @@ class FloatPrep(wiring.Component):
             "sat": Out(n),
             "neg": Out(n),
             "nz": Out(n),
-            "b": Out(consts.b_shape),
+            "eb": Out(data.ArrayLayout(consts.eb_shape, n)),
         }
         if self.abs_reg or self.lead_reg:
             ports["en"] = In(1)
@@ -221,11 +223,17 @@ class FloatPrep(wiring.Component):
             sgn, sat, flips = r["s"], r["sat"], r["flip"]
             nzs = [r["nz"][i] for i in range(self.n)]
         nz = Cat(*nzs)
-        m.d.comb += [self.b.eq(b), self.neg.eq(negs ^ (flips & nz)), self.nz.eq(nz),
+        m.d.comb += [self.neg.eq(negs ^ (flips & nz)), self.nz.eq(nz),
                      self.ysign.eq(sgn), self.sat.eq(sat)]
+        # Lp + B = max(L + B, K + B): the addition beside the compare, not after the max
+        kb = Signal(c.eb_shape, name="k_bias")
+        m.d.comb += kb.eq(kc + b)
         for i in range(self.n):
-            m.d.comb += [self.low[i].eq(lows[i]),
-                         self.lp[i].eq(Mux(poss[i] > kc, poss[i], kc))]
+            up = Signal(name=f"lp_up{i}")
+            lb = Signal(c.eb_shape, name=f"lb{i}")
+            m.d.comb += [up.eq(poss[i] > kc), lb.eq(poss[i] + b),
+                         self.low[i].eq(lows[i]), self.lp[i].eq(Mux(up, poss[i], kc)),
+                         self.eb[i].eq(Mux(up, lb, kb))]
         return m
 
 
@@ -253,7 +261,7 @@ class FloatPack(wiring.Component):
             "sat": In(n),
             "neg": In(n),
             "nz": In(n),
-            "b": In(consts.b_shape),
+            "eb": In(data.ArrayLayout(consts.eb_shape, n)),
             "bits": Out(data.ArrayLayout(16, n)),
         }
         if self.shift_reg or self.round_reg:
@@ -264,8 +272,7 @@ class FloatPack(wiring.Component):
         m = Module()
         c = self.c
         mb = c.m_bits
-        lp_max = (1 << c.lp_width) - 1
-        blo, bhi = -(1 << (c.b_shape.width - 1)), (1 << (c.b_shape.width - 1)) - 1
+        eb_lo, eb_hi = shape_bounds(c.eb_shape)
         top = c.max_finite >> mb            # X: the exponent part of max_finite
         ws, sts, ebs, ovs = [], [], [], []
         for i in range(self.n):
@@ -273,9 +280,7 @@ class FloatPack(wiring.Component):
                                             mb + 2, f"sh{i}", amount_max=c.lp_max)
             ws.append(wv)
             sts.append(sticky)
-            # exponent part of the result, beside the shifter: Lp + B
-            eb = Signal(_rng(min(0, blo), lp_max + bhi), name=f"eb{i}")
-            m.d.comb += eb.eq(self.lp[i] + self.b)
+            eb = self.eb[i]      # exponent part of the result: Lp + B (FloatPrep)
             ebs.append(eb)
             # saturation: the packed value ((eb << mb) + r) > max_finite, whose mb low
             # bits are all ones, is (eb + (r >> mb)) > X with r >> mb in {0, 1, 2}
@@ -304,7 +309,7 @@ class FloatPack(wiring.Component):
         for i in range(self.n):
             rh, fl = rs[i][mb:], ovs[i]            # r >> mb; eb > X, eb == X, eb == X - 1
             # ((eb << mb) + r): the mb low bits of r pass, r >> mb adds to the exponent
-            ex = Signal(_rng(min(0, blo), lp_max + bhi + 2), name=f"pkexp{i}")
+            ex = Signal(_rng(eb_lo, eb_hi + 2), name=f"pkexp{i}")
             m.d.comb += ex.eq(ebs[i] + rh)
             over = Signal(name=f"over{i}")
             m.d.comb += over.eq(sat[i] | fl[0] | (fl[1] & (rh != 0)) | (fl[2] & rh[1]))

@@ -155,7 +155,7 @@ def test_threshold_copies(mode):
     (("max", "scale"), ()), (("abs", "lead", "sexp", "tsh"), ("shamt",)),
     (("abs", "max", "lead", "norm", "sexp", "scale", "tsh", "thr"), ("align",)),
     (("tsd",), ()), (("scale", "tsd", "tsh"), ("emax",)),
-    (("code",), ()), (("abs", "thr", "code"), ("emax",)),
+    (("code",), ()), (("abs", "thr", "code"), ("emax",)), (("lead", "nshift"), ("dec",)),
 ])
 @pytest.mark.parametrize("lane_ram", [0, 3])
 def test_register_placements(quant_regs, fe_regs, lane_ram):
@@ -538,7 +538,7 @@ def test_lane_ram_n128_profile():
     (("abs", "max", "scale"), (), 0, {}),                      # abs is the write point
     (("abs", "max", "scale", "thr"), (), 0, {"quant.lanes": 3}),
     (("abs", "max", "scale", "code"), (), 0, {}),              # code is after the compares
-    (QUANT_CUTS.names, FE_CUTS.names, 1, {"frontend.lanes": 6, "quant.lanes": 11}),
+    (QUANT_CUTS.names, FE_CUTS.names, 1, {"frontend.lanes": 6, "quant.lanes": 12}),
 ])
 def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):
     """Which delay lines go to RAM (at least lane_ram = 3 stages) and their delays, N=64."""
