@@ -101,10 +101,10 @@ def replicas(m: Module, en, name: str, value, copies: int) -> list:
     ``{name}_r{k}``, each marked :data:`REPLICA_ATTRS` so that synthesis keeps them apart
     and each drives only its own loads (a register that feeds every lane of a block of 64
     reaches them over one net with 64+ loads per bit). Every copy equals the others in
-    every cycle. Returns the list of registers (one: a plain register)."""
+    every cycle. Returns the list of registers of ``value``'s shape (one: a plain register)."""
     value = Value.cast(value)
     attrs = REPLICA_ATTRS if copies > 1 else {}
-    regs = [Signal(len(value), name=f"{name}_r{k}", reset_less=True, attrs=attrs)
+    regs = [Signal(value.shape(), name=f"{name}_r{k}", reset_less=True, attrs=attrs)
             for k in range(copies)]
     with when(m, en):
         m.d.sync += [r.eq(value) for r in regs]

@@ -55,7 +55,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .pipeline import gt_const, stage
+from .pipeline import gt_const, replica_count, replica_of, replicas, stage
 from .scale_select import leading_one, shape_bounds
 
 
@@ -150,7 +150,8 @@ class FloatPrep(wiring.Component):
     flag (before the sign fold and the leading-one tree), and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
-    ``y``/``ef_min``/``mask`` per register.
+    ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
+    B and K + B in one copy per lane group (:func:`hw.pipeline.replicas`).
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
     ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits
@@ -192,6 +193,9 @@ class FloatPrep(wiring.Component):
         m.d.comb += kc.eq(Mux(k < 0, 0, k))
         b = Signal(c.b_shape, name="b_bias")
         m.d.comb += b.eq(t + (c.bias - 1))
+        kb = Signal(c.eb_shape, name="k_bias")      # K + B: Lp + B of a lane with L <= K
+        m.d.comb += kb.eq(kc + b)
+        per_vec = {"kc": kc, "b": b, "kb": kb}      # the last register keeps them in copies
         lows = [Signal(mw, name=f"low{i}") for i in range(self.n)]
         sgn = Signal(self.n, name="ysgn")
         sat = Signal(self.n, name="sat")
@@ -206,9 +210,10 @@ class FloatPrep(wiring.Component):
         flips = self.flip
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
-                      kc=kc, b=b)
-            lows, sgn, sat, negs, flips, kc, b = (r["low"], r["s"], r["sat"], r["neg"],
-                                                  r["flip"], r["kc"], r["b"])
+                      **(per_vec if self.lead_reg else {}))
+            lows, sgn, sat, negs, flips = r["low"], r["s"], r["sat"], r["neg"], r["flip"]
+            per_vec = ({k: r[k] for k in per_vec} if self.lead_reg
+                       else self._copies(m, "abs", per_vec))
         poss, nzs = [], []
         for i in range(self.n):
             mag = Signal(mw, name=f"m1_{i}")
@@ -218,23 +223,31 @@ class FloatPrep(wiring.Component):
             nzs.append(any_ | sgn[i] | sat[i])          # y != 0
         if self.lead_reg:
             r = stage(m, self.en, "lead", low=lows, pos=poss, nz=Cat(*nzs), s=sgn, sat=sat,
-                      neg=negs, flip=flips, kc=kc, b=b)
-            lows, poss, negs, kc, b = r["low"], r["pos"], r["neg"], r["kc"], r["b"]
+                      neg=negs, flip=flips)
+            lows, poss, negs = r["low"], r["pos"], r["neg"]
+            per_vec = self._copies(m, "lead", per_vec)
             sgn, sat, flips = r["s"], r["sat"], r["flip"]
             nzs = [r["nz"][i] for i in range(self.n)]
         nz = Cat(*nzs)
         m.d.comb += [self.neg.eq(negs ^ (flips & nz)), self.nz.eq(nz),
                      self.ysign.eq(sgn), self.sat.eq(sat)]
+        if not (self.abs_reg or self.lead_reg):
+            per_vec = {k: [v] for k, v in per_vec.items()}
         # Lp + B = max(L + B, K + B): the addition beside the compare, not after the max
-        kb = Signal(c.eb_shape, name="k_bias")
-        m.d.comb += kb.eq(kc + b)
         for i in range(self.n):
+            kc_i, b_i, kb_i = (replica_of(per_vec[k], i, self.n) for k in ("kc", "b", "kb"))
             up = Signal(name=f"lp_up{i}")
             lb = Signal(c.eb_shape, name=f"lb{i}")
-            m.d.comb += [up.eq(poss[i] > kc), lb.eq(poss[i] + b),
-                         self.low[i].eq(lows[i]), self.lp[i].eq(Mux(up, poss[i], kc)),
-                         self.eb[i].eq(Mux(up, lb, kb))]
+            m.d.comb += [up.eq(poss[i] > kc_i), lb.eq(poss[i] + b_i),
+                         self.low[i].eq(lows[i]), self.lp[i].eq(Mux(up, poss[i], kc_i)),
+                         self.eb[i].eq(Mux(up, lb, kb_i))]
         return m
+
+    def _copies(self, m: Module, name: str, values: dict) -> dict:
+        """Each per-vector value in one register copy per lane group
+        (:func:`hw.pipeline.replicas`): name -> its list of copies."""
+        return {k: replicas(m, self.en, f"{name}_{k}", v, replica_count(self.n))
+                for k, v in values.items()}
 
 
 class FloatPack(wiring.Component):
