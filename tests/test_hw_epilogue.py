@@ -522,7 +522,7 @@ def test_lane_ram_n128_profile():
     kw = {k: v for k, v in cfg.regs.items() if k not in ("latency", "lane_ram")}
     dut = KVEpilogue(cfg.params, cfg.latency, **kw, lane_ram=cfg.lane_ram)
     assert set(dut.ram_lines) == {"frontend.lanes", "quant.lanes"}
-    assert dut.ram_lines["quant.lanes"] == {"stages": 11, "width": 128 * 19, "depth": 16}
+    assert dut.ram_lines["quant.lanes"] == {"stages": 12, "width": 128 * 19, "depth": 16}
     assert dut.ram_lines["frontend.lanes"] == {"stages": 4, "width": 128 * 17, "depth": 4}
     del dut
     gc.collect()
