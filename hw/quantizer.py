@@ -43,16 +43,17 @@ from sim_models.quant import threshold_coefs
 from .frontend import u_shape
 from .pipeline import (Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth,
                        replica_count, replica_of, replicas, stage)
-from .scale_select import SELECT_REGS, ScaleSelect, rule_units
+from .scale_select import SELECT_CUTS, ScaleSelect, rule_units
 from .thresholds import Thresholds
 from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
 
 #: Register cut points of :class:`Quantizer`, in data-flow order: after |y|, in
 #: the middle of the block statistic tree (after floor(log2(G)/2) levels), after
-#: the tree, inside the scale select (after the leading one, after the
-#: normalization shifter, after the normalization, after the exponent arithmetic), after the scale select, inside
-#: the thresholds (after the exponent differences, after the shift amounts), after the
-#: thresholds, after the lane compares (the codes, scale bytes and flags). Default:
+#: the tree, inside the scale select (:data:`hw.scale_select.SELECT_CUTS`: after the
+#: leading one, after the normalization shifter, after the normalization, after the
+#: exponent arithmetic), after the scale select, inside the thresholds (after the
+#: exponent differences, after the shift amounts), after the thresholds, after the
+#: lane compares (the codes, scale bytes and flags). Default:
 #: maxhalf, max, norm, scale, thr (hw/README.md).
 QUANT_CUTS = Cuts("quant_regs", ("abs", "maxhalf", "max", "lead", "nshift", "norm", "sexp",
                                  "scale", "tsd", "tsh", "thr", "code"),
@@ -285,13 +286,13 @@ class Quantizer(wiring.Component):
         bytes_, sats = [], []
         for b in range(nb):
             sel = ScaleSelect(p, len(vec.stat[b]), self.u_shape, pipelined="norm" in self.regs,
-                              regs=[r for r in SELECT_REGS if r in self.regs])
+                              regs=[r for r in SELECT_CUTS if r != "norm" and r in self.regs])
             m.submodules[f"scale{b}"] = sel
             m.d.comb += [sel.a.eq(vec.stat[b]), sel.u.eq(vec.u), sel.en.eq(self.en)]
             bytes_.append(sel.byte)
             sats.append(sel.sat)
         vec = replace(vec, stat=None)      # the rest, in step with ScaleSelect
-        for r in ("lead", "nshift", "norm", "sexp"):
+        for r in SELECT_CUTS:
             vec = cut(vec, r)
         flags = Signal(3, name="qflags")
         m.d.comb += flags.eq(Cat(vec.flags, Cat(*sats).any()))

@@ -159,8 +159,9 @@ def _scale_rule(k: int, rounding: str, scale: str):
     raise ValueError(f"scale_round must be one of {SCALE_ROUNDING}, got {rounding!r}")
 
 
-#: The optional registers of :class:`ScaleSelect` (``regs``), in data-flow order.
-SELECT_REGS = ("lead", "nshift", "sexp")
+#: The registers of :class:`ScaleSelect`, in data-flow order: ``norm`` is its
+#: ``pipelined`` register, the others are its optional ``regs``.
+SELECT_CUTS = ("lead", "nshift", "norm", "sexp")
 
 
 class ScaleSelect(wiring.Component):
@@ -173,7 +174,7 @@ class ScaleSelect(wiring.Component):
         u_shape: shape of the signed unit exponent u.
         pipelined: register (advanced by ``en``) after the leading-one detect and
             normalization: ``byte``/``sat`` then follow ``a``/``u`` by one cycle.
-        regs: further registers, a subset of ``("lead", "nshift", "sexp")`` (``lead``:
+        regs: further registers, a subset of :data:`SELECT_CUTS` other than ``norm`` (``lead``:
             after the leading-one detect; ``nshift``: after the normalization
             shifter, before its ceiling increment; ``sexp``: after the exponent
             arithmetic, before the byte compares); one cycle each.
@@ -191,8 +192,9 @@ class ScaleSelect(wiring.Component):
         self.a_width, self.u_shape = a_width, Shape.cast(u_shape)
         self.pipelined = bool(pipelined)
         self.regs = tuple(regs)
-        if not set(self.regs) <= set(SELECT_REGS):
-            raise ValueError(f"ScaleSelect regs must be from {SELECT_REGS}, got {self.regs!r}")
+        allowed = tuple(r for r in SELECT_CUTS if r != "norm")
+        if not set(self.regs) <= set(allowed):
+            raise ValueError(f"ScaleSelect regs must be from {allowed}, got {self.regs!r}")
         super().__init__({
             "a": In(a_width),
             "u": In(u_shape),
