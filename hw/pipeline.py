@@ -97,17 +97,22 @@ def replica_of(copies: list, lane: int, lanes: int):
 
 
 def replicas(m: Module, en, name: str, value, copies: int) -> list:
-    """``copies`` registers of ``value`` (a Value; loaded while ``en``, no reset), named
+    """``copies`` registers of ``value`` (loaded while ``en``, no reset), named
     ``{name}_r{k}``, each marked :data:`REPLICA_ATTRS` so that synthesis keeps them apart
     and each drives only its own loads (a register that feeds every lane of a block of 64
-    reaches them over one net with 64+ loads per bit). Every copy equals the others in
-    every cycle. Returns the list of registers of ``value``'s shape (one: a plain register)."""
-    value = Value.cast(value)
+    reaches them over one net with 64+ loads per bit). ``value``: a Value, or a list of
+    ``copies`` Values equal in every cycle (copy k loads ``value[k]``: a value computed
+    in copies upstream). Every copy equals the others in every cycle. Returns the list of
+    registers of the value's shape (one: a plain register)."""
+    srcs = [Value.cast(v) for v in value] if isinstance(value, (list, tuple)) \
+        else [Value.cast(value)] * copies
+    if len(srcs) != copies:
+        raise ValueError(f"value: {len(srcs)} copies given for {copies} registers")
     attrs = REPLICA_ATTRS if copies > 1 else {}
-    regs = [Signal(value.shape(), name=f"{name}_r{k}", reset_less=True, attrs=attrs)
+    regs = [Signal(srcs[0].shape(), name=f"{name}_r{k}", reset_less=True, attrs=attrs)
             for k in range(copies)]
     with when(m, en):
-        m.d.sync += [r.eq(value) for r in regs]
+        m.d.sync += [r.eq(v) for r, v in zip(regs, srcs)]
     return regs
 
 
@@ -612,7 +617,10 @@ class FlowControl:
         own, :func:`beat_register_free_next` of the previous enabled cycle, so that the
         input handshake and the credit counter do not wait on the far ends of
         ``beat_valid`` / ``beat``; ``beat_data`` loads whenever it is free (a load without
-        a handshake leaves ``beat_valid`` low), so its clock enable is that register too."""
+        a handshake leaves ``beat_valid`` low). Its clock enable is a copy of that register
+        per :data:`ENABLE_GROUP_BITS` bits (``beat_load{k}``, same update rule and reset,
+        kept apart by :data:`REPLICA_ATTRS`): one flip-flop driving the enables of all
+        2,048 bits of the N=128 encoder's register was its worst path (docs/SYNTH.md)."""
         m = self.m
         data = Signal(len(self.payload), name="beat_data", reset_less=True)
         valid = Signal(name="beat_valid")
@@ -620,10 +628,15 @@ class FlowControl:
         m.d.comb += free.eq(free_r)
         self.i_valid = valid
         beat = self._beat_register(1, "beat")
+        slices = range(0, len(data), ENABLE_GROUP_BITS)
+        attrs = REPLICA_ATTRS if len(slices) > 1 else {}
+        loads = [Signal(init=1, name=f"beat_load{k}", attrs=attrs) for k in range(len(slices))]
         with when(m, self.en):
-            m.d.sync += free_r.eq(beat_register_free_next(accept))
-            with m.If(free_r):
-                m.d.sync += data.eq(self.payload)
+            m.d.sync += [r.eq(beat_register_free_next(accept)) for r in [free_r, *loads]]
+            for load, lo in zip(loads, slices):
+                with m.If(load):
+                    m.d.sync += data[lo:lo + ENABLE_GROUP_BITS].eq(
+                        self.payload[lo:lo + ENABLE_GROUP_BITS])
             with m.If(accept):
                 m.d.sync += valid.eq(1)
             with m.Elif(valid):
@@ -663,6 +676,10 @@ class FlowControl:
         else:
             skid_fifo(m, out, out_v, o, self.depth)
 
+
+#: Bits of the two-beat input register (``beat_data``) per copy of its load enable
+#: (:meth:`FlowControl._serializer`): the loads of a beat index copy, 8 lanes of 16 bits.
+ENABLE_GROUP_BITS = 128
 
 #: Lanes per copy of a beat index (:func:`beat_groups`): the beat select of a two-beat top
 #: level drives a multiplexer in every bit of every lane (W = 64 lanes of 17 bits in the

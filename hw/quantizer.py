@@ -300,23 +300,22 @@ class Quantizer(wiring.Component):
 
         # ---- thresholds ---------------------------------------------------------------
         nth = len(self.coefs)
-        ths = []
+        copies = replica_count(g)
+        ths = []       # per block: the nth thresholds of each lane group's copy
         for b in range(nb):
             th = Thresholds(p, wy, self.u_shape, pipelined="tsh" in self.regs,
-                            diff_reg="tsd" in self.regs)
+                            diff_reg="tsd" in self.regs,
+                            copies=copies if "tsh" in self.regs else 1)
             m.submodules[f"thr{b}"] = th
             m.d.comb += [th.byte.eq(vec.scales[b]), th.u.eq(vec.u)]
             if "tsh" in self.regs or "tsd" in self.regs:
                 m.d.comb += th.en.eq(self.en)
-            ths.append([th.th[j] for j in range(nth)])
+            ths.append([[th.th[k % th.copies][j] for j in range(nth)] for k in range(copies)])
         vec = cut(cut(replace(vec, u=None), "tsd"), "tsh")     # in step with Thresholds
-        copies = replica_count(g)
         if "thr" in self.regs:     # the thresholds in one register copy per lane group
             vec = cut(vec, "thr")
-            ths = [_split(replicas(m, self.en, f"thr_th{b}", Cat(*t), copies), t)
-                   for b, t in enumerate(ths)]
-        else:
-            ths = [[t] * copies for t in ths]
+            ths = [_split(replicas(m, self.en, f"thr_th{b}", [Cat(*t) for t in tb], copies),
+                          tb[0]) for b, tb in enumerate(ths)]
         if not lines:
             late_neg, late_mags = vec.neg, vec.mags
 

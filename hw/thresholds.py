@@ -16,7 +16,7 @@ from amaranth.lib.wiring import In, Out
 from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
-from .pipeline import gt_const, stage
+from .pipeline import gt_const, replicas, stage
 from .scale_select import encoding, shape_bounds, shape_range
 
 
@@ -28,24 +28,34 @@ class Thresholds(wiring.Component):
             scale the encoding of ``byte``.
         y_width: width of |y|; thresholds saturate to 2^y_width (no |y| reaches it).
         u_shape: shape of u.
+        copies: copies of the thresholds (``th[k]``), each for its own group of lanes.
+            With ``pipelined``, the register before the shifts is kept in that many
+            copies (``tsh_r{k}``, :func:`hw.pipeline.replicas`) and each copy computes its
+            own shifts, so the thresholds of a copy are made next to the lanes that read
+            them (one copy feeding every lane group was the N=64 encoder's worst path,
+            docs/SYNTH.md); without, every copy is the same logic.
 
-    Ports: ``byte``, ``u`` in; ``th`` (len(coefs) x (y_width+1) bits) out.
+    Ports: ``byte``, ``u`` in; ``th`` (copies x len(coefs) x (y_width+1) bits) out.
     Combinational, or with registers advanced by ``en`` (In): ``diff_reg`` after the
     exponent differences d = e - off - u and -d (two carry chains), ``pipelined`` after
     the shift amounts and the products ``a_j sig``, before the shifts.
     """
 
     def __init__(self, p: FormatParams, y_width: int, u_shape, pipelined: bool = False,
-                 diff_reg: bool = False):
+                 diff_reg: bool = False, copies: int = 1):
         self.coefs, self.frac = threshold_coefs(p.mode, p.bits)
         encoding(p.scale)
         self.scale = p.scale
         self.y_width, self.u_shape = y_width, Shape.cast(u_shape)
         self.pipelined, self.diff_reg = bool(pipelined), bool(diff_reg)
+        if not isinstance(copies, int) or isinstance(copies, bool) or copies < 1:
+            raise ValueError(f"copies (of the thresholds) must be an int >= 1, got {copies!r}")
+        self.copies = copies
         ports = {
             "byte": In(8),
             "u": In(u_shape),
-            "th": Out(data.ArrayLayout(unsigned(y_width + 1), len(self.coefs))),
+            "th": Out(data.ArrayLayout(data.ArrayLayout(unsigned(y_width + 1), len(self.coefs)),
+                                       copies)),
         }
         if self.pipelined or self.diff_reg:
             ports["en"] = In(1)
@@ -79,7 +89,6 @@ class Thresholds(wiring.Component):
         m.d.comb += dp.eq(Mux(dneg, 0, Mux(gt_const(d, wy), wy, d)))
         dn = Signal(range(cbits + 1))
         m.d.comb += dn.eq(Mux(~dneg, 0, Mux(gt_const(nd, cbits), cbits, nd)))
-        sat_val = 1 << wy
         cs_ = []
         for j, aj in enumerate(self.coefs, start=1):
             c = Signal(cbits, name=f"c{j}")
@@ -90,18 +99,34 @@ class Thresholds(wiring.Component):
         # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 as logic from dn
         low = Signal(cbits, name="dn_mask")
         m.d.comb += low.eq(Cat(*(gt_const(dn, i) for i in range(cbits))))
-        if self.pipelined:
-            st = stage(m, self.en, "tsh", c=cs_, dp=dp, dn=dn, low=low, pos=pos)
-            cs_, dp, dn, low, pos = st["c"], st["dp"], st["dn"], st["low"], st["pos"]
+        if not self.pipelined:
+            self._shifts(m, "", cs_, dp, dn, low, pos, self.th[0])
+            for k in range(1, self.copies):
+                m.d.comb += self.th[k].eq(self.th[0])
+            return m
+        parts = [*cs_, dp, dn, low, pos]
+        for k, r in enumerate(replicas(m, self.en, "tsh", Cat(*parts), self.copies)):
+            lo, regs = 0, []
+            for v in parts:
+                regs.append(r[lo:lo + len(v)])
+                lo += len(v)
+            nc = len(cs_)
+            self._shifts(m, f"_{k}" if self.copies > 1 else "", regs[:nc], *regs[nc:],
+                         self.th[k])
+        return m
+
+    def _shifts(self, m: Module, sfx: str, cs_, dp, dn, low, pos, th) -> None:
+        """The thresholds ``th`` (one copy) from the products ``a_j sig`` (``cs_``), the
+        shift amounts ``dp``, ``dn``, the rounding mask ``low`` and ``pos`` (d >= 0)."""
+        wy, cbits = self.y_width, len(cs_[0])
         for j, c in enumerate(cs_, start=1):
-            tp = Signal(cbits + wy, name=f"tpos{j}")
+            tp = Signal(cbits + wy, name=f"tpos{j}{sfx}")
             m.d.comb += tp.eq(c << dp)
-            tr = Signal(cbits + 1, name=f"tround{j}")
+            tr = Signal(cbits + 1, name=f"tround{j}{sfx}")
             m.d.comb += tr.eq(c + low)
-            tn = Signal(cbits + 1, name=f"tneg{j}")
+            tn = Signal(cbits + 1, name=f"tneg{j}{sfx}")
             m.d.comb += tn.eq(tr >> dn)
             with m.If(pos):     # tp >= 2^wy: a bit at or above wy
-                m.d.comb += self.th[j - 1].eq(Mux(tp[wy:].any(), sat_val, tp))
+                m.d.comb += th[j - 1].eq(Mux(tp[wy:].any(), 1 << wy, tp))
             with m.Else():
-                m.d.comb += self.th[j - 1].eq(tn)
-        return m
+                m.d.comb += th[j - 1].eq(tn)

@@ -229,7 +229,7 @@ def test_thresholds_every_byte(mode, bits, scale):
                 ctx.set(t.byte, byte)
                 ctx.set(t.u, u)
             for t, _ in zip(bank.units, chunk):
-                got.append([ctx.get(t.th[j]) for j in range(nth)])
+                got.append([ctx.get(t.th[0][j]) for j in range(nth)])
 
     sim = Simulator(bank)
     sim.add_testbench(tb)
@@ -248,6 +248,44 @@ def test_thresholds_every_byte(mode, bits, scale):
         ok = t < sat_val
         assert ge_scaled(t[ok] << frac, u[ok], c[ok], exp[ok]).all()
         assert ok.any() and (~ok).any()
+
+
+@pytest.mark.parametrize("copies", [0, -1, 1.0, True])
+def test_thresholds_bad_copies(copies):
+    with pytest.raises(ValueError, match="copies"):
+        Thresholds(FormatParams(n=8, block=8), A_WIDTH, U_SHAPE, copies=copies)
+
+
+def test_thresholds_copies_agree():
+    """Pipelined thresholds in 3 copies (each from its own register before the shifts):
+    every copy equals the combinational unit's thresholds one cycle later."""
+    p = FormatParams(n=8, block=8, bits=3, mode="midrise")
+    enc = scale_encoding(p.scale)
+    cases = [(int(b), u) for u in (-30, -3, 0, 5) for b in enc.bytes[::7]]
+    ref, cop = Thresholds(p, A_WIDTH, U_SHAPE), Thresholds(p, A_WIDTH, U_SHAPE, True, copies=3)
+    bank = _Bank([ref, cop])
+    nth = len(ref.coefs)
+    seen = []
+
+    async def tb(ctx):
+        ctx.set(cop.en, 1)
+        prev = None
+        for byte, u in cases + [cases[-1]]:
+            for t in (ref, cop):
+                ctx.set(t.byte, byte)
+                ctx.set(t.u, u)
+            if prev is not None:
+                got = [[ctx.get(cop.th[k][j]) for j in range(nth)] for k in range(3)]
+                assert got == [prev] * 3
+                seen.append(prev)
+            prev = [ctx.get(ref.th[0][j]) for j in range(nth)]
+            await ctx.tick()
+
+    sim = Simulator(bank)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert len(seen) == len(cases) and len({tuple(s) for s in seen}) > 10
 
 
 @pytest.mark.parametrize("dtype,mant_bits,n", [
