@@ -357,7 +357,7 @@ def generated(res: dict, mres: dict | None) -> str:
         "'lane RAM/D' = config part `rD`: the lane delay lines of D or more stages in block "
         "RAM (DP16KD: 18 Kbit ECP5 block RAMs, 208 on the LFE5U-85F) instead of flip-flops; "
         "'credit' = config part `cE`: credit-based flow control (the pipeline never stalls, "
-        "output skid FIFO in LUT RAM up to 8 Kbit, else block RAM, registered i.ready; "
+        "output skid FIFO in LUT RAM up to 32 Kbit (8 Kbit in records older than that rule, docs/SYNTH.md), else block RAM, registered i.ready; "
         "'credit+E': E extra credits). "
         "latency ns = latency cycles / Fmax.",
         "",
@@ -409,7 +409,7 @@ def generated(res: dict, mres: dict | None) -> str:
             "",
             "Each config with credit-based flow control (config part `cE`, "
             "`hw.pipeline.FlowControl`: registers without enable, output skid FIFO (LUT RAM "
-            "up to 8 Kbit, else block RAM; records before 2026-12-02: block RAM) behind "
+            "up to 32 Kbit, else block RAM; older records: 8 Kbit, or block RAM) behind "
             "the output register, `i.ready` a register from a credit counter) "
             "against the same config with the global stall enable `en = o.ready | ~o.valid` "
             "(the default); same tools, seed and target. Area: synth_ecp5 totals with the "

@@ -409,11 +409,14 @@ SKID_SLICE_BITS = 72
 
 #: Largest skid FIFO (bits: width x entries) kept in LUT RAM (``ram_style`` distributed:
 #: ECP5 TRELLIS_DPR16X4, 16 entries x 4 bits, read without a clock into the read data
-#: flip-flops): 8 Kbit is 128 DPR16X4, ~256 LUT4 sites. Larger ones go to block RAM,
-#: which these designs otherwise leave unused and which costs no LUT sites. Measured
-#: (docs/SYNTH.md): the N=16 decoder's 4 Kbit FIFO gains in LUT RAM (113 -> 137 MHz),
-#: the N=64 decoder's 32 Kbit FIFO loses (99 -> 86 MHz).
-SKID_LUTRAM_BITS = 8192
+#: flip-flops): 32 Kbit is 512 DPR16X4. Larger ones go to block RAM, which costs no LUT
+#: sites but whose read without its output register (Yosys maps a behavioural memory with
+#: REGMODE NOREG) has a 6 ns clock-to-out in nextpnr's model, 90 % of the 6.67 ns period
+#: of the N=64 target (150 MHz). Measured (docs/SYNTH.md): the N=16 decoder's 4 Kbit
+#: FIFO gains in LUT RAM (113 -> 137 MHz); the N=64 decoder's 32 Kbit FIFO, with the
+#: dequantizer's table cut, 101.0 MHz in block RAM (worst path: its clock-to-out) and
+#: 103.7 MHz in LUT RAM (worst path elsewhere).
+SKID_LUTRAM_BITS = 32768
 
 #: Entries up to which a skid FIFO of any width is kept in LUT RAM: 16 is one
 #: TRELLIS_DPR16X4 deep (no read multiplexer), where a block RAM would use 16 of its 512

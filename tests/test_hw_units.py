@@ -873,12 +873,12 @@ def test_check_flow(flow, extra, exc):
 
 
 @pytest.mark.parametrize("width,extra,style", [(12, 40, "distributed"), (200, 0, "distributed"),
-                                               (200, 40, "block"), (600, 6, "distributed"),
-                                               (600, 10, "block")])
+                                               (500, 40, "distributed"), (600, 40, "block"),
+                                               (2100, 6, "distributed"), (2100, 10, "block")])
 def test_skid_fifo_ram_style(width, extra, style):
     """The skid FIFO in LUT RAM up to hw.pipeline.SKID_LUTRAM_BITS bits (width x entries:
-    12 x 64, 200 x 8) or up to SKID_LUTRAM_ENTRIES entries (600 x 16), in block RAM above
-    (200 x 64, 600 x 32)."""
+    12 x 64, 200 x 8, 500 x 64) or up to SKID_LUTRAM_ENTRIES entries (2100 x 16), in block
+    RAM above (600 x 64, 2100 x 32)."""
     from amaranth.back import rtlil
     from hw.pipeline import SKID_LUTRAM_BITS, SKID_LUTRAM_ENTRIES, skid_ram
     dut = FlowPipe("credit", 3, extra, width=width)
