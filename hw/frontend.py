@@ -5,10 +5,12 @@ Combinational (the top level registers its outputs), except for the optional
 pipeline registers (``en`` advances them, ``i_valid`` -> ``o_valid`` rides
 along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
 ``emax`` after the exponent max tree (one register copy of the max per
-:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes), ``shamt`` after the per-lane shift amounts, ``align`` after the alignment
-shifter, before the rounding increment) and ``tree_every`` = k, a register
-after every k levels of the max tree (:func:`hw.trees.tree_cut_levels`). Each
-register holds the rest of the vector (decoded lanes, partial maxima with the OR of their lanes' NaN / Inf flags).
+:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes; with ``tree_every``, the tree's last
+register is in as many copies, each reduced to its own root), ``shamt`` after the
+per-lane shift amounts, ``align`` after the alignment shifter, before the rounding
+increment) and ``tree_every`` = k, a register after every k levels of the max tree
+(:func:`hw.trees.tree_cut_levels`). Each register holds the rest of the vector
+(decoded lanes, partial maxima with the OR of their lanes' NaN / Inf flags).
 Latency = len(regs) + :func:`tree_cuts`. The decoded lanes (exponent,
 significand, sign) only wait while the max tree runs, :func:`lane_delay` stages;
 with ``lane_ram`` > 0 and at least that many stages they wait in block RAM
@@ -198,10 +200,24 @@ class FrontEnd(wiring.Component):
             at = [sum(lw[:i]) for i in range(len(lw))]
             parts = [late[a:a + w] for a, w in zip(at, lw)]
 
+        # with the emax cut in copies, the tree's last register holds the partial maxima in
+        # as many copies and each copy reduces its own to its root (one root feeding every
+        # copy's register was the N=128 encoder's worst path, docs/SYNTH.md)
+        ncopy = replica_count(w) if "emax" in self.regs else 1
+        last_cut = tree_cuts(p.n, self.tree_every) - 1
+        part_copies = []
+
         def tree_cut(parts: list) -> list:
-            cut(f"emaxt{tree_cut.count}", part=parts)
+            c = tree_cut.count
             tree_cut.count += 1
-            return vec.pop("part")
+            if c < last_cut or ncopy == 1:
+                cut(f"emaxt{c}", part=parts)
+                return vec.pop("part")
+            cut(f"emaxt{c}")
+            regs = [replicas(m, self.en, f"emaxt{c}_part{i}", v, ncopy)
+                    for i, v in enumerate(parts)]
+            part_copies.extend([r[k] for r in regs] for k in range(ncopy))
+            return part_copies[0]
         tree_cut.count = 0
 
         def max_or(a, b):   # (exponent, flags): the larger exponent, the OR of the flags
@@ -227,9 +243,12 @@ class FrontEnd(wiring.Component):
         if not lines:
             lane_clamps()
         if "emax" in self.regs:     # the max exponent in one register copy per lane group
-            root_emax = vec.pop("emax")
+            roots = [vec.pop("emax")]
+            roots += [tree_reduce(m, parts, max_or, f"emax_c{k}")[:e_bits]
+                      for k, parts in enumerate(part_copies[1:], start=1)]
             cut("emax")
-            emaxs = replicas(m, self.en, "emax_emax", root_emax, replica_count(w))
+            emaxs = replicas(m, self.en, "emax_emax", roots if part_copies else roots[0],
+                             ncopy)
             vec["emax"] = emaxs[0]
         else:
             emaxs = [vec["emax"]]

@@ -185,17 +185,7 @@ class FloatPrep(wiring.Component):
         m = Module()
         c = self.c
         w, mw = c.y_width, c.mag_width
-        t = Signal(_rng(c.ef_lo + c.exp_add, c.ef_hi + c.exp_add), name="t_unit")
-        m.d.comb += t.eq(self.ef_min + c.exp_add)
-        k = Signal(_rng(min(0, (1 - c.bias) - (c.ef_hi + c.exp_add)), c.k_hi), name="k_raw")
-        m.d.comb += k.eq((1 - c.bias) - t)
-        kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
-        m.d.comb += kc.eq(Mux(k < 0, 0, k))
-        b = Signal(c.b_shape, name="b_bias")
-        m.d.comb += b.eq(t + (c.bias - 1))
-        kb = Signal(c.eb_shape, name="k_bias")      # K + B: Lp + B of a lane with L <= K
-        m.d.comb += kb.eq(kc + b)
-        per_vec = {"kc": kc, "b": b, "kb": kb}      # the last register keeps them in copies
+        per_vec = self._per_vector(m)       # the last register keeps them in copies
         lows = [Signal(mw, name=f"low{i}") for i in range(self.n)]
         sgn = Signal(self.n, name="ysgn")
         sat = Signal(self.n, name="sat")
@@ -242,6 +232,25 @@ class FloatPrep(wiring.Component):
                          self.low[i].eq(lows[i]), self.lp[i].eq(Mux(up, poss[i], kc_i)),
                          self.eb[i].eq(Mux(up, lb, kb_i))]
         return m
+
+    def _per_vector(self, m: Module) -> dict:
+        """K (clamped at 0), B and K + B of the vector: {"kc", "b", "kb"} (module
+        docstring), functions of ef_min alone, so they are one constant row per ef_min
+        value (values outside [ef_lo, ef_hi] never occur and read as the nearest end):
+        each bit is a small LUT function of ef_min's bits, where three chained additions
+        (carry chains) from ef_min's register were the N=64 decoder's worst path
+        (docs/SYNTH.md)."""
+        c = self.c
+        kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
+        b = Signal(c.b_shape, name="b_bias")
+        kb = Signal(c.eb_shape, name="k_bias")      # K + B: Lp + B of a lane with L <= K
+        with m.Switch(self.ef_min):
+            for ef in range(1 << len(self.ef_min)):
+                t = min(max(ef, c.ef_lo), c.ef_hi) + c.exp_add      # T = ef_min + exp_add
+                k = max(0, (1 - c.bias) - t)                      # K = (1 - bias) - T
+                with m.Case(ef):
+                    m.d.comb += [kc.eq(k), b.eq(t + c.bias - 1), kb.eq(k + t + c.bias - 1)]
+        return {"kc": kc, "b": b, "kb": kb}
 
     def _copies(self, m: Module, name: str, values: dict) -> dict:
         """Each per-vector value in one register copy per lane group

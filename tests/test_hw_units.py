@@ -18,9 +18,10 @@ import random
 import numpy as np
 import pytest
 from amaranth.hdl import ClockDomain, Elaboratable, Module, Signal, signed
+from amaranth.back import rtlil
 from amaranth.sim import Simulator
 
-from hw.frontend import FrontEnd, u_range
+from hw.frontend import FrontEnd, tree_cuts, u_range
 from hw.fwht import FWHT, register_positions
 from hw.scale_select import ScaleSelect
 from hw.thresholds import Thresholds
@@ -317,36 +318,49 @@ def test_frontend_matches_bfp(dtype, mant_bits, n):
     assert not bad, f"front end mismatches on vectors {bad[:10]}"
 
 
-@pytest.mark.parametrize("dtype,mant_bits,n", [("fp16", 12, 16), ("bf16", 8, 8)])
-def test_frontend_emax_register(dtype, mant_bits, n):
-    """FrontEnd(regs=("emax",)): the same results one cycle later, held while en is low."""
+@pytest.mark.parametrize("dtype,mant_bits,n,tree_every", [
+    ("fp16", 12, 16, 0), ("bf16", 8, 8, 0), ("fp16", 12, 64, 1), ("bf16", 6, 64, 2),
+])
+def test_frontend_emax_register(dtype, mant_bits, n, tree_every):
+    """FrontEnd(regs=("emax",), tree_every): the same results ``latency`` enabled cycles
+    later, held while en is low. With tree registers and N = 64 (4 copies of emax) the
+    tree's last register is in 4 copies, each reduced to its own root: each copy feeds
+    its own 16 lanes, so a wrong copy shows in those lanes' x."""
     p = FormatParams(n=n, block=8, mant_bits=mant_bits, dtype=dtype, sign_seed=3)
-    rng = np.random.default_rng(n)
+    rng = np.random.default_rng(n + tree_every)
     vecs = np.concatenate([directed_vectors(p, rng), random_patterns(p, 24, rng)])
     x, u, flags = to_block_fp(vecs, p, sign_mask(p.n, p.sign_seed))
-    fe = FrontEnd(p, ("emax",))
-    assert fe.latency == 1
+    fe = FrontEnd(p, ("emax",), tree_every=tree_every)
+    cuts = tree_cuts(n, tree_every)
+    assert fe.latency == 1 + cuts
+    if cuts:
+        names = rtlil.convert(fe)
+        for k in range(4):
+            assert f"emaxt{cuts - 1}_part0_r{k}" in names and f"emax_emax_r{k}" in names
+            assert k == 0 or f"emax_c{k}_l0_0" in names
     ins = wire.rows_to_ints(wire.lane_rows(vecs))
     bad, seen = [], []
     rnd = random.Random(n)
 
     async def tb(ctx):
-        idx, cur = 0, None
-        for _ in range(3 * len(ins)):
+        idx, pipe = 0, [None] * fe.latency      # the vector index in each register stage
+        for _ in range(3 * len(ins) + 4 * fe.latency):
             en = rnd.random() < 0.7
             ctx.set(fe.en, en)
             ctx.set(fe.i_valid, idx < len(ins))
             if idx < len(ins):
                 ctx.set(fe.bits, ins[idx])
-            if ctx.get(fe.o_valid) and cur is not None:
-                v = cur
+            v = pipe[-1]
+            if ctx.get(fe.o_valid) != (v is not None):
+                bad.append(("valid", v))
+            elif v is not None:
                 gx = [ctx.get(fe.x[k]) for k in range(n)]
                 if gx != x[v].tolist() or ctx.get(fe.u) != u[v] or ctx.get(fe.flags) != flags[v]:
                     bad.append(v)
-                if en:
-                    seen.append(v)
             if en:
-                cur = idx if idx < len(ins) else None
+                if v is not None:
+                    seen.append(v)
+                pipe = [idx if idx < len(ins) else None] + pipe[:-1]
                 idx += 1
             await ctx.tick()
 
