@@ -273,9 +273,17 @@ def dequant_table(m: Module, table: LevelTable, sig, name: str, zero=None):
     if table.zero_point and zero is None:
         raise ValueError("zero (the block's zero point) is required for a zero-point table")
     tbl = Signal(data.ArrayLayout(product_shape(table), 1 << table.bits), name=f"{name}_table")
-    for f, v in enumerate(table.levels):
-        level = Const(v, table.shape) - zero if table.zero_point else Const(v, table.shape)
-        m.d.comb += tbl[f].eq(level * sig)
+    if table.zero_point:
+        for f, v in enumerate(table.levels):
+            m.d.comb += tbl[f].eq((Const(v, table.shape) - zero) * sig)
+        return tbl
+    # constant levels: one row of constant products per significand value, so each bit
+    # is LUT logic of sig's few bits (the multiplications by constants were two carry
+    # chains on the N=128 decoder's worst path, docs/SYNTH.md)
+    with m.Switch(sig):
+        for s in range(1 << len(sig)):
+            with m.Case(s):
+                m.d.comb += [tbl[f].eq(v * s) for f, v in enumerate(table.levels)]
     return tbl
 
 
