@@ -52,11 +52,11 @@ from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
 #: the tree, inside the scale select (:data:`hw.scale_select.SELECT_CUTS`: after the
 #: leading one, after the normalization shifter, after the normalization, after the
 #: exponent arithmetic), after the scale select, inside the thresholds (after the
-#: exponent differences, after the shift amounts), after the thresholds, after the
-#: lane compares (the codes, scale bytes and flags). Default:
+#: exponent differences, after the shift amounts, after the shifts), after the
+#: thresholds, after the lane compares (the codes, scale bytes and flags). Default:
 #: maxhalf, max, norm, scale, thr (hw/README.md).
 QUANT_CUTS = Cuts("quant_regs", ("abs", "maxhalf", "max", "lead", "nshift", "norm", "sexp",
-                                 "scale", "tsd", "tsh", "thr", "code"),
+                                 "scale", "tsd", "tsh", "tsel", "thr", "code"),
                   default=("maxhalf", "max", "norm", "scale", "thr"))
 
 
@@ -304,14 +304,16 @@ class Quantizer(wiring.Component):
         ths = []       # per block: the nth thresholds of each lane group's copy
         for b in range(nb):
             th = Thresholds(p, wy, self.u_shape, pipelined="tsh" in self.regs,
-                            diff_reg="tsd" in self.regs,
+                            diff_reg="tsd" in self.regs, sel_reg="tsel" in self.regs,
                             copies=copies if "tsh" in self.regs else 1)
             m.submodules[f"thr{b}"] = th
             m.d.comb += [th.byte.eq(vec.scales[b]), th.u.eq(vec.u)]
-            if "tsh" in self.regs or "tsd" in self.regs:
+            if {"tsd", "tsh", "tsel"} & set(self.regs):
                 m.d.comb += th.en.eq(self.en)
             ths.append([[th.th[k % th.copies][j] for j in range(nth)] for k in range(copies)])
-        vec = cut(cut(replace(vec, u=None), "tsd"), "tsh")     # in step with Thresholds
+        vec = replace(vec, u=None)
+        for r in ("tsd", "tsh", "tsel"):     # in step with Thresholds
+            vec = cut(vec, r)
         if "thr" in self.regs:     # the thresholds in one register copy per lane group
             vec = cut(vec, "thr")
             ths = [_split(replicas(m, self.en, f"thr_th{b}", [Cat(*t) for t in tb], copies),

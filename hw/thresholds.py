@@ -38,16 +38,19 @@ class Thresholds(wiring.Component):
     Ports: ``byte``, ``u`` in; ``th`` (copies x len(coefs) x (y_width+1) bits) out.
     Combinational, or with registers advanced by ``en`` (In): ``diff_reg`` after the
     exponent differences d = e - off - u and -d (two carry chains), ``pipelined`` after
-    the shift amounts and the products ``a_j sig``, before the shifts.
+    the shift amounts and the products ``a_j sig``, before the shifts, ``sel_reg`` after
+    the shifts (the saturated left shift and the rounded right shift of each T_j, in each
+    copy), before the select by the sign of d.
     """
 
     def __init__(self, p: FormatParams, y_width: int, u_shape, pipelined: bool = False,
-                 diff_reg: bool = False, copies: int = 1):
+                 diff_reg: bool = False, copies: int = 1, sel_reg: bool = False):
         self.coefs, self.frac = threshold_coefs(p.mode, p.bits)
         encoding(p.scale)
         self.scale = p.scale
         self.y_width, self.u_shape = y_width, Shape.cast(u_shape)
         self.pipelined, self.diff_reg = bool(pipelined), bool(diff_reg)
+        self.sel_reg = bool(sel_reg)
         if not isinstance(copies, int) or isinstance(copies, bool) or copies < 1:
             raise ValueError(f"copies (of the thresholds) must be an int >= 1, got {copies!r}")
         self.copies = copies
@@ -57,7 +60,7 @@ class Thresholds(wiring.Component):
             "th": Out(data.ArrayLayout(data.ArrayLayout(unsigned(y_width + 1), len(self.coefs)),
                                        copies)),
         }
-        if self.pipelined or self.diff_reg:
+        if self.pipelined or self.diff_reg or self.sel_reg:
             ports["en"] = In(1)
         super().__init__(ports)
 
@@ -119,14 +122,20 @@ class Thresholds(wiring.Component):
         """The thresholds ``th`` (one copy) from the products ``a_j sig`` (``cs_``), the
         shift amounts ``dp``, ``dn``, the rounding mask ``low`` and ``pos`` (d >= 0)."""
         wy, cbits = self.y_width, len(cs_[0])
+        tps, tns = [], []
         for j, c in enumerate(cs_, start=1):
             tp = Signal(cbits + wy, name=f"tpos{j}{sfx}")
             m.d.comb += tp.eq(c << dp)
+            ts = Signal(wy + 1, name=f"tsat{j}{sfx}")       # tp >= 2^wy: a bit at or above wy
+            m.d.comb += ts.eq(Mux(tp[wy:].any(), 1 << wy, tp))
             tr = Signal(cbits + 1, name=f"tround{j}{sfx}")
             m.d.comb += tr.eq(c + low)
             tn = Signal(cbits + 1, name=f"tneg{j}{sfx}")
             m.d.comb += tn.eq(tr >> dn)
-            with m.If(pos):     # tp >= 2^wy: a bit at or above wy
-                m.d.comb += th[j - 1].eq(Mux(tp[wy:].any(), 1 << wy, tp))
-            with m.Else():
-                m.d.comb += th[j - 1].eq(tn)
+            tps.append(ts)
+            tns.append(tn)
+        if self.sel_reg:
+            r = stage(m, self.en, f"tsel{sfx}", tp=tps, tn=tns, pos=pos)
+            tps, tns, pos = r["tp"], r["tn"], r["pos"]
+        for j in range(len(cs_)):
+            m.d.comb += th[j].eq(Mux(pos, tps[j], tns[j]))

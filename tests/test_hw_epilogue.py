@@ -141,12 +141,14 @@ def test_no_sign_flip():
 def test_threshold_copies(mode):
     """G = 64: the threshold register in 4 copies (hw.pipeline.replica_count), each read
     by its 16 lanes, with and without the code register, and computed in 4 copies from
-    the register before the shifts (``tsh``), with and without ``thr``; the front end's
-    emax register in 4 copies: same payloads, full rate, stalls."""
+    the register before the shifts (``tsh``), with and without ``thr``, and registered
+    after their shifts (``tsel``); the front end's emax register in 4 copies: same
+    payloads, full rate, stalls."""
     from hw.pipeline import replica_count
     assert replica_count(64) == 4 and replica_count(16) == 1
     p = FormatParams(n=64, block=64, bits=3, mode=mode, sign_seed=3)
-    for quant_regs in (("thr",), ("max", "thr", "code"), ("tsh",), ("tsd", "tsh", "thr")):
+    for quant_regs in (("thr",), ("max", "thr", "code"), ("tsh",), ("tsd", "tsh", "thr"),
+                       ("tsh", "tsel", "thr"), ("tsel",)):
         check(p, 2, 16, seed=len(quant_regs), dut_kw={"quant_regs": quant_regs})
 
 
@@ -523,7 +525,7 @@ def test_lane_ram_n128_profile():
     kw = {k: v for k, v in cfg.regs.items() if k not in ("latency", "lane_ram")}
     dut = KVEpilogue(cfg.params, cfg.latency, **kw, lane_ram=cfg.lane_ram)
     assert set(dut.ram_lines) == {"frontend.lanes", "quant.lanes"}
-    assert dut.ram_lines["quant.lanes"] == {"stages": 12, "width": 128 * 19, "depth": 16}
+    assert dut.ram_lines["quant.lanes"] == {"stages": 13, "width": 128 * 19, "depth": 16}
     assert dut.ram_lines["frontend.lanes"] == {"stages": 4, "width": 128 * 17, "depth": 4}
     del dut
     gc.collect()

@@ -365,9 +365,9 @@ def test_lane_ram_config_and_manifest(tmp_path):
                              **{k: v for k, v in c.regs.items() if k != "lane_ram"})
     assert man["lane_ram"] == {"min_stages": 3, "lines": {
         "frontend.lanes": {"stages": 4, "width": 16 * 17, "depth": 4},
-        "quant.lanes": {"stages": 11, "width": 16 * 16, "depth": 16}}}
+        "quant.lanes": {"stages": 12, "width": 16 * 16, "depth": 16}}}
     assert plain["lane_ram"] == {"min_stages": 0, "lines": {}}
-    assert man["latency_cycles"] == plain["latency_cycles"] == 26     # every cut, code included
+    assert man["latency_cycles"] == plain["latency_cycles"] == 27     # every cut, code included
     assert man["ports"] == plain["ports"]
     v = (tmp_path / man["verilog"]).read_text()
     assert v.count('ram_style = "block"') == 2 and 'ram_style' not in \

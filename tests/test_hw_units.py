@@ -257,29 +257,34 @@ def test_thresholds_bad_copies(copies):
         Thresholds(FormatParams(n=8, block=8), A_WIDTH, U_SHAPE, copies=copies)
 
 
-def test_thresholds_copies_agree():
-    """Pipelined thresholds in 3 copies (each from its own register before the shifts):
-    every copy equals the combinational unit's thresholds one cycle later."""
+@pytest.mark.parametrize("sel_reg", [False, True])
+def test_thresholds_copies_agree(sel_reg):
+    """Pipelined thresholds in 3 copies (each from its own register before the shifts,
+    with ``sel_reg`` each also registered after its shifts): every copy equals the
+    combinational unit's thresholds one (two) cycles later."""
     p = FormatParams(n=8, block=8, bits=3, mode="midrise")
     enc = scale_encoding(p.scale)
     cases = [(int(b), u) for u in (-30, -3, 0, 5) for b in enc.bytes[::7]]
-    ref, cop = Thresholds(p, A_WIDTH, U_SHAPE), Thresholds(p, A_WIDTH, U_SHAPE, True, copies=3)
+    ref = Thresholds(p, A_WIDTH, U_SHAPE)
+    cop = Thresholds(p, A_WIDTH, U_SHAPE, True, copies=3, sel_reg=sel_reg)
+    delay = 1 + sel_reg
     bank = _Bank([ref, cop])
     nth = len(ref.coefs)
     seen = []
 
     async def tb(ctx):
         ctx.set(cop.en, 1)
-        prev = None
-        for byte, u in cases + [cases[-1]]:
+        hist = []
+        for byte, u in cases + [cases[-1]] * delay:
             for t in (ref, cop):
                 ctx.set(t.byte, byte)
                 ctx.set(t.u, u)
-            if prev is not None:
+            if len(hist) >= delay:
+                want = hist[-delay]
                 got = [[ctx.get(cop.th[k][j]) for j in range(nth)] for k in range(3)]
-                assert got == [prev] * 3
-                seen.append(prev)
-            prev = [ctx.get(ref.th[0][j]) for j in range(nth)]
+                assert got == [want] * 3
+                seen.append(want)
+            hist.append([ctx.get(ref.th[0][j]) for j in range(nth)])
             await ctx.tick()
 
     sim = Simulator(bank)
