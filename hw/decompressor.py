@@ -23,8 +23,8 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
 
 Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_regs``):
 
-    i.payload -> scale decode, per block the 2^b products level * sig, ef_min, shifts
-      [REG table] -> each lane selects its product by code -> REG
+    i.payload -> scale decode [REG scale] per block the 2^b products level * sig,
+      ef_min, shifts [REG table] -> each lane selects its product by code -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
          flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
@@ -78,13 +78,16 @@ from .wire import decoder_input_layout, lanes_layout
 #: saturation), ``"round"`` after the RNE increment. Default: ``"prep"``.
 FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
 
-#: Optional pipeline register of the dequant: ``"table"`` after the scale decode, the
-#: per-block product tables (``hw.dequant.dequant_table``), ef_min and the shifts, with
-#: the codes (and, with two beats, after the beat select), so that the lanes' code
-#: select is the only logic before the dequant register (the N=128 decoder's worst path
-#: ran from a scale byte through the decode and the product of all lanes of its block).
-#: Default: none.
-DQ_CUTS = Cuts("dq_regs", ("table",), default=())
+#: Optional pipeline registers of the dequant: ``"scale"`` after the scale decode (with
+#: two beats, of the beat's blocks, and the beat's codes; every block's exponent field
+#: for ef_min), so that the scale bytes' route from the input register ends in a register
+#: (the N=128 decoder's worst path once the product tables were LUT logic: 5.1 ns of
+#: routing from the input register to the tables); ``"table"`` after the per-block
+#: product tables (``hw.dequant.dequant_table``), ef_min and the shifts, with the codes,
+#: so that the lanes' code select is the only logic before the dequant register (the
+#: N=128 decoder's worst path ran from a scale byte through the decode and the product of
+#: all lanes of its block). Default: none.
+DQ_CUTS = Cuts("dq_regs", ("scale", "table"), default=())
 
 
 def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False) -> int:
@@ -184,29 +187,39 @@ class KVDecompressor(FlowTop, wiring.Component):
         # ---- dequant: per block the 2^b products level * sig, lanes select by code ------
         sf = self.scale_fmt
         pay = data.View(decoder_input_layout(p), fc.payload) if two else self.i.payload
-        tables, efs = [], []
+        sigs, efs, zeros = [], [], []
         for k in range(nb):
             sd = ScaleDecode(sf)
             m.submodules[f"scale{k}"] = sd
             m.d.comb += sd.byte.eq(pay.scales[k])
-            zero = pay.zeros[k] if p.zero_bytes else None
-            tables.append(dequant_table(m, self.table, sd.sig, f"dq{k}", zero))
+            sigs.append(sd.sig)
             efs.append(sd.ef)
-        ef_min = tree_reduce(m, efs, lambda a, b: Mux(a < b, a, b), "efmin")
+            zeros.append(pay.zeros[k] if p.zero_bytes else None)
+        ef_all = efs            # ef_min is over all N/G blocks (both beats)
         codes = [pay.codes[i * p.bits:(i + 1) * p.bits] for i in range(n)]
         if two:     # beat 0: lanes [0, W) and their blocks, beat 1: [W, N)
             # one copy per lane group for the code selects, one more for the blocks' scale
             # logic (placed beside the tables, not beside the lanes of group 0)
             beat = fc.beat_copies(beat_groups(w) + 1)
             codes = [Mux(beat_of(beat[:-1], i, w), codes[w + i], codes[i]) for i in range(w)]
-            tables, efs = ([Mux(beat[-1], v[w // g + k], v[k]) for k in range(w // g)]
-                           for v in (tables, efs))
+            sigs, efs = ([Mux(beat[-1], v[w // g + k], v[k]) for k in range(w // g)]
+                         for v in (sigs, efs))
+            if p.zero_bytes:
+                zeros = [Mux(beat[-1], zeros[w // g + k], zeros[k]) for k in range(w // g)]
             n, nb = w, w // g
+        valid = fc.i_valid
+        if "scale" in self.dq_regs:     # the decoded scales (of the beat) and codes registered
+            sc = stage(m, en, "dqs", sig=sigs, ef=efs, efall=ef_all, code=codes, valid=valid,
+                       **({"zero": zeros[:nb]} if p.zero_bytes else {}))
+            sigs, efs, ef_all, codes, valid = (sc[k] for k in ("sig", "ef", "efall", "code",
+                                                               "valid"))
+            zeros = sc["zero"] if p.zero_bytes else zeros
+        tables = [dequant_table(m, self.table, sigs[k], f"dq{k}", zeros[k]) for k in range(nb)]
+        ef_min = tree_reduce(m, ef_all, lambda a, b: Mux(a < b, a, b), "efmin")
         efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
         shifts = [Signal(dw, name=f"dq_shift{k}") for k in range(nb)]
         m.d.comb += [shifts[k].eq(efs[k] - ef_min) for k in range(nb)]
-        valid = fc.i_valid
         if "table" in self.dq_regs:     # the block tables, codes and shifts registered
             t = stage(m, en, "dqt", table=tables, code=codes, shift=shifts, efmin=ef_min,
                       valid=valid)

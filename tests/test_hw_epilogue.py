@@ -421,7 +421,7 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
 
     Returns:
         counts: outputs, resets with words in flight, resets with the output stalled,
-        long stalls.
+        long stalls, vectors accepted (i.valid and i.ready) and lost in flight at resets.
     """
     from amaranth.hdl import ClockDomain, Module
     from amaranth.sim import Simulator
@@ -437,7 +437,8 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
     depth = max(v["depth"] for v in ram.ram_lines.values())
     rnd = random.Random(seed)
     win = len(Value.cast(ff.i.payload))
-    st = {"out": 0, "reset_in_flight": 0, "reset_stalled": 0, "long_stalls": 0}
+    st = {"out": 0, "reset_in_flight": 0, "reset_stalled": 0, "long_stalls": 0,
+          "accepted": 0, "lost": 0}
 
     async def tb(ctx):
         idx, pending, burst, gap, cyc = 0, [], 0, 0, 0
@@ -475,6 +476,7 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
                 op = ctx.get(Value.cast(ram.o.payload))
                 assert op == ctx.get(Value.cast(ff.o.payload)), f"payload differs at cycle {cyc}"
             if rst:
+                st["lost"] += len(pending)
                 pending = []
             else:
                 if ov and ordy:
@@ -485,6 +487,7 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
                     st["out"] += 1
                 if iv and ctx.get(ff.i.ready):
                     pending.append(idx)
+                    st["accepted"] += 1
             if iv and (rst or ctx.get(ff.i.ready)):
                 idx += 1
             await ctx.tick()
@@ -512,8 +515,9 @@ def test_lane_ram_lockstep(n, block, latency, pipe, flow):
     kw["flow"] = flow
     # a reset loses the vectors in flight: at most latency_cycles (stall) or the credits
     # (credit flow: the skid FIFO holds more) per reset, so credit flow streams more
-    st = run_lockstep(p, latency, kw, 3, 110 if flow == "stall" else 180, n + latency)
-    assert st["out"] >= 60 and st["long_stalls"] >= 3
+    st = run_lockstep(p, latency, kw, 3, 130 if flow == "stall" else 180, n + latency)
+    assert st["out"] + st["lost"] == st["accepted"], st      # each came out or was lost
+    assert st["out"] >= 60 and st["long_stalls"] >= 3, st
     assert st["reset_in_flight"] == 4 and st["reset_stalled"] >= 2, st
 
 
@@ -531,6 +535,7 @@ def test_lane_ram_n128_profile():
     gc.collect()
     check(cfg.params, cfg.latency, 24, dut_kw={**kw, "lane_ram": cfg.lane_ram})
     st = run_lockstep(cfg.params, cfg.latency, kw, cfg.lane_ram, 40, 128, resets=2)
+    assert st["out"] + st["lost"] == st["accepted"], st
     assert st["out"] >= 15 and st["reset_in_flight"] == 2 and st["reset_stalled"] >= 1, st
     assert st["long_stalls"] >= 1, st
 
@@ -541,7 +546,7 @@ def test_lane_ram_n128_profile():
     (("abs", "max", "scale"), (), 0, {}),                      # abs is the write point
     (("abs", "max", "scale", "thr"), (), 0, {"quant.lanes": 3}),
     (("abs", "max", "scale", "code"), (), 0, {}),              # code is after the compares
-    (QUANT_CUTS.names, FE_CUTS.names, 1, {"frontend.lanes": 6, "quant.lanes": 12}),
+    (QUANT_CUTS.names, FE_CUTS.names, 1, {"frontend.lanes": 6, "quant.lanes": 13}),
 ])
 def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):
     """Which delay lines go to RAM (at least lane_ram = 3 stages) and their delays, N=64."""
