@@ -209,10 +209,12 @@ class KVDecompressor(FlowTop, wiring.Component):
             n, nb = w, w // g
         valid = fc.i_valid
         if "scale" in self.dq_regs:     # the decoded scales (of the beat) and codes registered
-            sc = stage(m, en, "dqs", sig=sigs, ef=efs, efall=ef_all, code=codes, valid=valid,
-                       **({"zero": zeros[:nb]} if p.zero_bytes else {}))
-            sigs, efs, ef_all, codes, valid = (sc[k] for k in ("sig", "ef", "efall", "code",
-                                                               "valid"))
+            more = {"efall": ef_all} if two else {}     # one beat: efs are all of them
+            if p.zero_bytes:
+                more["zero"] = zeros[:nb]
+            sc = stage(m, en, "dqs", sig=sigs, ef=efs, code=codes, valid=valid, **more)
+            sigs, efs, codes, valid = (sc[k] for k in ("sig", "ef", "code", "valid"))
+            ef_all = sc["efall"] if two else efs
             zeros = sc["zero"] if p.zero_bytes else zeros
         tables = [dequant_table(m, self.table, sigs[k], f"dq{k}", zeros[k]) for k in range(nb)]
         ef_min = tree_reduce(m, ef_all, lambda a, b: Mux(a < b, a, b), "efmin")
