@@ -291,17 +291,26 @@ class FrontEnd(wiring.Component):
             self.flags.eq(vec["flags"]),
             self.o_valid.eq(vec["valid"]),
         ]
+        # rounding, clamp and sign in one M-bit carry chain: mag = hi + c with
+        # hi = half >> 1, c = half[0] & rnd; +-mag = (hi ^ s) + (c ^ s) mod 2^M for the
+        # sign s (-mag = ~hi + 1 - c), exact while mag <= lim. The clamp test
+        # mag > lim (hi >= 2^(M-1), or hi = lim and c) runs beside the chain, on hi.
         signs = vec["sign"]
         for k in range(w):
-            mag = Signal(wsp + 1, name=f"mag{k}")
-            m.d.comb += mag.eq((halves[k] + rnd[k]) >> 1)
-            magc = Signal(M - 1, name=f"magc{k}")
-            m.d.comb += magc.eq(Mux(mag[M - 1:].any(), lim, mag))   # mag > lim = 2^(M-1) - 1
             d_lo = (self.mask >> k) & 1
             if w == p.n:
                 neg = signs[k] ^ d_lo
             else:           # D of lane k of beat 0 or of lane w + k of beat 1
                 d_hi = (self.mask >> (w + k)) & 1
                 neg = signs[k] ^ Mux(beat_of(vec["beat"], k, w), d_hi, d_lo)
-            m.d.comb += self.x[k].eq(Mux(neg, -magc, magc))
+            s = Signal(name=f"neg{k}")
+            m.d.comb += s.eq(neg)
+            hi = Signal(max(wsp, M), name=f"hi{k}")
+            m.d.comb += hi.eq(halves[k][1:])
+            c = halves[k][0] & rnd[k]
+            sx = Signal(M, name=f"sx{k}")
+            m.d.comb += sx.eq((hi[:M] ^ s.replicate(M)) + (c ^ s))
+            over = Signal(name=f"over{k}")
+            m.d.comb += over.eq(hi[M - 1:].any() | (hi[:M - 1].all() & c))
+            m.d.comb += self.x[k].eq(Mux(over, Mux(s, -lim, lim), sx.as_signed()))
         return m

@@ -127,7 +127,8 @@ def fold_stage(m: Module, en, name: str, lanes: list, valid, side=None) -> dict:
     next enabled cycle (output beat 1, lanes [W, N)). A beat 0 that arrives in that
     cycle only waits, so the stage keeps pace with one beat per cycle. The last beat
     leaves 2 enabled cycles after it came (the first 1). Lanes grow by one bit (exact).
-    ``side`` (a Value or View) is taken with beat 1 and held for both output beats.
+    ``side`` (a Value or View) is taken with beat 1 and held for both output beats
+    (its enable is a copy of the beat index of its own).
     All registers advance with ``en``; valid bits and the beat index have reset.
 
     Returns:
@@ -142,7 +143,9 @@ def fold_stage(m: Module, en, name: str, lanes: list, valid, side=None) -> dict:
     # without a beat loads a value that the next beat 0 overwrites), a - b whenever it
     # is 1, and the output takes a + b while it is 1 (out of a cycle without a beat the
     # output is not valid: ``pend`` is 0 then).
-    beats = beat_index(m, en, name, valid, beat_groups(w))
+    groups = beat_groups(w)
+    copies = beat_index(m, en, name, valid, groups + (side is not None))
+    beats = copies[:groups]
     beat = beats[0]
     pend = Signal(name=f"{name}_pend")
     out_v = Signal(name=f"{name}_valid")
@@ -160,8 +163,11 @@ def fold_stage(m: Module, en, name: str, lanes: list, valid, side=None) -> dict:
                 m.d.sync += [a[k].eq(lanes[k]), y[k].eq(d[k])]
         m.d.sync += [out_v.eq(last | pend), pend.eq(last)]
     if side is not None:
+        # loaded on the index alone (1 only in a cycle with beat 1), from a copy of its
+        # own: the valid bit's route to the side band's enable across the die was the
+        # N=128 encoder's worst path (docs/SYNTH.md)
         side_r = Signal.like(side, name=f"{name}_side", reset_less=True)
-        with when(m, en & last):
+        with when(m, en & copies[groups]):
             m.d.sync += side_r.eq(side)
         out["side"] = side_r
     return out

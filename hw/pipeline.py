@@ -511,14 +511,16 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     m.d.comb += [o.valid.eq(ov0), Value.cast(o.payload).eq(Cat(*qs))]
 
 
-def beat_register_free_next(accept):
+def beat_register_free_next(i_valid, gate, free):
     """Whether the two-beat input register (:class:`FlowControl` with ``beats`` = 2) can
     take a vector in the next enabled cycle: it is then empty or on its last beat, which
-    is the case exactly when it takes none in this one (``~accept``: after a handshake
+    is the case exactly when it takes none in this one (no handshake
+    ``i_valid & gate & free``, ``gate`` being the rest of ``i.ready``: after a handshake
     it holds beat 0 next; otherwise it was empty, or on beat 0 and moves to beat 1, or
     on beat 1 and empties). Taking one while beat 0 is on would overwrite the vector
-    before its beat 1."""
-    return ~accept
+    before its beat 1. ``free``: the copy of the register's free bit whose next value
+    this is (each copy's loop stays local, :meth:`FlowControl._serializer`)."""
+    return ~(i_valid & gate & free)
 
 
 class FlowTop:
@@ -586,7 +588,7 @@ class FlowControl:
                 return
             free = Signal(name="beat_free")
             m.d.comb += i.ready.eq(self.en & free)
-            self._serializer(i, free, i.valid & i.ready)
+            self._serializer(i, free, i.valid & i.ready, self.en)
             return
         self.depth = credit_depth(latency, credit_extra, beats)
         self.en = Const(1, 1)
@@ -611,9 +613,9 @@ class FlowControl:
                      ready.eq(Mux(accept, more < self.depth, held < self.depth))]
         self.i_valid = accept
         if beats == 2:
-            self._serializer(i, free, accept)
+            self._serializer(i, free, accept, ready)
 
-    def _serializer(self, i, free, accept) -> None:
+    def _serializer(self, i, free, accept, gate) -> None:
         """Two beats per vector: the accepted payload waits in a register (``beat_data``)
         for two enabled cycles, beat 0 then beat 1 (``beat``). ``free`` (the register can
         take the next vector this cycle: empty, or on its last beat) is a register of its
@@ -623,7 +625,10 @@ class FlowControl:
         a handshake leaves ``beat_valid`` low). Its clock enable is a copy of that register
         per :data:`ENABLE_GROUP_BITS` bits (``beat_load{k}``, same update rule and reset,
         kept apart by :data:`REPLICA_ATTRS`): one flip-flop driving the enables of all
-        2,048 bits of the N=128 encoder's register was its worst path (docs/SYNTH.md)."""
+        2,048 bits of the N=128 encoder's register was its worst path (docs/SYNTH.md).
+        Each copy's next value reads the copy itself with ``i.valid`` and ``gate`` (the
+        rest of ``i.ready``), not the handshake ``accept``: a loop from the copies to the
+        handshake logic and back crossed the die twice (the N=128 decoder's worst path)."""
         m = self.m
         data = Signal(len(self.payload), name="beat_data", reset_less=True)
         valid = Signal(name="beat_valid")
@@ -635,7 +640,7 @@ class FlowControl:
         attrs = REPLICA_ATTRS if len(slices) > 1 else {}
         loads = [Signal(init=1, name=f"beat_load{k}", attrs=attrs) for k in range(len(slices))]
         with when(m, self.en):
-            m.d.sync += [r.eq(beat_register_free_next(accept)) for r in [free_r, *loads]]
+            m.d.sync += [r.eq(beat_register_free_next(i.valid, gate, r)) for r in [free_r, *loads]]
             for load, lo in zip(loads, slices):
                 with m.If(load):
                     m.d.sync += data[lo:lo + ENABLE_GROUP_BITS].eq(

@@ -114,7 +114,7 @@ def skid_read_enable_ahead(nonempty, rv, load):
     return nonempty
 
 
-def beat_register_free_early(accept):
+def beat_register_free_early(i_valid, gate, free):
     """``hw.pipeline.beat_register_free_next`` that keeps the two-beat input register free
     after a handshake too (beat 0 included): the next vector overwrites it before its
     beat 1."""
