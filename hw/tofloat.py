@@ -151,7 +151,9 @@ class FloatPrep(wiring.Component):
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
-    B and K + B in one copy per lane group (:func:`hw.pipeline.replicas`).
+    B and K + B in one copy per lane group (:func:`hw.pipeline.replicas`); the test
+    L > K is an AND-OR of m1 with the mask of the positions above K, beside the
+    leading-one tree (the mask in copies in the ``abs`` register).
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
     ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits
@@ -198,26 +200,34 @@ class FloatPrep(wiring.Component):
                          sat[i].eq(m1[c.lsat:w - 1].any() if c.lsat < w - 1 else 0),
                          negs[i].eq(s ^ self.mask[i])]
         flips = self.flip
+        above = {"above": per_vec.pop("above")}
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
                       **(per_vec if self.lead_reg else {}))
             lows, sgn, sat, negs, flips = r["low"], r["s"], r["sat"], r["neg"], r["flip"]
             per_vec = ({k: r[k] for k in per_vec} if self.lead_reg
                        else self._copies(m, "abs", per_vec))
-        poss, nzs = [], []
+            above = self._copies(m, "abs", above)
+        else:
+            above = {"above": [above["above"]]}
+        # L > K as "m1 has a bit above K" (an AND-OR with the per-vector mask beside the
+        # leading-one tree, before the lead register), not a compare after it
+        poss, nzs, ups = [], [], []
         for i in range(self.n):
             mag = Signal(mw, name=f"m1_{i}")
             m.d.comb += mag.eq(lows[i] ^ sgn[i].replicate(mw))
             pos, any_ = leading_one(m, mag, f"lod{i}")
             poss.append(pos)
             nzs.append(any_ | sgn[i] | sat[i])          # y != 0
+            ups.append((mag & replica_of(above["above"], i, self.n)).any())
         if self.lead_reg:
             r = stage(m, self.en, "lead", low=lows, pos=poss, nz=Cat(*nzs), s=sgn, sat=sat,
-                      neg=negs, flip=flips)
+                      neg=negs, flip=flips, up=Cat(*ups))
             lows, poss, negs = r["low"], r["pos"], r["neg"]
             per_vec = self._copies(m, "lead", per_vec)
             sgn, sat, flips = r["s"], r["sat"], r["flip"]
             nzs = [r["nz"][i] for i in range(self.n)]
+            ups = [r["up"][i] for i in range(self.n)]
         nz = Cat(*nzs)
         m.d.comb += [self.neg.eq(negs ^ (flips & nz)), self.nz.eq(nz),
                      self.ysign.eq(sgn), self.sat.eq(sat)]
@@ -226,31 +236,35 @@ class FloatPrep(wiring.Component):
         # Lp + B = max(L + B, K + B): the addition beside the compare, not after the max
         for i in range(self.n):
             kc_i, b_i, kb_i = (replica_of(per_vec[k], i, self.n) for k in ("kc", "b", "kb"))
-            up = Signal(name=f"lp_up{i}")
+            up = Signal(name=f"lp_up{i}")                # L > K
             lb = Signal(c.eb_shape, name=f"lb{i}")
-            m.d.comb += [up.eq(poss[i] > kc_i), lb.eq(poss[i] + b_i),
+            m.d.comb += [up.eq(ups[i]), lb.eq(poss[i] + b_i),
                          self.low[i].eq(lows[i]), self.lp[i].eq(Mux(up, poss[i], kc_i)),
                          self.eb[i].eq(Mux(up, lb, kb_i))]
         return m
 
     def _per_vector(self, m: Module) -> dict:
-        """K (clamped at 0), B and K + B of the vector: {"kc", "b", "kb"} (module
-        docstring), functions of ef_min alone, so they are one constant row per ef_min
-        value (values outside [ef_lo, ef_hi] never occur and read as the nearest end):
-        each bit is a small LUT function of ef_min's bits, where three chained additions
-        (carry chains) from ef_min's register were the N=64 decoder's worst path
-        (docs/SYNTH.md)."""
+        """K (clamped at 0), B, K + B and the mask of the bit positions above K of the
+        vector: {"kc", "b", "kb", "above"} (module docstring; ``above`` has
+        ``mag_width`` bits, bit j = j > K), functions of ef_min alone, so they are one
+        constant row per ef_min value (values outside [ef_lo, ef_hi] never occur and
+        read as the nearest end): each bit is a small LUT function of ef_min's bits,
+        where three chained additions (carry chains) from ef_min's register were the
+        N=64 decoder's worst path (docs/SYNTH.md)."""
         c = self.c
         kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
         b = Signal(c.b_shape, name="b_bias")
         kb = Signal(c.eb_shape, name="k_bias")      # K + B: Lp + B of a lane with L <= K
+        above = Signal(c.mag_width, name="k_above")
+        full = (1 << c.mag_width) - 1
         with m.Switch(self.ef_min):
             for ef in range(1 << len(self.ef_min)):
                 t = min(max(ef, c.ef_lo), c.ef_hi) + c.exp_add      # T = ef_min + exp_add
                 k = max(0, (1 - c.bias) - t)                      # K = (1 - bias) - T
                 with m.Case(ef):
-                    m.d.comb += [kc.eq(k), b.eq(t + c.bias - 1), kb.eq(k + t + c.bias - 1)]
-        return {"kc": kc, "b": b, "kb": kb}
+                    m.d.comb += [kc.eq(k), b.eq(t + c.bias - 1), kb.eq(k + t + c.bias - 1),
+                                 above.eq(full & ~((2 << k) - 1))]
+        return {"kc": kc, "b": b, "kb": kb, "above": above}
 
     def _copies(self, m: Module, name: str, values: dict) -> dict:
         """Each per-vector value in one register copy per lane group
