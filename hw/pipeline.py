@@ -460,7 +460,11 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
     ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
     same ``valid``, ``o.ready`` and reset, so all hold the same entries and step
-    together, and ``o.valid`` is slice 0's ``ov``. Each pointer then drives the
+    together, and ``o.valid`` is slice 0's ``ov``. Whether the RAM holds an entry
+    (``wp != rp``) is a register of its own (``nonempty``, updated from ``rp + 1``, also a
+    register), so the read enable is one LUT from registers: the pointer compare in front
+    of the read data register's enable was the N=64 decoder's worst path
+    (docs/SYNTH.md). Each pointer then drives the
     addresses of one slice's RAMs and each ``load`` the enables of its
     slice's output flip-flops, instead of one pointer for every block RAM of
     the vector (the N=64 decoder's worst path, 29 block RAMs, docs/SYNTH.md). Yosys
@@ -483,6 +487,8 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
         sn = name if k == 0 else f"{name}{k}"
         wp = Signal(abits + 1, name=f"{sn}_wp")
         rp = Signal(abits + 1, name=f"{sn}_rp")
+        rp1 = Signal(abits + 1, init=1, name=f"{sn}_rp1")       # rp + 1
+        ne = Signal(name=f"{sn}_nonempty")                       # wp != rp, registered
         rv = Signal(name=f"{sn}_rv")
         ov = Signal(name=f"{sn}_valid")
         q = Signal(len(part), name=f"{sn}_q", reset_less=True)
@@ -495,11 +501,15 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
         m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(part), wr.en.eq(valid),
                      rd.addr.eq(rp[:abits]), rd.en.eq(take),
                      load.eq(rv & (~ov | o.ready)),
-                     take.eq(skid_read_enable(wp != rp, rv, load))]
+                     take.eq(skid_read_enable(ne, rv, load))]
         with m.If(valid):
             m.d.sync += wp.eq(wp + 1)
+        with m.If(valid & ~take):
+            m.d.sync += ne.eq(1)
+        with m.Elif(take & ~valid):
+            m.d.sync += ne.eq(wp != rp1)
         with m.If(take):
-            m.d.sync += [rp.eq(rp + 1), rv.eq(1)]
+            m.d.sync += [rp.eq(rp1), rp1.eq(rp1 + 1), rv.eq(1)]
         with m.Elif(load):
             m.d.sync += rv.eq(0)
         with m.If(load):

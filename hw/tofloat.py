@@ -18,7 +18,8 @@ bias) - T`` (the leading-one position of the smallest normal
 number: below it the value is subnormal and the ulp stays at
 ``2^(1 - bias - mb)``), the sign ``(S < 0) xor D_i`` (an exact zero is +0 before D) and
 ``nz = (S != 0)``, and the exponent part ``Lp + B`` with ``B = T + bias - 1`` per vector
-(as ``max(L + B, K + B)``: the addition beside the compare of the max).
+(as ``max(L + B, K + B)``: the addition beside the test L > K, which is "m1 has a bit
+above position K", an AND-OR of m1 with a per-vector mask).
 ``S = (-1)^flip_i y_i`` (the FWHT's block swap, hw/ifwht.py): ``|S| = |y|``, and
 ``S < 0`` is ``(y < 0) xor flip_i`` for ``y != 0``.
 Only the low ``Lsat = 2^(e-1) - T_min`` bits of m1 (:attr:`FloatConsts.mag_width`;
