@@ -234,7 +234,7 @@ class FloatPrep(wiring.Component):
                      self.ysign.eq(sgn), self.sat.eq(sat)]
         if not (self.abs_reg or self.lead_reg):
             per_vec = {k: [v] for k, v in per_vec.items()}
-        # Lp + B = max(L + B, K + B): the addition beside the compare, not after the max
+        # Lp + B = max(L + B, K + B): the addition beside the test L > K, not after the max
         for i in range(self.n):
             kc_i, b_i, kb_i = (replica_of(per_vec[k], i, self.n) for k in ("kc", "b", "kb"))
             up = Signal(name=f"lp_up{i}")                # L > K
