@@ -119,6 +119,9 @@ class FloatConsts:
             above the largest finite value).
         mag_width: low bits of y that the leading-one tree and the shifter see
             (min(W - 1, max(lsat, K_max + 1))); the bits above only feed ``sat``.
+        k_var: the bits 1..k_var of the mask "positions above K" that depend on ef_min
+            (min(K_max, mag_width - 1); bit 0 is never above K, the bits above K_max
+            always are).
     """
 
     def __init__(self, y_width: int, in_format, ef_range, exp_add: int):
@@ -131,6 +134,9 @@ class FloatConsts:
         self.k_hi = max(0, (1 - self.bias) - t_lo)
         self.lsat = max(0, (1 << (self.e_bits - 1)) - t_lo)
         self.mag_width = max(1, min(y_width - 1, max(self.lsat, self.k_hi + 1)))
+        # bit j of "the positions above K" is j > K: 0 at j = 0 and 1 above k_hi for every
+        # ef_min, so only bits 1..k_var depend on the vector
+        self.k_var = min(self.k_hi, self.mag_width - 1)
         self.lp_max = max(self.mag_width - 1, self.k_hi)
         self.lp_width = self.lp_max.bit_length() or 1
         # B = T + bias - 1; the exponent part Lp + B of a lane
@@ -201,18 +207,19 @@ class FloatPrep(wiring.Component):
                          sat[i].eq(m1[c.lsat:w - 1].any() if c.lsat < w - 1 else 0),
                          negs[i].eq(s ^ self.mask[i])]
         flips = self.flip
-        above = {"above": per_vec.pop("above")}
+        kv = c.k_var
+        above = [per_vec.pop("above")] if kv else []
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
                       **(per_vec if self.lead_reg else {}))
             lows, sgn, sat, negs, flips = r["low"], r["s"], r["sat"], r["neg"], r["flip"]
             per_vec = ({k: r[k] for k in per_vec} if self.lead_reg
                        else self._copies(m, "abs", per_vec))
-            above = self._copies(m, "abs", above)
-        else:
-            above = {"above": [above["above"]]}
+            if kv:
+                above = replicas(m, self.en, "abs_above", above[0], replica_count(self.n))
         # L > K as "m1 has a bit above K" (an AND-OR with the per-vector mask beside the
-        # leading-one tree, before the lead register), not a compare after it
+        # leading-one tree, before the lead register), not a compare after it; only the
+        # mask's bits 1..k_var vary, the OR of m1's bits above k_var is the lane's own
         poss, nzs, ups = [], [], []
         for i in range(self.n):
             mag = Signal(mw, name=f"m1_{i}")
@@ -220,7 +227,9 @@ class FloatPrep(wiring.Component):
             pos, any_ = leading_one(m, mag, f"lod{i}")
             poss.append(pos)
             nzs.append(any_ | sgn[i] | sat[i])          # y != 0
-            ups.append((mag & replica_of(above["above"], i, self.n)).any())
+            fixed = mag[kv + 1:].any() if kv + 1 < mw else Const(0, 1)
+            var = (mag[1:kv + 1] & replica_of(above, i, self.n)).any() if kv else Const(0, 1)
+            ups.append(fixed | var)
         if self.lead_reg:
             r = stage(m, self.en, "lead", low=lows, pos=poss, nz=Cat(*nzs), s=sgn, sat=sat,
                       neg=negs, flip=flips, up=Cat(*ups))
@@ -246,8 +255,9 @@ class FloatPrep(wiring.Component):
 
     def _per_vector(self, m: Module) -> dict:
         """K (clamped at 0), B, K + B and the mask of the bit positions above K of the
-        vector: {"kc", "b", "kb", "above"} (module docstring; ``above`` has
-        ``mag_width`` bits, bit j = j > K), functions of ef_min alone, so they are one
+        vector: {"kc", "b", "kb", "above"} (module docstring; ``above`` has the
+        ``k_var`` bits 1..k_var, bit j - 1 = j > K; absent when k_var = 0), functions of
+        ef_min alone, so they are one
         constant row per ef_min value (values outside [ef_lo, ef_hi] never occur and
         read as the nearest end): each bit is a small LUT function of ef_min's bits,
         where three chained additions (carry chains) from ef_min's register were the
@@ -256,16 +266,17 @@ class FloatPrep(wiring.Component):
         kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
         b = Signal(c.b_shape, name="b_bias")
         kb = Signal(c.eb_shape, name="k_bias")      # K + B: Lp + B of a lane with L <= K
-        above = Signal(c.mag_width, name="k_above")
-        full = (1 << c.mag_width) - 1
+        above = Signal(max(c.k_var, 1), name="k_above")
+        var = (1 << c.k_var) - 1
         with m.Switch(self.ef_min):
             for ef in range(1 << len(self.ef_min)):
                 t = min(max(ef, c.ef_lo), c.ef_hi) + c.exp_add      # T = ef_min + exp_add
                 k = max(0, (1 - c.bias) - t)                      # K = (1 - bias) - T
                 with m.Case(ef):
                     m.d.comb += [kc.eq(k), b.eq(t + c.bias - 1), kb.eq(k + t + c.bias - 1),
-                                 above.eq(full & ~((2 << k) - 1))]
-        return {"kc": kc, "b": b, "kb": kb, "above": above}
+                                 above.eq(var & ~((1 << k) - 1))]
+        out = {"kc": kc, "b": b, "kb": kb}
+        return {**out, "above": above} if c.k_var else out
 
     def _copies(self, m: Module, name: str, values: dict) -> dict:
         """Each per-vector value in one register copy per lane group
