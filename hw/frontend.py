@@ -5,8 +5,9 @@ Combinational (the top level registers its outputs), except for the optional
 pipeline registers (``en`` advances them, ``i_valid`` -> ``o_valid`` rides
 along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
 ``emax`` after the exponent max tree (one register copy of the max per
-:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes; with ``tree_every``, the tree's last
-register is in as many copies, each reduced to its own root), ``shamt`` after the
+:data:`hw.pipeline.REPLICA_LEAF_LANES` lanes; with ``tree_every``, the tree's last
+register is in one copy per :data:`hw.pipeline.REPLICA_GROUP_LANES` lanes, each
+reduced to its own root that loads two ``emax`` copies), ``shamt`` after the
 per-lane shift amounts, ``align`` after the alignment shifter, before the rounding
 increment) and ``tree_every`` = k, a register after every k levels of the max tree
 (:func:`hw.trees.tree_cut_levels`). Each register holds the rest of the vector
@@ -38,8 +39,9 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
-from .pipeline import (Cuts, beat_groups, beat_of, check_lane_ram, check_lanes, check_tree_every,
-                       ram_delay, ram_depth, replica_count, replica_of, replicas, stage)
+from .pipeline import (REPLICA_LEAF_LANES, Cuts, beat_groups, beat_of, check_lane_ram,
+                       check_lanes, check_tree_every, ram_delay, ram_depth, replica_count,
+                       replica_of, replicas, stage)
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -248,7 +250,7 @@ class FrontEnd(wiring.Component):
                       for k, parts in enumerate(part_copies[1:], start=1)]
             cut("emax")
             emaxs = replicas(m, self.en, "emax_emax", roots if part_copies else roots[0],
-                             ncopy)
+                             replica_count(w, REPLICA_LEAF_LANES))
             vec["emax"] = emaxs[0]
         else:
             emaxs = [vec["emax"]]

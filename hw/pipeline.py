@@ -85,10 +85,17 @@ REPLICA_ATTRS = {"keep": 1}
 REPLICA_GROUP_LANES = 16
 
 
-def replica_count(lanes: int) -> int:
-    """Register copies for ``lanes`` readers: one per :data:`REPLICA_GROUP_LANES`, at
-    least one."""
-    return max(1, -(-lanes // REPLICA_GROUP_LANES))
+#: Lanes per copy of the last register copies before the lanes' own logic (the
+#: quantizer's thresholds ``thr``, the front end's max exponent ``emax``): each loads
+#: from the upstream copy of its lanes (one per :data:`REPLICA_GROUP_LANES`), two
+#: leaves per upstream copy, a register fanout tree. A copy read by 16 lanes was routed
+#: 2.4-3.4 ns to them (N=128 encoder's thresholds, N=64 encoder's ``emax``; docs/SYNTH.md).
+REPLICA_LEAF_LANES = 8
+
+
+def replica_count(lanes: int, group: int = REPLICA_GROUP_LANES) -> int:
+    """Register copies for ``lanes`` readers: one per ``group`` lanes, at least one."""
+    return max(1, -(-lanes // group))
 
 
 def replica_of(copies: list, lane: int, lanes: int):
@@ -101,13 +108,16 @@ def replicas(m: Module, en, name: str, value, copies: int) -> list:
     ``{name}_r{k}``, each marked :data:`REPLICA_ATTRS` so that synthesis keeps them apart
     and each drives only its own loads (a register that feeds every lane of a block of 64
     reaches them over one net with 64+ loads per bit). ``value``: a Value, or a list of
-    ``copies`` Values equal in every cycle (copy k loads ``value[k]``: a value computed
-    in copies upstream). Every copy equals the others in every cycle. Returns the list of
-    registers of the value's shape (one: a plain register)."""
+    Values equal in every cycle, computed in copies upstream, whose count divides
+    ``copies`` (copy k loads ``value[k * len(value) // copies]``: a fanout tree). Every
+    copy equals the others in every cycle. Returns the list of registers of the value's
+    shape (one: a plain register). ValueError when len(value) does not divide copies."""
     srcs = [Value.cast(v) for v in value] if isinstance(value, (list, tuple)) \
-        else [Value.cast(value)] * copies
-    if len(srcs) != copies:
-        raise ValueError(f"value: {len(srcs)} copies given for {copies} registers")
+        else [Value.cast(value)]
+    if not srcs or copies % len(srcs):
+        raise ValueError(f"value: {len(srcs)} copies given for {copies} registers "
+                         f"(the count must divide copies)")
+    srcs = [srcs[k * len(srcs) // copies] for k in range(copies)]
     attrs = REPLICA_ATTRS if copies > 1 else {}
     regs = [Signal(srcs[0].shape(), name=f"{name}_r{k}", reset_less=True, attrs=attrs)
             for k in range(copies)]

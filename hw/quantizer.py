@@ -16,8 +16,8 @@ byte per block), m = #{j : |y| >= T_j}.
 Optional registers (``regs``, names in :data:`QUANT_CUTS`): ``maxhalf`` in
 the middle of the statistic tree, ``max`` after it, ``norm`` inside the scale
 select, ``scale`` after it, ``thr`` after the thresholds (one register copy per
-:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes of a block), ``code`` after the lane compares (the b-bit
-codes, not the lanes' |y|); ``tree_every`` = k
+:data:`hw.pipeline.REPLICA_LEAF_LANES` lanes of a block), ``code`` after the lane
+compares (the b-bit codes, not the lanes' |y|); ``tree_every`` = k
 adds a register after every k levels of each half of the statistic tree. Every
 register carries the rest of the vector (:class:`_Vector`) and advances with
 ``en``. The outputs are combinational from the last register (the top level
@@ -41,8 +41,8 @@ from sim_models.params import FormatParams
 from sim_models.quant import threshold_coefs
 
 from .frontend import u_shape
-from .pipeline import (Cuts, check_lane_ram, check_lanes, check_tree_every, ram_delay, ram_depth,
-                       replica_count, replica_of, replicas, stage)
+from .pipeline import (REPLICA_LEAF_LANES, Cuts, check_lane_ram, check_lanes, check_tree_every,
+                       ram_delay, ram_depth, replica_count, replica_of, replicas, stage)
 from .scale_select import SELECT_CUTS, ScaleSelect, rule_units
 from .thresholds import Thresholds
 from .trees import reduce_level, sum_level, tree_cut_levels, tree_levels
@@ -314,9 +314,10 @@ class Quantizer(wiring.Component):
         vec = replace(vec, u=None)
         for r in ("tsd", "tsh", "tsel"):     # in step with Thresholds
             vec = cut(vec, r)
-        if "thr" in self.regs:     # the thresholds in one register copy per lane group
+        if "thr" in self.regs:     # the thresholds in one register copy per leaf group
             vec = cut(vec, "thr")
-            ths = [_split(replicas(m, self.en, f"thr_th{b}", [Cat(*t) for t in tb], copies),
+            leaves = replica_count(g, REPLICA_LEAF_LANES)
+            ths = [_split(replicas(m, self.en, f"thr_th{b}", [Cat(*t) for t in tb], leaves),
                           tb[0]) for b, tb in enumerate(ths)]
         if not lines:
             late_neg, late_mags = vec.neg, vec.mags

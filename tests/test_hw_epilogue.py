@@ -139,13 +139,14 @@ def test_no_sign_flip():
 
 @pytest.mark.parametrize("mode", ["midrise", "asym"])
 def test_threshold_copies(mode):
-    """G = 64: the threshold register in 4 copies (hw.pipeline.replica_count), each read
-    by its 16 lanes, with and without the code register, and computed in 4 copies from
-    the register before the shifts (``tsh``), with and without ``thr``, and registered
-    after their shifts (``tsel``); the front end's emax register in 4 copies: same
-    payloads, full rate, stalls."""
-    from hw.pipeline import replica_count
+    """G = 64: the threshold register in 8 copies (hw.pipeline.replica_count with
+    REPLICA_LEAF_LANES), each read by its 8 lanes, with and without the code register,
+    and computed in 4 copies from the register before the shifts (``tsh``: two leaves
+    each), with and without ``thr``, and registered after their shifts (``tsel``); the
+    front end's emax register in 8 copies: same payloads, full rate, stalls."""
+    from hw.pipeline import REPLICA_LEAF_LANES, replica_count
     assert replica_count(64) == 4 and replica_count(16) == 1
+    assert replica_count(64, REPLICA_LEAF_LANES) == 8
     p = FormatParams(n=64, block=64, bits=3, mode=mode, sign_seed=3)
     for quant_regs in (("thr",), ("max", "thr", "code"), ("tsh",), ("tsd", "tsh", "thr"),
                        ("tsh", "tsel", "thr"), ("tsel",)):

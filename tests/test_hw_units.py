@@ -527,6 +527,35 @@ def test_stage():
     sim.run()
 
 
+def test_replicas_fanout_tree():
+    """hw.pipeline.replicas from upstream copies: copy k loads value[k * len // copies]
+    (two leaves per source for 2 -> 4), every copy equals the value one cycle later;
+    a source count that does not divide the copies is refused."""
+    from hw.pipeline import REPLICA_GROUP_LANES, REPLICA_LEAF_LANES, replica_count, replicas
+    assert REPLICA_GROUP_LANES % REPLICA_LEAF_LANES == 0
+    assert replica_count(64, REPLICA_LEAF_LANES) == 2 * replica_count(64)
+    m = Module()
+    src = [Signal(5, name=f"src{k}") for k in range(2)]
+    regs = replicas(m, 1, "t", src, 4)
+    assert [r.name for r in regs] == [f"t_r{k}" for k in range(4)]
+    assert all(r.attrs.get("keep") == 1 for r in regs)
+
+    async def tb(ctx):
+        for v in (3, 17, 31, 0):
+            ctx.set(src[0], v)
+            ctx.set(src[1], v ^ 1)           # tells which source a copy loads from
+            await ctx.tick()
+            assert [ctx.get(r) for r in regs] == [v, v, v ^ 1, v ^ 1]
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    for bad in ([Signal(5)] * 3, []):
+        with pytest.raises(ValueError, match="value"):
+            replicas(m, 1, "t", bad, 4)
+
+
 # --------------------------------------------------------------------------- key front end
 KF_N, KF_T = 16, 4
 
