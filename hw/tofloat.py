@@ -257,11 +257,10 @@ class FloatPrep(wiring.Component):
         """K (clamped at 0), B, K + B and the mask of the bit positions above K of the
         vector: {"kc", "b", "kb", "above"} (module docstring; ``above`` has the
         ``k_var`` bits 1..k_var, bit j - 1 = j > K; absent when k_var = 0), functions of
-        ef_min alone, so they are one
-        constant row per ef_min value (values outside [ef_lo, ef_hi] never occur and
-        read as the nearest end): each bit is a small LUT function of ef_min's bits,
-        where three chained additions (carry chains) from ef_min's register were the
-        N=64 decoder's worst path (docs/SYNTH.md)."""
+        ef_min alone, so they are one constant row per ef_min value (values outside
+        [ef_lo, ef_hi] never occur and read as the nearest end): each bit is a small LUT
+        function of ef_min's bits, where three chained additions (carry chains) from
+        ef_min's register were the N=64 decoder's worst path (docs/SYNTH.md)."""
         c = self.c
         kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
         b = Signal(c.b_shape, name="b_bias")
