@@ -38,7 +38,10 @@ y below them, collected from the bits each shifter level drops
 is also the sticky bit of |y|). For y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
 are ``t = (w xor s) + (s & ~sticky)`` (mb + 3 bits: the +1 carries into them exactly
 when every lower bit of y is 0). ``t`` holds the significand ``r0 = t >> 1`` above
-the guard bit g = t[0]. RNE: ``r = r0 + (g & (sticky | r0[0]))``. The
+the guard bit g = t[0]. RNE: ``r = r0 + (g & (sticky | r0[0]))``, computed in the
+same carry chain as t: ``r = (t + 1) >> 1`` (r0 + g), with bit 0 cleared at a tie
+(g = 1, sticky = 0: r0 + 1 is then odd exactly when r0 is even), where
+``t + 1 = (w xor s) + 1 + (s & ~sticky)`` is one addition. The
 result is ``((Lp + B) << mb) + r``, computed as ``Lp + B + (r >> mb)`` above the mb
 low bits of r: for a normal number r carries the hidden bit
 into the exponent field (biased exponent Lp + T + bias), for a subnormal
@@ -343,12 +346,15 @@ class FloatPack(wiring.Component):
         rs = []
         for i in range(self.n):
             sticky, s = sts[i], sgn[i]
-            # kept bits of |y|: one's complement plus the +1 that reaches them
-            t = Signal(mb + 3, name=f"kept{i}")
-            m.d.comb += t.eq((ws[i] ^ s.replicate(mb + 2)) + (s & ~sticky))
-            r0, g = t[1:], t[0]
+            # kept bits of |y| t = (w ^ s) + ci (one's complement plus the +1 that
+            # reaches them) and RNE in one carry chain: r = (t + 1) >> 1 with bit 0
+            # cleared at a tie (g = t[0] = 1, sticky = 0; then ci = s and g = w[0])
+            ci = s & ~sticky
+            t1 = Signal(mb + 3, name=f"kept1_{i}")             # t + 1
+            m.d.comb += t1.eq((ws[i] ^ s.replicate(mb + 2)) + Cat(~ci, ci))
+            tie = ws[i][0] & ~sticky
             r = Signal(mb + 2, name=f"rnd{i}")
-            m.d.comb += r.eq(r0 + (g & (sticky | r0[0])))
+            m.d.comb += r.eq(Cat(t1[1] & ~tie, t1[2:]))
             rs.append(r)
         if self.round_reg:
             r = stage(m, self.en, "rnd", r=rs, eb=ebs, ov=ovs, neg=neg, nz=nz, sat=sat)
