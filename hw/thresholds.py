@@ -9,7 +9,7 @@ lane then needs h-1 magnitude compares (in :mod:`hw.quantizer`).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Shape, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -38,9 +38,10 @@ class Thresholds(wiring.Component):
     Ports: ``byte``, ``u`` in; ``th`` (copies x len(coefs) x (y_width+1) bits) out.
     Combinational, or with registers advanced by ``en`` (In): ``diff_reg`` after the
     exponent differences d = e - off - u and -d (two carry chains), ``pipelined`` after
-    the shift amounts and the products ``a_j sig``, before the shifts, ``sel_reg`` after
-    the shifts (the saturated left shift and the rounded right shift of each T_j, in each
-    copy), before the select by the sign of d.
+    the shift amounts, the products ``a_j sig``, their left shift by dp mod 4 and the
+    saturation test (a bit at or above y_width), before the rest of the shifts (by
+    4 (dp div 4) left, by dn right), ``sel_reg`` after those shifts (in each copy),
+    before the select by the sign of d.
     """
 
     def __init__(self, p: FormatParams, y_width: int, u_shape, pipelined: bool = False,
@@ -84,53 +85,80 @@ class Thresholds(wiring.Component):
         m.d.comb += d.eq(e1 - off - self.u)
         nd = Signal(shape_range(off + ulo - (1 << eb) + 1, off + uhi - 1))
         m.d.comb += nd.eq(off + self.u - e1)
+        # the saturation test c_j 2^dp >= 2^wy (c_j = a_j sig, dp = clamp(d, 0, wy)) is
+        # d > k_j = wy - bitlen(c_j) (c_j != 0; k_j = max of d: never): k_j a constant row
+        # per sig, computed (and registered) beside d so that the test is one compare
+        _, dhi = shape_bounds(d.shape())
+        ks = []
+        for j, aj in enumerate(self.coefs, start=1):
+            k = Signal(range(-1, max(dhi, wy) + 1), name=f"tover_k{j}")
+            with m.Switch(sig):
+                for s_ in range(1 << (mb + 1)):
+                    with m.Case(s_):
+                        m.d.comb += k.eq(wy - (aj * s_).bit_length() if s_ else dhi)
+            ks.append(k)
         if self.diff_reg:
-            st = stage(m, self.en, "tsd", d=d, nd=nd, sig=sig)
-            d, nd, sig = st["d"], st["nd"], st["sig"]
+            st = stage(m, self.en, "tsd", d=d, nd=nd, sig=sig, k=ks)
+            d, nd, sig, ks = st["d"], st["nd"], st["sig"], st["k"]
         dneg = d[-1]
         dp = Signal(range(wy + 1))
         m.d.comb += dp.eq(Mux(dneg, 0, Mux(gt_const(d, wy), wy, d)))
         dn = Signal(range(cbits + 1))
         m.d.comb += dn.eq(Mux(~dneg, 0, Mux(gt_const(nd, cbits), cbits, nd)))
-        cs_ = []
+        cs_, cls, sats = [], [], []
         for j, aj in enumerate(self.coefs, start=1):
             c = Signal(cbits, name=f"c{j}")
             m.d.comb += c.eq(sig * aj)
             cs_.append(c)
+            # the left shift in two steps: by dp's two low bits here, by 4 x the rest after
+            # the register; the saturation test here as well
+            cl = Signal(cbits + 3, name=f"cl{j}")
+            m.d.comb += cl.eq(c << dp[:2])
+            sat = Signal(name=f"tover{j}")
+            m.d.comb += sat.eq(d > ks[j - 1])
+            cls.append(cl)
+            sats.append(sat)
         pos = Signal(name="d_pos")
         m.d.comb += pos.eq(~dneg)
         # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 as logic from dn
         low = Signal(cbits, name="dn_mask")
         m.d.comb += low.eq(Cat(*(gt_const(dn, i) for i in range(cbits))))
+        parts = [*cs_, *cls, Cat(*sats), dp[2:], dn, low, pos]
         if not self.pipelined:
-            self._shifts(m, "", cs_, dp, dn, low, pos, self.th[0])
+            self._shifts(m, "", *self._unpack(parts), self.th[0])
             for k in range(1, self.copies):
                 m.d.comb += self.th[k].eq(self.th[0])
             return m
-        parts = [*cs_, dp, dn, low, pos]
         for k, r in enumerate(replicas(m, self.en, "tsh", Cat(*parts), self.copies)):
             lo, regs = 0, []
             for v in parts:
                 regs.append(r[lo:lo + len(v)])
                 lo += len(v)
-            nc = len(cs_)
-            self._shifts(m, f"_{k}" if self.copies > 1 else "", regs[:nc], *regs[nc:],
+            self._shifts(m, f"_{k}" if self.copies > 1 else "", *self._unpack(regs),
                          self.th[k])
         return m
 
-    def _shifts(self, m: Module, sfx: str, cs_, dp, dn, low, pos, th) -> None:
+    def _unpack(self, parts: list) -> tuple:
+        """``parts`` ([c_j..., cl_j..., sat bits, dp >> 2, dn, low, pos]) as the
+        arguments of :meth:`_shifts`."""
+        nc = len(self.coefs)
+        return (parts[:nc], parts[nc:2 * nc], parts[2 * nc], *parts[2 * nc + 1:])
+
+    def _shifts(self, m: Module, sfx: str, cs_, cls, sats, dph, dn, low, pos, th) -> None:
         """The thresholds ``th`` (one copy) from the products ``a_j sig`` (``cs_``), the
-        shift amounts ``dp``, ``dn``, the rounding mask ``low`` and ``pos`` (d >= 0)."""
-        wy, cbits = self.y_width, len(cs_[0])
+        products shifted left by dp mod 4 (``cls``), their saturation bits ``sats``,
+        dp // 4 (``dph``), the right shift ``dn``, its rounding mask ``low`` and ``pos``
+        (d >= 0)."""
+        wy = self.y_width
         tps, tns = [], []
-        for j, c in enumerate(cs_, start=1):
-            tp = Signal(cbits + wy, name=f"tpos{j}{sfx}")
-            m.d.comb += tp.eq(c << dp)
-            ts = Signal(wy + 1, name=f"tsat{j}{sfx}")       # tp >= 2^wy: a bit at or above wy
-            m.d.comb += ts.eq(Mux(tp[wy:].any(), 1 << wy, tp))
-            tr = Signal(cbits + 1, name=f"tround{j}{sfx}")
+        for j, (c, cl) in enumerate(zip(cs_, cls), start=1):
+            tp = Signal(wy, name=f"tpos{j}{sfx}")
+            m.d.comb += tp.eq(cl << Cat(Const(0, 2), dph))
+            ts = Signal(wy + 1, name=f"tsat{j}{sfx}")       # saturated: 2^wy alone
+            m.d.comb += ts.eq(Cat(tp & ~sats[j - 1].replicate(wy), sats[j - 1]))
+            tr = Signal(len(c) + 1, name=f"tround{j}{sfx}")
             m.d.comb += tr.eq(c + low)
-            tn = Signal(cbits + 1, name=f"tneg{j}{sfx}")
+            tn = Signal(len(c) + 1, name=f"tneg{j}{sfx}")
             m.d.comb += tn.eq(tr >> dn)
             tps.append(ts)
             tns.append(tn)
