@@ -28,7 +28,8 @@ Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_reg
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
          ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
          flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
-      -> FloatPrep (saturation flag [REG abs] sign fold, leading one [REG lead]
+      -> FloatPrep (saturation flag, leading one of 4-bit groups [REG abs] sign fold,
+         leading one [REG lead]
          subnormal clamp, sign) [REG prep]
       -> FloatPack (shift + sticky [REG shift] one's complement correction, RNE
          [REG round] pack, saturate) -> REG

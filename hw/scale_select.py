@@ -67,7 +67,7 @@ def shape_bounds(shape) -> tuple[int, int]:
     return 0, (1 << shape.width) - 1
 
 
-def leading_one(m: Module, a, name: str):
+def leading_one(m: Module, a, name: str, levels: int | None = None, start=None):
     """Position of the highest set bit of ``a`` (0 when a == 0), log depth.
 
     A binary tree over the bits padded to 2^k: a node over two children reports
@@ -77,16 +77,32 @@ def leading_one(m: Module, a, name: str):
     ``{name}_pos{level}``), which keeps the netlist readable and the Python
     simulation small.
 
+    The tree may be built in parts with a register between them: ``levels`` builds
+    only levels 1..levels and returns the nodes there, ``start`` (those nodes,
+    possibly registered) builds the rest.
+
+    Args:
+        levels: the last level to build (default k, the root).
+        start: ``(j, any, pos)`` from a call with ``levels=j``: continue from level j.
+
     Returns:
         (pos, any): ``pos`` unsigned, max(1, ceil(log2 len(a))) bits; ``any`` 1 bit.
+        With ``levels`` below k: ``(levels, any, pos)``, the 2^(k - levels) nodes'
+        any bits and their ``levels``-bit positions (node j's at [j*levels:]).
     """
     w = len(a)
     k = max(1, (w - 1).bit_length())
-    p2 = 1 << k
-    any_v = Signal(p2, name=f"{name}_any0")
-    m.d.comb += any_v.eq(a)
-    pos_v, pw, cnt = None, 0, p2
-    for level in range(1, k + 1):
+    if start is None:
+        level, pos_v = 0, None
+        any_v = Signal(1 << k, name=f"{name}_any0")
+        m.d.comb += any_v.eq(a)
+    else:
+        level, any_v, pos_v = start
+    last = k if levels is None else levels
+    if not level <= last <= k:
+        raise ValueError(f"levels must be in [{level}, {k}], got {levels}")
+    pw, cnt = level, len(any_v)
+    for level in range(level + 1, last + 1):
         cnt //= 2
         na = Signal(cnt, name=f"{name}_any{level}")
         npos = Signal(cnt * (pw + 1), name=f"{name}_pos{level}")
@@ -99,6 +115,8 @@ def leading_one(m: Module, a, name: str):
                         pos_v[2 * j * pw:(2 * j + 1) * pw]), any_v[2 * j + 1])
                 for j in range(cnt))))
         any_v, pos_v, pw = na, npos, pw + 1
+    if last < k:
+        return last, any_v, pos_v
     return pos_v, any_v[0]
 
 

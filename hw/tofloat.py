@@ -148,6 +148,12 @@ class FloatConsts:
         self.max_finite = (((1 << self.e_bits) - 2) << self.m_bits) | ((1 << self.m_bits) - 1)
 
 
+#: Levels of each lane's leading-one tree (:func:`hw.scale_select.leading_one`) built
+#: before FloatPrep's ``abs`` register (groups of 2^LOD_SPLIT bits of m1), the rest after
+#: it: the register was a plain transport between the FWHT's last register and a
+#: five-level tree (the N=64 decoder's worst path, docs/SYNTH.md).
+LOD_SPLIT = 2
+
 #: The ports FloatPrep hands to FloatPack (same names on both; the top level may
 #: register them in between).
 PREP_PORTS = ("low", "lp", "eb", "ysign", "sat", "neg", "nz")
@@ -157,7 +163,7 @@ class FloatPrep(wiring.Component):
     """Sign fold, leading-one detect, subnormal clamp, saturation flag (module docstring).
 
     Combinational, or with ``abs_reg`` one pipeline register after the saturation
-    flag (before the sign fold and the leading-one tree), and/or with
+    flag and the first :data:`LOD_SPLIT` levels of the leading-one tree, and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
@@ -202,6 +208,8 @@ class FloatPrep(wiring.Component):
         sgn = Signal(self.n, name="ysgn")
         sat = Signal(self.n, name="sat")
         negs = Signal(self.n, name="neg")
+        split = min(LOD_SPLIT, (mw - 1).bit_length() - 1)
+        lods = []       # the leading-one trees' nodes at level ``split`` (before ``abs``)
         for i in range(self.n):
             yv = Value.cast(self.y[i])
             s = yv[w - 1]
@@ -209,13 +217,17 @@ class FloatPrep(wiring.Component):
             m.d.comb += [lows[i].eq(yv[:mw]), sgn[i].eq(s),
                          sat[i].eq(m1[c.lsat:w - 1].any() if c.lsat < w - 1 else 0),
                          negs[i].eq(s ^ self.mask[i])]
+            if split:
+                lods.append(leading_one(m, m1[:mw], f"lod{i}", levels=split))
         flips = self.flip
         kv = c.k_var
         above = [per_vec.pop("above")] if kv else []
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
+                      lany=[t[1] for t in lods], lpos=[t[2] for t in lods],
                       **(per_vec if self.lead_reg else {}))
             lows, sgn, sat, negs, flips = r["low"], r["s"], r["sat"], r["neg"], r["flip"]
+            lods = [(split, a, p) for a, p in zip(r["lany"], r["lpos"])]
             per_vec = ({k: r[k] for k in per_vec} if self.lead_reg
                        else self._copies(m, "abs", per_vec))
             if kv:
@@ -227,10 +239,13 @@ class FloatPrep(wiring.Component):
         for i in range(self.n):
             mag = Signal(mw, name=f"m1_{i}")
             m.d.comb += mag.eq(lows[i] ^ sgn[i].replicate(mw))
-            pos, any_ = leading_one(m, mag, f"lod{i}")
+            pos, any_ = leading_one(m, mag, f"lod{i}", start=lods[i] if split else None)
             poss.append(pos)
             nzs.append(any_ | sgn[i] | sat[i])          # y != 0
             fixed = mag[kv + 1:].any() if kv + 1 < mw else Const(0, 1)
+            if split:      # the bits of whole groups from the tree's nodes at level split
+                g0 = -(-(kv + 1) // (1 << split))
+                fixed = mag[kv + 1:min(mw, g0 << split)].any() | lods[i][1][g0:].any()
             var = (mag[1:kv + 1] & replica_of(above, i, self.n)).any() if kv else Const(0, 1)
             ups.append(fixed | var)
         if self.lead_reg:

@@ -440,15 +440,23 @@ def test_tofloat_unit(dtype, w, log2n):
     assert not fails, fails
 
 
-@pytest.mark.parametrize("w", [1, 2, 3, 5, 8, 9, 13])
-def test_leading_one_exhaustive(w):
+@pytest.mark.parametrize("w,split", [(1, None), (2, None), (3, None), (3, 1), (5, None),
+                                     (5, 2), (8, 1), (8, 2), (9, None), (9, 3), (13, 1),
+                                     (13, 2), (13, 3)])
+def test_leading_one_exhaustive(w, split):
     """hw.scale_select.leading_one (log-depth tree): position of the highest set bit and
-    the any bit, for every value of a w-bit input (widths around powers of two)."""
+    the any bit, for every value of a w-bit input (widths around powers of two); with
+    ``split``, built in two parts (levels 1..split, then the rest from those nodes)."""
     from amaranth.hdl import Signal
     from hw.scale_select import leading_one
     m = Module()
     a = Signal(w)
-    pos, any_ = leading_one(m, a, "t")
+    if split is None:
+        pos, any_ = leading_one(m, a, "t")
+    else:
+        part = leading_one(m, a, "t", levels=split)
+        assert part[0] == split and len(part[1]) << split == 1 << (w - 1).bit_length()
+        pos, any_ = leading_one(m, a, "t", start=part)
     assert len(pos) == max(1, (w - 1).bit_length())
     ps, an = Signal(len(pos)), Signal()
     m.d.comb += [ps.eq(pos), an.eq(any_)]
@@ -465,6 +473,14 @@ def test_leading_one_exhaustive(w):
     sim.add_testbench(tb)
     sim.run()
     assert not bad, bad[:5]
+
+
+@pytest.mark.parametrize("levels", [-1, 5])
+def test_leading_one_bad_levels(levels):
+    from amaranth.hdl import Signal
+    from hw.scale_select import leading_one
+    with pytest.raises(ValueError, match="levels"):
+        leading_one(Module(), Signal(9), "t", levels=levels)
 
 
 # ---- structure and error paths ------------------------------------------------------------
