@@ -242,10 +242,11 @@ class FloatPrep(wiring.Component):
             pos, any_ = leading_one(m, mag, f"lod{i}", start=lods[i] if split else None)
             poss.append(pos)
             nzs.append(any_ | sgn[i] | sat[i])          # y != 0
-            fixed = mag[kv + 1:].any() if kv + 1 < mw else Const(0, 1)
             if split:      # the bits of whole groups from the tree's nodes at level split
                 g0 = -(-(kv + 1) // (1 << split))
                 fixed = mag[kv + 1:min(mw, g0 << split)].any() | lods[i][1][g0:].any()
+            else:
+                fixed = mag[kv + 1:].any() if kv + 1 < mw else Const(0, 1)
             var = (mag[1:kv + 1] & replica_of(above, i, self.n)).any() if kv else Const(0, 1)
             ups.append(fixed | var)
         if self.lead_reg:
