@@ -41,7 +41,12 @@ S steps in all; pipeline register r (r = 1 .. L) follows the first
 ``ceil(r * S / L)`` steps (:func:`hw.fwht.register_positions`), so the last one
 is at the output. All registers advance together when ``en`` is high; a valid
 bit and a side band (a plain width or a layout) travel with the data
-(:func:`hw.pipeline.stage`).
+(:func:`hw.pipeline.stage`). The swap index t and the shift amounts d ride in the
+registers until the last alignment step (t to the output, for ``flip``): from the
+register before an alignment step on, in one copy per
+:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes that read them
+(:func:`hw.pipeline.replicas`; one register of t for 64 lanes' selects was the N=64
+decoder's worst path, docs/SYNTH.md).
 
 Signed zeros: none. The format's exact-zero result is +0 before the sign flip D
 (docs/FORMAT.md, read path), which the integers carry as they are.
@@ -54,7 +59,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fwht import FOLD_CYCLES, butterfly_stage, fold_stage, register_positions
-from .pipeline import stage
+from .pipeline import replica_count, replica_of, replicas, stage
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
 #: default of ``max_align``.
@@ -204,32 +209,42 @@ class BlockFWHT(wiring.Component):
                 m.d.comb += dk.eq(_select([d[k ^ u] for u in range(nb)], t))
                 ds.append(dk)
             d = ds
+        # t and each block's d as lists of register copies: one until the register before
+        # an alignment step, then one per REPLICA_GROUP_LANES lanes that read it (module
+        # docstring); lane i of block k reads replica_of(dc[k], i % g, g), its t
+        # replica_of(tc, i, n)
+        tc = [t] if t is not None else []
+        dc = [[dk] for dk in d]
+        first = 1 if t is not None else 0       # slot 0 of the swap is never shifted
         for idx, (kind, s) in enumerate(self.steps):
             if kind == "align":
                 split = ("align", 1) in self.steps
                 if not split:
-                    part, add = d, self.max_align
+                    lo, hi, add = 0, self.d_width, self.max_align
                 elif s == 0:        # high bits of d: 0 .. max_align rounded down
-                    part = [Cat(Const(0, ALIGN_LO_BITS), dk[ALIGN_LO_BITS:]) for dk in d]
-                    add = self.max_align & ~ALIGN_LO
+                    lo, hi, add = ALIGN_LO_BITS, self.d_width, self.max_align & ~ALIGN_LO
                 else:               # low bits: the rest of the exact max_align growth
-                    part = [dk[:ALIGN_LO_BITS] for dk in d]
+                    lo, hi = 0, ALIGN_LO_BITS
                     add = self.max_align - (self.max_align & ~ALIGN_LO)
                 if self.align == "swap" and s == 0:
                     # the block permutation, on the inner stages' results (commutes with them)
                     perm = [Signal(signed(width), name=f"sw_{i}") for i in range(n)]
                     for i in range(n):
                         k, lane = divmod(i, g)
-                        m.d.comb += perm[i].eq(
-                            _select([lanes[(k ^ u) * g + lane] for u in range(nb)], t))
+                        m.d.comb += perm[i].eq(_select([lanes[(k ^ u) * g + lane]
+                                                        for u in range(nb)], replica_of(tc, i, n)))
                     lanes = perm
                 width += add
                 nxt = [Signal(signed(width), name=f"al{s}_{i}") for i in range(n)]
                 for i in range(n):
                     # exact: d <= max_align, so the shifted value fits; with the block
                     # swap slot 0 holds the block with d = 0 and has no shifter
-                    unshifted = self.align == "swap" and i < g
-                    m.d.comb += nxt[i].eq(lanes[i] if unshifted else lanes[i] << part[i // g])
+                    k = i // g
+                    if k < first:
+                        m.d.comb += nxt[i].eq(lanes[i])
+                        continue
+                    dk = replica_of(dc[k], i % g, g)
+                    m.d.comb += nxt[i].eq(lanes[i] << (dk[lo:hi] << lo if lo else dk[lo:hi]))
             else:
                 width += 1
                 nxt = butterfly_stage(m, lanes, s, width)
@@ -237,21 +252,25 @@ class BlockFWHT(wiring.Component):
             if idx + 1 in self.positions:
                 # the shift amounts ride along while the alignment is still ahead
                 carry_d = any(k == "align" for k, _ in self.steps[idx + 1:])
-                extra = {"d": d[1:] if t is not None else d} if carry_d else {}
-                if t is not None:
-                    extra["t"] = t
-                r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side, **extra)
+                r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]
+                copy = len(tc) > 1 or any(len(c) > 1 for c in dc[first:]) or (
+                    carry_d and self.steps[idx + 1][0] == "align")
+                if tc:
+                    tc = replicas(m, self.en, f"r{idx}_t", tc, replica_count(n) if copy else 1)
                 if carry_d:
-                    d = [d[0]] + r["d"] if t is not None else r["d"]
-                t = r.get("t", t)
+                    dc = [None] * first + [
+                        replicas(m, self.en, f"r{idx}_d{k}", dc[k],
+                                 replica_count(g) if copy else 1)
+                        for k in range(first, nb)]
         assert width == self.net_width
         if self.lanes < self.n_total:       # the last stage, across the two beats
             f = fold_stage(m, self.en, "fold", lanes, valid, side)
             lanes, valid, side = f["lane"], f["valid"], f["side"]
         m.d.comb += [self.y[i].eq(lanes[i]) for i in range(n)]
-        if t is not None:
+        if tc:
             # H[r, k ^ t] = (-1)^popcount(r & t) H[r, k], r = i // G the output's block
-            m.d.comb += self.flip.eq(Cat(*((t & (i // g)).xor() for i in range(n))))
+            m.d.comb += self.flip.eq(Cat(*((replica_of(tc, i, n) & (i // g)).xor()
+                                           for i in range(n))))
         m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side)]
         return m

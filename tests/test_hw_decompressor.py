@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import warnings
 
 import numpy as np
@@ -37,7 +38,7 @@ from hw.pipeline import SKID_FIFO_CYCLES
 from kvtest.simstream import check_run, flow_cases, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
-from hw.ifwht import MAX_ALIGN, BlockFWHT, default_align, out_width
+from hw.ifwht import MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
 from hw.tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
 from sim_models.codec import decode_float, encode, round_to_input_type
@@ -906,3 +907,30 @@ def test_bad_lanes(kw, exc, word):
         KVDecompressor(FormatParams(n=16, block=8), **kw)
     with pytest.raises(ValueError, match="multiple of the block"):
         KVDecompressor(FormatParams(n=16, block=16), lanes=8)
+
+
+@pytest.mark.parametrize("n,block,lanes,split,t_copies,d_copies", [
+    (64, 32, None, True, 4, 2), (64, 32, None, False, 4, 2), (128, 64, 64, True, 0, 4),
+    (16, 8, None, True, 1, 1)])
+def test_align_copies(n, block, lanes, split, t_copies, d_copies):
+    """The swap index t and the shift amounts d in one register copy per
+    REPLICA_GROUP_LANES lanes from the register before the first alignment step on (t to
+    the output), each kept apart (``keep``), and single before it; exactness is
+    test_block_swap_exact's."""
+    from amaranth.back import rtlil
+    steps = steps_of(lanes or n, block, split, aligned=True)
+    fw = BlockFWHT(n, block, signed(8), len(steps), split_align=split, lanes=lanes)
+    assert fw.steps == steps
+    text = rtlil.convert(fw, ports=None)
+    before = fw.steps.index(("align", 0)) - 1
+    wires = set(re.findall(r"wire width \d+ (?:signed )?\\(r\d+_[td]\d*_r\d+)", text))
+    for idx in range(len(fw.steps)):
+        t = sorted(w for w in wires if w.startswith(f"r{idx}_t_r"))
+        d = sorted(w for w in wires if re.match(rf"r{idx}_d\d+_r", w))
+        carries_d = any(k == "align" for k, _ in fw.steps[idx + 1:])
+        copied = idx >= before
+        assert len(t) == (t_copies if copied else min(t_copies, 1)), (idx, t)
+        assert len(d) == ((d_copies if copied else 1) * (fw.n_blocks - (fw.align == "swap"))
+                          if carries_d else 0), (idx, d)
+    if t_copies > 1 or d_copies > 1:
+        assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
