@@ -6,8 +6,8 @@ pipeline registers (``en`` advances them, ``i_valid`` -> ``o_valid`` rides
 along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
 ``emax`` after the exponent max tree (one register copy of the max per
 :data:`hw.pipeline.REPLICA_LEAF_LANES` lanes; with ``tree_every``, the tree's last
-register is in one copy per :data:`hw.pipeline.REPLICA_GROUP_LANES` lanes, each
-reduced to its own root that loads two ``emax`` copies), ``shamt`` after the
+register is in as many copies, each reduced to its own root that loads its own
+``emax`` copy), ``shamt`` after the
 per-lane shift amounts, ``align`` after the alignment shifter, before the rounding
 increment) and ``tree_every`` = k, a register after every k levels of the max tree
 (:func:`hw.trees.tree_cut_levels`). Each register holds the rest of the vector
@@ -203,9 +203,10 @@ class FrontEnd(wiring.Component):
             parts = [late[a:a + w] for a, w in zip(at, lw)]
 
         # with the emax cut in copies, the tree's last register holds the partial maxima in
-        # as many copies and each copy reduces its own to its root (one root feeding every
-        # copy's register was the N=128 encoder's worst path, docs/SYNTH.md)
-        ncopy = replica_count(w) if "emax" in self.regs else 1
+        # as many copies and each copy reduces its own to its root, which loads its own
+        # emax copy (one root feeding every copy's register was the N=128 encoder's worst
+        # path, one root feeding two copies the N=64 encoder's, docs/SYNTH.md)
+        ncopy = replica_count(w, REPLICA_LEAF_LANES) if "emax" in self.regs else 1
         last_cut = tree_cuts(p.n, self.tree_every) - 1
         part_copies = []
 

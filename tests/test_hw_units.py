@@ -328,9 +328,9 @@ def test_frontend_matches_bfp(dtype, mant_bits, n):
 ])
 def test_frontend_emax_register(dtype, mant_bits, n, tree_every):
     """FrontEnd(regs=("emax",), tree_every): the same results ``latency`` enabled cycles
-    later, held while en is low. With tree registers and N = 64 (4 copies of emax) the
-    tree's last register is in 4 copies, each reduced to its own root: each copy feeds
-    its own 16 lanes, so a wrong copy shows in those lanes' x."""
+    later, held while en is low. With tree registers and N = 64 (8 copies of emax) the
+    tree's last register is in 8 copies, each reduced to its own root: each copy feeds
+    its own 8 lanes, so a wrong copy shows in those lanes' x."""
     p = FormatParams(n=n, block=8, mant_bits=mant_bits, dtype=dtype, sign_seed=3)
     rng = np.random.default_rng(n + tree_every)
     vecs = np.concatenate([directed_vectors(p, rng), random_patterns(p, 24, rng)])
@@ -340,9 +340,10 @@ def test_frontend_emax_register(dtype, mant_bits, n, tree_every):
     assert fe.latency == 1 + cuts
     if cuts:
         names = rtlil.convert(fe)
-        for k in range(4):
+        for k in range(8):
             assert f"emaxt{cuts - 1}_part0_r{k}" in names and f"emax_emax_r{k}" in names
             assert k == 0 or f"emax_c{k}_l0_0" in names
+        assert f"emaxt{cuts - 1}_part0_r8" not in names
     ins = wire.rows_to_ints(wire.lane_rows(vecs))
     bad, seen = [], []
     rnd = random.Random(n)
