@@ -216,6 +216,7 @@ class BlockFWHT(wiring.Component):
         tc = [t] if t is not None else []
         dc = [[dk] for dk in d]
         first = 1 if t is not None else 0       # slot 0 of the swap is never shifted
+        copy = False                            # t and d in copies from here on
         for idx, (kind, s) in enumerate(self.steps):
             if kind == "align":
                 split = ("align", 1) in self.steps
@@ -244,7 +245,7 @@ class BlockFWHT(wiring.Component):
                         m.d.comb += nxt[i].eq(lanes[i])
                         continue
                     dk = replica_of(dc[k], i % g, g)
-                    m.d.comb += nxt[i].eq(lanes[i] << (dk[lo:hi] << lo if lo else dk[lo:hi]))
+                    m.d.comb += nxt[i].eq(lanes[i] << (dk[lo:hi] << lo))
             else:
                 width += 1
                 nxt = butterfly_stage(m, lanes, s, width)
@@ -254,8 +255,7 @@ class BlockFWHT(wiring.Component):
                 carry_d = any(k == "align" for k, _ in self.steps[idx + 1:])
                 r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]
-                copy = len(tc) > 1 or any(len(c) > 1 for c in dc[first:]) or (
-                    carry_d and self.steps[idx + 1][0] == "align")
+                copy = copy or (carry_d and self.steps[idx + 1][0] == "align")
                 if tc:
                     tc = replicas(m, self.en, f"r{idx}_t", tc, replica_count(n) if copy else 1)
                 if carry_d:
