@@ -63,7 +63,7 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
-from .ifwht import BlockFWHT, out_width, steps_of
+from .ifwht import BlockFWHT, effective_align, out_width, steps_of
 from .fwht import FOLD_CYCLES
 from .pipeline import (Cuts, FlowControl, FlowTop, beat_groups, beat_index, beat_of, check_flow,
                        check_lanes, check_latency, collect, flow_cycles, fold_cycles, stage)
@@ -91,11 +91,19 @@ FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), defau
 DQ_CUTS = Cuts("dq_regs", ("scale", "table"), default=())
 
 
+def fwht_step_list(params: FormatParams, lanes: int, split_align: bool = False) -> list:
+    """Steps of the read path's FWHT (``hw.ifwht.BlockFWHT`` over ``lanes`` = W lanes,
+    ``hw.ifwht.steps_of``): log2 W butterfly stages and the block alignment (with
+    ``split_align`` its parts: the block swap's select for N/G = 2 in one beat, the
+    shifts by the high and the low bits of d; none for N = G)."""
+    swap = effective_align(params.n, params.block, lanes) == "swap"
+    return steps_of(lanes, params.block, split_align, params.n > params.block, swap)
+
+
 def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False) -> int:
-    """Steps of the read path's FWHT (``hw.ifwht.BlockFWHT`` over ``lanes`` = W lanes):
-    log2 W butterfly stages and the block alignment (two steps with ``split_align``;
-    none for N = G); the most FWHT registers ``latency`` can place, one per step."""
-    return len(steps_of(lanes, params.block, split_align, params.n > params.block))
+    """The number of :func:`fwht_step_list`: the most FWHT registers ``latency`` can
+    place, one per step."""
+    return len(fwht_step_list(params, lanes, split_align))
 
 
 def float_consts(params: FormatParams) -> FloatConsts:
@@ -118,8 +126,9 @@ class KVDecompressor(FlowTop, wiring.Component):
         float_regs: which optional registers of the float conversion to place
             (names from :data:`FLOAT_CUTS`, any order; default
             ``FLOAT_CUTS.default``); each adds one cycle of latency.
-        split_align: the FWHT's block alignment as two steps, so that a ``latency``
-            register can sit inside the shifter (``hw.ifwht.BlockFWHT``; default False).
+        split_align: the FWHT's block alignment as its parts, one step each (the block
+            swap's select, the high and the low shift), so that ``latency`` registers can
+            sit between them (``hw.ifwht.BlockFWHT``; default False).
         flow: flow control, ``"stall"`` (default) or ``"credit"`` (:class:`KVEpilogue`).
         credit_extra: credit flow only: skid FIFO entries beyond the minimum
             (:func:`hw.pipeline.credit_depth`).

@@ -35,9 +35,10 @@ commute, and the order here is the golden one.
 
 Register placement (``latency`` = L in [0, S]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1;
-two with ``split_align``: the shift by the high bits of d, then by its low
-:data:`ALIGN_LO_BITS` bits, so that a register can sit inside the shifter),
-S steps in all; pipeline register r (r = 1 .. L) follows the first
+with ``split_align`` its parts: the block swap's select (with the swap), the shift by
+the high bits of d, then by its low :data:`ALIGN_LO_BITS` bits, so that registers can
+sit between the swap's data movement across blocks and the shifter, and inside the
+shifter), S steps in all; pipeline register r (r = 1 .. L) follows the first
 ``ceil(r * S / L)`` steps (:func:`hw.fwht.register_positions`), so the last one
 is at the output. All registers advance together when ``en`` is high; a valid
 bit and a side band (a plain width or a layout) travel with the data
@@ -70,16 +71,20 @@ ALIGN_LO = (1 << ALIGN_LO_BITS) - 1
 
 
 def steps_of(n: int, block: int, split_align: bool = False,
-             aligned: bool | None = None) -> list[tuple[str, int]]:
+             aligned: bool | None = None, swap: bool = False) -> list[tuple[str, int]]:
     """The pipeline steps: ("bf", s) butterfly stage s, ("align", 0) the block alignment;
-    with ``split_align`` two steps, ("align", 0) by the high bits of d (a multiple of
-    2^:data:`ALIGN_LO_BITS`) and ("align", 1) by its low bits. ``aligned``: whether
+    with ``split_align`` the alignment in its parts, one step each: ("swap", 0) the block
+    swap's select when ``swap``, ("align", 0) the shift by the high bits of d (a multiple
+    of 2^:data:`ALIGN_LO_BITS`) and ("align", 1) by its low bits. ``aligned``: whether
     there is an alignment (default: n > block; a beat of a two-beat vector has one
     even when it is one block)."""
     log2n, log2g = n.bit_length() - 1, block.bit_length() - 1
     steps = [("bf", s) for s in range(log2g)]
     if n > block if aligned is None else aligned:
-        steps += [("align", 0), ("align", 1)] if split_align else [("align", 0)]
+        if split_align:
+            steps += [("swap", 0)] * swap + [("align", 0), ("align", 1)]
+        else:
+            steps += [("align", 0)]
     steps += [("bf", s) for s in range(log2g, log2n)]
     return steps
 
@@ -93,6 +98,18 @@ def default_align(n: int, block: int) -> str:
     """"swap" for N/G = 2, "lane" otherwise: from N/G = 4 on, the N/G:1 select per lane
     costs more than the one shifter in N/G it saves (measured, docs/SYNTH.md, Area)."""
     return "swap" if n // block == 2 else "lane"
+
+
+def effective_align(n: int, block: int, lanes: int | None = None, align=None) -> str:
+    """The alignment :class:`BlockFWHT` (n, block, align=align, lanes=lanes) builds: ``align``
+    (default :func:`default_align`) when the W = ``lanes`` lanes are the whole vector and more
+    than one block, else "lane" (the swap needs a block with d = 0 among its lanes, given
+    only for the whole vector). ValueError: ``align`` not in :data:`ALIGNS`."""
+    w = n if lanes is None else lanes
+    align = default_align(w, block) if align is None else align
+    if align not in ALIGNS:
+        raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
+    return align if w // block > 1 and w == n else "lane"
 
 
 def _select(values: list, sel):
@@ -153,7 +170,8 @@ class BlockFWHT(wiring.Component):
         self.n_blocks = n // block
         self.in_shape = Shape.cast(in_shape)
         self.aligned = n > block if aligned is None else bool(aligned)
-        self.steps = steps_of(n, block, split_align, self.aligned)
+        self.align = effective_align(self.n_total, block, w, align)
+        self.steps = steps_of(n, block, split_align, self.aligned, self.align == "swap")
         if latency > len(self.steps):
             raise ValueError(f"latency must be in [0, S={len(self.steps)}] (the steps), got {latency}")
         self.positions = register_positions(len(self.steps), latency) if latency else []
@@ -161,13 +179,6 @@ class BlockFWHT(wiring.Component):
         if not isinstance(max_align, int) or max_align < 0:
             raise ValueError(f"max_align must be a non-negative int, got {max_align!r}")
         self.max_align = max_align
-        if align is None:
-            align = default_align(n, block)
-        if align not in ALIGNS:
-            raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
-        # the block swap needs a block with d = 0 among these n lanes: given only when
-        # they are the whole vector (``aligned`` not given)
-        self.align = align if self.n_blocks > 1 and aligned is None else "lane"
         self.d_width = max(1, max_align.bit_length())
         self.net_width = out_width(n, block, self.in_shape.width, max_align, self.aligned)
         self.out_width = self.net_width + (self.n_total.bit_length() - n.bit_length())
@@ -217,9 +228,19 @@ class BlockFWHT(wiring.Component):
         dc = [[dk] for dk in d]
         first = 1 if t is not None else 0       # slot 0 of the swap is never shifted
         copy = False                            # t and d in copies from here on
+        split = ("align", 1) in self.steps
+        swap_step = ("swap", 0) in self.steps
         for idx, (kind, s) in enumerate(self.steps):
+            if self.align == "swap" and (kind == "swap" or kind == "align" and s == 0
+                                         and not swap_step):
+                # the block permutation, on the inner stages' results (commutes with them)
+                perm = [Signal(signed(width), name=f"sw_{i}") for i in range(n)]
+                for i in range(n):
+                    k, lane = divmod(i, g)
+                    m.d.comb += perm[i].eq(_select([lanes[(k ^ u) * g + lane]
+                                                    for u in range(nb)], replica_of(tc, i, n)))
+                lanes = perm
             if kind == "align":
-                split = ("align", 1) in self.steps
                 if not split:
                     lo, hi, add = 0, self.d_width, self.max_align
                 elif s == 0:        # high bits of d: 0 .. max_align rounded down
@@ -227,14 +248,6 @@ class BlockFWHT(wiring.Component):
                 else:               # low bits: the rest of the exact max_align growth
                     lo, hi = 0, ALIGN_LO_BITS
                     add = self.max_align - (self.max_align & ~ALIGN_LO)
-                if self.align == "swap" and s == 0:
-                    # the block permutation, on the inner stages' results (commutes with them)
-                    perm = [Signal(signed(width), name=f"sw_{i}") for i in range(n)]
-                    for i in range(n):
-                        k, lane = divmod(i, g)
-                        m.d.comb += perm[i].eq(_select([lanes[(k ^ u) * g + lane]
-                                                        for u in range(nb)], replica_of(tc, i, n)))
-                    lanes = perm
                 width += add
                 nxt = [Signal(signed(width), name=f"al{s}_{i}") for i in range(n)]
                 for i in range(n):
@@ -246,16 +259,18 @@ class BlockFWHT(wiring.Component):
                         continue
                     dk = replica_of(dc[k], i % g, g)
                     m.d.comb += nxt[i].eq(lanes[i] << (dk[lo:hi] << lo))
-            else:
+            elif kind == "bf":
                 width += 1
                 nxt = butterfly_stage(m, lanes, s, width)
+            else:                   # the swap step: the permutation only
+                nxt = lanes
             lanes = nxt
             if idx + 1 in self.positions:
                 # the shift amounts ride along while the alignment is still ahead
                 carry_d = any(k == "align" for k, _ in self.steps[idx + 1:])
                 r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]
-                copy = copy or (carry_d and self.steps[idx + 1][0] == "align")
+                copy = copy or (carry_d and self.steps[idx + 1][0] != "bf")
                 if tc:
                     tc = replicas(m, self.en, f"r{idx}_t", tc, replica_count(n) if copy else 1)
                 if carry_d:

@@ -31,10 +31,10 @@ from amaranth.hdl import Shape, UnusedElaboratable
 from amaranth.lib import data, wiring
 
 from hw import decompressor as _dec
-from hw.decompressor import KVDecompressor
+from hw.decompressor import KVDecompressor, fwht_step_list
 from hw.epilogue import KVEpilogue
 from hw.fwht import register_positions
-from hw.ifwht import out_width as _ifwht_width, steps_of
+from hw.ifwht import out_width as _ifwht_width
 from hw.roundtrip import KVRoundTrip
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
@@ -163,12 +163,12 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
 
 def _decoder_fields(dut: KVDecompressor) -> dict:
     p = dut.params
-    two = dut.beats > 1
-    steps = steps_of(dut.lanes, p.block, dut.split_align, True if two else None)
+    steps = fwht_step_list(p, dut.lanes, dut.split_align)
     i_shape = _stream_shape(dut, "i")
     return {**_fold_fields(dut),
         "fwht_steps": [("align_lo" if s else "align_hi" if dut.split_align else "align")
-                       if k == "align" else f"stage{s}" for k, s in steps],
+                       if k == "align" else "swap" if k == "swap" else f"stage{s}"
+                       for k, s in steps],
         "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
                                       if dut.latency else []),
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,

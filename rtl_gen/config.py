@@ -96,7 +96,8 @@ class RTLConfig:
         kind: ``"encoder"``, ``"decoder"`` or ``"roundtrip"`` (rtl_gen.KINDS).
         params: the format parameters.
         latency: FWHT pipeline registers, 0 .. log2 N; a decoder 0 .. its FWHT's steps
-            (``hw.decompressor.fwht_steps``: the block alignment counts, two steps with ``pK``).
+            (``hw.decompressor.fwht_steps``: the block alignment counts, two steps with
+            ``pK``, three with the block swap).
 
     Raises:
         ValueError / TypeError: unknown kind, params not a FormatParams, latency out of
@@ -154,7 +155,7 @@ class RTLConfig:
         """Register options of the component(s) (``rtl_gen.generate`` keywords): the FWHT
         ``latency``; with ``pipe`` = k every cut of ``FE_CUTS``, ``QUANT_CUTS`` and
         ``FLOAT_CUTS`` and ``DQ_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
-        decoder's block alignment as two FWHT steps (``split_align``)."""
+        decoder's block alignment in its FWHT steps (``split_align``)."""
         regs: dict = {"latency": self.latency}
         if self.key_slots:
             regs["key_slots"] = self.key_slots

@@ -168,9 +168,11 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True), ("dec_v2_n128_g64_b3_l6_p0_w64", True),
                   # N = 64, one beat, every cut, credit flow
                   ("enc_v2_n64_g64_b3_l6_p1_c0", True),
-                  # the decoders with a register after every FWHT step (8: 6 butterfly
-                  # stages and the alignment in two)
-                  ("dec_v2_n128_g64_b3_l8_p0_c0_w64", True), ("dec_v2_n64_g32_b3_l8_p0_c0", True)]
+                  # the decoders with a register after every FWHT step (N=128 in two
+                  # beats: 6 butterfly stages and the alignment in two, 8; N=64: 6 stages,
+                  # the block swap's select and the alignment in two, 9; l8 at N=64 is the
+                  # 8-step design of the records before the swap step)
+                  ("dec_v2_n128_g64_b3_l8_p0_c0_w64", True), ("dec_v2_n64_g32_b3_l9_p0_c0", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])

@@ -509,7 +509,9 @@ def test_latency_up_to_the_steps(monkeypatch):
     payloads match the golden model with L = S (split alignment, two beats)."""
     from hw.decompressor import fwht_steps
     p = FormatParams(n=16, block=8, bits=3, sign_seed=1)
-    assert fwht_steps(p, 16) == 5 and fwht_steps(p, 16, True) == 6 and fwht_steps(p, 8, True) == 5
+    # split: the swap's select, the high and the low shift (one beat, N/G = 2); two beats
+    # align every lane: no swap step
+    assert fwht_steps(p, 16) == 5 and fwht_steps(p, 16, True) == 7 and fwht_steps(p, 8, True) == 5
     assert fwht_steps(FormatParams(n=16, block=16), 16) == 4          # no alignment
     for lanes, split in ((16, False), (16, True), (8, True)):
         s = fwht_steps(p, lanes, split)
@@ -518,11 +520,13 @@ def test_latency_up_to_the_steps(monkeypatch):
             KVDecompressor(p, s + 1, split_align=split, lanes=lanes)
     from rtl_gen.config import RTLConfig        # config names: pK splits the alignment
     assert RTLConfig.parse("dec_v2_n128_g64_b3_l8_p0_c0_w64").latency == 8
-    for bad, top in (("dec_v2_n64_g32_b3_l8_c0", 7), ("enc_v2_n64_g64_b3_l7", 6)):
+    assert RTLConfig.parse("dec_v2_n64_g32_b3_l9_p0_c0").latency == 9   # + the swap step
+    for bad, top in (("dec_v2_n64_g32_b3_l8_c0", 7), ("dec_v2_n64_g32_b3_l10_p0", 9),
+                     ("enc_v2_n64_g64_b3_l7", 6)):
         with pytest.raises(ValueError, match=f"0..{top}, got"):
             RTLConfig.parse(bad)
     codes, scales = random_planes(p, 24, 3)
-    check(p, 6, codes, scales, None, seed=6, float_regs=FLOAT_CUTS.default, split_align=True)
+    check(p, 7, codes, scales, None, seed=6, float_regs=FLOAT_CUTS.default, split_align=True)
     check(p, 5, codes, scales, None, seed=5, float_regs=FLOAT_CUTS.default, split_align=True,
           lanes=8)
 
@@ -768,14 +772,17 @@ def _align_vectors(n, block, w, max_align, seed):
 @pytest.mark.parametrize("n,block,align,latency,split", [
     (16, 16, "swap", 0, False), (16, 8, "swap", 0, False), (16, 8, "lane", 0, False),
     (16, 8, "swap", 3, True), (16, 4, "swap", 0, False), (16, 4, "swap", 2, False),
-    (32, 8, "swap", 4, True), (16, 4, "lane", 1, False), (32, 16, "swap", 5, False)])
+    (32, 8, "swap", 4, True), (16, 4, "lane", 1, False), (32, 16, "swap", 5, False),
+    (16, 8, "swap", 7, True), (32, 8, "swap", 8, True)])
 def test_block_swap_exact(n, block, align, latency, split):
     """BlockFWHT, block swap and per-lane shifters: (-1)^flip y == H (p_i << d_(i // G))
     exactly (sim_models.fwht on int64), for N/G = 1, 2, 4 and 8: equal exponents, the ue5m3 span 30 with the
-    unshifted block at every position, zero blocks, extreme and random products."""
+    unshifted block at every position, zero blocks, extreme and random products; split,
+    a register after every step (the swap's select one step, its own register)."""
     w, ma = 8, MAX_ALIGN
     fw = BlockFWHT(n, block, signed(w), latency, max_align=ma, split_align=split, align=align)
     assert fw.align == (align if n > block else "lane")
+    assert (("swap", 0) in fw.steps) == (split and fw.align == "swap")
     vecs = _align_vectors(n, block, w, ma, seed=latency)
     got = _fwht_run(fw, vecs)
     ref = _fwht_run(BlockFWHT(n, block, signed(w), 0, max_align=ma, align="lane"), vecs)
@@ -918,11 +925,11 @@ def test_align_copies(n, block, lanes, split, t_copies, d_copies):
     the output), each kept apart (``keep``), and single before it; exactness is
     test_block_swap_exact's."""
     from amaranth.back import rtlil
-    steps = steps_of(lanes or n, block, split, aligned=True)
+    steps = steps_of(lanes or n, block, split, aligned=True, swap=t_copies > 0 and split)
     fw = BlockFWHT(n, block, signed(8), len(steps), split_align=split, lanes=lanes)
     assert fw.steps == steps
     text = rtlil.convert(fw, ports=None)
-    before = fw.steps.index(("align", 0)) - 1
+    before = min(i for i, (k, _) in enumerate(fw.steps) if k != "bf") - 1
     wires = set(re.findall(r"wire width \d+ (?:signed )?\\(r\d+_[td]\d*_r\d+)", text))
     for idx in range(len(fw.steps)):
         t = sorted(w for w in wires if w.startswith(f"r{idx}_t_r"))
