@@ -59,7 +59,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .pipeline import gt_const, replica_count, replica_of, replicas, stage
+from .pipeline import REPLICA_LEAF_LANES, gt_const, replica_count, replica_of, replicas, stage
 from .scale_select import leading_one, shape_bounds
 
 
@@ -167,9 +167,12 @@ class FloatPrep(wiring.Component):
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
-    B and K + B in one copy per lane group (:func:`hw.pipeline.replicas`); the test
-    L > K is an AND-OR of m1 with the mask of the positions above K, beside the
-    leading-one tree (the mask in copies in the ``abs`` register).
+    B and K + B in one copy per :data:`hw.pipeline.REPLICA_LEAF_LANES` lanes
+    (:func:`hw.pipeline.replicas`), with both registers two per copy of the ``abs``
+    register (one per lane group): a fanout tree (one copy of B for 16 lanes, placed
+    across the die from some of them, was the N=64 decoder's worst path, docs/SYNTH.md);
+    the test L > K is an AND-OR of m1 with the mask of the positions above K, beside the
+    leading-one tree (the mask in one copy per 8 lanes in the ``abs`` register).
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
     ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits
@@ -222,16 +225,16 @@ class FloatPrep(wiring.Component):
         flips = self.flip
         kv = c.k_var
         above = [per_vec.pop("above")] if kv else []
+        leaf = replica_count(self.n, REPLICA_LEAF_LANES)     # the last copies' count
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
-                      lany=[t[1] for t in lods], lpos=[t[2] for t in lods],
-                      **(per_vec if self.lead_reg else {}))
+                      lany=[t[1] for t in lods], lpos=[t[2] for t in lods])
             lows, sgn, sat, negs, flips = r["low"], r["s"], r["sat"], r["neg"], r["flip"]
             lods = [(split, a, p) for a, p in zip(r["lany"], r["lpos"])]
-            per_vec = ({k: r[k] for k in per_vec} if self.lead_reg
-                       else self._copies(m, "abs", per_vec))
+            per_vec = self._copies(m, "abs", per_vec,
+                                   replica_count(self.n) if self.lead_reg else leaf)
             if kv:
-                above = replicas(m, self.en, "abs_above", above[0], replica_count(self.n))
+                above = replicas(m, self.en, "abs_above", above[0], leaf)
         # L > K as "m1 has a bit above K" (an AND-OR with the per-vector mask beside the
         # leading-one tree, before the lead register), not a compare after it; only the
         # mask's bits 1..k_var vary, the OR of m1's bits above k_var is the lane's own
@@ -253,7 +256,7 @@ class FloatPrep(wiring.Component):
             r = stage(m, self.en, "lead", low=lows, pos=poss, nz=Cat(*nzs), s=sgn, sat=sat,
                       neg=negs, flip=flips, up=Cat(*ups))
             lows, poss, negs = r["low"], r["pos"], r["neg"]
-            per_vec = self._copies(m, "lead", per_vec)
+            per_vec = self._copies(m, "lead", per_vec, leaf)
             sgn, sat, flips = r["s"], r["sat"], r["flip"]
             nzs = [r["nz"][i] for i in range(self.n)]
             ups = [r["up"][i] for i in range(self.n)]
@@ -296,11 +299,10 @@ class FloatPrep(wiring.Component):
         out = {"kc": kc, "b": b, "kb": kb}
         return {**out, "above": above} if c.k_var else out
 
-    def _copies(self, m: Module, name: str, values: dict) -> dict:
-        """Each per-vector value in one register copy per lane group
+    def _copies(self, m: Module, name: str, values: dict, copies: int) -> dict:
+        """Each per-vector value (a Value, or its upstream copies) in ``copies`` registers
         (:func:`hw.pipeline.replicas`): name -> its list of copies."""
-        return {k: replicas(m, self.en, f"{name}_{k}", v, replica_count(self.n))
-                for k, v in values.items()}
+        return {k: replicas(m, self.en, f"{name}_{k}", v, copies) for k, v in values.items()}
 
 
 class FloatPack(wiring.Component):

@@ -400,6 +400,34 @@ def _tofloat_values(rng, w: int, count: int) -> np.ndarray:
     return np.array(vals, dtype=object)
 
 
+@pytest.mark.parametrize("abs_reg,lead_reg,lanes", [
+    (True, True, 64), (True, False, 64), (False, True, 64), (True, True, 16), (True, True, 8)])
+def test_float_prep_copies(abs_reg, lead_reg, lanes):
+    """FloatPrep's per-vector K, B, K + B in the last register in one copy per
+    REPLICA_LEAF_LANES lanes, with both registers loaded two per copy of the abs register
+    (one per REPLICA_GROUP_LANES lanes; the fanout form is hw.pipeline.replicas', tested
+    in test_hw_units); the mask of the positions above K in one copy per 8 lanes at abs;
+    exactness is the decoder's register tests'."""
+    from amaranth.back import rtlil
+    from hw.pipeline import REPLICA_LEAF_LANES, replica_count
+    p = FormatParams(n=256, block=256)
+    consts = FloatConsts(46, p.in_format, (1, 31), -18)
+    assert consts.k_var > 0
+    prep = FloatPrep(lanes, 46, 5, consts, abs_reg=abs_reg, lead_reg=lead_reg)
+    text = rtlil.convert(prep, ports=None)
+    wires = set(re.findall(r"wire width \d+ (?:signed )?\\((?:abs|lead)_[a-z]+_r\d+)\n", text))
+    leaf, group = replica_count(lanes, REPLICA_LEAF_LANES), replica_count(lanes)
+    want = set()
+    for k in ("kc", "b", "kb"):
+        if lead_reg:
+            want |= {f"lead_{k}_r{j}" for j in range(leaf)}
+        if abs_reg:
+            want |= {f"abs_{k}_r{j}" for j in range(group if lead_reg else leaf)}
+    if abs_reg:
+        want |= {f"abs_above_r{j}" for j in range(leaf)}
+    assert wires == want
+
+
 @pytest.mark.parametrize("dtype,w,log2n", [("fp16", 46, 8), ("fp16", 14, 6), ("bf16", 44, 7)])
 def test_tofloat_unit(dtype, w, log2n):
     """FloatPrep -> FloatPack (combinational) vs round_to_input_type, every ef_min."""
