@@ -452,8 +452,17 @@ def skid_read_enable(nonempty, rv, load):
     return nonempty & (~rv | load)
 
 
+def skid_slices(width: int) -> int:
+    """Slices of a ``width``-bit skid FIFO (:func:`skid_fifo`): one per
+    :data:`SKID_SLICE_BITS` bits."""
+    return -(-width // SKID_SLICE_BITS)
+
+
 def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
+    ``valid``: a Value, or a list of :func:`skid_slices` copies equal in every cycle,
+    slice k written while copy k (one flip-flop driving the write enables of every
+    slice's RAM across the die was the N=64 decoder's worst path, docs/SYNTH.md).
 
     A circular buffer of the smallest power of two >= ``depth`` entries, in LUT RAM up
     to :data:`SKID_LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above
@@ -491,9 +500,13 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     width = SKID_SLICE_BITS
     size, style = skid_ram(len(data), depth)
     abits = size.bit_length() - 1
+    nsl = skid_slices(len(data))
+    valids = list(valid) if isinstance(valid, (list, tuple)) else [valid] * nsl
+    if len(valids) != nsl:
+        raise ValueError(f"valid: {len(valids)} copies for {nsl} slices")
     qs, ov0 = [], None
     for k, lo in enumerate(range(0, len(data), width)):
-        part = data[lo:lo + width]
+        part, valid = data[lo:lo + width], valids[k]
         sn = name if k == 0 else f"{name}{k}"
         wp = Signal(abits + 1, name=f"{sn}_wp")
         rp = Signal(abits + 1, name=f"{sn}_rp")
@@ -692,17 +705,22 @@ class FlowControl:
 
     def output(self, payload, valid) -> None:
         """The output register of ``payload`` (a Value or View) and ``valid`` (the
-        pipeline's last valid bit), then (credit flow) the skid FIFO, driving ``o``."""
+        pipeline's last valid bit), then (credit flow) the skid FIFO, driving ``o``; with
+        credits the valid bit in one copy per FIFO slice (``out_valid``,
+        ``out_valid{k}``; kept apart by :data:`REPLICA_ATTRS`), each writing its slice."""
         m, o = self.m, self.o
         payload = Value.cast(payload)
         out = Signal(len(payload), name="out_reg", reset_less=True)
-        out_v = Signal(name="out_valid")
+        copies = 1 if self.flow == "stall" else skid_slices(len(payload))
+        attrs = REPLICA_ATTRS if copies > 1 else {}
+        out_vs = [Signal(name="out_valid" if k == 0 else f"out_valid{k}", attrs=attrs)
+                  for k in range(copies)]
         with when(m, self.en):
-            m.d.sync += [out.eq(payload), out_v.eq(valid)]
+            m.d.sync += [out.eq(payload), *(v.eq(valid) for v in out_vs)]
         if self.flow == "stall":
-            m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_v)]
+            m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_vs[0])]
         else:
-            skid_fifo(m, out, out_v, o, self.depth)
+            skid_fifo(m, out, out_vs, o, self.depth)
 
 
 #: Bits of the two-beat input register (``beat_data``) per copy of its load enable

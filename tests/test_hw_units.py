@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -885,7 +886,7 @@ def test_skid_fifo_slices_step_together(slice_bits, monkeypatch):
     """The skid FIFO cut into slices (hw.pipeline.SKID_SLICE_BITS; 12 slices of 1 bit, or
     5 + 5 + 2): each slice's own control copy keeps the same entries, so under a long
     stall and random gaps and stalls every vector comes out whole, once, in order; one
-    block RAM per slice."""
+    block RAM and one copy of the output valid bit per slice."""
     import hw.pipeline
     monkeypatch.setattr(hw.pipeline, "SKID_SLICE_BITS", slice_bits)
     dut = FlowPipe("credit", 3)
@@ -899,6 +900,10 @@ def test_skid_fifo_slices_step_together(slice_bits, monkeypatch):
     from amaranth.back import rtlil
     text = rtlil.convert(FlowPipe("credit", 3))
     assert text.count("cell $memrd_v2") == -(-12 // slice_bits)
+    # the output valid bit in one copy per slice, kept apart
+    copies = set(re.findall(r"wire width 1 \\(out_valid\d*)\n", text))
+    assert copies == {"out_valid"} | {f"out_valid{k}" for k in range(1, -(-12 // slice_bits))}
+    assert re.search(r"attribute \\keep 1\s+wire width 1 \\out_valid1\n", text)
 
 
 @pytest.mark.parametrize("flow", FLOWS)
