@@ -478,7 +478,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     The data is cut into slices of :data:`SKID_SLICE_BITS` bits,
     each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
     ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
-    same ``valid``, ``o.ready`` and reset, so all hold the same entries and step
+    same ``valid`` (or its own copy of it), ``o.ready`` and reset, so all hold the same entries and step
     together, and ``o.valid`` is slice 0's ``ov``. Whether the RAM holds an entry
     (``wp != rp``) is a register of its own (``nonempty``, updated from ``rp + 1``, also a
     register), so the read enable is one LUT from registers: the pointer compare in front
