@@ -11,7 +11,8 @@ CSV row per grid row). This script reads one iteration and writes JSON:
   ``dut.ifwht``; ``dut`` alone for the top level; every non-``dut`` net is ``harness``),
   with its share of the total;
 * ``by_net_family``: the same per net name with indexes and digits folded
-  (``dut.ifwht.r#_lane#``), the largest ``--top``;
+  (``dut.ifwht.r#_lane#``), the largest ``--top``; ``by_net_stage`` with the first
+  digit run of the net's own name kept (``dut.ifwht.r7_lane#``: a register stage);
 * ``by_wiretype``: overused wires (two or more nets bound) per wire type;
 * ``blocks``: overuse per ``--block`` x ``--block`` tile block, the densest ``--top``,
   and the share of the total in the densest quarter of the non-empty blocks;
@@ -41,9 +42,18 @@ def module_of(net: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 2 else "dut"
 
 
-def family_of(net: str) -> str:
-    """A net name with bit indexes removed and digit runs folded to ``#``."""
-    return re.sub(r"\d+", "#", re.sub(r"\[\d+\]", "", net))
+def family_of(net: str, keep_first: bool = False) -> str:
+    """A net name with bit indexes removed and digit runs folded to ``#``; with
+    ``keep_first`` the first digit run of its last dotted part is kept."""
+    net = re.sub(r"\[\d+\]", "", net)
+    if not keep_first:
+        return re.sub(r"\d+", "#", net)
+    head, _, last = net.rpartition(".")
+    m = re.search(r"\d+", last)
+    if m is None:
+        return net
+    last = last[:m.end()] + re.sub(r"\d+", "#", last[m.end():])
+    return f"{head}.{last}" if head else last
 
 
 def read_by_net(path: Path) -> list[tuple[str, int]]:
@@ -109,16 +119,19 @@ def summarize(d: Path, prefix: str = "heat_", it: int | None = None, top: int = 
     f = lambda kind: d / f"{prefix}_congestion_by_{kind}_{it}.csv"   # noqa: E731
     nets = read_by_net(f("net"))
     total = sum(c for _, c in nets)
-    mods, fams = Counter(), Counter()
+    mods, fams, stages = Counter(), Counter(), Counter()
     for n, c in nets:
         mods[module_of(n)] += c
         fams[family_of(n)] += c
+        stages[family_of(n, keep_first=True)] += c
     share = lambda v: round(v / total, 4) if total else 0.0          # noqa: E731
     out = {"iteration": it, "iterations_available": its, "nets_on_overused_wires": len(nets),
            "overused_wire_uses": total,
            "by_module": [{"module": k, "uses": v, "share": share(v)} for k, v in mods.most_common()],
            "by_net_family": [{"family": k, "uses": v, "share": share(v)}
-                             for k, v in fams.most_common(top)]}
+                             for k, v in fams.most_common(top)],
+           "by_net_stage": [{"family": k, "uses": v, "share": share(v)}
+                            for k, v in stages.most_common(top)]}
     if f("wiretype").exists():
         wt = read_wiretypes(f("wiretype"))
         out["by_wiretype"] = dict(sorted(((k, v) for k, v in wt.items() if v),

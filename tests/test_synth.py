@@ -374,6 +374,9 @@ def test_pnr_congestion_summary(tmp_path, capsys):
     assert [(m["module"], m["uses"]) for m in s["by_module"]] == [("dut.ifwht", 6), ("dut", 3),
                                                                    ("harness", 1)]
     assert s["by_net_family"][0] == {"family": "dut.ifwht.r#_lane#", "uses": 6, "share": 0.6}
+    assert s["by_net_stage"][0] == {"family": "dut.ifwht.r7_lane#", "uses": 6, "share": 0.6}
+    assert pc.family_of("dut.fpack.rnd_r20_x3[4]", keep_first=True) == "dut.fpack.rnd_r20_x#"
+    assert pc.family_of("q[3]", keep_first=True) == "q"
     assert s["by_wiretype"] == {"H02": 4}
     assert s["blocks"]["total"] == 10 and s["blocks"]["densest"][0] == {"row": 2, "col": 2, "overuse": 7}
     assert s["blocks"]["densest_quarter_share"] == 0.7
