@@ -362,26 +362,35 @@ def test_pnr_congestion_summary(tmp_path, capsys):
     from bench import pnr_congestion as pc
     (tmp_path / "heat__congestion_by_net_1.csv").write_text("dut.ifwht.r7_lane3[2],9\n")
     (tmp_path / "heat__congestion_by_net_2.csv").write_text(
-        "dut.ifwht.r7_lane3[2],4\ndut.ifwht.r7_lane12[0],2\ndut.y[5],3\nq,1\n$PACKER_GND_NET,0\n")
+        "dut.ifwht.r7_lane3[2],4\ndut.ifwht.r7_lane12[0],2\ndut.y[5],3\nq,1\n$PACKER_GND_NET,0\n"
+        "dut.ifwht.fold_a3[1],0\n")
     (tmp_path / "heat__congestion_by_wiretype_2.csv").write_text(
         "type,bound=0,bound=1,bound=2,bound=3,\nH02,50,20,3,1,\nV06,10,5,0,0,\n")
-    (tmp_path / "heat__congestion_by_coordinate_2.csv").write_text("0,1,0,\n2,0,0,\n0,0,7,\n")
+    # one line per X column: x = 2 holds the 7 at y = 0
+    (tmp_path / "heat__congestion_by_coordinate_2.csv").write_text("0,1,0,\n2,0,0,\n7,0,0,\n")
     (tmp_path / "r.log").write_text("Info:     iter=1 wires=100 overused=9 overuse=10 archfail=NA\n"
                                     "Info:     iter=2 wires=120 overused=4 overuse=4 archfail=NA\n")
     s = pc.summarize(tmp_path, block=2, log=tmp_path / "r.log")
     assert s["iteration"] == 2 and s["iterations_available"] == [1, 2]
-    assert s["overused_wire_uses"] == 10
-    assert [(m["module"], m["uses"]) for m in s["by_module"]] == [("dut.ifwht", 6), ("dut", 3),
+    assert s["net_overuse"] == 10 and s["nets_on_overused_wires"] == 4
+    assert [(m["module"], m["net_overuse"]) for m in s["by_module"]] == [("dut.ifwht", 6), ("dut", 3),
                                                                    ("harness", 1)]
-    assert s["by_net_family"][0] == {"family": "dut.ifwht.r#_lane#", "uses": 6, "share": 0.6}
-    assert s["by_net_stage"][0] == {"family": "dut.ifwht.r7_lane#", "uses": 6, "share": 0.6}
+    assert s["by_net_family"][0] == {"family": "dut.ifwht.r#_lane#", "net_overuse": 6, "share": 0.6}
+    assert s["by_net_stage"][0] == {"family": "dut.ifwht.r7_lane#", "net_overuse": 6, "share": 0.6}
     assert pc.family_of("dut.fpack.rnd_r20_x3[4]", keep_first=True) == "dut.fpack.rnd_r20_x#"
+    assert pc.family_of("dut.ifwht.fold_a31[4]", keep_first=True) == "dut.ifwht.fold_a#"
     assert pc.family_of("q[3]", keep_first=True) == "q"
     assert s["by_wiretype"] == {"H02": 4}
-    assert s["blocks"]["total"] == 10 and s["blocks"]["densest"][0] == {"row": 2, "col": 2, "overuse": 7}
+    assert s["blocks"]["total"] == 10 and s["blocks"]["densest"][0] == {"x": 2, "y": 0, "nets": 7}
     assert s["blocks"]["densest_quarter_share"] == 0.7
     assert [i["overused"] for i in s["iterations"]] == [9, 4]
-    assert pc.summarize(tmp_path, it=1)["overused_wire_uses"] == 9
+    assert pc.summarize(tmp_path, it=1)["net_overuse"] == 9
+    with pytest.raises(FileNotFoundError, match="iteration 5"):
+        pc.summarize(tmp_path, it=5)
+    (tmp_path / "heat__congestion_by_net_3.csv").write_text("dut.a,2\ndut.b,x\n")
+    with pytest.raises(ValueError, match="_3.csv:2"):
+        pc.summarize(tmp_path)
+    assert pc.main([str(tmp_path)]) == 2
     (tmp_path / "empty").mkdir()
     assert pc.main([str(tmp_path / "empty")]) == 2
     assert "congestion_by_net" in capsys.readouterr().err
