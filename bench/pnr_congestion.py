@@ -36,14 +36,17 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rtl_gen.synth import HARNESS_DUT  # noqa: E402
+
 
 def module_of(net: str) -> str:
     """Submodule of a net: ``dut.<sub>`` for ``dut.<sub>.<name>``, ``dut`` for a top-level
-    DUT net, ``harness`` for anything outside ``dut``."""
+    DUT net, ``harness`` for anything outside the DUT (``rtl_gen.synth.HARNESS_DUT``)."""
     parts = net.split(".")
-    if parts[0] != "dut":
+    if parts[0] != HARNESS_DUT:
         return "harness"
-    return ".".join(parts[:2]) if len(parts) > 2 else "dut"
+    return ".".join(parts[:2]) if len(parts) > 2 else HARNESS_DUT
 
 
 def family_of(net: str, keep_first: bool = False) -> str:
@@ -66,6 +69,11 @@ def _int(path: Path, line: int, field: str) -> int:
     return int(field)
 
 
+def _fields(row: list[str]) -> list[str]:
+    """A CSV row without the empty field after nextpnr's trailing comma."""
+    return row[:-1] if row and row[-1] == "" else row
+
+
 def read_by_net(path: Path) -> list[tuple[str, int]]:
     """(net, net_overuse) rows of a congestion-by-net CSV; ValueError on a malformed row."""
     rows = []
@@ -83,7 +91,7 @@ def read_wiretypes(path: Path) -> dict[str, int]:
     out = {}
     rows = list(csv.reader(path.open(errors="replace")))
     for i, r in enumerate(rows[1:], 2):
-        fields = r[1:-1] if r and r[-1] == "" else r[1:]     # nextpnr ends lines with ","
+        fields = _fields(r)[1:]
         if fields:
             out[r[0]] = sum(_int(path, i, x) for x in fields[2:])
     return out
@@ -94,8 +102,7 @@ def read_grid(path: Path) -> list[list[int]]:
     blank lines kept as empty columns)."""
     grid = []
     for i, r in enumerate(csv.reader(path.open(errors="replace")), 1):
-        fields = r[:-1] if r and r[-1] == "" else r
-        grid.append([_int(path, i, x) for x in fields])
+        grid.append([_int(path, i, x) for x in _fields(r)])
     return grid
 
 
@@ -144,14 +151,15 @@ def summarize(d: Path, prefix: str = "heat_", it: int | None = None, top: int = 
         mods[module_of(n)] += c
         fams[family_of(n)] += c
         stages[family_of(n, keep_first=True)] += c
-    share = lambda v: round(v / total, 4) if total else 0.0          # noqa: E731
-    out = {"iteration": it, "iterations_available": its, "nets_on_overused_wires": sum(1 for _, c in nets if c),
-           "net_overuse": total,
-           "by_module": [{"module": k, "net_overuse": v, "share": share(v)} for k, v in mods.most_common()],
-           "by_net_family": [{"family": k, "net_overuse": v, "share": share(v)}
-                             for k, v in fams.most_common(top)],
-           "by_net_stage": [{"family": k, "net_overuse": v, "share": share(v)}
-                            for k, v in stages.most_common(top)]}
+    def ranked(counts: Counter, key: str, n: int | None) -> list[dict]:
+        return [{key: k, "net_overuse": v, "share": round(v / total, 4) if total else 0.0}
+                for k, v in counts.most_common(n)]
+
+    out = {"iteration": it, "iterations_available": its,
+           "nets_on_overused_wires": sum(1 for _, c in nets if c), "net_overuse": total,
+           "by_module": ranked(mods, "module", None),
+           "by_net_family": ranked(fams, "family", top),
+           "by_net_stage": ranked(stages, "family", top)}
     if f("wiretype").exists():
         wt = read_wiretypes(f("wiretype"))
         out["by_wiretype"] = dict(sorted(((k, v) for k, v in wt.items() if v),

@@ -85,6 +85,9 @@ NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed
 CHECKPOINT_FLOW = ("; two runs: placement --no-route --write placed.json, then routing "
                    "--json placed.json")
 ROUTERS = ("router1", "router2")
+#: instance name of the module under test in the harness (:func:`harness_verilog`): the
+#: prefix of its cells and nets in the netlist and in nextpnr's reports
+HARNESS_DUT = "dut"
 
 
 class SynthError(RuntimeError):
@@ -270,7 +273,7 @@ def harness_verilog(dut_top: str, ports: dict) -> tuple[str, dict]:
     for name, w in outs:
         conn.append(f".{name}(q[{off + w - 1}:{off}])" if w > 1 else f".{name}(q[{off}])")
         off += w
-    lines.append(f"  {dut_top} dut (.clk(clk), .rst(rst), " + ", ".join(conn) + ");")
+    lines.append(f"  {dut_top} {HARNESS_DUT} (.clk(clk), .rst(rst), " + ", ".join(conn) + ");")
     # pipelined XOR tree, 4:1 per level, registered
     width, prev, level, ffs, luts = ow, "q", 0, 0, 0
     while width > 1:
