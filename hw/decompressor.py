@@ -63,7 +63,7 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
-from .ifwht import BlockFWHT, effective_align, out_width, steps_of
+from .ifwht import BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, out_width, steps_of
 from .fwht import FOLD_CYCLES
 from .pipeline import (Cuts, FlowControl, FlowTop, beat_groups, beat_index, beat_of, check_flow,
                        check_lanes, check_latency, collect, flow_cycles, fold_cycles, stage)
@@ -91,19 +91,23 @@ FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), defau
 DQ_CUTS = Cuts("dq_regs", ("scale", "table"), default=())
 
 
-def fwht_step_list(params: FormatParams, lanes: int, split_align: bool = False) -> list:
+def fwht_step_list(params: FormatParams, lanes: int, split_align: bool = False,
+                   fold_align: bool = False) -> list:
     """Steps of the read path's FWHT (``hw.ifwht.BlockFWHT`` over ``lanes`` = W lanes,
     ``hw.ifwht.steps_of``): log2 W butterfly stages and the block alignment (with
     ``split_align`` its parts: the block swap's select for N/G = 2 in one beat, the
-    shifts by the high and the low bits of d; none for N = G)."""
-    swap = effective_align(params.n, params.block, lanes) == "swap"
-    return steps_of(lanes, params.block, split_align, params.n > params.block, swap)
+    shifts by the high and the low bits of d; none for N = G, nor with ``fold_align``:
+    it is in the fold). ValueError: ``fold_align`` without two beats of one block each."""
+    align = effective_align(params.n, params.block, lanes, "fold" if fold_align else None)
+    return steps_of(lanes, params.block, split_align,
+                    params.n > params.block and align != "fold", align == "swap")
 
 
-def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False) -> int:
+def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False,
+               fold_align: bool = False) -> int:
     """The number of :func:`fwht_step_list`: the most FWHT registers ``latency`` can
     place, one per step."""
-    return len(fwht_step_list(params, lanes, split_align))
+    return len(fwht_step_list(params, lanes, split_align, fold_align))
 
 
 def float_consts(params: FormatParams) -> FloatConsts:
@@ -138,6 +142,10 @@ class KVDecompressor(FlowTop, wiring.Component):
             G must divide W; hw/README.md).
         dq_regs: optional registers of the dequant (names from :data:`DQ_CUTS`; default
             none); each adds one cycle of latency.
+        fold_align: two beats of one block each (``lanes`` = G = N/2) only: the block
+            alignment in the last stage across the beats instead of a W-point network step
+            (``hw.ifwht.fold_align_stage``: no lane wider than the narrow integers before
+            the fold's output register; the fold takes one cycle more; default False).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -147,7 +155,8 @@ class KVDecompressor(FlowTop, wiring.Component):
 
     def __init__(self, params: FormatParams, latency: int = 2,
                  float_regs=FLOAT_CUTS.default, split_align: bool = False, flow: str = "stall",
-                 credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default):
+                 credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default,
+                 fold_align: bool = False):
         check_read_params(params)
         self.dq_regs = DQ_CUTS.check(dq_regs)
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
@@ -157,9 +166,15 @@ class KVDecompressor(FlowTop, wiring.Component):
         if not isinstance(split_align, bool):
             raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
         self.split_align = split_align
+        if not isinstance(fold_align, bool):
+            raise TypeError(f"fold_align must be a bool, got {type(fold_align).__name__}")
+        try:
+            steps = fwht_steps(params, self.lanes, split_align, fold_align)
+        except ValueError as e:
+            raise ValueError(f"fold_align: {e}") from None
+        self.fold_align = fold_align
         self.params = params
-        self.latency = check_latency(params, latency, self.lanes,
-                                     fwht_steps(params, self.lanes, split_align))
+        self.latency = check_latency(params, latency, self.lanes, steps)
         self.table = level_table(params)
         self.scale_fmt = scale_format(params)
         super().__init__({
@@ -174,7 +189,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         / ``float_shift_reg``)."""
         return {**fold_cycles(self.beats, "beat_data"),
                 **{f"dq_{r}_reg": 1 for r in self.dq_regs}, "dequant_reg": 1, "fwht": self.latency,
-                **({"fold_stage": FOLD_CYCLES} if self.beats > 1 else {}),
+                **({"fold_stage": FOLD_ALIGN_CYCLES if self.fold_align else FOLD_CYCLES}
+                   if self.beats > 1 else {}),
                 **{f"float_{r}_reg": 1 for r in self.float_regs}, "output_reg": 1,
                 **flow_cycles(self.flow)}
 
@@ -250,7 +266,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         side = data.StructLayout({"ef_min": efw})
         m.submodules.ifwht = fw = BlockFWHT(p.n, g, pshape, self.latency, side_width=side,
                                             max_align=sf.max_align, split_align=self.split_align,
-                                            lanes=w)
+                                            align="fold" if self.fold_align else None, lanes=w)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
         mask = sign_mask_int(p.n, p.sign_seed)

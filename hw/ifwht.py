@@ -33,6 +33,23 @@ commute, and the order here is the golden one.
   (+1 bit per stage). Width of S: ``w_p + log2 N + max_align`` at most (46 bits
   for b = 4, N = 256, midtread/ue5m3), exact for every input.
 
+Fold alignment (``fold_align``, two beats of one block each: W = G = N/2): the W-point
+network runs the inner stages only, on the narrow integers, and the shift amounts ride
+along; the alignment happens in the last stage across the beats
+(:func:`fold_align_stage`), so no lane is wider than ``w_p + log2 W + 1`` bits before
+the output register. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of
+d_0, d_1 zero (the contract), let ``sw = (d_0 == 0)``, X the shifted operand (b if sw
+else a), Y the other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 =
+X 2^d + Y`` and ``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output
+beat 1). Each is formed as ``Z 2^d + r`` with ``0 <= r < 2^d``, which needs no carry
+across bit d: for ``X 2^d + Y``, ``Z = X + floor(Y / 2^d)`` (an arithmetic right
+shift) and r the low d bits of Y (sign-extended); for ``X 2^d - Y``,
+``Z = X - floor(Y / 2^d) - st`` (st: a low bit of Y below d is set, so
+``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. The narrow Z and
+the operand for r are registered; the next register takes ``(Z << d) | r``, the exact
+:func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
+network alignment; proven for every operand pair in ``tests/test_formal.py``).
+
 Register placement (``latency`` = L in [0, S]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1;
 with ``split_align`` its parts: the block swap's select (with the swap), the shift by
@@ -55,12 +72,13 @@ Signed zeros: none. The format's exact-zero result is +0 before the sign flip D
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fwht import FOLD_CYCLES, butterfly_stage, fold_stage, register_positions
-from .pipeline import replica_count, replica_of, replicas, stage
+from .pipeline import (REPLICA_ATTRS, beat_groups, beat_index, beat_of, replica_count,
+                       replica_of, replicas, stage, when)
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
 #: default of ``max_align``.
@@ -90,8 +108,12 @@ def steps_of(n: int, block: int, split_align: bool = False,
 
 
 #: Block alignments: "lane" = a shifter on every lane, "swap" = the block with d = 0
-#: permuted into slot 0, which has no shifter (module docstring).
-ALIGNS = ("lane", "swap")
+#: permuted into slot 0, which has no shifter, "fold" = in the last stage across two
+#: beats of one block each (module docstring).
+ALIGNS = ("lane", "swap", "fold")
+
+#: Register stages of :func:`fold_align_stage` for the last beat of a vector.
+FOLD_ALIGN_CYCLES = 3
 
 
 def default_align(n: int, block: int) -> str:
@@ -101,14 +123,20 @@ def default_align(n: int, block: int) -> str:
 
 
 def effective_align(n: int, block: int, lanes: int | None = None, align=None) -> str:
-    """The alignment :class:`BlockFWHT` (n, block, align=align, lanes=lanes) builds: ``align``
-    (default :func:`default_align`) when the W = ``lanes`` lanes are the whole vector and more
-    than one block, else "lane" (the swap needs a block with d = 0 among its lanes, given
-    only for the whole vector). ValueError: ``align`` not in :data:`ALIGNS`."""
+    """The alignment :class:`BlockFWHT` (n, block, align=align, lanes=lanes) builds: "fold"
+    when asked for; else ``align`` (default :func:`default_align`) when the W = ``lanes``
+    lanes are the whole vector and more than one block, else "lane" (the swap needs a block
+    with d = 0 among its lanes, given only for the whole vector). ValueError: ``align`` not
+    in :data:`ALIGNS`, or "fold" without two beats of one block each (W = G = n/2)."""
     w = n if lanes is None else lanes
     align = default_align(w, block) if align is None else align
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
+    if align == "fold":
+        if not w == block == n // 2:
+            raise ValueError(f"align='fold' needs two beats of one block each (lanes = block "
+                             f"= n/2), got n={n}, block={block}, lanes={w}")
+        return align
     return align if w // block > 1 and w == n else "lane"
 
 
@@ -140,13 +168,15 @@ class BlockFWHT(wiring.Component):
             shape (e.g. a ``data.StructLayout``).
         max_align: largest shift amount d (default :data:`MAX_ALIGN`, ue5m3).
         split_align: the alignment as two steps (see the module docstring).
-        align: "lane" or "swap" (:data:`ALIGNS`, module docstring); default
-            :func:`default_align`.
+        align: "lane", "swap" or "fold" (:data:`ALIGNS`, module docstring; "fold" only
+            with two beats of one block each); default :func:`default_align`.
         lanes: W, lanes per cycle: n (default) or n/2, a multiple of ``block``: a vector as
             two beats (lanes [0, W), then [W, n)) with ``p`` / ``d`` / ``y`` / ``flip`` of W
             lanes / W/G blocks; the W-point network aligns every lane (``d`` from ef_min of
             all n/G blocks, so "lane" alignment, even when W == G) and :func:`hw.fwht.fold_stage`
-            adds the last stage across the beats; ``y`` is :func:`out_width` (n) bits.
+            adds the last stage across the beats (with ``align="fold"`` the W-point network
+            has the inner stages only and :func:`fold_align_stage` aligns and adds, the
+            shift amounts riding along); ``y`` is :func:`out_width` (n) bits.
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
     ``max_align.bit_length()`` bits, each <= max_align, at least one 0), ``side_i`` in;
@@ -169,8 +199,9 @@ class BlockFWHT(wiring.Component):
         self.n, self.block = n, block
         self.n_blocks = n // block
         self.in_shape = Shape.cast(in_shape)
-        self.aligned = n > block if aligned is None else bool(aligned)
         self.align = effective_align(self.n_total, block, w, align)
+        self.fold_align = self.align == "fold"
+        self.aligned = (n > block if aligned is None else bool(aligned)) and not self.fold_align
         self.steps = steps_of(n, block, split_align, self.aligned, self.align == "swap")
         if latency > len(self.steps):
             raise ValueError(f"latency must be in [0, S={len(self.steps)}] (the steps), got {latency}")
@@ -181,7 +212,9 @@ class BlockFWHT(wiring.Component):
         self.max_align = max_align
         self.d_width = max(1, max_align.bit_length())
         self.net_width = out_width(n, block, self.in_shape.width, max_align, self.aligned)
-        self.out_width = self.net_width + (self.n_total.bit_length() - n.bit_length())
+        self.out_width = (out_width(self.n_total, block, self.in_shape.width, max_align)
+                          if self.fold_align else
+                          self.net_width + (self.n_total.bit_length() - n.bit_length()))
         super().__init__({
             "en": In(1),
             "i_valid": In(1),
@@ -197,7 +230,9 @@ class BlockFWHT(wiring.Component):
     @property
     def cycles(self) -> int:
         """Register stages from ``p`` to ``y`` (the last beat's, with two beats)."""
-        return self.latency + (FOLD_CYCLES if self.lanes < self.n_total else 0)
+        if self.lanes == self.n_total:
+            return self.latency
+        return self.latency + (FOLD_ALIGN_CYCLES if self.fold_align else FOLD_CYCLES)
 
     def elaborate(self, platform):
         m = Module()
@@ -266,11 +301,13 @@ class BlockFWHT(wiring.Component):
                 nxt = lanes
             lanes = nxt
             if idx + 1 in self.positions:
-                # the shift amounts ride along while the alignment is still ahead
-                carry_d = any(k == "align" for k, _ in self.steps[idx + 1:])
+                # the shift amounts ride along while the alignment is still ahead (to the
+                # fold with fold alignment, in copies from the last register on)
+                carry_d = self.fold_align or any(k == "align" for k, _ in self.steps[idx + 1:])
                 r = stage(m, self.en, f"r{idx}", lane=lanes, valid=valid, side=side)
                 lanes, valid, side = r["lane"], r["valid"], r["side"]
-                copy = copy or (carry_d and self.steps[idx + 1][0] != "bf")
+                copy = copy or (carry_d and (idx + 1 == len(self.steps)
+                                             or self.steps[idx + 1][0] != "bf"))
                 if tc:
                     tc = replicas(m, self.en, f"r{idx}_t", tc, replica_count(n) if copy else 1)
                 if carry_d:
@@ -279,6 +316,13 @@ class BlockFWHT(wiring.Component):
                                  replica_count(g) if copy else 1)
                         for k in range(first, nb)]
         assert width == self.net_width
+        if self.fold_align:                 # the alignment and the last stage, across beats
+            f = fold_align_stage(m, self.en, "fold", lanes, dc[0], valid, side,
+                                 self.out_width, self.max_align)
+            m.d.comb += [self.y[i].eq(f["lane"][i]) for i in range(n)]
+            m.d.comb += [self.flip.eq(Cat(*f["flip"])), self.o_valid.eq(f["valid"])]
+            m.d.comb += self.side_o.eq(f["side"])
+            return m
         if self.lanes < self.n_total:       # the last stage, across the two beats
             f = fold_stage(m, self.en, "fold", lanes, valid, side)
             lanes, valid, side = f["lane"], f["valid"], f["side"]
@@ -289,3 +333,108 @@ class BlockFWHT(wiring.Component):
                                            for i in range(n))))
         m.d.comb += [self.o_valid.eq(valid), self.side_o.eq(side)]
         return m
+
+
+def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
+                     out_w: int, d_max: int) -> dict:
+    """Block alignment and the last butterfly stage of a two-beat vector of one block per
+    beat (module docstring, "Fold alignment"), pipelined in two registers.
+
+    Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
+    :func:`hw.fwht.fold_stage`. When beat 1 (lanes b, d_1) arrives, the first register
+    takes per lane the narrow ``Z`` of the sum and of the difference and the operands of
+    their low parts (Y and -Y), and per lane group the shift ``d = d_0 | d_1``, its mask
+    ``j < d`` and ``sw = (d_0 == 0)``; the sum moves on first, then the difference. The
+    output register takes ``(Z << d) | r`` every enabled cycle, and ``flip`` = sw with the
+    difference (output beat 1), 0 with the sum. The last beat leaves 3 enabled cycles after
+    it came (:data:`FOLD_ALIGN_CYCLES`).
+
+    Args:
+        lanes: W signed Values of equal width w (the network's output of the beat).
+        d: copies of the beat's shift amount (each equal; lane k reads
+            ``replica_of(d, k, W)``); one of d_0, d_1 must be 0, each <= ``d_max``.
+        valid, side: the beat's valid bit and side band (taken with beat 1, held for both
+            output beats).
+        out_w: signed width of the output lanes (exact: w + 1 + d_max).
+        d_max: the largest shift amount.
+
+    Returns:
+        {"lane": W Signals (``{name}_y{k}``, signed ``out_w``), "flip": W Values,
+        "valid": the output beat's valid, "side": the side band, registered}.
+    """
+    w = len(lanes)
+    width = len(Value.cast(lanes[0]))
+    dw = len(Value.cast(d[0]))
+    groups = beat_groups(w)
+    copies = beat_index(m, en, name, valid, groups + 1)
+    beats = copies[:groups]
+    nrep = replica_count(w)
+    attrs = REPLICA_ATTRS if nrep > 1 else {}
+
+    def reg(shape, nm, **kw):
+        return Signal(shape, name=f"{name}_{nm}", reset_less=True, **kw)
+
+    # per lane group j (lanes [j W / nrep, (j + 1) W / nrep)): d_0 of the waiting beat,
+    # the vector's d, sw and mask; the registered copies for the output register
+    da = [reg(dw, f"da_r{j}", attrs=attrs) for j in range(nrep)]
+    db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
+    dd = [Signal(dw, name=f"{name}_dd{j}") for j in range(nrep)]
+    sw = [Signal(name=f"{name}_sw{j}") for j in range(nrep)]
+    m.d.comb += [dd[j].eq(da[j] | db[j]) for j in range(nrep)]
+    m.d.comb += [sw[j].eq(da[j] == 0) for j in range(nrep)]
+    ddr = [reg(dw, f"dd_r{j}", attrs=attrs) for j in range(nrep)]
+    swr = [reg(1, f"sw_r{j}", attrs=attrs) for j in range(nrep)]
+    mk = [reg(d_max, f"mask_r{j}", attrs=attrs) for j in range(nrep)]
+    fl = [reg(1, f"fl{j}", attrs=attrs) for j in range(nrep)]
+    flo = [reg(1, f"flip_r{j}", attrs=attrs) for j in range(nrep)]
+
+    a = [reg(signed(width), f"a{k}") for k in range(w)]
+    zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the output next
+    zq = [reg(signed(width + 1), f"zq{k}") for k in range(w)]      # Z of the difference
+    ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # its low part's operand
+    lq = [reg(signed(width + 1), f"lq{k}") for k in range(w)]
+    y = [reg(signed(out_w), f"y{k}") for k in range(w)]
+    pend = Signal(name=f"{name}_pend")
+    mid_v = Signal(name=f"{name}_mid_valid")
+    out_v = Signal(name=f"{name}_valid")
+    last = valid & beats[0]
+    with when(m, en):
+        for k in range(w):
+            j = k * nrep // w
+            x_op = Signal(signed(width), name=f"{name}_x{k}")
+            y_op = Signal(signed(width), name=f"{name}_yop{k}")
+            ysh = Signal(signed(width), name=f"{name}_ysh{k}")
+            st = Signal(name=f"{name}_st{k}")
+            m.d.comb += [x_op.eq(Mux(sw[j], lanes[k], a[k])), y_op.eq(Mux(sw[j], a[k], lanes[k])),
+                         ysh.eq(y_op >> dd[j]),
+                         # a bit of Y below d: j' < d for the bits j' of Y
+                         st.eq((y_op.as_unsigned() & Cat(*(dd[j] > i for i in range(width))))
+                               .any())]
+            hi = Signal(signed(out_w), name=f"{name}_hi{k}")
+            low = Signal(d_max, name=f"{name}_low{k}")
+            m.d.comb += [hi.eq(zy[k] << ddr[j]),
+                         low.eq(Cat(*(ly[k][min(i, width)] for i in range(d_max))) & mk[j])]
+            with m.If(beat_of(beats, k, w)):
+                m.d.sync += [zy[k].eq(x_op + ysh), zq[k].eq(x_op - ysh - st),
+                             ly[k].eq(y_op), lq[k].eq(-y_op)]
+            with m.Else():
+                m.d.sync += [a[k].eq(lanes[k]), zy[k].eq(zq[k]), ly[k].eq(lq[k])]
+            m.d.sync += y[k].eq(hi | low)
+        for j in range(nrep):
+            with m.If(beat_of(beats, j * w // nrep, w)):
+                m.d.sync += [ddr[j].eq(dd[j]), swr[j].eq(sw[j]), fl[j].eq(0),
+                             mk[j].eq(Cat(*(dd[j] > i for i in range(d_max))))]
+            with m.Else():
+                m.d.sync += [da[j].eq(db[j]), fl[j].eq(swr[j])]
+            m.d.sync += flo[j].eq(fl[j])
+        m.d.sync += [out_v.eq(mid_v), mid_v.eq(last | pend), pend.eq(last)]
+    # the side band: taken with beat 1 (on a beat-index copy of its own), then one more
+    # register so that it stays with both output beats
+    side_a = Signal.like(side, name=f"{name}_side", reset_less=True)
+    side_b = Signal.like(side, name=f"{name}_side_o", reset_less=True)
+    with when(m, en & copies[groups]):
+        m.d.sync += side_a.eq(side)
+    with when(m, en):
+        m.d.sync += side_b.eq(side_a)
+    return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
+            "side": side_b}

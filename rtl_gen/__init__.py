@@ -163,7 +163,7 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
 
 def _decoder_fields(dut: KVDecompressor) -> dict:
     p = dut.params
-    steps = fwht_step_list(p, dut.lanes, dut.split_align)
+    steps = fwht_step_list(p, dut.lanes, dut.split_align, dut.fold_align)
     i_shape = _stream_shape(dut, "i")
     return {**_fold_fields(dut),
         "fwht_steps": [("align_lo" if s else "align_hi" if dut.split_align else "align")
@@ -171,6 +171,7 @@ def _decoder_fields(dut: KVDecompressor) -> dict:
                        for k, s in steps],
         "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
                                       if dut.latency else []),
+        **({"fold_align": dut.fold_align} if dut.beats > 1 else {}),
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
                                        dut.scale_fmt.max_align),
         "float_regs": list(dut.float_regs),
@@ -243,7 +244,7 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
             0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``/
             ``lane_ram`` (encoder),
-            ``float_regs``/``split_align``/``dq_regs`` (decoder).
+            ``float_regs``/``split_align``/``dq_regs``/``fold_align`` (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -307,7 +308,8 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top, "dec_top")
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    enc_regs = {k: v for k, v in regs.items() if k not in ("float_regs", "split_align", "dq_regs")}
+    enc_regs = {k: v for k, v in regs.items()
+                if k not in ("float_regs", "split_align", "dq_regs", "fold_align")}
     dec_regs = {k: v for k, v in regs.items()
                 if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs",
                              "lane_ram")}

@@ -31,6 +31,10 @@
   per cycle, each vector streamed as two beats (``lanes=W``, ``hw.pipeline.check_lanes``;
   ``l`` then counts registers of the W-point network, 0 .. log2 W); one vector every two
   cycles, the bytes unchanged;
+* optional ``fa`` (after ``w<W>``, decoder and round trip, two beats of one block each: W =
+  G = N/2): the decoder's block alignment in the last butterfly stage across the beats
+  (``fold_align=True``, ``hw.ifwht.fold_align_stage``): the W-point network has log2 W
+  steps, the fold one cycle more; the bytes unchanged;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -112,6 +116,7 @@ class RTLConfig:
     lane_ram: int = 0
     credit: int | None = None
     lanes: int | None = None
+    fold_align: bool = False
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -119,9 +124,19 @@ class RTLConfig:
         if not isinstance(self.params, FormatParams):
             raise TypeError(f"params must be a FormatParams, got {type(self.params).__name__}")
         lat, top = self.latency, self.params.log2n
+        if not isinstance(self.fold_align, bool):
+            raise TypeError(f"fold_align (fa) must be a bool, got {type(self.fold_align).__name__}")
+        if self.fold_align:
+            n, g = self.params.n, self.params.block
+            if self.kind == "encoder" or not self.lanes == g == n // 2:
+                raise ValueError(f"fold_align (fa): the decoder's (dec_, rt_) alignment in the "
+                                 f"fold needs two beats of one block each (wW with W = G = "
+                                 f"N/2 = {n // 2}), got kind {self.kind!r}, g{g}, "
+                                 f"lanes {self.lanes}")
         if self.kind == "decoder" and (self.lanes is None or isinstance(self.lanes, int)):
             from hw.decompressor import fwht_steps     # the read path: one register per step
-            top = fwht_steps(self.params, self.lanes or self.params.n, self.pipe is not None)
+            top = fwht_steps(self.params, self.lanes or self.params.n, self.pipe is not None,
+                             self.fold_align)
         if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= top:
             raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
                              f"0..{top}, got {lat!r}")
@@ -165,6 +180,8 @@ class RTLConfig:
             regs.update(flow="credit", credit_extra=self.credit)
         if self.lanes is not None:
             regs["lanes"] = self.lanes
+        if self.fold_align:
+            regs["fold_align"] = True
         if self.pipe is None:
             return regs
         from hw.decompressor import DQ_CUTS, FLOAT_CUTS
@@ -203,6 +220,8 @@ class RTLConfig:
             parts.append(f"c{self.credit}")
         if self.lanes is not None:
             parts.append(f"w{self.lanes}")
+        if self.fold_align:
+            parts.append("fa")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -238,6 +257,8 @@ class RTLConfig:
                 name, tgt, val = _OPTIONAL[m.group(1)], fixed, int(m.group(2))
             elif m:
                 name, tgt, val = "mant_bits", kw, int(m.group(2))
+            elif part == "fa":
+                name, tgt, val = "fold_align", fixed, True
             elif part in bare:
                 name, tgt, val = bare[part], kw, part
             elif "-" in part and part.split("-", 1)[0] in _SQUASHED:
@@ -246,7 +267,7 @@ class RTLConfig:
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
                 raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, "
-                                 f"cE, wW, mM, a bare "
+                                 f"cE, wW, fa, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")
@@ -260,6 +281,8 @@ class RTLConfig:
         lane_ram = fixed.pop("lane_ram", 0)
         credit = fixed.pop("credit", None)
         lanes = fixed.pop("lanes", None)
+        fold_align = fixed.pop("fold_align", False)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit, lanes)
+        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit, lanes,
+                   fold_align)

@@ -175,7 +175,10 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   # beats: 6 butterfly stages and the alignment in two, 8; N=64: 6 stages,
                   # the block swap's select and the alignment in two, 9; l8 at N=64 is the
                   # 8-step design of the records before the swap step)
-                  ("dec_v2_n128_g64_b3_l8_p0_c0_w64", True), ("dec_v2_n64_g32_b3_l9_p0_c0", True)]
+                  ("dec_v2_n128_g64_b3_l8_p0_c0_w64", True), ("dec_v2_n64_g32_b3_l9_p0_c0", True),
+                  # N=128 in two beats with the block alignment in the fold (config part
+                  # fa): 6 butterfly stages in the network, narrow lanes up to the fold
+                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])

@@ -75,7 +75,8 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
             raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False,
-            flow: str = "stall", lanes: int | None = None, dq_regs=DQ_CUTS.default):
+            flow: str = "stall", lanes: int | None = None, dq_regs=DQ_CUTS.default,
+            fold_align: bool = False):
     """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
     returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
     instead of ``scales`` (the expected outputs still come from ``scales``). ``flow``: the
@@ -84,13 +85,15 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
         p, codes, scales if raw_scales is None else raw_scales, zeros))
     exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
-        dut = KVDecompressor(p, latency, flow=flow, lanes=lanes, dq_regs=dq_regs)
+        dut = KVDecompressor(p, latency, flow=flow, lanes=lanes, dq_regs=dq_regs,
+                             fold_align=fold_align)
         assert dut.float_regs == FLOAT_CUTS.default
     else:
         dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow, lanes=lanes,
-                             dq_regs=dq_regs)
+                             dq_regs=dq_regs, fold_align=fold_align)
     fifo = SKID_FIFO_CYCLES if flow == "credit" else 0
-    beats = 4 if dut.beats > 1 else 0      # input register, second beat, fold stage (2)
+    # input register, second beat, fold stage (2; 3 with the alignment in it)
+    beats = (5 if fold_align else 4) if dut.beats > 1 else 0
     assert dut.latency_cycles == (latency + 2 + len(dut.float_regs) + len(dut.dq_regs) + fifo
                                   + beats)
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
