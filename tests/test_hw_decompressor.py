@@ -972,3 +972,40 @@ def test_align_copies(n, block, lanes, split, t_copies, d_copies):
                           if carries_d else 0), (idx, d)
     if t_copies > 1 or d_copies > 1:
         assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
+
+
+@pytest.mark.parametrize("n,latency,flow,cuts", [(16, 3, "stall", False), (16, 0, "credit", True),
+                                                 (32, 4, "stall", True)])
+def test_fold_align(n, latency, flow, cuts):
+    """Two beats of one block each with the block alignment in the fold (fold_align): bit-exact
+    with the golden model on round-trip, random (every scale byte spread, so every shift
+    amount) and adversarial planes; the network has log2 W steps, the fold 3 cycles."""
+    p = FormatParams(n=n, block=n // 2)
+    codes, scales, zeros = planes_for(p, 20, 3, seed=n + latency)
+    kw = dict(float_regs=FLOAT_CUTS.names, split_align=True) if cuts else {}
+    check(p, latency, codes, scales, zeros, seed=latency, lanes=n // 2, fold_align=True,
+          flow=flow, **kw)
+    s = (n // 2).bit_length() - 1
+    with warnings.catch_warnings():     # probes, never elaborated
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        assert KVDecompressor(p, s, lanes=n // 2, fold_align=True).latency_breakdown[
+            "fold_stage"] == 3
+        with pytest.raises(ValueError, match=f"S={s}"):
+            KVDecompressor(p, s + 1, lanes=n // 2, fold_align=True)
+        gc.collect()
+
+
+def test_fold_align_refused():
+    """fold_align needs two beats of one block each; the message names fold_align."""
+    for p, lanes in ((FormatParams(n=16, block=8), None), (FormatParams(n=32, block=8), 16)):
+        with pytest.raises(ValueError, match="fold_align"):
+            KVDecompressor(p, 1, lanes=lanes, fold_align=True)
+    with pytest.raises(TypeError, match="fold_align"):
+        KVDecompressor(FormatParams(n=16, block=8), 1, lanes=8, fold_align=1)
+    from rtl_gen.config import RTLConfig
+    c = RTLConfig.parse("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa")
+    assert c.name == "dec_v2_n128_g64_b3_l6_p0_c0_w64_fa" and c.regs["fold_align"] is True
+    for bad in ("dec_v2_n128_g64_b3_l7_p0_c0_w64_fa", "enc_v2_n128_g64_b3_l6_w64_fa",
+                "dec_v2_n128_g32_b3_l6_w64_fa", "dec_v2_n128_g64_b3_l6_fa"):
+        with pytest.raises(ValueError):
+            RTLConfig.parse(bad)

@@ -107,9 +107,9 @@ DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
 #: first mode combination the RTL implements, see quick_configs()), one small
 #: round trip with block alignment (N/G = 2), and the same round trip with two beats per
-#: vector (``w32``).
+#: vector (``w32``), and with the decoder's block alignment in the fold (``w32_fa``).
 QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2",
-                 "rt_v2_n64_g32_b3_l2_w32")
+                 "rt_v2_n64_g32_b3_l2_w32", "rt_v2_n64_g32_b3_l2_w32_fa")
 #: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
 #: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``), G = 32, FWHT
 #: latency 0, the remaining N / b / latency pairs, bf16 at N = 128, more round trips.

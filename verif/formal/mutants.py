@@ -9,6 +9,7 @@ from amaranth.lib import wiring
 from hw.fwht import FWHT
 from hw.fwht import fold_stage as _fold_stage
 from hw.ifwht import BlockFWHT
+from hw.ifwht import fold_align_stage as _fold_align_stage
 
 
 class SwappedFWHT(wiring.Component):
@@ -125,3 +126,10 @@ def fold_stage_skewed(m, en, name, lanes, valid, side=None):
     """``hw.fwht.fold_stage`` fed with lane 0 of every beat negated (a sign error in
     front of the stage that runs across the beats)."""
     return _fold_stage(m, en, name, [-lanes[0], *lanes[1:]], valid, side)
+
+
+def fold_align_no_flip(*args, **kwargs):
+    """``hw.ifwht.fold_align_stage`` with its ``flip`` outputs tied to 0 (the difference
+    X 2^d - Y then has the wrong sign whenever beat 0 is the unshifted operand)."""
+    f = _fold_align_stage(*args, **kwargs)
+    return {**f, "flip": [Const(0, 1)] * len(f["flip"])}

@@ -21,7 +21,7 @@ from hw.epilogue import KVEpilogue
 from sim_models.params import FormatParams
 
 from .prove import FormalError, prove_bmc, prove_comb
-from .specs import (BlockFWHTMiter, FloatMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
+from .specs import (BlockFWHTMiter, FloatMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
                     RoundTripMiter, check_factorization, check_swap)
 from .stream import StreamHarness
 
@@ -52,6 +52,13 @@ def _fold(n, width, latency, work, timeout):
     # one pair from reset: 2 input beats, the network's latency, 2 output beats
     return prove_bmc(FoldFWHTMiter(n, width, latency), f"fwht_fold_n{n}_w{width}_l{latency}",
                      work, depth=latency + 4, timeout=timeout)
+
+
+def _fold_align(n, width, max_align, work, timeout):
+    # one pair from reset: 2 input beats, the fold's 3 cycles, and one spare
+    return prove_bmc(FoldAlignMiter(n, width, max_align, 0),
+                     f"ifwht_fold_align_n{n}_w{width}_a{max_align}", work, depth=6,
+                     timeout=timeout)
 
 
 def _block(n, g, spec, work, timeout):
@@ -155,6 +162,9 @@ def plan(name: str) -> list:
     items += [(f"fwht_fold_n{n}_w{w}_l{lat}", f"FWHT of N points as two beats of N/2 lanes "
                f"(latency {lat}): output beats == H_N (last input pair), BMC {lat + 4}",
                partial(_fold, n, w, lat)) for n, w, lat in folds]
+    items.append(("ifwht_fold_align_n4_w3_a5", "read-path FWHT as two beats with the "
+                  "alignment in the fold (3-bit inputs, shifts <= 5): (-1)^flip y == "
+                  "H_4 (p << d) of the last pair, BMC 6", partial(_fold_align, 4, 3, 5)))
     blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
     items += [(f"ifwht_n{n}_g{g}_stages", "BlockFWHT == H (p << d), all p, d <= max_align",
                partial(_block, n, g, "stages")) for n, g in blocks]

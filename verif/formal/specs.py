@@ -436,3 +436,80 @@ class FoldFWHTMiter(wiring.Component):
         with m.If(due1):
             m.d.comb += Assert(hi)
         return m
+
+
+class FoldAlignMiter(wiring.Component):
+    """The read path's FWHT of N points as two beats of one block each with the block
+    alignment in the fold (``hw.ifwht.BlockFWHT(n, n // 2, ..., lanes=n // 2,
+    align="fold")``: the W-point network, then ``fold_align_stage``) against
+    ``H_N (p << d)`` of the last two input beats.
+
+    ``en``, ``i_valid``, ``p`` (W lanes) and ``d`` (the beat's shift amount) are free
+    every cycle, under the read path's contract (``Assume``): a taken beat has
+    ``d <= max_align``, and of a pair's two d one is 0. The harness pairs the taken beats
+    (the first after reset is a beat 0) and a shadow delay line of ``latency`` + 1 enabled
+    cycles says when the output beats are due: ``Assert`` that ``o_valid`` is high exactly
+    in the two enabled cycles after that, with ``(-1)^flip y`` = lanes [0, W) of
+    ``H_N (p << d)`` (pair), then lanes [W, N).
+
+    Args:
+        n, in_width, max_align, latency: the BlockFWHT parameters (``in_shape`` signed;
+            latency of the W-point network).
+        spec: ``"direct"`` or ``"stages"``.
+    """
+
+    def __init__(self, n: int, in_width: int, max_align: int, latency: int,
+                 spec: str = "stages"):
+        self.n, self.w, self.latency, self.spec = n, n // 2, latency, _check_spec(spec)
+        self.max_align = max_align
+        self.dut = BlockFWHT(n, n // 2, signed(in_width), latency, max_align=max_align,
+                             align="fold", lanes=self.w)
+        super().__init__({
+            "en": In(1), "i_valid": In(1),
+            "p": In(data.ArrayLayout(signed(in_width), self.w)),
+            "d": In(self.dut.d_width),
+        })
+
+    def elaborate(self, platform):
+        from amaranth.hdl import Assert, Assume
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        en, w = self.en, self.w
+        m.d.comb += [dut.p.eq(self.p), dut.d[0].eq(self.d), dut.en.eq(en),
+                     dut.i_valid.eq(self.i_valid)]
+        beat = Signal()                          # index of the next valid input beat
+        first = Signal.like(self.p)              # beat 0 of the pair in progress
+        d0 = Signal.like(self.d)
+        take = en & self.i_valid
+        with m.If(take):
+            m.d.sync += beat.eq(~beat)
+            with m.If(~beat):
+                m.d.sync += [first.eq(self.p), d0.eq(self.d)]
+        m.d.comb += Assume(~take | (self.d <= self.max_align))
+        m.d.comb += Assume(~(take & beat) | (d0 == 0) | (self.d == 0))
+        done = self.i_valid & beat               # a pair completes with this beat
+        pair = Cat(first, self.p, d0, self.d)
+        for r in range(self.latency + 1):        # the network's registers, the fold's first
+            dn, pr = Signal(name=f"shadow_done{r}"), Signal(len(pair), name=f"shadow_pair{r}")
+            with m.If(en):
+                m.d.sync += [dn.eq(done), pr.eq(pair)]
+            done, pair = dn, pr
+        due0, due1 = Signal(), Signal()          # output beat 0, then beat 1
+        held = Signal(len(pair))
+        with m.If(en):
+            m.d.sync += [due0.eq(done), due1.eq(due0)]
+            with m.If(done):
+                m.d.sync += held.eq(pair)
+        xw, dw = len(Value.cast(self.p)) // w, len(self.d)
+        lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
+        ds = [held[2 * w * xw:2 * w * xw + dw], held[2 * w * xw + dw:]]
+        want = spec_transform([lanes[i] << ds[i // w] for i in range(self.n)], self.spec)
+        got = [Mux(dut.flip[i], -dut.y[i], dut.y[i]) for i in range(w)]
+        lo = Cat(*(got[i] == want[i] for i in range(w))).all()
+        hi = Cat(*(got[i] == want[w + i] for i in range(w))).all()
+        m.d.comb += Assert(dut.o_valid == (due0 | due1))
+        with m.If(due0):
+            m.d.comb += Assert(lo)
+        with m.If(due1):
+            m.d.comb += Assert(hi)
+        return m
