@@ -375,6 +375,36 @@ class FloatMiter(wiring.Component):
         return m
 
 
+def due_beats(m: Module, en, done, pair, stages: int):
+    """Shadow of a two-beat pipeline for a BMC harness: ``done`` (a pair completes) and
+    ``pair`` (its data) delayed by ``stages`` enabled cycles, then (due0, due1, held): high
+    in the first / second enabled cycle after that, and the pair, held for both."""
+    for r in range(stages):
+        dn, pr = Signal(name=f"shadow_done{r}"), Signal(len(pair), name=f"shadow_pair{r}")
+        with m.If(en):
+            m.d.sync += [dn.eq(done), pr.eq(pair)]
+        done, pair = dn, pr
+    due0, due1 = Signal(), Signal()          # output beat 0, then beat 1
+    held = Signal(len(pair))
+    with m.If(en):
+        m.d.sync += [due0.eq(done), due1.eq(due0)]
+        with m.If(done):
+            m.d.sync += held.eq(pair)
+    return due0, due1, held
+
+
+def assert_beats(m: Module, o_valid, due0, due1, got, want) -> None:
+    """``Assert`` that ``o_valid`` is high exactly when an output beat is due, and that the
+    W lanes ``got`` are ``want[:W]`` on output beat 0 and ``want[W:]`` on beat 1."""
+    from amaranth.hdl import Assert
+    w = len(got)
+    m.d.comb += Assert(o_valid == (due0 | due1))
+    with m.If(due0):
+        m.d.comb += Assert(Cat(*(got[i] == want[i] for i in range(w))).all())
+    with m.If(due1):
+        m.d.comb += Assert(Cat(*(got[i] == want[w + i] for i in range(w))).all())
+
+
 class FoldFWHTMiter(wiring.Component):
     """The FWHT of N points streamed as two beats of W = N/2 lanes
     (``hw.fwht.FWHT(n, in_width, latency, lanes=n // 2)``: the W-point network, then
@@ -401,7 +431,6 @@ class FoldFWHTMiter(wiring.Component):
         })
 
     def elaborate(self, platform):
-        from amaranth.hdl import Assert
         m = Module()
         m.submodules.dut = dut = self.dut
         en, w = self.en, self.w
@@ -414,27 +443,11 @@ class FoldFWHTMiter(wiring.Component):
                 m.d.sync += first.eq(self.x)
         done = self.i_valid & beat               # a pair completes with this beat
         pair = Cat(first, self.x)
-        for r in range(self.latency):            # the W-point network's registers
-            d, p = Signal(name=f"shadow_done{r}"), Signal(len(pair), name=f"shadow_pair{r}")
-            with m.If(en):
-                m.d.sync += [d.eq(done), p.eq(pair)]
-            done, pair = d, p
-        due0, due1 = Signal(), Signal()          # output beat 0, then beat 1
-        held = Signal(len(pair))
-        with m.If(en):
-            m.d.sync += [due0.eq(done), due1.eq(due0)]
-            with m.If(done):
-                m.d.sync += held.eq(pair)
+        # the W-point network's registers
+        due0, due1, held = due_beats(m, en, done, pair, self.latency)
         xw = len(pair) // self.n
         lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
-        want = spec_transform(lanes, self.spec)
-        lo = Cat(*(dut.y[i] == want[i] for i in range(w))).all()
-        hi = Cat(*(dut.y[i] == want[w + i] for i in range(w))).all()
-        m.d.comb += Assert(dut.o_valid == (due0 | due1))
-        with m.If(due0):
-            m.d.comb += Assert(lo)
-        with m.If(due1):
-            m.d.comb += Assert(hi)
+        assert_beats(m, dut.o_valid, due0, due1, dut.y, spec_transform(lanes, self.spec))
         return m
 
 
@@ -471,7 +484,7 @@ class FoldAlignMiter(wiring.Component):
         })
 
     def elaborate(self, platform):
-        from amaranth.hdl import Assert, Assume
+        from amaranth.hdl import Assume
         m = Module()
         m.submodules.dut = dut = self.dut
         en, w = self.en, self.w
@@ -489,27 +502,12 @@ class FoldAlignMiter(wiring.Component):
         m.d.comb += Assume(~(take & beat) | (d0 == 0) | (self.d == 0))
         done = self.i_valid & beat               # a pair completes with this beat
         pair = Cat(first, self.p, d0, self.d)
-        for r in range(self.latency + 1):        # the network's registers, the fold's first
-            dn, pr = Signal(name=f"shadow_done{r}"), Signal(len(pair), name=f"shadow_pair{r}")
-            with m.If(en):
-                m.d.sync += [dn.eq(done), pr.eq(pair)]
-            done, pair = dn, pr
-        due0, due1 = Signal(), Signal()          # output beat 0, then beat 1
-        held = Signal(len(pair))
-        with m.If(en):
-            m.d.sync += [due0.eq(done), due1.eq(due0)]
-            with m.If(done):
-                m.d.sync += held.eq(pair)
+        # the network's registers and the fold's first
+        due0, due1, held = due_beats(m, en, done, pair, self.latency + 1)
         xw, dw = len(Value.cast(self.p)) // w, len(self.d)
         lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
         ds = [held[2 * w * xw:2 * w * xw + dw], held[2 * w * xw + dw:]]
         want = spec_transform([lanes[i] << ds[i // w] for i in range(self.n)], self.spec)
-        got = [Mux(dut.flip[i], -dut.y[i], dut.y[i]) for i in range(w)]
-        lo = Cat(*(got[i] == want[i] for i in range(w))).all()
-        hi = Cat(*(got[i] == want[w + i] for i in range(w))).all()
-        m.d.comb += Assert(dut.o_valid == (due0 | due1))
-        with m.If(due0):
-            m.d.comb += Assert(lo)
-        with m.If(due1):
-            m.d.comb += Assert(hi)
+        assert_beats(m, dut.o_valid, due0, due1,
+                     [Mux(dut.flip[i], -dut.y[i], dut.y[i]) for i in range(w)], want)
         return m
