@@ -171,6 +171,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         try:
             steps = fwht_steps(params, self.lanes, split_align, fold_align)
         except ValueError as e:
+            if not fold_align:
+                raise
             raise ValueError(f"fold_align: {e}") from None
         self.fold_align = fold_align
         self.params = params

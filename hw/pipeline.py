@@ -180,7 +180,7 @@ def check_latency(p: FormatParams, latency, lanes: int | None = None,
     if steps is not None and not 0 <= latency <= steps:
         raise ValueError(f"latency (FWHT pipeline registers) must be in [0, S={steps}], the "
                          f"steps of the read path's FWHT (log2(W)={top} butterfly stages and "
-                         f"the block alignment) for n={p.n}, lanes={w}; got {latency}")
+                         f"the block alignment's steps, if any) for n={p.n}, lanes={w}; got {latency}")
     if steps is None and not 0 <= latency <= top:
         where = f"log2(N)={top}] for n={p.n}" if w == p.n else f"log2(W)={top}] for lanes={w}"
         raise ValueError(f"latency (FWHT pipeline registers) must be in [0, {where}, got {latency}")

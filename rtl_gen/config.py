@@ -126,17 +126,19 @@ class RTLConfig:
         lat, top = self.latency, self.params.log2n
         if not isinstance(self.fold_align, bool):
             raise TypeError(f"fold_align (fa) must be a bool, got {type(self.fold_align).__name__}")
-        if self.fold_align:
-            n, g = self.params.n, self.params.block
-            if self.kind == "encoder" or not self.lanes == g == n // 2:
-                raise ValueError(f"fold_align (fa): the decoder's (dec_, rt_) alignment in the "
-                                 f"fold needs two beats of one block each (wW with W = G = "
-                                 f"N/2 = {n // 2}), got kind {self.kind!r}, g{g}, "
-                                 f"lanes {self.lanes}")
-        if self.kind == "decoder" and (self.lanes is None or isinstance(self.lanes, int)):
+        if self.fold_align and self.kind == "encoder":
+            raise ValueError("fold_align (fa): the block alignment in the fold is the "
+                             "decoder's (dec_, rt_); got kind 'encoder'")
+        if self.kind != "encoder" and (self.lanes is None or isinstance(self.lanes, int)):
             from hw.decompressor import fwht_steps     # the read path: one register per step
-            top = fwht_steps(self.params, self.lanes or self.params.n, self.pipe is not None,
-                             self.fold_align)
+            try:
+                steps = fwht_steps(self.params, self.lanes or self.params.n,
+                                   self.pipe is not None, self.fold_align)
+            except ValueError as e:     # only fold_align raises there (hw.ifwht.effective_align)
+                raise ValueError(f"fold_align (fa): {e}") from None
+            # a round trip's latency is both modules' (the encoder's: log2 W at most)
+            top = steps if self.kind == "decoder" else \
+                min(steps, (self.lanes or self.params.n).bit_length() - 1)
         if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= top:
             raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
                              f"0..{top}, got {lat!r}")

@@ -1007,5 +1007,8 @@ def test_fold_align_refused():
     assert c.name == "dec_v2_n128_g64_b3_l6_p0_c0_w64_fa" and c.regs["fold_align"] is True
     for bad in ("dec_v2_n128_g64_b3_l7_p0_c0_w64_fa", "enc_v2_n128_g64_b3_l6_w64_fa",
                 "dec_v2_n128_g32_b3_l6_w64_fa", "dec_v2_n128_g64_b3_l6_fa"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="fold_align|0..6, got 7"):
             RTLConfig.parse(bad)
+    # a round trip's latency is bounded by both modules (two beats: log2 W)
+    with pytest.raises(ValueError, match="0..6, got 7"):
+        RTLConfig.parse("rt_v2_n128_g64_b3_l7_w64")
