@@ -45,8 +45,9 @@ beat 1). Each is formed as ``Z 2^d + r`` with ``0 <= r < 2^d``, which needs no c
 across bit d: for ``X 2^d + Y``, ``Z = X + floor(Y / 2^d)`` (an arithmetic right
 shift) and r the low d bits of Y (sign-extended); for ``X 2^d - Y``,
 ``Z = X - floor(Y / 2^d) - st`` (st: a low bit of Y below d is set, so
-``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. The narrow Z and
-the operand for r are registered; the next register takes ``(Z << d) | r``, the exact
+``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. Three registers:
+X, Y with d and its mask (the swap, decoded from registers), then the narrow Z and the
+operand for r (the shift and one narrow addition), then ``(Z << d) | r``, the exact
 :func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
 network alignment; checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit
 inputs and shifts up to 5 in ``tests/test_formal.py``).
@@ -114,7 +115,7 @@ def steps_of(n: int, block: int, split_align: bool = False,
 ALIGNS = ("lane", "swap", "fold")
 
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
-FOLD_ALIGN_CYCLES = 3
+FOLD_ALIGN_CYCLES = 4
 
 
 def default_align(n: int, block: int) -> str:
@@ -337,16 +338,19 @@ class BlockFWHT(wiring.Component):
 def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
                      out_w: int, d_max: int) -> dict:
     """Block alignment and the last butterfly stage of a two-beat vector of one block per
-    beat (module docstring, "Fold alignment"), pipelined in two registers.
+    beat (module docstring, "Fold alignment"), pipelined in three registers.
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
-    :func:`hw.fwht.fold_stage`. When beat 1 (lanes b, d_1) arrives, the first register
-    takes per lane the narrow ``Z`` of the sum and of the difference and the operands of
-    their low parts (Y and -Y), and per lane group the shift ``d = d_0 | d_1``, its mask
-    ``j < d`` and ``sw = (d_0 == 0)``; the sum moves on first, then the difference. The
-    output register takes ``(Z << d) | r`` every enabled cycle, and ``flip`` = sw with the
-    difference (output beat 1), 0 with the sum. The last beat leaves 3 enabled cycles after
-    it came (:data:`FOLD_ALIGN_CYCLES`).
+    :func:`hw.fwht.fold_stage`, with the per-vector parts that d_0 alone decides
+    (``sw = (d_0 == 0)``, the mask ``j < d_0``). When beat 1 (lanes b, d_1) arrives, the
+    first register takes per lane the swapped operands X and Y, and per lane group
+    ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats' masks). The second
+    takes per lane the narrow ``Z`` of the sum and of the difference (a shift of Y by d and
+    one narrow addition) and the operands of their low parts (Y and -Y); the sum moves on
+    first, then the difference. The output register takes ``(Z << d) | r`` every enabled
+    cycle, and ``flip`` = sw with the difference (output beat 1), 0 with the sum. No
+    path decodes d and adds in one cycle. The last beat leaves 4 enabled cycles after it
+    came (:data:`FOLD_ALIGN_CYCLES`).
 
     Args:
         lanes: W signed Values of equal width w (the network's output of the beat).
@@ -369,74 +373,80 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     beats = copies[:groups]
     nrep = replica_count(w)
     attrs = REPLICA_ATTRS if nrep > 1 else {}
+    mw = max(width, d_max)          # the mask j < d: Y's bits (sticky) and r's (low part)
 
     def reg(shape, nm, **kw):
         return Signal(shape, name=f"{name}_{nm}", reset_less=True, **kw)
 
-    # per lane group j (lanes [j W / nrep, (j + 1) W / nrep)): d_0 of the waiting beat,
-    # the vector's d, sw and mask; the registered copies for the output register
-    da = [reg(dw, f"da_r{j}", attrs=attrs) for j in range(nrep)]
+    def regs(shape, nm):            # one per lane group j (lanes [j W / nrep, (j + 1) W / nrep))
+        return [reg(shape, f"{nm}{j}", attrs=attrs) for j in range(nrep)]
+
+    def mask(v):                    # bit i: i < v
+        return Cat(*(v > i for i in range(mw)))
+
+    # per lane group: the beat's d (from the network), beat 0's d, sw and mask (waiting
+    # with beat 0), the vector's d and mask (first register), the same for the output
+    # register (second), the pair-complete bit and the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
-    dd = [Signal(dw, name=f"{name}_dd{j}") for j in range(nrep)]
-    sw = [Signal(name=f"{name}_sw{j}") for j in range(nrep)]
-    m.d.comb += [dd[j].eq(da[j] | db[j]) for j in range(nrep)]
-    m.d.comb += [sw[j].eq(da[j] == 0) for j in range(nrep)]
-    # the mask j < d, one per copy: the sticky bit reads its low ``width`` bits, the output
-    # register's low part (registered) its low ``d_max``
-    tm = [Signal(max(width, d_max), name=f"{name}_tm{j}") for j in range(nrep)]
-    m.d.comb += [tm[j].eq(Cat(*(dd[j] > i for i in range(len(tm[j]))))) for j in range(nrep)]
-    ddr = [reg(dw, f"dd_r{j}", attrs=attrs) for j in range(nrep)]
-    swr = [reg(1, f"sw_r{j}", attrs=attrs) for j in range(nrep)]
-    mk = [reg(d_max, f"mask_r{j}", attrs=attrs) for j in range(nrep)]
-    fl = [reg(1, f"fl{j}", attrs=attrs) for j in range(nrep)]
-    flo = [reg(1, f"flip_r{j}", attrs=attrs) for j in range(nrep)]
+    da, swa, ma = regs(dw, "da_r"), regs(1, "sw_a"), regs(mw, "mask_a")
+    d1, sw1, m1 = regs(dw, "d_r"), regs(1, "sw_r"), regs(mw, "mask_r")
+    d2, sw2, m2 = regs(dw, "dd_r"), regs(1, "sw_o"), regs(d_max, "mask_o")
+    got, fl, flo = regs(1, "pair"), regs(1, "fl"), regs(1, "flip_r")
 
     a = [reg(signed(width), f"a{k}") for k in range(w)]
+    xo = [reg(signed(width), f"x{k}") for k in range(w)]          # X, the shifted operand
+    yo = [reg(signed(width), f"yop{k}") for k in range(w)]        # Y
     zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the output next
     zq = [reg(signed(width + 1), f"zq{k}") for k in range(w)]      # Z of the difference
     ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # its low part's operand
     lq = [reg(signed(width + 1), f"lq{k}") for k in range(w)]
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
+    l1 = Signal(name=f"{name}_l1")
     pend = Signal(name=f"{name}_pend")
     mid_v = Signal(name=f"{name}_mid_valid")
     out_v = Signal(name=f"{name}_valid")
-    last = valid & beats[0]
     with when(m, en):
         for k in range(w):
             j = k * nrep // w
-            x_op = Signal(signed(width), name=f"{name}_x{k}")
-            y_op = Signal(signed(width), name=f"{name}_yop{k}")
-            ysh = Signal(signed(width), name=f"{name}_ysh{k}")
-            st = Signal(name=f"{name}_st{k}")
-            m.d.comb += [x_op.eq(Mux(sw[j], lanes[k], a[k])), y_op.eq(Mux(sw[j], a[k], lanes[k])),
-                         ysh.eq(y_op >> dd[j]),
-                         # a bit of Y below d: j' < d for the bits j' of Y
-                         st.eq((y_op.as_unsigned() & tm[j][:width]).any())]
-            hi = Signal(signed(out_w), name=f"{name}_hi{k}")
-            low = Signal(d_max, name=f"{name}_low{k}")
-            m.d.comb += [hi.eq(zy[k] << ddr[j]),
-                         low.eq(Cat(*(ly[k][min(i, width)] for i in range(d_max))) & mk[j])]
             with m.If(beat_of(beats, k, w)):
-                m.d.sync += [zy[k].eq(x_op + ysh), zq[k].eq(x_op - ysh - st),
-                             ly[k].eq(y_op), lq[k].eq(-y_op)]
+                m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
+                             yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
             with m.Else():
-                m.d.sync += [a[k].eq(lanes[k]), zy[k].eq(zq[k]), ly[k].eq(lq[k])]
-            m.d.sync += y[k].eq(hi | low)
+                m.d.sync += a[k].eq(lanes[k])
+            ysh = Signal(signed(width), name=f"{name}_ysh{k}")
+            st = Signal(name=f"{name}_st{k}")        # a bit of Y below d
+            m.d.comb += [ysh.eq(yo[k] >> d1[j]), st.eq((yo[k].as_unsigned() & m1[j][:width]).any())]
+            with m.If(got[j]):
+                m.d.sync += [zy[k].eq(xo[k] + ysh), zq[k].eq(xo[k] - ysh - st),
+                             ly[k].eq(yo[k]), lq[k].eq(-yo[k])]
+            with m.Else():
+                m.d.sync += [zy[k].eq(zq[k]), ly[k].eq(lq[k])]
+            low = Signal(d_max, name=f"{name}_low{k}")
+            m.d.comb += low.eq(Cat(*(ly[k][min(i, width)] for i in range(d_max))) & m2[j])
+            m.d.sync += y[k].eq((zy[k] << d2[j]) | low)
         for j in range(nrep):
             with m.If(beat_of(beats, j * w // nrep, w)):
-                m.d.sync += [ddr[j].eq(dd[j]), swr[j].eq(sw[j]), fl[j].eq(0),
-                             mk[j].eq(tm[j][:d_max])]
+                m.d.sync += [d1[j].eq(da[j] | db[j]), m1[j].eq(ma[j] | mask(db[j])),
+                             sw1[j].eq(swa[j])]
             with m.Else():
-                m.d.sync += [da[j].eq(db[j]), fl[j].eq(swr[j])]
+                m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0), ma[j].eq(mask(db[j]))]
+            m.d.sync += got[j].eq(valid & beat_of(beats, j * w // nrep, w))
+            with m.If(got[j]):
+                m.d.sync += [d2[j].eq(d1[j]), sw2[j].eq(sw1[j]), fl[j].eq(0),
+                             m2[j].eq(m1[j][:d_max])]
+            with m.Else():
+                m.d.sync += fl[j].eq(sw2[j])
             m.d.sync += flo[j].eq(fl[j])
-        m.d.sync += [out_v.eq(mid_v), mid_v.eq(last | pend), pend.eq(last)]
-    # the side band: taken with beat 1 (on a beat-index copy of its own), then one more
-    # register so that it stays with both output beats
+        m.d.sync += [out_v.eq(mid_v), mid_v.eq(l1 | pend), pend.eq(l1),
+                     l1.eq(valid & beats[0])]
+    # the side band: taken with beat 1 (on a beat-index copy of its own), then two more
+    # registers so that it stays with both output beats
     side_a = Signal.like(side, name=f"{name}_side", reset_less=True)
-    side_b = Signal.like(side, name=f"{name}_side_o", reset_less=True)
+    side_b = Signal.like(side, name=f"{name}_side_b", reset_less=True)
+    side_o = Signal.like(side, name=f"{name}_side_o", reset_less=True)
     with when(m, en & copies[groups]):
         m.d.sync += side_a.eq(side)
     with when(m, en):
-        m.d.sync += side_b.eq(side_a)
+        m.d.sync += [side_b.eq(side_a), side_o.eq(side_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
-            "side": side_b}
+            "side": side_o}

@@ -38,7 +38,8 @@ from hw.pipeline import SKID_FIFO_CYCLES
 from kvtest.simstream import check_run, flow_cases, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
-from hw.ifwht import MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
+from hw.fwht import FOLD_CYCLES
+from hw.ifwht import FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
 from hw.tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
 from sim_models.codec import decode_float, encode, round_to_input_type
@@ -92,8 +93,8 @@ def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray
         dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow, lanes=lanes,
                              dq_regs=dq_regs, fold_align=fold_align)
     fifo = SKID_FIFO_CYCLES if flow == "credit" else 0
-    # input register, second beat, fold stage (2; 3 with the alignment in it)
-    beats = (5 if fold_align else 4) if dut.beats > 1 else 0
+    # input register, second beat, fold stage (with or without the alignment in it)
+    beats = 2 + (FOLD_ALIGN_CYCLES if fold_align else FOLD_CYCLES) if dut.beats > 1 else 0
     assert dut.latency_cycles == (latency + 2 + len(dut.float_regs) + len(dut.dq_regs) + fifo
                                   + beats)
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
@@ -989,7 +990,7 @@ def test_fold_align(n, latency, flow, cuts):
     with warnings.catch_warnings():     # probes, never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
         assert KVDecompressor(p, s, lanes=n // 2, fold_align=True).latency_breakdown[
-            "fold_stage"] == 3
+            "fold_stage"] == FOLD_ALIGN_CYCLES
         with pytest.raises(ValueError, match=f"S={s}"):
             KVDecompressor(p, s + 1, lanes=n // 2, fold_align=True)
         gc.collect()

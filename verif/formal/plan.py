@@ -16,6 +16,7 @@ from pathlib import Path
 from amaranth.hdl import UnusedElaboratable
 
 from hw.decompressor import KVDecompressor, float_consts
+from hw.ifwht import FOLD_ALIGN_CYCLES
 from hw.dequant import level_table, product_shape, scale_format
 from hw.epilogue import KVEpilogue
 from sim_models.params import FormatParams
@@ -54,10 +55,15 @@ def _fold(n, width, latency, work, timeout):
                      work, depth=latency + 4, timeout=timeout)
 
 
+#: BMC depth of the fold-alignment proof: one pair from reset (2 input beats), the fold's
+#: cycles and one spare.
+FOLD_ALIGN_DEPTH = 2 + FOLD_ALIGN_CYCLES + 1
+
+
 def _fold_align(n, width, max_align, work, timeout):
-    # one pair from reset: 2 input beats, the fold's 3 cycles, and one spare
     return prove_bmc(FoldAlignMiter(n, width, max_align, 0),
-                     f"ifwht_fold_align_n{n}_w{width}_a{max_align}", work, depth=6,
+                     f"ifwht_fold_align_n{n}_w{width}_a{max_align}", work,
+                     depth=FOLD_ALIGN_DEPTH,
                      timeout=timeout)
 
 
@@ -164,7 +170,7 @@ def plan(name: str) -> list:
                partial(_fold, n, w, lat)) for n, w, lat in folds]
     items.append(("ifwht_fold_align_n4_w3_a5", "read-path FWHT as two beats with the "
                   "alignment in the fold (3-bit inputs, shifts <= 5): (-1)^flip y == "
-                  "H_4 (p << d) of the last pair, BMC 6", partial(_fold_align, 4, 3, 5)))
+                  f"H_4 (p << d) of the last pair, BMC {FOLD_ALIGN_DEPTH}", partial(_fold_align, 4, 3, 5)))
     blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
     items += [(f"ifwht_n{n}_g{g}_stages", "BlockFWHT == H (p << d), all p, d <= max_align",
                partial(_block, n, g, "stages")) for n, g in blocks]

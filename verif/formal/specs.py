@@ -23,8 +23,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.fwht import FWHT
-from hw.ifwht import BlockFWHT
+from hw.fwht import FOLD_CYCLES, FWHT
+from hw.ifwht import FOLD_ALIGN_CYCLES, BlockFWHT
 from sim_models.fwht import hadamard
 
 SPECS = ("direct", "stages")
@@ -502,8 +502,9 @@ class FoldAlignMiter(wiring.Component):
         m.d.comb += Assume(~(take & beat) | (d0 == 0) | (self.d == 0))
         done = self.i_valid & beat               # a pair completes with this beat
         pair = Cat(first, self.p, d0, self.d)
-        # the network's registers and the fold's first
-        due0, due1, held = due_beats(m, en, done, pair, self.latency + 1)
+        # the network's registers and the fold's registers before its last two
+        due0, due1, held = due_beats(m, en, done, pair,
+                                     self.latency + FOLD_ALIGN_CYCLES - FOLD_CYCLES)
         xw, dw = len(Value.cast(self.p)) // w, len(self.d)
         lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
         ds = [held[2 * w * xw:2 * w * xw + dw], held[2 * w * xw + dw:]]
