@@ -110,6 +110,19 @@ def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False,
     return len(fwht_step_list(params, lanes, split_align, fold_align))
 
 
+def read_fwht(params: FormatParams, latency: int, split_align: bool = False,
+              fold_align: bool = False, lanes: int | None = None,
+              side_width=0) -> BlockFWHT:
+    """The read path's inverse FWHT as :class:`KVDecompressor` builds it: N, G, the
+    dequant products' shape, the scale format's largest shift, ``lanes`` per beat (default
+    N) and the alignment (``split_align``; ``fold_align``: in the fold). ``side_width``:
+    the side band delayed alongside (``hw.ifwht.BlockFWHT``)."""
+    return BlockFWHT(params.n, params.block, product_shape(level_table(params)), latency,
+                     side_width=side_width, max_align=scale_format(params).max_align,
+                     split_align=split_align, align="fold" if fold_align else None,
+                     lanes=lanes or params.n)
+
+
 def float_consts(params: FormatParams) -> FloatConsts:
     """The float conversion's constants of the read path of ``params``: the FWHT's output
     width (``hw.ifwht.out_width``), the input type, the exponent-field range of the scale
@@ -266,9 +279,8 @@ class KVDecompressor(FlowTop, wiring.Component):
 
         # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
         side = data.StructLayout({"ef_min": efw})
-        m.submodules.ifwht = fw = BlockFWHT(p.n, g, pshape, self.latency, side_width=side,
-                                            max_align=sf.max_align, split_align=self.split_align,
-                                            align="fold" if self.fold_align else None, lanes=w)
+        m.submodules.ifwht = fw = read_fwht(p, self.latency, self.split_align, self.fold_align,
+                                            w, side_width=side)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
         mask = sign_mask_int(p.n, p.sign_seed)

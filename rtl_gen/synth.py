@@ -571,16 +571,16 @@ def _identity(cfg: RTLConfig) -> dict:
 
 def fwht_component(cfg: RTLConfig):
     """The configuration's FWHT component alone: ``hw.fwht.FWHT`` (write path) or
-    ``hw.ifwht.BlockFWHT`` (read path), with the same latency, widths and alignment steps
-    (``split_align`` of the ``pK`` profile) as inside the module."""
+    ``hw.ifwht.BlockFWHT`` as the decoder builds it (``hw.decompressor.read_fwht``: the
+    same latency, widths, lanes and alignment, ``split_align`` of the ``pK`` profile and
+    ``fold_align``)."""
     p = cfg.params
     if cfg.kind == "encoder":
         from hw.fwht import FWHT
         return FWHT(p.n, p.mant_bits, cfg.latency, lanes=cfg.lanes)
-    from hw.dequant import level_table, product_shape
-    from hw.ifwht import BlockFWHT
-    return BlockFWHT(p.n, p.block, product_shape(level_table(p)), cfg.latency,
-                     split_align=cfg.regs.get("split_align", False), lanes=cfg.lanes)
+    from hw.decompressor import read_fwht
+    return read_fwht(p, cfg.latency, cfg.regs.get("split_align", False),
+                     cfg.regs.get("fold_align", False), cfg.lanes)
 
 
 def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,

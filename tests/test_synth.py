@@ -394,3 +394,32 @@ def test_pnr_congestion_summary(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert pc.main([str(tmp_path / "empty")]) == 2
     assert "congestion_by_net" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["dec_v2_n32_g16_b3_l4_w16_fa", "dec_v2_n32_g16_b3_l5_p0_w16",
+                                  "dec_v2_n16_g8_b3_l4_p0", "enc_v2_n16_g8_b3_l4"])
+def test_fwht_component_is_the_modules(name):
+    """The FWHT synthesised alone (the records' ``fwht`` and read-path ``parts``) is the one
+    inside the module: same alignment (the fold's too), steps, registers, lanes and widths."""
+    from amaranth.hdl import Fragment
+    from rtl_gen import build
+    from hw.fwht import FWHT
+    from hw.ifwht import BlockFWHT
+    from rtl_gen.config import RTLConfig
+
+    cfg = RTLConfig.parse(name)
+    kind = FWHT if cfg.kind == "encoder" else BlockFWHT
+
+    def inside(frag):
+        yield from (o for o in (getattr(frag, "origins", None) or ()) if isinstance(o, kind))
+        for sub, *_ in frag.subfragments:
+            yield from inside(sub)
+
+    (mod,) = inside(Fragment.get(build(cfg.kind, cfg.params, **cfg.regs), None))
+    alone = synth.fwht_component(cfg)
+    keys = [k for k in ("align", "steps", "positions", "latency", "lanes", "max_align",
+                        "net_width", "out_width", "n", "mant_bits") if hasattr(mod, k)]
+    assert len(keys) >= 4
+    assert {k: getattr(alone, k) for k in keys} == {k: getattr(mod, k) for k in keys}
+    if name.endswith("_fa"):
+        assert alone.align == "fold"
