@@ -117,6 +117,11 @@ ALIGNS = ("lane", "swap", "fold")
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
 FOLD_ALIGN_CYCLES = 4
 
+#: Lanes per copy of the fold alignment's per-vector registers (d, its mask, the swap
+#: select): each lane's two shifters and mask read every bit of d some 15-45 times, and
+#: a copy per 16 lanes was routed 4.91 ns to one of them (docs/SYNTH.md).
+FOLD_GROUP_LANES = 4
+
 
 def default_align(n: int, block: int) -> str:
     """"swap" for N/G = 2, "lane" otherwise: from N/G = 4 on, the N/G:1 select per lane
@@ -346,10 +351,11 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     first register takes per lane the swapped operands X and Y, and per lane group
     ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats' masks). The second
     takes per lane the narrow ``Z`` of the sum and of the difference (a shift of Y by d and
-    one narrow addition) and the operands of their low parts (Y and -Y); the sum moves on
-    first, then the difference. The output register takes ``(Z << d) | r`` every enabled
-    cycle, and ``flip`` = sw with the difference (output beat 1), 0 with the sum. No
-    path decodes d and adds in one cycle. The last beat leaves 4 enabled cycles after it
+    one narrow addition) and the operands of their low parts (Y and -Y), on its clock
+    enable. The output register takes ``(Z << d) | r`` every enabled cycle, of the sum on
+    output beat 0 and of the difference on output beat 1, and ``flip`` = sw with the
+    difference, 0 with the sum. No path decodes d and adds in one cycle. The per-vector
+    registers are in one copy per :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it
     came (:data:`FOLD_ALIGN_CYCLES`).
 
     Args:
@@ -371,7 +377,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     groups = beat_groups(w)
     copies = beat_index(m, en, name, valid, groups + 1)
     beats = copies[:groups]
-    nrep = replica_count(w)
+    nrep = replica_count(w, FOLD_GROUP_LANES)
     attrs = REPLICA_ATTRS if nrep > 1 else {}
     mw = max(width, d_max)          # the mask j < d: Y's bits (sticky) and r's (low part)
 
@@ -391,14 +397,15 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     da, swa, ma = regs(dw, "da_r"), regs(1, "sw_a"), regs(mw, "mask_a")
     d1, sw1, m1 = regs(dw, "d_r"), regs(1, "sw_r"), regs(mw, "mask_r")
     d2, sw2, m2 = regs(dw, "dd_r"), regs(1, "sw_o"), regs(d_max, "mask_o")
-    got, fl, flo = regs(1, "pair"), regs(1, "fl"), regs(1, "flip_r")
+    got, g1, ob = regs(1, "pair"), regs(1, "pair_d"), regs(1, "second")
+    fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
     a = [reg(signed(width), f"a{k}") for k in range(w)]
     xo = [reg(signed(width), f"x{k}") for k in range(w)]          # X, the shifted operand
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]        # Y
-    zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the output next
+    zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the sum
     zq = [reg(signed(width + 1), f"zq{k}") for k in range(w)]      # Z of the difference
-    ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # its low part's operand
+    ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # their low parts' operands
     lq = [reg(signed(width + 1), f"lq{k}") for k in range(w)]
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
     l1 = Signal(name=f"{name}_l1")
@@ -416,21 +423,22 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             ysh = Signal(signed(width), name=f"{name}_ysh{k}")
             st = Signal(name=f"{name}_st{k}")        # a bit of Y below d
             m.d.comb += [ysh.eq(yo[k] >> d1[j]), st.eq((yo[k].as_unsigned() & m1[j][:width]).any())]
-            with m.If(got[j]):
+            with m.If(got[j]):      # a clock enable: no select behind the adders
                 m.d.sync += [zy[k].eq(xo[k] + ysh), zq[k].eq(xo[k] - ysh - st),
                              ly[k].eq(yo[k]), lq[k].eq(-yo[k])]
-            with m.Else():
-                m.d.sync += [zy[k].eq(zq[k]), ly[k].eq(lq[k])]
+            # output beat 0 the sum, output beat 1 (``ob``) the difference
+            z, lo = Mux(ob[j], zq[k], zy[k]), Mux(ob[j], lq[k], ly[k])
             low = Signal(d_max, name=f"{name}_low{k}")
-            m.d.comb += low.eq(Cat(*(ly[k][min(i, width)] for i in range(d_max))) & m2[j])
-            m.d.sync += y[k].eq((zy[k] << d2[j]) | low)
+            m.d.comb += low.eq(Cat(*(lo[min(i, width)] for i in range(d_max))) & m2[j])
+            m.d.sync += y[k].eq((z << d2[j]) | low)
         for j in range(nrep):
             with m.If(beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [d1[j].eq(da[j] | db[j]), m1[j].eq(ma[j] | mask(db[j])),
                              sw1[j].eq(swa[j])]
             with m.Else():
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0), ma[j].eq(mask(db[j]))]
-            m.d.sync += got[j].eq(valid & beat_of(beats, j * w // nrep, w))
+            m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
+                         g1[j].eq(got[j]), ob[j].eq(g1[j])]
             with m.If(got[j]):
                 m.d.sync += [d2[j].eq(d1[j]), sw2[j].eq(sw1[j]), fl[j].eq(0),
                              m2[j].eq(m1[j][:d_max])]
