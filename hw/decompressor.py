@@ -111,16 +111,16 @@ def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False,
 
 
 def read_fwht(params: FormatParams, latency: int, split_align: bool = False,
-              fold_align: bool = False, lanes: int | None = None,
-              side_width=0) -> BlockFWHT:
+              fold_align: bool = False, lanes: int | None = None) -> BlockFWHT:
     """The read path's inverse FWHT as :class:`KVDecompressor` builds it: N, G, the
     dequant products' shape, the scale format's largest shift, ``lanes`` per beat (default
-    N) and the alignment (``split_align``; ``fold_align``: in the fold). ``side_width``:
-    the side band delayed alongside (``hw.ifwht.BlockFWHT``)."""
+    N), the alignment (``split_align``; ``fold_align``: in the fold) and the side band
+    ``ef_min`` (the scale format's exponent bits) delayed alongside."""
+    sf = scale_format(params)
     return BlockFWHT(params.n, params.block, product_shape(level_table(params)), latency,
-                     side_width=side_width, max_align=scale_format(params).max_align,
-                     split_align=split_align, align="fold" if fold_align else None,
-                     lanes=lanes or params.n)
+                     side_width=data.StructLayout({"ef_min": sf.exp_bits}),
+                     max_align=sf.max_align, split_align=split_align,
+                     align="fold" if fold_align else None, lanes=lanes or params.n)
 
 
 def float_consts(params: FormatParams) -> FloatConsts:
@@ -278,9 +278,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, valid=valid)
 
         # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
-        side = data.StructLayout({"ef_min": efw})
-        m.submodules.ifwht = fw = read_fwht(p, self.latency, self.split_align, self.fold_align,
-                                            w, side_width=side)
+        m.submodules.ifwht = fw = read_fwht(p, self.latency, self.split_align, self.fold_align, w)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
         mask = sign_mask_int(p.n, p.sign_seed)

@@ -101,6 +101,14 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     return check_supported(p, EPILOGUE_SUPPORT, "RTL write path")
 
 
+def write_fwht(params: FormatParams, latency: int, lanes: int | None = None) -> FWHT:
+    """The write path's FWHT as :class:`KVEpilogue` builds it: N, the mantissa width,
+    ``lanes`` per beat (default N) and the side band (the block exponent u and the two
+    flags) delayed alongside."""
+    side = data.StructLayout({"u": u_shape(params), "flags": 2})
+    return FWHT(params.n, params.mant_bits, latency, side_width=side, lanes=lanes or params.n)
+
+
 class KVEpilogue(FlowTop, wiring.Component):
     """KV-cache write path (see module docstring).
 
@@ -227,8 +235,7 @@ class KVEpilogue(FlowTop, wiring.Component):
         fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)
 
         # FWHT (u and the flags ride along as side band)
-        side = data.StructLayout({"u": u_shape(p), "flags": 2})
-        m.submodules.fwht = fw = FWHT(p.n, p.mant_bits, self.latency, side_width=side, lanes=w)
+        m.submodules.fwht = fw = write_fwht(p, self.latency, w)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(fe_r["valid"]), fw.x.eq(fe_r["x"]),
                      fw.side_i.u.eq(fe_r["u"]), fw.side_i.flags.eq(fe_r["flags"])]
 

@@ -46,7 +46,7 @@ across bit d: for ``X 2^d + Y``, ``Z = X + floor(Y / 2^d)`` (an arithmetic right
 shift) and r the low d bits of Y (sign-extended); for ``X 2^d - Y``,
 ``Z = X - floor(Y / 2^d) - st`` (st: a low bit of Y below d is set, so
 ``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. Three registers:
-X, Y with d and its mask (the swap, decoded from registers), then the narrow Z and the
+X, Y with d and its mask (the swap, and d decoded), then the narrow Z and the
 operand for r (the shift and one narrow addition), then ``(Z << d) | r``, the exact
 :func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
 network alignment; checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit
@@ -347,15 +347,17 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
     :func:`hw.fwht.fold_stage`, with the per-vector parts that d_0 alone decides
-    (``sw = (d_0 == 0)``, the mask ``j < d_0``). When beat 1 (lanes b, d_1) arrives, the
-    first register takes per lane the swapped operands X and Y, and per lane group
-    ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats' masks). The second
-    takes per lane the narrow ``Z`` of the sum and of the difference (a shift of Y by d and
-    one narrow addition) and the operands of their low parts (Y and -Y), on its clock
-    enable. The output register takes ``(Z << d) | r`` every enabled cycle, of the sum on
-    output beat 0 and of the difference on output beat 1, and ``flip`` = sw with the
-    difference, 0 with the sum. No path decodes d and adds in one cycle. The per-vector
-    registers are in one copy per :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it
+    (``sw = (d_0 == 0)``, the mask ``j < d_0``). Register X takes, every enabled cycle,
+    per lane the swapped operands X and Y of the waiting beat and the arriving one, and
+    per lane group ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats'
+    masks; the arriving beat's from the network's last register, or from the input with
+    network latency 0). Register Z takes, on its clock enable (the cycle after beat 1
+    came), per lane the narrow ``Z`` of the sum and of the difference (a shift of Y by d
+    and one narrow addition) and the operands of their low parts (Y and -Y). The output
+    register takes ``(Z << d) | r`` every enabled cycle, of the sum on output beat 0 and
+    of the difference on output beat 1, and ``flip`` = sw with the difference, 0 with the
+    sum. No path decodes d and adds in one cycle. The per-vector registers are in one copy
+    per :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it
     came (:data:`FOLD_ALIGN_CYCLES`).
 
     Args:
@@ -390,13 +392,14 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     def mask(v):                    # bit i: i < v
         return Cat(*(v > i for i in range(mw)))
 
-    # per lane group: the beat's d (from the network), beat 0's d, sw and mask (waiting
-    # with beat 0), the vector's d and mask (first register), the same for the output
-    # register (second), the pair-complete bit and the flip bits
+    # per lane group: the arriving beat's d; beat 0's d, sw and mask (waiting with beat
+    # 0); the vector's d, sw and mask in register X, then in register Z; the
+    # pair-complete bit (register Z's enable), it one and two cycles later (the second
+    # output beat), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
-    da, swa, ma = regs(dw, "da_r"), regs(1, "sw_a"), regs(mw, "mask_a")
-    d1, sw1, m1 = regs(dw, "d_r"), regs(1, "sw_r"), regs(mw, "mask_r")
-    d2, sw2, m2 = regs(dw, "dd_r"), regs(1, "sw_o"), regs(d_max, "mask_o")
+    da, swa, ma = regs(dw, "d_a"), regs(1, "sw_a"), regs(mw, "mask_a")
+    dx, swx, mx = regs(dw, "d_x"), regs(1, "sw_x"), regs(mw, "mask_x")
+    dz, swz, mz = regs(dw, "d_z"), regs(1, "sw_z"), regs(d_max, "mask_z")
     got, g1, ob = regs(1, "pair"), regs(1, "pair_d"), regs(1, "second")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
@@ -415,35 +418,34 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     with when(m, en):
         for k in range(w):
             j = k * nrep // w
-            with m.If(beat_of(beats, k, w)):
-                m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
-                             yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
-            with m.Else():
+            # register X every cycle: register Z reads it only in the cycle after beat 1
+            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
+                         yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
+            with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
             ysh = Signal(signed(width), name=f"{name}_ysh{k}")
             st = Signal(name=f"{name}_st{k}")        # a bit of Y below d
-            m.d.comb += [ysh.eq(yo[k] >> d1[j]), st.eq((yo[k].as_unsigned() & m1[j][:width]).any())]
+            m.d.comb += [ysh.eq(yo[k] >> dx[j]), st.eq((yo[k].as_unsigned() & mx[j][:width]).any())]
             with m.If(got[j]):      # a clock enable: no select behind the adders
                 m.d.sync += [zy[k].eq(xo[k] + ysh), zq[k].eq(xo[k] - ysh - st),
                              ly[k].eq(yo[k]), lq[k].eq(-yo[k])]
             # output beat 0 the sum, output beat 1 (``ob``) the difference
             z, lo = Mux(ob[j], zq[k], zy[k]), Mux(ob[j], lq[k], ly[k])
             low = Signal(d_max, name=f"{name}_low{k}")
-            m.d.comb += low.eq(Cat(*(lo[min(i, width)] for i in range(d_max))) & m2[j])
-            m.d.sync += y[k].eq((z << d2[j]) | low)
+            m.d.comb += low.eq(Cat(*(lo[min(i, width)] for i in range(d_max))) & mz[j])
+            m.d.sync += y[k].eq((z << dz[j]) | low)
         for j in range(nrep):
-            with m.If(beat_of(beats, j * w // nrep, w)):
-                m.d.sync += [d1[j].eq(da[j] | db[j]), m1[j].eq(ma[j] | mask(db[j])),
-                             sw1[j].eq(swa[j])]
-            with m.Else():
+            m.d.sync += [dx[j].eq(da[j] | db[j]), mx[j].eq(ma[j] | mask(db[j])),
+                         swx[j].eq(swa[j])]
+            with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0), ma[j].eq(mask(db[j]))]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
                          g1[j].eq(got[j]), ob[j].eq(g1[j])]
             with m.If(got[j]):
-                m.d.sync += [d2[j].eq(d1[j]), sw2[j].eq(sw1[j]), fl[j].eq(0),
-                             m2[j].eq(m1[j][:d_max])]
+                m.d.sync += [dz[j].eq(dx[j]), swz[j].eq(swx[j]), fl[j].eq(0),
+                             mz[j].eq(mx[j][:d_max])]
             with m.Else():
-                m.d.sync += fl[j].eq(sw2[j])
+                m.d.sync += fl[j].eq(swz[j])
             m.d.sync += flo[j].eq(fl[j])
         m.d.sync += [out_v.eq(mid_v), mid_v.eq(l1 | pend), pend.eq(l1),
                      l1.eq(valid & beats[0])]

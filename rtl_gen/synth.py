@@ -570,14 +570,14 @@ def _identity(cfg: RTLConfig) -> dict:
 
 
 def fwht_component(cfg: RTLConfig):
-    """The configuration's FWHT component alone: ``hw.fwht.FWHT`` (write path) or
-    ``hw.ifwht.BlockFWHT`` as the decoder builds it (``hw.decompressor.read_fwht``: the
-    same latency, widths, lanes and alignment, ``split_align`` of the ``pK`` profile and
-    ``fold_align``)."""
+    """The configuration's FWHT component alone, as its module builds it: ``hw.fwht.FWHT``
+    (``hw.epilogue.write_fwht``) or ``hw.ifwht.BlockFWHT`` (``hw.decompressor.read_fwht``):
+    the same latency, widths, lanes, side band and alignment (``split_align`` of the ``pK``
+    profile, ``fold_align``)."""
     p = cfg.params
     if cfg.kind == "encoder":
-        from hw.fwht import FWHT
-        return FWHT(p.n, p.mant_bits, cfg.latency, lanes=cfg.lanes)
+        from hw.epilogue import write_fwht
+        return write_fwht(p, cfg.latency, cfg.lanes)
     from hw.decompressor import read_fwht
     return read_fwht(p, cfg.latency, cfg.regs.get("split_align", False),
                      cfg.regs.get("fold_align", False), cfg.lanes)

@@ -17,8 +17,8 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from verif.formal import mutants
-from verif.formal.plan import (FLOAT_CONFIGS, float_miter, flow_design, fwht_width,
-                               read_widths, stream_depth, stream_design)
+from verif.formal.plan import (FLOAT_CONFIGS, FOLD_ALIGN_DEPTH, float_miter, flow_design,
+                               fwht_width, read_widths, stream_depth, stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
 from verif.formal.specs import (BlockFWHTMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter,
@@ -103,12 +103,13 @@ def test_fwht_two_beats(broken, monkeypatch, work):
 def test_fold_align(broken, monkeypatch, work):
     """The read path's FWHT of N = 4 as two beats of one block with the block alignment in
     the fold (hw.ifwht.fold_align_stage): the output beats, with their flip, are H_4 (p << d)
-    of each input pair for every input, shift pair under the contract and valid / enable
-    pattern (BMC; 3-bit inputs, shifts up to 5); fails when flip is tied to 0."""
+    of one input pair from reset for every input, shift pair under the contract and valid /
+    enable pattern over FOLD_ALIGN_DEPTH cycles (BMC; 3-bit inputs, shifts up to 5); fails
+    when flip is tied to 0."""
     import hw.ifwht
     if broken:
         monkeypatch.setattr(hw.ifwht, "fold_align_stage", mutants.fold_align_no_flip)
-    rec = prove_bmc(FoldAlignMiter(4, 3, 5, 0), "fold_align", work, depth=6)
+    rec = prove_bmc(FoldAlignMiter(4, 3, 5, 0), "fold_align", work, depth=FOLD_ALIGN_DEPTH)
     assert rec["result"] == ("failed" if broken else "proved")
 
 

@@ -980,7 +980,8 @@ def test_align_copies(n, block, lanes, split, t_copies, d_copies):
 def test_fold_align(n, latency, flow, cuts):
     """Two beats of one block each with the block alignment in the fold (fold_align): bit-exact
     with the golden model on round-trip, random (every scale byte spread, so every shift
-    amount) and adversarial planes; the network has log2 W steps, the fold 3 cycles."""
+    amount) and adversarial planes; the network has log2 W steps, the fold
+    FOLD_ALIGN_CYCLES."""
     p = FormatParams(n=n, block=n // 2)
     codes, scales, zeros = planes_for(p, 20, 3, seed=n + latency)
     kw = dict(float_regs=FLOAT_CUTS.names, split_align=True) if cuts else {}

@@ -421,5 +421,6 @@ def test_fwht_component_is_the_modules(name):
                         "net_width", "out_width", "n", "mant_bits") if hasattr(mod, k)]
     assert len(keys) >= 4
     assert {k: getattr(alone, k) for k in keys} == {k: getattr(mod, k) for k in keys}
+    assert alone.signature == mod.signature         # the ports, the side band's too
     if name.endswith("_fa"):
         assert alone.align == "fold"

@@ -23,7 +23,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.fwht import FOLD_CYCLES, FWHT
+from hw.fwht import FWHT
 from hw.ifwht import FOLD_ALIGN_CYCLES, BlockFWHT
 from sim_models.fwht import hadamard
 
@@ -460,8 +460,8 @@ class FoldAlignMiter(wiring.Component):
     ``en``, ``i_valid``, ``p`` (W lanes) and ``d`` (the beat's shift amount) are free
     every cycle, under the read path's contract (``Assume``): a taken beat has
     ``d <= max_align``, and of a pair's two d one is 0. The harness pairs the taken beats
-    (the first after reset is a beat 0) and a shadow delay line of ``latency`` + 1 enabled
-    cycles says when the output beats are due: ``Assert`` that ``o_valid`` is high exactly
+    (the first after reset is a beat 0) and a shadow delay line of ``latency`` +
+    FOLD_ALIGN_CYCLES - 2 enabled cycles says when the output beats are due: ``Assert`` that ``o_valid`` is high exactly
     in the two enabled cycles after that, with ``(-1)^flip y`` = lanes [0, W) of
     ``H_N (p << d)`` (pair), then lanes [W, N).
 
@@ -502,9 +502,8 @@ class FoldAlignMiter(wiring.Component):
         m.d.comb += Assume(~(take & beat) | (d0 == 0) | (self.d == 0))
         done = self.i_valid & beat               # a pair completes with this beat
         pair = Cat(first, self.p, d0, self.d)
-        # the network's registers and the fold's registers before its last two
-        due0, due1, held = due_beats(m, en, done, pair,
-                                     self.latency + FOLD_ALIGN_CYCLES - FOLD_CYCLES)
+        # the network's registers and the fold's, less the two output beats (due0, due1)
+        due0, due1, held = due_beats(m, en, done, pair, self.latency + FOLD_ALIGN_CYCLES - 2)
         xw, dw = len(Value.cast(self.p)) // w, len(self.d)
         lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
         ds = [held[2 * w * xw:2 * w * xw + dw], held[2 * w * xw + dw:]]
