@@ -1014,3 +1014,73 @@ def test_fold_align_refused():
     # a round trip's latency is bounded by both modules (two beats: log2 W)
     with pytest.raises(ValueError, match="0..6, got 7"):
         RTLConfig.parse("rt_v2_n128_g64_b3_l7_w64")
+
+
+@pytest.mark.parametrize("n,latency,mode", [(8, 0, "bubble"), (8, 2, "stall"), (16, 3, "mix"),
+                                            (16, 0, "mix")])
+def test_fold_align_stream(n, latency, mode):
+    """BlockFWHT with the alignment in the fold under stream patterns the decoder never
+    makes: bubbles between a vector's two beats (``bubble``), stalls (``stall``), both with
+    synchronous resets mid-stream (``mix``); garbage d on bubbles. Every output beat, its
+    flip and side band equal H_N (p << d) of its pair, due latency + FOLD_ALIGN_CYCLES - 1
+    and FOLD_ALIGN_CYCLES enabled cycles after the pair's second beat."""
+    from amaranth.hdl import ClockDomain
+    w, width, amax = n // 2, 4, 30
+    dut = BlockFWHT(n, w, signed(width), latency, side_width=8, max_align=amax, align="fold",
+                    lanes=w)
+    m = Module()
+    m.domains.sync = cd = ClockDomain()
+    m.submodules.dut = dut
+    rng = np.random.default_rng(n * 10 + latency)
+    fails, seen = [], {"pairs": 0, "outs": 0}
+
+    async def tb(ctx):
+        beat, first, enabled, due = 0, None, 0, {}
+        for cyc in range(400):
+            en = int(mode == "bubble" or rng.random() < 0.6)
+            v = int(mode == "stall" or rng.random() < 0.6)
+            rst = int(mode == "mix" and rng.random() < 0.02)
+            p = [int(x) for x in rng.integers(-(1 << width - 1), 1 << width - 1, w)]
+            d = int(rng.choice([0, 0, int(rng.integers(0, amax + 1)), amax]))
+            if v and beat == 1 and first[1]:
+                d = 0                            # the contract: one of a pair's d is 0
+            d = d if v else int(rng.integers(0, 1 << dut.d_width))
+            side = int(rng.integers(0, 256))
+            ctx.set(dut.en, en)
+            ctx.set(dut.i_valid, v)
+            ctx.set(cd.rst, rst)
+            ctx.set(dut.p.as_value(), sum((x & 15) << (4 * i) for i, x in enumerate(p)))
+            ctx.set(dut.d[0], d)
+            ctx.set(dut.side_i, side)
+            if en and not rst:
+                exp = due.pop(enabled, None)
+                if ctx.get(dut.o_valid) != (exp is not None):
+                    fails.append((cyc, "valid"))
+                elif exp is not None:
+                    fl = ctx.get(dut.flip)
+                    got = [(-1) ** ((fl >> i) & 1) * ctx.get(dut.y[i]) for i in range(w)]
+                    seen["outs"] += 1
+                    if got != exp[0] or ctx.get(dut.side_o) != exp[1]:
+                        fails.append((cyc, "data", got, exp))
+            if rst:
+                beat, first, due = 0, None, {}
+            elif en:
+                if v and beat == 0:
+                    first = (p, d)
+                elif v:
+                    y = fwht(np.array([x << first[1] for x in first[0]] + [x << d for x in p],
+                                      dtype=np.int64))
+                    at = enabled + latency + FOLD_ALIGN_CYCLES - 1
+                    due[at], due[at + 1] = ([int(t) for t in y[:w]], side), \
+                        ([int(t) for t in y[w:]], side)
+                    seen["pairs"] += 1
+                beat ^= v
+                enabled += 1
+            await ctx.tick()
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not fails, fails[:3]
+    assert seen["outs"] >= seen["pairs"] >= 40, seen
