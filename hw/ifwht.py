@@ -45,10 +45,10 @@ beat 1). Each is formed as ``Z 2^d + r`` with ``0 <= r < 2^d``, which needs no c
 across bit d: for ``X 2^d + Y``, ``Z = X + floor(Y / 2^d)`` (an arithmetic right
 shift) and r the low d bits of Y (sign-extended); for ``X 2^d - Y``,
 ``Z = X - floor(Y / 2^d) - st`` (st: a low bit of Y below d is set, so
-``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. Four registers:
-X, Y with d and its mask (the swap, and d decoded), then floor(Y / 2^d) and st (the
-shift), then the narrow Z and the operand for r (one narrow addition), then
-``(Z << d) | r``, the exact :func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
+``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. Three registers:
+X, Y with d and its mask (the swap, and d decoded), then the narrow Z and the
+operand for r (the shift and one narrow addition), then ``(Z << d) | r``, the exact
+:func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
 network alignment; checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit
 inputs and shifts up to 5 in ``tests/test_formal.py``).
 
@@ -115,7 +115,7 @@ def steps_of(n: int, block: int, split_align: bool = False,
 ALIGNS = ("lane", "swap", "fold")
 
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
-FOLD_ALIGN_CYCLES = 5
+FOLD_ALIGN_CYCLES = 4
 
 #: Lanes per copy of the fold alignment's per-vector registers (d, its mask, the swap
 #: select): each lane's two shifters and mask read every bit of d some 15-45 times, and
@@ -343,7 +343,7 @@ class BlockFWHT(wiring.Component):
 def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
                      out_w: int, d_max: int) -> dict:
     """Block alignment and the last butterfly stage of a two-beat vector of one block per
-    beat (module docstring, "Fold alignment"), pipelined in four registers.
+    beat (module docstring, "Fold alignment"), pipelined in three registers.
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
     :func:`hw.fwht.fold_stage`, with the per-vector parts that d_0 alone decides
@@ -351,16 +351,14 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     per lane the swapped operands X and Y of the waiting beat and the arriving one, and
     per lane group ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats'
     masks; the arriving beat's from the network's last register, or from the input with
-    network latency 0). Register S takes floor(Y / 2^d) (a shifter per lane) and the
-    sticky bit (a bit of Y below d), with X and Y. Register Z takes, on its clock enable
-    (two cycles after beat 1 came), per lane the narrow ``Z`` of the sum and of the
-    difference (one narrow addition each) and the operands of their low parts (Y and
-    -Y). The output
+    network latency 0). Register Z takes, on its clock enable (the cycle after beat 1
+    came), per lane the narrow ``Z`` of the sum and of the difference (a shift of Y by d
+    and one narrow addition) and the operands of their low parts (Y and -Y). The output
     register takes ``(Z << d) | r`` every enabled cycle, of the sum on output beat 0 and
     of the difference on output beat 1, and ``flip`` = sw with the difference, 0 with the
-    sum. No path decodes d and shifts, or shifts and adds, in one cycle. The per-vector
-    registers are in one copy per :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 5
-    enabled cycles after it came (:data:`FOLD_ALIGN_CYCLES`).
+    sum. No path decodes d and adds in one cycle. The per-vector registers are in one copy
+    per :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it
+    came (:data:`FOLD_ALIGN_CYCLES`).
 
     Args:
         lanes: W signed Values of equal width w (the network's output of the beat).
@@ -395,48 +393,42 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         return Cat(*(v > i for i in range(mw)))
 
     # per lane group: the arriving beat's d; beat 0's d, sw and mask (waiting with beat
-    # 0); the vector's d, sw and mask in register X, then S, then Z; the pair-complete
-    # bit, it one cycle later (register Z's enable), two and three (the second output
-    # beat); the flip bits
+    # 0); the vector's d, sw and mask in register X, then in register Z; the
+    # pair-complete bit (register Z's enable), it one and two cycles later (the second
+    # output beat), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa, ma = regs(dw, "d_a"), regs(1, "sw_a"), regs(mw, "mask_a")
     dx, swx, mx = regs(dw, "d_x"), regs(1, "sw_x"), regs(mw, "mask_x")
-    ds, sws, ms = regs(dw, "d_s"), regs(1, "sw_s"), regs(d_max, "mask_s")
     dz, swz, mz = regs(dw, "d_z"), regs(1, "sw_z"), regs(d_max, "mask_z")
-    got, gz = regs(1, "pair"), regs(1, "pair_z")
-    g1, ob = regs(1, "pair_d"), regs(1, "second")
+    got, g1, ob = regs(1, "pair"), regs(1, "pair_d"), regs(1, "second")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
     a = [reg(signed(width), f"a{k}") for k in range(w)]
     xo = [reg(signed(width), f"x{k}") for k in range(w)]          # X, the shifted operand
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]        # Y
-    xs = [reg(signed(width), f"xs{k}") for k in range(w)]         # X, one register on
-    ys = [reg(signed(width), f"ys{k}") for k in range(w)]         # Y, one register on
-    yr = [reg(signed(width), f"ysh{k}") for k in range(w)]        # floor(Y / 2^d)
-    st = [reg(1, f"st{k}") for k in range(w)]                      # a bit of Y below d
     zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the sum
     zq = [reg(signed(width + 1), f"zq{k}") for k in range(w)]      # Z of the difference
     ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # their low parts' operands
     lq = [reg(signed(width + 1), f"lq{k}") for k in range(w)]
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
     l1 = Signal(name=f"{name}_l1")
-    l2 = Signal(name=f"{name}_l2")
     pend = Signal(name=f"{name}_pend")
     mid_v = Signal(name=f"{name}_mid_valid")
     out_v = Signal(name=f"{name}_valid")
     with when(m, en):
         for k in range(w):
             j = k * nrep // w
-            # registers X and S every cycle: register Z reads S only two cycles after beat 1
+            # register X every cycle: register Z reads it only in the cycle after beat 1
             m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
-                         yo[k].eq(Mux(swa[j], a[k], lanes[k])),
-                         xs[k].eq(xo[k]), ys[k].eq(yo[k]), yr[k].eq(yo[k] >> dx[j]),
-                         st[k].eq((yo[k].as_unsigned() & mx[j][:width]).any())]
+                         yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
-            with m.If(gz[j]):       # a clock enable: no select behind the adders
-                m.d.sync += [zy[k].eq(xs[k] + yr[k]), zq[k].eq(xs[k] - yr[k] - st[k]),
-                             ly[k].eq(ys[k]), lq[k].eq(-ys[k])]
+            ysh = Signal(signed(width), name=f"{name}_ysh{k}")
+            st = Signal(name=f"{name}_st{k}")        # a bit of Y below d
+            m.d.comb += [ysh.eq(yo[k] >> dx[j]), st.eq((yo[k].as_unsigned() & mx[j][:width]).any())]
+            with m.If(got[j]):      # a clock enable: no select behind the adders
+                m.d.sync += [zy[k].eq(xo[k] + ysh), zq[k].eq(xo[k] - ysh - st),
+                             ly[k].eq(yo[k]), lq[k].eq(-yo[k])]
             # output beat 0 the sum, output beat 1 (``ob``) the difference
             z, lo = Mux(ob[j], zq[k], zy[k]), Mux(ob[j], lq[k], ly[k])
             low = Signal(d_max, name=f"{name}_low{k}")
@@ -444,28 +436,27 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             m.d.sync += y[k].eq((z << dz[j]) | low)
         for j in range(nrep):
             m.d.sync += [dx[j].eq(da[j] | db[j]), mx[j].eq(ma[j] | mask(db[j])),
-                         swx[j].eq(swa[j]), ds[j].eq(dx[j]), sws[j].eq(swx[j]),
-                         ms[j].eq(mx[j][:d_max])]
+                         swx[j].eq(swa[j])]
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0), ma[j].eq(mask(db[j]))]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
-                         gz[j].eq(got[j]), g1[j].eq(gz[j]), ob[j].eq(g1[j])]
-            with m.If(gz[j]):
-                m.d.sync += [dz[j].eq(ds[j]), swz[j].eq(sws[j]), fl[j].eq(0), mz[j].eq(ms[j])]
+                         g1[j].eq(got[j]), ob[j].eq(g1[j])]
+            with m.If(got[j]):
+                m.d.sync += [dz[j].eq(dx[j]), swz[j].eq(swx[j]), fl[j].eq(0),
+                             mz[j].eq(mx[j][:d_max])]
             with m.Else():
                 m.d.sync += fl[j].eq(swz[j])
             m.d.sync += flo[j].eq(fl[j])
-        m.d.sync += [out_v.eq(mid_v), mid_v.eq(l2 | pend), pend.eq(l2), l2.eq(l1),
+        m.d.sync += [out_v.eq(mid_v), mid_v.eq(l1 | pend), pend.eq(l1),
                      l1.eq(valid & beats[0])]
-    # the side band: taken with beat 1 (on a beat-index copy of its own), then three more
+    # the side band: taken with beat 1 (on a beat-index copy of its own), then two more
     # registers so that it stays with both output beats
     side_a = Signal.like(side, name=f"{name}_side", reset_less=True)
     side_b = Signal.like(side, name=f"{name}_side_b", reset_less=True)
-    side_c = Signal.like(side, name=f"{name}_side_c", reset_less=True)
     side_o = Signal.like(side, name=f"{name}_side_o", reset_less=True)
     with when(m, en & copies[groups]):
         m.d.sync += side_a.eq(side)
     with when(m, en):
-        m.d.sync += [side_b.eq(side_a), side_c.eq(side_b), side_o.eq(side_c)]
+        m.d.sync += [side_b.eq(side_a), side_o.eq(side_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
             "side": side_o}
