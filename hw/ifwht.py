@@ -46,8 +46,8 @@ across bit d: for ``X 2^d + Y``, ``Z = X + floor(Y / 2^d)`` (an arithmetic right
 shift) and r the low d bits of Y (sign-extended); for ``X 2^d - Y``,
 ``Z = X - floor(Y / 2^d) - st`` (st: a low bit of Y below d is set, so
 ``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. Three registers:
-X, Y with d and its mask (the swap, and d decoded), then the narrow Z and the
-operand for r (the shift and one narrow addition), then ``(Z << d) | r``, the exact
+X, Y, Y's shift by d and its sticky bit, d and its mask (the swap and the shift), then
+the narrow Z and the operand for r (one narrow addition), then ``(Z << d) | r``, the exact
 :func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
 network alignment; checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit
 inputs and shifts up to 5 in ``tests/test_formal.py``).
@@ -348,17 +348,18 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
     :func:`hw.fwht.fold_stage`, with the per-vector parts that d_0 alone decides
     (``sw = (d_0 == 0)``, the mask ``j < d_0``). Register X takes, every enabled cycle,
-    per lane the swapped operands X and Y of the waiting beat and the arriving one, and
-    per lane group ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats'
-    masks; the arriving beat's from the network's last register, or from the input with
-    network latency 0). Register Z takes, on its clock enable (the cycle after beat 1
-    came), per lane the narrow ``Z`` of the sum and of the difference (a shift of Y by d
-    and one narrow addition) and the operands of their low parts (Y and -Y). The output
-    register takes ``(Z << d) | r`` every enabled cycle, of the sum on output beat 0 and
-    of the difference on output beat 1, and ``flip`` = sw with the difference, 0 with the
-    sum. No path decodes d and adds in one cycle. The per-vector registers are in one copy
-    per :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it
-    came (:data:`FOLD_ALIGN_CYCLES`).
+    per lane the swapped operands X and Y of the waiting beat and the arriving one, Y's
+    shift ``floor(Y / 2^d)`` and its sticky bit (a bit of Y below d), and per lane group
+    ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats' masks; the
+    arriving beat's d from the network's last register, or from the input with network
+    latency 0). Register Z takes, on its clock enable (the cycle after beat 1 came), per
+    lane the narrow ``Z`` of the sum and of the difference (one narrow addition of
+    registers each) and the operands of their low parts (Y and -Y). The output register
+    takes ``(Z << d) | r`` every enabled cycle, of the sum on output beat 0 and of the
+    difference on output beat 1, and ``flip`` = sw with the difference, 0 with the sum.
+    No path shifts and adds in one cycle. The per-vector registers are in one copy per
+    :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it came
+    (:data:`FOLD_ALIGN_CYCLES`).
 
     Args:
         lanes: W signed Values of equal width w (the network's output of the beat).
@@ -398,7 +399,9 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     # output beat), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa, ma = regs(dw, "d_a"), regs(1, "sw_a"), regs(mw, "mask_a")
-    dx, swx, mx = regs(dw, "d_x"), regs(1, "sw_x"), regs(mw, "mask_x")
+    ds = [Signal(dw, name=f"{name}_d_s{j}") for j in range(nrep)]
+    ms = [Signal(mw, name=f"{name}_mask_s{j}") for j in range(nrep)]
+    dx, swx, mx = regs(dw, "d_x"), regs(1, "sw_x"), regs(d_max, "mask_x")
     dz, swz, mz = regs(dw, "d_z"), regs(1, "sw_z"), regs(d_max, "mask_z")
     got, g1, ob = regs(1, "pair"), regs(1, "pair_d"), regs(1, "second")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
@@ -406,6 +409,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     a = [reg(signed(width), f"a{k}") for k in range(w)]
     xo = [reg(signed(width), f"x{k}") for k in range(w)]          # X, the shifted operand
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]        # Y
+    ys = [reg(signed(width), f"ysh{k}") for k in range(w)]        # floor(Y / 2^d)
+    st = [reg(1, f"st{k}") for k in range(w)]                     # a bit of Y below d
     zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the sum
     zq = [reg(signed(width + 1), f"zq{k}") for k in range(w)]      # Z of the difference
     ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # their low parts' operands
@@ -415,19 +420,23 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     pend = Signal(name=f"{name}_pend")
     mid_v = Signal(name=f"{name}_mid_valid")
     out_v = Signal(name=f"{name}_valid")
+    # the vector's d and mask (one of d_0, d_1 is 0), and per lane Y, the swap's operand
+    m.d.comb += [ds[j].eq(da[j] | db[j]) for j in range(nrep)]
+    m.d.comb += [ms[j].eq(ma[j] | mask(db[j])) for j in range(nrep)]
+    ysel = [Signal(signed(width), name=f"{name}_ysel{k}") for k in range(w)]
+    m.d.comb += [ysel[k].eq(Mux(swa[k * nrep // w], a[k], lanes[k])) for k in range(w)]
     with when(m, en):
         for k in range(w):
-            j = k * nrep // w
-            # register X every cycle: register Z reads it only in the cycle after beat 1
-            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
-                         yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
+            j, yk = k * nrep // w, ysel[k]
+            # register X every cycle (register Z reads it only in the cycle after beat 1):
+            # X, Y, and Y's shift by d with its sticky bit
+            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])), yo[k].eq(yk),
+                         ys[k].eq(yk >> ds[j]),
+                         st[k].eq((yk.as_unsigned() & ms[j][:width]).any())]
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
-            ysh = Signal(signed(width), name=f"{name}_ysh{k}")
-            st = Signal(name=f"{name}_st{k}")        # a bit of Y below d
-            m.d.comb += [ysh.eq(yo[k] >> dx[j]), st.eq((yo[k].as_unsigned() & mx[j][:width]).any())]
             with m.If(got[j]):      # a clock enable: no select behind the adders
-                m.d.sync += [zy[k].eq(xo[k] + ysh), zq[k].eq(xo[k] - ysh - st),
+                m.d.sync += [zy[k].eq(xo[k] + ys[k]), zq[k].eq(xo[k] - ys[k] - st[k]),
                              ly[k].eq(yo[k]), lq[k].eq(-yo[k])]
             # output beat 0 the sum, output beat 1 (``ob``) the difference
             z, lo = Mux(ob[j], zq[k], zy[k]), Mux(ob[j], lq[k], ly[k])
@@ -435,15 +444,14 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             m.d.comb += low.eq(Cat(*(lo[min(i, width)] for i in range(d_max))) & mz[j])
             m.d.sync += y[k].eq((z << dz[j]) | low)
         for j in range(nrep):
-            m.d.sync += [dx[j].eq(da[j] | db[j]), mx[j].eq(ma[j] | mask(db[j])),
-                         swx[j].eq(swa[j])]
+            m.d.sync += [dx[j].eq(ds[j]), mx[j].eq(ms[j][:d_max]), swx[j].eq(swa[j])]
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0), ma[j].eq(mask(db[j]))]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
                          g1[j].eq(got[j]), ob[j].eq(g1[j])]
             with m.If(got[j]):
                 m.d.sync += [dz[j].eq(dx[j]), swz[j].eq(swx[j]), fl[j].eq(0),
-                             mz[j].eq(mx[j][:d_max])]
+                             mz[j].eq(mx[j])]
             with m.Else():
                 m.d.sync += fl[j].eq(swz[j])
             m.d.sync += flo[j].eq(fl[j])
