@@ -37,20 +37,16 @@ Fold alignment (``fold_align``, two beats of one block each: W = G = N/2): the W
 network runs the inner stages only, on the narrow integers, and the shift amounts ride
 along; the alignment happens in the last stage across the beats
 (:func:`fold_align_stage`), so no lane is wider than ``w_p + log2 W + 1`` bits before
-the output register. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of
-d_0, d_1 zero (the contract), let ``sw = (d_0 == 0)``, X the shifted operand (b if sw
-else a), Y the other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 =
-X 2^d + Y`` and ``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output
-beat 1). Each is formed as ``Z 2^d + r`` with ``0 <= r < 2^d``, which needs no carry
-across bit d: for ``X 2^d + Y``, ``Z = X + floor(Y / 2^d)`` (an arithmetic right
-shift) and r the low d bits of Y (sign-extended); for ``X 2^d - Y``,
-``Z = X - floor(Y / 2^d) - st`` (st: a low bit of Y below d is set, so
-``floor(-Y / 2^d) = -floor(Y / 2^d) - st``) and r the low d bits of -Y. Three registers:
-X, Y, Y's shift by d and its sticky bit, d and its mask (the swap and the shift), then
-the narrow Z and the operand for r (one narrow addition), then ``(Z << d) | r``, the exact
-:func:`out_width` (N)-bit integer. Exact for every input (the same integers as the
-network alignment; checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit
-inputs and shifts up to 5 in ``tests/test_formal.py``).
+the fold. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of d_0, d_1 zero
+(the contract), let ``sw = (d_0 == 0)``, X the shifted operand (b if sw else a), Y the
+other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 = X 2^d + Y`` and
+``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output beat 1). Only X is
+shifted (one left shifter per lane), and both outputs come from one addition of the
+exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
+registers: X, Y and d (the swap), then ``X << d``, Y and -Y (the shift), then the sum or
+the difference. Exact for every input (the same integers as the network alignment;
+checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit inputs and shifts
+up to 5 in ``tests/test_formal.py``).
 
 Register placement (``latency`` = L in [0, S]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1;
@@ -346,18 +342,15 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     beat (module docstring, "Fold alignment"), pipelined in three registers.
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
-    :func:`hw.fwht.fold_stage`, with the per-vector parts that d_0 alone decides
-    (``sw = (d_0 == 0)``, the mask ``j < d_0``). Register X takes, every enabled cycle,
-    per lane the swapped operands X and Y of the waiting beat and the arriving one, Y's
-    shift ``floor(Y / 2^d)`` and its sticky bit (a bit of Y below d), and per lane group
-    ``d = d_0 | d_1`` and its mask ``j < d`` (the OR of the two beats' masks; the
-    arriving beat's d from the network's last register, or from the input with network
-    latency 0). Register Z takes, on its clock enable (the cycle after beat 1 came), per
-    lane the narrow ``Z`` of the sum and of the difference (one narrow addition of
-    registers each) and the operands of their low parts (Y and -Y). The output register
-    takes ``(Z << d) | r`` every enabled cycle, of the sum on output beat 0 and of the
-    difference on output beat 1, and ``flip`` = sw with the difference, 0 with the sum.
-    No path shifts and adds in one cycle. The per-vector registers are in one copy per
+    :func:`hw.fwht.fold_stage`, with ``sw = (d_0 == 0)``. Register X takes, every enabled
+    cycle, per lane the swapped operands X and Y of the waiting beat and the arriving one,
+    and per lane group ``d = d_0 | d_1`` (the arriving beat's d from the network's last
+    register, or from the input with network latency 0). Register S takes, on its clock
+    enable (the cycle after beat 1 came), per lane ``X << d`` (a left shifter) and the
+    addends of the sum and of the difference, Y and -Y. The output register takes
+    ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on output beat 1 (one
+    out_w-bit addition, its addend selected from registers), and ``flip`` = sw with the
+    difference, 0 with the sum. The per-vector registers are in one copy per
     :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it came
     (:data:`FOLD_ALIGN_CYCLES`).
 
@@ -382,7 +375,6 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     beats = copies[:groups]
     nrep = replica_count(w, FOLD_GROUP_LANES)
     attrs = REPLICA_ATTRS if nrep > 1 else {}
-    mw = max(width, d_max)          # the mask j < d: Y's bits (sticky) and r's (low part)
 
     def reg(shape, nm, **kw):
         return Signal(shape, name=f"{name}_{nm}", reset_less=True, **kw)
@@ -390,70 +382,48 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     def regs(shape, nm):            # one per lane group j (lanes [j W / nrep, (j + 1) W / nrep))
         return [reg(shape, f"{nm}{j}", attrs=attrs) for j in range(nrep)]
 
-    def mask(v):                    # bit i: i < v
-        return Cat(*(v > i for i in range(mw)))
-
-    # per lane group: the arriving beat's d; beat 0's d, sw and mask (waiting with beat
-    # 0); the vector's d, sw and mask in register X, then in register Z; the
-    # pair-complete bit (register Z's enable), it one and two cycles later (the second
-    # output beat), the flip bits
+    # per lane group: the arriving beat's d; beat 0's d and sw (waiting with beat 0); the
+    # vector's d and sw in register X, sw in register S; the pair-complete bit (register
+    # S's enable), it one and two cycles later (the second output beat), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
-    da, swa, ma = regs(dw, "d_a"), regs(1, "sw_a"), regs(mw, "mask_a")
-    ds = [Signal(dw, name=f"{name}_d_s{j}") for j in range(nrep)]
-    ms = [Signal(mw, name=f"{name}_mask_s{j}") for j in range(nrep)]
-    dx, swx, mx = regs(dw, "d_x"), regs(1, "sw_x"), regs(d_max, "mask_x")
-    dz, swz, mz = regs(dw, "d_z"), regs(1, "sw_z"), regs(d_max, "mask_z")
+    da, swa = regs(dw, "d_a"), regs(1, "sw_a")
+    dx, swx, sws = regs(dw, "d_x"), regs(1, "sw_x"), regs(1, "sw_s")
     got, g1, ob = regs(1, "pair"), regs(1, "pair_d"), regs(1, "second")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
     a = [reg(signed(width), f"a{k}") for k in range(w)]
-    xo = [reg(signed(width), f"x{k}") for k in range(w)]          # X, the shifted operand
-    yo = [reg(signed(width), f"yop{k}") for k in range(w)]        # Y
-    ys = [reg(signed(width), f"ysh{k}") for k in range(w)]        # floor(Y / 2^d)
-    st = [reg(1, f"st{k}") for k in range(w)]                     # a bit of Y below d
-    zy = [reg(signed(width + 1), f"zy{k}") for k in range(w)]      # Z of the sum
-    zq = [reg(signed(width + 1), f"zq{k}") for k in range(w)]      # Z of the difference
-    ly = [reg(signed(width + 1), f"ly{k}") for k in range(w)]      # their low parts' operands
-    lq = [reg(signed(width + 1), f"lq{k}") for k in range(w)]
+    xo = [reg(signed(width), f"x{k}") for k in range(w)]             # X, the shifted operand
+    yo = [reg(signed(width), f"yop{k}") for k in range(w)]           # Y
+    xs = [reg(signed(width + d_max), f"xs{k}") for k in range(w)]    # X << d
+    yp = [reg(signed(width + 1), f"yp{k}") for k in range(w)]        # Y, the sum's addend
+    yn = [reg(signed(width + 1), f"yn{k}") for k in range(w)]        # -Y, the difference's
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
     l1 = Signal(name=f"{name}_l1")
     pend = Signal(name=f"{name}_pend")
     mid_v = Signal(name=f"{name}_mid_valid")
     out_v = Signal(name=f"{name}_valid")
-    # the vector's d and mask (one of d_0, d_1 is 0), and per lane Y, the swap's operand
-    m.d.comb += [ds[j].eq(da[j] | db[j]) for j in range(nrep)]
-    m.d.comb += [ms[j].eq(ma[j] | mask(db[j])) for j in range(nrep)]
-    ysel = [Signal(signed(width), name=f"{name}_ysel{k}") for k in range(w)]
-    m.d.comb += [ysel[k].eq(Mux(swa[k * nrep // w], a[k], lanes[k])) for k in range(w)]
     with when(m, en):
         for k in range(w):
-            j, yk = k * nrep // w, ysel[k]
-            # register X every cycle (register Z reads it only in the cycle after beat 1):
-            # X, Y, and Y's shift by d with its sticky bit
-            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])), yo[k].eq(yk),
-                         ys[k].eq(yk >> ds[j]),
-                         st[k].eq((yk.as_unsigned() & ms[j][:width]).any())]
+            j = k * nrep // w
+            # register X every cycle: register S reads it only in the cycle after beat 1
+            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
+                         yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
-            with m.If(got[j]):      # a clock enable: no select behind the adders
-                m.d.sync += [zy[k].eq(xo[k] + ys[k]), zq[k].eq(xo[k] - ys[k] - st[k]),
-                             ly[k].eq(yo[k]), lq[k].eq(-yo[k])]
+            with m.If(got[j]):      # a clock enable: no select behind the shifter
+                m.d.sync += [xs[k].eq(xo[k] << dx[j]), yp[k].eq(yo[k]), yn[k].eq(-yo[k])]
             # output beat 0 the sum, output beat 1 (``ob``) the difference
-            z, lo = Mux(ob[j], zq[k], zy[k]), Mux(ob[j], lq[k], ly[k])
-            low = Signal(d_max, name=f"{name}_low{k}")
-            m.d.comb += low.eq(Cat(*(lo[min(i, width)] for i in range(d_max))) & mz[j])
-            m.d.sync += y[k].eq((z << dz[j]) | low)
+            m.d.sync += y[k].eq(xs[k] + Mux(ob[j], yn[k], yp[k]))
         for j in range(nrep):
-            m.d.sync += [dx[j].eq(ds[j]), mx[j].eq(ms[j][:d_max]), swx[j].eq(swa[j])]
+            m.d.sync += [dx[j].eq(da[j] | db[j]), swx[j].eq(swa[j])]
             with m.If(~beat_of(beats, j * w // nrep, w)):
-                m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0), ma[j].eq(mask(db[j]))]
+                m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
                          g1[j].eq(got[j]), ob[j].eq(g1[j])]
             with m.If(got[j]):
-                m.d.sync += [dz[j].eq(dx[j]), swz[j].eq(swx[j]), fl[j].eq(0),
-                             mz[j].eq(mx[j])]
+                m.d.sync += [sws[j].eq(swx[j]), fl[j].eq(0)]
             with m.Else():
-                m.d.sync += fl[j].eq(swz[j])
+                m.d.sync += fl[j].eq(sws[j])
             m.d.sync += flo[j].eq(fl[j])
         m.d.sync += [out_v.eq(mid_v), mid_v.eq(l1 | pend), pend.eq(l1),
                      l1.eq(valid & beats[0])]
