@@ -43,10 +43,10 @@ other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 = X 2^d + Y`` a
 ``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output beat 1). Only X is
 shifted (one left shifter per lane), and both outputs come from one addition of the
 exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
-registers: X, Y and d (the swap), then ``X << d``, Y and -Y (the shift), then the sum or
-the difference. Exact for every input (the same integers as the network alignment;
-checked bit-exact in simulation, and proven by BMC at N = 4 with 3-bit inputs and shifts
-up to 5 in ``tests/test_formal.py``).
+registers: X, Y and d (the swap); ``X << d`` and the addend (Y, replaced by -Y one
+cycle later); the sum, then the difference. Exact for every input (the same integers
+as the network alignment; checked bit-exact in simulation, and proven by BMC at N = 4
+with 3-bit inputs and shifts up to 5 in ``tests/test_formal.py``).
 
 Register placement (``latency`` = L in [0, S]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1;
@@ -347,10 +347,10 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     and per lane group ``d = d_0 | d_1`` (the arriving beat's d from the network's last
     register, or from the input with network latency 0). Register S takes, on its clock
     enable (the cycle after beat 1 came), per lane ``X << d`` (a left shifter) and the
-    addends of the sum and of the difference, Y and -Y. The output register takes
+    addend Y, which it negates in the next cycle. The output register takes
     ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on output beat 1 (one
-    out_w-bit addition, its addend selected from registers), and ``flip`` = sw with the
-    difference, 0 with the sum. The per-vector registers are in one copy per
+    out_w-bit addition of two registers), and ``flip`` = sw with the difference, 0 with
+    the sum. The per-vector registers are in one copy per
     :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it came
     (:data:`FOLD_ALIGN_CYCLES`).
 
@@ -384,19 +384,18 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
 
     # per lane group: the arriving beat's d; beat 0's d and sw (waiting with beat 0); the
     # vector's d and sw in register X, sw in register S; the pair-complete bit (register
-    # S's enable), it one and two cycles later (the second output beat), the flip bits
+    # S's enable) and it one cycle later (the addend's negation), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
     dx, swx, sws = regs(dw, "d_x"), regs(1, "sw_x"), regs(1, "sw_s")
-    got, g1, ob = regs(1, "pair"), regs(1, "pair_d"), regs(1, "second")
+    got, g1 = regs(1, "pair"), regs(1, "pair_d")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
     a = [reg(signed(width), f"a{k}") for k in range(w)]
     xo = [reg(signed(width), f"x{k}") for k in range(w)]             # X, the shifted operand
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]           # Y
     xs = [reg(signed(width + d_max), f"xs{k}") for k in range(w)]    # X << d
-    yp = [reg(signed(width + 1), f"yp{k}") for k in range(w)]        # Y, the sum's addend
-    yn = [reg(signed(width + 1), f"yn{k}") for k in range(w)]        # -Y, the difference's
+    ya = [reg(signed(width + 1), f"yadd{k}") for k in range(w)]      # Y, then -Y: the addend
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
     l1 = Signal(name=f"{name}_l1")
     pend = Signal(name=f"{name}_pend")
@@ -411,15 +410,17 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
             with m.If(got[j]):      # a clock enable: no select behind the shifter
-                m.d.sync += [xs[k].eq(xo[k] << dx[j]), yp[k].eq(yo[k]), yn[k].eq(-yo[k])]
-            # output beat 0 the sum, output beat 1 (``ob``) the difference
-            m.d.sync += y[k].eq(xs[k] + Mux(ob[j], yn[k], yp[k]))
+                m.d.sync += [xs[k].eq(xo[k] << dx[j]), ya[k].eq(yo[k])]
+            with m.Elif(g1[j]):     # after the sum's cycle, the difference's addend
+                m.d.sync += ya[k].eq(-ya[k])
+            # output beat 0 the sum, output beat 1 the difference: no select before the adder
+            m.d.sync += y[k].eq(xs[k] + ya[k])
         for j in range(nrep):
             m.d.sync += [dx[j].eq(da[j] | db[j]), swx[j].eq(swa[j])]
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
-                         g1[j].eq(got[j]), ob[j].eq(g1[j])]
+                         g1[j].eq(got[j])]
             with m.If(got[j]):
                 m.d.sync += [sws[j].eq(swx[j]), fl[j].eq(0)]
             with m.Else():
