@@ -36,8 +36,8 @@ commute, and the order here is the golden one.
 Fold alignment (``fold_align``, two beats of one block each: W = G = N/2): the W-point
 network runs the inner stages only, on the narrow integers, and the shift amounts ride
 along; the alignment happens in the last stage across the beats
-(:func:`fold_align_stage`), so no lane is wider than ``w_p + log2 W + 1`` bits before
-the fold. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of d_0, d_1 zero
+(:func:`fold_align_stage`), so no lane is wider than ``w_p + log2 W`` bits before the
+fold. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of d_0, d_1 zero
 (the contract), let ``sw = (d_0 == 0)``, X the shifted operand (b if sw else a), Y the
 other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 = X 2^d + Y`` and
 ``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output beat 1). Only X is
@@ -113,9 +113,9 @@ ALIGNS = ("lane", "swap", "fold")
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
 FOLD_ALIGN_CYCLES = 4
 
-#: Lanes per copy of the fold alignment's per-vector registers (d, its mask, the swap
-#: select): each lane's two shifters and mask read every bit of d some 15-45 times, and
-#: a copy per 16 lanes was routed 4.91 ns to one of them (docs/SYNTH.md).
+#: Lanes per copy of the fold alignment's per-vector registers (d, the swap select, the
+#: clock enables): each lane's left shifter reads every bit of d some 45 times, and a
+#: copy per 16 lanes was routed 4.91 ns to one of its lanes (docs/SYNTH.md).
 FOLD_GROUP_LANES = 4
 
 
