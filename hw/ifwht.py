@@ -118,6 +118,10 @@ FOLD_ALIGN_CYCLES = 4
 #: copy per 16 lanes was routed 4.91 ns to one of its lanes (docs/SYNTH.md).
 FOLD_GROUP_LANES = 4
 
+#: Low bits of d that :func:`fold_align_stage` shifts by into register X; register S
+#: shifts by the rest (so each bit fans out to at most 2**bits positions per register).
+FOLD_SHIFT_X_BITS = 2
+
 
 def default_align(n: int, block: int) -> str:
     """"swap" for N/G = 2, "lane" otherwise: from N/G = 4 on, the N/G:1 select per lane
@@ -387,12 +391,14 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     # S's enable) and it one cycle later (the addend's negation), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
-    dx, swx, sws = regs(dw, "d_x"), regs(1, "sw_x"), regs(1, "sw_s")
+    lo = min(FOLD_SHIFT_X_BITS, dw)
+    dx, sws = regs(dw - lo, "d_x"), regs(1, "sw_s")
     got, g1 = regs(1, "pair"), regs(1, "pair_d")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
     a = [reg(signed(width), f"a{k}") for k in range(w)]
-    xo = [reg(signed(width), f"x{k}") for k in range(w)]             # X, the shifted operand
+    xlo = (1 << lo) - 1                                               # d's low bits' largest
+    xo = [reg(signed(width + xlo), f"x{k}") for k in range(w)]       # X << (d's low bits)
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]           # Y
     xs = [reg(signed(width + d_max), f"xs{k}") for k in range(w)]    # X << d
     ya = [reg(signed(width + 1), f"yadd{k}") for k in range(w)]      # Y, then -Y: the addend
@@ -405,24 +411,25 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         for k in range(w):
             j = k * nrep // w
             # register X every cycle: register S reads it only in the cycle after beat 1
-            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k])),
+            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k]) << (da[j] | db[j])[:lo]),
                          yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
             with m.If(got[j]):      # a clock enable: no select behind the shifter
-                m.d.sync += [xs[k].eq(xo[k] << dx[j]), ya[k].eq(yo[k])]
+                m.d.sync += [xs[k].eq(xo[k] << (dx[j] << lo)), ya[k].eq(yo[k])]
             with m.Elif(g1[j]):     # after the sum's cycle, the difference's addend
                 m.d.sync += ya[k].eq(-ya[k])
             # output beat 0 the sum, output beat 1 the difference: no select before the adder
             m.d.sync += y[k].eq(xs[k] + ya[k])
         for j in range(nrep):
-            m.d.sync += [dx[j].eq(da[j] | db[j]), swx[j].eq(swa[j])]
+            m.d.sync += dx[j].eq((da[j] | db[j])[lo:])
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
                          g1[j].eq(got[j])]
             with m.If(got[j]):
-                m.d.sync += [sws[j].eq(swx[j]), fl[j].eq(0)]
+                # beat 0's sw: register A keeps it until a later beat 0 comes
+                m.d.sync += [sws[j].eq(swa[j]), fl[j].eq(0)]
             with m.Else():
                 m.d.sync += fl[j].eq(sws[j])
             m.d.sync += flo[j].eq(fl[j])
