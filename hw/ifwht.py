@@ -43,8 +43,9 @@ other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 = X 2^d + Y`` a
 ``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output beat 1). Only X is
 shifted (one left shifter per lane), and both outputs come from one addition of the
 exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
-registers: X, Y and d (the swap); ``X << d`` and the addend (Y, replaced by -Y one
-cycle later); the sum, then the difference. Exact for every input (the same integers
+registers: X shifted by d's low :data:`FOLD_SHIFT_X_BITS` bits, Y and d's high bits
+(the swap); ``X << d`` (the shift by the high bits) and the addend (Y, replaced by -Y
+one cycle later); the sum, then the difference. Exact for every input (the same integers
 as the network alignment; checked bit-exact in simulation, and proven by BMC at N = 4
 with 3-bit inputs and shifts up to 5 in ``tests/test_formal.py``).
 
@@ -118,8 +119,11 @@ FOLD_ALIGN_CYCLES = 4
 #: copy per 16 lanes was routed 4.91 ns to one of its lanes (docs/SYNTH.md).
 FOLD_GROUP_LANES = 4
 
-#: Low bits of d that :func:`fold_align_stage` shifts by into register X; register S
-#: shifts by the rest (so each bit fans out to at most 2**bits positions per register).
+#: Low bits of d that :func:`fold_align_stage` shifts X by into register X; register S
+#: shifts by the high bits. One 31-position shifter into register S was the N=128
+#: decoder's worst path (each bit of X routed to up to 31 positions); split 2 + 3 bits,
+#: each bit goes to at most 4, then 8 (2 bits: the smallest of 1, 2, 3 in synthesis,
+#: docs/SYNTH.md).
 FOLD_SHIFT_X_BITS = 2
 
 
@@ -347,11 +351,12 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
     :func:`hw.fwht.fold_stage`, with ``sw = (d_0 == 0)``. Register X takes, every enabled
-    cycle, per lane the swapped operands X and Y of the waiting beat and the arriving one,
-    and per lane group ``d = d_0 | d_1`` (the arriving beat's d from the network's last
-    register, or from the input with network latency 0). Register S takes, on its clock
-    enable (the cycle after beat 1 came), per lane ``X << d`` (a left shifter) and the
-    addend Y, which it negates in the next cycle. The output register takes
+    cycle, per lane the swapped operands of the waiting beat and the arriving one, X
+    shifted by the low :data:`FOLD_SHIFT_X_BITS` bits of ``d = d_0 | d_1`` and Y, and per
+    lane group d's high bits (the arriving beat's d from the network's last register, or
+    from the input with network latency 0). Register S takes, on its clock enable (the
+    cycle after beat 1 came), per lane ``X << d`` (the shift by the high bits) and the
+    addend Y, which it negates in the next cycle, and beat 0's sw from register A. The output register takes
     ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on output beat 1 (one
     out_w-bit addition of two registers), and ``flip`` = sw with the difference, 0 with
     the sum. The per-vector registers are in one copy per
@@ -387,8 +392,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         return [reg(shape, f"{nm}{j}", attrs=attrs) for j in range(nrep)]
 
     # per lane group: the arriving beat's d; beat 0's d and sw (waiting with beat 0); the
-    # vector's d and sw in register X, sw in register S; the pair-complete bit (register
-    # S's enable) and it one cycle later (the addend's negation), the flip bits
+    # vector's d's high bits in register X, sw in register S; the pair-complete bit
+    # (register S's enable) and it one cycle later (the addend's negation), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
     lo = min(FOLD_SHIFT_X_BITS, dw)
