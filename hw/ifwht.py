@@ -41,11 +41,11 @@ fold. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of d_0, d_1 ze
 (the contract), let ``sw = (d_0 == 0)``, X the shifted operand (b if sw else a), Y the
 other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 = X 2^d + Y`` and
 ``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output beat 1). Only X is
-shifted (one left shifter per lane), and both outputs come from one addition of the
-exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
-registers: X shifted by d's low :data:`FOLD_SHIFT_X_BITS` bits, Y and d's high bits
-(the swap); ``X << d`` (the shift by the high bits) and the addend (Y, replaced by -Y
-one cycle later); the sum, then the difference. Exact for every input (the same integers
+shifted (one left shift per lane, in two parts), and both outputs come from one addition
+of the exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
+registers: the swap's operands (X already shifted by d's low :data:`FOLD_SHIFT_X_BITS`
+bits, and Y) with d's high bits; ``X << d`` (the shift by the high bits) and the addend
+(Y, replaced by -Y one cycle later); the sum, then the difference. Exact for every input (the same integers
 as the network alignment; checked bit-exact in simulation, and proven by BMC at N = 4
 with 3-bit inputs and shifts up to 5 in ``tests/test_formal.py``).
 
@@ -120,10 +120,11 @@ FOLD_ALIGN_CYCLES = 4
 FOLD_GROUP_LANES = 4
 
 #: Low bits of d that :func:`fold_align_stage` shifts X by into register X; register S
-#: shifts by the high bits. One 31-position shifter into register S was the N=128
-#: decoder's worst path (each bit of X routed to up to 31 positions); split 2 + 3 bits,
-#: each bit goes to at most 4, then 8 (2 bits: the smallest of 1, 2, 3 in synthesis,
-#: docs/SYNTH.md).
+#: shifts by the high bits. With one 31-position shifter into register S (0 here) each
+#: bit of X went to up to 31 positions, the N=128 decoder's worst path at 21721cf; split
+#: 2 + 3 bits, each bit goes to at most 4, then 8, and the fold alone has half the LUT4
+#: (2 bits: the smallest of 0 .. 3, bench/synth_fold_shift.py). The decoder's Fmax did
+#: not rise with it (99.71 against 102.52 MHz, seed 1; docs/SYNTH.md).
 FOLD_SHIFT_X_BITS = 2
 
 
@@ -356,10 +357,10 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     lane group d's high bits (the arriving beat's d from the network's last register, or
     from the input with network latency 0). Register S takes, on its clock enable (the
     cycle after beat 1 came), per lane ``X << d`` (the shift by the high bits) and the
-    addend Y, which it negates in the next cycle, and beat 0's sw from register A. The output register takes
-    ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on output beat 1 (one
-    out_w-bit addition of two registers), and ``flip`` = sw with the difference, 0 with
-    the sum. The per-vector registers are in one copy per
+    addend Y, which it negates in the next cycle, and beat 0's sw from register A. The
+    output register takes ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on
+    output beat 1 (one out_w-bit addition of two registers), and ``flip`` = sw with the
+    difference, 0 with the sum. The per-vector registers are in one copy per
     :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it came
     (:data:`FOLD_ALIGN_CYCLES`).
 
@@ -433,7 +434,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
                          g1[j].eq(got[j])]
             with m.If(got[j]):
-                # beat 0's sw: register A keeps it until a later beat 0 comes
+                # beat 0's sw: register A is written only while the beat index is 0,
+                # so from beat 0 to this cycle (index 1 until beat 1) it holds beat 0's
                 m.d.sync += [sws[j].eq(swa[j]), fl[j].eq(0)]
             with m.Else():
                 m.d.sync += fl[j].eq(sws[j])
