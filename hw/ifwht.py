@@ -123,8 +123,9 @@ FOLD_GROUP_LANES = 4
 #: shifts by the high bits. With one 31-position shifter into register S (0 here) each
 #: bit of X went to up to 31 positions, the N=128 decoder's worst path at 21721cf; split
 #: 2 + 3 bits, each bit goes to at most 4, then 8, and the fold alone has half the LUT4
-#: (2 bits: the smallest of 0 .. 3, bench/synth_fold_shift.py). The decoder's Fmax did
-#: not rise with it (99.71 against 102.52 MHz, seed 1; docs/SYNTH.md).
+#: (2 bits: the smallest of 0 .. 3, bench/synth_fold_shift.py). Its effect on the
+#: decoder's Fmax is within the placement-seed spread (99.71 MHz at seed 1, 117.32 at
+#: seed 2, against 102.52 at seed 1 without it; docs/SYNTH.md).
 FOLD_SHIFT_X_BITS = 2
 
 
