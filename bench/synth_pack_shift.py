@@ -90,7 +90,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.lanes < 1:
         ap.error(f"--lanes must be >= 1, got {a.lanes}")
-    bits = [int(b) for b in a.bits.split(",")]
+    try:
+        bits = [int(b) for b in a.bits.split(",")]
+    except ValueError:
+        ap.error(f"--bits must be comma-separated integers, got {a.bits!r}")
+    lp_width = float_consts(FormatParams(n=a.n, block=a.n // 2)).lp_width
+    if min(bits) < 0 or max(bits) > lp_width or len(set(bits)) != len(bits):
+        ap.error(f"--bits must be distinct values in 0..{lp_width} (Lp's width at N={a.n}), "
+                 f"got {a.bits!r}")
     if a.out is None:
         a.out = OUT if a.n == 128 else OUT.with_name(f"{OUT.stem}_n{a.n}.json")
     with tempfile.TemporaryDirectory() as t:

@@ -32,7 +32,7 @@ Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_reg
          leading one [REG lead]
          subnormal clamp, sign) [REG prep]
       -> FloatPack (shift by Lp's high bits + sticky [REG shift] shift by its low
-         bit, one's complement correction, RNE [REG round] pack, saturate) -> REG
+         bits, one's complement correction, RNE [REG round] pack, saturate) -> REG
       -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs) + len(dq_regs)`` (5 for the defaults:

@@ -35,7 +35,9 @@ the right shifter gives ``w = (y << (mb + 1)) >> Lp`` cut to mb + 2 bits (bits L
 .. Lp of y; a left shift when ``sh < 1``, then exact) and sticky = OR of the bits of
 y below them, collected from the bits each shifter level drops
 (:func:`shift_right_sticky`; a nonzero remainder stays nonzero under negation, so it
-is also the sticky bit of |y|). For y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
+is also the sticky bit of |y|). With the ``shift`` register the shifter is two in
+series, by Lp's high bits before the register and by its :data:`PACK_SHIFT_LOW_BITS`
+low bits after it, the two sticky bits ORed. For y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
 are ``t = (w xor s) + (s & ~sticky)`` (mb + 3 bits: the +1 carries into them exactly
 when every lower bit of y is 0). ``t`` holds the significand ``r0 = t >> 1`` above
 the guard bit g = t[0]. RNE: ``r = r0 + (g & (sticky | r0[0]))``, computed in the
@@ -69,7 +71,7 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
 
     A log shifter, largest shift first; at level k the ``step * 2^k`` bits that fall
     off are ORed into the sticky bit, and the value is cut to the bits that can
-    still reach the output (``out_width + step * 2^k - 1``): bits of ``v`` that would
+    still reach the output (``out_width + step * (2^k - 1)``): bits of ``v`` that would
     land at or above ``out_width`` are dropped (the result is exactly bits
     [amount * step, amount * step + out_width) of v, zero above the top of v).
     ``amount_max`` (default: every value of ``amount``): the largest amount the
@@ -100,7 +102,7 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
     sticky = None
     for j in range(k - 1, -1, -1):
         h = step << j
-        keep = min(len(cur), out_width + h - 1)
+        keep = min(len(cur), out_width + h - step)       # the levels below shift < h
         nv = Signal(keep, name=f"{name}_v{j}")
         dropped = cur[:h].any() if h <= len(cur) else cur.any()
         m.d.comb += nv.eq(Mux(amount[j], cur[h:h + keep] if h < len(cur) else 0, cur[:keep]))
@@ -379,8 +381,9 @@ class FloatPack(wiring.Component):
         los = []                            # Lp's low bits, shifted by after ``shr``
         for i in range(self.n):
             lp = self.lp[i]
-            # the high part keeps the mb + 2 bits and the 2^lo - 1 below them that the
-            # low part can still shift in; its sticky bit is the OR of the bits below
+            # the high part keeps the mb + 2 bits and the 2^lo - 1 above them that the
+            # low part can still shift down into them; its sticky bit is the OR of the
+            # bits below the high part's window, the low part's of those it shifts out
             wv, sticky = shift_right_sticky(m, Cat(Const(0, mb + 1), self.low[i]), lp[lo:],
                                             mb + 1 + (1 << lo), f"sh{i}",
                                             amount_max=c.lp_max >> lo, step=1 << lo)

@@ -441,7 +441,8 @@ def test_tofloat_unit(dtype, w, log2n, low_bits):
     """FloatPrep -> FloatPack vs round_to_input_type, every ef_min: combinational
     (``low_bits`` None), or with FloatPack's ``shift`` and ``round`` registers and the
     shifter split ``shift_low_bits`` = low_bits (9: clamped to Lp's width, the whole
-    shift after the register)."""
+    shift after the register), a new vector every cycle and ``en`` low in a quarter of
+    the cycles (a value that bypasses a register, or moves while ``en`` is low, fails)."""
     p = FormatParams(n=1 << log2n, block=1 << log2n, dtype=dtype)
     lanes = 64
     efs = range(1, 32)
@@ -453,34 +454,42 @@ def test_tofloat_unit(dtype, w, log2n, low_bits):
                                          shift_low_bits=low_bits)
     if regs:
         assert pack.shift_low_bits == min(low_bits, consts.lp_width)
-        m.d.comb += pack.en.eq(1)
     m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
     rng = np.random.default_rng(w + log2n)
     mask = int(rng.integers(0, 1 << 62)) << 1
-    fails = []
+    neg = np.array([(mask >> i) & 1 for i in range(lanes)]) == 1
+    fails, checked = [], [0]
+
+    def check(allbits, want):
+        s, ef, exp = want
+        checked[0] += 1
+        for i in range(lanes):
+            got = (allbits >> (16 * i)) & 0xFFFF
+            if got != exp[i] and len(fails) < 5:
+                fails.append(f"S={s[i]} ef={ef}: got {got:#06x} exp {int(exp[i]):#06x}")
 
     async def tb(ctx):
         ctx.set(prep.mask, mask)
+        pipe = [None, None]             # the vectors in the shift and round registers
         for ef in efs:
             for _ in range(8 if FULL else 2):
                 s = _tofloat_values(rng, w, lanes)
                 ctx.set(prep.ef_min, ef)
                 ctx.set(prep.y.as_value(),      # all lanes at once: one settle
                         sum((int(x) & ((1 << w) - 1)) << (w * i) for i, x in enumerate(s)))
-                if regs:
-                    await ctx.tick().repeat(2)
-                else:
+                v = np.array([float(x) for x in s]) * 2.0 ** (ef - 10 - log2n)
+                want = (s, ef, round_to_input_type(np.where(neg, -v, v), p))
+                if not regs:
                     await ctx.delay(1e-9)
-                t = ef - 10 - log2n
-                v = np.array([float(x) for x in s]) * 2.0 ** t
-                neg = np.array([(mask >> i) & 1 for i in range(lanes)]) == 1
-                v = np.where(neg, -v, v)
-                exp = round_to_input_type(v, p)
-                allbits = ctx.get(pack.bits.as_value())
-                for i in range(lanes):
-                    got = (allbits >> (16 * i)) & 0xFFFF
-                    if got != exp[i] and len(fails) < 5:
-                        fails.append(f"S={s[i]} ef={ef}: got {got:#06x} exp {int(exp[i]):#06x}")
+                    check(ctx.get(pack.bits.as_value()), want)
+                    continue
+                en = int(rng.random() < 0.75)
+                ctx.set(pack.en, en)
+                await ctx.tick()
+                if en:
+                    pipe = [want, pipe[0]]
+                if pipe[1] is not None:
+                    check(ctx.get(pack.bits.as_value()), pipe[1])
 
     sim = Simulator(m)
     if regs:
@@ -488,6 +497,7 @@ def test_tofloat_unit(dtype, w, log2n, low_bits):
     sim.add_testbench(tb)
     sim.run()
     assert not fails, fails
+    assert checked[0] >= len(efs)
 
 
 def test_float_pack_shift_low_bits_negative():

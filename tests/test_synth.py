@@ -465,5 +465,6 @@ def test_pack_shift_bench(tmp_path):
     # the high part keeps 2^lo - 1 more bits per lane and registers lo bits of Lp
     assert recs[1]["TRELLIS_FF"] - recs[0]["TRELLIS_FF"] == 2 * (3 + 2)
     assert d["lp_width"] == 6 and d["lp_max"] == 32
-    with pytest.raises(SystemExit):
-        bench.main(["--lanes", "0", "--out", str(out)])
+    for bad in (["--lanes", "0"], ["--bits", "1,1"], ["--bits", "7"], ["--bits", "-1"]):
+        with pytest.raises(SystemExit):
+            bench.main(bad + ["--no-pnr", "--out", str(out)])
