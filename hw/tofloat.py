@@ -121,7 +121,9 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
 #: (16 lanes, bench/synth_pack_shift.py, out of context, seed 1) at split 0 / 1 / 2 / 3:
 #: N=128 3,427 / 2,499 / 2,811 / 2,378 LUT4, 147.3 / 173.8 / 172.0 / 156.3 MHz; N=64
 #: 2,883 / 2,251 / 2,368 / 2,140 LUT4, 163.8 / 205.6 / 181.3 / 158.4 MHz: 1 is the
-#: fastest at both N and the smallest of the fast ones.
+#: fastest at both N and the smallest of the fast ones. In the N=64 decoder (LUT4 -8.9 %)
+#: seeds 1 and 3 gave 126.92 and 128.39 MHz against 128.49 and 145.58: within the seed
+#: spread, not the out-of-context gain (docs/SYNTH.md); kept for the area.
 PACK_SHIFT_LOW_BITS = 1
 
 
