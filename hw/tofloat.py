@@ -123,7 +123,8 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
 #: 2,883 / 2,251 / 2,368 / 2,140 LUT4, 163.8 / 205.6 / 181.3 / 158.4 MHz: 1 is the
 #: fastest at both N and the smallest of the fast ones. In the N=64 decoder (LUT4 -8.9 %)
 #: seeds 1 and 3 gave 126.92 and 128.39 MHz against 128.49 and 145.58: within the seed
-#: spread, not the out-of-context gain (docs/SYNTH.md); kept for the area.
+#: spread, not the out-of-context gain; the N=128 decoder (LUT4 -12.3 %) 107.43 at seed 2
+#: against 117.32 (docs/SYNTH.md). Kept for the area.
 PACK_SHIFT_LOW_BITS = 1
 
 
