@@ -111,8 +111,15 @@ def steps_of(n: int, block: int, split_align: bool = False,
 #: beats of one block each (module docstring).
 ALIGNS = ("lane", "swap", "fold")
 
+#: Plain delay registers of :func:`fold_align_stage` between register X and register S
+#: (X, Y and d's high bits; beat 0's sw and the control along). Register X sits with the
+#: network's last register, register S with the output adder: the net between them was
+#: the N=128 decoder's worst path at 3 of its 4 runs (5.76 to 6.37 ns of routing across
+#: 14 to 28 columns, docs/SYNTH.md); a register on it lets the placer cut the distance.
+FOLD_BRIDGE_REGS = 1
+
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
-FOLD_ALIGN_CYCLES = 4
+FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS
 
 #: Lanes per copy of the fold alignment's per-vector registers (d, the swap select, the
 #: clock enables): each lane's left shifter reads every bit of d some 45 times, and a
@@ -349,21 +356,23 @@ class BlockFWHT(wiring.Component):
 def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
                      out_w: int, d_max: int) -> dict:
     """Block alignment and the last butterfly stage of a two-beat vector of one block per
-    beat (module docstring, "Fold alignment"), pipelined in three registers.
+    beat (module docstring, "Fold alignment"), pipelined in three registers and
+    :data:`FOLD_BRIDGE_REGS` plain delays between the first two.
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
     :func:`hw.fwht.fold_stage`, with ``sw = (d_0 == 0)``. Register X takes, every enabled
     cycle, per lane the swapped operands of the waiting beat and the arriving one, X
     shifted by the low :data:`FOLD_SHIFT_X_BITS` bits of ``d = d_0 | d_1`` and Y, and per
     lane group d's high bits (the arriving beat's d from the network's last register, or
-    from the input with network latency 0). Register S takes, on its clock enable (the
-    cycle after beat 1 came), per lane ``X << d`` (the shift by the high bits) and the
-    addend Y, which it negates in the next cycle, and beat 0's sw from register A. The
+    from the input with network latency 0). After the bridge's delays, register S takes,
+    on its clock enable (the cycle after beat 1 came, delayed as X), per lane ``X << d``
+    (the shift by the high bits) and the addend Y, which it negates in the next cycle, and
+    beat 0's sw (from register A, through the bridge's delays). The
     output register takes ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on
     output beat 1 (one out_w-bit addition of two registers), and ``flip`` = sw with the
     difference, 0 with the sum. The per-vector registers are in one copy per
-    :data:`FOLD_GROUP_LANES` lanes. The last beat leaves 4 enabled cycles after it came
-    (:data:`FOLD_ALIGN_CYCLES`).
+    :data:`FOLD_GROUP_LANES` lanes. The last beat leaves :data:`FOLD_ALIGN_CYCLES` (4 plus
+    the bridge's) enabled cycles after it came.
 
     Args:
         lanes: W signed Values of equal width w (the network's output of the beat).
@@ -410,7 +419,19 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     xs = [reg(signed(width + d_max), f"xs{k}") for k in range(w)]    # X << d
     ya = [reg(signed(width + 1), f"yadd{k}") for k in range(w)]      # Y, then -Y: the addend
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
-    l1 = Signal(name=f"{name}_l1")
+    # the bridge: FOLD_BRIDGE_REGS plain delays of X, Y, d's high bits and the pair bit
+    # (register S's operands and enable), and of register A's sw
+    nb = FOLD_BRIDGE_REGS
+    xb, yb, dxb, gb = [xo], [yo], [dx], [got]
+    swb = [swa]
+    for r in range(nb):
+        xb.append([reg(signed(width + xlo), f"xb{r}_{k}") for k in range(w)])
+        yb.append([reg(signed(width), f"yb{r}_{k}") for k in range(w)])
+        dxb.append(regs(dw - lo, f"d_xb{r}_"))
+        gb.append(regs(1, f"pair_b{r}_"))
+        swb.append(regs(1, f"sw_b{r}_"))
+    lb = [Signal(name=f"{name}_l1")] + [Signal(name=f"{name}_lb{r}") for r in range(nb)]
+    l1 = lb[0]
     pend = Signal(name=f"{name}_pend")
     mid_v = Signal(name=f"{name}_mid_valid")
     out_v = Signal(name=f"{name}_valid")
@@ -422,8 +443,10 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
                          yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
-            with m.If(got[j]):      # a clock enable: no select behind the shifter
-                m.d.sync += [xs[k].eq(xo[k] << (dx[j] << lo)), ya[k].eq(yo[k])]
+            for r in range(nb):
+                m.d.sync += [xb[r + 1][k].eq(xb[r][k]), yb[r + 1][k].eq(yb[r][k])]
+            with m.If(gb[nb][j]):   # a clock enable: no select behind the shifter
+                m.d.sync += [xs[k].eq(xb[nb][k] << (dxb[nb][j] << lo)), ya[k].eq(yb[nb][k])]
             with m.Elif(g1[j]):     # after the sum's cycle, the difference's addend
                 m.d.sync += ya[k].eq(-ya[k])
             # output beat 0 the sum, output beat 1 the difference: no select before the adder
@@ -433,24 +456,32 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
-                         g1[j].eq(got[j])]
-            with m.If(got[j]):
-                # beat 0's sw: register A is written only while the beat index is 0,
-                # so from beat 0 to this cycle (index 1 until beat 1) it holds beat 0's
-                m.d.sync += [sws[j].eq(swa[j]), fl[j].eq(0)]
+                         g1[j].eq(gb[nb][j])]
+            for r in range(nb):
+                m.d.sync += [dxb[r + 1][j].eq(dxb[r][j]), gb[r + 1][j].eq(gb[r][j]),
+                             swb[r + 1][j].eq(swb[r][j])]
+            # beat 0's sw: register A is written only while the beat index is 0, so
+            # from beat 0 to the pair bit's cycle (index 1 until beat 1) it holds beat
+            # 0's, and the bridge delays it as it delays the pair bit
+            with m.If(gb[nb][j]):
+                m.d.sync += [sws[j].eq(swb[nb][j]), fl[j].eq(0)]
             with m.Else():
                 m.d.sync += fl[j].eq(sws[j])
             m.d.sync += flo[j].eq(fl[j])
-        m.d.sync += [out_v.eq(mid_v), mid_v.eq(l1 | pend), pend.eq(l1),
+        m.d.sync += [out_v.eq(mid_v), mid_v.eq(lb[nb] | pend), pend.eq(lb[nb]),
                      l1.eq(valid & beats[0])]
-    # the side band: taken with beat 1 (on a beat-index copy of its own), then two more
-    # registers so that it stays with both output beats
+        m.d.sync += [lb[r + 1].eq(lb[r]) for r in range(nb)]
+    # the side band: taken with beat 1 (on a beat-index copy of its own), then the
+    # bridge's delays and two more registers so that it stays with both output beats
     side_a = Signal.like(side, name=f"{name}_side", reset_less=True)
+    sides = [side_a] + [Signal.like(side, name=f"{name}_side_br{r}", reset_less=True)
+                        for r in range(nb)]
     side_b = Signal.like(side, name=f"{name}_side_b", reset_less=True)
     side_o = Signal.like(side, name=f"{name}_side_o", reset_less=True)
     with when(m, en & copies[groups]):
         m.d.sync += side_a.eq(side)
     with when(m, en):
-        m.d.sync += [side_b.eq(side_a), side_o.eq(side_b)]
+        m.d.sync += [sides[r + 1].eq(sides[r]) for r in range(nb)]
+        m.d.sync += [side_b.eq(sides[nb]), side_o.eq(side_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
             "side": side_o}

@@ -39,6 +39,7 @@ from kvtest.simstream import check_run, flow_cases, run_stream, stream_get, stre
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
 from hw.fwht import FOLD_CYCLES
+from hw import ifwht
 from hw.ifwht import FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
 from hw.tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
@@ -1050,15 +1051,19 @@ def test_fold_align_refused():
         RTLConfig.parse("rt_v2_n128_g64_b3_l7_w64")
 
 
+@pytest.mark.parametrize("bridge", sorted({0, ifwht.FOLD_BRIDGE_REGS, 2}))
 @pytest.mark.parametrize("n,latency,mode", [(8, 0, "bubble"), (8, 2, "stall"), (16, 3, "mix"),
                                             (16, 0, "mix")])
-def test_fold_align_stream(n, latency, mode):
+def test_fold_align_stream(n, latency, mode, bridge, monkeypatch):
     """BlockFWHT with the alignment in the fold under stream patterns the decoder never
     makes: bubbles between a vector's two beats (``bubble``), stalls (``stall``), both with
-    synchronous resets mid-stream (``mix``); garbage d on bubbles. Every output beat, its
-    flip and side band equal H_N (p << d) of its pair, due latency + FOLD_ALIGN_CYCLES - 1
-    and FOLD_ALIGN_CYCLES enabled cycles after the pair's second beat."""
+    synchronous resets mid-stream (``mix``); garbage d on bubbles; 0 to 2 bridge registers
+    (FOLD_BRIDGE_REGS). Every output beat, its flip and side band equal H_N (p << d) of
+    its pair, due latency + FOLD_ALIGN_CYCLES - 1 and FOLD_ALIGN_CYCLES enabled cycles
+    after the pair's second beat."""
     from amaranth.hdl import ClockDomain
+    monkeypatch.setattr(ifwht, "FOLD_BRIDGE_REGS", bridge)
+    monkeypatch.setattr(ifwht, "FOLD_ALIGN_CYCLES", 4 + bridge)
     w, width, amax = n // 2, 4, 30
     dut = BlockFWHT(n, w, signed(width), latency, side_width=8, max_align=amax, align="fold",
                     lanes=w)
@@ -1104,7 +1109,7 @@ def test_fold_align_stream(n, latency, mode):
                 elif v:
                     y = fwht(np.array([x << first[1] for x in first[0]] + [x << d for x in p],
                                       dtype=np.int64))
-                    at = enabled + latency + FOLD_ALIGN_CYCLES - 1
+                    at = enabled + dut.cycles - 1
                     due[at], due[at + 1] = ([int(t) for t in y[:w]], side), \
                         ([int(t) for t in y[w:]], side)
                     seen["pairs"] += 1
@@ -1116,5 +1121,6 @@ def test_fold_align_stream(n, latency, mode):
     sim.add_clock(1e-6)
     sim.add_testbench(tb)
     sim.run()
+    assert dut.cycles == latency + 4 + bridge
     assert not fails, fails[:3]
     assert seen["outs"] >= seen["pairs"] >= 40, seen
