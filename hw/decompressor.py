@@ -159,7 +159,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         fold_align: two beats of one block each (``lanes`` = G = N/2) only: the block
             alignment in the last stage across the beats instead of a W-point network step
             (``hw.ifwht.fold_align_stage``: no lane wider than the narrow integers before
-            the fold; the fold takes two cycles more; default False).
+            the fold; the fold takes 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; default
+            False).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.

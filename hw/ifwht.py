@@ -113,11 +113,12 @@ def steps_of(n: int, block: int, split_align: bool = False,
 ALIGNS = ("lane", "swap", "fold")
 
 #: Plain delay registers of :func:`fold_align_stage` between register X and register S
-#: (X, Y and d's high bits; beat 0's sw and the control along). Register X sits with the
-#: network's last register, register S with the output adder: the net between them was
-#: the N=128 decoder's worst path at 3 of its 4 runs (5.76 to 6.37 ns of routing across
-#: 14 to 28 columns, docs/SYNTH.md); a register on it lets the placer cut the distance.
-FOLD_BRIDGE_REGS = 1
+#: (X, Y and d's high bits; beat 0's sw and the control along), for the route from the
+#: network's side to the adder's, the N=128 decoder's worst path at 3 of its 4 runs
+#: before (docs/SYNTH.md). With 1 the worst path moved to other nets of the fold and the
+#: decoder did not get faster (106.58 and 105.22 MHz at seeds 1 and 2, against 107.43 at
+#: seed 2 without), for 2,070 more FF and a cycle: 0.
+FOLD_BRIDGE_REGS = 0
 
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
 FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS

@@ -34,7 +34,7 @@
 * optional ``fa`` (after ``w<W>``, decoder and round trip, two beats of one block each: W =
   G = N/2): the decoder's block alignment in the last butterfly stage across the beats
   (``fold_align=True``, ``hw.ifwht.fold_align_stage``): the W-point network has log2 W
-  steps, the fold two cycles more; the bytes unchanged;
+  steps, the fold 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; the bytes unchanged;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
