@@ -52,7 +52,7 @@ class FoldAlone(wiring.Component):
         m = Module()
         w, dw = self.w, len(self.d)
         lanes = [Signal(signed(self.width), name=f"in{k}") for k in range(w)]
-        ds = [Signal(dw, name=f"d{j}") for j in range(replica_count(w, ifwht.FOLD_GROUP_LANES))]
+        ds = [Signal(dw, name=f"d{j}") for j in range(replica_count(w, ifwht.ALIGN_GROUP_LANES))]
         valid = Signal()
         m.d.sync += [lanes[k].eq(self.x.word_select(k, self.width)) for k in range(w)]
         m.d.sync += [x.eq(self.d) for x in ds] + [valid.eq(self.valid)]

@@ -40,7 +40,7 @@ from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
 from hw.fwht import FOLD_CYCLES
 from hw import ifwht
-from hw.ifwht import FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
+from hw.ifwht import ALIGN_GROUP_LANES, FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
 from hw.tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
 from sim_models.codec import decode_float, encode, round_to_input_type
@@ -984,30 +984,31 @@ def test_bad_lanes(kw, exc, word):
 
 
 @pytest.mark.parametrize("n,block,lanes,split,t_copies,d_copies", [
-    (64, 32, None, True, 4, 2), (64, 32, None, False, 4, 2), (128, 64, 64, True, 0, 4),
-    (16, 8, None, True, 1, 1)])
+    # registers r0 .. r(S-1), one after each step; d: copies per shifted block
+    (64, 32, None, True, [1, 1, 1, 4, 16, 4, 4, 4, 4], [1, 1, 1, 1, 2, 8, 8, 0, 0]),
+    (64, 32, None, False, [1, 1, 1, 4, 16, 4, 4], [1, 1, 1, 2, 8, 0, 0]),
+    (128, 64, 64, True, [0] * 8, [1, 1, 1, 1, 4, 16, 16, 0]),
+    (16, 8, None, True, [1, 1, 4, 1, 1, 1, 1], [1, 1, 1, 2, 2, 0, 0])])
 def test_align_copies(n, block, lanes, split, t_copies, d_copies):
-    """The swap index t and the shift amounts d in one register copy per
+    """The swap index t and the shift amounts d in register copies: single, then one per
     REPLICA_GROUP_LANES lanes from the register before the first alignment step on (t to
-    the output), each kept apart (``keep``), and single before it; exactness is
+    the output) and at the register before one whose next step reads them, and one per
+    ALIGN_GROUP_LANES = 4 lanes at a register whose next step reads them (t: the block
+    swap; d: an alignment step), each kept apart (``keep``); exactness is
     test_block_swap_exact's."""
     from amaranth.back import rtlil
-    steps = steps_of(lanes or n, block, split, aligned=True, swap=t_copies > 0 and split)
+    assert ALIGN_GROUP_LANES == 4
+    steps = steps_of(lanes or n, block, split, aligned=True, swap=t_copies[0] > 0 and split)
     fw = BlockFWHT(n, block, signed(8), len(steps), split_align=split, lanes=lanes)
-    assert fw.steps == steps
+    assert fw.steps == steps and len(steps) == len(t_copies) == len(d_copies)
     text = rtlil.convert(fw, ports=None)
-    before = min(i for i, (k, _) in enumerate(fw.steps) if k != "bf") - 1
     wires = set(re.findall(r"wire width \d+ (?:signed )?\\(r\d+_[td]\d*_r\d+)", text))
     for idx in range(len(fw.steps)):
         t = sorted(w for w in wires if w.startswith(f"r{idx}_t_r"))
         d = sorted(w for w in wires if re.match(rf"r{idx}_d\d+_r", w))
-        carries_d = any(k == "align" for k, _ in fw.steps[idx + 1:])
-        copied = idx >= before
-        assert len(t) == (t_copies if copied else min(t_copies, 1)), (idx, t)
-        assert len(d) == ((d_copies if copied else 1) * (fw.n_blocks - (fw.align == "swap"))
-                          if carries_d else 0), (idx, d)
-    if t_copies > 1 or d_copies > 1:
-        assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
+        assert len(t) == t_copies[idx], (idx, t)
+        assert len(d) == d_copies[idx] * (fw.n_blocks - (fw.align == "swap")), (idx, d)
+    assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
 
 
 @pytest.mark.parametrize("n,latency,flow,cuts", [(16, 3, "stall", False), (16, 0, "credit", True),
