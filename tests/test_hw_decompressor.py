@@ -409,19 +409,21 @@ def _tofloat_values(rng, w: int, count: int) -> np.ndarray:
     (True, True, 64), (True, False, 64), (False, True, 64), (True, True, 16), (True, True, 8)])
 def test_float_prep_copies(abs_reg, lead_reg, lanes):
     """FloatPrep's per-vector K, B, K + B in the last register in one copy per
-    REPLICA_LEAF_LANES lanes, with both registers loaded two per copy of the abs register
+    PREP_LEAF_LANES = 4 lanes, with both registers loaded from the abs register's copies
     (one per REPLICA_GROUP_LANES lanes; the fanout form is hw.pipeline.replicas', tested
-    in test_hw_units); the mask of the positions above K in one copy per 8 lanes at abs;
+    in test_hw_units); the mask of the positions above K in one copy per 4 lanes at abs;
     exactness is the decoder's register tests'."""
     from amaranth.back import rtlil
-    from hw.pipeline import REPLICA_LEAF_LANES, replica_count
+    from hw.pipeline import replica_count
+    from hw.tofloat import PREP_LEAF_LANES
+    assert PREP_LEAF_LANES == 4
     p = FormatParams(n=256, block=256)
     consts = FloatConsts(46, p.in_format, (1, 31), -18)
     assert consts.k_var > 0
     prep = FloatPrep(lanes, 46, 5, consts, abs_reg=abs_reg, lead_reg=lead_reg)
     text = rtlil.convert(prep, ports=None)
     wires = set(re.findall(r"wire width \d+ (?:signed )?\\((?:abs|lead)_[a-z]+_r\d+)\n", text))
-    leaf, group = replica_count(lanes, REPLICA_LEAF_LANES), replica_count(lanes)
+    leaf, group = replica_count(lanes, PREP_LEAF_LANES), replica_count(lanes)
     want = set()
     for k in ("kc", "b", "kb"):
         if lead_reg:
