@@ -268,7 +268,8 @@ def test_asym_payload_layout():
 
 @pytest.mark.parametrize("regs,latency,flow", flow_cases(
     [((), 0), (("abs",), 2), (("abs", "prep", "shift"), 1), (("shift", "abs"), 3),
-     (("prep", "shift"), 2), (("lead", "round"), 2), (FLOAT_CUTS.names, 6)],
+     (("prep", "shift"), 2), (("lead", "round"), 2), (("round", "pack"), 1),
+     (FLOAT_CUTS.names, 6)],
     credit=(0, 6), full=FULL))
 def test_float_regs(regs, latency, flow):
     """Optional float-conversion registers: same outputs, latency + 2 + len(regs) cycles
@@ -659,7 +660,7 @@ def test_latency_property():
             # dequant register, the default float register ("prep"), output register
             assert dut.latency_cycles == lat + 2 + len(FLOAT_CUTS.default) == lat + 3
             assert (KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles
-                    == lat + 2 + len(FLOAT_CUTS.names) == lat + 7)
+                    == lat + 2 + len(FLOAT_CUTS.names) == lat + 8)
             del dut
             gc.collect()
 
