@@ -32,7 +32,7 @@ Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_reg
          leading one [REG lead]
          subnormal clamp, sign) [REG prep]
       -> FloatPack (shift by Lp's high bits + sticky [REG shift] shift by its low
-         bits, one's complement correction, RNE [REG round] pack, saturate) [REG pack] -> REG
+         bits, one's complement correction, RNE [REG round] pack, saturate) -> REG
       -> o.payload
 
 ``latency_cycles = latency + 2 + len(float_regs) + len(dq_regs)`` (5 for the defaults:
@@ -77,12 +77,8 @@ from .wire import decoder_input_layout, lanes_layout
 #: leading-one tree, ``"prep"`` after FloatPrep (subnormal clamp), ``"shift"``
 #: inside FloatPack's right shifter (after the shift by Lp's high bits and their
 #: sticky bit; ``hw.tofloat.PACK_SHIFT_LOW_BITS``), ``"round"`` after the RNE
-#: increment, ``"pack"`` after the packing (the lanes' fp16/bf16 words, before the
-#: output register: the route from the lanes to the output register and its skid FIFO
-#: carries no logic; the packing after ``round`` into the output register was the N=64
-#: decoder's worst path at 3 of 4 seeds, docs/SYNTH.md). Default: ``"prep"``.
-FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round", "pack"),
-                  default=("prep",))
+#: increment. Default: ``"prep"``.
+FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
 
 #: Optional pipeline registers of the dequant: ``"scale"`` after the scale decode (with
 #: two beats, of the beat's blocks, and the beat's codes; every block's exponent field
@@ -319,13 +315,9 @@ class KVDecompressor(FlowTop, wiring.Component):
         for r in ("shift", "round"):    # the data registers are inside FloatPack
             if r in regs:
                 valid = stage(m, en, r, valid=valid)["valid"]
-        bits = pk.bits
-        if "pack" in regs:
-            r = stage(m, en, "pack", bits=bits, valid=valid)
-            bits, valid = r["bits"], r["valid"]
         if not two:
-            fc.output(bits, valid)
+            fc.output(pk.bits, valid)
             return m
-        first, last = collect(m, en, "first", bits, valid)
-        fc.output(Cat(first, bits), last)
+        first, last = collect(m, en, "first", pk.bits, valid)
+        fc.output(Cat(first, pk.bits), last)
         return m

@@ -38,7 +38,7 @@ def test_config_names():
     assert e.pipe == 2 and e.name == "enc_v2_n128_g64_b3_l7_p2"
     assert e.regs["tree_every"] == 2 and "dec" in e.regs["fe_regs"]
     assert synth_config("enc_v2_n128_g64_b3_l2").regs == {"latency": 2}
-    assert synth_config("dec_v2_n128_g64_b3_l7_p0").regs["float_regs"][-2:] == ("round", "pack")
+    assert synth_config("dec_v2_n128_g64_b3_l7_p0").regs["float_regs"][-1] == "round"
     for bad in ("dec_v2_n128_g64_b3_l7_p1", "enc_v2_n128_g64_b3_l7_p1_p2"):
         with pytest.raises(ValueError):
             synth_config(bad)
