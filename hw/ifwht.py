@@ -66,7 +66,9 @@ register before an alignment step on, in one copy per
 (:func:`hw.pipeline.replicas`; one register of t for 64 lanes' selects was the N=64
 decoder's worst path, docs/SYNTH.md), and at the register whose next step reads them
 (the shifters d, the block swap t) in one copy per :data:`ALIGN_GROUP_LANES` lanes,
-loaded from the copies of one register earlier (a fanout tree).
+loaded from the copies of one register earlier, which has one per 16 lanes also when
+its own next step is a butterfly stage (a fanout tree). A step that reads them further
+from a register than the next step reads the last register's copies as they are.
 
 Signed zeros: none. The format's exact-zero result is +0 before the sign flip D
 (docs/FORMAT.md, read path), which the integers carry as they are.
@@ -130,7 +132,7 @@ FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS
 #: the block swap (t), loaded from copies per :data:`hw.pipeline.REPLICA_GROUP_LANES`
 #: one register earlier; in :func:`fold_align_stage`, d, the swap select and the clock
 #: enables. Each lane's left shifter reads every bit of d some 45 times: a copy per 16
-#: lanes (700 loads per bit in the N=64 decoder) was routed 4.29-4.91 ns to one of its
+#: lanes (700 loads per bit in the N=64 decoder) was routed 4.29-4.96 ns to one of its
 #: lanes, the worst path of the N=128 decoder's fold and of the N=64 decoder
 #: (docs/SYNTH.md).
 ALIGN_GROUP_LANES = 4

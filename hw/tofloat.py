@@ -185,8 +185,9 @@ PREP_PORTS = ("low", "lp", "eb", "ysign", "sat", "neg", "nz")
 
 #: Lanes per copy of FloatPrep's per-vector values in its last register (K, B, K + B; the
 #: mask of the positions above K in the ``abs`` register): a copy per 8 lanes
-#: (:data:`hw.pipeline.REPLICA_LEAF_LANES`) was routed 4.6-5.0 ns to one of its lanes, the
-#: N=64 decoder's worst path at three seeds, with 2 to 16 loads per bit (docs/SYNTH.md).
+#: (:data:`hw.pipeline.REPLICA_LEAF_LANES`) was routed 4.59 / 4.85 ns to one of its lanes,
+#: the N=64 decoder's worst path at two of four seeds, with 2 to 16 loads per bit
+#: (docs/SYNTH.md).
 PREP_LEAF_LANES = 4
 
 
@@ -199,8 +200,8 @@ class FloatPrep(wiring.Component):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
     B and K + B in one copy per :data:`PREP_LEAF_LANES` lanes
-    (:func:`hw.pipeline.replicas`), with both registers two per copy of the ``abs``
-    register (one per lane group): a fanout tree (one copy of B for 16 lanes, placed
+    (:func:`hw.pipeline.replicas`), with both registers four per copy of the ``abs``
+    register (one per 16 lanes): a fanout tree (one copy of B for 16 lanes, placed
     across the die from some of them, was the N=64 decoder's worst path, docs/SYNTH.md);
     the test L > K is an AND-OR of m1 with the mask of the positions above K, beside the
     leading-one tree (the mask in one copy per :data:`PREP_LEAF_LANES` lanes in the ``abs``

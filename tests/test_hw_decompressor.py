@@ -428,7 +428,8 @@ def test_float_prep_copies(abs_reg, lead_reg, lanes):
     PREP_LEAF_LANES = 4 lanes, with both registers loaded from the abs register's copies
     (one per REPLICA_GROUP_LANES lanes; the fanout form is hw.pipeline.replicas', tested
     in test_hw_units); the mask of the positions above K in one copy per 4 lanes at abs;
-    exactness is the decoder's register tests'."""
+    each copy read as often as the others of its register, give or take one; exactness is
+    the decoder's register tests'."""
     from amaranth.back import rtlil
     from hw.pipeline import replica_count
     from hw.tofloat import PREP_LEAF_LANES
@@ -449,6 +450,9 @@ def test_float_prep_copies(abs_reg, lead_reg, lanes):
     if abs_reg:
         want |= {f"abs_above_r{j}" for j in range(leaf)}
     assert wires == want
+    for fam in {w.rsplit("_r", 1)[0] for w in wires}:   # every lane group reads its own copy
+        reads = [_copy_reads(text, w) for w in wires if w.rsplit("_r", 1)[0] == fam]
+        assert max(reads) - min(reads) <= 1, (fam, reads)
 
 
 @pytest.mark.parametrize("dtype,w,log2n,low_bits", [
@@ -1001,31 +1005,44 @@ def test_bad_lanes(kw, exc, word):
         KVDecompressor(FormatParams(n=16, block=16), lanes=8)
 
 
-@pytest.mark.parametrize("n,block,lanes,split,t_copies,d_copies", [
-    # registers r0 .. r(S-1), one after each step; d: copies per shifted block
-    (64, 32, None, True, [1, 1, 1, 4, 16, 4, 4, 4, 4], [1, 1, 1, 1, 2, 8, 8, 0, 0]),
-    (64, 32, None, False, [1, 1, 1, 4, 16, 4, 4], [1, 1, 1, 2, 8, 0, 0]),
-    (128, 64, 64, True, [0] * 8, [1, 1, 1, 1, 4, 16, 16, 0]),
-    (16, 8, None, True, [1, 1, 4, 1, 1, 1, 1], [1, 1, 1, 2, 2, 0, 0])])
-def test_align_copies(n, block, lanes, split, t_copies, d_copies):
+def _copy_reads(text: str, wire: str) -> int:
+    """References to RTLIL wire ``wire`` in ``text``, its declaration included."""
+    return len(re.findall(rf"\\{wire}(?![\w$])", text))
+
+
+@pytest.mark.parametrize("n,block,lanes,split,latency,t_copies,d_copies", [
+    # registers r0 .. r(S-1) (0: no register after that step); d: copies per shifted block
+    (64, 32, None, True, 9, [1, 1, 1, 4, 16, 4, 4, 4, 4], [1, 1, 1, 1, 2, 8, 8, 0, 0]),
+    # registers after steps 1, 2, 4, 5, 7, 8: align1 reads r5's copies
+    (64, 32, None, True, 6, [0, 1, 4, 0, 16, 4, 0, 4, 4], [0, 1, 1, 0, 2, 8, 0, 0, 0]),
+    (64, 32, None, False, 7, [1, 1, 1, 4, 16, 4, 4], [1, 1, 1, 2, 8, 0, 0]),
+    (128, 64, 64, True, 8, [0] * 8, [1, 1, 1, 1, 4, 16, 16, 0]),
+    (16, 8, None, True, 7, [1, 1, 4, 1, 1, 1, 1], [1, 1, 1, 2, 2, 0, 0])])
+def test_align_copies(n, block, lanes, split, latency, t_copies, d_copies):
     """The swap index t and the shift amounts d in register copies: single, then one per
     REPLICA_GROUP_LANES lanes from the register before the first alignment step on (t to
     the output) and at the register before one whose next step reads them, and one per
     ALIGN_GROUP_LANES = 4 lanes at a register whose next step reads them (t: the block
-    swap; d: an alignment step), each kept apart (``keep``); exactness is
-    test_block_swap_exact's."""
+    swap; d: an alignment step), each kept apart (``keep``) and read as often as the
+    others of its register, give or take one (every lane group reads its own copy, every
+    copy loads from its own upstream copy); exactness is test_block_swap_exact's."""
     from amaranth.back import rtlil
     assert ALIGN_GROUP_LANES == 4
-    steps = steps_of(lanes or n, block, split, aligned=True, swap=t_copies[0] > 0 and split)
-    fw = BlockFWHT(n, block, signed(8), len(steps), split_align=split, lanes=lanes)
+    steps = steps_of(lanes or n, block, split, aligned=True, swap=t_copies[1] > 0 and split)
+    fw = BlockFWHT(n, block, signed(8), latency, split_align=split, lanes=lanes)
     assert fw.steps == steps and len(steps) == len(t_copies) == len(d_copies)
     text = rtlil.convert(fw, ports=None)
     wires = set(re.findall(r"wire width \d+ (?:signed )?\\(r\d+_[td]\d*_r\d+)", text))
     for idx in range(len(fw.steps)):
         t = sorted(w for w in wires if w.startswith(f"r{idx}_t_r"))
-        d = sorted(w for w in wires if re.match(rf"r{idx}_d\d+_r", w))
         assert len(t) == t_copies[idx], (idx, t)
-        assert len(d) == d_copies[idx] * (fw.n_blocks - (fw.align == "swap")), (idx, d)
+        for k in range(fw.n_blocks):
+            d = sorted(w for w in wires if w.startswith(f"r{idx}_d{k}_r"))
+            shifted = k > 0 or fw.align != "swap"
+            assert len(d) == d_copies[idx] * shifted, (idx, k, d)
+            for family in (t, d):       # one read more where a copy also loads one of
+                reads = [_copy_reads(text, w) for w in family]  # the next register's fewer
+                assert max(reads, default=0) - min(reads, default=0) <= 1, (idx, reads)
     assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
 
 
