@@ -65,7 +65,8 @@ register before an alignment step on, in one copy per
 :data:`hw.pipeline.REPLICA_GROUP_LANES` lanes that read them
 (:func:`hw.pipeline.replicas`; one register of t for 64 lanes' selects was the N=64
 decoder's worst path, docs/SYNTH.md), and at the register whose next step reads them
-(the shifters d, the block swap t) in one copy per :data:`ALIGN_GROUP_LANES` lanes,
+(the shifters d, the block swap t) in one copy per
+:data:`hw.pipeline.REPLICA_SELECT_LANES` lanes,
 loaded from the copies of one register earlier, which has one per 16 lanes also when
 its own next step is a butterfly stage (a fanout tree). A step that reads them further
 from a register than the next step reads the last register's copies as they are.
@@ -81,7 +82,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fwht import FOLD_CYCLES, butterfly_stage, fold_stage, register_positions
-from .pipeline import (REPLICA_ATTRS, beat_groups, beat_index, beat_of, replica_count,
+from .pipeline import (REPLICA_ATTRS, REPLICA_SELECT_LANES, beat_groups, beat_index, beat_of, replica_count,
                        replica_of, replicas, stage, when)
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
@@ -126,16 +127,6 @@ FOLD_BRIDGE_REGS = 0
 
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
 FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS
-
-#: Lanes per copy of the block alignment's per-vector registers where the lanes' shifters
-#: and selects read them: in the network, the register before an alignment step (d) or
-#: the block swap (t), loaded from copies per :data:`hw.pipeline.REPLICA_GROUP_LANES`
-#: one register earlier; in :func:`fold_align_stage`, d, the swap select and the clock
-#: enables. Each lane's left shifter reads every bit of d some 45 times: a copy per 16
-#: lanes (700 loads per bit in the N=64 decoder) was routed 4.29-4.96 ns to one of its
-#: lanes, the worst path of the N=128 decoder's fold and of the N=64 decoder
-#: (docs/SYNTH.md).
-ALIGN_GROUP_LANES = 4
 
 #: Low bits of d that :func:`fold_align_stage` shifts X by into register X; register S
 #: shifts by the high bits. With one 31-position shifter into register S (0 here) each
@@ -288,7 +279,7 @@ class BlockFWHT(wiring.Component):
             d = ds
         # t and each block's d as lists of register copies: one until the register before
         # an alignment step, then one per REPLICA_GROUP_LANES lanes that read it, and one
-        # per ALIGN_GROUP_LANES at a register whose next step reads it, loaded from the
+        # per REPLICA_SELECT_LANES at a register whose next step reads it, loaded from the
         # group copies (module docstring); lane i of block k reads
         # replica_of(dc[k], i % g, g), its t replica_of(tc, i, n)
         tc = [t] if t is not None else []
@@ -305,13 +296,9 @@ class BlockFWHT(wiring.Component):
             def leaf(p):
                 return p < len(self.steps) and reads(self.steps[p])
             if leaf(pos):
-                return replica_count(lanes, ALIGN_GROUP_LANES)
+                return replica_count(lanes, REPLICA_SELECT_LANES)
             later = [p for p in self.positions if p > pos]
             return replica_count(lanes) if copy or later and leaf(later[0]) else 1
-
-        def feed(src: list, count: int) -> list:
-            """``src`` copies to load ``count`` registers from (fewer when it has more)."""
-            return src if count % len(src) == 0 else src[::len(src) // count]
         for idx, (kind, s) in enumerate(self.steps):
             if self.align == "swap" and (kind == "swap" or kind == "align" and s == 0
                                          and not swap_step):
@@ -357,10 +344,10 @@ class BlockFWHT(wiring.Component):
                                              or self.steps[idx + 1][0] != "bf"))
                 if tc:
                     c = copies(n, idx + 1, lambda st: st == permute)
-                    tc = replicas(m, self.en, f"r{idx}_t", feed(tc, c), c)
+                    tc = replicas(m, self.en, f"r{idx}_t", tc, c)
                 if carry_d:
                     c = copies(g, idx + 1, lambda st: st[0] == "align")
-                    dc = [None] * first + [replicas(m, self.en, f"r{idx}_d{k}", feed(dc[k], c), c)
+                    dc = [None] * first + [replicas(m, self.en, f"r{idx}_d{k}", dc[k], c)
                                            for k in range(first, nb)]
         assert width == self.net_width
         if self.fold_align:                 # the alignment and the last stage, across beats
@@ -398,7 +385,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     output register takes ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on
     output beat 1 (one out_w-bit addition of two registers), and ``flip`` = sw with the
     difference, 0 with the sum. The per-vector registers are in one copy per
-    :data:`ALIGN_GROUP_LANES` lanes. The last beat leaves :data:`FOLD_ALIGN_CYCLES` (4 plus
+    :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes. The last beat leaves :data:`FOLD_ALIGN_CYCLES` (4 plus
     the bridge's) enabled cycles after it came.
 
     Args:
@@ -420,7 +407,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     groups = beat_groups(w)
     copies = beat_index(m, en, name, valid, groups + 1)
     beats = copies[:groups]
-    nrep = replica_count(w, ALIGN_GROUP_LANES)
+    nrep = replica_count(w, REPLICA_SELECT_LANES)
     attrs = REPLICA_ATTRS if nrep > 1 else {}
 
     def reg(shape, nm, **kw):

@@ -93,6 +93,17 @@ REPLICA_GROUP_LANES = 16
 REPLICA_LEAF_LANES = 8
 
 
+#: Lanes per copy of a per-vector value at the register whose next logic reads it in
+#: every lane's selects and shifters (many loads per lane and bit, where the compares of
+#: :data:`REPLICA_LEAF_LANES` read a copy once): the decoder's block alignment (the
+#: shift amounts d, the block swap index t, the fold's d and selects, :mod:`hw.ifwht`)
+#: and FloatPrep's K, B, K + B and the mask above K (:mod:`hw.tofloat`). A copy per 16
+#: lanes of d had 449-705 loads per bit in the N=64 decoder and was routed 4.29-4.96 ns
+#: to one of its lanes; a copy per 8 lanes of FloatPrep's values 4.59 / 4.85 ns: each
+#: the N=64 decoder's or the N=128 fold's worst path (docs/SYNTH.md).
+REPLICA_SELECT_LANES = 4
+
+
 def replica_count(lanes: int, group: int = REPLICA_GROUP_LANES) -> int:
     """Register copies for ``lanes`` readers: one per ``group`` lanes, at least one."""
     return max(1, -(-lanes // group))
@@ -109,14 +120,15 @@ def replicas(m: Module, en, name: str, value, copies: int) -> list:
     and each drives only its own loads (a register that feeds every lane of a block of 64
     reaches them over one net with 64+ loads per bit). ``value``: a Value, or a list of
     Values equal in every cycle, computed in copies upstream, whose count divides
-    ``copies`` (copy k loads ``value[k * len(value) // copies]``: a fanout tree). Every
-    copy equals the others in every cycle. Returns the list of registers of the value's
-    shape (one: a plain register). ValueError when len(value) does not divide copies."""
+    ``copies`` or is a multiple of it (copy k loads ``value[k * len(value) // copies]``:
+    a fanout tree, or every len(value) / copies-th upstream copy). Every copy equals the
+    others in every cycle. Returns the list of registers of the value's shape (one: a
+    plain register). ValueError when neither count divides the other."""
     srcs = [Value.cast(v) for v in value] if isinstance(value, (list, tuple)) \
         else [Value.cast(value)]
-    if not srcs or copies % len(srcs):
+    if not srcs or copies % len(srcs) and len(srcs) % copies:
         raise ValueError(f"value: {len(srcs)} copies given for {copies} registers "
-                         f"(the count must divide copies)")
+                         f"(one count must divide the other)")
     srcs = [srcs[k * len(srcs) // copies] for k in range(copies)]
     attrs = REPLICA_ATTRS if copies > 1 else {}
     regs = [Signal(srcs[0].shape(), name=f"{name}_r{k}", reset_less=True, attrs=attrs)

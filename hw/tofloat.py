@@ -61,7 +61,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .pipeline import gt_const, replica_count, replica_of, replicas, stage
+from .pipeline import REPLICA_SELECT_LANES, gt_const, replica_count, replica_of, replicas, stage
 from .scale_select import leading_one, shape_bounds
 
 
@@ -183,14 +183,6 @@ LOD_SPLIT = 2
 PREP_PORTS = ("low", "lp", "eb", "ysign", "sat", "neg", "nz")
 
 
-#: Lanes per copy of FloatPrep's per-vector values in its last register (K, B, K + B; the
-#: mask of the positions above K in the ``abs`` register): a copy per 8 lanes
-#: (:data:`hw.pipeline.REPLICA_LEAF_LANES`) was routed 4.59 / 4.85 ns to one of its lanes,
-#: the N=64 decoder's worst path at two of four seeds, with 2 to 16 loads per bit
-#: (docs/SYNTH.md).
-PREP_LEAF_LANES = 4
-
-
 class FloatPrep(wiring.Component):
     """Sign fold, leading-one detect, subnormal clamp, saturation flag (module docstring).
 
@@ -199,12 +191,12 @@ class FloatPrep(wiring.Component):
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
-    B and K + B in one copy per :data:`PREP_LEAF_LANES` lanes
+    B and K + B in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
     (:func:`hw.pipeline.replicas`), with both registers four per copy of the ``abs``
     register (one per 16 lanes): a fanout tree (one copy of B for 16 lanes, placed
     across the die from some of them, was the N=64 decoder's worst path, docs/SYNTH.md);
     the test L > K is an AND-OR of m1 with the mask of the positions above K, beside the
-    leading-one tree (the mask in one copy per :data:`PREP_LEAF_LANES` lanes in the ``abs``
+    leading-one tree (the mask in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes in the ``abs``
     register).
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
@@ -258,7 +250,7 @@ class FloatPrep(wiring.Component):
         flips = self.flip
         kv = c.k_var
         above = [per_vec.pop("above")] if kv else []
-        leaf = replica_count(self.n, PREP_LEAF_LANES)        # the last copies' count
+        leaf = replica_count(self.n, REPLICA_SELECT_LANES)   # the last copies' count
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
                       lany=[t[1] for t in lods], lpos=[t[2] for t in lods])

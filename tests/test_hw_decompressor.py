@@ -34,13 +34,13 @@ from hw.decompressor import DQ_CUTS, FLOAT_CUTS
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
-from hw.pipeline import SKID_FIFO_CYCLES
+from hw.pipeline import REPLICA_SELECT_LANES, SKID_FIFO_CYCLES
 from kvtest.simstream import check_run, flow_cases, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
 from hw.dequant import READ_SUPPORT, level_table
 from hw.fwht import FOLD_CYCLES
 from hw import ifwht
-from hw.ifwht import ALIGN_GROUP_LANES, FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
+from hw.ifwht import FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
 from hw.tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from sim_models import wire
 from sim_models.codec import decode_float, encode, round_to_input_type
@@ -425,22 +425,21 @@ def _tofloat_values(rng, w: int, count: int) -> np.ndarray:
     (True, True, 64), (True, False, 64), (False, True, 64), (True, True, 16), (True, True, 8)])
 def test_float_prep_copies(abs_reg, lead_reg, lanes):
     """FloatPrep's per-vector K, B, K + B in the last register in one copy per
-    PREP_LEAF_LANES = 4 lanes, with both registers loaded from the abs register's copies
+    REPLICA_SELECT_LANES = 4 lanes, with both registers loaded from the abs register's copies
     (one per REPLICA_GROUP_LANES lanes; the fanout form is hw.pipeline.replicas', tested
     in test_hw_units); the mask of the positions above K in one copy per 4 lanes at abs;
     each copy read as often as the others of its register, give or take one; exactness is
     the decoder's register tests'."""
     from amaranth.back import rtlil
     from hw.pipeline import replica_count
-    from hw.tofloat import PREP_LEAF_LANES
-    assert PREP_LEAF_LANES == 4
+    assert REPLICA_SELECT_LANES == 4
     p = FormatParams(n=256, block=256)
     consts = FloatConsts(46, p.in_format, (1, 31), -18)
     assert consts.k_var > 0
     prep = FloatPrep(lanes, 46, 5, consts, abs_reg=abs_reg, lead_reg=lead_reg)
     text = rtlil.convert(prep, ports=None)
     wires = set(re.findall(r"wire width \d+ (?:signed )?\\((?:abs|lead)_[a-z]+_r\d+)\n", text))
-    leaf, group = replica_count(lanes, PREP_LEAF_LANES), replica_count(lanes)
+    leaf, group = replica_count(lanes, REPLICA_SELECT_LANES), replica_count(lanes)
     want = set()
     for k in ("kc", "b", "kb"):
         if lead_reg:
@@ -1022,12 +1021,12 @@ def test_align_copies(n, block, lanes, split, latency, t_copies, d_copies):
     """The swap index t and the shift amounts d in register copies: single, then one per
     REPLICA_GROUP_LANES lanes from the register before the first alignment step on (t to
     the output) and at the register before one whose next step reads them, and one per
-    ALIGN_GROUP_LANES = 4 lanes at a register whose next step reads them (t: the block
+    REPLICA_SELECT_LANES = 4 lanes at a register whose next step reads them (t: the block
     swap; d: an alignment step), each kept apart (``keep``) and read as often as the
     others of its register, give or take one (every lane group reads its own copy, every
     copy loads from its own upstream copy); exactness is test_block_swap_exact's."""
     from amaranth.back import rtlil
-    assert ALIGN_GROUP_LANES == 4
+    assert REPLICA_SELECT_LANES == 4
     steps = steps_of(lanes or n, block, split, aligned=True, swap=t_copies[1] > 0 and split)
     fw = BlockFWHT(n, block, signed(8), latency, split_align=split, lanes=lanes)
     assert fw.steps == steps and len(steps) == len(t_copies) == len(d_copies)

@@ -531,8 +531,8 @@ def test_stage():
 
 def test_replicas_fanout_tree():
     """hw.pipeline.replicas from upstream copies: copy k loads value[k * len // copies]
-    (two leaves per source for 2 -> 4), every copy equals the value one cycle later;
-    a source count that does not divide the copies is refused."""
+    (two leaves per source for 2 -> 4, every other source for 8 -> 4), every copy equals
+    the value one cycle later; counts where neither divides the other are refused."""
     from hw.pipeline import REPLICA_GROUP_LANES, REPLICA_LEAF_LANES, replica_count, replicas
     assert REPLICA_GROUP_LANES % REPLICA_LEAF_LANES == 0
     assert replica_count(64, REPLICA_LEAF_LANES) == 2 * replica_count(64)
@@ -553,7 +553,22 @@ def test_replicas_fanout_tree():
     sim.add_clock(1e-6)
     sim.add_testbench(tb)
     sim.run()
-    for bad in ([Signal(5)] * 3, []):
+    m = Module()
+    many = [Signal(5, name=f"many{k}") for k in range(8)]
+    fewer = replicas(m, 1, "f", many, 4)
+
+    async def tb_fewer(ctx):
+        for v in (5, 30):
+            for k, s in enumerate(many):
+                ctx.set(s, v ^ k)            # source k tells itself apart
+            await ctx.tick()
+            assert [ctx.get(r) for r in fewer] == [v ^ k for k in (0, 2, 4, 6)]
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb_fewer)
+    sim.run()
+    for bad in ([Signal(5)] * 3, [Signal(5)] * 6, []):
         with pytest.raises(ValueError, match="value"):
             replicas(m, 1, "t", bad, 4)
 
