@@ -41,8 +41,8 @@ from amaranth.lib.wiring import In, Out
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
 from .pipeline import (REPLICA_LEAF_LANES, Cuts, beat_groups, beat_of, check_lane_ram,
-                       check_lanes, check_tree_every, gt_var, ram_delay, ram_depth,
-                       replica_count, replica_of, replicas, stage)
+                       check_lanes, check_tree_every, ram_delay, ram_depth, replica_count,
+                       replica_of, replicas, stage)
 from .trees import tree_cut_levels, tree_levels, tree_reduce
 
 
@@ -225,10 +225,7 @@ class FrontEnd(wiring.Component):
         tree_cut.count = 0
 
         def max_or(a, b):   # (exponent, flags): the larger exponent, the OR of the flags
-            # the compare as logic (gt_var): as a carry chain it took the chain plus three
-            # LUT levels (its top bit and the select after the chain), the N=64
-            # encoder's worst path at two seeds (docs/SYNTH.md)
-            return Cat(Mux(gt_var(a[:e_bits], b[:e_bits]), a[:e_bits], b[:e_bits]),
+            return Cat(Mux(a[:e_bits] > b[:e_bits], a[:e_bits], b[:e_bits]),
                        a[e_bits:] | b[e_bits:])
 
         root = tree_reduce(m, [Cat(e, f) for e, f in zip(exps, vec.pop("tflag"))], max_or,
