@@ -8,8 +8,7 @@ along): the cuts ``regs`` (:data:`FE_CUTS`: ``dec`` after the lane decode,
 :data:`hw.pipeline.REPLICA_LEAF_LANES` lanes; with ``tree_every``, the tree's last
 register is in as many copies, each reduced to its own root that loads its own
 ``emax`` copy), ``shamt`` after the
-per-lane shift amounts and the shift by their two low bits (the alignment shifter in
-two steps across it), ``align`` after the alignment shifter, before the rounding
+per-lane shift amounts, ``align`` after the alignment shifter, before the rounding
 increment) and ``tree_every`` = k, a register after every k levels of the max tree
 (:func:`hw.trees.tree_cut_levels`). Each register holds the rest of the vector
 (decoded lanes, partial maxima with the OR of their lanes' NaN / Inf flags).
@@ -60,8 +59,8 @@ def u_shape(p: FormatParams) -> Shape:
 
 #: Pipeline cut points of :class:`FrontEnd`, in data-flow order: after the lane
 #: decode (NaN / inf / subnormal, before the max tree), after the exponent max
-#: tree, after the per-lane shift amounts (emax - exp) and the shift by their two
-#: low bits, after the alignment shifter (before rounding). Default: ``emax`` (for Fmax; hw/README.md).
+#: tree, after the per-lane shift amounts (emax - exp), after the alignment
+#: shifter (before rounding). Default: ``emax`` (for Fmax; hw/README.md).
 FE_CUTS = Cuts("fe_regs", ("dec", "emax", "shamt", "align"), default=("emax",))
 
 
@@ -260,46 +259,32 @@ class FrontEnd(wiring.Component):
             vec.update(exp=parts[:p.n], sig=parts[p.n:2 * p.n], sign=parts[2 * p.n:])
             lane_clamps()
 
-        # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0. The shift
-        # in two steps across the shamt cut: by sh mod 4 before it (sh mod 4 = (emax -
-        # exp + post) mod 4 from the low two bits of each, a LUT beside the subtraction),
-        # by 4 (sh div 4) after it; a clamped shift (sh = wsp + 1) becomes sh div 4 =
-        # hi_out, whose shift clears every bit as well. The rounding's sh != 0 after it,
-        # from both parts.
-        hi_out = -(-(wsp + 1) // 4)
-        lows, shs, shls = [], [], []
+        # right shift amount of the pre-shifted significand; >= wsp + 1 gives 0
+        shs = []
         for k in range(w):
+            sh = Signal(range(wsp + 2), name=f"sh{k}")
             d = Signal(range(-(1 << e_bits), (1 << e_bits) + post), name=f"shd{k}")
             emax = replica_of(emaxs, k, w)
             m.d.comb += d.eq(emax - vec["exp"][k] + post)
             t = Signal(range(-(1 << e_bits) - max(clamp, 0), (1 << e_bits) - min(clamp, 0)),
                        name=f"shc{k}")
             m.d.comb += t.eq(emax - vec["expc"][k])
-            shh = Signal(range(hi_out + 1), name=f"shh{k}")
-            m.d.comb += shh.eq(Mux(t[-1], d[2:], hi_out))
-            shl = Signal(2, name=f"shl{k}")
-            with m.Switch(Cat(vec["exp"][k][:2], emax[:2])):
-                for v in range(16):
-                    with m.Case(v):
-                        m.d.comb += shl.eq(((v >> 2) - (v & 3) + post) % 4)
-            sig_p = Signal(wsp, name=f"sigp{k}")
-            m.d.comb += sig_p.eq(vec["sig"][k] << pre)
-            lo = Signal(wsp + 1, name=f"sigl{k}")
-            m.d.comb += lo.eq(Cat(Const(0, 1), sig_p) >> shl)
-            lows.append(lo)
-            shs.append(shh)
-            shls.append(shl)
-        del vec["exp"], vec["expc"], vec["sig"]
+            m.d.comb += sh.eq(Mux(t[-1], d, wsp + 1))
+            shs.append(sh)
+        del vec["exp"], vec["expc"]
         if "shamt" in self.regs:
-            cut("shamt", sh=shs, shl=shls, sigl=lows)
-            shs, shls, lows = vec.pop("sh"), vec.pop("shl"), vec.pop("sigl")
+            cut("shamt", sh=shs)
+            shs = vec.pop("sh")
         # round half away from zero: ((sig_p >> (sh-1)) + 1) >> 1 for sh >= 1
         halves, rnds = [], []
         for k in range(w):
+            sig_p = Signal(wsp, name=f"sigp{k}")
+            m.d.comb += sig_p.eq(vec["sig"][k] << pre)
             v = Signal(wsp + 1, name=f"half{k}")
-            m.d.comb += v.eq(lows[k] >> Cat(Const(0, 2), shs[k]))
+            m.d.comb += v.eq(Cat(Const(0, 1), sig_p) >> shs[k])
             halves.append(v)
-            rnds.append((shs[k] != 0) | (shls[k] != 0))
+            rnds.append(shs[k] != 0)
+        del vec["sig"]
         rnd = Cat(*rnds)
         if "align" in self.regs:
             cut("align", half=halves, rnd=rnd)

@@ -262,20 +262,14 @@ def test_thresholds_bad_copies(copies):
 def test_thresholds_copies_agree(sel_reg, diff_reg):
     """Pipelined thresholds in 3 copies (each from its own register before the shifts,
     with ``sel_reg`` each also registered after its shifts, with ``diff_reg`` after the
-    exponent differences and the products, then also in 3 copies, each computing its own
-    shift amounts and mask): every copy equals the combinational unit's thresholds one
-    to three cycles later."""
+    exponent differences and the products): every copy equals the combinational unit's
+    thresholds one to three cycles later."""
     p = FormatParams(n=8, block=8, bits=3, mode="midrise")
     enc = scale_encoding(p.scale)
     cases = [(int(b), u) for u in (-40, -30, -3, 0, 5, 30) for b in enc.bytes[::7]]
     ref = Thresholds(p, A_WIDTH, U_SHAPE)
     cop = Thresholds(p, A_WIDTH, U_SHAPE, True, copies=3, sel_reg=sel_reg, diff_reg=diff_reg)
     delay = 1 + sel_reg + diff_reg
-    text = rtlil.convert(cop, ports=None)
-    copies_of = {"tsd": 3 if diff_reg else 0, "tsh": 3, "dn_mask": 3 if diff_reg else 1}
-    for reg, count in copies_of.items():
-        found = set(re.findall(rf"wire width \d+ \\({reg}(?:_r\d+|_\d+)?)\n", text))
-        assert len(found) == count, (reg, sorted(found))
     bank = _Bank([ref, cop])
     nth = len(ref.coefs)
     seen = []
