@@ -171,21 +171,6 @@ def gt_const(x, c: int) -> Value:
     return out
 
 
-def gt_var(a, b) -> Value:
-    """``a > b`` for two unsigned Values of one width, as AND/OR logic (no carry chain,
-    :func:`gt_const`): from bit 0 up, ``gt = a_i & ~b_i | ~(a_i ^ b_i) & gt``. For a
-    few bits between two registers (the exponent max tree's nodes: a 5-bit compare
-    and the select it drives)."""
-    a, b = Value.cast(a), Value.cast(b)
-    if len(a) != len(b) or a.shape().signed or b.shape().signed:
-        raise ValueError(f"a, b: two unsigned Values of one width, got {a.shape()} and "
-                         f"{b.shape()}")
-    out = Const(0, 1)
-    for i in range(len(a)):
-        out = (a[i] & ~b[i]) | (~(a[i] ^ b[i]) & out)
-    return out
-
-
 def check_latency(p: FormatParams, latency, lanes: int | None = None,
                   steps: int | None = None) -> int:
     """Validate the FWHT ``latency`` (registers in the butterfly network) for ``p``;

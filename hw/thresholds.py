@@ -9,7 +9,7 @@ lane then needs h-1 magnitude compares (in :mod:`hw.quantizer`).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -100,50 +100,9 @@ class Thresholds(wiring.Component):
                                      k.eq(wy - (aj * s_).bit_length() if s_ else dhi)]
             cs_.append(c)
             ks.append(k)
-        # with tsd and tsh both registered, the thresholds are in copies from tsd on: each
-        # copy computes its own shift amounts, saturation bits and mask, next to its lanes
-        # (one computation feeding every tsh copy was routed 2.86 ns after five LUT
-        # levels, the N=64 encoder's worst path at one seed, docs/SYNTH.md)
-        ncopy = self.copies if self.diff_reg and self.pipelined else 1
         if self.diff_reg:
-            diffs = [d, nd, *cs_, *ks]
-            srcs = [self._tsh_parts(m, f"_{k}" if ncopy > 1 else "",
-                                    *self._split(r, diffs, len(cs_)))
-                    for k, r in enumerate(replicas(m, self.en, "tsd", Cat(*diffs), ncopy))]
-        else:
-            srcs = [self._tsh_parts(m, "", d, nd, cs_, ks)]
-        if not self.pipelined:
-            self._shifts(m, "", *self._unpack(srcs[0]), self.th[0])
-            for k in range(1, self.copies):
-                m.d.comb += self.th[k].eq(self.th[0])
-            return m
-        regs = replicas(m, self.en, "tsh", [Cat(*parts) for parts in srcs], self.copies)
-        for k, r in enumerate(regs):
-            self._shifts(m, f"_{k}" if self.copies > 1 else "",
-                         *self._unpack(self._split(r, srcs[0])), self.th[k])
-        return m
-
-    @staticmethod
-    def _split(r, like: list, nc: int | None = None):
-        """The register ``r`` (a Cat of Values shaped as ``like``) cut back into them,
-        signed where they are; with ``nc``: as (d, nd, c_j..., k_j...) for
-        :meth:`_tsh_parts` (``nc`` products)."""
-        out, lo = [], 0
-        for v in like:
-            v = Value.cast(v)
-            s_ = r[lo:lo + len(v)]
-            out.append(s_.as_signed() if v.shape().signed else s_)
-            lo += len(v)
-        if nc is None:
-            return out
-        return out[0], out[1], out[2:2 + nc], out[2 + nc:]
-
-    def _tsh_parts(self, m: Module, sfx: str, d, nd, cs_, ks) -> list:
-        """What the register before the shifts holds, from d, -d (``nd``), the products
-        c_j and the saturation constants k_j: [c_j..., c_j << (d mod 4)..., the
-        saturation bits, d // 4, the right shift dn, its rounding mask, d >= 0]."""
-        wy = self.y_width
-        cbits = len(cs_[0])
+            st = stage(m, self.en, "tsd", d=d, nd=nd, c=cs_, k=ks)
+            d, nd, cs_, ks = st["d"], st["nd"], list(st["c"]), list(st["k"])
         # Neither shift amount is clamped by d's sign: th = Mux(d >= 0, positive form,
         # negative form) reads only one of them. Positive form, dp = d: for d > wy
         # either c_j = 0 (then c_j << dp = 0, as clamped) or d > wy > k_j saturates
@@ -152,25 +111,38 @@ class Thresholds(wiring.Component):
         dneg = d[-1]
         dpw = Shape.cast(range(wy + 1)).width
         dph = d[2:max(dpw, 2)]
-        dn = Signal(range(cbits + 1), name=f"dn{sfx}")
+        dn = Signal(range(cbits + 1))
         m.d.comb += dn.eq(Mux(gt_const(nd, cbits), cbits, nd))
         cls, sats = [], []
         for j, c in enumerate(cs_, start=1):
             # the left shift in two steps: by d's two low bits here, by 4 x the rest
             # after the register; the saturation test here as well
-            cl = Signal(cbits + 3, name=f"cl{j}{sfx}")
+            cl = Signal(cbits + 3, name=f"cl{j}")
             m.d.comb += cl.eq(c << d[:2])
-            sat = Signal(name=f"tover{j}{sfx}")
+            sat = Signal(name=f"tover{j}")
             m.d.comb += sat.eq(d > ks[j - 1])
             cls.append(cl)
             sats.append(sat)
-        pos = Signal(name=f"d_pos{sfx}")
+        pos = Signal(name="d_pos")
         m.d.comb += pos.eq(~dneg)
         # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 bit i is dn > i,
         # which is nd > i (dn = nd, or cbits when nd > cbits > i): logic from nd
-        low = Signal(cbits, name=f"dn_mask{sfx}")
+        low = Signal(cbits, name="dn_mask")
         m.d.comb += low.eq(Cat(*(gt_const(nd, i) for i in range(cbits))))
-        return [*cs_, *cls, Cat(*sats), dph, dn, low, pos]
+        parts = [*cs_, *cls, Cat(*sats), dph, dn, low, pos]
+        if not self.pipelined:
+            self._shifts(m, "", *self._unpack(parts), self.th[0])
+            for k in range(1, self.copies):
+                m.d.comb += self.th[k].eq(self.th[0])
+            return m
+        for k, r in enumerate(replicas(m, self.en, "tsh", Cat(*parts), self.copies)):
+            lo, regs = 0, []
+            for v in parts:
+                regs.append(r[lo:lo + len(v)])
+                lo += len(v)
+            self._shifts(m, f"_{k}" if self.copies > 1 else "", *self._unpack(regs),
+                         self.th[k])
+        return m
 
     def _unpack(self, parts: list) -> tuple:
         """``parts`` ([c_j..., cl_j..., sat bits, dp >> 2, dn, low, pos]) as the
