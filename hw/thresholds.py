@@ -85,51 +85,45 @@ class Thresholds(wiring.Component):
         m.d.comb += d.eq(e1 - off - self.u)
         nd = Signal(shape_range(off + ulo - (1 << eb) + 1, off + uhi - 1))
         m.d.comb += nd.eq(off + self.u - e1)
-        # the products c_j = a_j sig and the saturation test's constant k_j = wy -
-        # bitlen(c_j) (c_j != 0; k_j = max of d, never, for sig = 0) as tables of sig:
-        # one LUT level beside d's subtraction, registered at tsd with d
+        # the saturation test c_j 2^dp >= 2^wy (c_j = a_j sig, dp = clamp(d, 0, wy)) is
+        # d > k_j = wy - bitlen(c_j) (c_j != 0; k_j = max of d: never): k_j a constant row
+        # per sig, computed (and registered) beside d so that the test is one compare
         _, dhi = shape_bounds(d.shape())
-        cs_, ks = [], []
+        ks = []
         for j, aj in enumerate(self.coefs, start=1):
-            c = Signal(cbits, name=f"c{j}")
             k = Signal(range(-1, max(dhi, wy) + 1), name=f"tover_k{j}")
             with m.Switch(sig):
                 for s_ in range(1 << (mb + 1)):
                     with m.Case(s_):
-                        m.d.comb += [c.eq(aj * s_),
-                                     k.eq(wy - (aj * s_).bit_length() if s_ else dhi)]
-            cs_.append(c)
+                        m.d.comb += k.eq(wy - (aj * s_).bit_length() if s_ else dhi)
             ks.append(k)
         if self.diff_reg:
-            st = stage(m, self.en, "tsd", d=d, nd=nd, c=cs_, k=ks)
-            d, nd, cs_, ks = st["d"], st["nd"], list(st["c"]), list(st["k"])
-        # Neither shift amount is clamped by d's sign: th = Mux(d >= 0, positive form,
-        # negative form) reads only one of them. Positive form, dp = d: for d > wy
-        # either c_j = 0 (then c_j << dp = 0, as clamped) or d > wy > k_j saturates
-        # (the shifted bits are masked), so dp's clamp to wy is not needed either and
-        # dp // 4 is d's bits 2.. cut to dp's width.
+            st = stage(m, self.en, "tsd", d=d, nd=nd, sig=sig, k=ks)
+            d, nd, sig, ks = st["d"], st["nd"], st["sig"], st["k"]
         dneg = d[-1]
-        dpw = Shape.cast(range(wy + 1)).width
-        dph = d[2:max(dpw, 2)]
+        dp = Signal(range(wy + 1))
+        m.d.comb += dp.eq(Mux(dneg, 0, Mux(gt_const(d, wy), wy, d)))
         dn = Signal(range(cbits + 1))
-        m.d.comb += dn.eq(Mux(gt_const(nd, cbits), cbits, nd))
-        cls, sats = [], []
-        for j, c in enumerate(cs_, start=1):
-            # the left shift in two steps: by d's two low bits here, by 4 x the rest
-            # after the register; the saturation test here as well
+        m.d.comb += dn.eq(Mux(~dneg, 0, Mux(gt_const(nd, cbits), cbits, nd)))
+        cs_, cls, sats = [], [], []
+        for j, aj in enumerate(self.coefs, start=1):
+            c = Signal(cbits, name=f"c{j}")
+            m.d.comb += c.eq(sig * aj)
+            cs_.append(c)
+            # the left shift in two steps: by dp's two low bits here, by 4 x the rest after
+            # the register; the saturation test here as well
             cl = Signal(cbits + 3, name=f"cl{j}")
-            m.d.comb += cl.eq(c << d[:2])
+            m.d.comb += cl.eq(c << dp[:2])
             sat = Signal(name=f"tover{j}")
             m.d.comb += sat.eq(d > ks[j - 1])
             cls.append(cl)
             sats.append(sat)
         pos = Signal(name="d_pos")
         m.d.comb += pos.eq(~dneg)
-        # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 bit i is dn > i,
-        # which is nd > i (dn = nd, or cbits when nd > cbits > i): logic from nd
+        # ceil(c / 2^dn) = (c + 2^dn - 1) >> dn; the mask 2^dn - 1 as logic from dn
         low = Signal(cbits, name="dn_mask")
-        m.d.comb += low.eq(Cat(*(gt_const(nd, i) for i in range(cbits))))
-        parts = [*cs_, *cls, Cat(*sats), dph, dn, low, pos]
+        m.d.comb += low.eq(Cat(*(gt_const(dn, i) for i in range(cbits))))
+        parts = [*cs_, *cls, Cat(*sats), dp[2:], dn, low, pos]
         if not self.pipelined:
             self._shifts(m, "", *self._unpack(parts), self.th[0])
             for k in range(1, self.copies):
