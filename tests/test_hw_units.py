@@ -258,17 +258,18 @@ def test_thresholds_bad_copies(copies):
         Thresholds(FormatParams(n=8, block=8), A_WIDTH, U_SHAPE, copies=copies)
 
 
-@pytest.mark.parametrize("sel_reg", [False, True])
-def test_thresholds_copies_agree(sel_reg):
+@pytest.mark.parametrize("sel_reg,diff_reg", [(False, False), (True, False), (True, True)])
+def test_thresholds_copies_agree(sel_reg, diff_reg):
     """Pipelined thresholds in 3 copies (each from its own register before the shifts,
-    with ``sel_reg`` each also registered after its shifts): every copy equals the
-    combinational unit's thresholds one (two) cycles later."""
+    with ``sel_reg`` each also registered after its shifts, with ``diff_reg`` also
+    after the exponent differences): every copy equals the combinational unit's
+    thresholds one to three cycles later."""
     p = FormatParams(n=8, block=8, bits=3, mode="midrise")
     enc = scale_encoding(p.scale)
-    cases = [(int(b), u) for u in (-30, -3, 0, 5) for b in enc.bytes[::7]]
+    cases = [(int(b), u) for u in (-40, -30, -3, 0, 5, 30) for b in enc.bytes[::7]]
     ref = Thresholds(p, A_WIDTH, U_SHAPE)
-    cop = Thresholds(p, A_WIDTH, U_SHAPE, True, copies=3, sel_reg=sel_reg)
-    delay = 1 + sel_reg
+    cop = Thresholds(p, A_WIDTH, U_SHAPE, True, copies=3, sel_reg=sel_reg, diff_reg=diff_reg)
+    delay = 1 + sel_reg + diff_reg
     bank = _Bank([ref, cop])
     nth = len(ref.coefs)
     seen = []
