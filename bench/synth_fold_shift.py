@@ -31,7 +31,7 @@ from amaranth.lib import wiring  # noqa: E402
 from amaranth.lib.wiring import In, Out  # noqa: E402
 
 import hw.ifwht as ifwht  # noqa: E402
-from hw.pipeline import replica_count  # noqa: E402
+from hw.pipeline import REPLICA_SELECT_LANES, replica_count  # noqa: E402
 from rtl_gen.synth import component_area, component_fmax, tool  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "synth_fold_shift.json"
@@ -52,7 +52,7 @@ class FoldAlone(wiring.Component):
         m = Module()
         w, dw = self.w, len(self.d)
         lanes = [Signal(signed(self.width), name=f"in{k}") for k in range(w)]
-        ds = [Signal(dw, name=f"d{j}") for j in range(replica_count(w, ifwht.ALIGN_GROUP_LANES))]
+        ds = [Signal(dw, name=f"d{j}") for j in range(replica_count(w, REPLICA_SELECT_LANES))]
         valid = Signal()
         m.d.sync += [lanes[k].eq(self.x.word_select(k, self.width)) for k in range(w)]
         m.d.sync += [x.eq(self.d) for x in ds] + [valid.eq(self.valid)]

@@ -82,8 +82,8 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fwht import FOLD_CYCLES, butterfly_stage, fold_stage, register_positions
-from .pipeline import (REPLICA_ATTRS, REPLICA_SELECT_LANES, beat_groups, beat_index, beat_of, replica_count,
-                       replica_of, replicas, stage, when)
+from .pipeline import (REPLICA_ATTRS, REPLICA_SELECT_LANES, beat_groups, beat_index, beat_of,
+                       replica_count, replica_of, replicas, stage, when)
 
 #: Largest block-exponent difference of ue5m3 (exponent fields 1 .. 31); the
 #: default of ``max_align``.
@@ -385,8 +385,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     output register takes ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on
     output beat 1 (one out_w-bit addition of two registers), and ``flip`` = sw with the
     difference, 0 with the sum. The per-vector registers are in one copy per
-    :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes. The last beat leaves :data:`FOLD_ALIGN_CYCLES` (4 plus
-    the bridge's) enabled cycles after it came.
+    :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes. The last beat leaves
+    :data:`FOLD_ALIGN_CYCLES` (4 plus the bridge's) enabled cycles after it came.
 
     Args:
         lanes: W signed Values of equal width w (the network's output of the beat).

@@ -124,6 +124,8 @@ def replicas(m: Module, en, name: str, value, copies: int) -> list:
     a fanout tree, or every len(value) / copies-th upstream copy). Every copy equals the
     others in every cycle. Returns the list of registers of the value's shape (one: a
     plain register). ValueError when neither count divides the other."""
+    if not isinstance(copies, int) or isinstance(copies, bool) or copies < 1:
+        raise ValueError(f"copies must be an int >= 1, got {copies!r}")
     srcs = [Value.cast(v) for v in value] if isinstance(value, (list, tuple)) \
         else [Value.cast(value)]
     if not srcs or copies % len(srcs) and len(srcs) % copies:

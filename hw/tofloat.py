@@ -196,8 +196,8 @@ class FloatPrep(wiring.Component):
     register (one per 16 lanes): a fanout tree (one copy of B for 16 lanes, placed
     across the die from some of them, was the N=64 decoder's worst path, docs/SYNTH.md);
     the test L > K is an AND-OR of m1 with the mask of the positions above K, beside the
-    leading-one tree (the mask in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes in the ``abs``
-    register).
+    leading-one tree (the mask in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
+    in the ``abs`` register).
 
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
     ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits

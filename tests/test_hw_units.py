@@ -569,6 +569,9 @@ def test_replicas_fanout_tree():
     sim.add_clock(1e-6)
     sim.add_testbench(tb_fewer)
     sim.run()
+    for copies in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="copies"):
+            replicas(m, 1, "t", src, copies)
     for bad in ([Signal(5)] * 3, [Signal(5)] * 6, []):
         with pytest.raises(ValueError, match="value"):
             replicas(m, 1, "t", bad, 4)
