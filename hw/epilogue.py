@@ -128,7 +128,7 @@ class KVEpilogue(FlowTop, wiring.Component):
         kf_regs: register cuts of the key front end, names from
             ``hw.keyfront.KF_CUTS`` (default ``KF_CUTS.default``; unused without it).
         lane_ram: 0 (default: flip-flops) or the minimum delay in stages of a lane
-            delay line that goes to RAM (the front end's decoded lanes beside
+            delay line that goes to block RAM (the front end's decoded lanes beside
             the exponent max tree, ``hw.frontend.lane_delay`` stages; the quantizer's
             lanes beside the block scale, ``hw.quantizer.lane_delay``; :attr:`ram_lines`). Same cycles, stalls and bytes either way.
         flow: flow control, ``"stall"`` (default: global stall enable) or ``"credit"``
@@ -161,7 +161,7 @@ class KVEpilogue(FlowTop, wiring.Component):
             raise ValueError(f"key_slots (key front end) needs lanes=N={params.n}, "
                              f"got lanes={self.lanes}")
         if self.beats > 1 and lane_ram:
-            raise ValueError(f"lane_ram (RAM lane delay) needs lanes=N={params.n}, "
+            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={params.n}, "
                              f"got lanes={self.lanes}")
         if key_slots != 0:
             check_key_slots(params, key_slots)
@@ -197,7 +197,7 @@ class KVEpilogue(FlowTop, wiring.Component):
 
     @property
     def ram_lines(self) -> dict:
-        """Lane delay lines in RAM (LUT RAM or block RAM, hw.pipeline.ram_style): name -> {stages, width, depth} (empty: none)."""
+        """Lane delay lines in block RAM: name -> {stages, width, depth} (empty: none)."""
         p, k, r = self.params, self.tree_every, self.lane_ram
         fe = frontend_ram_lines(p, self.fe_regs, k, r)
         qz = quant_ram_lines(p, self.quant_regs, k, r)

@@ -14,7 +14,7 @@ increment) and ``tree_every`` = k, a register after every k levels of the max tr
 (decoded lanes, partial maxima with the OR of their lanes' NaN / Inf flags).
 Latency = len(regs) + :func:`tree_cuts`. The decoded lanes (exponent,
 significand, sign) only wait while the max tree runs, :func:`lane_delay` stages;
-with ``lane_ram`` > 0 and at least that many stages they wait in RAM
+with ``lane_ram`` > 0 and at least that many stages they wait in block RAM
 (:func:`hw.pipeline.ram_delay`) instead of in every cut's register.
 
 Per lane k (bits [16k, 16k+16) of ``bits``):
@@ -77,7 +77,7 @@ def lane_delay(p: FormatParams, regs, tree_every: int) -> int:
 
 
 def ram_lines(p: FormatParams, regs, tree_every: int, lane_ram: int) -> dict:
-    """The front end's delay lines in RAM for ``lane_ram``: name -> {stages,
+    """The front end's delay lines in block RAM for ``lane_ram``: name -> {stages,
     width, depth} (empty: none, the lanes wait in registers)."""
     d = lane_delay(p, regs, tree_every)
     if not check_lane_ram(lane_ram) or d < lane_ram:
@@ -94,7 +94,7 @@ class FrontEnd(wiring.Component):
         regs: pipeline cuts, a subset of :data:`FE_CUTS` (default none: combinational).
         tree_every: a register after every k levels of the max tree (0: none).
         lane_ram: 0 (default: the lanes wait in the cuts' registers) or the minimum
-            :func:`lane_delay` that puts them into a RAM delay line (:func:`ram_lines`).
+            :func:`lane_delay` that puts them into a block RAM delay line (:func:`ram_lines`).
 
         lanes: W, lanes per cycle (None: N; N/2: :func:`hw.pipeline.check_lanes`). With
             W = N/2 the ``beat`` input (0 or 1; :func:`hw.pipeline.beat_groups` equal copies,
@@ -116,7 +116,7 @@ class FrontEnd(wiring.Component):
         self.lane_ram = check_lane_ram(lane_ram)
         self.lanes = check_lanes(p, lanes)
         if self.lane_ram and self.lanes != p.n:
-            raise ValueError(f"lane_ram (RAM lane delay) needs lanes=N={p.n}, "
+            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={p.n}, "
                              f"got lanes={self.lanes}")
         self.mask = sign_mask_int(p.n, p.sign_seed)
         ports = {
@@ -195,7 +195,7 @@ class FrontEnd(wiring.Component):
             vec.update({k: [Mux(beat_of(vec["beat"], i, w), v[w + i], v[i]) for i in range(w)]
                         for k, v in ((k, vec[k]) for k in ("exp", "sig", "sign"))})
         lines = ram_lines(p, self.regs, self.tree_every, self.lane_ram)
-        if lines:            # the lanes wait in RAM, beside the max tree
+        if lines:            # the lanes wait in block RAM, beside the max tree
             late = ram_delay(m, self.en, "lanes", Cat(*vec.pop("exp"), *vec.pop("sig"),
                                                       *vec.pop("sign")), lines["lanes"]["stages"])
             lw = [e_bits] * p.n + [m_bits + 1] * p.n + [1] * p.n
@@ -233,7 +233,7 @@ class FrontEnd(wiring.Component):
         # the clamp test d > wsp + 1 as the sign of a second subtraction beside d:
         # d > wsp + 1  <=>  emax - (exp + wsp + 2 - post) >= 0. The constant goes to the
         # lanes (expc), off the max tree's last segment: beside the tree root from the
-        # lanes' register, or after the cut where the lanes leave their RAM.
+        # lanes' register, or after the cut where the lanes leave their block RAM.
         clamp = wsp + 2 - post
 
         def lane_clamps():

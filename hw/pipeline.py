@@ -21,8 +21,7 @@ Every component validates them here, so the error messages name the same
 fields everywhere. Registers change the latency, never the bytes.
 
 A lane delay line (a wide value that only waits while a narrow computation
-beside it takes several stages) can live in a memory (LUT RAM or block RAM,
-:func:`ram_style`) instead of a chain of
+beside it takes several stages) can live in block RAM instead of a chain of
 register stages: :func:`ram_delay`, chosen by ``lane_ram`` (the minimum delay
 in stages that goes to RAM; :func:`check_lane_ram`). It is cycle-for-cycle the
 same as the register chain under the same enable, stalls and resets included.
@@ -306,39 +305,8 @@ class Cuts:
         return len(self.check(regs))
 
 
-#: Bits per slice of a memory (skid FIFO, lane delay line): two ECP5 block RAMs
-#: (DP16KD, 36 bits wide in their 512 x 36 mode) or 18 TRELLIS_DPR16X4. Each slice has
-#: its own copy of the control (see :func:`skid_fifo`, :func:`ram_delay`).
-RAM_SLICE_BITS = 72
-
-#: Largest memory (bits: width x entries) kept in LUT RAM (``ram_style`` distributed:
-#: ECP5 TRELLIS_DPR16X4, 16 entries x 4 bits, read without a clock into the read data
-#: flip-flops): 32 Kbit is 512 DPR16X4. Larger ones go to block RAM, which costs no LUT
-#: sites but whose read without its output register (Yosys maps a behavioural memory with
-#: REGMODE NOREG) has a 6 ns clock-to-out in nextpnr's model, 90 % of the 6.67 ns period
-#: of the N=64 target (150 MHz). Measured (docs/SYNTH.md): the N=16 decoder's 4 Kbit
-#: FIFO gains in LUT RAM (113 -> 137 MHz); the N=64 decoder's 32 Kbit FIFO, with the
-#: dequantizer's table cut, 101.0 MHz in block RAM (worst path: its clock-to-out) and
-#: 103.7 MHz in LUT RAM (worst path elsewhere).
-LUTRAM_BITS = 32768
-
-#: Entries up to which a memory of any width is kept in LUT RAM: 16 is one
-#: TRELLIS_DPR16X4 deep (no read multiplexer), where a block RAM would use 16 of its 512
-#: words and bring its 6 ns clock-to-out; the 2,048-bit FIFO of the two-beat N=128
-#: decoder in 57 DP16KD did not route (docs/SYNTH.md).
-LUTRAM_ENTRIES = 16
-
-
-def ram_style(width: int, entries: int) -> str:
-    """``ram_style`` of a ``width``-bit, ``entries``-entry memory (skid FIFO, lane delay
-    line): "distributed" (LUT RAM) up to :data:`LUTRAM_BITS` bits of width x entries
-    or up to :data:`LUTRAM_ENTRIES` entries, else "block"."""
-    lut = width * entries <= LUTRAM_BITS or entries <= LUTRAM_ENTRIES
-    return "distributed" if lut else "block"
-
-
 #: Smallest delay (register stages) :func:`ram_delay` builds: one stage is the
-#: memory's read register, one a register behind it (a block RAM's slow
+#: memory's read register, one a register behind it (the block RAM's slow
 #: clock-to-out stays off the datapath), and the read address must differ from
 #: the write address of the same cycle (no read-during-write).
 LANE_RAM_MIN = 3
@@ -346,7 +314,7 @@ LANE_RAM_MIN = 3
 
 def check_lane_ram(lane_ram) -> int:
     """Validate ``lane_ram``: 0 (every delay line in registers) or the minimum delay in
-    register stages that goes to a memory (:func:`ram_delay`), >= :data:`LANE_RAM_MIN`.
+    register stages that goes to block RAM, >= :data:`LANE_RAM_MIN`.
 
     Raises:
         TypeError: not an int (bool refused). ValueError: 1 .. LANE_RAM_MIN - 1 or negative.
@@ -354,7 +322,7 @@ def check_lane_ram(lane_ram) -> int:
     if isinstance(lane_ram, bool) or not isinstance(lane_ram, int):
         raise TypeError(f"lane_ram must be an int, got {type(lane_ram).__name__}")
     if lane_ram != 0 and lane_ram < LANE_RAM_MIN:
-        raise ValueError(f"lane_ram (minimum delay in stages that goes to RAM) must be 0 "
+        raise ValueError(f"lane_ram (minimum delay in stages that goes to block RAM) must be 0 "
                          f"(none) or >= {LANE_RAM_MIN}, got {lane_ram}")
     return lane_ram
 
@@ -368,53 +336,37 @@ def ram_depth(stages: int) -> int:
 
 def ram_delay(m: Module, en, name: str, value, stages: int) -> Signal:
     """``value`` delayed by ``stages`` register stages that advance with ``en``, in a
-    memory: what the last of ``stages`` chained :func:`stage` registers holds.
+    block RAM: what the last of ``stages`` chained :func:`stage` registers holds.
 
     A circular buffer of :func:`ram_depth` entries: while ``en`` is high the
-    value is written at the write pointer, the pointers advance, and the synchronous
+    value is written at the pointer, the pointer advances, and the synchronous
     read port (enabled by ``en`` too) reads the entry written ``stages - 2``
     enabled cycles ago into its data register; one more register (``{name}_data``)
     follows. So an entry written at the k-th enabled cycle is at the output after
     the (k + stages - 1)-th, exactly like the register chain, and nothing moves
     while ``en`` is low. There is no valid bit here: the caller's valid bits (in
     registers with reset) say which entries are vectors, so a reset needs no
-    clearing of the buffer.
-
-    The memory is LUT RAM or block RAM by :func:`ram_style` (the skid FIFO's rule:
-    up to :data:`LUTRAM_ENTRIES` entries, as every line of up to 17 stages is, in
-    ECP5 TRELLIS_DPR16X4). The value is cut into slices of :data:`RAM_SLICE_BITS`
-    bits, each with its own memory and its own write and read pointers (``{name}_wp``,
-    ``{name}_rp``; ``{name}{k}_...`` for slice k > 0), registers that the addresses
-    read directly: one pointer addressing every RAM of a line across the die would
-    be one net of hundreds of loads. Yosys keeps the copies (each counter's next
-    value depends on itself).
+    clearing of the buffer. Yosys maps the memory (``ram_style`` block) to ECP5
+    DP16KD.
 
     Raises:
         ValueError: ``stages`` < :data:`LANE_RAM_MIN`.
     """
     if stages < LANE_RAM_MIN:
-        raise ValueError(f"ram_delay {name!r}: a lane delay in RAM needs >= {LANE_RAM_MIN} "
+        raise ValueError(f"ram_delay {name!r}: a block RAM delay needs >= {LANE_RAM_MIN} "
                          f"stages, got {stages}")
     value = Value.cast(value)
     depth = ram_depth(stages)
-    style = ram_style(len(value), depth)
-    lag = stages - 2                            # entries the read pointer trails by
-    outs = []
-    for k, lo in enumerate(range(0, len(value), RAM_SLICE_BITS)):
-        part = value[lo:lo + RAM_SLICE_BITS]
-        sn = name if k == 0 else f"{name}{k}"
-        mem = Memory(shape=len(part), depth=depth, init=[], attrs={"ram_style": style})
-        m.submodules[f"{sn}_ram"] = mem
-        wr = mem.write_port()
-        rd = mem.read_port(domain="sync", transparent_for=())
-        wp = Signal(range(depth), name=f"{sn}_wp")
-        rp = Signal(range(depth), init=-lag % depth, name=f"{sn}_rp")
-        m.d.comb += [wr.addr.eq(wp), wr.data.eq(part), wr.en.eq(en),
-                     rd.addr.eq(rp), rd.en.eq(en)]
-        with when(m, en):
-            m.d.sync += [wp.eq(wp + 1), rp.eq(rp + 1)]
-        outs.append(rd.data)
-    return stage(m, en, name, reset=(), data=Cat(*outs))["data"]
+    mem = Memory(shape=len(value), depth=depth, init=[], attrs={"ram_style": "block"})
+    m.submodules[f"{name}_ram"] = mem
+    wr = mem.write_port()
+    rd = mem.read_port(domain="sync", transparent_for=())
+    ptr = Signal(range(depth), name=f"{name}_ptr")
+    m.d.comb += [wr.addr.eq(ptr), wr.data.eq(value), wr.en.eq(en),
+                 rd.addr.eq(ptr - (stages - 2)), rd.en.eq(en)]
+    with when(m, en):
+        m.d.sync += ptr.eq(ptr + 1)
+    return stage(m, en, name, reset=(), data=rd.data)["data"]
 
 
 # ---- flow control of the top levels ----------------------------------------------------
@@ -475,11 +427,36 @@ def credit_depth(latency: int, extra: int = 0, beats: int = 1) -> int:
     return (latency + 1) // beats + 1 + extra
 
 
+#: Bits per slice of a skid FIFO: two ECP5 block RAMs (DP16KD, 36 bits wide in their
+#: 512 x 36 mode). Each slice has its own copy of the FIFO's control (see skid_fifo).
+SKID_SLICE_BITS = 72
+
+#: Largest skid FIFO (bits: width x entries) kept in LUT RAM (``ram_style`` distributed:
+#: ECP5 TRELLIS_DPR16X4, 16 entries x 4 bits, read without a clock into the read data
+#: flip-flops): 32 Kbit is 512 DPR16X4. Larger ones go to block RAM, which costs no LUT
+#: sites but whose read without its output register (Yosys maps a behavioural memory with
+#: REGMODE NOREG) has a 6 ns clock-to-out in nextpnr's model, 90 % of the 6.67 ns period
+#: of the N=64 target (150 MHz). Measured (docs/SYNTH.md): the N=16 decoder's 4 Kbit
+#: FIFO gains in LUT RAM (113 -> 137 MHz); the N=64 decoder's 32 Kbit FIFO, with the
+#: dequantizer's table cut, 101.0 MHz in block RAM (worst path: its clock-to-out) and
+#: 103.7 MHz in LUT RAM (worst path elsewhere).
+SKID_LUTRAM_BITS = 32768
+
+#: Entries up to which a skid FIFO of any width is kept in LUT RAM: 16 is one
+#: TRELLIS_DPR16X4 deep (no read multiplexer), where a block RAM would use 16 of its 512
+#: words and bring its 6 ns clock-to-out; the 2,048-bit FIFO of the two-beat N=128
+#: decoder in 57 DP16KD did not route (docs/SYNTH.md).
+SKID_LUTRAM_ENTRIES = 16
+
+
 def skid_ram(width: int, depth: int) -> tuple[int, str]:
     """The skid FIFO's RAM for ``width``-bit entries and ``depth`` credits: (entries, the
-    smallest power of two >= depth; its :func:`ram_style`)."""
+    smallest power of two >= depth; ``ram_style``: "distributed" (LUT RAM) up to
+    :data:`SKID_LUTRAM_BITS` bits of width x entries or up to
+    :data:`SKID_LUTRAM_ENTRIES` entries, else "block")."""
     size = 1 << (depth - 1).bit_length()
-    return size, ram_style(width, size)
+    lut = width * size <= SKID_LUTRAM_BITS or size <= SKID_LUTRAM_ENTRIES
+    return size, "distributed" if lut else "block"
 
 
 def skid_read_enable(nonempty, rv, load):
@@ -491,8 +468,8 @@ def skid_read_enable(nonempty, rv, load):
 
 def skid_slices(width: int) -> int:
     """Slices of a ``width``-bit skid FIFO (:func:`skid_fifo`): one per
-    :data:`RAM_SLICE_BITS` bits."""
-    return -(-width // RAM_SLICE_BITS)
+    :data:`SKID_SLICE_BITS` bits."""
+    return -(-width // SKID_SLICE_BITS)
 
 
 def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
@@ -502,7 +479,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     slice's RAM across the die was the N=64 decoder's worst path, docs/SYNTH.md).
 
     A circular buffer of the smallest power of two >= ``depth`` entries, in LUT RAM up
-    to :data:`LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above
+    to :data:`SKID_LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above
     (:func:`skid_ram`), with
     write and read pointers one bit wider than its address (full and empty apart), then
     two places for the head: the RAM's read data register (``rv``: it holds an entry)
@@ -512,7 +489,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     register is empty or being moved on (:func:`skid_read_enable`). So ``o.payload``
     comes from flip-flops and while ``o.valid & ~o.ready`` nothing moves.
 
-    The data is cut into slices of :data:`RAM_SLICE_BITS` bits,
+    The data is cut into slices of :data:`SKID_SLICE_BITS` bits,
     each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
     ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
     same ``valid`` (or its own copy of it), ``o.ready`` and reset, so all hold the same entries and step
@@ -534,7 +511,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     when the FIFO was empty.
     """
     data = Value.cast(data)
-    width = RAM_SLICE_BITS
+    width = SKID_SLICE_BITS
     size, style = skid_ram(len(data), depth)
     abits = size.bit_length() - 1
     nsl = skid_slices(len(data))

@@ -25,7 +25,7 @@ registers them again). Latency = len(regs) + :func:`tree_cuts` cycles.
 
 The lanes (|y| and the sign, N (M + log2 N) bits) only wait while the block
 scale and thresholds are computed, :func:`lane_delay` stages; with ``lane_ram``
-> 0 and at least that many stages they wait in RAM
+> 0 and at least that many stages they wait in block RAM
 (:func:`hw.pipeline.ram_delay`) instead of in every cut's register.
 """
 
@@ -90,7 +90,7 @@ def lane_delay(p: FormatParams, regs, tree_every: int) -> int:
 
 
 def ram_lines(p: FormatParams, regs, tree_every: int, lane_ram: int) -> dict:
-    """The quantizer's delay lines in RAM for ``lane_ram``: name -> {stages,
+    """The quantizer's delay lines in block RAM for ``lane_ram``: name -> {stages,
     width, depth} (empty: none, the lanes wait in registers)."""
     d = lane_delay(p, regs, tree_every)
     if not check_lane_ram(lane_ram) or d < lane_ram:
@@ -149,7 +149,7 @@ class Quantizer(wiring.Component):
             (0: none; in each half of the tree, see :func:`tree_cuts`).
             Latency = len(regs) + :func:`tree_cuts`.
         lane_ram: 0 (default: the lanes wait in the cuts' registers) or the minimum
-            :func:`lane_delay` that puts them into a RAM delay line
+            :func:`lane_delay` that puts them into a block RAM delay line
             (:func:`ram_lines`); same cycles and bytes either way.
         lanes: W, lanes per cycle (None: N; N/2: one beat of a two-beat vector, W/G
             blocks; :func:`hw.pipeline.check_lanes`). Every block is quantized on its own,
@@ -168,7 +168,7 @@ class Quantizer(wiring.Component):
                  lane_ram: int = 0, lanes: int | None = None):
         self.lanes = check_lanes(p, lanes)
         if lane_ram and self.lanes != p.n:
-            raise ValueError(f"lane_ram (RAM lane delay) needs lanes=N={p.n}, "
+            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={p.n}, "
                              f"got lanes={self.lanes}")
         _, _, self.mult_odd = rule_units(p)
         self.coefs, _ = threshold_coefs(p.mode, p.bits)
@@ -239,7 +239,7 @@ class Quantizer(wiring.Component):
                   "abs")
         negs, mags = vec.neg, vec.mags
         lines = ram_lines(p, self.regs, self.tree_every, self.lane_ram)
-        if lines:            # the lanes wait in RAM, beside the cuts
+        if lines:            # the lanes wait in block RAM, beside the cuts
             late = ram_delay(m, self.en, "lanes", Cat(negs, *mags), lines["lanes"]["stages"])
             late_neg, late_mags = late[:n], [late[n + i * wy:n + (i + 1) * wy] for i in range(n)]
             vec = replace(vec, neg=None, mags=None)

@@ -20,8 +20,7 @@
   (``hw.keyfront.KeyFrontEnd``) with T table slots, its ``cfg`` port and the ``slot`` /
   ``bypass`` input side band (``KVEpilogue(key_slots=T)``; with ``pK`` all its cuts);
 * optional ``r<D>`` (after ``l`` / ``p`` / ``k``, encoder and round trip): a lane delay
-  line of at least D register stages (D >= 3) is a circular buffer in RAM (LUT RAM up to 16
-  entries, block RAM above: ``hw.pipeline.ram_style``) instead of
+  line of at least D register stages (D >= 3) is a block RAM circular buffer instead of
   flip-flops (``KVEpilogue(lane_ram=D)``, ``hw.pipeline.ram_delay``); same cycles and bytes;
 * optional ``c<E>`` (after ``l`` / ``p`` / ``k`` / ``r``, every kind): credit-based flow control
   instead of the global stall: the pipeline never stalls, an output skid FIFO in block RAM
@@ -154,9 +153,9 @@ class RTLConfig:
         if ks and self.params.dtype != "fp16":
             raise ValueError(f"key_slots (kT): the key front end is fp16 only (docs/FORMAT.md 8), "
                              f"got dtype {self.params.dtype!r}")
-        lr = _check_count(self.lane_ram, "lane_ram (rD, minimum lane delay in RAM) must be an int >= 0")
+        lr = _check_count(self.lane_ram, "lane_ram (rD, minimum lane delay in block RAM) must be an int >= 0")
         if lr and self.kind == "decoder":
-            raise ValueError(f"lane_ram (rD): the lane delay lines in RAM are the "
+            raise ValueError(f"lane_ram (rD): the lane delay lines in block RAM are the "
                              f"encoder's (enc_, rt_), got kind {self.kind!r}")
         if self.credit is not None:
             _check_count(self.credit, "credit (cE, credit flow control with E extra skid FIFO "

@@ -152,7 +152,7 @@ SETS = {
 # Fmax register profiles (config part pK: every register cut, a register every K
 # levels of the encoder's trees; FWHT registers after every stage) at N = 128 and 64,
 # placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores);
-# ``_r3``: the same with the lane delay lines in RAM; the N=128 encoder without
+# ``_r3``: the same with the lane delay lines in block RAM; the N=128 encoder without
 # it is synthesised only (its 62.5k flip-flops do not place on the LFE5U-85F,
 # docs/SYNTH.md)
 SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p2_r3", True),

@@ -224,7 +224,7 @@ def test_credit_flow_order(broken, slice_bits, monkeypatch, work):
     stalled (verif.formal.mutants.skid_read_enable_ahead)."""
     import hw.pipeline
     if slice_bits is not None:
-        monkeypatch.setattr(hw.pipeline, "RAM_SLICE_BITS", slice_bits)
+        monkeypatch.setattr(hw.pipeline, "SKID_SLICE_BITS", slice_bits)
     if broken:
         monkeypatch.setattr(hw.pipeline, "skid_read_enable", mutants.skid_read_enable_ahead)
     h = StreamHarness(flow_design("credit", 0, 4), reference=True)

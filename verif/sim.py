@@ -112,7 +112,7 @@ DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_
 QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2",
                  "rt_v2_n64_g32_b3_l2_w32", "rt_v2_n64_g32_b3_l2_w32_fa")
 #: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
-#: trip; N = 128 encoder with its lane delay lines in RAM, ``_r3``), G = 32, FWHT
+#: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``), G = 32, FWHT
 #: latency 0, the remaining N / b / latency pairs, bf16 at N = 128, more round trips.
 EXTRA_CONFIGS = ("enc_v2_n64_g64_b3_l6_p1", "rt_v2_n128_g64_b3_l7_p2", "enc_v2_n128_g64_b3_l7_p2_r3",
                  "enc_v2_n128_g64_b2_l7", "enc_v2_n128_g32_b3_l2", "enc_v2_n64_g64_b3_l0",
