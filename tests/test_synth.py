@@ -266,6 +266,29 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     assert c == ["nextpnr route router1 ecp5.json tmg-ripup"] and rec["nextpnr"]["tmg_ripup"] is True
     rec, c = run(resume=True, checkpoint=True, seed=3, tmg_ripup=True)   # both runs, placement again
     assert c == ["nextpnr place router1 ecp5.json tmg-ripup", "nextpnr route router1 placed.json tmg-ripup"]
+    assert rec["nextpnr"]["tmg_ripup"] is True
+
+
+@pytest.mark.parametrize("ripup", [False, True])
+def test_cli_tmg_ripup(ripup, tmp_path, monkeypatch):
+    """``python -m rtl_gen.synth --tmg-ripup``: nextpnr gets the flag, the results' flags
+    string and the record say so; without it neither does."""
+    import json
+    tool = tmp_path / "fake_tool.py"
+    tool.write_text(FAKE_TOOL)
+    exe = tmp_path / "fake"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tool} \"$@\"\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(synth, "tool", lambda name: str(exe))
+    out = tmp_path / "r.json"
+    argv = ["--configs", "enc_v2_n16_g8_b3_l1", "--pnr", "all", "--fresh",
+            "--out", str(out), "--build", str(tmp_path / "b")] + (["--tmg-ripup"] if ripup else [])
+    assert synth.main(argv) == 0
+    rec = json.loads(out.read_text())["configs"][0]
+    assert rec["nextpnr"]["tmg_ripup"] is ripup
+    assert rec["flags"]["nextpnr"].endswith(" --router router1" + (" --tmg-ripup" if ripup else ""))
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert calls[-1] == "nextpnr route router1 ecp5.json" + (" tmg-ripup" if ripup else "")
 
 
 def test_attach_pnr(tmp_path, capsys):
@@ -283,10 +306,11 @@ def test_attach_pnr(tmp_path, capsys):
     (pnr / "nextpnr_report.json").write_text(json.dumps(report))
     (pnr / "nextpnr.log").write_text("Info: Running router2...\nInfo: iter=1 wires=10\n")
     out.write_text(json.dumps({"configs": [{"config": cfg.name, "ok": True}]}))
-    a = argparse.Namespace(attach_pnr=pnr, out=out, build=build)
+    a = argparse.Namespace(attach_pnr=pnr, out=out, build=build, tmg_ripup=True)
     assert synth._attach_pnr([(cfg, True)], a) == 0
     rec = json.loads(out.read_text())["configs"][0]
     assert rec["nextpnr"]["fmax_mhz"] == 51.23 and rec["nextpnr"]["router"] == "router2"
+    assert rec["nextpnr"]["tmg_ripup"] is True                    # from --tmg-ripup, not the log
     assert rec["nextpnr"]["flow"] == "one run" and "nextpnr_place" not in rec
     (pnr / "place_report.json").write_text(json.dumps({"fmax": {"clk": {"achieved": 49.0}}}))
     assert synth._attach_pnr([(cfg, True)], a) == 0
