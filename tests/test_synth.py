@@ -213,16 +213,22 @@ else:                                           # nextpnr
 '''
 
 
-def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
-    """One nextpnr run by default; with checkpoint two (placement to placed.json, then
-    routing with the chosen router). --resume reruns no step whose inputs are unchanged
-    and redoes placement when the netlist changes; without it everything reruns."""
+def fake_tools(tmp_path, monkeypatch) -> None:
+    """Yosys and nextpnr replaced by FAKE_TOOL (in ``tmp_path``; nextpnr calls logged to
+    ``tmp_path / "calls.txt"``)."""
     tool = tmp_path / "fake_tool.py"
     tool.write_text(FAKE_TOOL)
     exe = tmp_path / "fake"
     exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tool} \"$@\"\n")
     exe.chmod(0o755)
     monkeypatch.setattr(synth, "tool", lambda name: str(exe))
+
+
+def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
+    """One nextpnr run by default; with checkpoint two (placement to placed.json, then
+    routing with the chosen router). --resume reruns no step whose inputs are unchanged
+    and redoes placement when the netlist changes; without it everything reruns."""
+    fake_tools(tmp_path, monkeypatch)
     calls = tmp_path / "calls.txt"
     cfg, build = synth_config("enc_v2_n16_g8_b3_l1"), tmp_path / "b"
 
@@ -274,12 +280,7 @@ def test_cli_tmg_ripup(ripup, tmp_path, monkeypatch):
     """``python -m rtl_gen.synth --tmg-ripup``: nextpnr gets the flag, the results' flags
     string and the record say so; without it neither does."""
     import json
-    tool = tmp_path / "fake_tool.py"
-    tool.write_text(FAKE_TOOL)
-    exe = tmp_path / "fake"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tool} \"$@\"\n")
-    exe.chmod(0o755)
-    monkeypatch.setattr(synth, "tool", lambda name: str(exe))
+    fake_tools(tmp_path, monkeypatch)
     out = tmp_path / "r.json"
     argv = ["--configs", "enc_v2_n16_g8_b3_l1", "--pnr", "all", "--fresh",
             "--out", str(out), "--build", str(tmp_path / "b")] + (["--tmg-ripup"] if ripup else [])
@@ -327,13 +328,8 @@ def test_attach_pnr(tmp_path, capsys):
 def test_failed_placement_keeps_the_synthesis(tmp_path, monkeypatch):
     """nextpnr fails (a design over the device): the failed record keeps the Yosys results
     and nextpnr's packing utilisation next to the error."""
-    tool = tmp_path / "fake_tool.py"
-    tool.write_text(FAKE_TOOL)
+    fake_tools(tmp_path, monkeypatch)
     (tmp_path / "full").write_text("")
-    exe = tmp_path / "fake"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {tool} \"$@\"\n")
-    exe.chmod(0o755)
-    monkeypatch.setattr(synth, "tool", lambda name: str(exe))
     cfg = synth_config("enc_v2_n16_g8_b3_l1")
     with pytest.raises(synth.SynthError) as err:
         synth.run_config(cfg, build=tmp_path / "b", timeout=60, log=lambda s: None,
