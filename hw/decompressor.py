@@ -63,7 +63,8 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
-from .ifwht import BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, out_width, steps_of
+from .ifwht import (BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, fold_window, out_width,
+                    steps_of)
 from .fwht import FOLD_CYCLES
 from .pipeline import (Cuts, FlowControl, FlowTop, beat_groups, beat_index, beat_of, check_flow,
                        check_lanes, check_latency, collect, flow_cycles, fold_cycles, stage)
@@ -121,15 +122,28 @@ def read_fwht(params: FormatParams, latency: int, split_align: bool = False,
     return BlockFWHT(params.n, params.block, product_shape(level_table(params)), latency,
                      side_width=data.StructLayout({"ef_min": sf.exp_bits}),
                      max_align=sf.max_align, split_align=split_align,
-                     align="fold" if fold_align else None, lanes=lanes or params.n)
+                     align="fold" if fold_align else None, lanes=lanes or params.n,
+                     window=read_window(params) if fold_align else None,
+                     window_exp="ef_min")
 
 
-def float_consts(params: FormatParams) -> FloatConsts:
+def read_window(params: FormatParams) -> int:
+    """The fold window D of the read path's two-beat fold (``hw.ifwht.fold_window``): the
+    lanes into the fold are the products plus log2(N/2) bits, the precision that of the
+    input type (stored mantissa bits + 1)."""
+    w = product_shape(level_table(params)).width + params.log2n - 1
+    return fold_window(w, params.in_format[1] + 1)
+
+
+def float_consts(params: FormatParams, fold_align: bool = False) -> FloatConsts:
     """The float conversion's constants of the read path of ``params``: the FWHT's output
-    width (``hw.ifwht.out_width``), the input type, the exponent-field range of the scale
-    encoding and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
+    width (``hw.ifwht.out_width``; with ``fold_align`` the fold window's, lanes + 1 +
+    :func:`read_window`), the input type, the exponent-field range of the scale encoding
+    and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
     sf, table = scale_format(params), level_table(params)
     w = out_width(params.n, params.block, product_shape(table).width, sf.max_align)
+    if fold_align and read_window(params) < sf.max_align:
+        w = product_shape(table).width + params.log2n + read_window(params)
     return FloatConsts(w, params.in_format, (sf.ef_min, sf.ef_max),
                        sf.exp_offset + table.exp_offset - params.log2n)
 
@@ -290,7 +304,7 @@ class KVDecompressor(FlowTop, wiring.Component):
                        for k in range(w))
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
-        consts = float_consts(p)
+        consts = float_consts(p, self.fold_align)
         assert consts.y_width == fw.out_width
         regs = self.float_regs
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,

@@ -208,7 +208,8 @@ class BlockFWHT(wiring.Component):
 
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
                  max_align: int = MAX_ALIGN, split_align: bool = False, align=None,
-                 lanes: int | None = None):
+                 lanes: int | None = None, window: int | None = None,
+                 window_exp: str | None = None):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
         w = n if lanes is None else lanes
@@ -234,7 +235,16 @@ class BlockFWHT(wiring.Component):
         self.max_align = max_align
         self.d_width = max(1, max_align.bit_length())
         self.net_width = out_width(n, block, self.in_shape.width, max_align, self.aligned)
-        self.out_width = (out_width(self.n_total, block, self.in_shape.width, max_align)
+        if window is not None:
+            if not self.fold_align:
+                raise ValueError(f"window needs align='fold', got align={self.align!r}")
+            if not isinstance(window, int) or window < 1:
+                raise ValueError(f"window must be a positive int, got {window!r}")
+        # a window at or above max_align never cuts: the exact fold
+        self.window = window if window is not None and window < max_align else None
+        self.window_exp = window_exp
+        self.out_width = (self.net_width + 1 + self.window if self.window else
+                          out_width(self.n_total, block, self.in_shape.width, max_align)
                           if self.fold_align else
                           self.net_width + (self.n_total.bit_length() - n.bit_length()))
         super().__init__({
@@ -262,6 +272,11 @@ class BlockFWHT(wiring.Component):
         lanes = [self.p[i] for i in range(n)]
         width = self.in_shape.width
         d = [self.d[k] for k in range(self.n_blocks)]
+        if self.window:     # d as (dm = min(d, D), s = d - dm), the fold's two shifts
+            dm = self.window
+            d = [Cat(Mux(dk > dm, dm, dk)[:dm.bit_length()],
+                     Mux(dk > dm, dk - dm, 0)[:(self.max_align - dm).bit_length()])
+                 for dk in d]
         valid, side = self.i_valid, self.side_i
         nb, t = self.n_blocks, None
         if self.align == "swap":
@@ -352,7 +367,7 @@ class BlockFWHT(wiring.Component):
         assert width == self.net_width
         if self.fold_align:                 # the alignment and the last stage, across beats
             f = fold_align_stage(m, self.en, "fold", lanes, dc[0], valid, side,
-                                 self.out_width, self.max_align)
+                                 self.out_width, self.max_align, self.window, self.window_exp)
             m.d.comb += self.flip.eq(Cat(*f["flip"]))
         elif self.lanes < self.n_total:     # the last stage, across the two beats
             f = fold_stage(m, self.en, "fold", lanes, valid, side)
@@ -367,8 +382,50 @@ class BlockFWHT(wiring.Component):
         return m
 
 
+def shift_right_odd(m: Module, v, amount, name: str, step: int = 1):
+    """``RO(v / 2^(amount * step))``: v shifted right (arithmetic) with the bits shifted
+    out ORed into bit 0 (round to odd: exact when nothing falls off, else the odd integer
+    of the two around the quotient). A log shifter, largest level first, each level
+    jamming its dropped bits; round to odd composes (rounding to odd at a coarser
+    position of a value rounded to odd at a finer one is rounding to odd there), so the
+    levels, and two such shifters in series, give the one rounding.
+
+    Args:
+        v: signed Value; amount: unsigned Value (any value: beyond the width the result
+            is -1, 0 or 1 by v's sign); step: the shift unit in bits.
+
+    Returns:
+        Signal of v's shape.
+    """
+    cur = Value.cast(v)
+    width = len(cur)
+    for j in range(len(amount) - 1, -1, -1):
+        h = step << j
+        nv = Signal(signed(width), name=f"{name}_v{j}")
+        shifted = cur >> h if h < width else cur >> (width - 1)
+        dropped = cur[:min(h, width)].any()
+        m.d.comb += nv.eq(Mux(amount[j], shifted | dropped, cur))
+        cur = nv
+    out = Signal(signed(width), name=f"{name}_out")
+    m.d.comb += out.eq(cur)
+    return out
+
+
+def fold_window(lane_width: int, precision: int) -> int:
+    """The fold's window D (module docstring, "Fold window"): the least D with D >= p + 2
+    (rounding to odd then to nearest even at p significant bits is one rounding) and
+    D >= w - 1 (|X 2^d +- Y| >= 2^(d-1) for d > D, so the p + 2 bits are all kept).
+
+    Args:
+        lane_width: w, the signed width of the lanes into the fold.
+        precision: p, significant bits of the output type (stored mantissa + 1).
+    """
+    return max(precision + 2, lane_width - 1)
+
+
 def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
-                     out_w: int, d_max: int) -> dict:
+                     out_w: int, d_max: int, window: int | None = None,
+                     side_exp: str | None = None) -> dict:
     """Block alignment and the last butterfly stage of a two-beat vector of one block per
     beat (module docstring, "Fold alignment"), pipelined in three registers and
     :data:`FOLD_BRIDGE_REGS` plain delays between the first two.
@@ -404,6 +461,9 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     w = len(lanes)
     width = len(Value.cast(lanes[0]))
     dw = len(Value.cast(d[0]))
+    win = window is not None
+    dmw = window.bit_length() if win else dw    # d's bits (with a window: dm's; s above)
+    sb = dw - dmw                               # s's bits, 0 without a window
     groups = beat_groups(w)
     copies = beat_index(m, en, name, valid, groups + 1)
     beats = copies[:groups]
@@ -421,8 +481,10 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     # (register S's enable) and it one cycle later (the addend's negation), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
-    lo = min(FOLD_SHIFT_X_BITS, dw)
-    dx, sws = regs(dw - lo, "d_x"), regs(1, "sw_s")
+    lo = min(FOLD_SHIFT_X_BITS, dmw)
+    slo = min(FOLD_SHIFT_X_BITS, sb)
+    dx, sws = regs(dmw - lo, "d_x"), regs(1, "sw_s")
+    sx = regs(sb - slo, "s_x")                  # s's high bits (windowed)
     got, g1 = regs(1, "pair"), regs(1, "pair_d")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
@@ -430,18 +492,20 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     xlo = (1 << lo) - 1                                               # d's low bits' largest
     xo = [reg(signed(width + xlo), f"x{k}") for k in range(w)]       # X << (d's low bits)
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]           # Y
-    xs = [reg(signed(width + d_max), f"xs{k}") for k in range(w)]    # X << d
+    xs = [reg(signed(width + (window if win else d_max)), f"xs{k}")   # X << d (or dm)
+          for k in range(w)]
     ya = [reg(signed(width + 1), f"yadd{k}") for k in range(w)]      # Y, then -Y: the addend
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
     # the bridge: FOLD_BRIDGE_REGS plain delays of X, Y, d's high bits and the pair bit
     # (register S's operands and enable), and of register A's sw
     nb = FOLD_BRIDGE_REGS
     xb, yb, dxb, gb = [xo], [yo], [dx], [got]
-    swb = [swa]
+    swb, sxb = [swa], [sx]
     for r in range(nb):
         xb.append([reg(signed(width + xlo), f"xb{r}_{k}") for k in range(w)])
         yb.append([reg(signed(width), f"yb{r}_{k}") for k in range(w)])
-        dxb.append(regs(dw - lo, f"d_xb{r}_"))
+        dxb.append(regs(dmw - lo, f"d_xb{r}_"))
+        sxb.append(regs(sb - slo, f"s_xb{r}_"))
         gb.append(regs(1, f"pair_b{r}_"))
         swb.append(regs(1, f"sw_b{r}_"))
     lb = [Signal(name=f"{name}_l1")] + [Signal(name=f"{name}_lb{r}") for r in range(nb)]
@@ -453,20 +517,28 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         for k in range(w):
             j = k * nrep // w
             # register X every cycle: register S reads it only in the cycle after beat 1
-            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k]) << (da[j] | db[j])[:lo]),
-                         yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
+            dd = da[j] | db[j]
+            yk = Mux(swa[j], a[k], lanes[k])
+            if win:     # Y rounded to odd at 2^(s's low bits)
+                yk = shift_right_odd(m, yk, dd[dmw:dmw + slo], f"{name}_ylo{k}")
+            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k]) << dd[:lo]), yo[k].eq(yk)]
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
             for r in range(nb):
                 m.d.sync += [xb[r + 1][k].eq(xb[r][k]), yb[r + 1][k].eq(yb[r][k])]
+            yk = yb[nb][k]
+            if win:     # and at 2^s
+                yk = shift_right_odd(m, yk, sxb[nb][j], f"{name}_yhi{k}", step=1 << slo)
             with m.If(gb[nb][j]):   # a clock enable: no select behind the shifter
-                m.d.sync += [xs[k].eq(xb[nb][k] << (dxb[nb][j] << lo)), ya[k].eq(yb[nb][k])]
+                m.d.sync += [xs[k].eq(xb[nb][k] << (dxb[nb][j] << lo)), ya[k].eq(yk)]
             with m.Elif(g1[j]):     # after the sum's cycle, the difference's addend
                 m.d.sync += ya[k].eq(-ya[k])
             # output beat 0 the sum, output beat 1 the difference: no select before the adder
             m.d.sync += y[k].eq(xs[k] + ya[k])
         for j in range(nrep):
-            m.d.sync += dx[j].eq((da[j] | db[j])[lo:])
+            m.d.sync += dx[j].eq((da[j] | db[j])[lo:dmw])
+            if win:
+                m.d.sync += sx[j].eq((da[j] | db[j])[dmw + slo:])
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
@@ -474,6 +546,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             for r in range(nb):
                 m.d.sync += [dxb[r + 1][j].eq(dxb[r][j]), gb[r + 1][j].eq(gb[r][j]),
                              swb[r + 1][j].eq(swb[r][j])]
+                if win:
+                    m.d.sync += sxb[r + 1][j].eq(sxb[r][j])
             # beat 0's sw: register A is written only while the beat index is 0, so
             # from beat 0 to the pair bit's cycle (index 1 until beat 1) it holds beat
             # 0's, and the bridge delays it as it delays the pair bit
@@ -492,10 +566,21 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
                         for r in range(nb)]
     side_b = Signal.like(side, name=f"{name}_side_b", reset_less=True)
     side_o = Signal.like(side, name=f"{name}_side_o", reset_less=True)
+    # with a window, the vector's s (the exponent offset) taken and delayed as the side band
+    es = [Signal(max(sb, 1), name=f"{name}_s") if win else None]
+    es += [Signal(max(sb, 1), name=f"{name}_s_br{r}") for r in range(nb)] if win else []
     with when(m, en & copies[groups]):
         m.d.sync += side_a.eq(side)
+        if win:
+            m.d.sync += es[0].eq((da[0] | db[0])[dmw:])
     with when(m, en):
         m.d.sync += [sides[r + 1].eq(sides[r]) for r in range(nb)]
         m.d.sync += [side_b.eq(sides[nb]), side_o.eq(side_b)]
+        if win:     # the lanes are RO(S / 2^s): the side band's exponent gets + s
+            m.d.sync += [es[r + 1].eq(es[r]) for r in range(nb)]
+            if side_exp is None:
+                m.d.sync += side_b.eq(Value.cast(sides[nb]) + es[nb])
+            else:
+                m.d.sync += getattr(side_b, side_exp).eq(getattr(sides[nb], side_exp) + es[nb])
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
             "side": side_o}

@@ -1086,27 +1086,34 @@ def test_fold_align_refused():
         RTLConfig.parse("rt_v2_n128_g64_b3_l7_w64")
 
 
+def _round_odd(v: int, e: int) -> int:
+    """RO(v / 2^e): floor, with bit 0 set when bits fall off (the fold window's rounding)."""
+    return (v >> e) | int(v & ((1 << e) - 1) != 0)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
 @pytest.mark.parametrize("bridge", sorted({0, ifwht.FOLD_BRIDGE_REGS, 2}))
 @pytest.mark.parametrize("n,latency,mode", [(8, 0, "bubble"), (8, 2, "stall"), (16, 3, "mix"),
                                             (16, 0, "mix")])
-def test_fold_align_stream(n, latency, mode, bridge, monkeypatch):
+def test_fold_align_stream(n, latency, mode, bridge, window, monkeypatch):
     """BlockFWHT with the alignment in the fold under stream patterns the decoder never
     makes: bubbles between a vector's two beats (``bubble``), stalls (``stall``), both with
     synchronous resets mid-stream (``mix``); garbage d on bubbles; 0 to 2 bridge registers
     (FOLD_BRIDGE_REGS). Every output beat, its flip and side band equal H_N (p << d) of
-    its pair, due latency + FOLD_ALIGN_CYCLES - 1 and FOLD_ALIGN_CYCLES enabled cycles
+    its pair (with a window D: rounded to odd at 2^e, e = max(d - D, 0), and the side
+    band + e), due latency + FOLD_ALIGN_CYCLES - 1 and FOLD_ALIGN_CYCLES enabled cycles
     after the pair's second beat."""
     from amaranth.hdl import ClockDomain
     monkeypatch.setattr(ifwht, "FOLD_BRIDGE_REGS", bridge)
     monkeypatch.setattr(ifwht, "FOLD_ALIGN_CYCLES", 4 + bridge)
     w, width, amax = n // 2, 4, 30
     dut = BlockFWHT(n, w, signed(width), latency, side_width=8, max_align=amax, align="fold",
-                    lanes=w)
+                    lanes=w, window=window)
     m = Module()
     m.domains.sync = cd = ClockDomain()
     m.submodules.dut = dut
     rng = np.random.default_rng(n * 10 + latency)
-    fails, seen = [], {"pairs": 0, "outs": 0}
+    fails, seen = [], {"pairs": 0, "outs": 0, "far": 0}
 
     async def tb(ctx):
         beat, first, enabled, due = 0, None, 0, {}
@@ -1144,9 +1151,11 @@ def test_fold_align_stream(n, latency, mode, bridge, monkeypatch):
                 elif v:
                     y = fwht(np.array([x << first[1] for x in first[0]] + [x << d for x in p],
                                       dtype=np.int64))
+                    e = max((first[1] | d) - window, 0) if window else 0
+                    seen["far"] += e > 0
+                    y = [_round_odd(int(t), e) for t in y]
                     at = enabled + dut.cycles - 1
-                    due[at], due[at + 1] = ([int(t) for t in y[:w]], side), \
-                        ([int(t) for t in y[w:]], side)
+                    due[at], due[at + 1] = (y[:w], (side + e) & 255), (y[w:], (side + e) & 255)
                     seen["pairs"] += 1
                 beat ^= v
                 enabled += 1
@@ -1157,5 +1166,6 @@ def test_fold_align_stream(n, latency, mode, bridge, monkeypatch):
     sim.add_testbench(tb)
     sim.run()
     assert dut.cycles == latency + 4 + bridge
+    assert dut.out_width == width + (w.bit_length() - 1) + 1 + (window or amax)
     assert not fails, fails[:3]
-    assert seen["outs"] >= seen["pairs"] >= 40, seen
+    assert seen["outs"] >= seen["pairs"] >= 40 and (seen["far"] >= 10 or not window), seen
