@@ -308,9 +308,12 @@ class KVDecompressor(FlowTop, wiring.Component):
         assert consts.y_width == fw.out_width
         regs = self.float_regs
         m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
-                                            lead_reg="lead" in regs)
+                                            lead_reg="lead" in regs,
+                                            alt_exp=fw.window is not None)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.mask.eq(mask)]
+        if fw.window is not None:   # the fold window: lanes at 2^s, the rest at 2^0
+            m.d.comb += [fp.ef_alt.eq(fw.exp_alt), fp.alt.eq(fw.alt)]
         valid = fw.o_valid
         if "abs" in regs or "lead" in regs:
             m.d.comb += fp.en.eq(en)

@@ -50,6 +50,29 @@ two, :data:`FOLD_BRIDGE_REGS` plain delays for the route between them. Exact for
 as the network alignment; checked bit-exact in simulation, and proven by BMC at N = 4
 with 3-bit inputs and shifts up to 5 in ``tests/test_formal.py``).
 
+Fold window (``window`` = D, with fold alignment): the fold's output need not be the exact
+integer, only what the float conversion rounds the same way. Let ``s = max(d - D, 0)``
+(per vector). A lane with X = 0 is ``+-Y``, exact, at unit 2^0. Every other lane is
+
+    T = X 2^(d - s) +- RO(Y / 2^s) = RO((X 2^d +- Y) / 2^s)  at unit 2^s,
+
+where RO rounds to odd (the quotient when exact, else the odd integer of the two around
+it: ``floor`` with bit 0 set when bits fall off). The identity holds because X 2^(d-s)
+is even when s > 0 (d - s = D >= 1), and an even integer added to a value does not
+change which integers are odd; RO(-t) = -RO(t). Rounding to odd and then to nearest
+even at p bits is one rounding to nearest even when the odd rounding keeps at least
+p + 2 bits. For s > 0 and X != 0, |X 2^d +- Y| >= 2^d - 2^(w-1) >= 2^(d-1) since
+d > D >= w - 1 (w: the lanes' signed width), so T has at least D bits and D >= p + 2
+suffices (:func:`fold_window`; fp16 p = 11: at N=128, b=3, w = 14 and D = 13, so the
+lanes are 28 bits against 45 exact; at N=64 w = 13, D = 13, 27 against 44). Subnormal results round at a coarser position, never
+finer. Per lane the output flag ``alt`` says X != 0 (unit 2^s: the float conversion
+takes T from ``exp_alt``, the side band's exponent + s, :class:`hw.tofloat.FloatPrep`
+``alt_exp``), else the side band's exponent as it is. The shifts: X by
+``dm = min(d, D)`` (low :data:`FOLD_SHIFT_X_BITS` bits into register X, the rest into
+register S), Y by s (capped at 2^k - 1 >= w - 1: every larger s rounds Y alike, to
+-1, 0 or 1) into register S, a round-to-odd log shifter (:func:`shift_right_odd`)
+held where X = 0 (a zero test of X into register X).
+
 Register placement (``latency`` = L in [0, S]): the steps are the
 butterfly stages with the alignment counted as one more step (when N/G > 1;
 with ``split_align`` its parts: the block swap's select (with the swap), the shift by
@@ -199,11 +222,17 @@ class BlockFWHT(wiring.Component):
             adds the last stage across the beats (with ``align="fold"`` the W-point network
             has the inner stages only and :func:`fold_align_stage` aligns and adds, the
             shift amounts riding along); ``y`` is :func:`out_width` (n) bits.
+        window: the fold window D (module docstring, "Fold window"; ``align="fold"`` only;
+            none when D >= max_align): ``y`` is W + 1 + D bits, W the network's lane width.
+        window_exp: the side band's field that holds the exponent (``exp_alt`` is it + s);
+            default the whole side band.
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
     ``max_align.bit_length()`` bits, each <= max_align, at least one 0), ``side_i`` in;
     ``o_valid``, ``y`` (N lanes, :func:`out_width` bits), ``flip`` (N bits: the
-    result is ``S_i = (-1)^flip_i y_i``), ``side_o`` out.
+    result is ``S_i = (-1)^flip_i y_i``), ``side_o`` out; with a window also ``alt`` (N
+    bits: lane i is ``RO(S_i / 2^s)`` at unit 2^s, else S_i) and ``exp_alt`` (the side
+    band's exponent + s).
     """
 
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
@@ -257,7 +286,15 @@ class BlockFWHT(wiring.Component):
             "y": Out(data.ArrayLayout(signed(self.out_width), n)),
             "flip": Out(n),
             "side_o": Out(side_width),
+            **({"alt": Out(n), "exp_alt": Out(self._exp_width(side_width))}
+               if self.window else {}),
         })
+
+    def _exp_width(self, side_width) -> int:
+        """Width of the side band's exponent (its field ``window_exp``, or all of it)."""
+        if self.window_exp is None:
+            return Shape.cast(side_width).width
+        return Shape.cast(side_width[self.window_exp].shape).width
 
     @property
     def cycles(self) -> int:
@@ -369,6 +406,8 @@ class BlockFWHT(wiring.Component):
             f = fold_align_stage(m, self.en, "fold", lanes, dc[0], valid, side,
                                  self.out_width, self.max_align, self.window, self.window_exp)
             m.d.comb += self.flip.eq(Cat(*f["flip"]))
+            if self.window:
+                m.d.comb += [self.alt.eq(Cat(*f["alt"])), self.exp_alt.eq(f["exp_alt"])]
         elif self.lanes < self.n_total:     # the last stage, across the two beats
             f = fold_stage(m, self.en, "fold", lanes, valid, side)
         if self.lanes < self.n_total:
@@ -382,32 +421,36 @@ class BlockFWHT(wiring.Component):
         return m
 
 
-def shift_right_odd(m: Module, v, amount, name: str, step: int = 1):
-    """``RO(v / 2^(amount * step))``: v shifted right (arithmetic) with the bits shifted
-    out ORed into bit 0 (round to odd: exact when nothing falls off, else the odd integer
-    of the two around the quotient). A log shifter, largest level first, each level
-    jamming its dropped bits; round to odd composes (rounding to odd at a coarser
-    position of a value rounded to odd at a finer one is rounding to odd there), so the
-    levels, and two such shifters in series, give the one rounding.
+def shift_right_odd(m: Module, v, amount, name: str, hold=None):
+    """``RO(v / 2^amount)``: v shifted right (arithmetic) with bit 0 set when any bit
+    shifted out is set (round to odd: exact when nothing falls off, else the odd integer
+    of the two around the quotient). The shift is a log shifter of plain 2:1 selects;
+    the sticky bit comes beside it from v and a thermometer of the amount (``i <
+    amount`` per bit i, the same for every lane of one amount, so shared), not from the
+    shifter's levels (a chain through them).
 
     Args:
         v: signed Value; amount: unsigned Value (any value: beyond the width the result
-            is -1, 0 or 1 by v's sign); step: the shift unit in bits.
+            is -1, 0 or 1 by v's sign).
+        hold: 1-bit Value, or None: where it is 1 the result is v (no shift).
 
     Returns:
         Signal of v's shape.
     """
-    cur = Value.cast(v)
-    width = len(cur)
+    v = Value.cast(v)
+    width = len(v)
+    go = amount if hold is None else amount & ~hold.replicate(len(amount))
+    cur = v
     for j in range(len(amount) - 1, -1, -1):
-        h = step << j
+        h = 1 << j
         nv = Signal(signed(width), name=f"{name}_v{j}")
-        shifted = cur >> h if h < width else cur >> (width - 1)
-        dropped = cur[:min(h, width)].any()
-        m.d.comb += nv.eq(Mux(amount[j], shifted | dropped, cur))
+        m.d.comb += nv.eq(Mux(go[j], cur >> min(h, width - 1), cur))
         cur = nv
+    below = Cat(*(amount > i for i in range(width)))        # bit i: i < amount
+    sticky = Signal(name=f"{name}_st")
+    m.d.comb += sticky.eq((v.as_unsigned() & below).any() & (1 if hold is None else ~hold))
     out = Signal(signed(width), name=f"{name}_out")
-    m.d.comb += out.eq(cur)
+    m.d.comb += out.eq(cur | sticky)
     return out
 
 
@@ -451,12 +494,16 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             ``replica_of(d, k, W)``); one of d_0, d_1 must be 0, each <= ``d_max``.
         valid, side: the beat's valid bit and side band (taken with beat 1, held for both
             output beats).
-        out_w: signed width of the output lanes (exact: w + 1 + d_max).
+        out_w: signed width of the output lanes (exact: w + 1 + d_max; windowed w + 1 + D).
         d_max: the largest shift amount.
+        window: the fold window D (module docstring, "Fold window"), or None (exact); with
+            it each d copy is ``Cat(dm, s)``, dm = min(d, D) in D.bit_length() bits.
+        side_exp: the side band's field that ``exp_alt`` adds s to (None: all of it).
 
     Returns:
         {"lane": W Signals (``{name}_y{k}``, signed ``out_w``), "flip": W Values,
-        "valid": the output beat's valid, "side": the side band, registered}.
+        "valid": the output beat's valid, "side": the side band, registered; with a window
+        "alt": W Signals (X != 0: the lane is at unit 2^s), "exp_alt": the exponent + s}.
     """
     w = len(lanes)
     width = len(Value.cast(lanes[0]))
@@ -482,9 +529,10 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
     lo = min(FOLD_SHIFT_X_BITS, dmw)
-    slo = min(FOLD_SHIFT_X_BITS, sb)
+    # s for Y's shift, at most 2^sxw - 1 >= width - 1 (every larger s rounds Y alike)
+    sxw = min(sb, (width - 1).bit_length())
     dx, sws = regs(dmw - lo, "d_x"), regs(1, "sw_s")
-    sx = regs(sb - slo, "s_x")                  # s's high bits (windowed)
+    sx = regs(sxw, "s_x")
     got, g1 = regs(1, "pair"), regs(1, "pair_d")
     fl, flo = regs(1, "fl"), regs(1, "flip_r")
 
@@ -501,11 +549,17 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     nb = FOLD_BRIDGE_REGS
     xb, yb, dxb, gb = [xo], [yo], [dx], [got]
     swb, sxb = [swa], [sx]
+    # per lane X == 0 (with a window): its lane is +-Y at 2^0, so Y is not shifted and the
+    # lane's flag ``alt`` (the lane's unit is 2^s) is 0
+    xz = [[reg(1, f"xz{k}") for k in range(w)] if win else []]
+    alt_s = [reg(1, f"alt_s{k}") for k in range(w)] if win else []
+    alt_o = [reg(1, f"alt{k}") for k in range(w)] if win else []
     for r in range(nb):
         xb.append([reg(signed(width + xlo), f"xb{r}_{k}") for k in range(w)])
+        xz.append([reg(1, f"xzb{r}_{k}") for k in range(w)] if win else [])
         yb.append([reg(signed(width), f"yb{r}_{k}") for k in range(w)])
         dxb.append(regs(dmw - lo, f"d_xb{r}_"))
-        sxb.append(regs(sb - slo, f"s_xb{r}_"))
+        sxb.append(regs(sxw, f"s_xb{r}_"))
         gb.append(regs(1, f"pair_b{r}_"))
         swb.append(regs(1, f"sw_b{r}_"))
     lb = [Signal(name=f"{name}_l1")] + [Signal(name=f"{name}_lb{r}") for r in range(nb)]
@@ -518,17 +572,22 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             j = k * nrep // w
             # register X every cycle: register S reads it only in the cycle after beat 1
             dd = da[j] | db[j]
-            yk = Mux(swa[j], a[k], lanes[k])
-            if win:     # Y rounded to odd at 2^(s's low bits)
-                yk = shift_right_odd(m, yk, dd[dmw:dmw + slo], f"{name}_ylo{k}")
-            m.d.sync += [xo[k].eq(Mux(swa[j], lanes[k], a[k]) << dd[:lo]), yo[k].eq(yk)]
+            xk = Mux(swa[j], lanes[k], a[k])
+            m.d.sync += [xo[k].eq(xk << dd[:lo]), yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
+            if win:
+                m.d.sync += xz[0][k].eq(xk == 0)
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
             for r in range(nb):
                 m.d.sync += [xb[r + 1][k].eq(xb[r][k]), yb[r + 1][k].eq(yb[r][k])]
+                if win:
+                    m.d.sync += xz[r + 1][k].eq(xz[r][k])
             yk = yb[nb][k]
-            if win:     # and at 2^s
-                yk = shift_right_odd(m, yk, sxb[nb][j], f"{name}_yhi{k}", step=1 << slo)
+            if win:     # Y rounded to odd at 2^s, unless X == 0
+                yk = shift_right_odd(m, yk, sxb[nb][j], f"{name}_yr{k}", hold=xz[nb][k])
+                with m.If(gb[nb][j]):
+                    m.d.sync += alt_s[k].eq(~xz[nb][k])
+                m.d.sync += alt_o[k].eq(alt_s[k])
             with m.If(gb[nb][j]):   # a clock enable: no select behind the shifter
                 m.d.sync += [xs[k].eq(xb[nb][k] << (dxb[nb][j] << lo)), ya[k].eq(yk)]
             with m.Elif(g1[j]):     # after the sum's cycle, the difference's addend
@@ -538,7 +597,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         for j in range(nrep):
             m.d.sync += dx[j].eq((da[j] | db[j])[lo:dmw])
             if win:
-                m.d.sync += sx[j].eq((da[j] | db[j])[dmw + slo:])
+                sj = (da[j] | db[j])[dmw:]
+                m.d.sync += sx[j].eq(Mux(sj >> sxw != 0, (1 << sxw) - 1, sj[:sxw]))
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
@@ -573,14 +633,15 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         m.d.sync += side_a.eq(side)
         if win:
             m.d.sync += es[0].eq((da[0] | db[0])[dmw:])
+    # the exponent of the lanes with ``alt``: the side band's (or its field side_exp) + s
+    base = (lambda v: Value.cast(v)) if side_exp is None else (lambda v: getattr(v, side_exp))
+    exp_b = Signal(len(base(side)), name=f"{name}_exp_alt_b") if win else None
+    exp_o = Signal(len(base(side)), name=f"{name}_exp_alt") if win else None
     with when(m, en):
         m.d.sync += [sides[r + 1].eq(sides[r]) for r in range(nb)]
         m.d.sync += [side_b.eq(sides[nb]), side_o.eq(side_b)]
-        if win:     # the lanes are RO(S / 2^s): the side band's exponent gets + s
+        if win:
             m.d.sync += [es[r + 1].eq(es[r]) for r in range(nb)]
-            if side_exp is None:
-                m.d.sync += side_b.eq(Value.cast(sides[nb]) + es[nb])
-            else:
-                m.d.sync += getattr(side_b, side_exp).eq(getattr(sides[nb], side_exp) + es[nb])
+            m.d.sync += [exp_b.eq(base(sides[nb]) + es[nb]), exp_o.eq(exp_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
-            "side": side_o}
+            "side": side_o, "alt": alt_o, "exp_alt": exp_o}

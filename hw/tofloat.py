@@ -199,17 +199,23 @@ class FloatPrep(wiring.Component):
     leading-one tree (the mask in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
     in the ``abs`` register).
 
+    With ``alt_exp`` (the read path's fold window, ``hw.ifwht`` "Fold window") lane i
+    takes T from ``ef_alt`` where ``alt`` bit i is set, else from ``ef_min``: both
+    exponents' per-vector values (K, B, K + B, the mask) are built and kept in copies,
+    and each lane selects its own (a 2:1 select per bit, the bit riding in the registers).
+
     Ports: ``y`` (N signed lanes), ``flip`` (N bits: S = (-1)^flip y), ``ef_min``,
-    ``mask`` (N bits: D) in; per lane ``low`` (the low ``mag_width`` bits
-    of y), ``lp``, ``ysign`` (y < 0), ``sat``, ``neg`` (the output sign), ``nz``
-    (y != 0), ``eb`` (Lp + B) out (:data:`PREP_PORTS`).
+    ``mask`` (N bits: D) in (with ``alt_exp`` also ``ef_alt`` and ``alt``, N bits); per
+    lane ``low`` (the low ``mag_width`` bits of y), ``lp``, ``ysign`` (y < 0), ``sat``,
+    ``neg`` (the output sign), ``nz`` (y != 0), ``eb`` (Lp + B) out (:data:`PREP_PORTS`).
     """
 
     def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts,
-                 abs_reg: bool = False, lead_reg: bool = False):
+                 abs_reg: bool = False, lead_reg: bool = False, alt_exp: bool = False):
         if y_width != consts.y_width:
             raise ValueError(f"y_width {y_width} != consts.y_width {consts.y_width}")
         self.n, self.c, self.abs_reg, self.lead_reg = n, consts, bool(abs_reg), bool(lead_reg)
+        self.alt_exp = bool(alt_exp)
         ports = {
             "y": In(data.ArrayLayout(signed(y_width), n)),
             "ef_min": In(ef_width),
@@ -223,6 +229,8 @@ class FloatPrep(wiring.Component):
             "nz": Out(n),
             "eb": Out(data.ArrayLayout(consts.eb_shape, n)),
         }
+        if self.alt_exp:    # per lane: T from ef_alt instead of ef_min
+            ports.update(ef_alt=In(ef_width), alt=In(n))
         if self.abs_reg or self.lead_reg:
             ports["en"] = In(1)
         super().__init__(ports)
@@ -231,7 +239,12 @@ class FloatPrep(wiring.Component):
         m = Module()
         c = self.c
         w, mw = c.y_width, c.mag_width
-        per_vec = self._per_vector(m)       # the last register keeps them in copies
+        # the per-vector values of ef_min (and of ef_alt); the last register keeps them in copies
+        pvs = [self._per_vector(m, self.ef_min, "")]
+        if self.alt_exp:
+            pvs.append(self._per_vector(m, self.ef_alt, "_alt"))
+        alts = self.alt if self.alt_exp else None
+        alt_kw = {"alt": alts} if self.alt_exp else {}
         lows = [Signal(mw, name=f"low{i}") for i in range(self.n)]
         sgn = Signal(self.n, name="ysgn")
         sat = Signal(self.n, name="sat")
@@ -249,17 +262,21 @@ class FloatPrep(wiring.Component):
                 lods.append(leading_one(m, m1[:mw], f"lod{i}", levels=split))
         flips = self.flip
         kv = c.k_var
-        above = [per_vec.pop("above")] if kv else []
+        aboves = [[pv.pop("above")] if kv else [] for pv in pvs]
         leaf = replica_count(self.n, REPLICA_SELECT_LANES)   # the last copies' count
         if self.abs_reg:
             r = stage(m, self.en, "abs", low=lows, s=sgn, sat=sat, neg=negs, flip=flips,
-                      lany=[t[1] for t in lods], lpos=[t[2] for t in lods])
+                      lany=[t[1] for t in lods], lpos=[t[2] for t in lods], **alt_kw)
             lows, sgn, sat, negs, flips = r["low"], r["s"], r["sat"], r["neg"], r["flip"]
+            alts = r.get("alt")
+            alt_kw = {"alt": alts} if self.alt_exp else {}
             lods = [(split, a, p) for a, p in zip(r["lany"], r["lpos"])]
-            per_vec = self._copies(m, "abs", per_vec,
-                                   replica_count(self.n) if self.lead_reg else leaf)
+            pvs = [self._copies(m, f"abs{sfx}", pv,
+                                replica_count(self.n) if self.lead_reg else leaf)
+                   for pv, sfx in zip(pvs, ("", "_alt"))]
             if kv:
-                above = replicas(m, self.en, "abs_above", above[0], leaf)
+                aboves = [replicas(m, self.en, f"abs_above{sfx}", ab[0], leaf)
+                          for ab, sfx in zip(aboves, ("", "_alt"))]
         # L > K as "m1 has a bit above K" (an AND-OR with the per-vector mask beside the
         # leading-one tree, before the lead register), not a compare after it; only the
         # mask's bits 1..k_var vary, the OR of m1's bits above k_var is the lane's own
@@ -275,13 +292,19 @@ class FloatPrep(wiring.Component):
                 fixed = mag[kv + 1:min(mw, g0 << split)].any() | lods[i][1][g0:].any()
             else:
                 fixed = mag[kv + 1:].any() if kv + 1 < mw else Const(0, 1)
-            var = (mag[1:kv + 1] & replica_of(above, i, self.n)).any() if kv else Const(0, 1)
+            if kv:
+                ab = replica_of(aboves[0], i, self.n)
+                if self.alt_exp:
+                    ab = Mux(alts[i], replica_of(aboves[1], i, self.n), ab)
+                var = (mag[1:kv + 1] & ab).any()
+            else:
+                var = Const(0, 1)
             ups.append(fixed | var)
         if self.lead_reg:
             r = stage(m, self.en, "lead", low=lows, pos=poss, nz=Cat(*nzs), s=sgn, sat=sat,
-                      neg=negs, flip=flips, up=Cat(*ups))
-            lows, poss, negs = r["low"], r["pos"], r["neg"]
-            per_vec = self._copies(m, "lead", per_vec, leaf)
+                      neg=negs, flip=flips, up=Cat(*ups), **alt_kw)
+            lows, poss, negs, alts = r["low"], r["pos"], r["neg"], r.get("alt")
+            pvs = [self._copies(m, f"lead{sfx}", pv, leaf) for pv, sfx in zip(pvs, ("", "_alt"))]
             sgn, sat, flips = r["s"], r["sat"], r["flip"]
             nzs = [r["nz"][i] for i in range(self.n)]
             ups = [r["up"][i] for i in range(self.n)]
@@ -289,10 +312,13 @@ class FloatPrep(wiring.Component):
         m.d.comb += [self.neg.eq(negs ^ (flips & nz)), self.nz.eq(nz),
                      self.ysign.eq(sgn), self.sat.eq(sat)]
         if not (self.abs_reg or self.lead_reg):
-            per_vec = {k: [v] for k, v in per_vec.items()}
+            pvs = [{k: [v] for k, v in pv.items()} for pv in pvs]
         # Lp + B = max(L + B, K + B): the addition beside the test L > K, not after the max
         for i in range(self.n):
-            kc_i, b_i, kb_i = (replica_of(per_vec[k], i, self.n) for k in ("kc", "b", "kb"))
+            kc_i, b_i, kb_i = (replica_of(pvs[0][k], i, self.n) for k in ("kc", "b", "kb"))
+            if self.alt_exp:
+                kc_i, b_i, kb_i = (Mux(alts[i], replica_of(pvs[1][k], i, self.n), v)
+                                   for k, v in (("kc", kc_i), ("b", b_i), ("kb", kb_i)))
             up = Signal(name=f"lp_up{i}")                # L > K
             lb = Signal(c.eb_shape, name=f"lb{i}")
             m.d.comb += [up.eq(ups[i]), lb.eq(poss[i] + b_i),
@@ -300,7 +326,7 @@ class FloatPrep(wiring.Component):
                          self.eb[i].eq(Mux(up, lb, kb_i))]
         return m
 
-    def _per_vector(self, m: Module) -> dict:
+    def _per_vector(self, m: Module, ef, sfx: str) -> dict:
         """K (clamped at 0), B, K + B and the mask of the bit positions above K of the
         vector: {"kc", "b", "kb", "above"} (module docstring; ``above`` has the
         ``k_var`` bits 1..k_var, bit j - 1 = j > K; absent when k_var = 0), functions of
@@ -309,13 +335,14 @@ class FloatPrep(wiring.Component):
         function of ef_min's bits, where three chained additions (carry chains) from
         ef_min's register were the N=64 decoder's worst path (docs/SYNTH.md)."""
         c = self.c
-        kc = Signal(range(max(c.k_hi, 1) + 1), name="k_min_lead")
-        b = Signal(c.b_shape, name="b_bias")
-        kb = Signal(c.eb_shape, name="k_bias")      # K + B: Lp + B of a lane with L <= K
-        above = Signal(max(c.k_var, 1), name="k_above")
+        kc = Signal(range(max(c.k_hi, 1) + 1), name=f"k_min_lead{sfx}")
+        b = Signal(c.b_shape, name=f"b_bias{sfx}")
+        kb = Signal(c.eb_shape, name=f"k_bias{sfx}")    # K + B: Lp + B of a lane with L <= K
+        above = Signal(max(c.k_var, 1), name=f"k_above{sfx}")
         var = (1 << c.k_var) - 1
-        with m.Switch(self.ef_min):
-            for ef in range(1 << len(self.ef_min)):
+        efv = ef
+        with m.Switch(efv):
+            for ef in range(1 << len(efv)):
                 t = min(max(ef, c.ef_lo), c.ef_hi) + c.exp_add      # T = ef_min + exp_add
                 k = max(0, (1 - c.bias) - t)                      # K = (1 - bias) - T
                 with m.Case(ef):

@@ -114,6 +114,24 @@ def test_fold_align(broken, monkeypatch, work):
 
 
 @needs_yosys
+@pytest.mark.parametrize("broken", [None, "floor", "all_alt"])
+def test_fold_window(broken, monkeypatch, work):
+    """The fold with a window D = 1 (hw.ifwht, "Fold window"; N = 4, 3-bit inputs, shifts
+    up to 5, so e = max(d - 1, 0) up to 4): each output lane is S rounded to odd at 2^e
+    where X != 0, exact where X = 0, and ``alt`` says which, for every input, shift pair
+    and valid / enable pattern from reset (BMC); fails with the shifter's jam dropped
+    (floor) and with ``alt`` tied to 1."""
+    import hw.ifwht
+    if broken == "floor":
+        monkeypatch.setattr(hw.ifwht, "shift_right_odd", mutants.shift_right_floor)
+    elif broken == "all_alt":
+        monkeypatch.setattr(hw.ifwht, "fold_align_stage", mutants.fold_window_all_alt)
+    rec = prove_bmc(FoldAlignMiter(4, 3, 5, 0, window=1), "fold_window", work,
+                    depth=FOLD_ALIGN_DEPTH)
+    assert rec["result"] == ("failed" if broken else "proved")
+
+
+@needs_yosys
 def test_block_fwht_equals_hadamard_of_aligned(work):
     w, ma = read_widths(16, 8)
     assert prove_comb(BlockFWHTMiter(16, 8, w, ma), "ifwht16", work)["result"] == "proved"

@@ -133,3 +133,19 @@ def fold_align_no_flip(*args, **kwargs):
     X 2^d - Y then has the wrong sign whenever beat 0 is the unshifted operand)."""
     f = _fold_align_stage(*args, **kwargs)
     return {**f, "flip": [Const(0, 1)] * len(f["flip"])}
+
+
+def shift_right_floor(m, v, amount, name, hold=None):
+    """``hw.ifwht.shift_right_odd`` without the sticky bit: the plain arithmetic shift
+    (floor), where the fold window's rounding to odd needs bit 0 set."""
+    go = amount if hold is None else amount & ~hold.replicate(len(amount))
+    out = Signal.like(Value.cast(v), name=f"{name}_floor")
+    m.d.comb += out.eq(Value.cast(v) >> go)
+    return out
+
+
+def fold_window_all_alt(*args, **kwargs):
+    """``hw.ifwht.fold_align_stage`` with every lane's ``alt`` flag 1 (the lanes with X = 0,
+    exact at unit 2^0, then read at 2^s)."""
+    f = _fold_align_stage(*args, **kwargs)
+    return {**f, "alt": [Const(1, 1)] * len(f["alt"])} if f.get("alt") else f

@@ -61,11 +61,11 @@ def _fold(n, width, latency, work, timeout):
 FOLD_ALIGN_DEPTH = 2 + FOLD_ALIGN_CYCLES + 1
 
 
-def _fold_align(n, width, max_align, work, timeout):
-    return prove_bmc(FoldAlignMiter(n, width, max_align, 0),
-                     f"ifwht_fold_align_n{n}_w{width}_a{max_align}", work,
-                     depth=FOLD_ALIGN_DEPTH,
-                     timeout=timeout)
+def _fold_align(n, width, max_align, work, timeout, window=None):
+    tag = f"_D{window}" if window else ""
+    return prove_bmc(FoldAlignMiter(n, width, max_align, 0, window=window),
+                     f"ifwht_fold_{'window' if window else 'align'}_n{n}_w{width}_a{max_align}"
+                     f"{tag}", work, depth=FOLD_ALIGN_DEPTH, timeout=timeout)
 
 
 def _block(n, g, spec, work, timeout):
@@ -185,6 +185,11 @@ def plan(name: str) -> list:
     items.append(("ifwht_fold_align_n4_w3_a5", "read-path FWHT as two beats with the "
                   "alignment in the fold (3-bit inputs, shifts <= 5): (-1)^flip y == "
                   f"H_4 (p << d) of the last pair, BMC {FOLD_ALIGN_DEPTH}", partial(_fold_align, 4, 3, 5)))
+    if name == "full":
+        items.append(("ifwht_fold_window_n4_w3_a5_D1", "the same with the fold window D = 1: "
+                      "lane i == RO(S_i / 2^e), e = max(d - 1, 0), where X != 0, exact where "
+                      f"X = 0, alt == (X != 0), BMC {FOLD_ALIGN_DEPTH}",
+                      partial(_fold_align, 4, 3, 5, window=1)))
     blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
     items += [(f"ifwht_n{n}_g{g}_stages", "BlockFWHT == H (p << d), all p, d <= max_align",
                partial(_block, n, g, "stages")) for n, g in blocks]

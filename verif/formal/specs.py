@@ -465,18 +465,24 @@ class FoldAlignMiter(wiring.Component):
     in the two enabled cycles after that, with ``(-1)^flip y`` = lanes [0, W) of
     ``H_N (p << d)`` (pair), then lanes [W, N).
 
+    With a fold window D (``window``; ``hw.ifwht``, "Fold window"): lane i of the pair
+    is ``RO(S_i / 2^e)`` with e = max(d_0 | d_1 - D, 0) where X_(i mod W) != 0 (X = H_W of
+    the beat with the larger d, unshifted) and S_i exact elsewhere; ``alt`` is X != 0.
+
     Args:
         n, in_width, max_align, latency: the BlockFWHT parameters (``in_shape`` signed;
             latency of the W-point network).
         spec: ``"direct"`` or ``"stages"``.
+        window: the fold window D, or None (exact).
     """
 
     def __init__(self, n: int, in_width: int, max_align: int, latency: int,
-                 spec: str = "stages"):
+                 spec: str = "stages", window: int | None = None):
         self.n, self.w, self.latency, self.spec = n, n // 2, latency, _check_spec(spec)
         self.max_align = max_align
         self.dut = BlockFWHT(n, n // 2, signed(in_width), latency, max_align=max_align,
-                             align="fold", lanes=self.w)
+                             align="fold", lanes=self.w, window=window)
+        self.window = self.dut.window
         super().__init__({
             "en": In(1), "i_valid": In(1),
             "p": In(data.ArrayLayout(signed(in_width), self.w)),
@@ -508,6 +514,22 @@ class FoldAlignMiter(wiring.Component):
         lanes = [held[i * xw:(i + 1) * xw].as_signed() for i in range(self.n)]
         ds = [held[2 * w * xw:2 * w * xw + dw], held[2 * w * xw + dw:]]
         want = spec_transform([lanes[i] << ds[i // w] for i in range(self.n)], self.spec)
-        assert_beats(m, dut.o_valid, due0, due1,
-                     [Mux(dut.flip[i], -dut.y[i], dut.y[i]) for i in range(w)], want)
+        got = [Mux(dut.flip[i], -dut.y[i], dut.y[i]) for i in range(w)]
+        if self.window:
+            d = ds[0] | ds[1]
+            e = Mux(d > self.window, (d - self.window)[:len(d)], 0)
+            big = [Mux(ds[0] == 0, lanes[w + k], lanes[k]) for k in range(w)]
+            alt = [x != 0 for x in spec_transform(big, self.spec)]
+            want = [Mux(alt[i % w], _round_odd(v, e), v) for i, v in enumerate(want)]
+            got += [dut.alt[i] for i in range(w)]
+            want = want[:w] + alt + want[w:] + alt
+        assert_beats(m, dut.o_valid, due0, due1, got, want)
         return m
+
+
+def _round_odd(v, e):
+    """RO(v / 2^e) of a signed Value by a Value e: the arithmetic shift, bit 0 set when any
+    of the e bits shifted out is set."""
+    v = Value.cast(v)
+    lost = (v.as_unsigned() & ((Const(1, len(v) + 1) << e) - 1)[:len(v)]) != 0
+    return (v >> e) | lost
