@@ -63,6 +63,7 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
+from . import ifwht
 from .ifwht import (BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, fold_window, out_width,
                     steps_of)
 from .fwht import FOLD_CYCLES
@@ -127,12 +128,16 @@ def read_fwht(params: FormatParams, latency: int, split_align: bool = False,
                      window_exp="ef_min")
 
 
-def read_window(params: FormatParams) -> int:
+def read_window(params: FormatParams) -> int | None:
     """The fold window D of the read path's two-beat fold (``hw.ifwht.fold_window``): the
     lanes into the fold are the products plus log2(N/2) bits, the precision that of the
-    input type (stored mantissa bits + 1)."""
+    input type (stored mantissa bits + 1). None when ``hw.ifwht.FOLD_WINDOW`` is off or
+    D is not below the scale format's largest shift (no lane would be cut)."""
+    if not ifwht.FOLD_WINDOW:
+        return None
     w = product_shape(level_table(params)).width + params.log2n - 1
-    return fold_window(w, params.in_format[1] + 1)
+    d = fold_window(w, params.in_format[1] + 1)
+    return d if d < scale_format(params).max_align else None
 
 
 def float_consts(params: FormatParams, fold_align: bool = False) -> FloatConsts:
@@ -142,7 +147,7 @@ def float_consts(params: FormatParams, fold_align: bool = False) -> FloatConsts:
     and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
     sf, table = scale_format(params), level_table(params)
     w = out_width(params.n, params.block, product_shape(table).width, sf.max_align)
-    if fold_align and read_window(params) < sf.max_align:
+    if fold_align and read_window(params) is not None:
         w = product_shape(table).width + params.log2n + read_window(params)
     return FloatConsts(w, params.in_format, (sf.ef_min, sf.ef_max),
                        sf.exp_offset + table.exp_offset - params.log2n)

@@ -148,6 +148,11 @@ ALIGNS = ("lane", "swap", "fold")
 #: seed 2 without), for 2,070 more FF and a cycle: 0.
 FOLD_BRIDGE_REGS = 0
 
+#: Whether the read path's two-beat fold (``fold_align``) rounds to its window
+#: (:func:`fold_window`, module docstring "Fold window"; ``hw.decompressor.read_window``):
+#: the lanes into the float conversion 28 bits instead of 45 at N=128 (docs/SYNTH.md).
+FOLD_WINDOW = True
+
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
 FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS
 

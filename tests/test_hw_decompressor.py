@@ -30,7 +30,7 @@ from amaranth.hdl import Module, UnusedElaboratable, signed
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
-from hw.decompressor import DQ_CUTS, FLOAT_CUTS
+from hw.decompressor import DQ_CUTS, FLOAT_CUTS, read_window
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
@@ -1114,14 +1114,17 @@ def test_align_copies(n, block, lanes, split, latency, t_copies, d_copies):
     assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
 
 
+@pytest.mark.parametrize("window", [True, False])
 @pytest.mark.parametrize("n,latency,flow,cuts", [(16, 3, "stall", False), (16, 0, "credit", True),
                                                  (32, 4, "stall", True)])
-def test_fold_align(n, latency, flow, cuts):
+def test_fold_align(n, latency, flow, cuts, window, monkeypatch):
     """Two beats of one block each with the block alignment in the fold (fold_align): bit-exact
     with the golden model on round-trip, random (every scale byte spread, so every shift
-    amount) and adversarial planes; the network has log2 W steps, the fold
-    FOLD_ALIGN_CYCLES."""
+    amount) and adversarial planes, with the fold window (FOLD_WINDOW) and without; the
+    network has log2 W steps, the fold FOLD_ALIGN_CYCLES."""
+    monkeypatch.setattr(ifwht, "FOLD_WINDOW", window)
     p = FormatParams(n=n, block=n // 2)
+    assert (read_window(p) is not None) == window
     codes, scales, zeros = planes_for(p, 20, 3, seed=n + latency)
     kw = dict(float_regs=FLOAT_CUTS.names, split_align=True) if cuts else {}
     check(p, latency, codes, scales, zeros, seed=latency, lanes=n // 2, fold_align=True,
