@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module, UnusedElaboratable, signed
+from amaranth.hdl import Module, Signal, UnusedElaboratable, signed
 from amaranth.sim import Simulator
 
 from hw import KVDecompressor
@@ -1161,6 +1161,35 @@ def test_fold_align_refused():
 def _round_odd(v: int, e: int) -> int:
     """RO(v / 2^e): floor, with bit 0 set when bits fall off (the fold window's rounding)."""
     return (v >> e) | int(v & ((1 << e) - 1) != 0)
+
+
+@pytest.mark.parametrize("width,abits", [(5, 3), (6, 2), (4, 4)])
+def test_shift_right_odd_every_input(width, abits):
+    """hw.ifwht.shift_right_odd for every signed v of ``width`` bits, every amount of
+    ``abits`` bits (beyond the width too) and hold 0 / 1: RO(v / 2^amount), or v where
+    held."""
+    m = Module()
+    v, amt, hold = Signal(signed(width)), Signal(abits), Signal()
+    out = ifwht.shift_right_odd(m, v, amt, "ro", hold=hold)
+    out_free = ifwht.shift_right_odd(m, v, amt, "rf")
+    bad = []
+
+    async def tb(ctx):
+        for x in range(-(1 << width - 1), 1 << width - 1):
+            for a in range(1 << abits):
+                for h in (0, 1):
+                    ctx.set(v, x)
+                    ctx.set(amt, a)
+                    ctx.set(hold, h)
+                    want = x if h else _round_odd(x, a)
+                    got = (ctx.get(out), ctx.get(out_free))
+                    if got != (want, _round_odd(x, a)):
+                        bad.append((x, a, h, got, want))
+
+    sim = Simulator(m)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not bad, bad[:5]
 
 
 @pytest.mark.parametrize("window", [None, 1, 3])
