@@ -411,12 +411,33 @@ def test_tofloat_alt_exp(dtype, w, log2n, prep_regs):
                                          lead_reg=prep_regs, alt_exp=True)
     m.submodules.pack = pack = FloatPack(lanes, consts, shift_reg=prep_regs,
                                          round_reg=prep_regs)
-    m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
     if prep_regs:
         m.d.comb += prep.en.eq(pack.en)
-    depth = 4 if prep_regs else 0
     rng = np.random.default_rng(w + log2n + prep_regs)
-    mask = int(rng.integers(0, 1 << 31)) << 1
+
+    def vectors():
+        for _ in range(300 if FULL else 120):
+            ef, ea = (int(x) for x in rng.integers(1, 32, 2))
+            alt = rng.integers(0, 2, lanes)
+            yield (_tofloat_values(rng, w, lanes),
+                   {"ef_min": ef, "ef_alt": ea, "alt": sum(int(a) << i for i, a in enumerate(alt))},
+                   np.where(alt == 1, ea, ef))
+
+    fails, checked = _drive_tofloat(m, prep, pack, p, w, log2n, vectors, 4 if prep_regs else 0,
+                                    rng)
+    assert not fails, fails
+    assert checked >= 60
+
+
+def _drive_tofloat(m, prep, pack, p, w: int, log2n: int, vectors, depth: int, rng):
+    """Simulate FloatPrep -> FloatPack (``m`` holds both; PREP_PORTS connected here) on
+    ``vectors()``: (lanes S, {FloatPrep port: value}, per-lane exponent field ef) each, the
+    sign flip D a random mask; each output lane against round_to_input_type of
+    ``(-1)^D S 2^(ef - 10 - log2 N)``. ``depth`` registers (FloatPack's ``en`` low a quarter
+    of the cycles), or 0: combinational. Returns (failures, vectors checked)."""
+    lanes = len(prep.y)
+    m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
+    mask = int(rng.integers(0, 1 << (lanes - 2))) << 1
     neg = np.array([(mask >> i) & 1 for i in range(lanes)]) == 1
     fails, checked = [], [0]
 
@@ -430,20 +451,15 @@ def test_tofloat_alt_exp(dtype, w, log2n, prep_regs):
 
     async def tb(ctx):
         ctx.set(prep.mask, mask)
-        pipe = [None] * (depth + 1)
-        for _ in range(300 if FULL else 120):
-            s = _tofloat_values(rng, w, lanes)
-            ef, ea = (int(x) for x in rng.integers(1, 32, 2))
-            alt = rng.integers(0, 2, lanes)
-            ctx.set(prep.ef_min, ef)
-            ctx.set(prep.ef_alt, ea)
-            ctx.set(prep.alt, sum(int(a) << i for i, a in enumerate(alt)))
-            ctx.set(prep.y.as_value(), sum((int(x) & ((1 << w) - 1)) << (w * i)
-                                           for i, x in enumerate(s)))
-            efs = np.where(alt == 1, ea, ef)
-            v = np.array([float(x) for x in s]) * 2.0 ** (efs - 10 - log2n)
+        pipe = [None] * max(depth, 1)
+        for s, ports, efs in vectors():
+            for k, v in ports.items():
+                ctx.set(getattr(prep, k), v)
+            ctx.set(prep.y.as_value(),      # all lanes at once: one settle
+                    sum((int(x) & ((1 << w) - 1)) << (w * i) for i, x in enumerate(s)))
+            v = np.array([float(x) for x in s]) * 2.0 ** (np.asarray(efs) - 10 - log2n)
             want = (s, efs, round_to_input_type(np.where(neg, -v, v), p))
-            if not prep_regs:
+            if not depth:
                 await ctx.delay(1e-9)
                 check(ctx.get(pack.bits.as_value()), want)
                 continue
@@ -456,12 +472,11 @@ def test_tofloat_alt_exp(dtype, w, log2n, prep_regs):
                 check(ctx.get(pack.bits.as_value()), pipe[depth - 1])
 
     sim = Simulator(m)
-    if prep_regs:
+    if depth:
         sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
-    assert not fails, fails
-    assert checked[0] >= 60
+    return fails, checked[0]
 
 
 def _tofloat_values(rng, w: int, count: int) -> np.ndarray:
@@ -545,50 +560,16 @@ def test_tofloat_unit(dtype, w, log2n, low_bits):
                                          shift_low_bits=low_bits)
     if regs:
         assert pack.shift_low_bits == min(low_bits, consts.lp_width)
-    m.d.comb += [getattr(pack, k).eq(getattr(prep, k)) for k in PREP_PORTS]
     rng = np.random.default_rng(w + log2n)
-    mask = int(rng.integers(0, 1 << 62)) << 1
-    neg = np.array([(mask >> i) & 1 for i in range(lanes)]) == 1
-    fails, checked = [], [0]
 
-    def check(allbits, want):
-        s, ef, exp = want
-        checked[0] += 1
-        for i in range(lanes):
-            got = (allbits >> (16 * i)) & 0xFFFF
-            if got != exp[i] and len(fails) < 5:
-                fails.append(f"S={s[i]} ef={ef}: got {got:#06x} exp {int(exp[i]):#06x}")
-
-    async def tb(ctx):
-        ctx.set(prep.mask, mask)
-        pipe = [None, None]             # the vectors in the shift and round registers
+    def vectors():
         for ef in efs:
             for _ in range(8 if FULL else 2):
-                s = _tofloat_values(rng, w, lanes)
-                ctx.set(prep.ef_min, ef)
-                ctx.set(prep.y.as_value(),      # all lanes at once: one settle
-                        sum((int(x) & ((1 << w) - 1)) << (w * i) for i, x in enumerate(s)))
-                v = np.array([float(x) for x in s]) * 2.0 ** (ef - 10 - log2n)
-                want = (s, ef, round_to_input_type(np.where(neg, -v, v), p))
-                if not regs:
-                    await ctx.delay(1e-9)
-                    check(ctx.get(pack.bits.as_value()), want)
-                    continue
-                en = int(rng.random() < 0.75)
-                ctx.set(pack.en, en)
-                await ctx.tick()
-                if en:
-                    pipe = [want, pipe[0]]
-                if pipe[1] is not None:
-                    check(ctx.get(pack.bits.as_value()), pipe[1])
+                yield _tofloat_values(rng, w, lanes), {"ef_min": ef}, np.full(lanes, ef)
 
-    sim = Simulator(m)
-    if regs:
-        sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    fails, checked = _drive_tofloat(m, prep, pack, p, w, log2n, vectors, 2 if regs else 0, rng)
     assert not fails, fails
-    assert checked[0] >= len(efs)
+    assert checked >= len(efs)
 
 
 def test_float_pack_shift_low_bits_negative():
