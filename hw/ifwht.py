@@ -65,9 +65,10 @@ p + 2 bits. For s > 0 and X != 0, |X 2^d +- Y| >= 2^d - 2^(w-1) >= 2^(d-1) since
 d > D >= w - 1 (w: the lanes' signed width), so T has at least D bits and D >= p + 2
 suffices (:func:`fold_window`; fp16 p = 11: at N=128, b=3, w = 14 and D = 13, so the
 lanes are 28 bits against 45 exact; at N=64 w = 13, D = 13, 27 against 44). Subnormal
-results round at a coarser position, never finer. Per lane the output flag ``alt`` says X != 0 (unit 2^s: the float conversion
-takes T from ``exp_alt``, the side band's exponent + s, :class:`hw.tofloat.FloatPrep`
-``alt_exp``), else the side band's exponent as it is. The shifts: X by
+results round at a coarser position, never finer. Per lane the output flag ``alt``
+says X != 0 (unit 2^s: the float conversion takes T from ``exp_alt``, the side band's
+exponent + s, :class:`hw.tofloat.FloatPrep` ``alt_exp``), else the side band's exponent
+as it is. The shifts: X by
 ``dm = min(d, D)`` (low :data:`FOLD_SHIFT_X_BITS` bits into register X, the rest into
 register S), Y by s (capped at 2^k - 1 >= w - 1: every larger s rounds Y alike, to
 -1, 0 or 1) into register S, a round-to-odd log shifter (:func:`shift_right_odd`)

@@ -37,7 +37,7 @@ from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, rand
 from hw.pipeline import REPLICA_SELECT_LANES, SKID_FIFO_CYCLES
 from kvtest.simstream import check_run, flow_cases, run_stream, stream_get, stream_put
 from kvtest.ties import tie_lanes
-from hw.dequant import READ_SUPPORT, level_table
+from hw.dequant import READ_SUPPORT, level_table, scale_format
 from hw.fwht import FOLD_CYCLES
 from hw import ifwht
 from hw.ifwht import FOLD_ALIGN_CYCLES, MAX_ALIGN, BlockFWHT, default_align, out_width, steps_of
@@ -1118,6 +1118,30 @@ def test_fold_align(n, latency, flow, cuts, window, monkeypatch):
         with pytest.raises(ValueError, match=f"S={s}"):
             KVDecompressor(p, s + 1, lanes=n // 2, fold_align=True)
         gc.collect()
+
+
+def test_fold_window_round_to_odd_decides():
+    """Decoder planes where the fold window's rounding to odd (not floor) decides the fp16
+    result: N=128 midtread, the large block at exponent field 21 with an odd significand
+    and an odd lane sum (X odd), the small one at field 1 with a few nonzero lanes (s >= w,
+    so Y rounds to -1, 0 or 1); bit-exact with the golden model (the fold with its sticky
+    bit dropped fails 17 of 40)."""
+    p = FormatParams(n=128, block=64, bits=3, mode="midtread")
+    mb = scale_format(p).mant_bits
+    rng = np.random.default_rng(7)
+    codes, scales = [], []
+    for _ in range(40):
+        big = np.full(64, 3)
+        big[rng.choice(64, int(rng.integers(0, 30)) * 2 + 1, replace=False)] = 2
+        small = np.zeros(64, dtype=int)
+        small[rng.choice(64, int(rng.integers(1, 16)), replace=False)] = 1
+        pair = [(big, (21 << mb) | int(rng.choice([1, 3, 5, 7]))), (small, 1 << mb)]
+        if rng.random() < 0.5:
+            pair.reverse()
+        codes.append(np.concatenate([pair[0][0], pair[1][0]]))
+        scales.append([pair[0][1], pair[1][1]])
+    check(p, 2, pack_plane(np.array(codes), p), np.array(scales, dtype=np.uint8), None,
+          seed=1, lanes=64, fold_align=True)
 
 
 def test_fold_align_refused():

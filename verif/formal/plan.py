@@ -84,8 +84,10 @@ def _roundtrip(n, g, work, timeout):
 #: The float proof again with FloatPack's shifter split (the N=128 and N=64 decoders'
 #: Fmax profiles use it); in both sets.
 FLOAT_SPLIT_CONFIGS = ("dec_v2_n128_g64_b3_l2", "dec_v2_n64_g32_b3_l2")
-FLOAT_CONFIGS = {"ci": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2"),
+FLOAT_CONFIGS = {"ci": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2",
+                        "dec_v2_n128_g64_b3_l6_p0_c0_w64_fa"),
                  "full": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2",
+                          "dec_v2_n128_g64_b3_l6_p0_c0_w64_fa", "dec_v2_n64_g32_b3_l2_w32_fa",
                           "dec_v2_n128_g64_b3_l2_bf16", "dec_v1_n128_g64_b3_l2",
                           "dec_v2_n128_g64_b3_l2_lloydmax", "dec_v2_n128_g64_b3_l2_asym",
                           "dec_v2_n64_g32_b4_l2_e4m3fn", "dec_v2_n128_g64_b3_l2_e5m2",
@@ -94,10 +96,13 @@ FLOAT_CONFIGS = {"ci": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2"),
 
 def float_miter(config: str, dut=None) -> FloatMiter:
     """The float conversion miter of a read-path configuration (one lane, its constants
-    from ``hw.decompressor.float_consts``)."""
+    from ``hw.decompressor.float_consts``: with ``fold_align`` the fold window's lane
+    width)."""
     from rtl_gen.config import RTLConfig
-    p = RTLConfig.parse(config).params
-    return FloatMiter(float_consts(p), scale_format(p).exp_bits, dut=dut)
+    cfg = RTLConfig.parse(config)
+    p = cfg.params
+    return FloatMiter(float_consts(p, bool(cfg.regs.get("fold_align"))),
+                      scale_format(p).exp_bits, dut=dut)
 
 
 def _float(config, work, timeout):
