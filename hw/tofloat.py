@@ -326,23 +326,24 @@ class FloatPrep(wiring.Component):
                          self.eb[i].eq(Mux(up, lb, kb_i))]
         return m
 
-    def _per_vector(self, m: Module, ef, sfx: str) -> dict:
+    def _per_vector(self, m: Module, exp, sfx: str) -> dict:
         """K (clamped at 0), B, K + B and the mask of the bit positions above K of the
         vector: {"kc", "b", "kb", "above"} (module docstring; ``above`` has the
         ``k_var`` bits 1..k_var, bit j - 1 = j > K; absent when k_var = 0), functions of
         ef_min alone, so they are one constant row per ef_min value (values outside
         [ef_lo, ef_hi] never occur and read as the nearest end): each bit is a small LUT
         function of ef_min's bits, where three chained additions (carry chains) from
-        ef_min's register were the N=64 decoder's worst path (docs/SYNTH.md)."""
+        ef_min's register were the N=64 decoder's worst path (docs/SYNTH.md). ``exp``: the
+        exponent field they are of (``ef_min``, or ``ef_alt``); ``sfx``: the signals' name
+        suffix."""
         c = self.c
         kc = Signal(range(max(c.k_hi, 1) + 1), name=f"k_min_lead{sfx}")
         b = Signal(c.b_shape, name=f"b_bias{sfx}")
         kb = Signal(c.eb_shape, name=f"k_bias{sfx}")    # K + B: Lp + B of a lane with L <= K
         above = Signal(max(c.k_var, 1), name=f"k_above{sfx}")
         var = (1 << c.k_var) - 1
-        efv = ef
-        with m.Switch(efv):
-            for ef in range(1 << len(efv)):
+        with m.Switch(exp):
+            for ef in range(1 << len(exp)):
                 t = min(max(ef, c.ef_lo), c.ef_hi) + c.exp_add      # T = ef_min + exp_add
                 k = max(0, (1 - c.bias) - t)                      # K = (1 - bias) - T
                 with m.Case(ef):
