@@ -135,22 +135,35 @@ def read_window(params: FormatParams) -> int | None:
     D is not below the scale format's largest shift (no lane would be cut)."""
     if not ifwht.FOLD_WINDOW:
         return None
-    w = product_shape(level_table(params)).width + params.log2n - 1
+    w = out_width(params.n // 2, params.block, product_shape(level_table(params)).width,
+                  aligned=False)
     d = fold_window(w, params.in_format[1] + 1)
     return d if d < scale_format(params).max_align else None
 
 
 def float_consts(params: FormatParams, fold_align: bool = False) -> FloatConsts:
     """The float conversion's constants of the read path of ``params``: the FWHT's output
-    width (``hw.ifwht.out_width``; with ``fold_align`` the fold window's, lanes + 1 +
-    :func:`read_window`), the input type, the exponent-field range of the scale encoding
-    and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
+    width (``hw.ifwht.out_width``; with ``fold_align`` the fold window D in place of the
+    largest shift, :func:`read_window`), the input type, the exponent-field range of the
+    scale encoding and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
     sf, table = scale_format(params), level_table(params)
-    w = out_width(params.n, params.block, product_shape(table).width, sf.max_align)
-    if fold_align and read_window(params) is not None:
-        w = product_shape(table).width + params.log2n + read_window(params)
+    window = read_window(params) if fold_align else None
+    w = out_width(params.n, params.block, product_shape(table).width, window or sf.max_align)
     return FloatConsts(w, params.in_format, (sf.ef_min, sf.ef_max),
                        sf.exp_offset + table.exp_offset - params.log2n)
+
+
+def float_parts(params: FormatParams, lanes: int, float_regs, fold_align: bool = False) -> dict:
+    """The read path's float conversion as :class:`KVDecompressor` builds it: FloatPrep
+    (with the fold window's per-lane exponent, ``alt_exp``, where the window applies) and
+    FloatPack of ``lanes`` lanes, with the ``float_regs`` cuts inside them:
+    {"fprep": FloatPrep, "fpack": FloatPack}."""
+    consts = float_consts(params, fold_align)
+    return {"fprep": FloatPrep(lanes, consts.y_width, scale_format(params).exp_bits, consts,
+                               abs_reg="abs" in float_regs, lead_reg="lead" in float_regs,
+                               alt_exp=fold_align and read_window(params) is not None),
+            "fpack": FloatPack(lanes, consts, shift_reg="shift" in float_regs,
+                               round_reg="round" in float_regs)}
 
 
 class KVDecompressor(FlowTop, wiring.Component):
@@ -280,7 +293,6 @@ class KVDecompressor(FlowTop, wiring.Component):
             zeros = sc["zero"] if p.zero_bytes else zeros
         tables = [dequant_table(m, self.table, sigs[k], f"dq{k}", zeros[k]) for k in range(nb)]
         ef_min = tree_reduce(m, ef_all, lambda a, b: Mux(a < b, a, b), "efmin")
-        efw = sf.exp_bits
         dw = max(1, sf.max_align.bit_length())
         shifts = [Signal(dw, name=f"dq_shift{k}") for k in range(nb)]
         m.d.comb += [shifts[k].eq(efs[k] - ef_min) for k in range(nb)]
@@ -309,12 +321,10 @@ class KVDecompressor(FlowTop, wiring.Component):
                        for k in range(w))
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
-        consts = float_consts(p, self.fold_align)
-        assert consts.y_width == fw.out_width
         regs = self.float_regs
-        m.submodules.fprep = fp = FloatPrep(n, fw.out_width, efw, consts, abs_reg="abs" in regs,
-                                            lead_reg="lead" in regs,
-                                            alt_exp=fw.window is not None)
+        parts = float_parts(p, n, regs, self.fold_align)
+        m.submodules.fprep = fp = parts["fprep"]
+        assert fp.c.y_width == fw.out_width and fp.alt_exp == (fw.window is not None)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.mask.eq(mask)]
         if fw.window is not None:   # the fold window: lanes at 2^s, the rest at 2^0
@@ -329,8 +339,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         if "prep" in regs:
             prep = stage(m, en, "fp", **prep, valid=valid)
             valid = prep["valid"]
-        m.submodules.fpack = pk = FloatPack(n, consts, shift_reg="shift" in regs,
-                                            round_reg="round" in regs)
+        m.submodules.fpack = pk = parts["fpack"]
         m.d.comb += [getattr(pk, k).eq(prep[k]) for k in PREP_PORTS]
         if "shift" in regs or "round" in regs:
             m.d.comb += pk.en.eq(en)

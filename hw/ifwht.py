@@ -203,7 +203,8 @@ def _select(values: list, sel):
 
 def out_width(n: int, block: int, in_width: int, max_align: int = MAX_ALIGN,
               aligned: bool | None = None) -> int:
-    """Signed width of the output lanes (``aligned``: as in :func:`steps_of`)."""
+    """Signed width of the output lanes (``aligned``: as in :func:`steps_of`); with the fold
+    window D (module docstring, "Fold window") ``max_align`` = D, the largest shift kept."""
     al = n > block if aligned is None else aligned
     return in_width + (n.bit_length() - 1) + (max_align if al else 0)
 
@@ -278,8 +279,8 @@ class BlockFWHT(wiring.Component):
         # a window at or above max_align never cuts: the exact fold
         self.window = window if window is not None and window < max_align else None
         self.window_exp = window_exp
-        self.out_width = (self.net_width + 1 + self.window if self.window else
-                          out_width(self.n_total, block, self.in_shape.width, max_align)
+        self.out_width = (out_width(self.n_total, block, self.in_shape.width,
+                                    self.window or max_align)
                           if self.fold_align else
                           self.net_width + (self.n_total.bit_length() - n.bit_length()))
         super().__init__({

@@ -172,9 +172,9 @@ def _decoder_fields(dut: KVDecompressor) -> dict:
         "fwht_register_after_steps": (register_positions(len(steps), dut.latency)
                                       if dut.latency else []),
         **({"fold_align": dut.fold_align} if dut.beats > 1 else {}),
-        "fwht_out_width": (_dec.float_consts(p, True).y_width if dut.fold_align else
-                           _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
-                                        dut.scale_fmt.max_align)),
+        "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
+                                       (dut.fold_align and _dec.read_window(p))
+                                       or dut.scale_fmt.max_align),
         **({"fold_window": _dec.read_window(p)} if dut.fold_align else {}),
         "float_regs": list(dut.float_regs),
         "dequant_regs": list(dut.dq_regs),

@@ -657,18 +657,10 @@ def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
 def float_parts(cfg: RTLConfig) -> dict:
     """The read path's float conversion components as built inside the decoder of ``cfg``
     (its lanes per cycle, constants and register cuts): {"fprep": FloatPrep, "fpack": FloatPack}."""
-    from hw.decompressor import FLOAT_CUTS, float_consts, read_window
-    from hw.dequant import scale_format
-    from hw.tofloat import FloatPack, FloatPrep
-    p = cfg.params
-    fold = bool(cfg.regs.get("fold_align"))
-    c = float_consts(p, fold)
+    from hw.decompressor import FLOAT_CUTS, float_parts as read_float_parts
     regs = FLOAT_CUTS.check(cfg.regs.get("float_regs", FLOAT_CUTS.default))
-    w = cfg.lanes or p.n
-    return {"fprep": FloatPrep(w, c.y_width, scale_format(p).exp_bits, c,
-                               abs_reg="abs" in regs, lead_reg="lead" in regs,
-                               alt_exp=fold and read_window(p) is not None),
-            "fpack": FloatPack(w, c, shift_reg="shift" in regs, round_reg="round" in regs)}
+    return read_float_parts(cfg.params, cfg.lanes or cfg.params.n, regs,
+                            bool(cfg.regs.get("fold_align")))
 
 
 def decoder_parts(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
