@@ -67,8 +67,9 @@ from . import ifwht
 from .ifwht import (BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, fold_window, out_width,
                     steps_of)
 from .fwht import FOLD_CYCLES
-from .pipeline import (Cuts, FlowControl, FlowTop, beat_groups, beat_index, beat_of, check_flow,
-                       check_lanes, check_latency, collect, flow_cycles, fold_cycles, stage)
+from .pipeline import (Cuts, FlowControl, FlowTop, ResetCopies, beat_groups, beat_index, beat_of,
+                       check_flow, check_lanes, check_latency, collect, flow_cycles, fold_cycles,
+                       reset_copy_count, skid_slices, stage)
 from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
@@ -193,6 +194,12 @@ class KVDecompressor(FlowTop, wiring.Component):
             (``hw.ifwht.fold_align_stage``: no lane wider than the narrow integers before
             the fold; the fold takes 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; default
             False).
+        reset_copies: the reset through register copies, one per region (the registers
+            of the dequant and flow control, the FWHT, the float conversion, every
+            ``hw.pipeline.RESET_SKID_SLICES`` slices of the skid FIFO;
+            ``hw.pipeline.ResetCopies``): every register is reset one cycle later and
+            ``i.ready`` / ``o.valid`` stay low one cycle longer after ``rst`` (default
+            False).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -203,7 +210,7 @@ class KVDecompressor(FlowTop, wiring.Component):
     def __init__(self, params: FormatParams, latency: int = 2,
                  float_regs=FLOAT_CUTS.default, split_align: bool = False, flow: str = "stall",
                  credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default,
-                 fold_align: bool = False):
+                 fold_align: bool = False, reset_copies: bool = False):
         check_read_params(params)
         self.dq_regs = DQ_CUTS.check(dq_regs)
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
@@ -222,6 +229,9 @@ class KVDecompressor(FlowTop, wiring.Component):
                 raise
             raise ValueError(f"fold_align: {e}") from None
         self.fold_align = fold_align
+        if not isinstance(reset_copies, bool):
+            raise TypeError(f"reset_copies must be a bool, got {type(reset_copies).__name__}")
+        self.reset_copies = reset_copies
         self.params = params
         self.latency = check_latency(params, latency, self.lanes, steps)
         self.table = level_table(params)
@@ -249,19 +259,27 @@ class KVDecompressor(FlowTop, wiring.Component):
         return sum(self.latency_breakdown.values())
 
     def elaborate(self, platform):
-        m = Module()
+        top = Module()
         p = self.params
         n, g, nb = p.n, p.block, p.n_blocks
         pshape = product_shape(self.table)
+        # regions of the reset copies: 0 this module, 1 the FWHT, 2 the float conversion,
+        # then the skid FIFO's slices
+        slices = skid_slices(len(Value.cast(self.o.payload))) if self.flow == "credit" else 0
+        rc = ResetCopies(top, reset_copy_count(slices, 3) if self.reset_copies else 0,
+                         skid_first=3)
+        m = Module() if self.reset_copies else top
+        i, o = rc.gate(top, self.i, self.o)
 
-        fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra,
-                         beats=self.beats)
+        fc = FlowControl(m, self.flow, i, o, self.latency_cycles, self.credit_extra,
+                         beats=self.beats,
+                         skid_domains=rc.skid_domain if self.reset_copies else None)
         en = fc.en
         w, two = self.lanes, self.beats > 1
 
         # ---- dequant: per block the 2^b products level * sig, lanes select by code ------
         sf = self.scale_fmt
-        pay = data.View(decoder_input_layout(p), fc.payload) if two else self.i.payload
+        pay = data.View(decoder_input_layout(p), fc.payload) if two else i.payload
         sigs, efs, zeros = [], [], []
         for k in range(nb):
             sd = ScaleDecode(sf)
@@ -311,7 +329,8 @@ class KVDecompressor(FlowTop, wiring.Component):
         dq = stage(m, en, "dq", prod=prod, shift=shift, efmin=ef_min, valid=valid)
 
         # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
-        m.submodules.ifwht = fw = read_fwht(p, self.latency, self.split_align, self.fold_align, w)
+        m.submodules.ifwht = fw = rc.place(
+            read_fwht(p, self.latency, self.split_align, self.fold_align, w), 1)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
         mask = sign_mask_int(p.n, p.sign_seed)
@@ -323,7 +342,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         # ---- float conversion: prep [+ register] + pack + output register -------------
         regs = self.float_regs
         parts = float_parts(p, n, regs, self.fold_align)
-        m.submodules.fprep = fp = parts["fprep"]
+        m.submodules.fprep = fp = rc.place(parts["fprep"], 2)
         assert fp.c.y_width == fw.out_width and fp.alt_exp == (fw.window is not None)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.mask.eq(mask)]
@@ -339,7 +358,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         if "prep" in regs:
             prep = stage(m, en, "fp", **prep, valid=valid)
             valid = prep["valid"]
-        m.submodules.fpack = pk = parts["fpack"]
+        m.submodules.fpack = pk = rc.place(parts["fpack"], 2)
         m.d.comb += [getattr(pk, k).eq(prep[k]) for k in PREP_PORTS]
         if "shift" in regs or "round" in regs:
             m.d.comb += pk.en.eq(en)
@@ -348,7 +367,8 @@ class KVDecompressor(FlowTop, wiring.Component):
                 valid = stage(m, en, r, valid=valid)["valid"]
         if not two:
             fc.output(pk.bits, valid)
-            return m
-        first, last = collect(m, en, "first", pk.bits, valid)
-        fc.output(Cat(first, pk.bits), last)
-        return m
+        else:
+            first, last = collect(m, en, "first", pk.bits, valid)
+            fc.output(Cat(first, pk.bits), last)
+        rc.core(top, m)
+        return top

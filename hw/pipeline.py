@@ -32,7 +32,9 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.hdl import (Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Module, Mux,
+                          ResetSignal, Signal, Value)
+from amaranth.lib import stream
 from amaranth.lib.memory import Memory
 
 from sim_models.params import FormatParams
@@ -472,11 +474,14 @@ def skid_slices(width: int) -> int:
     return -(-width // SKID_SLICE_BITS)
 
 
-def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None:
+def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
+              domains=None) -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
     ``valid``: a Value, or a list of :func:`skid_slices` copies equal in every cycle,
     slice k written while copy k (one flip-flop driving the write enables of every
     slice's RAM across the die was the N=64 decoder's worst path, docs/SYNTH.md).
+    ``domains``: None (every slice in ``sync``) or one clock domain name per slice (the
+    domain of its control registers: :meth:`ResetCopies.domain`).
 
     A circular buffer of the smallest power of two >= ``depth`` entries, in LUT RAM up
     to :data:`SKID_LUTRAM_BITS` bits and in block RAM (ECP5 DP16KD) above
@@ -518,9 +523,12 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
     valids = list(valid) if isinstance(valid, (list, tuple)) else [valid] * nsl
     if len(valids) != nsl:
         raise ValueError(f"valid: {len(valids)} copies for {nsl} slices")
+    doms = ["sync"] * nsl if domains is None else list(domains)
+    if len(doms) != nsl:
+        raise ValueError(f"domains: {len(doms)} names for {nsl} slices")
     qs, ov0 = [], None
     for k, lo in enumerate(range(0, len(data), width)):
-        part, valid = data[lo:lo + width], valids[k]
+        part, valid, sync = data[lo:lo + width], valids[k], m.d[doms[k]]
         sn = name if k == 0 else f"{name}{k}"
         wp = Signal(abits + 1, name=f"{sn}_wp")
         rp = Signal(abits + 1, name=f"{sn}_rp")
@@ -540,19 +548,19 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid") -> None
                      load.eq(rv & (~ov | o.ready)),
                      take.eq(skid_read_enable(ne, rv, load))]
         with m.If(valid):
-            m.d.sync += wp.eq(wp + 1)
+            sync += wp.eq(wp + 1)
         with m.If(valid & ~take):
-            m.d.sync += ne.eq(1)
+            sync += ne.eq(1)
         with m.Elif(take & ~valid):
-            m.d.sync += ne.eq(wp != rp1)
+            sync += ne.eq(wp != rp1)
         with m.If(take):
-            m.d.sync += [rp.eq(rp1), rp1.eq(rp1 + 1), rv.eq(1)]
+            sync += [rp.eq(rp1), rp1.eq(rp1 + 1), rv.eq(1)]
         with m.Elif(load):
-            m.d.sync += rv.eq(0)
+            sync += rv.eq(0)
         with m.If(load):
-            m.d.sync += [q.eq(rd.data), ov.eq(1)]
+            sync += [q.eq(rd.data), ov.eq(1)]
         with m.Elif(o.ready):
-            m.d.sync += ov.eq(0)
+            sync += ov.eq(0)
         qs.append(q)
         ov0 = ov if ov0 is None else ov0
     m.d.comb += [o.valid.eq(ov0), Value.cast(o.payload).eq(Cat(*qs))]
@@ -616,14 +624,17 @@ class FlowControl:
         latency: its ``latency_cycles`` (with the FIFO's cycles in credit flow).
         credit_extra: credits beyond the minimum (:func:`credit_depth`).
         beats: beats per vector, 1 or 2 (:data:`FOLDS`).
+        skid_domains: None, or a function slice -> clock domain name of the skid FIFO's
+            slices (:func:`skid_fifo`, :meth:`ResetCopies.skid_domain`).
     """
 
     def __init__(self, m: Module, flow: str, i, o, latency: int, credit_extra: int = 0,
-                 beats: int = 1):
+                 beats: int = 1, skid_domains=None):
         check_flow(flow, credit_extra)
         if beats not in FOLDS:
             raise ValueError(f"beats (per vector) must be one of {FOLDS}, got {beats!r}")
         self.m, self.flow, self.o = m, flow, o
+        self.skid_domains = skid_domains
         self.payload, self.beat = Value.cast(i.payload), Const(0, 1)
         if flow == "stall":
             self.depth = None
@@ -734,7 +745,10 @@ class FlowControl:
         if self.flow == "stall":
             m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_vs[0])]
         else:
-            skid_fifo(m, out, out_vs, o, self.depth)
+            nsl = skid_slices(len(payload))
+            doms = None if self.skid_domains is None else \
+                [self.skid_domains(k, nsl) for k in range(nsl)]
+            skid_fifo(m, out, out_vs, o, self.depth, domains=doms)
 
 
 #: Bits of the two-beat input register (``beat_data``) per copy of its load enable
@@ -802,3 +816,92 @@ def beat_index(m: Module, en, name: str, valid, copies: int = 1) -> Signal:
     with when(m, en & valid):
         m.d.sync += beat.eq(~beat)
     return beat
+
+
+#: Skid FIFO slices (:func:`skid_fifo`) per copy of the reset (:class:`ResetCopies`): the
+#: control of 4 slices of 72 bits, 64 flip-flops with reset.
+RESET_SKID_SLICES = 4
+
+
+class ResetCopies:
+    """The synchronous reset of a top level through one level of register copies, one
+    per region of the die (``reset_copies=True`` of a top level).
+
+    Each copy is a flip-flop loading ``rst`` (kept apart by :data:`REPLICA_ATTRS`) and the
+    reset of a local clock domain ``rst{k}`` on the ``sync`` clock; the top level puts the
+    registers of one region in one domain (its own registers, a submodule through
+    :meth:`place`, the skid FIFO's slices through :meth:`skid_domain`), so that nextpnr
+    can place each copy beside its loads. One reset net with 566 loads across the die was
+    the N=128 decoder's worst path (docs/SYNTH.md).
+
+    Every register then sees ``rst`` one cycle late. :meth:`gate` holds the top level's
+    handshakes off while ``rst`` or the copies are high (``busy``): no transfer happens
+    in a cycle whose state the late reset discards, and after ``rst`` falls the top level
+    is in its reset state one cycle later than without copies (``i.ready`` and
+    ``o.valid`` low for that cycle too). With ``count`` = 0 nothing is built: every
+    domain is ``sync`` and :meth:`gate` returns the streams as they are.
+
+    Args:
+        m: the top level's module (the domains are local to it and its submodules).
+        count: copies, 0 (none) or >= 2 (copy 0: the module's own registers).
+        skid_first: the first copy of the skid FIFO's slices (copies ``skid_first`` ..
+            ``count - 1``, :data:`RESET_SKID_SLICES` slices each).
+    """
+
+    def __init__(self, m: Module, count: int, skid_first: int = 1):
+        self.count, self.skid_first = count, skid_first
+        self.busy = None
+        if not count:
+            return
+        copies = [Signal(name=f"rst_copy{k}", reset_less=True, attrs=REPLICA_ATTRS)
+                  for k in range(count)]
+        for k, r in enumerate(copies):
+            cd = ClockDomain(f"rst{k}", local=True)
+            m.domains += cd
+            m.d.comb += [cd.clk.eq(ClockSignal("sync")), cd.rst.eq(r)]
+        m.d.sync += [r.eq(ResetSignal("sync")) for r in copies]
+        self.busy = Signal(name="rst_busy")
+        m.d.comb += self.busy.eq(ResetSignal("sync") | copies[0])
+
+    def domain(self, k: int) -> str:
+        """The clock domain of region ``k`` (``sync`` without copies)."""
+        return f"rst{k}" if self.count else "sync"
+
+    def place(self, elaboratable, k: int):
+        """``elaboratable`` with its ``sync`` registers in region ``k``'s domain."""
+        return DomainRenamer(self.domain(k))(elaboratable) if self.count else elaboratable
+
+    def skid_domain(self, k: int, slices: int) -> str:
+        """The domain of skid FIFO slice ``k`` of ``slices``: one copy per
+        :data:`RESET_SKID_SLICES` slices, from copy ``skid_first`` on (the last copy
+        takes the rest)."""
+        if not self.count:
+            return "sync"
+        return self.domain(min(self.skid_first + k // RESET_SKID_SLICES, self.count - 1))
+
+    def core(self, m: Module, core: Module) -> None:
+        """Add ``core`` (the top level's registers, in ``sync``) to ``m`` in region 0."""
+        if self.count:
+            m.submodules.core = DomainRenamer(self.domain(0))(core)
+
+    def gate(self, m: Module, i, o) -> tuple:
+        """The input and output streams the design sees: ``i`` and ``o`` themselves
+        without copies; else copies whose ``valid`` / ``ready`` are low while ``busy``,
+        both at the ports and inside (``i.ready = ready & ~busy``, the design's ``valid
+        = i.valid & ~busy``; ``o.valid = valid & ~busy``, the design's ``ready = o.ready &
+        ~busy``), the payloads passed through."""
+        if not self.count:
+            return i, o
+        ii = stream.Signature(i.payload.shape()).create(path=("core_i",))
+        oo = stream.Signature(o.payload.shape()).create(path=("core_o",))
+        m.d.comb += [ii.payload.eq(i.payload), ii.valid.eq(i.valid & ~self.busy),
+                     i.ready.eq(ii.ready & ~self.busy),
+                     o.payload.eq(oo.payload), o.valid.eq(oo.valid & ~self.busy),
+                     oo.ready.eq(o.ready & ~self.busy)]
+        return ii, oo
+
+
+def reset_copy_count(slices: int, regions: int) -> int:
+    """Copies of the reset (:class:`ResetCopies`) for ``regions`` regions besides the skid
+    FIFO and a FIFO of ``slices`` slices (0: no FIFO)."""
+    return regions + -(-slices // RESET_SKID_SLICES)

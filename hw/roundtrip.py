@@ -33,8 +33,9 @@ class KVRoundTrip(wiring.Component):
         latency: FWHT pipeline registers of both modules, in [0, log2 N].
         quant_regs, fe_regs, tree_every, lane_ram: the epilogue's register cuts and lane RAM
             (:class:`KVEpilogue`).
-        float_regs, split_align, dq_regs, fold_align: the decompressor's float registers,
-            alignment split, dequant registers and fold alignment (:class:`KVDecompressor`).
+        float_regs, split_align, dq_regs, fold_align, reset_copies: the decompressor's float
+            registers, alignment split, dequant registers, fold alignment and reset copies
+            (:class:`KVDecompressor`).
         flow, credit_extra: the flow control of both modules (``hw.pipeline.FLOWS``).
         lanes: lanes per cycle W of both modules (None: N; N/2: two beats per vector).
 
@@ -46,12 +47,12 @@ class KVRoundTrip(wiring.Component):
                  fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
                  split_align: bool = False, lane_ram: int = 0, flow: str = "stall",
                  credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default,
-                 fold_align: bool = False):
+                 fold_align: bool = False, reset_copies: bool = False):
         self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every,
                               lane_ram=lane_ram, flow=flow, credit_extra=credit_extra, lanes=lanes)
         self.dec = KVDecompressor(params, latency, float_regs, split_align, flow=flow,
                                   credit_extra=credit_extra, lanes=lanes, dq_regs=dq_regs,
-                                  fold_align=fold_align)
+                                  fold_align=fold_align, reset_copies=reset_copies)
         self.lanes, self.beats = self.enc.lanes, self.enc.beats
         self.flow, self.credit_extra = flow, credit_extra
         self.params = params

@@ -143,6 +143,18 @@ def _fold_fields(dut) -> dict:
                               "the beats (hw.fwht.fold_stage); i__ready low while beat 0 is on"}}
 
 
+def _reset_fields(dut: wiring.Component) -> dict:
+    """The manifest's ``reset``: the port, and with reset copies (a decoder's
+    ``reset_copies``, ``hw.pipeline.ResetCopies``) the cycles the registers' reset lags
+    ``rst`` and the cycles after ``rst`` falls that the handshakes stay held off."""
+    dec = dut.dec if isinstance(dut, KVRoundTrip) else dut
+    copies = getattr(dec, "reset_copies", False)
+    return {"port": "rst", "kind": "synchronous", "active": "high",
+            **({"copies": "one register per region (hw.pipeline.ResetCopies)",
+                "register_reset_delay_cycles": 1, "held_off_cycles_after_rst": 1}
+               if copies else {})}
+
+
 def _encoder_fields(dut: KVEpilogue) -> dict:
     p = dut.params
     o_shape = _stream_shape(dut, "o")
@@ -246,7 +258,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         regs: the component's register options: ``latency`` (FWHT pipeline registers,
             0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``/
             ``lane_ram`` (encoder),
-            ``float_regs``/``split_align``/``dq_regs``/``fold_align`` (decoder).
+            ``float_regs``/``split_align``/``dq_regs``/``fold_align``/``reset_copies``
+            (decoder).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -279,7 +292,7 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         "throughput_vectors_per_cycle": 1 / getattr(dut, "beats", 1),
         "flow_control": _flow_fields(dut),
         "clock": {"port": "clk", "edge": "posedge"},
-        "reset": {"port": "rst", "kind": "synchronous", "active": "high"},
+        "reset": _reset_fields(dut),
         "ports": ports(dut),
         "sign_mask_hex": f"{sign_mask_int(p.n, p.sign_seed):0{(p.n + 3) // 4}x}",
         "derived": {
@@ -311,7 +324,8 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
     enc_regs = {k: v for k, v in regs.items()
-                if k not in ("float_regs", "split_align", "dq_regs", "fold_align")}
+                if k not in ("float_regs", "split_align", "dq_regs", "fold_align",
+                             "reset_copies")}
     dec_regs = {k: v for k, v in regs.items()
                 if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs",
                              "lane_ram")}

@@ -35,6 +35,10 @@
   G = N/2): the decoder's block alignment in the last butterfly stage across the beats
   (``fold_align=True``, ``hw.ifwht.fold_align_stage``): the W-point network has log2 W
   steps, the fold 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; the bytes unchanged;
+* optional ``rc`` (after ``fa``, decoder and round trip): the decoder's reset through
+  register copies, one per region of the die (``reset_copies=True``,
+  ``hw.pipeline.ResetCopies``): every register reset one cycle later, the handshakes held
+  off one cycle longer; the cycles of a vector and the bytes unchanged;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
   value that belongs to one field (``bf16``, ``asym``, ``e4m3fn``, ``rms``, ``up``), or
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
@@ -117,6 +121,7 @@ class RTLConfig:
     credit: int | None = None
     lanes: int | None = None
     fold_align: bool = False
+    reset_copies: bool = False
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
@@ -129,6 +134,12 @@ class RTLConfig:
         if self.fold_align and self.kind == "encoder":
             raise ValueError("fold_align (fa): the block alignment in the fold is the "
                              "decoder's (dec_, rt_); got kind 'encoder'")
+        if not isinstance(self.reset_copies, bool):
+            raise TypeError(f"reset_copies (rc) must be a bool, got "
+                            f"{type(self.reset_copies).__name__}")
+        if self.reset_copies and self.kind == "encoder":
+            raise ValueError("reset_copies (rc): the reset copies are the decoder's (dec_, rt_); "
+                             "got kind 'encoder'")
         if self.kind != "encoder" and (self.lanes is None or isinstance(self.lanes, int)):
             from hw.decompressor import fwht_steps     # the read path: one register per step
             try:
@@ -184,6 +195,8 @@ class RTLConfig:
             regs["lanes"] = self.lanes
         if self.fold_align:
             regs["fold_align"] = True
+        if self.reset_copies:
+            regs["reset_copies"] = True
         if self.pipe is None:
             return regs
         from hw.decompressor import DQ_CUTS, FLOAT_CUTS
@@ -224,6 +237,8 @@ class RTLConfig:
             parts.append(f"w{self.lanes}")
         if self.fold_align:
             parts.append("fa")
+        if self.reset_copies:
+            parts.append("rc")
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -261,6 +276,8 @@ class RTLConfig:
                 name, tgt, val = "mant_bits", kw, int(m.group(2))
             elif part == "fa":
                 name, tgt, val = "fold_align", fixed, True
+            elif part == "rc":
+                name, tgt, val = "reset_copies", fixed, True
             elif part in bare:
                 name, tgt, val = bare[part], kw, part
             elif "-" in part and part.split("-", 1)[0] in _SQUASHED:
@@ -269,7 +286,7 @@ class RTLConfig:
                 val = None if v == "none" else int(v) if re.fullmatch(r"-?\d+", v) else v
             else:
                 raise ValueError(f"bad part {part!r} in config name {s!r}: use nN gG bB lL, pK, kT, rD, "
-                                 f"cE, wW, fa, mM, a bare "
+                                 f"cE, wW, fa, rc, mM, a bare "
                                  f"value of {sorted(_ENUMS)} or field-value (field without underscores)")
             if name in tgt:
                 raise ValueError(f"config name {s!r} sets {name} twice")
@@ -284,7 +301,8 @@ class RTLConfig:
         credit = fixed.pop("credit", None)
         lanes = fixed.pop("lanes", None)
         fold_align = fixed.pop("fold_align", False)
+        reset_copies = fixed.pop("reset_copies", False)
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
         return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit, lanes,
-                   fold_align)
+                   fold_align, reset_copies)

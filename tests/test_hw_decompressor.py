@@ -1286,3 +1286,108 @@ def test_fold_align_stream(n, latency, mode, bridge, window, monkeypatch):
     assert not fails, fails[:3]
     assert seen["outs"] >= seen["pairs"] >= 40, seen
     assert not window or seen["far"] >= 10 and seen["xzero"] >= 3, seen
+
+
+@pytest.mark.parametrize("flow,n,block,lanes,fa", [("credit", 16, 8, None, False),
+                                                   ("credit", 16, 8, 8, True),
+                                                   ("stall", 16, 8, None, False)])
+def test_reset_copies(flow, n, block, lanes, fa):
+    """``reset_copies``: the ports equal, cycle for cycle, those of the same decoder without
+    copies whose reset comes one cycle late and whose handshakes (``i.valid``, ``o.ready``)
+    are held low while ``rst`` or the late reset is high; in those cycles ``i.ready`` and
+    ``o.valid`` are low. Random payloads, valid / ready and resets of 1 to 3 cycles, also
+    while words are in flight; fails if any register of the design sees the reset on time
+    (a register left out of the copies' domains)."""
+    from amaranth.hdl import ClockDomain, DomainRenamer
+    p = FormatParams(n=n, block=block, sign_seed=3)
+    kw = dict(latency=1, flow=flow, lanes=lanes, fold_align=fa)
+    a = KVDecompressor(p, reset_copies=True, **kw)
+    b = KVDecompressor(p, **kw)
+    m = Module()
+    m.domains.sync = cd = ClockDomain()
+    m.domains.late = late = ClockDomain()
+    m.d.comb += late.clk.eq(cd.clk)
+    m.submodules.a = a
+    m.submodules.b = DomainRenamer("late")(b)
+    rng = np.random.default_rng(n + (lanes or 0) + len(flow))
+    width = len(a.i.payload.as_value())
+    seen = {"a_out": 0, "busy": 0, "in_flight_resets": 0}
+    fails = []
+
+    async def tb(ctx):
+        rst_prev, rst_left, accepted, taken = 0, 3, 0, 0
+        for cyc in range(1500):
+            if rst_left == 0 and rng.random() < 0.02:
+                rst_left = int(rng.integers(1, 4))
+                seen["in_flight_resets"] += accepted > taken
+            rst = int(rst_left > 0)
+            rst_left -= rst
+            busy = rst | rst_prev
+            v, r = int(rng.random() < 0.7), int(rng.random() < 0.6)
+            pay = int.from_bytes(rng.bytes(-(-width // 8)), "little") & ((1 << width) - 1)
+            ctx.set(cd.rst, rst)
+            ctx.set(late.rst, rst_prev)
+            for s, d in ((a.i.valid, v), (a.o.ready, r), (b.i.valid, v & ~busy & 1),
+                         (b.o.ready, r & ~busy & 1)):
+                ctx.set(s, d)
+            ctx.set(a.i.payload.as_value(), pay)
+            ctx.set(b.i.payload.as_value(), pay)
+            ai, av = ctx.get(a.i.ready), ctx.get(a.o.valid)
+            bi, bv = ctx.get(b.i.ready) & ~busy & 1, ctx.get(b.o.valid) & ~busy & 1
+            if (ai, av) != (bi, bv) or busy and (ai or av):
+                fails.append((cyc, "handshake", rst, rst_prev, (ai, av), (bi, bv)))
+            elif av and ctx.get(a.o.payload.as_value()) != ctx.get(b.o.payload.as_value()):
+                fails.append((cyc, "payload"))
+            seen["busy"] += busy
+            seen["a_out"] += av & r
+            accepted = 0 if busy else accepted + (v & ai)
+            taken = 0 if busy else taken + (av & r)
+            rst_prev = rst
+            await ctx.tick()
+            if len(fails) > 5:
+                break
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert not fails, fails
+    assert seen["a_out"] > 100 and seen["busy"] > 40 and seen["in_flight_resets"] > 5, seen
+
+
+def test_reset_copies_config(tmp_path):
+    """``reset_copies``: a bool (the message names it); config part ``rc`` of decoders and
+    round trips, refused on an encoder; the manifest states the reset's lag and hold-off;
+    the copies are one per region: 3 + one per 4 skid FIFO slices."""
+    from rtl_gen import generate
+    from rtl_gen.config import RTLConfig
+    from hw.pipeline import RESET_SKID_SLICES, reset_copy_count, skid_slices
+    p = FormatParams(n=16, block=8)
+    with pytest.raises(TypeError, match="reset_copies"):
+        KVDecompressor(p, reset_copies=1)
+    for name in ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", "rt_v2_n64_g32_b3_l2_c0_w32_fa_rc",
+                 "dec_v2_n16_g8_b3_l1_rc"):
+        c = RTLConfig.parse(name)
+        assert c.name == name and c.regs["reset_copies"] is True
+    assert "reset_copies" not in RTLConfig.parse("dec_v2_n16_g8_b3_l1").regs
+    with pytest.raises(ValueError, match="reset_copies"):
+        RTLConfig.parse("enc_v2_n16_g8_b3_l1_rc")
+    with pytest.raises(ValueError, match="sets reset_copies twice"):
+        RTLConfig.parse("dec_v2_n16_g8_b3_l1_rc_rc")
+    # N=128 two beats: 2,048 output bits, 29 slices of 72 -> 8 skid copies
+    assert skid_slices(2048) == 29 and reset_copy_count(29, 3) == 3 + -(-29 // RESET_SKID_SLICES)
+    # N=32: 512 output bits, 8 slices -> 3 + 2 copies, the skid FIFO's in slices 0-3 and 4-7
+    c = RTLConfig.parse("dec_v2_n32_g16_b3_l1_c0_rc")
+    man = generate(c.kind, c.params, tmp_path, **c.regs)
+    assert man["reset"]["register_reset_delay_cycles"] == 1
+    assert man["reset"]["held_off_cycles_after_rst"] == 1
+    text = (tmp_path / man["verilog"]).read_text()
+    assert reset_copy_count(skid_slices(32 * 16), 3) == 5
+    assert sorted(set(re.findall(r"reg (rst\d+)_rst\b", text))) == [f"rst{k}" for k in range(5)]
+    for k in range(8):          # slice k's write pointer resets from copy 3 + k // 4
+        sn = "skid" if k == 0 else f"skid{k}"
+        got = re.search(rf"= {sn}_wp;.*?if \(rst(\d+)_rst\)", text, re.S)
+        assert got and int(got.group(1)) == 3 + k // RESET_SKID_SLICES, (k, got)
+    base = generate(c.kind, c.params, tmp_path / "b", latency=1, flow="credit", credit_extra=0)
+    assert "rst_busy" not in (tmp_path / "b" / base["verilog"]).read_text()
+    assert set(base["reset"]) == {"port", "kind", "active"}

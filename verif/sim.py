@@ -100,17 +100,21 @@ DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_
 #: levels) through both modules, at N = 64 with two blocks (block alignment); both modules
 #: with credit flow control (``c0``), the encoder's skid FIFO feeding the decoder's credits;
 #: both modules with two beats per vector (``w64``) at N = 128, the decoder as synthesised
-#: (``p0``: every float cut, split alignment; credit flow), and the same with the
-#: decoder's block alignment in the fold (``fa``).
+#: (``p0``: every float cut, split alignment; credit flow), the same with the
+#: decoder's block alignment in the fold (``fa``) and with its reset through register
+#: copies (``fa_rc``).
 DEFAULT_RT_CONFIGS = ("rt_v2_n128_g64_b3_l2", "rt_v2_n64_g32_b2_l6", "rt_v1_n64_g64_b3_l2",
                       "rt_v2_n64_g32_b3_l6_p1", "rt_v2_n64_g32_b3_l6_p2", "rt_v2_n64_g32_b3_l2_c0",
-                      "rt_v2_n128_g64_b3_l6_p0_c0_w64", "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa")
+                      "rt_v2_n128_g64_b3_l6_p0_c0_w64", "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa",
+                      "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc")
 #: ``--quick`` (make test, CI): the two N of the real K/V fixture (N=64 with the
 #: first mode combination the RTL implements, see quick_configs()), one small
 #: round trip with block alignment (N/G = 2), and the same round trip with two beats per
-#: vector (``w32``), and with the decoder's block alignment in the fold (``w32_fa``).
+#: vector (``w32``), with the decoder's block alignment in the fold (``w32_fa``), and
+#: that with credit flow and the decoder's reset through register copies (``c0_w32_fa_rc``).
 QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2",
-                 "rt_v2_n64_g32_b3_l2_w32", "rt_v2_n64_g32_b3_l2_w32_fa")
+                 "rt_v2_n64_g32_b3_l2_w32", "rt_v2_n64_g32_b3_l2_w32_fa",
+                 "rt_v2_n64_g32_b3_l2_c0_w32_fa_rc")
 #: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
 #: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``), G = 32, FWHT
 #: latency 0, the remaining N / b / latency pairs, bf16 at N = 128, more round trips.

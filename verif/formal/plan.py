@@ -120,10 +120,11 @@ def _float_split(config, work, timeout):
 
 
 def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall",
-                  lanes: int | None = None):
+                  lanes: int | None = None, rc: bool = False):
     """A factory for the stream proofs: kind "enc" (KVEpilogue) or "dec" (KVDecompressor);
     cuts "min" (FWHT latency 1, no optional registers) or "default"; ``flow`` the flow
-    control (``hw.pipeline.FLOWS``); ``lanes`` W (None: N; N/2: two beats per vector)."""
+    control (``hw.pipeline.FLOWS``); ``lanes`` W (None: N; N/2: two beats per vector);
+    ``rc``: the decoder's reset through register copies (``reset_copies``)."""
     p = FormatParams(n=n, block=g)
     if kind == "enc":
         if cuts == "min":
@@ -131,8 +132,9 @@ def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall",
                                       lanes=lanes)
         return lambda: KVEpilogue(p, flow=flow, lanes=lanes)
     if cuts == "min":
-        return lambda: KVDecompressor(p, latency=1, float_regs=(), flow=flow, lanes=lanes)
-    return lambda: KVDecompressor(p, flow=flow, lanes=lanes)
+        return lambda: KVDecompressor(p, latency=1, float_regs=(), flow=flow, lanes=lanes,
+                                      reset_copies=rc)
+    return lambda: KVDecompressor(p, flow=flow, lanes=lanes, reset_copies=rc)
 
 
 def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str,
@@ -148,10 +150,10 @@ def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str,
     return depth
 
 
-def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout):
-    h = StreamHarness(stream_design(kind, n, g, cuts, flow, lanes), reference=ref)
+def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout, rc=False):
+    h = StreamHarness(stream_design(kind, n, g, cuts, flow, lanes, rc), reference=ref)
     tag = ("_ref" if ref else "") + ("_credit" if flow == "credit" else "") + \
-        (f"_w{lanes}" if lanes else "")
+        (f"_w{lanes}" if lanes else "") + ("_rc" if rc else "")
     return prove_bmc(h, f"stream_{kind}_n{n}_g{g}_{cuts}_d{depth}{tag}", work, depth=depth,
                      timeout=timeout)
 
@@ -231,6 +233,10 @@ def plan(name: str) -> list:
                f"{', order (reference copy)' if r else ''} (BMC {d} cycles)",
                partial(_stream, k, n, g, c, d, r, f, w))
               for k, n, g, c, d, r, f, w in streams]
+    if name == "full":      # the decoder's reset through register copies (its domains)
+        items.append((f"stream_dec_n16_g8_min_d{cd}_credit_rc", "stream (credit flow, "
+                      f"reset copies): hold, count, drain (BMC {cd} cycles)",
+                      partial(_stream, "dec", 16, 8, "min", cd, False, "credit", None, rc=True)))
     return items
 
 
