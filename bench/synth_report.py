@@ -98,7 +98,8 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'}"
             f"{f', lane RAM/{c.lane_ram}' if c.lane_ram else ''}"
             f"{'' if c.credit is None else f', credit+{c.credit}' if c.credit else ', credit'}"
-            f"{f', 2 beats of {c.lanes}' if c.lanes else ''} | "
+            f"{f', 2 beats of {c.lanes}' if c.lanes else ''}"
+            f"{', fold align' if c.fold_align else ''}{', reset copies' if c.reset_copies else ''} | "
             f"{rec['latency_cycles']} | "
             f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
             f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
@@ -358,7 +359,9 @@ def generated(res: dict, mres: dict | None) -> str:
         "RAM (DP16KD: 18 Kbit ECP5 block RAMs, 208 on the LFE5U-85F) instead of flip-flops; "
         "'credit' = config part `cE`: credit-based flow control (the pipeline never stalls, "
         "output skid FIFO in LUT RAM up to 32 Kbit (8 Kbit in records older than that rule, docs/SYNTH.md), else block RAM, registered i.ready; "
-        "'credit+E': E extra credits). "
+        "'credit+E': E extra credits); 'fold align' = config part `fa`: the decoder's block "
+        "alignment in the fold across the two beats; 'reset copies' = config part `rc`: the "
+        "decoder's reset through one register copy per region (hw.pipeline.ResetCopies). "
         "latency ns = latency cycles / Fmax.",
         "",
         synth_table(recs, set(DEFAULT_SET)),
