@@ -65,7 +65,7 @@ from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table
                       scale_format)
 from . import ifwht
 from .ifwht import (BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, fold_window, out_width,
-                    steps_of)
+                    steps_of, window_kept)
 from .fwht import FOLD_CYCLES
 from .pipeline import (Cuts, FlowControl, FlowTop, ResetCopies, beat_groups, beat_index, beat_of,
                        check_flow, check_lanes, check_latency, collect, flow_cycles, fold_cycles,
@@ -149,7 +149,8 @@ def float_consts(params: FormatParams, fold_align: bool = False) -> FloatConsts:
     scale encoding and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
     sf, table = scale_format(params), level_table(params)
     window = read_window(params) if fold_align else None
-    w = out_width(params.n, params.block, product_shape(table).width, window or sf.max_align)
+    w = out_width(params.n, params.block, product_shape(table).width,
+                  window_kept(window, sf.max_align))
     return FloatConsts(w, params.in_format, (sf.ef_min, sf.ef_max),
                        sf.exp_offset + table.exp_offset - params.log2n)
 
@@ -194,12 +195,11 @@ class KVDecompressor(FlowTop, wiring.Component):
             (``hw.ifwht.fold_align_stage``: no lane wider than the narrow integers before
             the fold; the fold takes 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; default
             False).
-        reset_copies: the reset through register copies, one per region (the registers
-            of the dequant and flow control, the FWHT, the float conversion, every
-            ``hw.pipeline.RESET_SKID_SLICES`` slices of the skid FIFO;
-            ``hw.pipeline.ResetCopies``): every register is reset one cycle later and
-            ``i.ready`` / ``o.valid`` stay low one cycle longer after ``rst`` (default
-            False).
+        reset_copies: the reset through register copies, one per region (this module's
+            registers, the FWHT's, every ``hw.pipeline.RESET_SKID_SLICES`` slices of the
+            skid FIFO with their valid copies; ``hw.pipeline.ResetCopies``): every register
+            is reset one cycle later, and ``i.ready`` / ``o.valid`` are low in the cycle
+            after ``rst`` falls (default False).
 
     Raises:
         TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
@@ -263,11 +263,11 @@ class KVDecompressor(FlowTop, wiring.Component):
         p = self.params
         n, g, nb = p.n, p.block, p.n_blocks
         pshape = product_shape(self.table)
-        # regions of the reset copies: 0 this module, 1 the FWHT, 2 the float conversion,
-        # then the skid FIFO's slices
+        # regions of the reset copies: 0 this module (the float conversion's registers have
+        # no reset), 1 the FWHT, then the skid FIFO's slices and their valid copies
         slices = skid_slices(len(Value.cast(self.o.payload))) if self.flow == "credit" else 0
-        rc = ResetCopies(top, reset_copy_count(slices, 3) if self.reset_copies else 0,
-                         skid_first=3)
+        rc = ResetCopies(top, reset_copy_count(slices, 2) if self.reset_copies else 0,
+                         skid_first=2)
         m = Module() if self.reset_copies else top
         i, o = rc.gate(top, self.i, self.o)
 
@@ -342,7 +342,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         # ---- float conversion: prep [+ register] + pack + output register -------------
         regs = self.float_regs
         parts = float_parts(p, n, regs, self.fold_align)
-        m.submodules.fprep = fp = rc.place(parts["fprep"], 2)
+        m.submodules.fprep = fp = parts["fprep"]
         assert fp.c.y_width == fw.out_width and fp.alt_exp == (fw.window is not None)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),
                      fp.mask.eq(mask)]
@@ -358,7 +358,7 @@ class KVDecompressor(FlowTop, wiring.Component):
         if "prep" in regs:
             prep = stage(m, en, "fp", **prep, valid=valid)
             valid = prep["valid"]
-        m.submodules.fpack = pk = rc.place(parts["fpack"], 2)
+        m.submodules.fpack = pk = parts["fpack"]
         m.d.comb += [getattr(pk, k).eq(prep[k]) for k in PREP_PORTS]
         if "shift" in regs or "round" in regs:
             m.d.comb += pk.en.eq(en)

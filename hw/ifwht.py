@@ -65,13 +65,16 @@ p + 2 bits. For s > 0 and X != 0, |X 2^d +- Y| >= 2^d - 2^(w-1) >= 2^(d-1) since
 d > D >= w - 1 (w: the lanes' signed width), so T has at least D bits and D >= p + 2
 suffices (:func:`fold_window`; fp16 p = 11: at N=128, b=3, w = 14 and D = 13, so the
 lanes are 28 bits against 45 exact; at N=64 w = 13, D = 13, 27 against 44). Subnormal
-results round at a coarser position, never finer. Per lane the output flag ``alt``
+results round at a coarser position, never finer. With a step k (:data:`FOLD_WINDOW_STEP`)
+s is rounded down to a multiple of k: X is shifted by d - s <= D + k - 1 (still >= D when
+s > 0, so X 2^(d-s) is even and T keeps more than D bits), the lanes are k - 1 bits wider
+(29 at N=128 with k = 2) and Y's shifter moves in steps of k. Per lane the output flag ``alt``
 says X != 0 (unit 2^s: the float conversion takes T from ``exp_alt``, the side band's
 exponent + s, :class:`hw.tofloat.FloatPrep` ``alt_exp``), else the side band's exponent
 as it is. The shifts: X by
-``dm = min(d, D)`` (low :data:`FOLD_SHIFT_X_BITS` bits into register X, the rest into
-register S), Y by s (capped at 2^k - 1 >= w - 1: every larger s rounds Y alike, to
--1, 0 or 1) into register S, a round-to-odd log shifter (:func:`shift_right_odd`)
+``dm = d - s`` (low :data:`FOLD_SHIFT_X_BITS` bits into register X, the rest into
+register S), Y by s (capped where every larger s rounds Y alike, to -1, 0 or 1, at
+>= w - 1) into register S, a round-to-odd log shifter (:func:`shift_right_odd`)
 held where X = 0 (a zero test of X into register X).
 
 Register placement (``latency`` = L in [0, S]): the steps are the
@@ -154,6 +157,14 @@ FOLD_BRIDGE_REGS = 0
 #: the lanes into the float conversion 28 bits instead of 45 at N=128 (docs/SYNTH.md).
 FOLD_WINDOW = True
 
+#: The fold window's step k (module docstring, "Fold window"): s rounded down to a multiple
+#: of k, so Y's round-to-odd shifter has log2 k fewer levels (shift amounts 0, k, 2k, ...)
+#: and the lanes keep shifts up to D + k - 1 (k - 1 bits more); 1: s as it is. 2: the
+#: N=128 decoder's worst path without its reset net was that shifter, s's register
+#: through five LUT levels into register S (8.10 ns at seed 1, docs/SYNTH.md); one level
+#: fewer for one bit more per lane (29 instead of 28 at N=128).
+FOLD_WINDOW_STEP = 2
+
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
 FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS
 
@@ -204,7 +215,8 @@ def _select(values: list, sel):
 def out_width(n: int, block: int, in_width: int, max_align: int = MAX_ALIGN,
               aligned: bool | None = None) -> int:
     """Signed width of the output lanes (``aligned``: as in :func:`steps_of`); with the fold
-    window D (module docstring, "Fold window") ``max_align`` = D, the largest shift kept."""
+    window (module docstring, "Fold window") ``max_align`` = :func:`window_kept`, the
+    largest shift kept."""
     al = n > block if aligned is None else aligned
     return in_width + (n.bit_length() - 1) + (max_align if al else 0)
 
@@ -233,6 +245,8 @@ class BlockFWHT(wiring.Component):
             none when D >= max_align): ``y`` is W + 1 + D bits, W the network's lane width.
         window_exp: the side band's field that holds the exponent (``exp_alt`` is it + s);
             default the whole side band.
+        window_step: k, s rounded down to a multiple of k (default
+            :data:`FOLD_WINDOW_STEP`; ``y`` then W + D + k bits).
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
     ``max_align.bit_length()`` bits, each <= max_align, at least one 0), ``side_i`` in;
@@ -245,7 +259,7 @@ class BlockFWHT(wiring.Component):
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
                  max_align: int = MAX_ALIGN, split_align: bool = False, align=None,
                  lanes: int | None = None, window: int | None = None,
-                 window_exp: str | None = None):
+                 window_exp: str | None = None, window_step: int | None = None):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
         w = n if lanes is None else lanes
@@ -276,11 +290,16 @@ class BlockFWHT(wiring.Component):
                 raise ValueError(f"window needs align='fold', got align={self.align!r}")
             if not isinstance(window, int) or window < 1:
                 raise ValueError(f"window must be a positive int, got {window!r}")
-        # a window at or above max_align never cuts: the exact fold
-        self.window = window if window is not None and window < max_align else None
+        step = FOLD_WINDOW_STEP if window_step is None else window_step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step & (step - 1):
+            raise ValueError(f"window_step must be a power of two >= 1, got {step!r}")
+        self.window_step = step
+        # a window that keeps max_align or more never cuts: the exact fold
+        self.window = (window if window is not None and window_kept(window, max_align, step)
+                       < max_align else None)
         self.window_exp = window_exp
         self.out_width = (out_width(self.n_total, block, self.in_shape.width,
-                                    self.window or max_align)
+                                    window_kept(self.window, max_align, step))
                           if self.fold_align else
                           self.net_width + (self.n_total.bit_length() - n.bit_length()))
         super().__init__({
@@ -316,10 +335,12 @@ class BlockFWHT(wiring.Component):
         lanes = [self.p[i] for i in range(n)]
         width = self.in_shape.width
         d = [self.d[k] for k in range(self.n_blocks)]
-        if self.window:     # d as (dm = min(d, D), s = d - dm), the fold's two shifts
-            dm = self.window
-            d = [Cat(Mux(dk > dm, dm, dk)[:dm.bit_length()],
-                     Mux(dk > dm, dk - dm, 0)[:(self.max_align - dm).bit_length()])
+        if self.window:     # d as (dm = d - s, s / k), s = k floor(max(d - D, 0) / k)
+            dm, k = self.window, self.window_step
+            lb, kept = k.bit_length() - 1, window_kept(dm, self.max_align, k)
+            d = [Cat(Mux(dk > dm, dm + (dk - dm)[:lb] if lb else dm, dk)[:kept.bit_length()],
+                     Mux(dk > dm, (dk - dm) >> lb if lb else dk - dm, 0)
+                     [:((self.max_align - dm) // k).bit_length()])
                  for dk in d]
         valid, side = self.i_valid, self.side_i
         nb, t = self.n_blocks, None
@@ -411,7 +432,8 @@ class BlockFWHT(wiring.Component):
         assert width == self.net_width
         if self.fold_align:                 # the alignment and the last stage, across beats
             f = fold_align_stage(m, self.en, "fold", lanes, dc[0], valid, side,
-                                 self.out_width, self.max_align, self.window, self.window_exp)
+                                 self.out_width, self.max_align, self.window, self.window_exp,
+                                 self.window_step)
             m.d.comb += self.flip.eq(Cat(*f["flip"]))
             if self.window:
                 m.d.comb += [self.alt.eq(Cat(*f["alt"])), self.exp_alt.eq(f["exp_alt"])]
@@ -428,8 +450,8 @@ class BlockFWHT(wiring.Component):
         return m
 
 
-def shift_right_odd(m: Module, v, amount, name: str, hold=None):
-    """``RO(v / 2^amount)``: v shifted right (arithmetic) with bit 0 set when any bit
+def shift_right_odd(m: Module, v, amount, name: str, hold=None, step: int = 1):
+    """``RO(v / 2^(k amount))``, k = ``step`` (a power of two): v shifted right (arithmetic) with bit 0 set when any bit
     shifted out is set (round to odd: exact when nothing falls off, else the odd integer
     of the two around the quotient). The shift is a log shifter of plain 2:1 selects;
     the sticky bit comes beside it from v and a thermometer of the amount (``i <
@@ -440,6 +462,7 @@ def shift_right_odd(m: Module, v, amount, name: str, hold=None):
         v: signed Value; amount: unsigned Value (any value: beyond the width the result
             is -1, 0 or 1 by v's sign).
         hold: 1-bit Value, or None: where it is 1 the result is v (no shift).
+        step: k, the unit of ``amount`` (level j shifts by k 2^j).
 
     Returns:
         Signal of v's shape.
@@ -451,14 +474,23 @@ def shift_right_odd(m: Module, v, amount, name: str, hold=None):
     for j in range(len(amount) - 1, -1, -1):
         h = 1 << j
         nv = Signal(signed(width), name=f"{name}_v{j}")
-        m.d.comb += nv.eq(Mux(go[j], cur >> min(h, width - 1), cur))
+        m.d.comb += nv.eq(Mux(go[j], cur >> min(h * step, width - 1), cur))
         cur = nv
-    below = Cat(*(amount > i for i in range(width)))        # bit i: i < amount
+    below = Cat(*(amount > i // step for i in range(width)))   # bit i: i < k amount
     sticky = Signal(name=f"{name}_st")
     m.d.comb += sticky.eq((v.as_unsigned() & below).any() & (1 if hold is None else ~hold))
     out = Signal(signed(width), name=f"{name}_out")
     m.d.comb += out.eq(cur | sticky)
     return out
+
+
+def window_kept(window: int | None, max_align: int, step: int | None = None) -> int:
+    """The largest shift of X the fold keeps: with the window D and step k (default
+    :data:`FOLD_WINDOW_STEP`), D + k - 1 (s rounded down to a multiple of k); without a
+    window, ``max_align``."""
+    if window is None:
+        return max_align
+    return window + (FOLD_WINDOW_STEP if step is None else step) - 1
 
 
 def fold_window(lane_width: int, precision: int) -> int:
@@ -475,7 +507,7 @@ def fold_window(lane_width: int, precision: int) -> int:
 
 def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
                      out_w: int, d_max: int, window: int | None = None,
-                     side_exp: str | None = None) -> dict:
+                     side_exp: str | None = None, step: int = 1) -> dict:
     """Block alignment and the last butterfly stage of a two-beat vector of one block per
     beat (module docstring, "Fold alignment"), pipelined in three registers and
     :data:`FOLD_BRIDGE_REGS` plain delays between the first two.
@@ -501,11 +533,13 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             ``replica_of(d, k, W)``); one of d_0, d_1 must be 0, each <= ``d_max``.
         valid, side: the beat's valid bit and side band (taken with beat 1, held for both
             output beats).
-        out_w: signed width of the output lanes (exact: w + 1 + d_max; windowed w + 1 + D).
+        out_w: signed width of the output lanes (exact: w + 1 + d_max; windowed w + D + k).
         d_max: the largest shift amount.
         window: the fold window D (module docstring, "Fold window"), or None (exact); with
-            it each d copy is ``Cat(dm, s)``, dm = min(d, D) in D.bit_length() bits.
+            it each d copy is ``Cat(dm, s / k)``, s = k floor(max(d - D, 0) / k) and dm =
+            d - s in :func:`window_kept`.bit_length() bits.
         side_exp: the side band's field that ``exp_alt`` adds s to (None: all of it).
+        step: k, the window's step (:data:`FOLD_WINDOW_STEP`).
 
     Returns:
         {"lane": W Signals (``{name}_y{k}``, signed ``out_w``), "flip": W Values,
@@ -516,7 +550,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     width = len(Value.cast(lanes[0]))
     dw = len(Value.cast(d[0]))
     win = window is not None
-    dmw = window.bit_length() if win else dw    # d's bits (with a window: dm's; s above)
+    kept = window_kept(window, d_max, step)     # X's largest shift
+    dmw = kept.bit_length() if win else dw      # d's bits (with a window: dm's; s / k above)
     sb = dw - dmw                               # s's bits, 0 without a window
     groups = beat_groups(w)
     copies = beat_index(m, en, name, valid, groups + 1)
@@ -536,8 +571,9 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
     lo = min(FOLD_SHIFT_X_BITS, dmw)
-    # s for Y's shift, at most 2^sxw - 1 >= width - 1 (every larger s rounds Y alike)
-    sxw = min(sb, (width - 1).bit_length())
+    # s / k for Y's shift, at most 2^sxw - 1 with (2^sxw - 1) k >= width - 1 (every larger
+    # s rounds Y alike)
+    sxw = min(sb, (-(-(width - 1) // step)).bit_length())
     dx, sws = regs(dmw - lo, "d_x"), regs(1, "sw_s")
     sx = regs(sxw, "s_x")
     got, g1 = regs(1, "pair"), regs(1, "pair_d")
@@ -547,7 +583,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     xlo = (1 << lo) - 1                                               # d's low bits' largest
     xo = [reg(signed(width + xlo), f"x{k}") for k in range(w)]       # X << (d's low bits)
     yo = [reg(signed(width), f"yop{k}") for k in range(w)]           # Y
-    xs = [reg(signed(width + (window if win else d_max)), f"xs{k}")   # X << d (or dm)
+    xs = [reg(signed(width + (kept if win else d_max)), f"xs{k}")     # X << d (or dm)
           for k in range(w)]
     ya = [reg(signed(width + 1), f"yadd{k}") for k in range(w)]      # Y, then -Y: the addend
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
@@ -591,7 +627,8 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
                     m.d.sync += xz[r + 1][k].eq(xz[r][k])
             yk = yb[nb][k]
             if win:     # Y rounded to odd at 2^s, unless X == 0
-                yk = shift_right_odd(m, yk, sxb[nb][j], f"{name}_yr{k}", hold=xz[nb][k])
+                yk = shift_right_odd(m, yk, sxb[nb][j], f"{name}_yr{k}", hold=xz[nb][k],
+                                     step=step)
                 with m.If(gb[nb][j]):
                     m.d.sync += alt_s[k].eq(~xz[nb][k])
                 m.d.sync += alt_o[k].eq(alt_s[k])
@@ -649,6 +686,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         m.d.sync += [side_b.eq(sides[nb]), side_o.eq(side_b)]
         if win:
             m.d.sync += [es[r + 1].eq(es[r]) for r in range(nb)]
-            m.d.sync += [exp_b.eq(base(sides[nb]) + es[nb]), exp_o.eq(exp_b)]
+            s_nb = es[nb] if step == 1 else es[nb] << (step.bit_length() - 1)
+            m.d.sync += [exp_b.eq(base(sides[nb]) + s_nb), exp_o.eq(exp_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
             "side": side_o, "alt": alt_o, "exp_alt": exp_o}

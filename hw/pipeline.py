@@ -740,14 +740,19 @@ class FlowControl:
         attrs = REPLICA_ATTRS if copies > 1 else {}
         out_vs = [Signal(name="out_valid" if k == 0 else f"out_valid{k}", attrs=attrs)
                   for k in range(copies)]
+        # with reset copies, each valid copy in its FIFO slice's domain (beside the slice)
+        doms = None if self.skid_domains is None or self.flow == "stall" else \
+            [self.skid_domains(k, copies) for k in range(copies)]
         with when(m, self.en):
-            m.d.sync += [out.eq(payload), *(v.eq(valid) for v in out_vs)]
+            m.d.sync += out.eq(payload)
+            if doms is None:
+                m.d.sync += [v.eq(valid) for v in out_vs]
+            else:
+                for v, dom in zip(out_vs, doms):
+                    m.d[dom] += v.eq(valid)
         if self.flow == "stall":
             m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_vs[0])]
         else:
-            nsl = skid_slices(len(payload))
-            doms = None if self.skid_domains is None else \
-                [self.skid_domains(k, nsl) for k in range(nsl)]
             skid_fifo(m, out, out_vs, o, self.depth, domains=doms)
 
 
@@ -834,12 +839,14 @@ class ResetCopies:
     can place each copy beside its loads. One reset net with 566 loads across the die was
     the N=128 decoder's worst path (docs/SYNTH.md).
 
-    Every register then sees ``rst`` one cycle late. :meth:`gate` holds the top level's
-    handshakes off while ``rst`` or the copies are high (``busy``): no transfer happens
-    in a cycle whose state the late reset discards, and after ``rst`` falls the top level
-    is in its reset state one cycle later than without copies (``i.ready`` and
-    ``o.valid`` low for that cycle too). With ``count`` = 0 nothing is built: every
-    domain is ``sync`` and :meth:`gate` returns the streams as they are.
+    Every register then sees ``rst`` one cycle late: the top level is the same design with
+    a reset one cycle longer (its registers in their reset state one cycle after ``rst``
+    falls). :meth:`gate` holds ``i.ready`` and ``o.valid`` low while copy 0 is high
+    (``busy``, a register: no path from ``rst`` to a port or into the design), so no
+    transfer happens in the cycle after ``rst`` falls, whose state the late reset
+    discards; a handshake in a cycle with ``rst`` high is void, as without copies. With
+    ``count`` = 0 nothing is built: every domain is ``sync`` and :meth:`gate` returns the
+    streams as they are.
 
     Args:
         m: the top level's module (the domains are local to it and its submodules).
@@ -860,8 +867,7 @@ class ResetCopies:
             m.domains += cd
             m.d.comb += [cd.clk.eq(ClockSignal("sync")), cd.rst.eq(r)]
         m.d.sync += [r.eq(ResetSignal("sync")) for r in copies]
-        self.busy = Signal(name="rst_busy")
-        m.d.comb += self.busy.eq(ResetSignal("sync") | copies[0])
+        self.busy = copies[0]
 
     def domain(self, k: int) -> str:
         """The clock domain of region ``k`` (``sync`` without copies)."""
@@ -886,18 +892,18 @@ class ResetCopies:
 
     def gate(self, m: Module, i, o) -> tuple:
         """The input and output streams the design sees: ``i`` and ``o`` themselves
-        without copies; else copies whose ``valid`` / ``ready`` are low while ``busy``,
-        both at the ports and inside (``i.ready = ready & ~busy``, the design's ``valid
-        = i.valid & ~busy``; ``o.valid = valid & ~busy``, the design's ``ready = o.ready &
-        ~busy``), the payloads passed through."""
+        without copies; else streams whose ``ready`` (input) and ``valid`` (output) reach
+        the ports low while ``busy`` (``i.ready = ready & ~busy``, ``o.valid = valid &
+        ~busy``), everything else passed through: what the design takes or gives in that
+        cycle the late reset discards at its end."""
         if not self.count:
             return i, o
         ii = stream.Signature(i.payload.shape()).create(path=("core_i",))
         oo = stream.Signature(o.payload.shape()).create(path=("core_o",))
-        m.d.comb += [ii.payload.eq(i.payload), ii.valid.eq(i.valid & ~self.busy),
+        m.d.comb += [ii.payload.eq(i.payload), ii.valid.eq(i.valid),
                      i.ready.eq(ii.ready & ~self.busy),
                      o.payload.eq(oo.payload), o.valid.eq(oo.valid & ~self.busy),
-                     oo.ready.eq(o.ready & ~self.busy)]
+                     oo.ready.eq(o.ready)]
         return ii, oo
 
 

@@ -34,7 +34,8 @@ from hw import decompressor as _dec
 from hw.decompressor import KVDecompressor, fwht_step_list
 from hw.epilogue import KVEpilogue
 from hw.fwht import register_positions
-from hw.ifwht import out_width as _ifwht_width
+from hw import ifwht as _ifwht
+from hw.ifwht import out_width as _ifwht_width, window_kept as _ifwht_kept
 from hw.roundtrip import KVRoundTrip
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
@@ -145,14 +146,18 @@ def _fold_fields(dut) -> dict:
 
 def _reset_fields(dut: wiring.Component) -> dict:
     """The manifest's ``reset``: the port, and with reset copies (a decoder's
-    ``reset_copies``, ``hw.pipeline.ResetCopies``) the cycles the registers' reset lags
-    ``rst`` and the cycles after ``rst`` falls that the handshakes stay held off."""
+    ``reset_copies``, ``hw.pipeline.ResetCopies``) the cycles its registers' reset lags
+    ``rst`` and the cycles after ``rst`` falls that its ``i__ready`` / ``o__valid`` stay
+    low (a round trip: under ``decoder``, its ``d__ready`` / ``o__valid``)."""
+    base = {"port": "rst", "kind": "synchronous", "active": "high"}
     dec = dut.dec if isinstance(dut, KVRoundTrip) else dut
-    copies = getattr(dec, "reset_copies", False)
-    return {"port": "rst", "kind": "synchronous", "active": "high",
-            **({"copies": "one register per region (hw.pipeline.ResetCopies)",
-                "register_reset_delay_cycles": 1, "held_off_cycles_after_rst": 1}
-               if copies else {})}
+    if not getattr(dec, "reset_copies", False):
+        return base
+    rule = {"copies": "one register per region (hw.pipeline.ResetCopies)",
+            "register_reset_delay_cycles": 1, "held_off_cycles_after_rst": 1,
+            "rule": "handshakes in a cycle with rst high are void; in the cycle after rst "
+                    "falls i__ready and o__valid are low (registered, no path from rst)"}
+    return {**base, "decoder": rule} if dec is not dut else {**base, **rule}
 
 
 def _encoder_fields(dut: KVEpilogue) -> dict:
@@ -185,9 +190,10 @@ def _decoder_fields(dut: KVDecompressor) -> dict:
                                       if dut.latency else []),
         **({"fold_align": dut.fold_align} if dut.beats > 1 else {}),
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
-                                       (dut.fold_align and _dec.read_window(p))
-                                       or dut.scale_fmt.max_align),
-        **({"fold_window": _dec.read_window(p)} if dut.fold_align else {}),
+                                       _ifwht_kept(dut.fold_align and _dec.read_window(p)
+                                                   or None, dut.scale_fmt.max_align)),
+        **({"fold_window": _dec.read_window(p),
+            "fold_window_step": _ifwht.FOLD_WINDOW_STEP} if dut.fold_align else {}),
         "float_regs": list(dut.float_regs),
         "dequant_regs": list(dut.dq_regs),
         "i_payload": {"width": Shape.cast(i_shape).width,

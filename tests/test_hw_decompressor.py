@@ -1095,15 +1095,17 @@ def test_align_copies(n, block, lanes, split, latency, t_copies, d_copies):
     assert re.search(r"attribute \\keep 1\s+wire width \d+ \\r\d+_[td]\d*_r1\n", text)
 
 
-@pytest.mark.parametrize("window", [True, False])
+@pytest.mark.parametrize("window,step", [(True, 1), (False, 1), (True, 2)])
 @pytest.mark.parametrize("n,latency,flow,cuts", [(16, 3, "stall", False), (16, 0, "credit", True),
                                                  (32, 4, "stall", True)])
-def test_fold_align(n, latency, flow, cuts, window, monkeypatch):
+def test_fold_align(n, latency, flow, cuts, window, step, monkeypatch):
     """Two beats of one block each with the block alignment in the fold (fold_align): bit-exact
     with the golden model on round-trip, random (every scale byte spread, so every shift
-    amount) and adversarial planes, with the fold window (FOLD_WINDOW) and without; the
-    network has log2 W steps, the fold FOLD_ALIGN_CYCLES."""
+    amount) and adversarial planes, with the fold window (FOLD_WINDOW, steps 1 and 2:
+    FOLD_WINDOW_STEP) and without; the network has log2 W steps, the fold
+    FOLD_ALIGN_CYCLES."""
     monkeypatch.setattr(ifwht, "FOLD_WINDOW", window)
+    monkeypatch.setattr(ifwht, "FOLD_WINDOW_STEP", step)
     p = FormatParams(n=n, block=n // 2)
     assert (read_window(p) is not None) == window
     codes, scales, zeros = planes_for(p, 20, 3, seed=n + latency)
@@ -1120,12 +1122,14 @@ def test_fold_align(n, latency, flow, cuts, window, monkeypatch):
         gc.collect()
 
 
-def test_fold_window_round_to_odd_decides():
+@pytest.mark.parametrize("step", [1, 2])
+def test_fold_window_round_to_odd_decides(step, monkeypatch):
     """Decoder planes where the fold window's rounding to odd (not floor) decides the fp16
     result: N=128 midtread, the large block at exponent field 21 with an odd significand
     and an odd lane sum (X odd), the small one at field 1 with a few nonzero lanes (s >= w,
     so Y rounds to -1, 0 or 1); bit-exact with the golden model (the fold with its sticky
-    bit dropped fails 17 of 40)."""
+    bit dropped fails 17 of 40), at window steps 1 and 2 (FOLD_WINDOW_STEP)."""
+    monkeypatch.setattr(ifwht, "FOLD_WINDOW_STEP", step)
     p = FormatParams(n=128, block=64, bits=3, mode="midtread")
     mb = scale_format(p).mant_bits
     rng = np.random.default_rng(7)
@@ -1168,15 +1172,16 @@ def _round_odd(v: int, e: int) -> int:
     return (v >> e) | int(v & ((1 << e) - 1) != 0)
 
 
-@pytest.mark.parametrize("width,abits", [(5, 3), (6, 2), (4, 4)])
-def test_shift_right_odd_every_input(width, abits):
+@pytest.mark.parametrize("width,abits,step", [(5, 3, 1), (6, 2, 1), (4, 4, 1), (6, 2, 2),
+                                             (7, 2, 4)])
+def test_shift_right_odd_every_input(width, abits, step):
     """hw.ifwht.shift_right_odd for every signed v of ``width`` bits, every amount of
-    ``abits`` bits (beyond the width too) and hold 0 / 1: RO(v / 2^amount), or v where
-    held."""
+    ``abits`` bits (beyond the width too), steps 1, 2, 4, and hold 0 / 1: RO(v / 2^(step
+    amount)), or v where held."""
     m = Module()
     v, amt, hold = Signal(signed(width)), Signal(abits), Signal()
-    out = ifwht.shift_right_odd(m, v, amt, "ro", hold=hold)
-    out_free = ifwht.shift_right_odd(m, v, amt, "rf")
+    out = ifwht.shift_right_odd(m, v, amt, "ro", hold=hold, step=step)
+    out_free = ifwht.shift_right_odd(m, v, amt, "rf", step=step)
     bad = []
 
     async def tb(ctx):
@@ -1186,9 +1191,9 @@ def test_shift_right_odd_every_input(width, abits):
                     ctx.set(v, x)
                     ctx.set(amt, a)
                     ctx.set(hold, h)
-                    want = x if h else _round_odd(x, a)
+                    want = x if h else _round_odd(x, a * step)
                     got = (ctx.get(out), ctx.get(out_free))
-                    if got != (want, _round_odd(x, a)):
+                    if got != (want, _round_odd(x, a * step)):
                         bad.append((x, a, h, got, want))
 
     sim = Simulator(m)
@@ -1197,24 +1202,24 @@ def test_shift_right_odd_every_input(width, abits):
     assert not bad, bad[:5]
 
 
-@pytest.mark.parametrize("window", [None, 1, 3])
+@pytest.mark.parametrize("window,step", [(None, 1), (1, 1), (3, 1), (1, 2), (3, 2)])
 @pytest.mark.parametrize("bridge", sorted({0, ifwht.FOLD_BRIDGE_REGS, 2}))
 @pytest.mark.parametrize("n,latency,mode", [(8, 0, "bubble"), (8, 2, "stall"), (16, 3, "mix"),
                                             (16, 0, "mix")])
-def test_fold_align_stream(n, latency, mode, bridge, window, monkeypatch):
+def test_fold_align_stream(n, latency, mode, bridge, window, step, monkeypatch):
     """BlockFWHT with the alignment in the fold under stream patterns the decoder never
     makes: bubbles between a vector's two beats (``bubble``), stalls (``stall``), both with
     synchronous resets mid-stream (``mix``); garbage d on bubbles; 0 to 2 bridge registers
     (FOLD_BRIDGE_REGS). Every output beat, its flip and side band equal H_N (p << d) of
     its pair (with a window D: rounded to odd at 2^e, e = max(d - D, 0), and the side
-    band + e), due latency + FOLD_ALIGN_CYCLES - 1 and FOLD_ALIGN_CYCLES enabled cycles
-    after the pair's second beat."""
+    band + e; with the window's step k, e = k floor(max(d - D, 0) / k)), due latency +
+    FOLD_ALIGN_CYCLES - 1 and FOLD_ALIGN_CYCLES enabled cycles after the pair's second beat."""
     from amaranth.hdl import ClockDomain
     monkeypatch.setattr(ifwht, "FOLD_BRIDGE_REGS", bridge)
     monkeypatch.setattr(ifwht, "FOLD_ALIGN_CYCLES", 4 + bridge)
     w, width, amax = n // 2, 4, 30
     dut = BlockFWHT(n, w, signed(width), latency, side_width=8, max_align=amax, align="fold",
-                    lanes=w, window=window)
+                    lanes=w, window=window, window_step=step)
     m = Module()
     m.domains.sync = cd = ClockDomain()
     m.submodules.dut = dut
@@ -1262,7 +1267,7 @@ def test_fold_align_stream(n, latency, mode, bridge, window, monkeypatch):
                 elif v:
                     y = fwht(np.array([x << first[1] for x in first[0]] + [x << d for x in p],
                                       dtype=np.int64))
-                    e = max((first[1] | d) - window, 0) if window else 0
+                    e = max((first[1] | d) - window, 0) // step * step if window else 0
                     # X, the lane of the beat with the larger d (beat 1 when d_0 = 0)
                     xl = fwht(np.array(p if first[1] == 0 else first[0], dtype=np.int64))
                     alt = [int(x != 0) for x in xl] * 2
@@ -1282,7 +1287,8 @@ def test_fold_align_stream(n, latency, mode, bridge, window, monkeypatch):
     sim.add_testbench(tb)
     sim.run()
     assert dut.cycles == latency + 4 + bridge
-    assert dut.out_width == width + (w.bit_length() - 1) + 1 + (window or amax)
+    assert dut.out_width == width + (w.bit_length() - 1) + 1 + \
+        (window + step - 1 if window else amax)
     assert not fails, fails[:3]
     assert seen["outs"] >= seen["pairs"] >= 40, seen
     assert not window or seen["far"] >= 10 and seen["xzero"] >= 3, seen
@@ -1290,28 +1296,29 @@ def test_fold_align_stream(n, latency, mode, bridge, window, monkeypatch):
 
 @pytest.mark.parametrize("flow,n,block,lanes,fa", [("credit", 16, 8, None, False),
                                                    ("credit", 16, 8, 8, True),
-                                                   ("stall", 16, 8, None, False)])
+                                                   ("stall", 16, 8, None, False),
+                                                   ("stall", 16, 8, 8, True)])
 def test_reset_copies(flow, n, block, lanes, fa):
-    """``reset_copies``: the ports equal, cycle for cycle, those of the same decoder without
-    copies whose reset comes one cycle late and whose handshakes (``i.valid``, ``o.ready``)
-    are held low while ``rst`` or the late reset is high; in those cycles ``i.ready`` and
-    ``o.valid`` are low. Random payloads, valid / ready and resets of 1 to 3 cycles, also
-    while words are in flight; fails if any register of the design sees the reset on time
-    (a register left out of the copies' domains)."""
+    """``reset_copies``: the decoder behaves as the same decoder without copies whose reset
+    lasts one cycle longer (``rst`` or ``rst`` one cycle earlier): the ports equal in every
+    cycle without reset, and in the cycle after ``rst`` falls ``i.ready`` and ``o.valid``
+    are low. Random payloads, valid / ready and resets of 1 to 3 cycles, also while words
+    are in flight; fails if a register sees the reset on time (left out of the copies'
+    domains) or if the hold-off misses that cycle."""
     from amaranth.hdl import ClockDomain, DomainRenamer
     p = FormatParams(n=n, block=block, sign_seed=3)
     kw = dict(latency=1, flow=flow, lanes=lanes, fold_align=fa)
     a = KVDecompressor(p, reset_copies=True, **kw)
-    b = KVDecompressor(p, **kw)
+    c = KVDecompressor(p, **kw)
     m = Module()
     m.domains.sync = cd = ClockDomain()
-    m.domains.late = late = ClockDomain()
-    m.d.comb += late.clk.eq(cd.clk)
+    m.domains.ext = ext = ClockDomain()         # the reference: the reset one cycle longer
+    m.d.comb += ext.clk.eq(cd.clk)
     m.submodules.a = a
-    m.submodules.b = DomainRenamer("late")(b)
+    m.submodules.c = DomainRenamer("ext")(c)
     rng = np.random.default_rng(n + (lanes or 0) + len(flow))
     width = len(a.i.payload.as_value())
-    seen = {"a_out": 0, "busy": 0, "in_flight_resets": 0}
+    seen = {"out": 0, "held": 0, "in_flight_resets": 0}
     fails = []
 
     async def tb(ctx):
@@ -1322,26 +1329,28 @@ def test_reset_copies(flow, n, block, lanes, fa):
                 seen["in_flight_resets"] += accepted > taken
             rst = int(rst_left > 0)
             rst_left -= rst
-            busy = rst | rst_prev
             v, r = int(rng.random() < 0.7), int(rng.random() < 0.6)
             pay = int.from_bytes(rng.bytes(-(-width // 8)), "little") & ((1 << width) - 1)
             ctx.set(cd.rst, rst)
-            ctx.set(late.rst, rst_prev)
-            for s, d in ((a.i.valid, v), (a.o.ready, r), (b.i.valid, v & ~busy & 1),
-                         (b.o.ready, r & ~busy & 1)):
-                ctx.set(s, d)
-            ctx.set(a.i.payload.as_value(), pay)
-            ctx.set(b.i.payload.as_value(), pay)
+            ctx.set(ext.rst, rst | rst_prev)
+            for dut in (a, c):
+                ctx.set(dut.i.valid, v)
+                ctx.set(dut.o.ready, r)
+                ctx.set(dut.i.payload.as_value(), pay)
             ai, av = ctx.get(a.i.ready), ctx.get(a.o.valid)
-            bi, bv = ctx.get(b.i.ready) & ~busy & 1, ctx.get(b.o.valid) & ~busy & 1
-            if (ai, av) != (bi, bv) or busy and (ai or av):
-                fails.append((cyc, "handshake", rst, rst_prev, (ai, av), (bi, bv)))
-            elif av and ctx.get(a.o.payload.as_value()) != ctx.get(b.o.payload.as_value()):
-                fails.append((cyc, "payload"))
-            seen["busy"] += busy
-            seen["a_out"] += av & r
-            accepted = 0 if busy else accepted + (v & ai)
-            taken = 0 if busy else taken + (av & r)
+            ci, cv = ctx.get(c.i.ready), ctx.get(c.o.valid)
+            if rst_prev and not rst:             # the cycle after rst: held off
+                seen["held"] += 1
+                if ai or av:
+                    fails.append((cyc, "not held off", ai, av))
+            elif not rst:                        # a cycle without reset: as the reference
+                if (ai, av) != (ci, cv):
+                    fails.append((cyc, "handshake", (ai, av), (ci, cv)))
+                elif av and ctx.get(a.o.payload.as_value()) != ctx.get(c.o.payload.as_value()):
+                    fails.append((cyc, "payload"))
+                seen["out"] += av & r
+            accepted = 0 if rst else accepted + (v & ai)
+            taken = 0 if rst else taken + (av & r)
             rst_prev = rst
             await ctx.tick()
             if len(fails) > 5:
@@ -1352,7 +1361,7 @@ def test_reset_copies(flow, n, block, lanes, fa):
     sim.add_testbench(tb)
     sim.run()
     assert not fails, fails
-    assert seen["a_out"] > 100 and seen["busy"] > 40 and seen["in_flight_resets"] > 5, seen
+    assert seen["out"] > 100 and seen["held"] > 10 and seen["in_flight_resets"] > 5, seen
 
 
 def test_reset_copies_config(tmp_path):
@@ -1376,18 +1385,32 @@ def test_reset_copies_config(tmp_path):
         RTLConfig.parse("dec_v2_n16_g8_b3_l1_rc_rc")
     # N=128 two beats: 2,048 output bits, 29 slices of 72 -> 8 skid copies
     assert skid_slices(2048) == 29 and reset_copy_count(29, 3) == 3 + -(-29 // RESET_SKID_SLICES)
-    # N=32: 512 output bits, 8 slices -> 3 + 2 copies, the skid FIFO's in slices 0-3 and 4-7
+    # N=32: 512 output bits, 8 slices -> 2 + 2 copies: this module's registers, the FWHT's,
+    # the skid FIFO's slices 0-3 and 4-7 with their valid copies
     c = RTLConfig.parse("dec_v2_n32_g16_b3_l1_c0_rc")
     man = generate(c.kind, c.params, tmp_path, **c.regs)
     assert man["reset"]["register_reset_delay_cycles"] == 1
     assert man["reset"]["held_off_cycles_after_rst"] == 1
     text = (tmp_path / man["verilog"]).read_text()
-    assert reset_copy_count(skid_slices(32 * 16), 3) == 5
-    assert sorted(set(re.findall(r"reg (rst\d+)_rst\b", text))) == [f"rst{k}" for k in range(5)]
-    for k in range(8):          # slice k's write pointer resets from copy 3 + k // 4
+    assert reset_copy_count(skid_slices(32 * 16), 2) == 4
+    assert sorted(set(re.findall(r"reg (rst\d+)_rst\b", text))) == [f"rst{k}" for k in range(4)]
+
+    def reset_of(reg):          # the copy whose reset the register's next value takes
+        nxt = re.search(rf"\n +{re.escape(reg)} <= (\\\$\d+) ;", text)
+        assert nxt, reg
+        got = re.search(rf"{re.escape(nxt.group(1))}  = [^;]*;(?:(?!always).)*?"
+                        rf"if \(rst(\d+)_rst\)", text, re.S)
+        assert got, (reg, nxt.group(1))
+        return int(got.group(1))
+    for k in range(8):          # slice k and its valid copy reset from copy 2 + k // 4
         sn = "skid" if k == 0 else f"skid{k}"
-        got = re.search(rf"= {sn}_wp;.*?if \(rst(\d+)_rst\)", text, re.S)
-        assert got and int(got.group(1)) == 3 + k // RESET_SKID_SLICES, (k, got)
+        # the valid copy's register (named after the RAM's write enable it drives)
+        ov = re.search(rf"assign {'out_valid' if k == 0 else f'out_valid{k}'} = (.+?);", text)
+        assert reset_of(f"{sn}_wp") == reset_of(ov.group(1)) == 2 + k // RESET_SKID_SLICES, k
+    assert reset_of("credit_count") == 0
+    ifwht_mod = text[text.index("module \\kv_decompressor.core.ifwht"):]
+    ifwht_mod = ifwht_mod[:ifwht_mod.index("endmodule")]
+    assert set(re.findall(r"if \((rst\d+)_rst\)", ifwht_mod)) == {"rst1"}
     base = generate(c.kind, c.params, tmp_path / "b", latency=1, flow="credit", credit_extra=0)
-    assert "rst_busy" not in (tmp_path / "b" / base["verilog"]).read_text()
+    assert "rst0" not in (tmp_path / "b" / base["verilog"]).read_text()
     assert set(base["reset"]) == {"port", "kind", "active"}

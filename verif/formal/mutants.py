@@ -135,12 +135,12 @@ def fold_align_no_flip(*args, **kwargs):
     return {**f, "flip": [Const(0, 1)] * len(f["flip"])}
 
 
-def shift_right_floor(m, v, amount, name, hold=None):
+def shift_right_floor(m, v, amount, name, hold=None, step=1):
     """``hw.ifwht.shift_right_odd`` without the sticky bit: the plain arithmetic shift
     (floor), where the fold window's rounding to odd needs bit 0 set."""
     go = amount if hold is None else amount & ~hold.replicate(len(amount))
     out = Signal.like(Value.cast(v), name=f"{name}_floor")
-    m.d.comb += out.eq(Value.cast(v) >> go)
+    m.d.comb += out.eq(Value.cast(v) >> (go * step))
     return out
 
 

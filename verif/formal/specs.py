@@ -466,8 +466,9 @@ class FoldAlignMiter(wiring.Component):
     ``H_N (p << d)`` (pair), then lanes [W, N).
 
     With a fold window D (``window``; ``hw.ifwht``, "Fold window"): lane i of the pair
-    is ``RO(S_i / 2^e)`` with e = max(d_0 | d_1 - D, 0) where X_(i mod W) != 0 (X = H_W of
-    the beat with the larger d, unshifted) and S_i exact elsewhere; ``alt`` is X != 0.
+    is ``RO(S_i / 2^e)`` with e = k floor(max(d_0 | d_1 - D, 0) / k) (k: the window's step,
+    ``hw.ifwht.FOLD_WINDOW_STEP``) where X_(i mod W) != 0 (X = H_W of the beat with the
+    larger d, unshifted) and S_i exact elsewhere; ``alt`` is X != 0.
 
     Args:
         n, in_width, max_align, latency: the BlockFWHT parameters (``in_shape`` signed;
@@ -517,7 +518,8 @@ class FoldAlignMiter(wiring.Component):
         got = [Mux(dut.flip[i], -dut.y[i], dut.y[i]) for i in range(w)]
         if self.window:
             d = ds[0] | ds[1]
-            e = Mux(d > self.window, (d - self.window)[:len(d)], 0)
+            lb = self.dut.window_step.bit_length() - 1      # e a multiple of the step
+            e = Mux(d > self.window, (d - self.window)[:len(d)] >> lb << lb, 0)
             big = [Mux(ds[0] == 0, lanes[w + k], lanes[k]) for k in range(w)]
             alt = [x != 0 for x in spec_transform(big, self.spec)]
             want = [Mux(alt[i % w], _round_odd(v, e), v) for i, v in enumerate(want)]
