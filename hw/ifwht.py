@@ -154,7 +154,8 @@ FOLD_BRIDGE_REGS = 0
 
 #: Whether the read path's two-beat fold (``fold_align``) rounds to its window
 #: (:func:`fold_window`, module docstring "Fold window"; ``hw.decompressor.read_window``):
-#: the lanes into the float conversion 28 bits instead of 45 at N=128 (docs/SYNTH.md).
+#: the lanes into the float conversion 29 bits instead of 45 at N=128 (28 with
+#: :data:`FOLD_WINDOW_STEP` 1; docs/SYNTH.md).
 FOLD_WINDOW = True
 
 #: The fold window's step k (module docstring, "Fold window"): s rounded down to a multiple
