@@ -339,9 +339,8 @@ class BlockFWHT(wiring.Component):
         if self.window:     # d as (dm = d - s, s / k), s = k floor(max(d - D, 0) / k)
             dm, k = self.window, self.window_step
             lb, kept = k.bit_length() - 1, window_kept(dm, self.max_align, k)
-            d = [Cat(Mux(dk > dm, dm + (dk - dm)[:lb] if lb else dm, dk)[:kept.bit_length()],
-                     Mux(dk > dm, (dk - dm) >> lb if lb else dk - dm, 0)
-                     [:((self.max_align - dm) // k).bit_length()])
+            d = [Cat(Mux(dk > dm, dm + (dk - dm)[:lb], dk)[:kept.bit_length()],
+                     Mux(dk > dm, (dk - dm) >> lb, 0)[:((self.max_align - dm) // k).bit_length()])
                  for dk in d]
         valid, side = self.i_valid, self.side_i
         nb, t = self.n_blocks, None
@@ -452,7 +451,8 @@ class BlockFWHT(wiring.Component):
 
 
 def shift_right_odd(m: Module, v, amount, name: str, hold=None, step: int = 1):
-    """``RO(v / 2^(k amount))``, k = ``step`` (a power of two): v shifted right (arithmetic) with bit 0 set when any bit
+    """``RO(v / 2^(k amount))``, k = ``step`` (a power of two): v shifted right
+    (arithmetic) with bit 0 set when any bit
     shifted out is set (round to odd: exact when nothing falls off, else the odd integer
     of the two around the quotient). The shift is a log shifter of plain 2:1 selects;
     the sticky bit comes beside it from v and a thermometer of the amount (``i <
@@ -687,7 +687,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         m.d.sync += [side_b.eq(sides[nb]), side_o.eq(side_b)]
         if win:
             m.d.sync += [es[r + 1].eq(es[r]) for r in range(nb)]
-            s_nb = es[nb] if step == 1 else es[nb] << (step.bit_length() - 1)
-            m.d.sync += [exp_b.eq(base(sides[nb]) + s_nb), exp_o.eq(exp_b)]
+            m.d.sync += [exp_b.eq(base(sides[nb]) + (es[nb] << (step.bit_length() - 1))),
+                         exp_o.eq(exp_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
             "side": side_o, "alt": alt_o, "exp_alt": exp_o}
