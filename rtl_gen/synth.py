@@ -12,11 +12,15 @@ changed fields):
    (generic gates and flip-flops, per submodule and in total; a fast ABC script
    because the default one takes tens of minutes in WebAssembly at N=128).
 3. ECP5 synthesis of a harness around the module (:func:`harness_verilog`):
-   every DUT input comes from a flip-flop of a shift register fed by one pin,
-   every DUT output goes into a pipelined XOR-reduction tree (registered after
-   each 4:1 level) ending in one output flip-flop, so timing covers only real
-   register-to-register paths, the IO count is 4 pins, and nothing can be
-   optimised away. ``proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp
+   every DUT input port comes from its own shift register fed by its own pin,
+   every DUT output port goes into its own pipelined XOR-reduction tree
+   (registered after each 4:1 level) ending in its own output flip-flop and pin,
+   so timing covers only real register-to-register paths, nothing can be
+   optimised away, and no harness register joins ports that sit at opposite ends
+   of the design (e.g. ``i.ready`` at the input, ``o.payload`` at the output).
+   Records carry ``harness.version`` (:data:`HARNESS_VERSION`); records without it
+   were measured with version 1: one shift register and one XOR tree shared by all
+   ports, 4 pins. ``proc; opt_clean -purge; synth_ecp5 -top synth_top -nodsp
    -json``, then ``stat`` (LUT4, TRELLIS_FF, CCU2C, PFUMX, L6MUX21).
    The FWHT component alone also goes through ``synth_ecp5`` (:func:`fwht_area`):
    its LUT equivalents (LUT4 + 2 per CCU2C carry cell) against the adder bits the
@@ -66,6 +70,9 @@ REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "build" / "synth"
 DEFAULT_OUT = REPO / "bench" / "results" / "synth.json"
 HARNESS_TOP = "synth_top"
+#: 2: a pin, shift register or XOR tree per port (1, records without ``harness.version``:
+#: one shift register and one XOR tree for all ports)
+HARNESS_VERSION = 2
 #: nextpnr target clock (MHz); Fmax is reported whether met or not.
 DEFAULT_FREQ = 100.0
 DEVICE = {"family": "ecp5", "device": "LFE5U-85F", "nextpnr_flag": "--85k",
@@ -247,56 +254,54 @@ def _check_yosys_log(log: Path) -> None:
 # ---- harness ---------------------------------------------------------------------------
 
 def harness_verilog(dut_top: str, ports: dict) -> tuple[str, dict]:
-    """Verilog of ``synth_top`` around ``dut_top`` (see module docstring).
+    """Verilog of ``synth_top`` around ``dut_top`` (see module docstring): per port, its
+    own pin and registers (harness version :data:`HARNESS_VERSION`).
 
     Args:
         ports: the manifest's {name: {"dir", "width"}} (clk, rst included).
 
     Returns:
-        (text, sizes): sizes = {"in_bits", "out_bits", "harness_ffs", "xor_luts_est"}.
+        (text, sizes): sizes = {"version", "in_bits", "out_bits", "harness_ffs",
+        "xor_luts_est"}.
     """
     ins = [(k, v["width"]) for k, v in ports.items() if v["dir"] == "input" and k not in ("clk", "rst")]
     outs = [(k, v["width"]) for k, v in ports.items() if v["dir"] == "output"]
-    iw = sum(w for _, w in ins)
-    ow = sum(w for _, w in outs)
+    pins = [f"input wire din_{k}" for k, _ in ins] + [f"output reg dout_{k}" for k, _ in outs]
     lines = [
-        f"// synth_top: registered-IO harness around {dut_top} (rtl_gen/synth.py).",
-        "module synth_top (input wire clk, input wire rst_pin, input wire din, output reg dout);",
+        f"// synth_top: registered-IO harness around {dut_top} (rtl_gen/synth.py), one pin per port.",
+        "module synth_top (input wire clk, input wire rst_pin, " + ", ".join(pins) + ");",
         "  reg rst;",
         "  always @(posedge clk) rst <= rst_pin;",
-        f"  reg [{iw - 1}:0] sr;   // every DUT input bit is a flip-flop of this shift register",
-        f"  always @(posedge clk) sr <= {{sr[{iw - 2}:0], din}};" if iw > 1 else
-        "  always @(posedge clk) sr <= din;",
-        f"  wire [{ow - 1}:0] q;",
     ]
-    conn, off = [], 0
-    for name, w in ins:
-        conn.append(f".{name}(sr[{off + w - 1}:{off}])" if w > 1 else f".{name}(sr[{off}])")
-        off += w
-    off = 0
-    for name, w in outs:
-        conn.append(f".{name}(q[{off + w - 1}:{off}])" if w > 1 else f".{name}(q[{off}])")
-        off += w
+    conn, ffs, luts = [], 0, 0
+    for name, w in ins:      # a shift register per input port, fed by its own pin
+        lines.append(f"  reg [{w - 1}:0] sr_{name};")
+        lines.append(f"  always @(posedge clk) sr_{name} <= {{sr_{name}[{w - 2}:0], din_{name}}};"
+                     if w > 1 else f"  always @(posedge clk) sr_{name} <= din_{name};")
+        conn.append(f".{name}(sr_{name})")
+        ffs += w
+    for name, w in outs:     # a pipelined XOR tree per output port, 4:1 per level, registered
+        lines.append(f"  wire [{w - 1}:0] q_{name};")
+        conn.append(f".{name}(q_{name})")
     lines.append(f"  {dut_top} {HARNESS_DUT} (.clk(clk), .rst(rst), " + ", ".join(conn) + ");")
-    # pipelined XOR tree, 4:1 per level, registered
-    width, prev, level, ffs, luts = ow, "q", 0, 0, 0
-    while width > 1:
-        nw = (width + 3) // 4
-        lines.append(f"  reg [{nw - 1}:0] x{level};")
-        terms = []
-        for j in range(nw):
-            lo, hi = 4 * j, min(4 * j + 3, width - 1)
-            terms.append(f"    x{level}[{j}] <= ^{prev}[{hi}:{lo}];")
-        lines.append("  always @(posedge clk) begin")
-        lines += terms
-        lines.append("  end")
-        prev, width, level = f"x{level}", nw, level + 1
-        ffs += nw
-        luts += nw
-    lines.append(f"  always @(posedge clk) dout <= {prev}[0];" if ow > 1 else
-                 "  always @(posedge clk) dout <= q[0];")
+    for name, w in outs:
+        width, prev, level = w, f"q_{name}", 0
+        while width > 1:
+            nw = (width + 3) // 4
+            reg = f"x{level}_{name}"
+            lines.append(f"  reg [{nw - 1}:0] {reg};")
+            lines.append("  always @(posedge clk) begin")
+            lines += [f"    {reg}[{j}] <= ^{prev}[{min(4 * j + 3, width - 1)}:{4 * j}];"
+                      for j in range(nw)]
+            lines.append("  end")
+            prev, width, level = reg, nw, level + 1
+            ffs += nw
+            luts += nw
+        lines.append(f"  always @(posedge clk) dout_{name} <= {prev}[0];")
+        ffs += 1
     lines.append("endmodule")
-    sizes = {"in_bits": iw, "out_bits": ow, "harness_ffs": iw + ffs + 2, "xor_luts_est": luts}
+    sizes = {"version": HARNESS_VERSION, "in_bits": sum(w for _, w in ins),
+             "out_bits": sum(w for _, w in outs), "harness_ffs": ffs + 1, "xor_luts_est": luts}
     return "\n".join(lines) + "\n", sizes
 
 
@@ -742,8 +747,11 @@ def _write(out: Path, merge: bool, recs: list, versions: dict, flags: dict, stam
         "tools": versions,
         "flags": flags,
         "device": DEVICE,
-        "harness": "inputs from a shift register fed by one pin, outputs into a registered "
-                   "4:1 XOR tree to one pin (rtl_gen/synth.py harness_verilog)",
+        "harness": "per port (version 2, records with harness.version = 2): each input port "
+                   "from its own shift register fed by its own pin, each output port into its "
+                   "own registered 4:1 XOR tree to its own pin; records without harness.version: "
+                   "version 1, one shift register and one XOR tree for all ports "
+                   "(rtl_gen/synth.py harness_verilog)",
         "last_run": {"date": stamp, "configs": [r["config"] for r in recs],
                      "total_s": round(total_s, 1), "ok": ok},
         "configs": merged,

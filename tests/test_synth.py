@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from rtl_gen import synth
-from rtl_gen.synth import SynthError, adder_bits, fwht_lower_bound, harness_verilog, synth_config
+from rtl_gen.synth import (HARNESS_VERSION, SynthError, adder_bits, fwht_lower_bound, harness_verilog,
+                           synth_config)
 
 RUN = os.environ.get("SYNTH_RUN", "") not in ("", "0")
 
@@ -68,17 +69,28 @@ def test_lower_bound():
 def test_harness():
     ports = {"clk": {"dir": "input", "width": 1}, "rst": {"dir": "input", "width": 1},
              "i__valid": {"dir": "input", "width": 1}, "i__payload": {"dir": "input", "width": 40},
-             "i__ready": {"dir": "output", "width": 1}, "o__payload": {"dir": "output", "width": 64},
+             "i__ready": {"dir": "output", "width": 1}, "o__payload": {"dir": "output", "width": 65},
              "o__ready": {"dir": "input", "width": 1}}
     text, sizes = harness_verilog("dut_x", ports)
-    assert sizes["in_bits"] == 42 and sizes["out_bits"] == 65
-    assert "module synth_top (input wire clk, input wire rst_pin, input wire din, output reg dout);" in text
-    assert ".i__payload(sr[40:1])" in text and ".i__valid(sr[0])" in text and ".o__ready(sr[41])" in text
-    assert ".i__ready(q[0])" in text and ".o__payload(q[64:1])" in text
-    # 65 -> 17 -> 5 -> 2 -> 1 registered XOR levels, every output bit reaches dout
-    assert re.findall(r"reg \[(\d+):0\] x(\d)", text) == [("16", "0"), ("4", "1"), ("1", "2"), ("0", "3")]
-    assert "x0[16] <= ^q[64:64];" in text and "dout <= x3[0];" in text
-    assert sizes["harness_ffs"] == 42 + 17 + 5 + 2 + 1 + 2
+    assert sizes["version"] == HARNESS_VERSION == 2
+    assert sizes["in_bits"] == 42 and sizes["out_bits"] == 66
+    # one pin per port
+    assert ("module synth_top (input wire clk, input wire rst_pin, input wire din_i__valid, "
+            "input wire din_i__payload, input wire din_o__ready, output reg dout_i__ready, "
+            "output reg dout_o__payload);") in text
+    assert "sr_i__payload <= {sr_i__payload[38:0], din_i__payload};" in text
+    assert "sr_i__valid <= din_i__valid;" in text and "sr_o__ready <= din_o__ready;" in text
+    assert (".i__valid(sr_i__valid), .i__payload(sr_i__payload), .o__ready(sr_o__ready), "
+            ".i__ready(q_i__ready), .o__payload(q_o__payload)") in text
+    # i__ready: its own register, in no tree with the payload
+    assert "dout_i__ready <= q_i__ready[0];" in text and "x0_i__ready" not in text
+    # o__payload: 65 -> 17 -> 5 -> 2 -> 1 registered XOR levels, every bit reaches its pin
+    assert re.findall(r"reg \[(\d+):0\] x(\d)_o__payload", text) == [
+        ("16", "0"), ("4", "1"), ("1", "2"), ("0", "3")]
+    assert "x0_o__payload[16] <= ^q_o__payload[64:64];" in text
+    assert "dout_o__payload <= x3_o__payload[0];" in text
+    assert sizes["harness_ffs"] == 42 + (17 + 5 + 2 + 1) + 2 + 1
+    assert sizes["xor_luts_est"] == 17 + 5 + 2 + 1
 
 
 STAT = """
