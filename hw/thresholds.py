@@ -37,10 +37,9 @@ class Thresholds(wiring.Component):
 
     Ports: ``byte``, ``u`` in; ``th`` (copies x len(coefs) x (y_width+1) bits) out.
     Combinational, or with registers advanced by ``en`` (In): ``diff_reg`` after the
-    exponent differences d = e - off - u and -d (two carry chains), their clamps to the
-    shift amounts and the products ``a_j sig``, ``pipelined`` after the left shift of
-    the products by dp mod 4 and the saturation test (a bit at or above y_width), before
-    the rest of the shifts (by
+    exponent differences d = e - off - u and -d (two carry chains), ``pipelined`` after
+    the shift amounts, the products ``a_j sig``, their left shift by dp mod 4 and the
+    saturation test (a bit at or above y_width), before the rest of the shifts (by
     4 (dp div 4) left, by dn right), ``sel_reg`` after those shifts (in each copy),
     before the select by the sign of d.
     """
@@ -98,25 +97,19 @@ class Thresholds(wiring.Component):
                     with m.Case(s_):
                         m.d.comb += k.eq(wy - (aj * s_).bit_length() if s_ else dhi)
             ks.append(k)
-        # the clamps of d and the products a_j sig before the ``tsd`` register, the
-        # saturation compares and the shift by dp mod 4 after it (one carry chain or two
-        # LUT levels on each side)
+        if self.diff_reg:
+            st = stage(m, self.en, "tsd", d=d, nd=nd, sig=sig, k=ks)
+            d, nd, sig, ks = st["d"], st["nd"], st["sig"], st["k"]
         dneg = d[-1]
         dp = Signal(range(wy + 1))
         m.d.comb += dp.eq(Mux(dneg, 0, Mux(gt_const(d, wy), wy, d)))
         dn = Signal(range(cbits + 1))
         m.d.comb += dn.eq(Mux(~dneg, 0, Mux(gt_const(nd, cbits), cbits, nd)))
-        cs_ = []
+        cs_, cls, sats = [], [], []
         for j, aj in enumerate(self.coefs, start=1):
             c = Signal(cbits, name=f"c{j}")
             m.d.comb += c.eq(sig * aj)
             cs_.append(c)
-        if self.diff_reg:
-            st = stage(m, self.en, "tsd", d=d, dp=dp, dn=dn, c=cs_, k=ks)
-            d, dp, dn, cs_, ks = st["d"], st["dp"], st["dn"], st["c"], st["k"]
-            dneg = d[-1]
-        cls, sats = [], []
-        for j, c in enumerate(cs_, start=1):
             # the left shift in two steps: by dp's two low bits here, by 4 x the rest after
             # the register; the saturation test here as well
             cl = Signal(cbits + 3, name=f"cl{j}")
