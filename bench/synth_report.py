@@ -115,15 +115,15 @@ def synth_table(recs: list[dict], default_names: set) -> str:
 
 def critical_table(recs: list[dict]) -> str:
     """The worst path of every placed-and-routed record (nextpnr's critical path)."""
-    lines = ["| config | Fmax MHz | target MHz | path ns (logic + routing) | from | to |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| config | Fmax MHz | target MHz | harness | path ns (logic + routing) | from | to |",
+             "|---|---|---|---|---|---|---|"]
     for rec in recs:
         n = rec.get("nextpnr", {})
         cp = n.get("critical_path")
         if not rec.get("ok") or not cp:
             continue
         lines.append(f"| {rec['config']} | {n['fmax_mhz']:.1f} | {n.get('target_mhz')} | "
-                     f"{cp['ns']:.2f} ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}) | "
+                     f"{rec.get('harness', {}).get('version', 1)} | {cp['ns']:.2f} ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}) | "
                      f"`{cp['from'][:60]}` | `{cp['to'][:60]}` |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -367,7 +367,8 @@ def generated(res: dict, mres: dict | None) -> str:
         synth_table(recs, set(DEFAULT_SET)),
         "",
         "Critical path of each placed-and-routed record (nextpnr's worst register-to-register "
-        "path; recorded since the Fmax profiles):",
+        "path; recorded since the Fmax profiles; harness: the version it was measured with, "
+        "`harness.version` in the record, 1 where absent):",
         "",
         critical_table(recs),
         "",
