@@ -73,9 +73,9 @@ def _fmt(v, spec="{:,}"):
 def synth_table(recs: list[dict], default_names: set) -> str:
     hdr = ("| config | module | quantizer | N | G | b | M | FWHT regs | cuts | latency cycles "
            "| latency ns | LUT4 | CCU2C | LUTs total "
-           "| FF | DP16KD | PFUMX+L6MUX | Fmax MHz | Gelem/s | Melem/s per LUT | generic cells | "
+           "| FF | DP16KD | PFUMX+L6MUX | Fmax MHz | harness | Gelem/s | Melem/s per LUT | generic cells | "
            "FWHT adder bits (lower bound) | FWHT alone: LUTs / lower bound |")
-    sep = "|" + "---|" * 23
+    sep = "|" + "---|" * 24
     lines = [hdr, sep]
     for rec in recs:
         if not rec.get("ok"):
@@ -85,7 +85,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
                     f"{e['TRELLIS_FF']:,} FF" if e else "")
             if "LUT4" in pk:
                 area += f"; nextpnr: {pk['LUT4'][0]:,} of {pk['LUT4'][1]:,} LUT4 sites"
-            lines.append(f"| {rec['config']} | failed: {err[:220]}{area} |" + " |" * 21)
+            lines.append(f"| {rec['config']} | failed: {err[:220]}{area} |" + " |" * 22)
             continue
         d = derived(rec)
         c, p = d["cfg"], d["cfg"].params
@@ -104,7 +104,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
             f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
             f"{d['ffs']:,} | {rec['ecp5'].get('cells', {}).get('DP16KD', 0):,} | {d['wide']:,} | "
-            f"{_fmt(d['fmax'], '{:.1f}')} | "
+            f"{_fmt(d['fmax'], '{:.1f}')} | {rec.get('harness', {}).get('version', 1)} | "
             f"{_fmt(d['throughput'] and d['throughput'] / 1e9, '{:.2f}')} | "
             f"{_fmt(d['per_lut'] and d['per_lut'] / 1e6, '{:.3f}')} | "
             f"{d['generic_cells']:,} | "
@@ -362,7 +362,10 @@ def generated(res: dict, mres: dict | None) -> str:
         "'credit+E': E extra credits); 'fold align' = config part `fa`: the decoder's block "
         "alignment in the fold across the two beats; 'reset copies' = config part `rc`: the "
         "decoder's reset through one register copy per region (hw.pipeline.ResetCopies). "
-        "latency ns = latency cycles / Fmax.",
+        "latency ns = latency cycles / Fmax. harness: the version of the synthesis harness "
+        "(`harness.version` in the record, 1 where absent; rtl_gen/synth.py harness_verilog): "
+        "1 shares one input shift register and one output XOR tree among all ports, 2 gives "
+        "every port its own; the area columns subtract the harness's estimate either way.",
         "",
         synth_table(recs, set(DEFAULT_SET)),
         "",

