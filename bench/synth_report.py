@@ -123,7 +123,8 @@ def critical_table(recs: list[dict]) -> str:
         if not rec.get("ok") or not cp:
             continue
         lines.append(f"| {rec['config']} | {n['fmax_mhz']:.1f} | {n.get('target_mhz')} | "
-                     f"{rec.get('harness', {}).get('version', 1)} | {cp['ns']:.2f} ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}) | "
+                     f"{rec.get('harness', {}).get('version', 1)} | "
+                     f"{cp['ns']:.2f} ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}) | "
                      f"`{cp['from'][:60]}` | `{cp['to'][:60]}` |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
