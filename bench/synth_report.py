@@ -71,6 +71,7 @@ def _fmt(v, spec="{:,}"):
 
 
 def synth_table(recs: list[dict], default_names: set) -> str:
+    from rtl_gen.synth import harness_version
     hdr = ("| config | module | quantizer | N | G | b | M | FWHT regs | cuts | latency cycles "
            "| latency ns | LUT4 | CCU2C | LUTs total "
            "| FF | DP16KD | PFUMX+L6MUX | Fmax MHz | harness | Gelem/s | Melem/s per LUT | generic cells | "
@@ -104,7 +105,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
             f"{_fmt(d['fmax'] and rec['latency_cycles'] * 1e3 / d['fmax'], '{:.1f}')} | "
             f"{d['lut4']:,} | {d['ccu2c']:,} | {d['luts']:,} | "
             f"{d['ffs']:,} | {rec['ecp5'].get('cells', {}).get('DP16KD', 0):,} | {d['wide']:,} | "
-            f"{_fmt(d['fmax'], '{:.1f}')} | {rec.get('harness', {}).get('version', 1)} | "
+            f"{_fmt(d['fmax'], '{:.1f}')} | {harness_version(rec)} | "
             f"{_fmt(d['throughput'] and d['throughput'] / 1e9, '{:.2f}')} | "
             f"{_fmt(d['per_lut'] and d['per_lut'] / 1e6, '{:.3f}')} | "
             f"{d['generic_cells']:,} | "
@@ -115,6 +116,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
 
 def critical_table(recs: list[dict]) -> str:
     """The worst path of every placed-and-routed record (nextpnr's critical path)."""
+    from rtl_gen.synth import harness_version
     lines = ["| config | Fmax MHz | target MHz | harness | path ns (logic + routing) | from | to |",
              "|---|---|---|---|---|---|---|"]
     for rec in recs:
@@ -123,7 +125,7 @@ def critical_table(recs: list[dict]) -> str:
         if not rec.get("ok") or not cp:
             continue
         lines.append(f"| {rec['config']} | {n['fmax_mhz']:.1f} | {n.get('target_mhz')} | "
-                     f"{rec.get('harness', {}).get('version', 1)} | "
+                     f"{harness_version(rec)} | "
                      f"{cp['ns']:.2f} ({cp['logic_ns']:.2f} + {cp['routing_ns']:.2f}) | "
                      f"`{cp['from'][:60]}` | `{cp['to'][:60]}` |")
     return "\n".join(lines) if len(lines) > 2 else ""

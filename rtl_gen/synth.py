@@ -256,6 +256,12 @@ def _check_yosys_log(log: Path) -> None:
 
 # ---- harness ---------------------------------------------------------------------------
 
+def harness_version(rec: dict) -> int:
+    """The harness version a record was measured with (:data:`HARNESS_VERSION` when it
+    was written; 1 for records older than the field)."""
+    return rec.get("harness", {}).get("version", 1)
+
+
 def harness_verilog(dut_top: str, ports: dict) -> tuple[str, dict]:
     """Verilog of ``synth_top`` around ``dut_top`` (see module docstring): per port, its
     own pin and registers (harness version :data:`HARNESS_VERSION`).
