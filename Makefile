@@ -33,10 +33,11 @@ synth: $(STAMP)
 	$(VPY) bench/synth_report.py
 
 ## synth-ci: the small CI synthesis set (N=16 encoder + decoder, Yosys + nextpnr-ecp5, ~7 min) -> build/synth_ci.json,
-## and the synthesis-flow tests that need Yosys (register copies kept apart, the harness's cell estimates)
+## and the synthesis-flow tests that need Yosys (register copies kept apart, the harness's cell estimates,
+## block RAM output registers)
 synth-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
-	$(VPY) -m pytest tests/test_synth.py -q -k "replicas or harness_cells"
+	$(VPY) -m pytest tests/test_synth.py tests/test_bram_outreg.py -q -k "replicas or harness_cells or bram_outreg"
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
 ## formal: all proofs (FWHT == H x for N = 16..256, read-path FWHT, round trip, stream properties; yosys sat) -> build/formal.json

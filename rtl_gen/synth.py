@@ -32,7 +32,9 @@ changed fields):
    ``--tmg-ripup``: the router's timing-driven rip-up, on request): placed-and-routed
    utilisation and Fmax of ``clk``. With ``--checkpoint`` in two runs, placement
    (``--no-route --write placed.json``: the post-placement estimate) and routing
-   from it; ``--resume`` reuses finished steps of the same inputs.
+   from it; ``--resume`` reuses finished steps of the same inputs. With
+   ``--bram-outreg`` nextpnr places the netlist after :func:`rtl_gen.bram_outreg.absorb`
+   (the register behind each block RAM read port in the DP16KD's output register).
 
 The harness itself costs flip-flops (input shift registers: one per DUT input
 bit; XOR trees: ~1/3 per DUT output bit; one output flip-flop per output port and
@@ -96,6 +98,8 @@ NEXTPNR_FLAGS = ("--85k --package CABGA381 --out-of-context --freq {freq} --seed
 CHECKPOINT_FLOW = ("; two runs: placement --no-route --write placed.json, then routing "
                    "--json placed.json")
 ROUTERS = ("router1", "router2")
+#: the results' ``flags.netlist`` with ``--bram-outreg``: the step between synth_ecp5 and nextpnr
+BRAM_OUTREG_FLAG = "rtl_gen.bram_outreg.absorb: block RAM read registers into DP16KD OUTREG"
 #: instance name of the module under test in the harness (:func:`harness_verilog`): the
 #: prefix of its cells and nets in the netlist and in nextpnr's reports
 HARNESS_DUT = "dut"
@@ -382,7 +386,7 @@ def fwht_lower_bound(cfg: RTLConfig) -> int:
 def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
                timeout: int = 3600, log=print, nextpnr: bool = True, router: str = "router1",
                resume: bool = False, checkpoint: bool = False, seed: int = 1,
-               tmg_ripup: bool = False) -> dict:
+               tmg_ripup: bool = False, bram_outreg: bool = False) -> dict:
     """Generic + ECP5 synthesis (+ place and route) of one configuration; returns its record.
 
     nextpnr places and routes in one run, or with ``checkpoint`` in two: placement
@@ -401,7 +405,10 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     ``seed``: nextpnr's ``--seed`` (recorded as ``nextpnr.seed``). ``tmg_ripup``: nextpnr's
     ``--tmg-ripup`` (the router rips up and reroutes nets on failing paths, not only
     congested ones; recorded as ``nextpnr.tmg_ripup``; given to both runs of the
-    checkpoint flow, as the router is).
+    checkpoint flow, as the router is). ``bram_outreg``: the fabric registers behind
+    block RAM read ports moved into the blocks' output registers before nextpnr
+    (:func:`rtl_gen.bram_outreg.absorb`; nextpnr reads ``ecp5_outreg.json``; recorded as
+    ``ecp5.bram_outreg``, its registers taken off ``dut_est``).
     """
     import rtl_gen
 
@@ -461,6 +468,17 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
         "TRELLIS_FF": rec["ecp5"]["TRELLIS_FF"] - sizes["harness_ffs"],
         "CCU2C": rec["ecp5"]["CCU2C"],
     }
+    netlist = ejson
+    if bram_outreg:
+        from .bram_outreg import absorb
+        net = json.loads(ejson.read_text())
+        moved = absorb(net, HARNESS_TOP)
+        netlist = d / "ecp5_outreg.json"
+        netlist.write_text(json.dumps(net))
+        rec["ecp5"]["bram_outreg"] = moved
+        rec["ecp5"]["dut_est"]["TRELLIS_FF"] -= moved["ffs"]
+        log(f"[{cfg.name}] block RAM output registers: {moved['rams']} DP16KD, "
+            f"{moved['ffs']} fabric registers moved in ({moved['rams_left']} DP16KD left)")
 
     # 2b) the FWHT alone through synth_ecp5: its LUT area against the adder-bit lower bound
     rec["fwht"] = fwht_area(cfg, d, yosys, timeout, log, resume)
@@ -471,7 +489,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     if nextpnr:
         try:
             _place_and_route(cfg, d, rec, freq, timeout, log, router, resume, checkpoint, seed,
-                             tmg_ripup)
+                             tmg_ripup, netlist)
         except SynthError as err:      # keep the synthesis results in the failed record
             logs = [d / "place.log", d / "nextpnr.log"]
             rec["nextpnr_failed"] = {"packing": next((u for u in map(packing_utilisation, logs)
@@ -490,11 +508,11 @@ def nextpnr_base(freq: float, seed: int) -> list[str]:
 
 def _place_and_route(cfg: RTLConfig, d: Path, rec: dict, freq: float, timeout: int, log,
                      router: str, resume: bool, checkpoint: bool, seed: int = 1,
-                     tmg_ripup: bool = False) -> None:
+                     tmg_ripup: bool = False, ejson: Path | None = None) -> None:
     """Step 3 of :func:`run_config`: nextpnr in one run or, with ``checkpoint``, placement
     to ``placed.json`` then routing from it; fills ``rec`` (``nextpnr``, ``nextpnr_place``,
-    ``times_s``, ``reused``)."""
-    ejson = d / "ecp5.json"
+    ``times_s``, ``reused``). ``ejson``: the netlist (default ``d / "ecp5.json"``)."""
+    ejson = ejson or d / "ecp5.json"
     base = nextpnr_base(freq, seed) + (["--tmg-ripup"] if tmg_ripup else [])
     report, plog = d / "nextpnr_report.json", d / "nextpnr.log"
     src = ejson
@@ -889,6 +907,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tmg-ripup", action="store_true",
                     help="nextpnr --tmg-ripup: the router also rips up and reroutes nets on "
                          "failing timing paths (docs/SYNTH.md)")
+    ap.add_argument("--bram-outreg", action="store_true",
+                    help="move the fabric register behind each block RAM read port into the "
+                         "DP16KD's output register (REGMODE OUTREG) before nextpnr "
+                         "(rtl_gen/bram_outreg.py)")
     ap.add_argument("--checkpoint", action="store_true",
                     help="nextpnr in two runs: placement written to placed.json (its post-placement "
                          "Fmax estimate recorded), then routing from it (for runs of hours; the "
@@ -940,13 +962,16 @@ def main(argv=None) -> int:
              "nextpnr": NEXTPNR_FLAGS.format(freq=a.freq, router=a.router, seed=a.seed,
                                              ripup=" --tmg-ripup" if a.tmg_ripup else "",
                                              flow=CHECKPOINT_FLOW if a.checkpoint else "")}
+    if a.bram_outreg:
+        flags["netlist"] = BRAM_OUTREG_FLAG
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     recs, ok = [], True
     for cfg, pnr in cfgs:
         try:
             rec = run_config(cfg, a.freq, a.build, a.timeout, log=lambda s: print(s, flush=True),
                              nextpnr=pnr, router=a.router, resume=a.resume,
-                             checkpoint=a.checkpoint, seed=a.seed, tmg_ripup=a.tmg_ripup)
+                             checkpoint=a.checkpoint, seed=a.seed, tmg_ripup=a.tmg_ripup,
+                             bram_outreg=a.bram_outreg)
         except SynthError as err:
             print(f"[{cfg.name}] FAILED: {err}", file=sys.stderr, flush=True)
             rec = {**(err.record or {}), **_identity(cfg), "ok": False, "error": str(err)}

@@ -241,7 +241,8 @@ if "-s" in a:                                   # yosys: the stat files, the net
         pathlib.Path(f).write_text(f"=== {top} ===\n\n        7 cells\n        3   LUT4\n        2   CCU2C\n        2   TRELLIS_FF\n")
     m = re.search(r"-json (\S+)", script)
     if m:
-        pathlib.Path(m.group(1)).write_text(json.dumps({"netlist": time.time_ns()}))
+        pathlib.Path(m.group(1)).write_text(json.dumps(
+            {"netlist": time.time_ns(), "modules": {"synth_top": {"ports": {}, "cells": {}}}}))
     pathlib.Path(arg("-l")).write_text("End of script.\n")
 elif "--version" in a or "-V" in a:
     print("fake 0")
@@ -340,6 +341,28 @@ def test_cli_tmg_ripup(ripup, tmp_path, monkeypatch):
     assert rec["flags"]["nextpnr"].endswith(" --router router1" + (" --tmg-ripup" if ripup else ""))
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert calls[-1] == "nextpnr route router1 ecp5.json" + (" tmg-ripup" if ripup else "")
+
+
+@pytest.mark.parametrize("outreg", [False, True])
+def test_cli_bram_outreg(outreg, tmp_path, monkeypatch):
+    """``--bram-outreg``: nextpnr places the netlist after rtl_gen.bram_outreg.absorb
+    (``ecp5_outreg.json``), the record has its counts and the flags name the step;
+    without it nextpnr places synth_ecp5's netlist and neither says so."""
+    import json
+    fake_tools(tmp_path, monkeypatch)
+    out = tmp_path / "r.json"
+    argv = ["--configs", "enc_v2_n16_g8_b3_l1", "--pnr", "all", "--fresh",
+            "--out", str(out), "--build", str(tmp_path / "b")] + (["--bram-outreg"] if outreg else [])
+    assert synth.main(argv) == 0
+    rec = json.loads(out.read_text())["configs"][0]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    if outreg:
+        assert calls[-1] == "nextpnr route router1 ecp5_outreg.json"
+        assert rec["ecp5"]["bram_outreg"] == {"rams": 0, "ffs": 0, "rams_left": 0}
+        assert rec["flags"]["netlist"] == synth.BRAM_OUTREG_FLAG
+    else:
+        assert calls[-1] == "nextpnr route router1 ecp5.json"
+        assert "bram_outreg" not in rec["ecp5"] and "netlist" not in rec["flags"]
 
 
 def test_attach_pnr(tmp_path, capsys):
