@@ -667,8 +667,13 @@ class FlowControl:
         held = Signal.like(count, name="credit_held")        # count - taken
         more = Signal.like(count, name="credit_more")        # count + 1 - taken
         m.d.comb += [held.eq(count - taken), more.eq(count + ~taken)]
+        # i.ready without the sums: taken <= count <= depth, so held < depth unless
+        # count = depth and nothing was taken, and more < depth unless count = depth, or
+        # count = depth - 1 and nothing was taken (two compares with constants, no chain)
+        full, near = Signal(name="credit_full"), Signal(name="credit_near")
+        m.d.comb += [full.eq(count == self.depth), near.eq(count == self.depth - 1)]
         m.d.sync += [count.eq(Mux(accept, more, held)),
-                     ready.eq(Mux(accept, more < self.depth, held < self.depth))]
+                     ready.eq(Mux(accept, ~full & (taken | ~near), ~full | taken))]
         self.i_valid = accept
         if beats == 2:
             self._serializer(i, free, accept, ready)
