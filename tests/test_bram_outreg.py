@@ -14,13 +14,15 @@ from rtl_gen import bram_outreg, synth
 CLK = 2
 
 
-def netlist(width: int = 4) -> dict:
+def netlist(width: int = 4, first: str = "B") -> dict:
     """A DP16KD (36-bit mode: DOA and DOB both read data, as Yosys maps a delay line)
-    whose ``width`` used read bits (DOB0.., then DOA0..) each feed one plain TRELLIS_FF."""
+    whose ``width`` used read bits (DO{first}0.., then the other port's) each feed one
+    plain TRELLIS_FF."""
     cells, bit = {}, 100
     ram = {"type": "DP16KD",
            "parameters": {"REGMODE_A": "NOREG", "REGMODE_B": "NOREG", "CLKAMUX": "CLKA",
-                          "CLKBMUX": "CLKB", "DATA_WIDTH_A": "00000000000000000000000000100100"},
+                          "CLKBMUX": "CLKB", "GSR": "DISABLED",
+                          "DATA_WIDTH_A": "00000000000000000000000000100100"},
            "port_directions": {}, "connections": {"CLKA": [CLK], "CLKB": [CLK], "CEA": ["1"],
                                                   "CEB": ["1"], "RSTA": ["0"], "RSTB": ["0"],
                                                   "OCEA": ["0"], "OCEB": ["1"]}}
@@ -31,7 +33,8 @@ def netlist(width: int = 4) -> dict:
             ram["port_directions"][f"DO{p}{i}"] = "output"
             ram["connections"][f"DO{p}{i}"] = [bit]
             bit += 1
-    ports = [f"DOB{i}" for i in range(18)] + [f"DOA{i}" for i in range(18)]
+    other = "A" if first == "B" else "B"
+    ports = [f"DO{first}{i}" for i in range(18)] + [f"DO{other}{i}" for i in range(18)]
     for k, port in enumerate(ports[:width]):
         cells[f"ff{k}"] = {
             "type": "TRELLIS_FF",
@@ -61,6 +64,18 @@ def test_absorbs_the_read_register():
     assert bram_outreg.absorb(n, "top") == {"rams": 0, "ffs": 0, "rams_left": 1}   # once only
 
 
+@pytest.mark.parametrize("first", ["A", "B"])
+def test_one_port_used(first):
+    """Only DOA or only DOB read bits in use: still both ports' output registers (the
+    36-bit read word comes out of both), and only those bits' registers go."""
+    n = netlist(width=3, first=first)
+    assert bram_outreg.absorb(n, "top") == {"rams": 1, "ffs": 3, "rams_left": 0}
+    ram = _ram(n)
+    assert ram["parameters"]["REGMODE_A"] == ram["parameters"]["REGMODE_B"] == "OUTREG"
+    assert ram["connections"]["OCEA"] == ram["connections"]["OCEB"] == ["1"]
+    assert [ram["connections"][f"DO{first}{i}"] for i in range(3)] == [[1000], [1001], [1002]]
+
+
 def _ff(n, k=0):
     return n["modules"]["top"]["cells"][f"ff{k}"]
 
@@ -82,20 +97,36 @@ REFUSALS = {
     "not a register": lambda n: _ff(n).update(type="LUT4"),
     "second load": lambda n: n["modules"]["top"]["cells"].update(
         lut={"type": "LUT4", "port_directions": {"A": "input"},
-             "connections": {"A": _ram(n)["connections"]["DOB1"]}}),
+             "connections": {"A": _ff(n, 1)["connections"]["DI"]}}),
     "module output": lambda n: n["modules"]["top"]["ports"].update(
-        q={"direction": "output", "bits": _ram(n)["connections"]["DOB2"]}),
+        q={"direction": "output", "bits": _ff(n, 2)["connections"]["DI"]}),
     "read clock enable": lambda n: _ram(n)["connections"].update(CEB=[5]),
     "read reset": lambda n: _ram(n)["connections"].update(RSTB=[5]),
     "two clocks": lambda n: _ram(n)["connections"].update(CLKA=[3]),
     "inverted read clock": lambda n: _ram(n)["parameters"].update(CLKBMUX="INV"),
     "already OUTREG": lambda n: _ram(n)["parameters"].update(REGMODE_B="OUTREG"),
+    "ff set at power-up": lambda n: _ff(n)["parameters"].update(REGSET="SET"),
+    "ff CEMUX missing, CE a net": lambda n: (_ff(n)["parameters"].pop("CEMUX"),
+                                             _ff(n)["connections"].update(CE=[7])),
+    "ff GSR missing": lambda n: _ff(n)["parameters"].pop("GSR"),
+    "ff kept": lambda n: _ff(n).update(attributes={"keep": "00000000000000000000000000000001"}),
+    "load on a clock enable": lambda n: (_ff(n)["port_directions"].update(CE="input"),
+                                         _ff(n)["connections"].update(
+                                             CE=_ff(n)["connections"].pop("DI"))),
+    "ram GSR": lambda n: _ram(n)["parameters"].update(GSR="ENABLED"),
+    "ram GSR missing": lambda n: _ram(n)["parameters"].pop("GSR"),
+    "inverted output enable": lambda n: _ram(n)["parameters"].update(OCEBMUX="INV"),
+    "write port reset": lambda n: _ram(n)["connections"].update(RSTA=[5]),
+    "write clock enable": lambda n: _ram(n)["connections"].update(CEA=[5]),
 }
 
 
+@pytest.mark.parametrize("first", ["A", "B"])
 @pytest.mark.parametrize("case", sorted(REFUSALS))
-def test_refuses_what_is_not_exact(case):
-    n = netlist()
+def test_refuses_what_is_not_exact(case, first):
+    """With the used bits on either port (in the 36-bit mode port B's controls govern
+    DOA's bits too)."""
+    n = netlist(first=first)
     REFUSALS[case](n)
     before = copy.deepcopy(n)
     assert bram_outreg.absorb(n, "top") == {"rams": 0, "ffs": 0, "rams_left": 1}

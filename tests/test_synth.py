@@ -241,8 +241,15 @@ if "-s" in a:                                   # yosys: the stat files, the net
         pathlib.Path(f).write_text(f"=== {top} ===\n\n        7 cells\n        3   LUT4\n        2   CCU2C\n        2   TRELLIS_FF\n")
     m = re.search(r"-json (\S+)", script)
     if m:
+        ram = {"type": "DP16KD", "parameters": {"GSR": "DISABLED"},
+               "port_directions": {k: "input" for k in ("CLKA", "CLKB", "CEA", "CEB")} | {"DOB0": "output"},
+               "connections": {"CLKA": [2], "CLKB": [2], "CEA": ["1"], "CEB": ["1"], "DOB0": [10]}}
+        ff = {"type": "TRELLIS_FF", "parameters": {"CEMUX": "1", "GSR": "DISABLED"},
+              "port_directions": {"CLK": "input", "DI": "input", "Q": "output"},
+              "connections": {"CLK": [2], "DI": [10], "Q": [11]}}
         pathlib.Path(m.group(1)).write_text(json.dumps(
-            {"netlist": time.time_ns(), "modules": {"synth_top": {"ports": {}, "cells": {}}}}))
+            {"netlist": time.time_ns(),
+             "modules": {"synth_top": {"ports": {}, "cells": {"ram": ram, "ff": ff}}}}))
     pathlib.Path(arg("-l")).write_text("End of script.\n")
 elif "--version" in a or "-V" in a:
     print("fake 0")
@@ -358,11 +365,15 @@ def test_cli_bram_outreg(outreg, tmp_path, monkeypatch):
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     if outreg:
         assert calls[-1] == "nextpnr route router1 ecp5_outreg.json"
-        assert rec["ecp5"]["bram_outreg"] == {"rams": 0, "ffs": 0, "rams_left": 0}
+        assert rec["ecp5"]["bram_outreg"] == {"rams": 1, "ffs": 1, "rams_left": 0}
+        placed = json.loads((tmp_path / "b" / "enc_v2_n16_g8_b3_l1" / "ecp5_outreg.json").read_text())
+        assert list(placed["modules"]["synth_top"]["cells"]) == ["ram"]
         assert rec["flags"]["netlist"] == synth.BRAM_OUTREG_FLAG
     else:
         assert calls[-1] == "nextpnr route router1 ecp5.json"
         assert "bram_outreg" not in rec["ecp5"] and "netlist" not in rec["flags"]
+    e = rec["ecp5"]                                  # the moved register is off the DUT's count
+    assert e["dut_est"]["TRELLIS_FF"] == e["TRELLIS_FF"] - rec["harness"]["harness_ffs"] - outreg
 
 
 def test_attach_pnr(tmp_path, capsys):
