@@ -333,20 +333,26 @@ def test_resume_reuses_finished_steps(tmp_path, monkeypatch):
     assert rec["nextpnr"]["tmg_ripup"] is True
 
 
-@pytest.mark.parametrize("ripup", [False, True])
-def test_cli_tmg_ripup(ripup, tmp_path, monkeypatch):
-    """``python -m rtl_gen.synth --tmg-ripup``: nextpnr gets the flag, the results' flags
-    string and the record say so; without it neither does."""
+def run_cli(tmp_path, monkeypatch, flags: list) -> tuple[dict, list]:
+    """``python -m rtl_gen.synth`` of enc_v2_n16_g8_b3_l1 with fake tools and ``flags``:
+    its record and the tool calls."""
     import json
     fake_tools(tmp_path, monkeypatch)
     out = tmp_path / "r.json"
     argv = ["--configs", "enc_v2_n16_g8_b3_l1", "--pnr", "all", "--fresh",
-            "--out", str(out), "--build", str(tmp_path / "b")] + (["--tmg-ripup"] if ripup else [])
+            "--out", str(out), "--build", str(tmp_path / "b")] + flags
     assert synth.main(argv) == 0
-    rec = json.loads(out.read_text())["configs"][0]
+    return (json.loads(out.read_text())["configs"][0],
+            (tmp_path / "calls.txt").read_text().splitlines())
+
+
+@pytest.mark.parametrize("ripup", [False, True])
+def test_cli_tmg_ripup(ripup, tmp_path, monkeypatch):
+    """``python -m rtl_gen.synth --tmg-ripup``: nextpnr gets the flag, the results' flags
+    string and the record say so; without it neither does."""
+    rec, calls = run_cli(tmp_path, monkeypatch, ["--tmg-ripup"] if ripup else [])
     assert rec["nextpnr"]["tmg_ripup"] is ripup
     assert rec["flags"]["nextpnr"].endswith(" --router router1" + (" --tmg-ripup" if ripup else ""))
-    calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert calls[-1] == "nextpnr route router1 ecp5.json" + (" tmg-ripup" if ripup else "")
 
 
@@ -356,13 +362,7 @@ def test_cli_bram_outreg(outreg, tmp_path, monkeypatch):
     (``ecp5_outreg.json``), the record has its counts and the flags name the step;
     without it nextpnr places synth_ecp5's netlist and neither says so."""
     import json
-    fake_tools(tmp_path, monkeypatch)
-    out = tmp_path / "r.json"
-    argv = ["--configs", "enc_v2_n16_g8_b3_l1", "--pnr", "all", "--fresh",
-            "--out", str(out), "--build", str(tmp_path / "b")] + (["--bram-outreg"] if outreg else [])
-    assert synth.main(argv) == 0
-    rec = json.loads(out.read_text())["configs"][0]
-    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    rec, calls = run_cli(tmp_path, monkeypatch, ["--bram-outreg"] if outreg else [])
     if outreg:
         assert calls[-1] == "nextpnr route router1 ecp5_outreg.json"
         assert rec["ecp5"]["bram_outreg"] == {"rams": 1, "ffs": 1, "rams_left": 0}
