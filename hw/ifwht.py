@@ -453,10 +453,10 @@ class BlockFWHT(wiring.Component):
 def shift_right_odd(m: Module, v, amount, name: str, hold=None, step: int = 1):
     """``RO(v / 2^(k amount))``, k = ``step`` (a power of two): v shifted right
     (arithmetic) with bit 0 set when any bit shifted out is set (round to odd: exact
-    when nothing falls off, else the odd integer of the two around the quotient). The shift is a log shifter of plain 2:1 selects;
-    the sticky bit comes beside it from v and a thermometer of the amount (``i <
-    amount`` per bit i, the same for every lane of one amount, so shared), not from the
-    shifter's levels (a chain through them).
+    when nothing falls off, else the odd integer of the two around the quotient). A log
+    shifter of plain 2:1 selects; the sticky bit comes beside it from v and a thermometer
+    of the amount (``i < amount`` per bit i, the same for every lane of one amount, so
+    shared), not from the shifter's levels (a chain through them).
 
     Args:
         v: signed Value; amount: unsigned Value (any value: beyond the width the result
