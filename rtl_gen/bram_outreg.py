@@ -26,10 +26,10 @@ not by simulation: Yosys ships DP16KD as a black box.
 
 from __future__ import annotations
 
-#: A DP16KD's pins and parameters by port letter: clock, clock enable, reset, output
-#: clock enable, output register mode.
-_PORTS = {p: {"clk": f"CLK{p}", "ce": f"CE{p}", "rst": f"RST{p}", "oce": f"OCE{p}",
-              "regmode": f"REGMODE_{p}"} for p in "AB"}
+#: A DP16KD's pins and parameters by port letter: clock enable, reset, output clock
+#: enable, output register mode.
+_PORTS = {p: {"ce": f"CE{p}", "rst": f"RST{p}", "oce": f"OCE{p}", "regmode": f"REGMODE_{p}"}
+          for p in "AB"}
 
 
 def _param(cell: dict, name: str, default: str = "") -> str:
@@ -60,8 +60,10 @@ def absorb(netlist: dict, top: str) -> dict:
                 for b in bits:
                     if isinstance(b, int):
                         loads.setdefault(b, []).append((name, port))
-    for bits in netlist["modules"][top].get("ports", {}).values():
-        for b in bits.get("bits", []):     # a module output is a load no cell can replace
+    for port in netlist["modules"][top].get("ports", {}).values():
+        if port.get("direction") == "input":
+            continue
+        for b in port.get("bits", []):     # a module output is a load no cell can replace
             if isinstance(b, int):
                 loads.setdefault(b, []).append((None, None))
     done = {"rams": 0, "ffs": 0, "rams_left": 0}
