@@ -836,9 +836,11 @@ def _attach_pnr(cfgs, a) -> int:
     """--attach-pnr DIR: add a place and route run made outside this tool (the flags of
     NEXTPNR_FLAGS, e.g. a routing resumed by hand from placed.json) to the existing
     record of one --configs entry in --out. DIR holds the netlist it placed (ecp5.json,
-    byte-identical to the record's build/<config>/ecp5.json, else an error),
+    or ecp5_outreg.json where the record was synthesised with ``--bram-outreg``,
+    byte-identical to the record's build/<config>/ copy, else an error),
     nextpnr_report.json and nextpnr.log of the routing run, and, for the checkpoint
-    flow, place_report.json. The record's ``nextpnr`` names the router (from the log),
+    flow, place_report.json. ``--bram-outreg`` must match the record's
+    (``ecp5.bram_outreg``), else an error. The record's ``nextpnr`` names the router (from the log),
     the flow, ``attached_from`` and ``tmg_ripup`` (from ``--tmg-ripup``: the log does not
     show it)."""
     d = a.attach_pnr
@@ -853,7 +855,14 @@ def _attach_pnr(cfgs, a) -> int:
         print(f"error: no successful record of {cfg.name} in {a.out} (run the Yosys steps "
               f"first: --configs {cfg.name} --pnr none)", file=sys.stderr)
         return 2
-    mine, theirs = a.build / cfg.name / "ecp5.json", d / "ecp5.json"
+    outreg = "bram_outreg" in rec.get("ecp5", {})
+    if a.bram_outreg != outreg:
+        print(f"error: --bram-outreg {'given' if a.bram_outreg else 'not given'}, but the record "
+              f"of {cfg.name} in {a.out} was synthesised {'with' if outreg else 'without'} it "
+              f"(ecp5.bram_outreg)", file=sys.stderr)
+        return 2
+    placed = "ecp5_outreg.json" if outreg else "ecp5.json"
+    mine, theirs = a.build / cfg.name / placed, d / placed
     for f in (mine, theirs, d / "nextpnr_report.json", d / "nextpnr.log"):
         if not f.exists() or f.stat().st_size == 0:
             print(f"error: --attach-pnr needs {f} (missing or empty)", file=sys.stderr)

@@ -391,7 +391,7 @@ def test_attach_pnr(tmp_path, capsys):
     (pnr / "nextpnr_report.json").write_text(json.dumps(report))
     (pnr / "nextpnr.log").write_text("Info: Running router2...\nInfo: iter=1 wires=10\n")
     out.write_text(json.dumps({"configs": [{"config": cfg.name, "ok": True}]}))
-    a = argparse.Namespace(attach_pnr=pnr, out=out, build=build, tmg_ripup=True)
+    a = argparse.Namespace(attach_pnr=pnr, out=out, build=build, tmg_ripup=True, bram_outreg=False)
     assert synth._attach_pnr([(cfg, True)], a) == 0
     rec = json.loads(out.read_text())["configs"][0]
     assert rec["nextpnr"]["fmax_mhz"] == 51.23 and rec["nextpnr"]["router"] == "router2"
@@ -405,6 +405,23 @@ def test_attach_pnr(tmp_path, capsys):
     (pnr / "ecp5.json").write_text('{"netlist": 2}')              # another netlist: refused
     assert synth._attach_pnr([(cfg, True)], a) == 2
     assert "not the netlist" in capsys.readouterr().err
+    a.bram_outreg = True                          # the flag against a record made without it
+    assert synth._attach_pnr([(cfg, True)], a) == 2
+    assert "--bram-outreg given" in capsys.readouterr().err
+    # a record synthesised with --bram-outreg: nextpnr placed ecp5_outreg.json, which must match
+    out.write_text(json.dumps({"configs": [{"config": cfg.name, "ok": True,
+                                            "ecp5": {"bram_outreg": {"rams": 1, "ffs": 2}}}]}))
+    (pnr / "ecp5.json").write_text('{"netlist": 1}')
+    (build / cfg.name / "ecp5_outreg.json").write_text('{"netlist": 3}')
+    (pnr / "ecp5_outreg.json").write_text('{"netlist": 3}')
+    assert synth._attach_pnr([(cfg, True)], a) == 0
+    assert json.loads(out.read_text())["configs"][0]["ecp5"]["bram_outreg"]["ffs"] == 2
+    (pnr / "ecp5_outreg.json").write_text('{"netlist": 4}')
+    assert synth._attach_pnr([(cfg, True)], a) == 2
+    assert "not the netlist" in capsys.readouterr().err
+    a.bram_outreg = False                         # the record's flag is not given: refused
+    assert synth._attach_pnr([(cfg, True)], a) == 2
+    assert "--bram-outreg not given" in capsys.readouterr().err
     out.write_text(json.dumps({"configs": []}))                    # no record to attach to
     assert synth._attach_pnr([(cfg, True)], a) == 2
 
