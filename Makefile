@@ -26,10 +26,12 @@ test: $(STAMP)
 verilog: $(STAMP)
 	$(VPY) -m rtl_gen --n 128 --block 64 --bits 3 --latency 2 --out $(OUT)/verilog
 
-## synth: Yosys + nextpnr-ecp5 (PyPI yowasp) area/Fmax for the default set -> bench/results/synth.json, docs/SYNTH.md
+## synth: Yosys + nextpnr-ecp5 (PyPI yowasp): area of the product default and Fmax of the CI instances (default set),
+## then Fmax of the N=128 and N=64 encoder and decoder at a 150 MHz target (fmax set; hours) -> bench/results/synth.json, docs/SYNTH.md
 synth: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
 	$(VPY) -m rtl_gen.synth --set default --out bench/results/synth.json
+	$(VPY) -m rtl_gen.synth --set fmax --freq 150 --timeout 9000 --out bench/results/synth.json
 	$(VPY) bench/synth_report.py
 
 ## synth-ci: the small CI synthesis set (N=16 encoder + decoder, Yosys + nextpnr-ecp5, ~7 min) -> build/synth_ci.json,

@@ -49,7 +49,7 @@ every step checks that its expected output files exist and are non-empty and
 that Yosys printed "End of script"; anything else fails loudly (exit 1, the
 log tail printed).
 
-Command line: ``python -m rtl_gen.synth [--set default|ci|sweep|pnr|all]
+Command line: ``python -m rtl_gen.synth [--set default|ci|sweep|pnr|timing|fmax|all]
 [--configs ...] [--pnr set|all|none] [--out bench/results/synth.json]``; see
 ``--help``. Results are merged by configuration name into ``--out`` (``--fresh``
 overwrites), so the long sets and ``make synth`` accumulate in one file.
@@ -193,7 +193,14 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("dec_v2_n128_g64_b3_l8_p0_c0_w64", True), ("dec_v2_n64_g32_b3_l9_p0_c0", True),
                   # N=128 in two beats with the block alignment in the fold (config part
                   # fa): 6 butterfly stages in the network, narrow lanes up to the fold
-                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa", True)]
+                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa", True),
+                  # ... and its reset through one register copy per region (config part rc)
+                  ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", True)]
+# make synth, at a 150 MHz target: the designs of the Fmax targets (issue 14: N=128 >= 125 MHz,
+# N=64 >= 150 MHz), encoder and decoder at each N (about 4 h on 2 cores)
+SETS["fmax"] = [("enc_v2_n128_g64_b3_l6_p1_c0_w64", True),
+                ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", True),
+                ("enc_v2_n64_g64_b3_l6_p1_c0", True), ("dec_v2_n64_g32_b3_l9_p0_c0", True)]
 SETS["all"] = SETS["default"] + SETS["sweep"] + SETS["pnr"] + SETS["timing"]
 DEFAULT_SET = tuple(n for n, _ in SETS["default"])
 CI_SET = tuple(n for n, _ in SETS["ci"])
@@ -892,6 +899,7 @@ def main(argv=None) -> int:
                     help="configuration set (default: %(default)s; ci: one tiny config per "
                          "module; sweep: area vs M, latency, b, N; pnr: Fmax of N=32/64; "
                          "timing: the Fmax register profiles pK at N=128/64/16; "
+                         "fmax: the designs of the Fmax targets at N=128 and 64; "
                          "all: everything)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated configs instead of --set (grammar: rtl_gen/config.py), "

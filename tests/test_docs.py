@@ -8,9 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _report():
-    spec = importlib.util.spec_from_file_location("measurements_report",
-                                                  REPO / "bench" / "measurements_report.py")
+def _report(name="measurements_report"):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -28,3 +27,20 @@ def test_measurements_check_catches_a_stale_file(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "DOC", stale)
     monkeypatch.setattr(mod, "REPO", tmp_path)
     assert mod.main(["--check"]) == 1
+
+
+def test_synth_md_is_generated_from_the_results():
+    """docs/SYNTH.md's generated part is what bench/synth_report.py renders from synth.json."""
+    assert _report("synth_report").main(["--check"]) == 0
+
+
+def test_synth_check_catches_a_stale_file(tmp_path, capsys):
+    mod = _report("synth_report")
+    stale = tmp_path / "SYNTH.md"
+    stale.write_text((REPO / "docs" / "SYNTH.md").read_text().replace("| 141.8 |", "| 151.8 |", 1))
+    assert stale.read_text() != (REPO / "docs" / "SYNTH.md").read_text()
+    assert mod.main(["--check", "--doc", str(stale)]) == 1
+    assert "stale" in capsys.readouterr().err
+    stale.write_text("no generated part\n")
+    assert mod.main(["--check", "--doc", str(stale)]) == 1
+
