@@ -32,3 +32,35 @@ def test_bad_arguments_exit_2_naming_the_option(argv, word, capsys):
 def test_default_and_quick_lists():
     assert main(["--list"]) == 0
     assert main(["--quick", "--list"]) == 0
+
+
+def test_readme_names_every_config_of_the_default_and_quick_runs():
+    """verif/README.md's table lists each config ``make sim`` and ``--quick`` run."""
+    from pathlib import Path
+    from verif.sim import config_names
+    text = (Path(__file__).resolve().parent.parent / "verif" / "README.md").read_text()
+    for quick in (False, True):
+        missing = [n for n in config_names(None, quick) if f"`{n}`" not in text]
+        assert not missing, (quick, missing)
+
+
+def test_make_sim_runs_the_placed_and_routed_designs():
+    """Every encoder whose Fmax docs/SYNTH.md quotes (rtl_gen.synth's fmax set) is simulated
+    by make sim as synthesised, and every decoder through the round trip of the same
+    parameters where one exists (a round trip's FWHT latency is at most log2 W; the N=64
+    decoder's 9 registers are checked in tests/test_hw_decompressor.py test_timing_profile)."""
+    from rtl_gen.config import RTLConfig
+    from rtl_gen.synth import SETS
+    from verif.sim import config_names
+    runs = config_names(None, False)
+    for name, _ in SETS["fmax"]:
+        if name.startswith("enc_"):
+            assert name in runs, name
+            continue
+        rt = "rt_" + name.removeprefix("dec_")
+        try:
+            RTLConfig.parse(rt)
+        except ValueError as e:
+            assert "latency" in str(e), (name, e)
+            continue
+        assert rt in runs, name

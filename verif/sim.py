@@ -86,14 +86,15 @@ from .run import run
 #: T = 3 slots, so a slot value >= T exists, with the default cuts; T = 8 in the N = 64
 #: Fmax profile, every cut); credit-based flow control (``c0``: the pipeline never stalls,
 #: output skid FIFO, registered i__ready) on the N = 64 Fmax profile; two beats per vector
-#: (``w64``: 64 lanes per cycle) on the N = 128 encoder that docs/SYNTH.md places and routes.
+#: (``w64``: 64 lanes per cycle) on the N = 128 encoder that docs/SYNTH.md places and routes
+#: (``p1``, the fmax set of ``rtl_gen.synth``; every encoder of that set is here by name).
 #: Chosen for build time (the C++ compile dominates a run on 2 cores): most variety at N = 64.
 #: Quantizer modes are added by mode_configs().
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b2_l6", "enc_v2_n64_g32_b4_l1",
                    "enc_v2_n256_g64_b3_l8", "enc_v2_n64_g64_b3_l2_bf16",
                    "enc_v2_n128_g64_b3_l7_p2", "enc_v2_n64_g32_b3_l2_k3",
                    "enc_v2_n64_g64_b3_l6_p1_k8", "enc_v2_n64_g64_b3_l6_p1_c0",
-                   "enc_v2_n128_g64_b3_l6_p2_c0_w64")
+                   "enc_v2_n128_g64_b3_l6_p1_c0_w64")
 #: Round-trip configs of a plain run: the default, N = 64, G = 32, b = 2 at log2 N, and
 #: the format-version-1 quantizer (mid-tread, scale rounded up) through both modules;
 #: the Fmax register profiles (``pK``: every register cut, a register every K tree
@@ -116,9 +117,11 @@ QUICK_CONFIGS = ("enc_v2_n128_g64_b3_l2", "enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32
                  "rt_v2_n64_g32_b3_l2_w32", "rt_v2_n64_g32_b3_l2_w32_fa",
                  "rt_v2_n64_g32_b3_l2_c0_w32_fa_rc")
 #: Added by ``--configs all``: the Fmax profiles p1 (N = 64) and p2 (N = 128 round
-#: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``), G = 32, FWHT
+#: trip; N = 128 encoder with its lane delay lines in block RAM, ``_r3``; the N = 128
+#: encoder in two beats with a register every two tree levels), G = 32, FWHT
 #: latency 0, the remaining N / b / latency pairs, bf16 at N = 128, more round trips.
 EXTRA_CONFIGS = ("enc_v2_n64_g64_b3_l6_p1", "rt_v2_n128_g64_b3_l7_p2", "enc_v2_n128_g64_b3_l7_p2_r3",
+                 "enc_v2_n128_g64_b3_l6_p2_c0_w64",
                  "enc_v2_n128_g64_b2_l7", "enc_v2_n128_g32_b3_l2", "enc_v2_n64_g64_b3_l0",
                  "enc_v2_n64_g64_b3_l2", "enc_v2_n256_g64_b3_l1", "enc_v2_n128_g64_b4_l1",
                  "enc_v2_n128_g64_b3_l2_bf16", "rt_v2_n256_g64_b4_l1",
