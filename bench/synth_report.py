@@ -292,7 +292,7 @@ HOWTO = """## How to run
 ```
 make synth                                         # = the next two lines, then this file's tables (hours)
 .venv/bin/python -m rtl_gen.synth                  # default set -> bench/results/synth.json (merged by config)
-.venv/bin/python -m rtl_gen.synth --set fmax --freq 150 --timeout 9000   # the N=128 / N=64 Fmax records (~4 h)
+.venv/bin/python -m rtl_gen.synth --set fmax --freq 150 --timeout 9000   # the N=128 / N=64 Fmax records (~2 h)
 .venv/bin/python -m rtl_gen.synth --set ci --out build/synth_ci.json --fresh   # CI: one tiny config per module
 .venv/bin/python -m rtl_gen.synth --set sweep      # area vs M, FWHT latency, b, G at N=64 (~1 h)
 .venv/bin/python -m rtl_gen.synth --set pnr        # Fmax of N=32/64 instances (hours)
