@@ -42,7 +42,8 @@ synth-ci: $(STAMP)
 	$(VPY) -m pytest tests/test_synth.py tests/test_bram_outreg.py -q -k "replicas or harness_cells or bram_outreg"
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
-## formal: all proofs (FWHT == H x for N = 16..256, read-path FWHT, round trip, stream properties; yosys sat) -> build/formal.json
+## formal: the proofs (FWHT == H x for N = 16..256, read-path FWHT, float conversion, stream properties; yosys sat) -> build/formal.json
+## (the ones without a verdict so far: python -m verif.formal --set open; docs/FORMAL.md)
 formal: $(STAMP)
 	$(VPY) -m pip install -q -e ".[formal]"
 	$(VPY) -m verif.formal --set full --out $(OUT)/formal.json --work $(OUT)/formal

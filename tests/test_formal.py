@@ -299,3 +299,14 @@ def test_stream_proof_fails_with_one_credit_too_many(monkeypatch, work):
 def test_stream_proof_fails_on_broken_interface(mutate, work):
     h = StreamHarness(stream_design("enc", 16, 8, "min"), mutate=mutate, reference=False)
     assert prove_bmc(h, "stream_mut", work, depth=5)["result"] == "failed"
+
+
+def test_make_formal_and_the_open_set_split_the_proofs():
+    """``full`` (make formal) and ``open`` together are every proof once; each name of
+    OPEN_PROOFS is a proof of the list (a renamed proof would otherwise slip into make formal)."""
+    from verif.formal.plan import OPEN_PROOFS, _plan, plan
+    every = [n for n, _, _ in _plan("full")]
+    full, open_ = [n for n, _, _ in plan("full")], [n for n, _, _ in plan("open")]
+    assert len(every) == len(set(every)) and sorted(full + open_) == sorted(every)
+    assert sorted(open_) == sorted(OPEN_PROOFS)
+    assert "fwht_n256_stages" in full and "ifwht_n64_g64_stages" in full

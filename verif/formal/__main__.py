@@ -1,6 +1,6 @@
 """python -m verif.formal: run the formal proofs (``make formal``), print a table, write JSON.
 
-    python -m verif.formal [--set full|ci] [--out build/formal.json] [--work build/formal]
+    python -m verif.formal [--set full|ci|open] [--out build/formal.json] [--work build/formal]
                            [--only SUBSTRING] [--timeout S]
 
 Exits 1 if any proof fails, 2 if yosys gives no verdict (timeout, error).
