@@ -472,10 +472,20 @@ def main(argv=None) -> int:
                     help="write nothing; exit 1 if --doc's generated part is not what --results "
                          "renders (a stale docs/SYNTH.md)")
     a = ap.parse_args(argv)
-    res = json.loads(a.results.read_text())
-    mres = json.loads(a.mantissa.read_text()) if a.mantissa.exists() else None
+    try:
+        res, mres = (json.loads(f.read_text()) for f in (a.results, a.mantissa))
+        if not isinstance(res, dict) or not isinstance(res.get("configs"), list):
+            raise ValueError(f"--results {a.results}: no 'configs' list (python -m rtl_gen.synth "
+                             "writes it)")
+    except (OSError, ValueError) as err:       # JSONDecodeError is a ValueError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if a.check:
-        if generated_part(a.doc) == "\n" + generated(res, mres) + "\n":   # as write_doc puts it
+        part = generated_part(a.doc)
+        if part is None:
+            print(f"error: --doc {a.doc}: no such file or no generated part", file=sys.stderr)
+            return 2
+        if part == "\n" + generated(res, mres) + "\n":   # as write_doc puts it
             return 0
         print(f"{a.doc} is stale: run .venv/bin/python bench/synth_report.py", file=sys.stderr)
         return 1

@@ -42,7 +42,21 @@ def test_synth_check_catches_a_stale_file(tmp_path, capsys):
     assert mod.main(["--check", "--doc", str(stale)]) == 1
     assert "stale" in capsys.readouterr().err
     stale.write_text("no generated part\n")
-    assert mod.main(["--check", "--doc", str(stale)]) == 1
+    assert mod.main(["--check", "--doc", str(stale)]) == 2
+    assert "--doc" in capsys.readouterr().err
+
+
+def test_synth_report_bad_inputs_name_the_option(tmp_path, capsys):
+    mod = _report("synth_report")
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    for argv, word in ((["--results", str(tmp_path / "nope.json")], "nope.json"),
+                       (["--results", str(empty)], "--results"),
+                       (["--mantissa", str(tmp_path / "nope.json")], "nope.json"),
+                       (["--doc", str(tmp_path / "nope.md")], "--doc")):
+        assert mod.main(["--check", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert word in err and "Traceback" not in err, (argv, err)
 
 
 def test_the_fmax_records_are_the_fmax_set():

@@ -310,3 +310,24 @@ def test_make_formal_and_the_open_set_split_the_proofs():
     assert len(every) == len(set(every)) and sorted(full + open_) == sorted(every)
     assert sorted(open_) == sorted(OPEN_PROOFS)
     assert "fwht_n256_stages" in full and "ifwht_n64_g64_stages" in full
+
+
+@pytest.mark.parametrize("argv, word", [(["--only", "nosuchproof"], "--only"),
+                                        (["--timeout", "0"], "--timeout"),
+                                        (["--set", "nosuchset"], "--set")])
+def test_cli_bad_arguments_exit_2_naming_the_option(argv, word, capsys, tmp_path):
+    """python -m verif.formal refuses before running a proof: exit 2, the option named."""
+    from verif.formal.__main__ import main
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--out", str(tmp_path / "f.json"), "--work", str(tmp_path / "w")])
+    assert stop.value.code == 2
+    assert word in capsys.readouterr().err
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_cli_without_yosys_names_the_extra(monkeypatch, capsys, tmp_path):
+    import verif.formal.__main__ as cli
+    monkeypatch.setattr(cli, "find_tool", lambda name: None)
+    assert cli.main(["--set", "ci", "--only", "fwht_n16_stages", "--out", str(tmp_path / "f.json"),
+                     "--work", str(tmp_path / "w")]) == 2
+    assert ".[formal]" in capsys.readouterr().err

