@@ -174,8 +174,8 @@ def _flow(flow, stages, width, beats, work, timeout):
                      depth=depth, timeout=timeout)
 
 
-#: Proofs of the complete list that have reached no verdict on this machine (docs/FORMAL.md,
-#: "Sizes and times"): ``make formal`` (the ``full`` set) leaves them out, so that it ends
+#: Proofs of the complete list that have not reliably reached a verdict on this machine
+#: (docs/FORMAL.md, "Sizes and times"; the direct spec at N = 16 once did, in 71 s): ``make formal`` (the ``full`` set) leaves them out, so that it ends
 #: with a verdict on every proof it runs; ``--set open`` runs them. Their claims rest on
 #: the proofs of the full set plus the arguments in docs/FORMAL.md (the FWHT's stage
 #: product; ``H H = N I``; BMC at N = 16 and the reference copy at N = 8 on the encoder).
