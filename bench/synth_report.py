@@ -310,7 +310,7 @@ Work files (scripts, logs, netlists, reports) stay in `build/synth/<config>/`.
 
 def generated_part(doc: Path) -> str | None:
     """The text between the markers of ``doc``, or None where it has no such part."""
-    text = doc.read_text() if doc.exists() else ""
+    text = doc.read_text() if doc.is_file() else ""
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0]
@@ -461,6 +461,23 @@ def generated(res: dict, mres: dict | None) -> str:
     return "\n".join(lines)
 
 
+#: The top-level keys the report reads from each input (what its writer puts there).
+RESULTS_KEYS = ("configs", "tools", "device", "flags", "harness")
+MANTISSA_KEYS = ("rows", "default_mant_bits", "fixture")
+
+
+def _load(path: Path, option: str, keys: tuple, writer: str) -> dict:
+    """The JSON object in ``path`` with ``keys``; ValueError naming ``option`` otherwise."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as err:       # JSONDecodeError is a ValueError
+        raise ValueError(f"{option} {path}: {err}") from None
+    missing = [k for k in keys if not isinstance(obj, dict) or k not in obj]
+    if missing:
+        raise ValueError(f"{option} {path}: no {', '.join(missing)} ({writer} writes them)")
+    return obj
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -473,11 +490,9 @@ def main(argv=None) -> int:
                          "renders (a stale docs/SYNTH.md)")
     a = ap.parse_args(argv)
     try:
-        res, mres = (json.loads(f.read_text()) for f in (a.results, a.mantissa))
-        if not isinstance(res, dict) or not isinstance(res.get("configs"), list):
-            raise ValueError(f"--results {a.results}: no 'configs' list (python -m rtl_gen.synth "
-                             "writes it)")
-    except (OSError, ValueError) as err:       # JSONDecodeError is a ValueError
+        res = _load(a.results, "--results", RESULTS_KEYS, "python -m rtl_gen.synth")
+        mres = _load(a.mantissa, "--mantissa", MANTISSA_KEYS, "bench/synth_mantissa.py")
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if a.check:

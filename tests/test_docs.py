@@ -48,12 +48,18 @@ def test_synth_check_catches_a_stale_file(tmp_path, capsys):
 
 def test_synth_report_bad_inputs_name_the_option(tmp_path, capsys):
     mod = _report("synth_report")
-    empty = tmp_path / "empty.json"
+    empty, zero, noconf = tmp_path / "empty.json", tmp_path / "zero.json", tmp_path / "c.json"
     empty.write_text("{}")
-    for argv, word in ((["--results", str(tmp_path / "nope.json")], "nope.json"),
+    zero.write_text("")
+    noconf.write_text('{"configs": []}')
+    for argv, word in ((["--results", str(tmp_path / "nope.json")], "--results"),
                        (["--results", str(empty)], "--results"),
-                       (["--mantissa", str(tmp_path / "nope.json")], "nope.json"),
-                       (["--doc", str(tmp_path / "nope.md")], "--doc")):
+                       (["--results", str(noconf)], "tools"),
+                       (["--mantissa", str(tmp_path / "nope.json")], "--mantissa"),
+                       (["--mantissa", str(zero)], "--mantissa"),
+                       (["--mantissa", str(empty)], "--mantissa"),
+                       (["--doc", str(tmp_path / "nope.md")], "--doc"),
+                       (["--doc", str(tmp_path)], "--doc")):
         assert mod.main(["--check", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert word in err and "Traceback" not in err, (argv, err)

@@ -382,7 +382,8 @@ def main(argv=None) -> int:
         return 0
     try:                    # the summary's place, before hours of simulation
         a.summary.parent.mkdir(parents=True, exist_ok=True)
-        if a.summary.is_dir() or not os.access(a.summary.parent, os.W_OK):
+        if a.summary.is_dir() or not os.access(a.summary.parent, os.W_OK) \
+                or (a.summary.exists() and not os.access(a.summary, os.W_OK)):
             raise OSError("not a writable file path")
     except OSError as err:
         print(f"error: --summary {a.summary}: {err}", file=sys.stderr)

