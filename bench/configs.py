@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim_models import CachePolicy, FormatParams
+from sim_models.policy import KEY_SCALES
 
 from .kvquant import Baseline, Quantizer, bits_per_element
 
@@ -31,6 +32,9 @@ STUDY_BASE = dict(mode="midtread", scale_round="up")
 FP16 = None
 _SAME = object()
 
+#: How key scales are calibrated (bench.kvquant.calibrated_key_scales).
+KEY_SCALE_RULES = ("qaware", "keyonly")
+
 FormatSpec = dict          # FormatParams keyword arguments without n
 KVSpec = FormatSpec | Baseline | None
 
@@ -39,19 +43,20 @@ KVSpec = FormatSpec | Baseline | None
 class Config:
     """One configuration of the study.
 
-    Attributes:
+    Attributes (the policy fields carry :class:`sim_models.CachePolicy`'s names and values):
         name, group, note: table labels.
         k, v: FormatSpec, Baseline or None (fp16).
         sinks: leading tokens of each sequence kept fp16.
-        center: keys stored as k - mu (calibrated mu).
+        center_keys: keys stored as k - mu (calibrated mu).
         layer_k: ``(top, FormatSpec)``: keys of the ``top`` most sensitive layers in that format;
             ``(top, FormatSpec, "boundary")``: the first top/2 and last top - top/2 layers.
         reparam: exact key reparametrization (bench.kvquant.key_scales), or None.
-        key_scale: per-channel key scales applied by the golden model
-            (sim_models.scale_keys; bench.kvquant.calibrated_key_scales):
-            ``"qaware-pow2"``, ``"qaware-fp16"``, ``"keyonly-pow2"``, or None.
-        signs: calibrated sign flip per (layer, kv head) (keys).
-        rot: calibrated 4x4 rotations after the FWHT per (layer, kv head) (keys).
+        key_scale: per-channel key scales applied by the golden model (sim_models.scale_keys):
+            ``"pow2"``, ``"fp16"`` or None (:data:`sim_models.policy.KEY_SCALES`).
+        key_scale_rule: how the scales are calibrated (bench.kvquant.calibrated_key_scales):
+            ``"qaware"`` (the format's rule) or ``"keyonly"``.
+        key_signs: calibrated sign flip per (layer, kv head) (keys).
+        key_rot: calibrated 4x4 rotations after the FWHT per (layer, kv head) (keys).
     """
 
     name: str
@@ -59,19 +64,33 @@ class Config:
     k: KVSpec
     v: KVSpec
     sinks: int = 0
-    center: bool = False
+    center_keys: bool = False
     layer_k: tuple | None = None
     reparam: dict | None = None
     note: str = ""
     key_scale: str | None = None
-    signs: bool = False
-    rot: bool = False
+    key_scale_rule: str = "qaware"
+    key_signs: bool = False
+    key_rot: bool = False
+
+    def __post_init__(self):
+        if self.key_scale not in (None, *KEY_SCALES):
+            raise ValueError(f"{self.name}: key_scale must be one of {KEY_SCALES} or None, got {self.key_scale!r}")
+        if self.key_scale_rule not in KEY_SCALE_RULES:
+            raise ValueError(f"{self.name}: key_scale_rule must be one of {KEY_SCALE_RULES}, "
+                             f"got {self.key_scale_rule!r}")
+
+    @property
+    def key_scale_kind(self) -> str | None:
+        """``"<rule>-<key_scale>"`` (e.g. ``"qaware-pow2"``) for bench.kvquant.calibrated_key_scales,
+        or None without key scales."""
+        return f"{self.key_scale_rule}-{self.key_scale}" if self.key_scale else None
 
     @property
     def tables(self) -> bool:
         """Whether the configuration reads calibrated per-model tables."""
-        return bool(self.center or self.reparam or self.layer_k or self.key_scale
-                    or self.signs or self.rot)
+        return bool(self.center_keys or self.reparam or self.layer_k or self.key_scale
+                    or self.key_signs or self.key_rot)
 
     def _resolve(self, s: KVSpec, head_dim: int) -> Quantizer:
         if s is None or isinstance(s, Baseline):
@@ -105,9 +124,8 @@ class Config:
         lk = tuple((l, self._resolve(self.layer_k[1], head_dim))
                    for l in self.wide_layers(k_sens))
         return CachePolicy(k=self._resolve(self.k, head_dim), v=self._resolve(self.v, head_dim),
-                           sinks=self.sinks, center_keys=self.center, layer_k=lk,
-                           key_scale=self.key_scale.split("-")[1] if self.key_scale else None,
-                           key_signs=self.signs, key_rot=self.rot)
+                           sinks=self.sinks, center_keys=self.center_keys, layer_k=lk,
+                           key_scale=self.key_scale, key_signs=self.key_signs, key_rot=self.key_rot)
 
     def table_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
         """Per-model calibration table bytes the configuration reads (0 for baselines)."""
@@ -130,21 +148,22 @@ class Config:
         return tot / (2 * n_layers)
 
     def spec(self) -> dict:
-        """JSON form of what is stored (results file, hash; the issue-13 key treatments
-        appear only when used, so earlier results keep their keys)."""
+        """JSON form of what is stored (results file, hash). Its keys are the results files'
+        (``center``, ``signs``, ``rot``, ``key_scale`` as ``"<rule>-<scale>"``), unchanged so that
+        stored results keep their hashes; the key treatments appear only when used."""
         def js(s):
             if isinstance(s, Baseline):
                 return {"baseline": {"bits": s.bits, "rotate": s.rotate}}
             return "fp16" if s is None else {"fmt": s}
-        d = {"k": js(self.k), "v": js(self.v), "sinks": self.sinks, "center": self.center,
+        d = {"k": js(self.k), "v": js(self.v), "sinks": self.sinks, "center": self.center_keys,
              "layer_k": None if not self.layer_k else {"top": self.layer_k[0],
                                                        "fmt": self.layer_k[1]},
              "reparam": self.reparam}
         if self.layer_k and len(self.layer_k) > 2:
             d["layer_k"]["rule"] = self.layer_k[2]
-        for k in ("key_scale", "signs", "rot"):
-            if getattr(self, k):
-                d[k] = getattr(self, k)
+        for k, v in (("key_scale", self.key_scale_kind), ("signs", self.key_signs), ("rot", self.key_rot)):
+            if v:
+                d[k] = v
         return d
 
     def spec_hash(self) -> str:
@@ -155,11 +174,11 @@ def _f(**kw) -> FormatSpec:
     return {**STUDY_BASE, **kw}
 
 
-def _cfg(name, k, v=_SAME, sinks=0, center=False, layer_k=None, group="", note="",
-         reparam=None, key_scale=None, signs=False, rot=False) -> Config:
+def _cfg(name, k, v=_SAME, sinks=0, center_keys=False, layer_k=None, group="", note="",
+         reparam=None, key_scale=None, key_scale_rule="qaware", key_signs=False, key_rot=False) -> Config:
     return Config(name=name, group=group, k=k, v=k if v is _SAME else v, sinks=sinks,
-                  center=center, layer_k=layer_k, reparam=reparam, note=note,
-                  key_scale=key_scale, signs=signs, rot=rot)
+                  center_keys=center_keys, layer_k=layer_k, reparam=reparam, note=note,
+                  key_scale=key_scale, key_scale_rule=key_scale_rule, key_signs=key_signs, key_rot=key_rot)
 
 
 V1 = {}
@@ -206,86 +225,86 @@ def configurations() -> list[Config]:
     # key centering and sinks
     for nm, kw in (("v1-default", {}), ("asym-max-up", dict(mode="asym")),
                    ("midrise-rms-near", MR), ("lloydmax-rms-near", LM)):
-        add(_cfg(nm + "+C", _f(**kw), center=True, group="center"))
+        add(_cfg(nm + "+C", _f(**kw), center_keys=True, group="center"))
     add(_cfg("lloydmax-rms-near+S4", _f(**LM), sinks=4, group="sinks"))
     for nm, kw in (("v1-default", {}), ("midrise-rms-near", MR), ("lloydmax-rms-near", LM)):
-        add(_cfg(nm + "+C+S4", _f(**kw), center=True, sinks=4, group="sinks"))
-    add(_cfg("lloydmax-rms-near+C+S1", _f(**LM), center=True, sinks=1, group="sinks"))
-    add(_cfg("lloydmax-rms-near+C+S16", _f(**LM), center=True, sinks=16, group="sinks"))
+        add(_cfg(nm + "+C+S4", _f(**kw), center_keys=True, sinks=4, group="sinks"))
+    add(_cfg("lloydmax-rms-near+C+S1", _f(**LM), center_keys=True, sinks=1, group="sinks"))
+    add(_cfg("lloydmax-rms-near+C+S16", _f(**LM), center_keys=True, sinks=16, group="sinks"))
     # scale encodings (best mode, centered, sinks 4)
     for enc in ("e4m3fn", "e5m2", "ue4m4"):
-        add(_cfg(f"lloydmax-rms-near-{enc}+C+S4", _f(**LM, scale=enc), center=True, sinks=4,
+        add(_cfg(f"lloydmax-rms-near-{enc}+C+S4", _f(**LM, scale=enc), center_keys=True, sinks=4,
                  group="scale"))
     add(_cfg("lloydmax-rms-up-e4m3fn+C+S4", _f(mode="lloydmax", scale_rule="rms", scale="e4m3fn"),
-             center=True, sinks=4, group="scale"))
-    add(_cfg("lloydmax-rms-up+C+S4", _f(mode="lloydmax", scale_rule="rms"), center=True, sinks=4,
+             center_keys=True, sinks=4, group="scale"))
+    add(_cfg("lloydmax-rms-up+C+S4", _f(mode="lloydmax", scale_rule="rms"), center_keys=True, sinks=4,
              group="scale"))
     # block size (N = head_dim = 64, so G <= 64 here)
     add(_cfg("v1-default-G32", _f(block=32), group="block"))
-    add(_cfg("lloydmax-rms-near-G32+C+S4", _f(**LM, block=32), center=True, sinks=4, group="block"))
-    add(_cfg("midrise-rms-near-G32+C+S4", _f(**MR, block=32), center=True, sinks=4, group="block"))
+    add(_cfg("lloydmax-rms-near-G32+C+S4", _f(**LM, block=32), center_keys=True, sinks=4, group="block"))
+    add(_cfg("midrise-rms-near-G32+C+S4", _f(**MR, block=32), center_keys=True, sinks=4, group="block"))
     # code width
     for b in (2, 4):
-        add(_cfg(f"lloydmax-rms-near-b{b}+C+S4", _f(**LM, bits=b), center=True, sinks=4,
+        add(_cfg(f"lloydmax-rms-near-b{b}+C+S4", _f(**LM, bits=b), center_keys=True, sinks=4,
                  group="bits"))
     add(_cfg("v1-default-b4", _f(bits=4), group="bits", note="INT4 + D*H through the golden model"))
-    add(_cfg("midrise-rms-near-b4+C+S4", _f(**MR, bits=4), center=True, sinks=4, group="bits"))
+    add(_cfg("midrise-rms-near-b4+C+S4", _f(**MR, bits=4), center_keys=True, sinks=4, group="bits"))
     # K/V bit split and layer-wise key precision
-    add(_cfg("K4V3-lloydmax+C+S4", _f(**LM, bits=4), _f(**LM), center=True, sinks=4, group="kv"))
-    add(_cfg("K4V2-lloydmax+C+S4", _f(**LM, bits=4), _f(**LM, bits=2), center=True, sinks=4,
+    add(_cfg("K4V3-lloydmax+C+S4", _f(**LM, bits=4), _f(**LM), center_keys=True, sinks=4, group="kv"))
+    add(_cfg("K4V2-lloydmax+C+S4", _f(**LM, bits=4), _f(**LM, bits=2), center_keys=True, sinks=4,
              group="kv"))
-    add(_cfg("K3V2-lloydmax+C+S4", _f(**LM), _f(**LM, bits=2), center=True, sinks=4, group="kv"))
-    add(_cfg("K3V4-lloydmax+C+S4", _f(**LM), _f(**LM, bits=4), center=True, sinks=4, group="kv"))
+    add(_cfg("K3V2-lloydmax+C+S4", _f(**LM), _f(**LM, bits=2), center_keys=True, sinks=4, group="kv"))
+    add(_cfg("K3V4-lloydmax+C+S4", _f(**LM), _f(**LM, bits=4), center_keys=True, sinks=4, group="kv"))
     for top in (2, 4):
-        add(_cfg(f"lloydmax-rms-near+C+S4+K4top{top}", _f(**LM), center=True, sinks=4,
+        add(_cfg(f"lloydmax-rms-near+C+S4+K4top{top}", _f(**LM), center_keys=True, sinks=4,
                  layer_k=(top, _f(**LM, bits=4)), group="layer"))
     add(_cfg("K4V3-lloydmax-G32+C+S4", _f(**LM, bits=4, block=32), _f(**LM, block=32),
-             center=True, sinks=4, group="kv"))
+             center_keys=True, sinks=4, group="kv"))
     # midrise with the max rule rounded to nearest (robust to outlier channels), centered
     MM = dict(mode="midrise", scale_round="nearest")
-    add(_cfg("midrise-max-near+C", _f(**MM), center=True, group="center"))
-    add(_cfg("midrise-max-near+C+S4", _f(**MM), center=True, sinks=4, group="sinks"))
-    add(_cfg("midrise-max-near+C+S1", _f(**MM), center=True, sinks=1, group="sinks"))
-    add(_cfg("lloydmax-max-near+C+S4", _f(mode="lloydmax", scale_round="nearest"), center=True,
+    add(_cfg("midrise-max-near+C", _f(**MM), center_keys=True, group="center"))
+    add(_cfg("midrise-max-near+C+S4", _f(**MM), center_keys=True, sinks=4, group="sinks"))
+    add(_cfg("midrise-max-near+C+S1", _f(**MM), center_keys=True, sinks=1, group="sinks"))
+    add(_cfg("lloydmax-max-near+C+S4", _f(mode="lloydmax", scale_round="nearest"), center_keys=True,
              sinks=4, group="sinks"))
-    add(_cfg("midrise-max-up+C+S4", _f(mode="midrise"), center=True, sinks=4, group="scale"))
-    add(_cfg("midrise-max-near-G32+C+S4", _f(**MM, block=32), center=True, sinks=4, group="block"))
-    add(_cfg("midrise-max-near-b4+C+S4", _f(**MM, bits=4), center=True, sinks=4, group="bits"))
-    add(_cfg("midrise-max-near-b2+C+S4", _f(**MM, bits=2), center=True, sinks=4, group="bits"))
-    add(_cfg("K4V2-midrise-max-near+C+S4", _f(**MM, bits=4), _f(**MM, bits=2), center=True,
+    add(_cfg("midrise-max-up+C+S4", _f(mode="midrise"), center_keys=True, sinks=4, group="scale"))
+    add(_cfg("midrise-max-near-G32+C+S4", _f(**MM, block=32), center_keys=True, sinks=4, group="block"))
+    add(_cfg("midrise-max-near-b4+C+S4", _f(**MM, bits=4), center_keys=True, sinks=4, group="bits"))
+    add(_cfg("midrise-max-near-b2+C+S4", _f(**MM, bits=2), center_keys=True, sinks=4, group="bits"))
+    add(_cfg("K4V2-midrise-max-near+C+S4", _f(**MM, bits=4), _f(**MM, bits=2), center_keys=True,
              sinks=4, group="kv"))
-    add(_cfg("K4V3-midrise-max-near+C+S4", _f(**MM, bits=4), _f(**MM), center=True, sinks=4,
+    add(_cfg("K4V3-midrise-max-near+C+S4", _f(**MM, bits=4), _f(**MM), center_keys=True, sinks=4,
              group="kv"))
-    add(_cfg("midrise-max-near+C+S4+K4top4", _f(**MM), center=True, sinks=4,
+    add(_cfg("midrise-max-near+C+S4+K4top4", _f(**MM), center_keys=True, sinks=4,
              layer_k=(4, _f(**MM, bits=4)), group="layer"))
     # robustness: the same model with strong key outlier channels (exact reparametrization
     # q.k = (q/s).(k*s): the 2 channels of largest |mu| per (layer, kv-head) x4)
     out = {"kind": "outlier", "gain": 4, "top": 2}
     for nm, k, kw in (("fp16", FP16, {}), ("int4-asym-DH", Baseline(4, rotate=True), {}),
-                      ("v1-default", _f(), {}), ("v1-default", _f(), dict(center=True, sinks=4)),
+                      ("v1-default", _f(), {}), ("v1-default", _f(), dict(center_keys=True, sinks=4)),
                       ("midrise-max-near", _f(**MM), {}),
-                      ("midrise-max-near", _f(**MM), dict(center=True, sinks=4)),
-                      ("midrise-rms-near", _f(**MR), dict(center=True, sinks=4)),
+                      ("midrise-max-near", _f(**MM), dict(center_keys=True, sinks=4)),
+                      ("midrise-rms-near", _f(**MR), dict(center_keys=True, sinks=4)),
                       ("lloydmax-rms-near", _f(**LM), {}),
-                      ("lloydmax-rms-near", _f(**LM), dict(center=True, sinks=4)),
+                      ("lloydmax-rms-near", _f(**LM), dict(center_keys=True, sinks=4)),
                       ("lloydmax-max-near", _f(mode="lloydmax", scale_round="nearest"),
-                       dict(center=True, sinks=4)),
+                       dict(center_keys=True, sinks=4)),
                       ("asym-max-near", _f(mode="asym", scale_round="nearest"),
-                       dict(center=True, sinks=4))):
+                       dict(center_keys=True, sinks=4))):
         suffix = "+C+S4" if kw else ""
         add(_cfg(f"{nm}{suffix}+OUT4", k, group="outlier", reparam=out, **kw))
     # query-aware per-channel key scaling (exact reparametrization, powers of two)
     for nm, kw in (("midrise-max-near", MM), ("lloydmax-rms-near", LM)):
-        add(_cfg(nm + "+C+S4+QS", _f(**kw), center=True, sinks=4, group="qscale",
+        add(_cfg(nm + "+C+S4+QS", _f(**kw), center_keys=True, sinks=4, group="qscale",
                  reparam={"kind": "qaware"}))
-    add(_cfg("K4V3-midrise-max-near+C+S4+QS", _f(**MM, bits=4), _f(**MM), center=True, sinks=4,
+    add(_cfg("K4V3-midrise-max-near+C+S4+QS", _f(**MM, bits=4), _f(**MM), center_keys=True, sinks=4,
              group="qscale", reparam={"kind": "qaware"}))
-    add(_cfg("midrise-max-near-b4+C+S4+QS", _f(**MM, bits=4), center=True, sinks=4,
+    add(_cfg("midrise-max-near-b4+C+S4+QS", _f(**MM, bits=4), center_keys=True, sinks=4,
              group="qscale", reparam={"kind": "qaware"}))
     # towards 1% of fp16
     add(_cfg("K4V3-midrise-max-near-G32+C+S4", _f(**MM, bits=4, block=32), _f(**MM, block=32),
-             center=True, sinks=4, group="kv"))
-    add(_cfg("midrise-max-near-b4-G32+C+S4", _f(**MM, bits=4, block=32), center=True, sinks=4,
+             center_keys=True, sinks=4, group="kv"))
+    add(_cfg("midrise-max-near-b4-G32+C+S4", _f(**MM, bits=4, block=32), center_keys=True, sinks=4,
              group="bits"))
     add(_cfg("Kfp16-V4-midrise-max-near", FP16, _f(**MM, bits=4), group="kv",
              note="keys uncompressed"))
@@ -295,46 +314,44 @@ def configurations() -> list[Config]:
     # issue 13: streaming-safe key treatments in the golden model, on the v2 policy
     # (v2 quantizer + centering + 4 sinks); per-model tables from the calibration file
     V2 = dict(mode="midrise", scale_round="nearest")
-    P = dict(center=True, sinks=4)
-    KS = ("qaware-pow2", "qaware-fp16", "keyonly-pow2")
-    tag = {"qaware-pow2": "KS2", "qaware-fp16": "KSf", "keyonly-pow2": "KSk"}
-    for ks in KS:
-        add(_cfg(f"v2+C+S4+{tag[ks]}", _f(**V2), **P, key_scale=ks, group="v3"))
-    add(_cfg("v2+C+S4+SG", _f(**V2), **P, signs=True, group="v3"))
-    add(_cfg("v2+C+S4+KS2+SG", _f(**V2), **P, key_scale="qaware-pow2", signs=True, group="v3"))
-    add(_cfg("v2+C+S4+KS2+R4", _f(**V2), **P, key_scale="qaware-pow2", rot=True, group="v3"))
-    add(_cfg("v2+C+S4+KS2+SG+R4", _f(**V2), **P, key_scale="qaware-pow2", signs=True, rot=True,
+    P = dict(center_keys=True, sinks=4)
+    for tag, ks, rule in (("KS2", "pow2", "qaware"), ("KSf", "fp16", "qaware"), ("KSk", "pow2", "keyonly")):
+        add(_cfg(f"v2+C+S4+{tag}", _f(**V2), **P, key_scale=ks, key_scale_rule=rule, group="v3"))
+    add(_cfg("v2+C+S4+SG", _f(**V2), **P, key_signs=True, group="v3"))
+    add(_cfg("v2+C+S4+KS2+SG", _f(**V2), **P, key_scale="pow2", key_signs=True, group="v3"))
+    add(_cfg("v2+C+S4+KS2+R4", _f(**V2), **P, key_scale="pow2", key_rot=True, group="v3"))
+    add(_cfg("v2+C+S4+KS2+SG+R4", _f(**V2), **P, key_scale="pow2", key_signs=True, key_rot=True,
              group="v3"))
-    add(_cfg("v2+C+S4+KS2+KB2", _f(**V2), **P, key_scale="qaware-pow2",
+    add(_cfg("v2+C+S4+KS2+KB2", _f(**V2), **P, key_scale="pow2",
              layer_k=(2, _f(**V2, bits=4), "boundary"), group="v3",
              note="4-bit keys in the first and last layer"))
-    add(_cfg("v2+C+S4+KS2+K4top2", _f(**V2), **P, key_scale="qaware-pow2",
+    add(_cfg("v2+C+S4+KS2+K4top2", _f(**V2), **P, key_scale="pow2",
              layer_k=(2, _f(**V2, bits=4)), group="v3",
              note="4-bit keys in the 2 most sensitive layers (calibration)"))
-    add(_cfg("v2-KG32+C+S1+KS2", _f(**V2, block=32), _f(**V2), center=True, sinks=1,
-             key_scale="qaware-pow2", group="v3", note="keys G = 32, values G = 64"))
+    add(_cfg("v2-KG32+C+S1+KS2", _f(**V2, block=32), _f(**V2), center_keys=True, sinks=1,
+             key_scale="pow2", group="v3", note="keys G = 32, values G = 64"))
     add(_cfg("v2-K4V2+C+S4+KS2", _f(**V2, bits=4), _f(**V2, bits=2), **P,
-             key_scale="qaware-pow2", group="v3"))
-    add(_cfg("v2+C+S1+KS2", _f(**V2), center=True, sinks=1, key_scale="qaware-pow2",
+             key_scale="pow2", group="v3"))
+    add(_cfg("v2+C+S1+KS2", _f(**V2), center_keys=True, sinks=1, key_scale="pow2",
              group="v3"))
-    add(_cfg("v2-K4V3+C+S4+KS2", _f(**V2, bits=4), _f(**V2), **P, key_scale="qaware-pow2",
+    add(_cfg("v2-K4V3+C+S4+KS2", _f(**V2, bits=4), _f(**V2), **P, key_scale="pow2",
              group="v3"))
-    add(_cfg("v2-K4V3+C+S4+KS2+SG", _f(**V2, bits=4), _f(**V2), **P, key_scale="qaware-pow2",
-             signs=True, group="v3"))
-    add(_cfg("v2-b4+C+S4+KS2", _f(**V2, bits=4), **P, key_scale="qaware-pow2", group="v3"))
+    add(_cfg("v2-K4V3+C+S4+KS2+SG", _f(**V2, bits=4), _f(**V2), **P, key_scale="pow2",
+             key_signs=True, group="v3"))
+    add(_cfg("v2-b4+C+S4+KS2", _f(**V2, bits=4), **P, key_scale="pow2", group="v3"))
     add(_cfg("v2-b4-KG32+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2, bits=4), **P,
-             key_scale="qaware-pow2", group="v3"))
+             key_scale="pow2", group="v3"))
     add(_cfg("v2-b4-KG16+C+S4+KS2", _f(**V2, bits=4, block=16), _f(**V2, bits=4), **P,
-             key_scale="qaware-pow2", group="v3"))
-    add(_cfg("v2-KG32+C+S1+KSf", _f(**V2, block=32), _f(**V2), center=True, sinks=1,
-             key_scale="qaware-fp16", group="v3", note="keys G = 32, values G = 64"))
-    add(_cfg("v2-KG32+C+S1+KS2+SG", _f(**V2, block=32), _f(**V2), center=True, sinks=1,
-             key_scale="qaware-pow2", signs=True, group="v3"))
-    add(_cfg("v2-K4V3+C+S4+KSf", _f(**V2, bits=4), _f(**V2), **P, key_scale="qaware-fp16",
+             key_scale="pow2", group="v3"))
+    add(_cfg("v2-KG32+C+S1+KSf", _f(**V2, block=32), _f(**V2), center_keys=True, sinks=1,
+             key_scale="fp16", group="v3", note="keys G = 32, values G = 64"))
+    add(_cfg("v2-KG32+C+S1+KS2+SG", _f(**V2, block=32), _f(**V2), center_keys=True, sinks=1,
+             key_scale="pow2", key_signs=True, group="v3"))
+    add(_cfg("v2-K4V3+C+S4+KSf", _f(**V2, bits=4), _f(**V2), **P, key_scale="fp16",
              group="v3"))
-    add(_cfg("v2-b4+C+S4+KSf", _f(**V2, bits=4), **P, key_scale="qaware-fp16", group="v3"))
+    add(_cfg("v2-b4+C+S4+KSf", _f(**V2, bits=4), **P, key_scale="fp16", group="v3"))
     add(_cfg("v2-K4G32V3+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2), **P,
-             key_scale="qaware-pow2", group="v3"))
+             key_scale="pow2", group="v3"))
     return c
 
 

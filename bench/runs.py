@@ -142,25 +142,25 @@ class Study:
 
     def transforms(self, cfg: Config):
         """Per layer, the keys' sim_models.HeadTransform per kv head, or None."""
-        if not (cfg.signs or cfg.rot):
+        if not (cfg.key_signs or cfg.key_rot):
             return None
         from sim_models import HeadTransform
-        dom = {v: k for k, v in SELECT_DOMAINS.items()}.get(cfg.key_scale)
-        if dom is None or not cfg.center:
+        dom = {v: k for k, v in SELECT_DOMAINS.items()}.get(cfg.key_scale_kind)
+        if dom is None or not cfg.center_keys:
             raise ValueError(f"{cfg.name}: sign / rotation tables are selected for centered "
                              f"keys with key_scale in {list(SELECT_DOMAINS.values())}")
         sg, rt = self.calib[f"signs_{dom}"], self.calib[f"rot_{dom}"]
-        return [[HeadTransform(signs=sg[l, h] if cfg.signs else None,
-                               rot=rt[l, h] if cfg.rot else None) for h in range(self.H)]
+        return [[HeadTransform(signs=sg[l, h] if cfg.key_signs else None,
+                               rot=rt[l, h] if cfg.key_rot else None) for h in range(self.H)]
                 for l in range(self.L)]
 
     def _fq(self, cfg: Config, metrics=True) -> KVFakeQuant:
         if cfg.tables and self.calib is None:
             raise RuntimeError(f"{cfg.name} needs the calibration file (run --calibrate)")
         return KVFakeQuant(self.L, self.H, self.D, self.quantizers(cfg), sinks=cfg.sinks,
-                           mu16=self.calib["mu"] if cfg.center else None,
+                           mu16=self.calib["mu"] if cfg.center_keys else None,
                            kscale=key_scales(cfg.reparam, self.calib) if cfg.reparam else None,
-                           key_s16=(calibrated_key_scales(cfg.key_scale, self.calib)
+                           key_s16=(calibrated_key_scales(cfg.key_scale_kind, self.calib)
                                     if cfg.key_scale else None),
                            transforms=self.transforms(cfg), metrics=metrics)
 
@@ -268,7 +268,7 @@ class Study:
         self.calib = {"mu": mu16}
         sens = {}
         for kind in ("k", "v"):
-            cfg = _cfg("calib", None, center=True)
+            cfg = _cfg("calib", None, center_keys=True)
             cfg = Config(**{**cfg.__dict__, kind: dict(CALIB_FORMAT)})
             fq = self._fq(cfg)
             self._hidden(seqs, fq)
@@ -338,11 +338,11 @@ class Study:
         h = hashlib.sha256()
         h.update(json.dumps([PROTOCOL, cfg.spec()], sort_keys=True).encode())
         h.update(w.tokens.tobytes())
-        if (cfg.center or cfg.reparam or cfg.layer_k) and self.calib is not None:
+        if (cfg.center_keys or cfg.reparam or cfg.layer_k) and self.calib is not None:
             h.update(self.calib["mu"].tobytes())
             h.update(self.calib["k_sens"].tobytes())
         if cfg.key_scale and self.calib is not None:
-            h.update(calibrated_key_scales(cfg.key_scale, self.calib).tobytes())
+            h.update(calibrated_key_scales(cfg.key_scale_kind, self.calib).tobytes())
         for t in (self.transforms(cfg) or []):
             for x in t:
                 for a in (x.signs, x.rot):

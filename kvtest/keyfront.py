@@ -20,8 +20,9 @@ from sim_models.params import FormatParams
 from sim_models.testvectors import key_front_inputs
 
 
-class KeyTables:
-    """mu_s (uint16 [T, N]) and e (int64 [T, N]) as the hardware holds them."""
+class KeySlotTable:
+    """The RTL key front end's table slots: mu_s (uint16 [T, N]) and e (int64 [T, N]) as the hardware
+    holds them (not :class:`sim_models.KeyTables`, the per-model calibrated tables they are loaded from)."""
 
     def __init__(self, p: FormatParams, slots: int):
         self.p, self.slots = p, slots
@@ -46,14 +47,14 @@ class KeyTables:
 
 
 def seen_tables(p: FormatParams, slots: int, in_cycles, cfg_words, cfg_cycles,
-                tables: "KeyTables | None" = None):
-    """Per vector the table it saw: (KeyTables after the last word, mu_s uint16 [V, T, N],
+                tables: "KeySlotTable | None" = None):
+    """Per vector the table it saw: (KeySlotTable after the last word, mu_s uint16 [V, T, N],
     e int64 [V, T, N] as views per segment, reload bool [V, T]).
 
     ``tables``: the state before the first word (default all zero; updated in place).
     ``reload[i, s]``: a word of slot s was accepted after the first vector's handshake and
     before vector i's (a table reload mid-stream that vector i sees)."""
-    tab = tables if tables is not None else KeyTables(p, slots)
+    tab = tables if tables is not None else KeySlotTable(p, slots)
     v = len(in_cycles)
     mu = np.empty((v, slots, p.n), np.uint16)
     e = np.empty((v, slots, p.n), np.int64)
@@ -76,7 +77,7 @@ def seen_tables(p: FormatParams, slots: int, in_cycles, cfg_words, cfg_cycles,
 
 
 def replay(p: FormatParams, slots: int, x: np.ndarray, slot, bypass, in_cycles,
-           cfg_words, cfg_cycles, tables: "KeyTables | None" = None) -> np.ndarray:
+           cfg_words, cfg_cycles, tables: "KeySlotTable | None" = None) -> np.ndarray:
     """Encoder inputs uint16 [V, N] of vectors accepted at ``in_cycles`` while ``cfg_words``
     were written at ``cfg_cycles`` (both in handshake order; ``tables``: the state before,
     default all zero, updated in place)."""

@@ -267,8 +267,12 @@ class FormatParams:
 
 _FIELDS = tuple(f.name for f in fields(FormatParams))
 
-#: Named quantizers: preset -> the quantizer fields (mode, scale encoding, rule, rounding,
-#: multiplier) of that format version (docs/FORMAT.md 2); :meth:`FormatParams.preset`.
+#: Named quantizers (the *per-vector quantizer* preset namespace): format version -> the quantizer
+#: fields (mode, scale encoding, rule, rounding, multiplier) of that version's per-vector format
+#: (docs/FORMAT.md 2); :meth:`FormatParams.preset`. ``"v3"`` here is version 3's per-vector
+#: quantizer, which is version 2's; the cache policy of version 3 (key front end, sinks) is
+#: :data:`sim_models.policy.POLICY_PRESETS` ``"v3"``, and rtl_gen's configuration names
+#: (``enc_v2_...``) name RTL builds by the quantizer preset they implement.
 PRESETS = {
     "v1": {"mode": "midtread", "scale": "ue5m3", "scale_rule": "max", "scale_round": "up",
            "scale_mult": None},

@@ -16,6 +16,7 @@ by :meth:`CachePolicy.table_bytes`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,7 +147,7 @@ class CachePolicy:
 
     @classmethod
     def preset(cls, name: str) -> CachePolicy:
-        """A named policy (:data:`POLICY_PRESETS`; docs/FORMAT.md 8).
+        """A named policy (:data:`POLICY_PRESETS`; docs/FORMAT.md 8), case-insensitive.
 
         Raises:
             ValueError: unknown name.
@@ -154,7 +155,130 @@ class CachePolicy:
         names = {n.lower(): n for n in POLICY_PRESETS}
         if not isinstance(name, str) or name.strip().lower() not in names:
             raise ValueError(f"policy preset must be one of {tuple(POLICY_PRESETS)}, got {name!r}")
-        return cls(**POLICY_PRESETS[names[name.strip().lower()]])
+        return POLICY_PRESETS[names[name.strip().lower()]]
+
+    # ------------------------------------------------------------------ spec strings
+    @classmethod
+    def parse(cls, spec: str, base: FormatParams | None = None) -> CachePolicy:
+        """Policy from its spec string (the inverse of :attr:`spec`), case-insensitive.
+
+        Grammar: a preset name alone (:data:`POLICY_PRESETS`), ``fp16`` (both kinds 16-bit),
+        or ``K<b>V<b>`` (``fp16`` = ``K16V16``) followed by ``+`` terms: ``C`` centered keys (:attr:`center_keys`),
+        ``S<n>`` n fp16 sink tokens (:attr:`sinks`), ``KS2`` / ``KSf`` power-of-two / fp16
+        per-channel key scales (:attr:`key_scale` ``"pow2"`` / ``"fp16"``), ``SG`` calibrated
+        key sign flips (:attr:`key_signs`), ``R4`` calibrated 4x4 key rotations
+        (:attr:`key_rot`), ``K<b>@l,l,..`` / ``V<b>@l,l,..`` the keys / values of the listed
+        layers at b bits (:attr:`layer_k` / :attr:`layer_v`). A width of ``16`` means
+        unquantized. Example: ``K3V3+C+S4+KS2+K4@0,1``.
+
+        Args:
+            spec: the string.
+            base: the per-vector format every width is applied to (default ``FormatParams()``;
+                integrations set ``n`` per model with :meth:`fit`).
+
+        Raises:
+            ValueError: a malformed spec; the message names the term and the field it sets.
+        """
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"policy spec must be a non-empty string, got {spec!r}")
+        if base is not None and not isinstance(base, FormatParams):
+            raise TypeError(f"base must be a FormatParams or None, got {type(base).__name__}")
+        presets = {n.lower(): n for n in POLICY_PRESETS}
+        key = spec.strip().lower()
+        if key in presets:
+            pol = POLICY_PRESETS[presets[key]]
+            return pol if base is None else pol.rebase(base)
+        if spec.split("+")[0].strip().lower() in presets:
+            raise ValueError(f"policy spec {spec!r}: a preset name ({', '.join(POLICY_PRESETS)}) stands alone; "
+                             f"write the terms out instead (v3 = {POLICY_PRESETS['v3'].spec})")
+        base = base or FormatParams()
+        terms = [t.strip().upper() for t in spec.split("+")]
+
+        def fmt(bits: str, term: str, name: str):
+            if bits == "16":
+                return None
+            try:
+                return dataclasses.replace(base, bits=int(bits))
+            except ValueError as err:
+                raise ValueError(f"policy spec {spec!r}: term {term!r} sets {name}: {err}") from None
+
+        if terms[0] == "FP16":
+            k = v = None
+        else:
+            m = _KV_TERM.fullmatch(terms[0])
+            if not m:
+                raise ValueError(f"policy spec {spec!r}: first term must be K<b>V<b> or fp16 (fields k, v), "
+                                 f"got {terms[0]!r}")
+            k, v = fmt(m.group(1), terms[0], "k"), fmt(m.group(2), terms[0], "v")
+        out = dict(k=k, v=v, sinks=0, center_keys=False, key_scale=None, key_signs=False, key_rot=False)
+        layer_k, layer_v, seen = [], [], set()
+        for t in terms[1:]:
+            flag = _FLAG_TERMS.get(t)
+            if flag is not None:
+                name, value = flag
+            elif re.fullmatch(r"S\d+", t):
+                name, value = "sinks", int(t[1:])
+            elif re.fullmatch(r"[KV](\d+)@\d+(,\d+)*", t):
+                bits, layers = t[1:].split("@")
+                name = "layer_k" if t[0] == "K" else "layer_v"
+                dest = layer_k if t[0] == "K" else layer_v
+                f = fmt(bits, t, name)
+                dest.extend((int(l), f) for l in layers.split(","))
+                continue
+            else:
+                raise ValueError(f"policy spec {spec!r}: unknown term {t!r} (C, S<n>, KS2, KSf, SG, R4, "
+                                 f"K<b>@layers, V<b>@layers)")
+            if name in seen:
+                raise ValueError(f"policy spec {spec!r}: field {name} is set twice (term {t!r})")
+            seen.add(name)
+            out[name] = value
+        try:
+            return cls(**out, layer_k=tuple(layer_k), layer_v=tuple(layer_v))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"policy spec {spec!r}: {err}") from None
+
+    @property
+    def spec(self) -> str:
+        """The spec string of this policy (:meth:`parse` gives it back for the default base).
+
+        Raises:
+            ValueError: a format differs from the others in a field other than ``bits`` (a spec
+                states widths only; the field is named).
+        """
+        fmts = [f for f in (self.k, self.v, *(f for _, f in self.layer_k + self.layer_v)) if f is not None]
+        for f in fmts[1:]:
+            for name in _FORMAT_FIELDS:
+                if name != "bits" and getattr(f, name) != getattr(fmts[0], name):
+                    raise ValueError(f"policy has no spec string: its formats differ in {name} "
+                                     f"({getattr(fmts[0], name)!r} != {getattr(f, name)!r}); a spec states bits only")
+        w = lambda f: "16" if f is None else str(f.bits)  # noqa: E731
+        s = f"K{w(self.k)}V{w(self.v)}"
+        s += "+C" if self.center_keys else ""
+        s += f"+S{self.sinks}" if self.sinks else ""
+        s += {"pow2": "+KS2", "fp16": "+KSf", None: ""}[self.key_scale]
+        s += "+SG" if self.key_signs else ""
+        s += "+R4" if self.key_rot else ""
+        for kind, over in (("K", self.layer_k), ("V", self.layer_v)):
+            by_w: dict = {}
+            for l, f in over:
+                by_w.setdefault(w(f), []).append(str(l))
+            s += "".join(f"+{kind}{b}@{','.join(ls)}" for b, ls in by_w.items())
+        return s
+
+    def rebase(self, base: FormatParams) -> CachePolicy:
+        """This policy with every format replaced by ``base`` at that format's bits (fp16 stays)."""
+        def rb(f):
+            return None if f is None else dataclasses.replace(base, bits=f.bits)
+        return dataclasses.replace(self, k=rb(self.k), v=rb(self.v),
+                                   layer_k=tuple((l, rb(f)) for l, f in self.layer_k),
+                                   layer_v=tuple((l, rb(f)) for l, f in self.layer_v))
+
+
+_KV_TERM = re.compile(r"K(\d+)V(\d+)")
+#: spec terms that set one field to one value
+_FLAG_TERMS = {"C": ("center_keys", True), "KS2": ("key_scale", "pow2"), "KSF": ("key_scale", "fp16"),
+               "SG": ("key_signs", True), "R4": ("key_rot", True)}
+_FORMAT_FIELDS = tuple(f.name for f in dataclasses.fields(FormatParams))
 
 
 def _check_counts(**counts):
@@ -184,13 +308,19 @@ def fit_format(f: FormatParams | None, head_dim: int, dtype: str | None = None) 
                          f"head): {err}") from None
 
 
-#: Named cache policies. ``v3`` is format version 3's recommended policy (docs/FORMAT.md 8):
-#: the per-vector format at b = 3 for keys and values, key centering, 4 fp16 sink tokens and
-#: query-aware power-of-two key scales, the tables from :class:`sim_models.KeyTables`
-#: (3.150 bits at 2048 tokens); ``v3-K4V3`` its quality tier (4-bit keys, 3.649 bits);
-#: ``v2`` the version-2 deployment without per-model tables.
+#: Named cache policies (the *policy* preset namespace: what a cache stores per layer, above the
+#: per-vector format; not :data:`sim_models.params.PRESETS`, which names per-vector quantizers, nor
+#: rtl_gen's configuration presets, which name RTL builds). The names follow the format version
+#: whose deployment they describe (docs/FORMAT.md 8):
+#:
+#: * ``v2``: the version-2 deployment, per-vector format at b = 3 for keys and values, no per-model
+#:   tables (spec ``K3V3``);
+#: * ``v3``: format version 3's recommended policy, ``v2`` plus key centering, 4 fp16 sink tokens and
+#:   query-aware power-of-two key scales, the tables from :class:`sim_models.KeyTables`
+#:   (spec ``K3V3+C+S4+KS2``; 3.150 bits at 2048 tokens);
+#: * ``v3-K4V3``: its quality tier with 4-bit keys (spec ``K4V3+C+S4+KS2``; 3.649 bits).
 POLICY_PRESETS = {
-    "v2": dict(),
-    "v3": dict(sinks=4, center_keys=True, key_scale="pow2"),
-    "v3-K4V3": dict(k=FormatParams(bits=4), sinks=4, center_keys=True, key_scale="pow2"),
+    "v2": CachePolicy(),
+    "v3": CachePolicy(sinks=4, center_keys=True, key_scale="pow2"),
+    "v3-K4V3": CachePolicy(k=FormatParams(bits=4), sinks=4, center_keys=True, key_scale="pow2"),
 }

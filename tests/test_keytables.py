@@ -173,8 +173,8 @@ def test_policy_presets():
         CachePolicy.preset("v4")
     assert CachePolicy.preset(" V3 ") == v3                    # as parse_policy: case and spaces
     hf = pytest.importorskip("gpu_ref.hf")
-    assert hf.parse_policy("v3") == v3 and hf.parse_policy("V3-K4V3") == CachePolicy.preset("v3-K4V3")
-    assert hf.policy_spec(v3) == "K3V3+C+S4+KS2" and hf.parse_policy("K3V3+C+S4+KS2") == v3
+    assert CachePolicy.parse("v3") == v3 and CachePolicy.parse("V3-K4V3") == CachePolicy.preset("v3-K4V3")
+    assert v3.spec == "K3V3+C+S4+KS2" and CachePolicy.parse("K3V3+C+S4+KS2") == v3
 
 
 def test_small_head_dims_default_params_and_the_calibration_file_is_named(tmp_path):

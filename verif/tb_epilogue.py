@@ -40,7 +40,7 @@ import cocotb
 
 from kvtest.coverage import encoder_hits, take
 from kvtest.inputs import encoder_rows, get_set
-from kvtest.keyfront import (KeyTables, bench_tables, key_hits, seen_tables, side_band,
+from kvtest.keyfront import (KeySlotTable, bench_tables, key_hits, seen_tables, side_band,
                              table_words, vector_inputs)
 from kvtest.streamcheck import describe_encoder_word, full_rate_record_errors
 from sim_models import wire
@@ -64,7 +64,7 @@ async def bench(dut, name: str):
     b.ks = key_slots(b)
     if b.ks:
         if _TABLES[0] is None:
-            _TABLES[0] = KeyTables(b.p, b.ks)
+            _TABLES[0] = KeySlotTable(b.p, b.ks)
         mu, e = bench_tables(b.p, b.ks, b.seed + zlib.crc32(name.encode()) % 1000)
         words = table_words(b.p, b.ks, mu, e)
         await b.load(wire.ints_to_binstr(words, b.widths["cfg__payload"]))
@@ -186,7 +186,7 @@ async def run_keyfront(b, s: dict, kw: dict) -> dict:
     seen = {}
 
     def expect(acc, cfgc):
-        tab = KeyTables(b.p, ks)
+        tab = KeySlotTable(b.p, ks)
         tab.mu_s[:], tab.e[:] = start.mu_s, start.e
         tab, mu, e, rl = seen_tables(b.p, ks, acc, words, cfgc, tab)
         xin = vector_inputs(b.p, ks, x[:len(acc)], mu, e, slot[:len(acc)], byp[:len(acc)])
