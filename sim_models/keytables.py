@@ -3,9 +3,9 @@
 One concept: the constants of the key front end (docs/FORMAT.md 8) for one model, one
 entry per (layer, kv head): mu (fp16 per channel, sim_models/center.py) and the integer
 exponents e of the key scales s = 2^e (sim_models/keyscale.py). Like weights, they are
-fixed per model and calibrated once (``python bench/accuracy.py --model M --calibrate
---calibrate-only`` writes ``bench/calib/<model_id>.keytables.npz``); the per-token bytes
-of a key depend only on the key and these tables (streaming-safe).
+fixed per model and calibrated once (``python -m sim_models.calibrate --model M --out
+tables.npz``, :mod:`sim_models.calibrate`); the per-token bytes of a key depend only on the
+key and these tables (streaming-safe).
 
 The exponents are query-aware (issue-13 study, docs/ACCURACY.md): per channel
 ``e_i = clip(round(l_i - mean_j l_j), +-LOG2_S_MAX)`` with ``l_i = log2(E q_i^2 / E (k_i - mu_i)^2) / 4``
@@ -29,7 +29,8 @@ from .keyscale import LOG2_S_RANGE, front_table, key_front, pow2_scales
 from .params import FormatParams
 
 #: Largest |e| of a calibrated key-scale exponent (the study's range; the golden model and
-#: the RTL accept [-14, 15] (LOG2_S_RANGE), the CUDA kernels [-14, 14]).
+#: the RTL accept :data:`sim_models.keyscale.LOG2_S_RANGE`, the CUDA kernels
+#: ``gpu_ref.backend.CUDA.key_scale_log2``).
 LOG2_S_MAX = 4
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from bench.configs import CONFIRM, RECOMMENDED, V2_DEFAULT, Config, by_name
 from bench.kvquant import Baseline, baseline_roundtrip, roundtrip
-from bench.models import resolve, slug
-from bench.windows import TokenizedText
 from sim_models import CachePolicy, FormatParams
+from sim_models.calibrate import TokenizedText
+from sim_models.models import resolve, slug
 
 
 def test_table_names_unique_and_leading_known():
