@@ -75,6 +75,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpu_ref  # noqa: E402
+from gpu_ref.encode import launch_encode  # noqa: E402
 from gpu_ref.layout import deinterleave, vpair_supported  # noqa: E402
 from kvtest.gpu_cases import attention64, make_case, qparams, rel_err  # noqa: E402
 from kvtest.inputs import mixed_bits  # noqa: E402
@@ -283,7 +284,7 @@ def write_variant_exact(p, tune, count=65536):
     codes = cp.empty((count, p.code_bytes), cp.uint8)
     scales = cp.empty((count, p.n_blocks), cp.uint8)
     flags = cp.empty((count,), cp.uint8)
-    gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, tune)
+    launch_encode(x, p, codes, scales, flags, None, cp, tune)
     return bool(np.array_equal(g.codes, cp.asnumpy(codes)) and np.array_equal(g.scales, cp.asnumpy(scales))
                 and np.array_equal(g.flags, cp.asnumpy(flags)))
 
@@ -306,8 +307,8 @@ def bench_write(nvec=16 << 20, variants=WRITE_VARIANTS, bf16_variants=2, cases=N
         scales = cp.empty((nvec, 2), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
         # (tune None: the gpu_ref defaults, ENCODE_TUNE)
-        gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, tune)  # compile + warm
-        fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, tune))
+        launch_encode(x, p, codes, scales, flags, None, cp, tune)  # compile + warm
+        fn = on_torch_stream(lambda: launch_encode(x, p, codes, scales, flags, None, cp, tune))
         ms, times, how = graph_time([fn], reps=9, inner=3)
         nbytes = nvec * (256 + 48 + 2 + 1)
         res.append({"dtype": dtype, "tune": tune, "bit_exact_65536": exact, "vectors": nvec, "ms": ms, "bytes": nbytes,
@@ -346,7 +347,7 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
     for var in (variants or [{}]):
         pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t, **var)
         ws = pl.workspace()
-        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(pl, ws, q, *s, lens, out=out)) for s in sets]
+        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(pl, ws, q, *s, lens, out=out)) for s in sets]
         ms, times, how = graph_time(fns, reps=7)
         gbs = comp_bytes / (ms * 1e-3) / 1e9
         var_rows.append({"variant": var, "ms": ms, "GBps": gbs, "all_ms": times, "timing": how})
@@ -449,7 +450,7 @@ def bench_decode_versions(bsz, hq, kvh, t, order=("v1", "v2", "v1")):
         p = ps[name]
         pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t)
         ws = pl.workspace()
-        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(pl, ws, q, *s, lens, out=out)) for s in sets]
+        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(pl, ws, q, *s, lens, out=out)) for s in sets]
         ms, times, how = graph_time(fns, reps=7)
         row["runs"].append({"version": name, "mode": p.mode, "ms": ms, "GBps": comp_bytes / (ms * 1e-3) / 1e9,
                             "all_ms": times, "timing": how, "gpu_state_after": gpu_state()})
@@ -543,7 +544,7 @@ def ncu_driver():
         gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tune)
     x = cp.random.standard_normal((1 << 22, 128), dtype=cp.float32).astype(cp.float16)
     for tune in ({"lptm": 64, "minb": 4}, {"lptm": 128, "minb": 2}):
-        gpu_ref.encode_kv(x, p) if tune is None else gpu_ref.launch_encode(
+        gpu_ref.encode_kv(x, p) if tune is None else launch_encode(
             x.view(cp.uint16), p, cp.empty((1 << 22, 48), cp.uint8), cp.empty((1 << 22, 2), cp.uint8),
             cp.empty((1 << 22,), cp.uint8), None, cp, tune)
     cp.cuda.Device().synchronize()
@@ -611,7 +612,7 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
             pl = gpu_ref.plan(kp, vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, sinks=sinks,
                               page_size=page, capacity=None if page else rows, tune=var.get("tune"), layout=lay)
             ws = pl.workspace()
-            fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run(
+            fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(
                 pl, ws, q, s[0], s[1], s[2], s[3], lens, s[4], k_sink=sk, v_sink=sv, out=out, layout=pl.layout))
                 for s in sets]
             ms, times, how = graph_time(fns, reps=5 if quick else 7)
@@ -644,7 +645,7 @@ def run_policy(a, result, save, t_start):
             codes = cp.empty((nvec, p.code_bytes), cp.uint8)
             scales = cp.empty((nvec, p.n_blocks), cp.uint8)
             flags = cp.empty((nvec,), cp.uint8)
-            fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp))
+            fn = on_torch_stream(lambda: launch_encode(x, p, codes, scales, flags, None, cp))
             ms, times, how = graph_time([fn], reps=7, inner=2)
             byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
             r = {"bits": kb, "dtype": dt, "vectors": nvec, "ms": ms, "GBps": byts / (ms * 1e-3) / 1e9,
@@ -782,7 +783,7 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 def call(s, p_=p_, wsi=wsi, legacy=legacy):
                     if legacy:  # a source before round 9: positional kernel arguments
                         return legacy_run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, sk, sv, out)
-                    return gpu_ref.run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
+                    return gpu_ref.run_planes(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
                                        out_dtype="fp32", layout=p_.layout, q_scale=qs)
                 ctx = kernel_source(src) if src else None
                 try:
@@ -851,7 +852,7 @@ def run_kernel(a, result, save, t_start):
         del g
         codes, scales = cp.empty((nvec, p.code_bytes), cp.uint8), cp.empty((nvec, p.n_blocks), cp.uint8)
         flags = cp.empty((nvec,), cp.uint8)
-        fn = on_torch_stream(lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, layout=lay))
+        fn = on_torch_stream(lambda: launch_encode(x, p, codes, scales, flags, None, cp, layout=lay))
         ms, times, how = graph_time([fn], reps=7, inner=2)
         byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
         r = {"bits": 3, "dtype": dt, "layout": lay, "vectors": nvec, "ms": ms, "GBps": byts / (ms * 1e-3) / 1e9,
@@ -962,7 +963,7 @@ def run_write(a, result, save, t_start):
             codes, scales = cp.empty((nvec, p.code_bytes), cp.uint8), cp.empty((nvec, p.n_blocks), cp.uint8)
             flags = cp.empty((nvec,), cp.uint8)
             byts = nvec * (256 + p.code_bytes + p.n_blocks + 1)
-            impls = [("new", lambda: gpu_ref.launch_encode(x, p, codes, scales, flags, None, cp, key=key))]
+            impls = [("new", lambda: launch_encode(x, p, codes, scales, flags, None, cp, key=key))]
             if base is not None and not label.endswith("again"):
                 if keyf:
                     s32 = cp.asarray(s16.astype(np.float32)) if keyf & 1 else None

@@ -57,7 +57,7 @@ def encode_kernel(folder, p, layout):
 
 
 def launch(folder, x, p, codes, scales, flags, rows, layout, pair_vec=1):
-    """gpu_ref.launch_encode with the kernel of ``folder`` (the same grid and argument struct)."""
+    """gpu_ref.encode.launch_encode with the kernel of ``folder`` (the same grid and argument struct)."""
     k, smem, lpt, minb = encode_kernel(folder, p, layout)
     nvec = x.size // p.n
     ntiles = (nvec + 128 // (p.n // lpt) - 1) // (128 // (p.n // lpt))

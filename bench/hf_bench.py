@@ -296,9 +296,9 @@ def _null_attention(module, query, key, value, attention_mask, **kw):
 
 def _per_seq_bytes(cfg, spec, ctx):
     from gpu_ref import hf
-    from sim_models import FormatParams  # noqa: F401
-    pol = hf.parse_policy(spec)
-    L, hq, kvh, d = hf._shape(cfg)
+    from sim_models import CachePolicy
+    pol = CachePolicy.parse(spec)
+    L, hq, kvh, d = hf.model_shape(cfg)
     bits = pol.stored_bits(L, kvh, d, ctx) if pol.k is not None else 2 * L * kvh * d * ctx * 16
     flags = 0 if pol.k is None else 2 * L * kvh * ctx * 8      # the flag planes
     return (bits + flags) // 8
@@ -329,7 +329,7 @@ def step_time(model, spec, batch, ctx, steps, null=False, eager=False):
     import torch
     from gpu_ref import hf
     from sim_models import KeyTables
-    L, _, kvh, d = hf._shape(model.config)
+    L, _, kvh, d = hf.model_shape(model.config)
     tables = KeyTables("timing", np.zeros((L, kvh, d), np.float16), np.zeros((L, kvh, d), np.int8))
     c = hf.PackedCache(model.config, spec, batch, ctx + 64, tables=tables, backend="cuda")
     ids = torch.zeros(batch, 1, dtype=torch.long, device="cuda")

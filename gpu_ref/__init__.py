@@ -11,7 +11,8 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
   (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones. Keys may pass through the
   cache policy's key front end on the way (per-channel power-of-two scales, centering; fp16), applied
   in registers by the same kernel (:func:`key_table`, :func:`key_front` for rows that are not encoded).
-* :func:`plan` / :func:`run` (and the one-call :func:`decode_attention`) -- fused single-token
+* :func:`plan` / :func:`run` (``run(plan, workspace, q, cache)``; :func:`run_planes` takes the planes one
+  by one) and the one-call :func:`decode_attention` -- fused single-token
   decode attention (``kv_decode_attn.cu``)
   straight from the packed cache: q is rotated inside the kernel (``q~ = H D q``), logits and
   the online softmax run in the rotated domain (``q.k = q~ . (code*scale) / N``), the rotated V
@@ -21,11 +22,16 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
   (flash-decoding) with an in-kernel merge; GQA with any ratio; per-sequence lengths; 3- or 4-bit
   keys and values chosen separately; fp16 sink tokens merged by log-sum-exp; per-channel key scales
   folded into q; contiguous or paged planes (block table).
-* :class:`KVCache` -- one layer's cache with a policy (bits per K/V, sinks, key centering and
-  scales, contiguous or paged), ``append`` / ``plan`` / ``run`` / ``attend``.
+* :class:`KVCache` -- one layer's cache for a :class:`sim_models.CachePolicy` and the model's
+  :class:`sim_models.KeyTables` (bits per K/V, sinks, key centering and scales, contiguous or paged),
+  ``append`` / ``plan`` / ``run`` / ``attend``.
+* :data:`CUDA` / :func:`supports` (:mod:`gpu_ref.backend`) -- what the kernels serve, declared once;
+  ``supports(policy, head_dim, dtype)`` returns the named reasons a policy is not served.
 
-Modules: ``_build`` (checks, kernel cache), ``encode``, ``decode`` (plan/run), ``cache``, ``layout`` (the vpair
-storage order of the value codes).
+Modules: ``backend`` (capabilities), ``_build`` (kernel cache), ``encode``, ``decode`` (plan/run), ``cache``,
+``layout`` (the vpair storage order of the value codes), ``hf`` (transformers integration), ``generate``
+(command line). Tuning tables and launch internals (``decode.DECODE_TUNE``, ``decode.kernel_params``,
+``encode.ENCODE_TUNE``, ``encode.launch_encode``) stay in their modules.
 
 Method and sources
 ------------------
@@ -69,13 +75,12 @@ sm_90). Importing this module needs neither; the functions raise ``RuntimeError`
 from __future__ import annotations
 
 from ._build import SUPPORTED_QUANTIZER
+from .backend import CUDA, supports
 from .cache import KVCache
-from .decode import (DECODE_TUNE, DecodePlan, Workspace, decode_attention, decode_supported, plan, run)
-from .decode import kernel_params as decode_kernel_params
-from .encode import ENCODE_TUNE, EncodedGPU, KeyFront, encode_kv, key_front, key_table, launch_encode
+from .decode import DecodePlan, Workspace, decode_attention, decode_supported, plan, run, run_planes
+from .encode import EncodedGPU, KeyFront, encode_kv, key_front, key_table
 
 __all__ = [
-    "EncodedGPU", "KVCache", "DecodePlan", "Workspace", "plan", "run", "decode_attention", "decode_supported",
-    "encode_kv", "KeyFront", "key_table", "key_front", "decode_kernel_params", "SUPPORTED_QUANTIZER", "DECODE_TUNE",
-    "ENCODE_TUNE", "launch_encode",
+    "CUDA", "supports", "EncodedGPU", "KVCache", "DecodePlan", "Workspace", "plan", "run", "run_planes",
+    "decode_attention", "decode_supported", "encode_kv", "KeyFront", "key_table", "key_front", "SUPPORTED_QUANTIZER",
 ]

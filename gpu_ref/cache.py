@@ -14,10 +14,13 @@ exports the golden bytes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from sim_models.params import FormatParams
+from sim_models import CachePolicy, KeyTables
 
+from . import backend as _backend
 from . import decode as _dec
 from ._build import check_cupy_array, cupy
 from .encode import as_bits, key_front, key_table, launch_encode
@@ -31,66 +34,88 @@ def _check_pos(name, v, lo=1):
 
 
 class KVCache:
-    """Packed K/V cache on the GPU.
+    """Packed K/V cache of one layer on the GPU, for a cache policy.
 
     Args:
         batch: number of sequences B.
         kv_heads: KV heads per token.
         capacity: tokens per sequence (incl. sinks); the packed rows are rounded up to a multiple of 16.
-        params: key format (decode needs bits 3/4, N in {64, 128, 256}, G in {16, 32, 64}; quantizer in
-            :data:`gpu_ref.SUPPORTED_QUANTIZER`, else ValueError naming the field).
-        v_params: value format (default: ``params``); may differ from it only in ``bits``.
-        sinks: unquantized leading tokens per sequence (0..64), stored in ``k_sink``/``v_sink``.
-        mu: centering vectors ``[KVH, N]`` (NumPy float16, or uint16 fp16 bits), or None.
-        key_scale: per-channel key scales ``[KVH, N]`` (NumPy, powers of two), or None.
+        policy: :class:`sim_models.CachePolicy`, its spec string (``"K4V3+S4"``, ``"v3"``) or None
+            (``CachePolicy()``, the ``v2`` preset). The layer's K and V formats, sinks, centering and key
+            scales come from it; what the kernels serve is :func:`gpu_ref.backend.supports`.
+        tables: :class:`sim_models.KeyTables` of the model: mu (``policy.center_keys``) and the key-scale
+            exponents (``policy.key_scale == "pow2"``) of entry ``layer``; shape ``[L, kv_heads, head_dim]``.
+        layer: the decoder layer this cache holds (its overrides in the policy, its entry in ``tables``).
+        head_dim: vector length N (default: the policy's key format's ``n``); the formats are fitted to it
+            (:meth:`sim_models.CachePolicy.fit`).
+        dtype: 16-bit type of K/V, ``"fp16"`` or ``"bf16"`` (default: the key format's).
         page_size: None (contiguous) or tokens per page (16, 32 or a power-of-two multiple of 64).
         num_pages: pages in the pool (default: enough for every sequence at capacity).
         layout: order of the value code plane, "vpair" or "wire" (default: "vpair" where the decode kernel
             reads it -- 3-bit values, 64-lane blocks -- else "wire"); see :mod:`gpu_ref.layout`.
 
     Attributes:
-        k_codes, v_codes, k_scales, v_scales: uint8 planes (contiguous ``[B, KVH, CAP, *]`` or pools
-        ``[P, KVH, page, *]``); k_flags, v_flags: uint8 ``[B|P, KVH, CAP|page]``; k_sink, v_sink:
-        uint16 ``[B, KVH, sinks, N]`` (None without sinks); block_table: int32 ``[B, max_pages]``
-        (paged); lengths: int32 cupy ``[B]`` tokens per sequence (host copy in ``host_lengths``);
-        q_scale: float32 cupy ``[KVH, N]`` = 1/s (None without key scales); layout: as the argument.
+        policy: the policy fitted to head_dim and dtype; params, v_params: the layer's K / V formats;
+        sinks: fp16 leading tokens; k_codes, v_codes, k_scales, v_scales: uint8 planes (contiguous
+        ``[B, KVH, CAP, *]`` or pools ``[P, KVH, page, *]``); k_flags, v_flags: uint8 ``[B|P, KVH, CAP|page]``;
+        k_sink, v_sink: uint16 ``[B, KVH, sinks, N]`` (None without sinks); block_table: int32
+        ``[B, max_pages]`` (paged); lengths: int32 cupy ``[B]`` tokens per sequence (host copy in
+        ``host_lengths``); q_scale: float32 cupy ``[KVH, N]`` = 1/s (None without key scales); layout.
 
     Raises:
-        ValueError: a bad size, format pair, policy value or page size (named).
-        TypeError: wrong array types for mu / key_scale.
+        ValueError: a bad size or page size, a policy the kernels cannot serve (every reason named),
+            tables missing or of the wrong shape.
+        TypeError: policy / tables of the wrong type.
     """
 
-    def __init__(self, batch: int, kv_heads: int, capacity: int, params: FormatParams | None = None, *,
-                 v_params: FormatParams | None = None, sinks: int = 0, mu=None, key_scale=None,
-                 page_size: int | None = None, num_pages: int | None = None, layout: str | None = None):
-        kp, vp = _dec.check_kv_pair(params, v_params)
-        self.layout = _dec.check_layout(
-            ("vpair" if vpair_supported(vp.bits, vp.block) else "wire") if layout is None else layout, vp)
+    def __init__(self, batch: int, kv_heads: int, capacity: int, policy: CachePolicy | str | None = None, *,
+                 tables: KeyTables | None = None, layer: int = 0, head_dim: int | None = None,
+                 dtype: str | None = None, page_size: int | None = None, num_pages: int | None = None,
+                 layout: str | None = None):
+        if policy is None:
+            policy = CachePolicy()
+        elif isinstance(policy, str):
+            policy = CachePolicy.parse(policy)
+        if not isinstance(policy, CachePolicy):
+            raise TypeError(f"policy must be a sim_models.CachePolicy, a spec string or None, got "
+                            f"{type(policy).__name__}")
+        if tables is not None and not isinstance(tables, KeyTables):
+            raise TypeError(f"tables must be a sim_models.KeyTables, got {type(tables).__name__}")
+        self.layer = _check_pos("layer", layer, 0)
         self.batch = _check_pos("batch", batch)
         self.kv_heads = _check_pos("kv_heads", kv_heads)
         _check_pos("capacity", capacity)
-        self.sinks = _check_pos("sinks", sinks, 0)
-        if self.sinks > _dec.MAX_SINKS:
-            raise ValueError(f"sinks must be in [0, {_dec.MAX_SINKS}], got {sinks}")
-        n = kp.n
-        if (mu is not None or key_scale is not None) and kp.dtype != "fp16":
-            raise ValueError(f"mu / key_scale need dtype fp16, got dtype={kp.dtype!r}")
-        mu16 = None
-        if mu is not None:
-            if not isinstance(mu, np.ndarray):
-                raise TypeError(f"mu must be a NumPy array, got {type(mu).__name__}")
-            mu16 = mu.view(np.float16) if mu.dtype == np.uint16 else mu
-            if mu16.dtype != np.float16 or mu16.shape != (self.kv_heads, n) or not np.isfinite(mu16).all():
-                raise ValueError(f"mu must be finite float16 [{self.kv_heads}, {n}], got {mu.dtype} {mu.shape}")
-        s = None
-        if key_scale is not None:
-            if not isinstance(key_scale, np.ndarray):
-                raise TypeError(f"key_scale must be a NumPy array, got {type(key_scale).__name__}")
-            s = key_scale.astype(np.float64)
-            if s.shape != (self.kv_heads, n) or not np.all(s > 0) or not np.all(np.exp2(np.round(np.log2(s))) == s):
-                raise ValueError(f"key_scale must be powers of two [{self.kv_heads}, {n}]")
-            if np.abs(np.log2(s)).max() > 14:
-                raise ValueError("key_scale exponents must be in [-14, 14]")
+        ref = policy.format_for(self.layer, "k") or policy.format_for(self.layer, "v")
+        if ref is None:
+            raise ValueError(f"policy stores layer {self.layer} 16-bit (k and v None): KVCache holds packed layers")
+        n = ref.n if head_dim is None else _check_pos("head_dim", head_dim)
+        dtype = ref.dtype if dtype is None else dtype
+        one = dataclasses.replace(policy, k=policy.format_for(self.layer, "k"), v=policy.format_for(self.layer, "v"),
+                                  layer_k=(), layer_v=())
+        _backend.check(one, n, dtype)
+        self.policy = policy.fit(n, dtype)
+        kp, vp = one.fit(n, dtype).k, one.fit(n, dtype).v
+        self.layout = _dec.check_layout(
+            ("vpair" if vpair_supported(vp.bits, vp.block) else "wire") if layout is None else layout, vp)
+        self.sinks = policy.sinks
+        mu16 = s = None
+        if policy.center_keys or policy.key_scale:
+            if tables is None:
+                raise ValueError(f"policy {policy.spec} reads key tables (center_keys / key_scale): pass "
+                                 f"tables=KeyTables (python -m sim_models.calibrate)")
+            if tables.shape[1:] != (self.kv_heads, n) or not self.layer < tables.shape[0]:
+                raise ValueError(f"tables of model {tables.model_id!r} have shape {tables.shape} (layers, kv heads, "
+                                 f"head_dim); layer {self.layer} of kv_heads={self.kv_heads}, head_dim={n} needed")
+            if policy.center_keys:
+                mu16 = tables.mu[self.layer]
+            if policy.key_scale:
+                if tables.log2_s is None:
+                    raise ValueError(f"policy key_scale {policy.key_scale!r} needs key scales; the tables of "
+                                     f"{tables.model_id!r} have none (log2_s)")
+                bad = _backend.CUDA.log2_scale_reasons(tables.log2_s[self.layer])
+                if bad:
+                    raise ValueError(f"tables of {tables.model_id!r}, layer {self.layer}: {bad[0]}")
+                s = tables.scales()[self.layer].astype(np.float64)
         self.params, self.v_params = kp, vp
         packed = max(int(capacity) - self.sinks, 1)
         self.page_size = page_size
@@ -100,7 +125,7 @@ class KVCache:
             rows, npool, self.max_pages = cap, self.batch, 1
         else:
             pg = _check_pos("page_size", page_size)
-            if pg & (pg - 1) or not (pg in (16, 32) or pg % _dec.TT == 0):
+            if not _backend.CUDA.page_size_ok(pg):
                 raise ValueError(f"page_size must be 16, 32 or a multiple of 64 (a power of two), got {pg}")
             self.max_pages = -(-packed // pg)
             self.capacity = self.max_pages * pg + self.sinks
@@ -215,10 +240,8 @@ class KVCache:
                          max_length=ml, page_size=self.page_size, sinks=self.sinks, **kw)
 
     def run(self, pl, ws, q, **kw):
-        """:func:`gpu_ref.decode.run` over this cache with its current lengths (device array)."""
-        return _dec.run(pl, ws, q, self.k_codes, self.k_scales, self.v_codes, self.v_scales, self.lengths,
-                        self.block_table, k_sink=self.k_sink, v_sink=self.v_sink, q_scale=self.q_scale,
-                        layout=self.layout, **kw)
+        """``gpu_ref.run(pl, ws, q, self, **kw)``: decode over this cache with its current lengths."""
+        return _dec.run(pl, ws, q, self, **kw)
 
     def host_planes(self) -> dict:
         """The packed planes as NumPy arrays in the golden byte order (the interchange format): ``k_codes``,

@@ -1,8 +1,9 @@
 """Fused decode attention over the packed cache (``kv_decode_attn.cu``): plan once, run many times.
 
 ``plan(...)`` fixes everything that depends only on shapes and a bound on the lengths (kernel
-variant, split count, chunk, shared memory, workspace size); ``run(plan, workspace, ...)`` checks
-the arrays against the plan and launches one kernel. The caller owns the workspace
+variant, split count, chunk, shared memory, workspace size); ``run(plan, workspace, q, cache)``
+(or :func:`run_planes`, the planes passed one by one) checks the arrays against the plan and
+launches one kernel. The caller owns the workspace
 (:meth:`DecodePlan.workspace`), so a CUDA graph that captures ``run`` keeps pointing at memory the
 caller keeps alive (the FlashInfer ``BatchDecodeWithPagedKVCacheWrapper`` convention).
 :func:`decode_attention` is the one-call form (plan + private workspace + run).
@@ -46,12 +47,15 @@ import numpy as np
 from sim_models.params import FormatParams
 
 from ._build import MODE_ID, SUPPORTED_QUANTIZER, check_cupy_array, checked_params, cupy, kernel
+from .backend import CUDA as _CUDA
+from .backend import SHARED_FIELDS
 from .layout import LAYOUTS, vpair_supported
 
-DECODE_N = (64, 128, 256)
-DECODE_G = (16, 32, 64)
-DECODE_BITS = (3, 4)
-MAX_SINKS = 64
+# what the kernels serve is declared once, in gpu_ref.backend
+DECODE_N = _CUDA.head_dims
+DECODE_G = _CUDA.blocks
+DECODE_BITS = _CUDA.bits
+MAX_SINKS = _CUDA.max_sinks
 #: sink counts up to this are merged by the kernel's output stage (rows copied in with the first tiles);
 #: more get their own CTA, one more split partial (KvDecCfg::SF in kv_decode_attn.cu)
 SINK_FOLD = 8
@@ -124,9 +128,7 @@ def decode_supported(p: FormatParams) -> bool:
     """
     if not isinstance(p, FormatParams):
         raise TypeError(f"params must be a sim_models.FormatParams, got {type(p).__name__}")
-    quant_ok = all(getattr(p, f) in allowed for f, allowed in SUPPORTED_QUANTIZER.items())
-    return (quant_ok and p.bits in DECODE_BITS and p.n in DECODE_N and p.block in DECODE_G
-            and p.block <= p.n)
+    return not _CUDA.format_reasons(p, "params")
 
 
 def check_decode(params) -> FormatParams:
@@ -154,7 +156,7 @@ def check_kv_pair(k_params, v_params) -> tuple[FormatParams, FormatParams]:
     """
     kp = check_decode(k_params)
     vp = kp if v_params is None else check_decode(v_params)
-    for f in ("n", "block", "mode", "dtype", "sign_seed", "mant_bits", "scale", "scale_round"):
+    for f in SHARED_FIELDS:
         if getattr(kp, f) != getattr(vp, f):
             raise ValueError(f"K and V formats may differ only in bits; {f}: {getattr(kp, f)!r} != "
                              f"{getattr(vp, f)!r}")
@@ -353,7 +355,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     if num_sms is not None:
         num_sms = _pos_int("num_sms", num_sms)
     s = _pos_int("sinks", sinks, 0)
-    if s > MAX_SINKS:
+    if _CUDA.sinks_reasons(s):
         raise ValueError(f"sinks must be in [0, {MAX_SINKS}], got {s}")
     packed = max(maxlen - s, 0)
     if page_size is None:
@@ -365,7 +367,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         mp = 1
     else:
         pg = _pos_int("page_size", page_size)
-        if pg & (pg - 1) or not (pg in (16, 32) or pg % TT == 0):
+        if not _CUDA.page_size_ok(pg):
             raise ValueError(f"page_size must be 16, 32 or a multiple of 64 (a power of two), got {pg}")
         need = max(1, -(-packed // pg))
         mp = need if max_pages is None else _pos_int("max_pages", max_pages)
@@ -435,10 +437,30 @@ def _check_plane(name, a, width, lead, cp):
         raise ValueError(f"{name} must be 16-byte aligned")
 
 
-def run(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, lengths, block_table=None, *,
-        k_sink=None, v_sink=None, q_scale=None, scale: float | None = None, out=None,
-        out_dtype: str | None = None, layout: str = "wire"):
-    """Launch the planned decode (no device->host copies: capturable in a CUDA graph).
+def run(pl: DecodePlan, ws: Workspace, q, cache, *, scale: float | None = None, out=None,
+        out_dtype: str | None = None):
+    """Launch the planned decode over ``cache`` (a :class:`gpu_ref.KVCache`, or any object with its
+    plane attributes ``k_codes``, ``k_scales``, ``v_codes``, ``v_scales``, ``lengths``, ``block_table``,
+    ``k_sink``, ``v_sink``, ``q_scale`` and ``layout``) with its current device lengths. No device->host
+    copies: capturable in a CUDA graph.
+
+    Args:
+        pl: from :func:`plan` (or :meth:`gpu_ref.KVCache.plan`); ws: its :meth:`DecodePlan.workspace`.
+        q: cupy ``[B, Hq, N]`` float16, or uint16 bf16 bit patterns.
+        scale, out, out_dtype: as :func:`run_planes`.
+
+    Returns:
+        cupy ``[B, Hq, N]``.
+    """
+    return run_planes(pl, ws, q, cache.k_codes, cache.k_scales, cache.v_codes, cache.v_scales, cache.lengths,
+                      cache.block_table, k_sink=cache.k_sink, v_sink=cache.v_sink, q_scale=cache.q_scale,
+                      scale=scale, out=out, out_dtype=out_dtype, layout=cache.layout)
+
+
+def run_planes(pl: DecodePlan, ws: Workspace, q, k_codes, k_scales, v_codes, v_scales, lengths, block_table=None, *,
+               k_sink=None, v_sink=None, q_scale=None, scale: float | None = None, out=None,
+               out_dtype: str | None = None, layout: str = "wire"):
+    """:func:`run` over planes passed one by one (tests, benchmarks, callers with their own planes).
 
     Args:
         pl: from :func:`plan`; ws: its :meth:`DecodePlan.workspace` (not shared by concurrent runs).
@@ -619,5 +641,5 @@ def decode_attention(q, k_codes, k_scales, v_codes, v_scales, lengths, params: F
     pl = plan(kp, vp, batch=bsz, q_heads=q.shape[1], kv_heads=kvh, max_length=maxlen, capacity=cap,
               num_splits=num_splits, precise_p=precise_p, stages=stages, tune=tune,
               q_dtype="bf16" if q.dtype == cp.uint16 else "fp16", layout=layout)
-    return run(pl, pl.workspace(), q, k_codes, k_scales, v_codes, v_scales, dev, scale=scale, out=out,
-               out_dtype=out_dtype, layout=layout)
+    return run_planes(pl, pl.workspace(), q, k_codes, k_scales, v_codes, v_scales, dev, scale=scale, out=out,
+                      out_dtype=out_dtype, layout=layout)

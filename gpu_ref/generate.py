@@ -1,16 +1,17 @@
-"""Generate with a Hugging Face model whose KV cache is in the packed format (gpu_ref/hf.py).
+"""Generate with a Hugging Face model whose KV cache is in the packed format (gpu_ref.hf).
 
-    python -m gpu_ref.generate --model DIR [--gguf FILE] --tables bench/calib/x.keytables.npz \\
-        --prompt "..." --max-new-tokens 128
+    python -m gpu_ref.generate --model SPEC --tables tables.npz --prompt "..." --max-new-tokens 128
 
-The default policy is format version 3's (``v3`` = ``K3V3+C+S4+KS2``, docs/FORMAT.md 8): it needs
-the model's key tables, written once per model by ``python bench/accuracy.py --model M --calibrate
---calibrate-only``. ``--policy K3V3`` (version 2, no tables) runs without them.
+``SPEC`` is a model spec of :func:`sim_models.models.resolve`: an alias (``smollm2-135m``), a
+``.gguf`` file or a Hugging Face folder. The default policy is format version 3's (``v3`` =
+``K3V3+C+S4+KS2``, docs/FORMAT.md 8): it needs the model's key tables, written once per model by
+``python -m sim_models.calibrate --model SPEC --out tables.npz``. ``--policy K3V3`` (version 2, no
+tables) runs without them.
 
-Loads the model (a local directory, or a GGUF file inside it; offline), switches its attention to
-``fwht_kv``, generates greedily while streaming the text, and prints the decode tokens/s and the
-cache bytes (packed and what a 16-bit cache of the same length would hold). ``--policy fp16``
-runs the 16-bit cache for comparison. Needs a CUDA GPU and CuPy for ``--backend cuda``.
+Loads the model (offline), switches its attention to ``fwht_kv``, generates greedily while
+streaming the text, and prints the decode tokens/s and the cache bytes (packed and what a 16-bit
+cache of the same length would hold). ``--policy fp16`` runs the 16-bit cache for comparison.
+Needs a CUDA GPU and CuPy for ``--backend cuda``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import sys
 import time
 
 
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpu_ref.generate", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="model directory (transformers format, or holding --gguf)")
-    ap.add_argument("--gguf", help="GGUF file name inside --model")
-    ap.add_argument("--policy", default="v3", help="cache policy spec (gpu_ref.hf.parse_policy), e.g. v3, K3V3")
+    ap.add_argument("--model", required=True,
+                    help="model spec: an alias (smollm2-135m), a .gguf file or a Hugging Face folder")
+    ap.add_argument("--policy", default="v3", help="cache policy spec (sim_models.CachePolicy.parse), e.g. v3, K3V3")
     ap.add_argument("--tables", help="the model's key tables (sim_models.KeyTables .npz; needed for +C / +KS2)")
     ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -39,21 +39,21 @@ def main(argv=None) -> int:
         ap.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     if a.batch < 1:
         ap.error(f"--batch must be >= 1, got {a.batch}")
-    if not os.path.isdir(a.model):
-        ap.error(f"--model must be a model directory, got {a.model!r}")
-    if a.gguf and not os.path.isfile(os.path.join(a.model, a.gguf)):
-        ap.error(f"--gguf {a.gguf!r} is not a file in --model {a.model!r}")
+    from sim_models import CachePolicy, KeyTables
+    from sim_models.models import load, resolve
+    try:
+        src = resolve(a.model)
+    except (ValueError, FileNotFoundError) as err:
+        ap.error(f"{err}")
     if a.tables and not os.path.isfile(a.tables):
         ap.error(f"--tables: no such file {a.tables!r}")
-    from gpu_ref.hf import parse_policy
-    from sim_models import KeyTables
     try:
-        policy = parse_policy(a.policy)
+        policy = CachePolicy.parse(a.policy)
     except (ValueError, TypeError) as err:
         ap.error(f"--policy {a.policy!r}: {err}")
     if (policy.center_keys or policy.key_scale) and not a.tables:
         ap.error(f"--policy {a.policy!r} centers / scales keys: it needs --tables (write them once per model with "
-                 f"'python bench/accuracy.py --model M --calibrate --calibrate-only'), or use --policy K3V3")
+                 f"'python -m sim_models.calibrate --model {a.model} --out tables.npz'), or use --policy K3V3")
     tables = None
     if a.tables:
         try:
@@ -63,9 +63,8 @@ def main(argv=None) -> int:
         if policy.key_scale and tables.log2_s is None:
             ap.error(f"--policy {a.policy!r} scales keys (KS2) but --tables {a.tables!r} hold no key scales (log2_s)")
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+    from transformers import TextStreamer
 
     from gpu_ref import hf
 
@@ -73,11 +72,13 @@ def main(argv=None) -> int:
         ap.error("--backend cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --backend golden")
     device = "cuda" if a.backend == "cuda" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
-    kw = {"gguf_file": a.gguf} if a.gguf else {}
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(a.model, **kw)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, **kw).to(device).eval()
-    print(f"loaded {a.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    try:
+        model, tok = load(src, dtype=dtype)
+    except ValueError as err:
+        ap.error(f"{err}")
+    model = model.to(device)
+    print(f"loaded {src.description} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     hf.enable(model)
     text = a.prompt
     if a.chat:
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         print(tok.decode(out[0, ids.shape[1]:]))
     s = cache.shape
     full = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2 * a.batch * cap
-    print(f"policy {hf.policy_spec(cache.policy)}, backend {a.backend}: {new} tokens x batch {a.batch} in "
+    print(f"policy {cache.policy.spec}, backend {a.backend}: {new} tokens x batch {a.batch} in "
           f"{dt:.2f} s = {new * a.batch / dt:.1f} tokens/s (prefill included); cache {cache.nbytes() / 2**20:.2f} MiB "
           f"for {cap} tokens x {a.batch} (16-bit: {full / 2**20:.2f} MiB)", file=sys.stderr)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 import gpu_ref
-from sim_models import FormatParams
+from sim_models import CachePolicy, FormatParams
 from sim_models.params import PRESETS
 
 #: the four quantizers the kernels implement, (mode, scale_round): the "v1" and "v2" presets, then
@@ -80,7 +80,7 @@ def make_case(bsz, hq, kvh, n, g, lengths, dtype="fp16", seed=0, quant=QUANTIZER
     p = qparams(*quant, n=n, block=g, dtype=dtype)
     rng = np.random.default_rng(seed)
     t = int(max(lengths))
-    cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), p)
+    cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), CachePolicy(k=p, v=p))
     # per-token magnitudes spread over ~3 decades so that scales differ between tokens
     kf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))
     vf = rng.standard_normal((bsz, t, kvh, n)) * np.exp(rng.normal(0, 0.8, (bsz, t, kvh, 1)))

@@ -36,7 +36,8 @@ if _NDEV == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import gpu_ref  # noqa: E402
-from sim_models import FLAG_INF, FLAG_NAN, FormatParams, decode_float, encode  # noqa: E402
+from gpu_ref.encode import launch_encode  # noqa: E402
+from sim_models import FLAG_INF, FLAG_NAN, CachePolicy, FormatParams, KeyTables, decode_float, encode  # noqa: E402
 from sim_models.testvectors import adversarial_vectors, random_vectors  # noqa: E402
 
 from kvtest.gpu_cases import (QUANT_IDS, QUANTIZERS, attention64, key_scale_rho, make_case,  # noqa: E402
@@ -261,7 +262,7 @@ def test_decode_zero_length_and_device_lengths(quant):
 
 def test_decode_input_checks():
     p = FormatParams()
-    c = gpu_ref.KVCache(2, 2, 100, p)
+    c = gpu_ref.KVCache(2, 2, 100, CachePolicy(k=p, v=p))
     assert c.capacity == 112
     q = cp.zeros((2, 4, 128), cp.float16)
     planes = (c.k_codes, c.k_scales, c.v_codes, c.v_scales)
@@ -338,8 +339,12 @@ def _policy_case(bsz, hq, kvh, n, g, lengths, kb=3, vb=3, sinks=0, center=False,
             if mu16 is not None:
                 mu16 = _f16(np.clip(mu16.astype(np.float64), -3.9, 3.9) * np.exp2(-e))
         s = np.exp2(e).astype(np.float32)
-    cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), kp, v_params=vp, sinks=sinks, mu=mu16, key_scale=s,
-                            page_size=page)
+    tables = None
+    if center or kscale:
+        tables = KeyTables("case", (np.zeros((kvh, n), np.float16) if mu16 is None else mu16)[None],
+                           None if s is None else np.log2(s).astype(np.int8)[None])
+    policy = CachePolicy(k=kp, v=vp, sinks=sinks, center_keys=center, key_scale="pow2" if kscale else None)
+    cache = gpu_ref.KVCache(bsz, kvh, max(t, 1), policy, tables=tables, page_size=page)
     bounds = np.linspace(0, t, chunks + 1).astype(int)
     for a, b in zip(bounds[:-1], bounds[1:]):
         if b > a:
@@ -609,7 +614,7 @@ def test_vpair_write_bytes_equal_interleaved_golden(page):
         with pytest.raises(ValueError, match="layout"):
             cache.run(pw, pw.workspace(), cp.asarray(q16))
         vw = deinterleave(cache.v_codes)
-        ow = cp.asnumpy(gpu_ref.run(pw, pw.workspace(), cp.asarray(q16), cache.k_codes, cache.k_scales, vw,
+        ow = cp.asnumpy(gpu_ref.run_planes(pw, pw.workspace(), cp.asarray(q16), cache.k_codes, cache.k_scales, vw,
                                     cache.v_scales, cache.lengths, cache.block_table, k_sink=cache.k_sink,
                                     v_sink=cache.v_sink, out_dtype="fp32"))
         assert np.array_equal(ov, ow), float(np.abs(ov - ow).max())
@@ -634,7 +639,7 @@ def test_vpair_write_kernel_every_n(n, dtype):
             if how == "rows":  # vector v -> row v (pair_vec 1); the last row left out (its partner row alone)
                 nv = bsz * t * kvh
                 codes = cp.full((nv, p.code_bytes), 0xA5, cp.uint8)
-                gpu_ref.launch_encode(x.reshape(-1, n)[:nv - 1], p, codes, cp.empty((nv, p.n_blocks), cp.uint8),
+                launch_encode(x.reshape(-1, n)[:nv - 1], p, codes, cp.empty((nv, p.n_blocks), cp.uint8),
                                       cp.empty(nv, cp.uint8), None, cp, layout="vpair")
                 want = g.codes.reshape(nv, p.code_bytes).copy()
                 want[-1] = 0xA5
@@ -643,7 +648,7 @@ def test_vpair_write_kernel_every_n(n, dtype):
                 codes = cp.full((bsz, kvh, cap, p.code_bytes), 0xA5, cp.uint8)
                 rows = ((np.arange(bsz)[:, None, None] * kvh + np.arange(kvh)[None, None, :]) * cap
                         + np.arange(t)[None, :, None]).reshape(-1)
-                gpu_ref.launch_encode(x.reshape(-1, n), p, codes, cp.empty(codes.shape[:3] + (p.n_blocks,), cp.uint8),
+                launch_encode(x.reshape(-1, n), p, codes, cp.empty(codes.shape[:3] + (p.n_blocks,), cp.uint8),
                                       cp.empty(codes.shape[:3], cp.uint8), cp.asarray(rows), cp, layout="vpair",
                                       pair_vec=kvh)
                 want = np.full((bsz, kvh, cap, p.code_bytes), 0xA5, np.uint8)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpu_ref
-from sim_models import FLAG_SAT, FormatParams
+from sim_models import FLAG_SAT, CachePolicy, FormatParams
 from sim_models.codec import encode_trace
 from sim_models.pack import pack_codes
 from sim_models.minifloat import scale_encoding
@@ -159,7 +159,7 @@ def test_unsupported_params_refused_without_gpu():
         with pytest.raises(ValueError, match=field):
             gpu_ref.encode_kv(None, FormatParams(**kw))
         with pytest.raises(ValueError, match=field):
-            gpu_ref.KVCache(1, 1, 16, FormatParams(**kw))
+            gpu_ref.KVCache(1, 1, 16, CachePolicy(k=FormatParams(**kw), v=FormatParams(**kw)))
         with pytest.raises(ValueError, match=field):
             gpu_ref.decode_attention(None, None, None, None, None, None, FormatParams(**kw))
         assert not gpu_ref.decode_supported(FormatParams(**kw))
@@ -337,7 +337,7 @@ def test_plan_mqa_70000_tokens_within_merge_limit():
     for kb, vb in ((3, 3), (4, 3), (4, 4)):
         pl = gpu_ref.plan(FormatParams(n=64, bits=kb), FormatParams(n=64, bits=vb), batch=1, q_heads=16,
                           kv_heads=1, max_length=70000, num_sms=132)
-        _, smem, _, wreg = gpu_ref.decode_kernel_params(FormatParams(n=64, bits=kb), FormatParams(n=64, bits=vb))
+        _, smem, _, wreg = gpu_ref.decode.kernel_params(FormatParams(n=64, bits=kb), FormatParams(n=64, bits=vb))
         assert 1 <= pl.num_splits <= wreg // 64 and pl.num_splits * pl.chunk >= 70000
         assert pl.smem == smem <= 227 * 1024
 
@@ -357,7 +357,7 @@ def test_plan_split_bound_over_shape_space():
         pl = gpu_ref.plan(FormatParams(n=n, bits=kb), FormatParams(n=n, bits=vb), batch=int(rng.integers(1, 65)),
                           q_heads=hq, kv_heads=kvh, max_length=t, page_size=page, sinks=sinks,
                           num_sms=int(rng.choice([1, 78, 132])))
-        wreg = gpu_ref.decode_kernel_params(FormatParams(n=n, bits=kb), FormatParams(n=n, bits=vb))[3]
+        wreg = gpu_ref.decode.kernel_params(FormatParams(n=n, bits=kb), FormatParams(n=n, bits=vb))[3]
         assert 1 <= pl.num_splits <= wreg // 64
         assert pl.num_splits * pl.chunk >= max(t - sinks, 1) and pl.chunk % 64 == 0
         assert pl.smem <= 227 * 1024
@@ -395,7 +395,7 @@ def test_plan_q_parts_follow_key_scales():
     assert gpu_ref.plan(p, key_scales=True, tune={"qlo": 0}, **args).targs[qlo] == "0"
     assert gpu_ref.plan(p, q_dtype="bf16", **args).targs[qlo] == "1"
     with pytest.raises(ValueError, match="key_scales"):
-        gpu_ref.run(gpu_ref.plan(p, **args), None, None, None, None, None, None, None, q_scale=object())
+        gpu_ref.run_planes(gpu_ref.plan(p, **args), None, None, None, None, None, None, None, q_scale=object())
 
 
 def test_plan_picks_12_warps_for_long_even_splits():
@@ -451,7 +451,7 @@ def test_plan_refusals_name_the_parameter():
         gpu_ref.plan(FormatParams(block=32), FormatParams(block=64), batch=1, q_heads=1, kv_heads=1,
                      max_length=1, num_sms=1)
     with pytest.raises(ValueError, match="sinks"):
-        gpu_ref.KVCache(1, 1, 16, sinks=65)
+        gpu_ref.KVCache(1, 1, 16, CachePolicy(sinks=65))
     with pytest.raises(ValueError, match="page_size"):
         gpu_ref.KVCache(1, 1, 16, page_size=24)
 

@@ -47,21 +47,21 @@ def tiny(family="llama", head_dim=64, layers=2, heads=4, kv_heads=2, seed=0):
 
 # ------------------------------------------------------------------------- policy specs
 def test_parse_policy():
-    p = hf.parse_policy("K4V3+C+S4+K16@0+V4@1,2")
+    p = CachePolicy.parse("K4V3+C+S4+K16@0+V4@1,2")
     assert p.k.bits == 4 and p.v.bits == 3 and p.sinks == 4 and p.center_keys
     assert p.format_for(0, "k") is None and p.format_for(1, "k").bits == 4
     assert p.format_for(2, "v").bits == 4 and p.format_for(0, "v").bits == 3
-    assert hf.parse_policy("fp16") == CachePolicy(k=None, v=None)
-    assert hf.parse_policy("k3v3") == CachePolicy()
+    assert CachePolicy.parse("fp16") == CachePolicy(k=None, v=None)
+    assert CachePolicy.parse("k3v3") == CachePolicy()
     for spec in ("K3V3", "K4V3+C+S4", "K3V3+K4@0,1", "K16V16"):
-        assert hf.policy_spec(hf.parse_policy(spec)) == spec
+        assert CachePolicy.parse(spec).spec == spec
 
 
 @pytest.mark.parametrize("spec,word", [("", "non-empty"), ("K3", "first term"), ("K3V3+X", "unknown term"),
                                         ("K3V3+S-1", "unknown term"), ("K9V3", "bits")])
 def test_parse_policy_errors(spec, word):
     with pytest.raises(ValueError, match=word):
-        hf.parse_policy(spec)
+        CachePolicy.parse(spec)
 
 
 # ------------------------------------------------------------------------- cache creation errors
@@ -98,14 +98,14 @@ def test_cuda_backend_refuses_what_the_kernels_cannot_serve():
     """Checked at cache creation, without a GPU: head_dim the decode kernel lacks, formats it lacks."""
     with pytest.raises(ValueError, match="head_dim 80 cannot be stored.*power of two"):
         hf.PackedCache(tiny(head_dim=80, heads=2).config, "K3V3", 1, 16, backend="cuda")
-    with pytest.raises(ValueError, match="head_dim / format not served.*n in"):
+    with pytest.raises(ValueError, match=r"k\.n=32 \(head_dim\): the kernels serve head dims"):
         hf.PackedCache(tiny(head_dim=32, heads=4).config, "K3V3", 1, 16, backend="cuda")
-    with pytest.raises(ValueError, match="both K and V packed or both 16-bit"):
+    with pytest.raises(ValueError, match="both packed or both 16-bit"):
         hf.PackedCache(tiny().config, "K3V16", 1, 16, backend="cuda")
     hf.PackedCache(tiny().config, "K4V3+S4", 1, 16, backend="cuda")
     with pytest.raises(ValueError, match="sinks=65"):
         hf.PackedCache(tiny().config, "K3V3+S65", 1, 128, backend="cuda")
-    with pytest.raises(ValueError, match="head_dim / format not served.*bits"):
+    with pytest.raises(ValueError, match=r"k\.bits=2: the kernels store \(3, 4\)-bit codes"):
         hf.PackedCache(tiny().config, "K2V3", 1, 16, backend="cuda")
     hf.PackedCache(tiny(head_dim=128).config, "K3V3", 1, 16, backend="cuda")   # served: no error
 
@@ -180,7 +180,7 @@ def test_stored_bytes_equal_golden_encode():
     ids = torch.tensor(rng.integers(0, 96, (2, 9)))
     mu = (rng.normal(size=(2, 2, 64)) * 0.3).astype(np.float16)
     ks = np.exp2(rng.integers(-2, 3, size=(2, 2, 64))).astype(np.float32)
-    pol = hf.parse_policy("K3V3+C+S2+KS2+K4@1")
+    pol = CachePolicy.parse("K3V3+C+S2+KS2+K4@1")
     c = hf.PackedCache(m.config, pol, 2, 16, mu=mu, key_scales=ks, backend="golden")
     seen = _record_updates(c)
     with torch.no_grad():
@@ -264,7 +264,7 @@ def test_refused_at_creation_key_scale_range_policy_and_sliding_windows():
     with pytest.raises(ValueError, match="KS2"):
         hf.PackedCache(m.config, "K3V3", 1, 8, key_scales=np.full((2, 2, 64), 4.0), backend="golden")
     with pytest.raises(ValueError, match="stands alone"):
-        hf.parse_policy("v3+S8")
+        CachePolicy.parse("v3+S8")
     cfg = Qwen2Config(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, use_sliding_window=True, sliding_window=4)
     with pytest.raises(ValueError, match="sliding"):
@@ -416,15 +416,17 @@ def test_decode_step_replays_from_a_cuda_graph(spec):
 @pytest.mark.parametrize("argv, word", [
     (["--model", "/nonexistent"], "--model"),
     (["--model", "{tmp}", "--policy", "K5V3"], "--policy"),
-    (["--model", "{tmp}", "--gguf", "missing.gguf"], "--gguf"),
+    (["--model", "{tmp}/missing.gguf"], "--model"),
     (["--model", "{tmp}", "--tables", "/nonexistent.npz"], "--tables"),
     (["--model", "{tmp}", "--batch", "0"], "--batch"),
     (["--model", "{tmp}"], "--tables"),                        # the default policy v3 needs tables
     (["--model", "{tmp}", "--policy", "K3V3+C"], "--tables"),
 ])
 def test_generate_refuses_bad_arguments_before_loading(argv, word, tmp_path, capsys):
-    """python -m gpu_ref.generate: exit 2 with one line naming the option, before any model load."""
+    """python -m gpu_ref.generate: exit 2 with one line naming the option, before any model load ({tmp}: a
+    Hugging Face folder as the model resolver sees one)."""
     from gpu_ref.generate import main
+    (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SystemExit) as stop:
         main([x.replace("{tmp}", str(tmp_path)) for x in argv])
     assert stop.value.code == 2

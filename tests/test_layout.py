@@ -126,9 +126,9 @@ def test_plan_and_write_config_carry_the_layout():
     with pytest.raises(ValueError, match="layout must be one of"):
         gpu_ref.plan(p3, layout="golden", **args)
     with pytest.raises(ValueError, match="does not match the plan's layout 'vpair'"):
-        gpu_ref.run(pv, None, None, None, None, None, None, None)
+        gpu_ref.run_planes(pv, None, None, None, None, None, None, None)
     with pytest.raises(ValueError, match="does not match the plan's layout 'wire'"):
-        gpu_ref.run(pw, None, None, None, None, None, None, None, layout="vpair")
+        gpu_ref.run_planes(pw, None, None, None, None, None, None, None, layout="vpair")
     assert encode_cfg(p3, layout="vpair")[0][-1] == "1" and encode_cfg(p3)[0][-1] == "0"
     with pytest.raises(ValueError, match="bits=4"):
         encode_cfg(p4, layout="vpair")

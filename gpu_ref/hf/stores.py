@@ -1,0 +1,292 @@
+"""The stores behind a packed layer of :class:`gpu_ref.hf.PackedCache`: the golden model (NumPy) and the
+project's kernels (gpu_ref's plan/run API). Every call from the integration into gpu_ref is in
+:class:`_CudaStore`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim_models import CachePolicy, FormatParams, KeyTables, decode_float, encode
+from sim_models.keyscale import front_table, key_front
+
+
+def _torch():
+    import torch
+    return torch
+
+
+class _GoldenStore:
+    """Golden-model store: encodes with ``sim_models.encode`` and keeps the reconstructions.
+
+    Tensors (torch, on ``device``): ``hat[kind]`` float32 ``[B, KVH, CAP, D]`` (decode_float, or
+    the 16-bit value for sinks / unquantized kinds); ``codes[kind]``/``scales[kind]`` NumPy uint8
+    ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows).
+    """
+
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None, mu16=None, s16=None):
+        torch = _torch()
+        self.fmts, self.sinks, self.dtype = fmts, sinks, torch_dtype
+        # the key front end (FORMAT.md 8) as the golden model defines it: sim_models.keyscale.key_front
+        self._fe = FormatParams(n=d, block=min(64, d))
+        self._front = None
+        if mu16 is not None or s16 is not None:
+            e = (np.zeros((kvh, d), np.int8) if s16 is None
+                 else np.log2(s16.astype(np.float64)).astype(np.int8))
+            mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
+            self._front = (front_table(mu, e, self._fe), e)
+        self._q_div = None if s16 is None else torch.as_tensor(s16.astype(np.float32), device=device)
+        self.hat = {k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
+        self.codes, self.scales = {}, {}
+        for kind, f in zip("kv", fmts):
+            if f is not None:
+                self.codes[kind] = np.zeros((batch, kvh, cap, d // f.n, f.code_bytes), np.uint8)
+                self.scales[kind] = np.zeros((batch, kvh, cap, d // f.n, f.n_blocks), np.uint8)
+        self.length = 0
+
+    def keys_in(self, k16):
+        """Keys ``[B, KVH, T, D]`` (torch fp16) -> the encoder input of the key front end (torch fp16)."""
+        torch = _torch()
+        if self._front is None:
+            return k16
+        mu_s, e = self._front
+        bits = k16.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        bits = key_front(bits, mu_s[None, :, None, :], e[None, :, None, :], self._fe)
+        return torch.from_numpy(bits.view(np.int16)).view(torch.float16).to(k16.device)
+
+    def query(self, q):
+        """Queries float32 ``[B, Hq, ..., D]`` -> ``q / s`` (the key scales' reparametrization)."""
+        if self._q_div is None:
+            return q
+        rep = q.shape[1] // self._q_div.shape[0]
+        div = self._q_div.repeat_interleave(rep, 0)
+        return q / div.reshape(1, q.shape[1], *([1] * (q.dim() - 3)), q.shape[-1])
+
+    def append(self, k16, v16):
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (keys before the key front end)."""
+        torch = _torch()
+        k16 = self.keys_in(k16)
+        t0, t = self.length, k16.shape[2]
+        for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
+            xf = x.float()
+            out = xf.clone()
+            if f is not None:
+                bits = x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+                b, h, _, d = bits.shape
+                e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+                rec = decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d)
+                first = max(0, min(self.sinks - t0, t))         # rows of this chunk that are sinks
+                out[:, :, first:] = torch.from_numpy(rec[:, :, first:].astype(np.float32)).to(x.device)
+                self.codes[kind][:, :, t0 + first:t0 + t] = e.codes[:, :, first:]
+                self.scales[kind][:, :, t0 + first:t0 + t] = e.scales[:, :, first:]
+            self.hat[kind][:, :, t0:t0 + t] = out
+        self.length += t
+
+    def attend(self, q, scaling):
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``."""
+        torch = _torch()
+        q = self.query(q)
+        n = self.length
+        k, v = self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(q.float()[:, :, None], k, v, scale=scaling)
+        return o[:, :, 0]
+
+    def nbytes(self):
+        """Bytes of the stored format (:meth:`sim_models.CachePolicy.stored_bits` of these formats
+        and sinks at this capacity: packed vectors, fp16 sink rows, 16-bit unquantized kinds;
+        flags, which the golden store does not keep, excluded)."""
+        b, h, cap, d = self.hat["k"].shape
+        pol = CachePolicy(k=self.fmts[0], v=self.fmts[1], sinks=self.sinks)
+        return b * pol.stored_bits(1, h, d, cap) // 8
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` under the CUDA stream protocol (``__cuda_stream__``, version 0)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = int(ptr)
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+class _CudaStore:
+    """The project's kernels through gpu_ref's plan/run API; every call into gpu_ref is in this class.
+
+    Planes: one :class:`gpu_ref.KVCache` (K and V formats, ``sinks`` 16-bit side rows). Appends
+    launch the write kernel straight into the planes (rows computed on the device from the
+    device lengths when one token is appended per sequence) and update the device lengths in
+    place; decode runs a plan with a workspace and an output buffer owned here (one per
+    power-of-two length bucket). A decode step therefore allocates nothing on the CuPy side and
+    copies nothing between host and device: a whole model step can be captured in a CUDA graph
+    (bench/hf_bench.py, tests/test_hf.py). With ``pow2_rows`` the packed rows per sequence are a
+    power of two, so the planes double as a pool of one page per sequence and :meth:`attend_chunk`
+    can point every query of a chunk at its sequence's page (one decode launch, per-query lengths).
+    """
+
+    _streams: dict = {}
+
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq, pow2_rows=False, mu16=None,
+                 s16=None):
+        import cupy as cp
+        from gpu_ref import KVCache
+        torch = _torch()
+        self.bf16 = torch_dtype != torch.float16
+        self.hq, self.sinks = hq, sinks
+        packed = max(cap - sinks, 1)
+        if pow2_rows:
+            packed = max(64, 1 << (packed - 1).bit_length())
+        # this layer's policy and key tables, as gpu_ref.KVCache takes them
+        policy = CachePolicy(k=fmts[0], v=fmts[1], sinks=sinks, center_keys=mu16 is not None,
+                             key_scale=None if s16 is None else "pow2")
+        tables = None
+        if mu16 is not None or s16 is not None:
+            mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
+            e = None if s16 is None else np.log2(s16.astype(np.float64)).astype(np.int8)[None]
+            tables = KeyTables("layer", mu[None], e)
+        with self._stream():
+            self.kv = KVCache(batch, kvh, packed + sinks, policy, tables=tables)
+            self._dlen = self.kv.lengths                       # device int32 [B], updated in place
+            rows = self.kv.k_codes.shape[2]
+            # plane row of packed token 0 of (b, h), in the write kernel's input order [B, (T,) KVH]
+            self._base = ((cp.arange(batch, dtype=cp.int64)[:, None] * kvh
+                           + cp.arange(kvh, dtype=cp.int64)[None, :]) * rows)
+        self._rows = rows
+        self._base_t = torch.from_dlpack(self._base)
+        self._dlen_t = torch.from_dlpack(self._dlen)
+        self._sink_t = None
+        if sinks:                                              # torch views of the sink planes (uint16 bits)
+            self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
+        self._plans = {}
+        self.length = 0
+
+    @classmethod
+    def _stream(cls):
+        import cupy
+        cur = _torch().cuda.current_stream()
+        key = (cur.cuda_stream, cur.device.index)
+        s = cls._streams.get(key)
+        if s is None:
+            wrap = getattr(cupy.cuda.Stream, "from_external", None)      # CuPy >= 14 (ExternalStream deprecated)
+            s = cls._streams[key] = (wrap(_StreamHandle(cur.cuda_stream)) if wrap is not None
+                                     else cupy.cuda.ExternalStream(cur.cuda_stream, cur.device.index))
+        return s
+
+    @staticmethod
+    def _cp(x):
+        """torch 16-bit (or fp32 / int) tensor -> cupy view (bf16 as uint16 bits)."""
+        import cupy
+        torch = _torch()
+        x = x.contiguous()
+        if x.dtype == torch.bfloat16:
+            return cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
+        return cupy.from_dlpack(x)
+
+    def append(self, k16, v16):
+        """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (keys before the key front end, which the write kernel
+        applies), all sequences at ``self.length``."""
+        from gpu_ref.encode import launch_encode
+        from gpu_ref.encode import key_front
+        torch = _torch()
+        t0, t = self.length, k16.shape[2]
+        ns = max(0, min(self.sinks - t0, t))                   # leading tokens of the chunk that are sinks
+        front = self.kv._key                                   # the key front end (None: plain keys)
+        if ns:
+            ks = k16[:, :, :ns]
+            if front is not None:                              # sink keys in the front end's domain too
+                with self._stream():
+                    y = key_front(self._cp(ks.transpose(1, 2)), front, _cupy())        # [B, ns, KVH, D]
+                ks = torch.from_dlpack(y.view(_cupy().int16)).transpose(1, 2)
+            self._sink_t[0][:, :, t0:t0 + ns] = ks.view(torch.int16)
+            self._sink_t[1][:, :, t0:t0 + ns] = v16[:, :, :ns].view(torch.int16)
+        if t > ns:
+            if t == 1:                                         # from the device lengths: graph-safe
+                rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
+            else:
+                pos = torch.arange(t0 + ns - self.sinks, t0 + t - self.sinks, device=k16.device)
+                rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
+            kv = self.kv
+            with self._stream():
+                for x, p, codes, scales, flags, key, lay in (
+                        (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front, "wire"),
+                        (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
+                    bits = self._cp(x[:, :, ns:].transpose(1, 2))                # [B, T', KVH, D]
+                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key, layout=lay,
+                                  pair_vec=bits.shape[-2])
+        self._dlen_t += t
+        self.length += t
+        self.kv.host_lengths[:] = self.length
+
+    def _plan(self, key, make):
+        if key not in self._plans:
+            with self._stream():
+                pl = make()
+                self._plans[key] = (pl, pl.workspace())
+        return self._plans[key]
+
+    def attend(self, q, scaling):
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]`` (the kernel reads q / s with key scales)."""
+        torch = _torch()
+        q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
+        bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
+        qdt = "bf16" if self.bf16 else "fp16"
+        pl, ws = self._plan(bucket, lambda: self.kv.plan(self.hq, bucket, q_dtype=qdt))
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        with self._stream():
+            self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out=self._cp(out), out_dtype="fp32")
+        return out
+
+    def attend_chunk(self, q, scaling, num_splits=None):
+        """Causal attention of the chunk's queries ``[B, Hq, T, D]`` (float32; the kernel reads q / s with
+        key scales; the chunk is the last T cached tokens) over the packed cache: query i of sequence b
+        reads the first ``length - T + i + 1`` tokens of b (sinks included) -> float32 ``[B, T, Hq, D]``.
+        One decode launch of B*T queries, each pointed at its sequence's page (``pow2_rows``)."""
+        import cupy as cp
+        torch = _torch()
+        b, hq, t, d = q.shape
+        kv, n = self.kv, self.length
+        q16 = q.transpose(1, 2).reshape(b * t, hq, d).to(torch.bfloat16 if self.bf16 else torch.float16)
+        key = ("chunk", b * t, n, num_splits)
+        pl, ws = self._plan(key, lambda: _dec_plan(kv, b * t, hq, n, self._rows, num_splits,
+                                                   "bf16" if self.bf16 else "fp16"))
+        lengths = torch.arange(n - t + 1, n + 1, dtype=torch.int32, device=q.device).repeat(b)
+        table = torch.arange(b, dtype=torch.int32, device=q.device).repeat_interleave(t)[:, None]
+        out = torch.empty(b * t, hq, d, dtype=torch.float32, device=q.device)
+        from gpu_ref.decode import run_planes
+        with self._stream():
+            sink = {}
+            if self.sinks:
+                sink = {f"{k}_sink": self._cp(s.repeat_interleave(t, 0)).view(cp.uint16)
+                        for k, s in zip("kv", self._sink_t)}
+            run_planes(pl, ws, self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, self._cp(lengths),
+                       self._cp(table), q_scale=kv.q_scale, scale=float(scaling), out=self._cp(out), out_dtype="fp32",
+                       layout=kv.layout, **sink)
+        return out.reshape(b, t, hq, d)
+
+    def set_length(self, n: int):
+        self.length = n
+        self.kv.host_lengths[:] = n
+        self._dlen_t.fill_(n)
+
+    def nbytes(self):
+        kv = self.kv
+        return sum(a.nbytes for a in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales, kv.k_flags, kv.v_flags,
+                                      kv.k_sink, kv.v_sink) if a is not None)
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None, q_dtype="fp16"):
+    """Plan of :meth:`_CudaStore.attend_chunk`: ``queries`` sequences over a pool of one page of
+    ``rows`` tokens per cached sequence."""
+    from gpu_ref import plan
+    return plan(kv.params, kv.v_params, batch=queries, q_heads=hq, kv_heads=kv.kv_heads, max_length=max_length,
+                page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits,
+                key_scales=kv.q_scale is not None, q_dtype=q_dtype, layout=kv.layout)
+
+

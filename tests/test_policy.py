@@ -1,0 +1,160 @@
+"""The cache policy's one spelling (CachePolicy.parse / .spec, presets) and what the GPU backend
+declares it serves (gpu_ref.backend.supports); no GPU needed."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from gpu_ref import backend
+from sim_models import CachePolicy, FormatParams
+from sim_models.keyscale import LOG2_S_RANGE
+from sim_models.policy import POLICY_PRESETS
+
+
+# ------------------------------------------------------------------------- parse / spec
+@pytest.mark.parametrize("spec", ["K3V3", "K4V3", "K16V16", "K3V16", "K3V3+C", "K3V3+S4", "K3V3+C+S4+KS2",
+                                  "K4V3+C+S4+KSf+SG+R4", "K3V3+K4@0,1", "K3V3+K16@0+V4@1,2",
+                                  "K2V4+C+S64+KS2+K4@3+V3@0"])
+def test_spec_round_trips(spec):
+    p = CachePolicy.parse(spec)
+    assert p.spec == spec
+    assert CachePolicy.parse(p.spec) == p
+    assert CachePolicy.parse(spec.lower()) == p
+
+
+def test_parse_sets_the_named_fields():
+    p = CachePolicy.parse("K4V3+C+S4+KSf+SG+R4+K16@0+V4@1,2")
+    assert (p.k.bits, p.v.bits, p.sinks, p.center_keys, p.key_scale, p.key_signs, p.key_rot) == (
+        4, 3, 4, True, "fp16", True, True)
+    assert p.format_for(0, "k") is None and p.format_for(2, "v").bits == 4 and p.format_for(0, "v").bits == 3
+    assert CachePolicy.parse("fp16") == CachePolicy(k=None, v=None)
+    base = FormatParams(n=128, block=32, mode="midtread")
+    q = CachePolicy.parse("K4V3+K3@1", base)
+    assert q.k == dataclasses.replace(base, bits=4) and q.format_for(1, "k") == dataclasses.replace(base, bits=3)
+
+
+def test_presets_are_objects_and_parse_to_them():
+    for name, pol in POLICY_PRESETS.items():
+        assert isinstance(pol, CachePolicy)
+        assert CachePolicy.preset(name) is pol and CachePolicy.parse(name) is pol
+        assert CachePolicy.parse(pol.spec) == pol
+    assert CachePolicy.preset("v3").spec == "K3V3+C+S4+KS2"
+    rebased = CachePolicy.parse("v3", FormatParams(n=128))
+    assert rebased.k.n == 128 and rebased.sinks == 4
+    with pytest.raises(ValueError, match="policy preset must be one of"):
+        CachePolicy.preset("v4")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("", "non-empty"),
+    ("K3", "first term .*fields k, v"),
+    ("K3V3+X", "unknown term 'X'"),
+    ("K3V3+S-1", "unknown term 'S-1'"),
+    ("K9V3", "term 'K9V3' sets k: bits"),
+    ("K3V9", "term 'K3V9' sets v: bits"),
+    ("K3V3+K5@1", "term 'K5@1' sets layer_k: bits"),
+    ("K3V3+C+C", "field center_keys is set twice"),
+    ("K3V3+KS2+KSf", "field key_scale is set twice"),
+    ("K3V3+S4+S2", "field sinks is set twice"),
+    ("K3V3+K4@1+K4@1", "layer_k layers must be distinct"),
+    ("v3+S8", "stands alone"),
+])
+def test_parse_errors_name_the_field(spec, words):
+    with pytest.raises(ValueError, match=words):
+        CachePolicy.parse(spec)
+
+
+def test_spec_refuses_formats_a_spec_cannot_state():
+    with pytest.raises(ValueError, match="differ in block"):
+        CachePolicy(k=FormatParams(block=32), v=FormatParams()).spec
+    with pytest.raises(TypeError, match="base"):
+        CachePolicy.parse("K3V3", base={"n": 64})
+
+
+# ------------------------------------------------------------------------- backend capabilities
+def test_backend_declares_the_kernels_once():
+    cuda = backend.CUDA
+    lo, hi = LOG2_S_RANGE
+    # s = 2^e and the query factor 2^-e both normal fp16
+    assert cuda.key_scale_log2 == (max(lo, -hi), min(hi, -lo)) == (-14, 14)
+    from gpu_ref import decode
+    assert (decode.DECODE_N, decode.DECODE_G, decode.DECODE_BITS, decode.MAX_SINKS) == (
+        cuda.head_dims, cuda.blocks, cuda.bits, cuda.max_sinks)
+    assert [pg for pg in (8, 16, 24, 32, 48, 64, 96, 128, 256) if cuda.page_size_ok(pg)] == [16, 32, 64, 128, 256]
+
+
+def test_supports_serves_the_presets():
+    for name, pol in POLICY_PRESETS.items():
+        for d in backend.CUDA.head_dims:
+            assert backend.supports(pol, d, "fp16") == (), (name, d)
+    assert backend.supports(CachePolicy(), 128, "bf16") == ()
+    assert backend.supports(CachePolicy(k=None, v=None), 80, "fp16") == ()      # nothing packed
+
+
+@pytest.mark.parametrize("policy, head_dim, dtype, words", [
+    (CachePolicy(), 32, "fp16", [r"k\.n=32 \(head_dim\)", r"v\.n=32 \(head_dim\)"]),
+    (CachePolicy(), 80, "fp16", ["head_dim=80"]),
+    (CachePolicy.parse("K2V3"), 64, "fp16", [r"k\.bits=2"]),
+    (CachePolicy.parse("K3V16"), 64, "fp16", ["both packed or both 16-bit"]),
+    (CachePolicy.parse("K3V3+K16@2"), 64, "fp16", ["layer 2 k/v: both packed"]),
+    (CachePolicy.parse("K3V3+S65"), 64, "fp16", ["sinks=65"]),
+    (CachePolicy.parse("K3V3+KSf"), 64, "fp16", ["key_scale='fp16'"]),
+    (CachePolicy.parse("K3V3+SG+R4"), 64, "fp16", ["key_signs", "key_rot"]),
+    (CachePolicy.parse("K3V3+C"), 64, "bf16", ["dtype='bf16': the key front end"]),
+    (CachePolicy(), 64, "fp32", ["dtype='fp32'"]),
+    (CachePolicy(k=FormatParams(mode="lloydmax"), v=FormatParams(mode="lloydmax")), 64, "fp16",
+     [r"k\.mode='lloydmax'", r"v\.mode='lloydmax'"]),
+    (CachePolicy(k=FormatParams(block=32), v=FormatParams()), 128, "fp16", [r"k\.block != v\.block"]),
+])
+def test_supports_returns_named_reasons(policy, head_dim, dtype, words):
+    reasons = backend.supports(policy, head_dim, dtype, n_layers=4)
+    assert reasons, "expected a reason"
+    text = "; ".join(reasons)
+    for w in words:
+        assert any(re.search(w, r) for r in reasons), (w, text)
+    with pytest.raises(ValueError, match="backend 'cuda' cannot serve policy"):
+        backend.check(policy, head_dim, dtype, n_layers=4)
+
+
+def test_supports_checks_types_and_exponents():
+    with pytest.raises(TypeError, match="CachePolicy"):
+        backend.supports("K3V3", 64)
+    assert backend.CUDA.log2_scale_reasons(np.array([-14, 0, 14])) == []
+    assert "e in [-14, 14]" in backend.CUDA.log2_scale_reasons(np.array([15]))[0]
+
+
+def test_kvcache_refuses_what_the_backend_refuses_without_a_gpu():
+    """KVCache checks through the backend (and the key tables) before it needs CuPy."""
+    import gpu_ref
+    from sim_models import KeyTables
+    with pytest.raises(ValueError, match="sinks=65"):
+        gpu_ref.KVCache(1, 1, 16, "K3V3+S65")
+    with pytest.raises(ValueError, match=r"k\.bits=2"):
+        gpu_ref.KVCache(1, 1, 16, "K2V3")
+    with pytest.raises(ValueError, match="16-bit"):
+        gpu_ref.KVCache(1, 1, 16, "K16V16")
+    with pytest.raises(ValueError, match="reads key tables"):
+        gpu_ref.KVCache(1, 2, 16, "v3")
+    mu = np.zeros((1, 2, 128), np.float16)
+    with pytest.raises(ValueError, match="shape"):
+        gpu_ref.KVCache(1, 3, 16, "v3", tables=KeyTables("m", mu, np.zeros((1, 2, 128), np.int8)))
+    with pytest.raises(ValueError, match="have none"):
+        gpu_ref.KVCache(1, 2, 16, "v3", tables=KeyTables("m", mu))
+    with pytest.raises(ValueError, match=r"e in \[-14, 14\]"):
+        gpu_ref.KVCache(1, 2, 16, "v3", tables=KeyTables("m", mu, np.full((1, 2, 128), 15, np.int8)))
+    with pytest.raises(TypeError, match="KeyTables"):
+        gpu_ref.KVCache(1, 2, 16, "v3", tables={"mu": mu})
+    with pytest.raises(TypeError, match="policy"):
+        gpu_ref.KVCache(1, 2, 16, FormatParams())
+    with pytest.raises(ValueError, match="layer"):
+        gpu_ref.KVCache(1, 2, 16, "v3", layer=-1)
+
+
+def test_gpu_ref_exports_no_tuning_internals():
+    import gpu_ref
+    assert not {"DECODE_TUNE", "ENCODE_TUNE", "decode_kernel_params", "launch_encode"} & set(gpu_ref.__all__)
+    assert {"KVCache", "plan", "run", "run_planes", "supports", "CUDA"} <= set(gpu_ref.__all__)
+    from gpu_ref.decode import DECODE_TUNE, kernel_params  # noqa: F401 - still importable from their modules
+    from gpu_ref.encode import ENCODE_TUNE, launch_encode  # noqa: F401
