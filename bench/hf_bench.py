@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End to end on the GPU: a transformers model decoding from the packed cache (gpu_ref/hf.py).
+"""End to end on the GPU: a transformers model decoding from the packed cache (gpu_ref.hf).
 
 Device runs (``run``; ``--parts q`` and ``--parts s`` can go to separate calls, ``merge`` joins
 their JSON) measure, and bench/results/hf_bench.json keeps:

@@ -69,7 +69,7 @@ class Study:
     """One model with the study's attention function; calibration and evaluation.
 
     Args:
-        model: ``--model`` value or a ModelSource (bench/models.py).
+        model: ``--model`` value or a ModelSource (sim_models.models).
         context: tokens per window.
         windows: evaluation windows (1..4, bench/windows.py).
         threads: torch threads.

@@ -46,7 +46,7 @@ def tiny(family="llama", head_dim=64, layers=2, heads=4, kv_heads=2, seed=0):
 
 
 # ------------------------------------------------------------------------- policy specs
-def test_parse_policy():
+def test_policy_specs_of_the_integration():
     p = CachePolicy.parse("K4V3+C+S4+K16@0+V4@1,2")
     assert p.k.bits == 4 and p.v.bits == 3 and p.sinks == 4 and p.center_keys
     assert p.format_for(0, "k") is None and p.format_for(1, "k").bits == 4
@@ -59,7 +59,7 @@ def test_parse_policy():
 
 @pytest.mark.parametrize("spec,word", [("", "non-empty"), ("K3", "first term"), ("K3V3+X", "unknown term"),
                                         ("K3V3+S-1", "unknown term"), ("K9V3", "bits")])
-def test_parse_policy_errors(spec, word):
+def test_policy_spec_errors(spec, word):
     with pytest.raises(ValueError, match=word):
         CachePolicy.parse(spec)
 

@@ -171,7 +171,7 @@ def test_policy_presets():
     assert set(POLICY_PRESETS) == {"v2", "v3", "v3-K4V3"}
     with pytest.raises(ValueError, match="policy preset"):
         CachePolicy.preset("v4")
-    assert CachePolicy.preset(" V3 ") == v3                    # as parse_policy: case and spaces
+    assert CachePolicy.preset(" V3 ") == v3                    # as CachePolicy.parse: case and spaces
     hf = pytest.importorskip("gpu_ref.hf")
     assert CachePolicy.parse("v3") == v3 and CachePolicy.parse("V3-K4V3") == CachePolicy.preset("v3-K4V3")
     assert v3.spec == "K3V3+C+S4+KS2" and CachePolicy.parse("K3V3+C+S4+KS2") == v3
