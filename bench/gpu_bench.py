@@ -347,7 +347,8 @@ def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
     for var in (variants or [{}]):
         pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t, **var)
         ws = pl.workspace()
-        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(pl, ws, q, *s, lens, out=out)) for s in sets]
+        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(pl, ws, q, *s, lens, out=out))
+               for s in sets]
         ms, times, how = graph_time(fns, reps=7)
         gbs = comp_bytes / (ms * 1e-3) / 1e9
         var_rows.append({"variant": var, "ms": ms, "GBps": gbs, "all_ms": times, "timing": how})
@@ -450,7 +451,8 @@ def bench_decode_versions(bsz, hq, kvh, t, order=("v1", "v2", "v1")):
         p = ps[name]
         pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t)
         ws = pl.workspace()
-        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(pl, ws, q, *s, lens, out=out)) for s in sets]
+        fns = [on_torch_stream(lambda s=s, pl=pl, ws=ws: gpu_ref.run_planes(pl, ws, q, *s, lens, out=out))
+               for s in sets]
         ms, times, how = graph_time(fns, reps=7)
         row["runs"].append({"version": name, "mode": p.mode, "ms": ms, "GBps": comp_bytes / (ms * 1e-3) / 1e9,
                             "all_ms": times, "timing": how, "gpu_state_after": gpu_state()})
@@ -783,8 +785,8 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
                 def call(s, p_=p_, wsi=wsi, legacy=legacy):
                     if legacy:  # a source before round 9: positional kernel arguments
                         return legacy_run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, sk, sv, out)
-                    return gpu_ref.run_planes(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv, out=out,
-                                       out_dtype="fp32", layout=p_.layout, q_scale=qs)
+                    return gpu_ref.run_planes(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv,
+                                              out=out, out_dtype="fp32", layout=p_.layout, q_scale=qs)
                 ctx = kernel_source(src) if src else None
                 try:
                     if ctx:

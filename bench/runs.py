@@ -14,7 +14,8 @@ Metrics of one (configuration, window), streamed over the vocabulary so that no
 
 Calibration (bench/calib/<model_id>.npz): over the calibration windows
 (sim_models.calibrate), positions >= MU_SKIP, with the product's statistics
-(``sim_models.calibrate.moments``; its key tables are ``python -m sim_models.calibrate``'s): ``mu`` fp16 [L, H, D] mean post-RoPE key;
+(``sim_models.calibrate.moments``; the key tables are those ``python -m
+sim_models.calibrate`` writes): ``mu`` fp16 [L, H, D] mean post-RoPE key;
 ``k_energy`` E (k - mu)^2 [L, H, D]; ``q_energy`` E q^2 [L, Hq, D]; ``k_sens``/``v_sens``
 [L] each layer's attention-output error with only its keys (values) quantized by
 CALIB_FORMAT (keys centered), which ranks layers for layer-wise precision. The file

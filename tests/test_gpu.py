@@ -615,8 +615,8 @@ def test_vpair_write_bytes_equal_interleaved_golden(page):
             cache.run(pw, pw.workspace(), cp.asarray(q16))
         vw = deinterleave(cache.v_codes)
         ow = cp.asnumpy(gpu_ref.run_planes(pw, pw.workspace(), cp.asarray(q16), cache.k_codes, cache.k_scales, vw,
-                                    cache.v_scales, cache.lengths, cache.block_table, k_sink=cache.k_sink,
-                                    v_sink=cache.v_sink, out_dtype="fp32"))
+                                           cache.v_scales, cache.lengths, cache.block_table, k_sink=cache.k_sink,
+                                           v_sink=cache.v_sink, out_dtype="fp32"))
         assert np.array_equal(ov, ow), float(np.abs(ov - ow).max())
 
 
@@ -640,7 +640,7 @@ def test_vpair_write_kernel_every_n(n, dtype):
                 nv = bsz * t * kvh
                 codes = cp.full((nv, p.code_bytes), 0xA5, cp.uint8)
                 launch_encode(x.reshape(-1, n)[:nv - 1], p, codes, cp.empty((nv, p.n_blocks), cp.uint8),
-                                      cp.empty(nv, cp.uint8), None, cp, layout="vpair")
+                              cp.empty(nv, cp.uint8), None, cp, layout="vpair")
                 want = g.codes.reshape(nv, p.code_bytes).copy()
                 want[-1] = 0xA5
                 got = cp.asnumpy(codes)
@@ -649,8 +649,8 @@ def test_vpair_write_kernel_every_n(n, dtype):
                 rows = ((np.arange(bsz)[:, None, None] * kvh + np.arange(kvh)[None, None, :]) * cap
                         + np.arange(t)[None, :, None]).reshape(-1)
                 launch_encode(x.reshape(-1, n), p, codes, cp.empty(codes.shape[:3] + (p.n_blocks,), cp.uint8),
-                                      cp.empty(codes.shape[:3], cp.uint8), cp.asarray(rows), cp, layout="vpair",
-                                      pair_vec=kvh)
+                              cp.empty(codes.shape[:3], cp.uint8), cp.asarray(rows), cp, layout="vpair",
+                              pair_vec=kvh)
                 want = np.full((bsz, kvh, cap, p.code_bytes), 0xA5, np.uint8)
                 want[:, :, :t] = g.codes.transpose(0, 2, 1, 3)
                 got = cp.asnumpy(codes)
