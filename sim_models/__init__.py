@@ -3,6 +3,12 @@
 The format is specified in docs/FORMAT.md; this package is its reference
 implementation. The RTL (hw/) and the CUDA kernels (gpu_ref/) must reproduce
 its code and scale bytes bit for bit.
+
+Above the per-vector format: :mod:`sim_models.policy` (:class:`CachePolicy`, what a cache
+stores per layer; ``CachePolicy.parse`` / ``.spec``), :mod:`sim_models.keytables` (a model's
+:class:`KeyTables`), :mod:`sim_models.calibrate` (``python -m sim_models.calibrate --model SPEC
+--out tables.npz``) and :mod:`sim_models.models` (the model resolver; torch and transformers
+imported lazily).
 """
 
 from .bfp import FLAG_INF, FLAG_NAN, FLAG_SAT
