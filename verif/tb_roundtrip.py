@@ -48,7 +48,7 @@ def words_for(b, mode: str, name: str, count, seed: int):
         trace = encode_trace(bits, p)
         e = encoded(trace, p)
         planes = plane_set(p, e.codes, e.scales, e.zeros)
-        exp = decoder_rows(*planes, p)
+        exp = decoder_rows(*planes[:2], p, *planes[2:])
         src = (bits, trace, planes)
     else:
         if name == "random":
