@@ -6,8 +6,8 @@ group of the config (trie ``<config>.<group>``) and samples it after every phase
 the vectorised hit matrices of the scored vectors and the stream events (runs of stalls
 / gaps / held-off input, resets): one sample per *distinct* hit set of a phase, so a
 bin's count is the number of (phase, distinct hit set) samples that contain it, not of
-vectors (per-vector sampling cost ~24 us a sample in cocotb-coverage's bookkeeping, 62 s
-of a 361 s full run: verif/README.md). It exports the database with
+vectors (sampling every vector would spend a large part of a run in cocotb-coverage's
+bookkeeping). It exports the database with
 ``coverage_db.export_to_yaml`` to the job's ``coverage`` file after each phase.
 ``python -m verif.sim`` reads that file (:func:`read_hits`) and scores it
 (``kvtest.coverage.evaluate``; table: :func:`table`).

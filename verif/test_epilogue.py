@@ -119,10 +119,10 @@ def test_config_names():
 
 def test_sim_config_lists():
     from verif import sim
-    names = sim.config_names(None, False) + sim.config_names("all", False)
-    for name in names + sim.config_names(None, True):
+    names = sim.config_names(None, "all")
+    for name in names + sim.config_names(None, "quick") + sim.config_names(None, "default"):
         sim_config(name)
-    lat = {(c.params.n, c.latency) for c in map(sim_config, sim.config_names(None, False))
+    lat = {(c.params.n, c.latency) for c in map(sim_config, sim.config_names(None, "full"))
            if not c.roundtrip}
     assert {n for n, _ in lat} == {64, 128, 256}
     assert {1, 2} <= {l for _, l in lat} and any(l == int(np.log2(n)) for n, l in lat)
