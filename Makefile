@@ -1,26 +1,51 @@
-# fwht-kv: `make sim` (main job) and `make test` set up .venv on first use.
+# fwht-kv: `make sim` (main job) and `make test` set up .venv on first use (`make setup`: the
+# simulation environment and the repository's commit-msg hook).
 PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
+# .[sim]: what make sim needs (and what the synth / formal / accuracy targets build on);
+# .[sim,test]: make test's (torch, transformers for tests/test_hf.py)
 STAMP  := $(VENV)/.installed-sim
+STAMP_TEST := $(VENV)/.installed-test
 OUT    ?= build
+# a pytest step whose selection may match nothing: exit 5 (no tests collected) is reported,
+# not a failure; any other non-zero exit is
+NO_TESTS_OK = || { rc=$$?; if [ $$rc -eq 5 ]; then echo "$@: pytest collected no tests (exit 5)"; else exit $$rc; fi; }
 
-.PHONY: sim test verilog synth synth-ci formal formal-ci accuracy bench-gpu clean distclean
+.PHONY: setup hooks sim sim-full test verilog synth synth-ci formal formal-ci accuracy bench-gpu clean distclean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e ".[sim]"
+	@$(MAKE) --no-print-directory hooks
+	touch $@
+
+$(STAMP_TEST): $(STAMP)
 	$(VPY) -m pip install -q -e ".[sim,test]"
 	touch $@
 
-## sim: generate Verilog, run the cocotb/Verilator testbenches against the golden model, print the summary
+## setup: .venv with the simulation environment, and the commit-msg hook (.githooks)
+setup: $(STAMP) hooks
+
+## hooks: use the repository's git hooks (.githooks/commit-msg: the commit subject rule) in a git checkout
+hooks:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git config core.hooksPath .githooks && echo "git hooks: .githooks (commit-msg)"; fi
+
+## sim: generate Verilog, run the cocotb/Verilator testbenches against the golden model, print the summary:
+## the default set, every RTL module, flow and feature once (python -m verif.sim --list)
 sim: $(STAMP)
-	$(VPY) -m verif.sim --summary $(OUT)/sim_summary.json
+	$(VPY) -m verif.sim --set default --summary $(OUT)/sim_summary.json
+
+## sim-full: the same over the full list of configs (python -m verif.sim --set full --list) and vectors (about 30 min on 2 cores)
+sim-full: $(STAMP)
+	$(VPY) -m verif.sim --set full --summary $(OUT)/sim_summary_full.json
 
 ## test: golden-model + RTL unit tests (over every CPU core, the 15 slowest listed), then a short sim (what CI runs)
-test: $(STAMP)
+test: $(STAMP_TEST)
 	$(VPY) -m pytest tests -q -n auto --durations=15
-	$(VPY) -m verif.sim --quick --summary $(OUT)/sim_summary_quick.json
+	$(VPY) -m verif.sim --set quick --summary $(OUT)/sim_summary_quick.json
 
 ## verilog: write Verilog + manifest for the default configuration to build/verilog
 verilog: $(STAMP)
@@ -39,7 +64,7 @@ synth: $(STAMP)
 ## block RAM output registers)
 synth-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
-	$(VPY) -m pytest tests/test_synth.py tests/test_bram_outreg.py -q -k "replicas or harness_cells or bram_outreg"
+	$(VPY) -m pytest tests/test_synth.py tests/test_bram_outreg.py -q -k "replicas or harness_cells or bram_outreg" $(NO_TESTS_OK)
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
 ## formal: the proofs (FWHT == H x for N = 16..256, read-path FWHT, float conversion, stream properties; yosys sat) -> build/formal.json
@@ -51,7 +76,7 @@ formal: $(STAMP)
 ## formal-ci: the small proof set + the mutation tests (CI, a few minutes)
 formal-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[formal]"
-	$(VPY) -m pytest tests/test_formal.py -q -n auto --durations=10
+	$(VPY) -m pytest tests/test_formal.py -q -n auto --durations=10 $(NO_TESTS_OK)
 
 ## accuracy: format study, perplexity with fake-quantized K/V (CPU torch, slow); MODEL=gemma3-270m for Gemma 3
 MODEL ?= smollm2-135m
