@@ -1,4 +1,4 @@
-"""GPU test cases shared by tests/test_gpu*.py and bench/gpu_bench.py.
+"""GPU test cases shared by tests/test_gpu*.py and bench/gpu/kernels.py.
 
 The quantizers the kernels implement (:data:`QUANTIZERS`, the presets first),
 decode-attention cases (:func:`make_case`; needs CuPy and a device), the float64

@@ -6,7 +6,7 @@ the same for every t, so softmax and the attention output are exactly
 unchanged and nothing is ever added back (the read path is the plain decode).
 Removing the keys' common offset lowers the energy the 3-bit code must cover
 (post-RoPE keys of real models have a large mean in their slowly rotating
-channels). mu comes from a calibration run (bench/accuracy.py ``calibrate``)
+channels). mu comes from a calibration run (bench.accuracy ``calibrate``)
 and is a model constant, like a weight: it is not part of the per-token cache.
 
 Every key of a sequence must be in the same domain: tokens kept unquantized

@@ -156,7 +156,7 @@ def test_committed_tables_are_the_calibration(model):
     want = KeyTables.from_calibration(calib, model)
     assert np.array_equal(t.mu.view(np.uint16), want.mu.view(np.uint16))
     assert np.array_equal(t.log2_s, want.log2_s)
-    kvquant = pytest.importorskip("bench.kvquant")
+    kvquant = pytest.importorskip("bench.accuracy.kvquant")
     assert np.array_equal(t.scales(), kvquant.calibrated_key_scales("qaware-pow2", calib))
     L, H, D = t.shape
     assert CachePolicy.preset("v3").table_bytes(L, H, D) == 3 * L * H * D

@@ -6,8 +6,8 @@
 import numpy as np
 import pytest
 
-from bench.configs import CONFIRM, RECOMMENDED, V2_DEFAULT, Config, by_name
-from bench.kvquant import Baseline, baseline_roundtrip, roundtrip
+from bench.accuracy.configs import CONFIRM, RECOMMENDED, V2_DEFAULT, Config, by_name
+from bench.accuracy.kvquant import Baseline, baseline_roundtrip, roundtrip
 from sim_models import CachePolicy, FormatParams
 from sim_models.calibrate import TokenizedText
 from sim_models.models import resolve, slug
@@ -119,8 +119,8 @@ def test_v3_key_treatments_spec_scales_and_layers():
     their cache keys); calibrated key scales are powers of two / fp16 of geometric mean 1
     that follow the query / key energy ratio; boundary layers are the first and last."""
     import numpy as np
-    from bench.configs import V3_STUDY, by_name
-    from bench.kvquant import KEY_SCALE_LOG2_MAX, calibrated_key_scales
+    from bench.accuracy.configs import V3_STUDY, by_name
+    from bench.accuracy.kvquant import KEY_SCALE_LOG2_MAX, calibrated_key_scales
     old = by_name(["midrise-max-near+C+S4"])[0].spec()
     assert set(old) == {"k", "v", "sinks", "center", "layer_k", "reparam"}
     c = by_name(["v2+C+S4+KS2+SG+R4"])[0]
@@ -145,7 +145,7 @@ def test_v3_key_treatments_spec_scales_and_layers():
 
 def test_selection_never_worse_than_default_on_calibration():
     import numpy as np
-    from bench.kvquant import select_head_transform
+    from bench.accuracy.kvquant import select_head_transform
     from sim_models import FormatParams
     rng = np.random.default_rng(1)
     k = (rng.standard_normal((128, 64)) * np.linspace(0.1, 4, 64)).astype(np.float16)
@@ -156,7 +156,7 @@ def test_selection_never_worse_than_default_on_calibration():
 
 
 def test_passkey_prompt_places_the_needle():
-    from bench import passkey
+    from bench.accuracy import passkey
 
     class Tok:
         bos_token_id = 1
@@ -176,8 +176,8 @@ def test_passkey_prompt_places_the_needle():
                                         (["--calibrate-only"], "--calibrate"), (["--only", "nope"], "--only"),
                                         (["--model", "/nope", "--report-only"], "--model")])
 def test_accuracy_cli_refuses_bad_arguments_before_loading(argv, word, capsys):
-    """bench/accuracy.py: exit 2 naming the option, before any model is loaded."""
-    from bench.accuracy import main
+    """python -m bench.accuracy: exit 2 naming the option, before any model is loaded."""
+    from bench.accuracy.__main__ import main
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2

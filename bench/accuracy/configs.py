@@ -3,9 +3,9 @@
 A :class:`Config` is a cache policy stated independently of the model: formats are
 FormatParams keyword sets without ``n`` (resolved to ``n = head_dim`` of the model by
 :meth:`Config.policy`, a :class:`sim_models.CachePolicy`), or a float
-:class:`bench.kvquant.Baseline`, or ``None`` (fp16). Layer-wise key precision names how
+:class:`bench.accuracy.kvquant.Baseline`, or ``None`` (fp16). Layer-wise key precision names how
 many of the most sensitive layers (calibration's ``k_sens``) get another format;
-``reparam`` is an exact per-channel key reparametrization (bench.kvquant.key_scales).
+``reparam`` is an exact per-channel key reparametrization (bench.accuracy.kvquant.key_scales).
 
 The format keyword sets are written relative to the version-1 quantizer
 (:data:`STUDY_BASE`, the default when the study began): format version 2 changed
@@ -32,7 +32,7 @@ STUDY_BASE = dict(mode="midtread", scale_round="up")
 FP16 = None
 _SAME = object()
 
-#: How key scales are calibrated (bench.kvquant.calibrated_key_scales).
+#: How key scales are calibrated (bench.accuracy.kvquant.calibrated_key_scales).
 KEY_SCALE_RULES = ("qaware", "keyonly")
 
 FormatSpec = dict          # FormatParams keyword arguments without n
@@ -50,10 +50,10 @@ class Config:
         center_keys: keys stored as k - mu (calibrated mu).
         layer_k: ``(top, FormatSpec)``: keys of the ``top`` most sensitive layers in that format;
             ``(top, FormatSpec, "boundary")``: the first top/2 and last top - top/2 layers.
-        reparam: exact key reparametrization (bench.kvquant.key_scales), or None.
+        reparam: exact key reparametrization (bench.accuracy.kvquant.key_scales), or None.
         key_scale: per-channel key scales applied by the golden model (sim_models.scale_keys):
             ``"pow2"``, ``"fp16"`` or None (:data:`sim_models.policy.KEY_SCALES`).
-        key_scale_rule: how the scales are calibrated (bench.kvquant.calibrated_key_scales):
+        key_scale_rule: how the scales are calibrated (bench.accuracy.kvquant.calibrated_key_scales):
             ``"qaware"`` (the format's rule) or ``"keyonly"``.
         key_signs: calibrated sign flip per (layer, kv head) (keys).
         key_rot: calibrated 4x4 rotations after the FWHT per (layer, kv head) (keys).
@@ -82,7 +82,7 @@ class Config:
 
     @property
     def key_scale_kind(self) -> str | None:
-        """``"<rule>-<key_scale>"`` (e.g. ``"qaware-pow2"``) for bench.kvquant.calibrated_key_scales,
+        """``"<rule>-<key_scale>"`` (e.g. ``"qaware-pow2"``) for bench.accuracy.kvquant.calibrated_key_scales,
         or None without key scales."""
         return f"{self.key_scale_rule}-{self.key_scale}" if self.key_scale else None
 

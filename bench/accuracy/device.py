@@ -12,10 +12,10 @@ run stopped by its time limit still returns what finished):
                                   ``--merge``)
 
 Usage (device):
-    python bench/study_device.py --gguf M.gguf --model-id smollm2-135m --text text.txt \
+    python -m bench.accuracy.device --gguf M.gguf --model-id smollm2-135m --text text.txt \
         --out $OUT --configs a,b,c --passkey a,b --passkey-context 8192 --deadline 300
 Here:
-    python bench/study_device.py --merge OUT/study_smollm2-135m.json
+    python -m bench.accuracy.device --merge OUT/study_smollm2-135m.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -37,9 +37,9 @@ _W = {}
 
 def _init(args_d: dict, calib: str):
     os.environ["OMP_NUM_THREADS"] = "1"
-    from bench import passkey
+    from bench.accuracy import passkey
     from sim_models.models import ModelSource
-    from bench.runs import Study
+    from bench.accuracy.runs import Study
     a = argparse.Namespace(**args_d)
     src = ModelSource(a.model_id, Path(a.gguf).resolve(), f"GGUF file {Path(a.gguf).name}")
     st = Study(src, a.context, 4, 1, device=a.device, text=Path(a.text).read_text())
@@ -49,8 +49,8 @@ def _init(args_d: dict, calib: str):
 
 
 def _task(task):
-    from bench import passkey
-    from bench.configs import by_name
+    from bench.accuracy import passkey
+    from bench.accuracy.configs import by_name
     kind, name, i = task
     st = _W["st"]
     if time.time() > _W["deadline"]:
@@ -71,7 +71,7 @@ def _task(task):
 def device_main(a) -> int:
     import multiprocessing as mp
     from sim_models.models import ModelSource
-    from bench.runs import Study
+    from bench.accuracy.runs import Study
     t_start = time.time()
     a.t_end = t_start + a.deadline
     out = Path(a.out)
@@ -122,7 +122,7 @@ def device_main(a) -> int:
 def merge(path: Path) -> int:
     """Merge a device result into bench/results/accuracy/<model_id>.json (runs replaced by
     key), the passkey trials into .../<model_id>_passkey.json, and the calibration file."""
-    from bench.runs import CALIB_DIR, RESULTS_DIR
+    from bench.accuracy.runs import CALIB_DIR, RESULTS_DIR
     r = json.loads(path.read_text())
     mid = r["meta"]["model_id"]
     dst = RESULTS_DIR / f"{mid}.json"
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf")
     ap.add_argument("--model-id")
-    ap.add_argument("--text", help="the study text (bench.smollm2.load_text() written out)")
+    ap.add_argument("--text", help="the study text (bench.accuracy.smollm2.load_text() written out)")
     ap.add_argument("--out")
     ap.add_argument("--configs", default="", help="comma-separated names, or @file")
     ap.add_argument("--passkey", default="", help="comma-separated names, or @file")

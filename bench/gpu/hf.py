@@ -4,7 +4,7 @@
 Device runs (``run``; ``--parts q`` and ``--parts s`` can go to separate calls, ``merge`` joins
 their JSON) measure, and bench/results/hf_bench.json keeps:
 
-* ``ppl``: teacher-forced perplexity of SmolLM2-135M (fp32 weights) on bench/accuracy.py's
+* ``ppl``: teacher-forced perplexity of SmolLM2-135M (fp32 weights) on bench.accuracy's
   evaluation context (2048 tokens at EVAL_START), per policy (PPL_CONFIGS). Both sides run one
   2048-token forward, so the projections are the same GEMMs: the golden model's fake-quant forward
   (``PackedCache(backend="golden", prefill="packed")``: reconstructions of
@@ -46,11 +46,11 @@ The ``gguf`` wheel (pure Python; not on the device image) is carried and install
 ``pip install --no-index --no-deps --target /tmp/site`` (PYTHONPATH=/tmp/site).
 
 Usage:
-    python bench/hf_bench.py prep  --out DIR      # here: token ids, GGUF parts, gguf wheel
-    python bench/hf_bench.py run   --data DIR --out OUT.json [--parts qs] [--smoke]   # on the GPU machine
-    python bench/hf_bench.py merge A.json B.json  # here: into bench/results/hf_bench.json
-    python bench/hf_bench.py report               # here: texts, README tables, plot
-    python bench/hf_bench.py floor --gguf FILE --data DIR   # here: CPU noise floor of the perplexity
+    python -m bench.gpu.hf prep  --out DIR      # here: token ids, GGUF parts, gguf wheel
+    python -m bench.gpu.hf run   --data DIR --out OUT.json [--parts qs] [--smoke]   # on the GPU machine
+    python -m bench.gpu.hf merge A.json B.json  # here: into bench/results/hf_bench.json
+    python -m bench.gpu.hf report               # here: texts, README tables, plot
+    python -m bench.gpu.hf floor --gguf FILE --data DIR   # here: CPU noise floor of the perplexity
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 RESULTS = REPO / "bench" / "results" / "hf_bench.json"
@@ -96,7 +96,7 @@ RESERVE = 6 << 30                              # bytes kept free for activations
 # =========================================================================== prep (CPU)
 def prep(out: Path):
     from bench.accuracy import CTX, EVAL_START
-    from bench.smollm2 import gguf_path, load_text
+    from bench.accuracy.smollm2 import gguf_path, load_text
     from transformers import AutoTokenizer
     out.mkdir(parents=True, exist_ok=True)
     p = gguf_path()
@@ -549,7 +549,7 @@ def report():
     r = json.loads(RESULTS.read_text())
     print("\n".join(tables(r)))
     if "generation" in r:
-        from bench.smollm2 import gguf_path
+        from bench.accuracy.smollm2 import gguf_path
         from transformers import AutoTokenizer
         p = gguf_path()
         tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
@@ -631,7 +631,7 @@ def floor_table(f) -> list:
     return lines
 
 
-def _plot(r):
+def _plot(r, dst=PLOT):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -653,7 +653,7 @@ def _plot(r):
         ax.set_title(shape)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=120)
+    fig.savefig(dst, dpi=120)
 
 
 def main(argv=None):

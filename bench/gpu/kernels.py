@@ -47,7 +47,7 @@ against the contiguous layout, K3/V3 and K4/V3, GQA 64/8 and 32/8, B 1/8/32 x T 
 ``--only waves`` (file gpu_bench_waves.json): decode K3/V3 GQA 32/8 at 128K, batches 32..64 (pairs of
 (sequence, kv head) around the CTA slots), the planner's split count against fixed ones.
 
-Usage: python3 bench/gpu_bench.py [--out DIR] [--quick] [--only write|versions|policy|kernel|waves|paging]
+Usage: python -m bench.gpu.kernels [--out DIR] [--quick] [--only write|versions|policy|kernel|waves|paging]
        [--baseline NAME=DIR|DIR] [--baseline-tune JSON] [--tunes JSON] [--no-write]
 """
 
@@ -67,8 +67,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import cupy as cp  # noqa: E402
 import torch  # noqa: E402
@@ -1058,11 +1057,12 @@ def run_waves(a, result, save, t_start):
     finish(result, save, t_start)
 
 
-def main():
-    if "--ncu-driver" in sys.argv:
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--ncu-driver" in argv:
         ncu_driver()
         return
-    if "--ncu-decode" in sys.argv:
+    if "--ncu-decode" in argv:
         ncu_decode_driver()
         return
     ap = argparse.ArgumentParser()
@@ -1077,11 +1077,11 @@ def main():
                     "plans, or {NAME: tune dict} per baseline")
     ap.add_argument("--no-write", action="store_true", help="--only kernel: skip the write-kernel timings")
     ap.add_argument("--no-decode", action="store_true", help="--only kernel: the write-kernel timings alone")
-    ap.add_argument("--only", choices=("all", "write", "versions", "policy", "kernel", "waves", "paging"), default="all",
+    ap.add_argument("--only", choices=("decode", "write", "versions", "policy", "kernel", "waves", "paging"), default="decode",
                     help="write: the write kernel alone (gpu_bench_write.json); paging: paged vs contiguous "
                          "decode (gpu_bench_paging.json); "
                          "versions: version-1 vs version-2 quantizer side by side (gpu_bench_v2.json)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
     props = torch.cuda.get_device_properties(0)

@@ -1,30 +1,21 @@
 #!/usr/bin/env python3
-"""Plot bench/results/gpu_bench.json (written by bench/gpu_bench.py) -> bench/results/gpu_bench.png.
+"""Plots of the GPU benchmark results (``python -m bench.gpu`` draws one per results file it writes).
 
-Left: decode time vs context for each batch size, packed 3-bit kernel vs SDPA bf16 (GQA 64/8).
-Right: speed-up over SDPA bf16 and % of the measured copy bandwidth, both GQA ratios.
+The kind of plot follows from the file's content; the image goes next to it with the extension .png:
 
-A version comparison file (gpu_bench_v2.json, written by ``gpu_bench.py --only versions``) gives
-bench/results/gpu_bench_v2.png instead: write-kernel time per quantizer (left) and decode time of the
-version-1 (midtread/up) and version-2 (midrise/nearest) caches next to SDPA bf16 (right).
+* decode (gpu_bench.json): decode time vs context per batch, packed 3-bit kernel vs SDPA bf16 (GQA 64/8),
+  and the speed-up over SDPA bf16 for both GQA ratios;
+* write (gpu_bench_write.json): write time per variant, the current kernel next to a previous source and,
+  for the key front end, a separate elementwise pass + kernel; % of the copy bandwidth;
+* policy (gpu_bench_policy.json): speed-up over SDPA bf16 per bits setting (GQA 64/8), cost of sinks and
+  paging relative to the plain kernel;
+* versions (gpu_bench_v2.json): write-kernel time per quantizer and decode time of the version-1
+  (midtread/up) and version-2 (midrise/nearest) caches next to SDPA bf16;
+* kernel (gpu_bench_kernel.json): K3/V3 decode time per shape for each implementation in the run;
+* layout (gpu_bench_layout.json): % of the copy bandwidth per (dtype, row mapping, value order), one bar
+  per kernel source in the run.
 
-A decode-kernel file (gpu_bench_kernel*.json, ``gpu_bench.py --only kernel``) gives a .png of the same
-name (K3/V3 decode time per shape for each implementation in the run and SDPA bf16; speed-ups) and prints
-a Markdown table.
-
-A write-kernel file (gpu_bench_write.json, ``gpu_bench.py --only write``) gives
-bench/results/gpu_bench_write.png (write time per variant, current kernel next to the previous source
-and, for the key front end, the previous separate pass + kernel; % of the copy bandwidth).
-
-A round-12 write file (gpu_write12*.json, ``bench/gpu_write12.py``) gives a .png of the same name: % of
-the copy bandwidth per (dtype, row mapping, byte order), one bar per kernel source in the run, the 85 %
-target as a line.
-
-A cache-policy file (gpu_bench_policy.json, ``gpu_bench.py --only policy``) gives
-bench/results/gpu_bench_policy.png (speed-up over SDPA bf16 per bits setting, GQA 64/8; cost of sinks
-and paging relative to the plain kernel) and prints the README's Markdown table.
-
-Usage: python3 bench/plot_gpu.py [JSON] [PNG]
+Usage: python -m bench.gpu.plots JSON [JSON ...]
 """
 
 from __future__ import annotations
@@ -33,12 +24,7 @@ import json
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+plt = None          # matplotlib.pyplot, imported by plot() (the tables need no matplotlib)
 
 
 def plot_versions(r, dst):
@@ -274,8 +260,8 @@ def plot_write(r, dst):
     print(f"wrote {dst}")
 
 
-def plot_write12(r, dst):
-    """gpu_write12*.json -> % of copy per (dtype, case), one bar per source (same run), 85 % target line."""
+def plot_layout(r, dst):
+    """gpu_bench_layout.json -> % of copy per (dtype, case), one bar per source (same run), 85 % target line."""
     rows = [w for w in r.get("write", []) if "pct_copy" in w]
     groups = list(dict.fromkeys((w["dtype"], w["case"]) for w in rows))
     srcs = list(dict.fromkeys(w["source"] for w in rows))
@@ -297,7 +283,7 @@ def plot_write12(r, dst):
     ax.set_ylim(0, 100)
     ax.set_ylabel("% of copy bandwidth (median)")
     copy = r.get("copy", {}).get("GBps", float("nan"))
-    ax.set_title(f"write kernel, {r.get('nvec', 0)} vectors N=128, {r.get('device', '')}, {r.get('date', '')}; "
+    ax.set_title(f"write kernel, {r.get('nvec', 0)} vectors N=128, {r.get('device', '')}; "
                  f"copy {copy:.0f} GB/s", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -305,37 +291,34 @@ def plot_write12(r, dst):
     print(f"wrote {dst}")
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    src = argv[0] if argv else os.path.join(HERE, "results", "gpu_bench.json")
-    dst = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "gpu_bench.png")
+def plot(src, dst=None):
+    """The plot of the results file ``src`` (its kind read from its content) into ``dst``, by default the
+    file's name with .png."""
+    global plt
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+    plt = matplotlib.pyplot
+    dst = dst or os.path.splitext(src)[0] + ".png"
     with open(src) as f:
         r = json.load(f)
     if r.get("write") and isinstance(r["write"], list) and "case" in r["write"][0]:
-        if len(argv) < 2:
-            dst = os.path.splitext(src)[0] + ".png"
-        plot_write12(r, dst)
-        return
+        return plot_layout(r, dst)
     if r.get("write") and isinstance(r["write"], list) and "impl" in r["write"][0]:
-        if len(argv) < 2:
-            dst = os.path.splitext(src)[0] + ".png"
-        plot_write(r, dst)
-        return
+        return plot_write(r, dst)
     if r.get("decode") and "impl" in (r["decode"][0].get("rows") or [{}])[0]:
-        if len(argv) < 2:
-            dst = os.path.splitext(src)[0] + ".png"
-        plot_kernel(r, dst)
-        return
+        return plot_kernel(r, dst)
     if r.get("decode") and "rows" in r["decode"][0]:
-        if len(argv) < 2:
-            dst = os.path.join(HERE, "results", "gpu_bench_policy.png")
-        plot_policy(r, dst)
-        return
+        return plot_policy(r, dst)
     if "versions" in r:
-        if len(argv) < 2:
-            dst = os.path.join(HERE, "results", "gpu_bench_v2.png")
-        plot_versions(r, dst)
-        return
+        return plot_versions(r, dst)
+    if r.get("decode"):
+        return plot_decode(r, dst)
+    return None
+
+
+def plot_decode(r, dst):
+    """gpu_bench.json -> decode time vs context per batch (packed kernel vs SDPA bf16, GQA 64/8), speed-ups."""
     rows = [d for d in r.get("decode", []) if "ours_ms" in d]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = {1: "tab:blue", 8: "tab:orange", 32: "tab:green"}
@@ -375,4 +358,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    for path in sys.argv[1:]:
+        plot(path)

@@ -13,7 +13,7 @@ with the sources in turn (A B C A B C). ``% copy`` is against the copy bandwidth
 ``--ncu``: one launch of 2^21 vectors per (source, dtype, layout) for Nsight Compute, in the order printed
 (``--ncu-cache``: each also with KVCache's rows).
 
-Usage (device): python3 bench/gpu_write12.py --out $OUT [--source old=DIR ...] [--ncu]
+Usage (device): python -m bench.gpu --routine layout --out DIR [--source old=DIR ...] [--ncu]
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import gpu_bench as gb  # noqa: E402  (timing helpers, copy kernel, device state)
-from gpu_bench import cp, gpu_ref, log, np, qparams  # noqa: E402
+from bench.gpu import kernels as gb  # noqa: E402  (timing helpers, copy kernel, device state)
+from bench.gpu.kernels import ROOT, cp, gpu_ref, log, np, qparams  # noqa: E402
 
 from gpu_ref import _build  # noqa: E402
 from gpu_ref.encode import encode_cfg  # noqa: E402
@@ -191,14 +188,14 @@ def ncu_launches(sources, with_cache=False):
     return order
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.path.dirname(HERE), "bench", "results"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--source", action="append", default=[], help="NAME=DIR: another kernel source folder")
     ap.add_argument("--skip-wire", action="append", default=[], help="source NAME whose golden order is not timed")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--ncu-cache", action="store_true", help="--ncu: each launch also with KVCache's rows")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     sources = [("current", None)] + [tuple(s.split("=", 1)) for s in a.source]
     SKIP.update((n, "wire") for n in a.skip_wire)
     if a.ncu:
@@ -207,7 +204,7 @@ def main():
     t0 = time.time()
     res = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "date": time.strftime("%Y-%m-%d %H:%M"),
            "sources": sources, "nvec": NVEC, "kv_heads": KVH}
-    path = os.path.join(a.out, "gpu_write12.json")
+    path = os.path.join(a.out, "gpu_bench_layout.json")
 
     def save():
         with open(path, "w") as f:

@@ -16,7 +16,7 @@ every post-RoPE key and every value of the SmolLM2-135M capture
 The write path's area grows with M (every FWHT adder is M + s + 1 bits; see
 bench/results/synth.json): M is chosen where the total error stops improving.
 Writes bench/results/synth_mantissa.json and bench/results/synth_mantissa.png
-(default M marked). Usage: ``.venv/bin/python bench/synth_mantissa.py``.
+(default M marked). Usage: ``python -m bench.synth mantissa``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from sim_models import FormatParams, decode_float, encode, sign_mask  # noqa: E402

@@ -1,0 +1,1 @@
+"""Synthesis reports: ``python -m bench.synth report|mantissa`` (bench/synth/__main__.py)."""
