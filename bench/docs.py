@@ -1,14 +1,29 @@
-#!/usr/bin/env python3
-"""docs/MEASUREMENTS.md: every measured number of the project, as tables generated from JSON.
+"""The generated blocks of the docs, rendered from the committed results under bench/results/.
 
-Reads bench/results/sim_summary.json (``make sim``), gpu_bench.json and gpu_bench_v2.json
-(``bench/gpu_bench.py``), manual_measurements.json (measurements taken by hand) and
-hf_bench.json (``bench/hf_bench.py``), and
-writes docs/MEASUREMENTS.md. Synthesis results have their own generated file,
-docs/SYNTH.md (``bench/synth_report.py``). READMEs link here instead of copying numbers.
+Usage: ``python -m bench.docs [--check] [--only NAME[,NAME]]`` from the repository root.
 
-Usage: ``.venv/bin/python bench/measurements_report.py [--check]``; ``--check`` exits 1
-when docs/MEASUREMENTS.md differs from what the JSON gives (tests/test_docs.py runs it).
+A generated block in a markdown file is the text between
+
+    <!-- BEGIN GENERATED NAME: python -m bench.docs; do not edit by hand -->
+    <!-- END GENERATED NAME -->
+
+(text outside the markers is written by hand and kept). The blocks (:data:`BLOCKS`):
+
+  README.md             results   headline numbers, one row per domain, each with its record
+  docs/HARDWARE.md      synth     synthesis records: area, Fmax, critical paths, parts, flow control,
+                                  key front end, K/V error vs the BFP mantissa width
+  docs/VERIFICATION.md  sim       make sim: vectors, mismatches, latency per config and vector set,
+                                  functional coverage
+  docs/GPU.md           gpu       GPU kernels: decode against SDPA bf16, write kernel, cache
+                                  policies, paged pools
+  docs/GPU.md           hf        a transformers model decoding from the packed cache: perplexity,
+                                  attention error, decode step, concurrency, noise floor
+  docs/ACCURACY.md      accuracy  the format study: the key-treatment table of both models, one
+                                  table per model
+
+Every block reads only the files :data:`INPUTS` names for it (tests/test_results.py holds the
+committed results to that list). ``--check`` writes nothing and exits 1 when a block is not what
+the results render (2 when a file or a block's markers are missing).
 """
 
 from __future__ import annotations
@@ -20,11 +35,76 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-DOC = REPO / "docs" / "MEASUREMENTS.md"
+
+#: block name -> the markdown file holding it (relative to the repository root)
+BLOCKS = {
+    "results": "README.md",
+    "synth": "docs/HARDWARE.md",
+    "sim": "docs/VERIFICATION.md",
+    "gpu": "docs/GPU.md",
+    "hf": "docs/GPU.md",
+    "accuracy": "docs/ACCURACY.md",
+}
+#: the key-treatment study's models, in table order
+MODELS = ("smollm2-135m", "gemma3-270m")
+#: block name -> the files under bench/results it reads or shows (images)
+INPUTS = {
+    "results": ("sim_summary.json", "formal.json", "synth.json", "gpu_bench.json",
+                "gpu_bench_write.json", "hf_bench.json",
+                *(f"accuracy/{m}.json" for m in MODELS)),
+    "synth": ("synth.json", "synth_mantissa.json", "synth_area.png", "synth_mantissa.png"),
+    "sim": ("sim_summary.json",),
+    "gpu": ("gpu_bench.json", "gpu_bench_write.json", "gpu_bench_policy.json",
+            "gpu_bench_paging.json", "gpu_bench.png", "gpu_bench_write.png",
+            "gpu_bench_policy.png"),
+    "hf": ("hf_bench.json", "hf_floor_cpu.json", "hf_bench.png"),
+    "accuracy": (*(f"accuracy/{m}{x}" for m in MODELS for x in (".json", "_passkey.json",
+                                                                 "_pareto.png")),
+                 "accuracy/v3_pareto.png"),
+}
+#: results file -> the command that writes it (named in the error of a missing file)
+WRITERS = {
+    "sim_summary.json": "make sim (copy build/sim_summary.json)",
+    "formal.json": "make formal (copy build/formal.json)",
+    "synth.json": "make synth",
+    "synth_mantissa.json": "python -m bench.synth mantissa",
+    "hf_bench.json": "python -m bench.gpu --routine hf",
+    "hf_floor_cpu.json": "python -m bench.gpu.hf floor",
+    "gpu_bench.json": "python -m bench.gpu --routine decode",
+    "gpu_bench_write.json": "python -m bench.gpu --routine write",
+    "gpu_bench_policy.json": "python -m bench.gpu --routine policy",
+    "gpu_bench_paging.json": "python -m bench.gpu --routine paging",
+}
+#: the policy the README's accuracy rows quote (the study's name of the default policy)
+HEADLINE_CONFIG = "v2+C+S4+KS2"
 
 
-def _load(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
+def begin(name: str) -> str:
+    return f"<!-- BEGIN GENERATED {name}: python -m bench.docs; do not edit by hand -->"
+
+
+def end(name: str) -> str:
+    return f"<!-- END GENERATED {name} -->"
+
+
+class DocsError(Exception):
+    """A missing file or marker, or an unreadable results file (the message names it)."""
+
+
+def inputs() -> set[str]:
+    """Every file under bench/results (relative to it) that a block reads or shows."""
+    return {f for files in INPUTS.values() for f in files}
+
+
+def _load(results: Path, name: str) -> dict:
+    path = results / name
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        how = WRITERS.get(name, "python -m bench.accuracy" if name.startswith("accuracy/") else "?")
+        raise DocsError(f"{path}: no such results file (written by {how})") from None
+    except ValueError as err:
+        raise DocsError(f"{path}: not JSON ({err})") from None
 
 
 def _table(columns, rows) -> str:
@@ -37,14 +117,15 @@ def _ctx(t: int) -> str:
     return f"{t // 1024}K"
 
 
-def sim_section(d: dict) -> str:
+# ------------------------------------------------------------------------------------------ sim
+def sim_block(d: dict) -> str:
     rows = d["rows"]
     n_vec = sum(r["vectors"] for r in rows)
     n_bad = sum(r["mismatches"] for r in rows)
     per_cfg = []
     for c in d["configs"]:
         cr = [r for r in rows if r["config"] == c["config"]]
-        per_cfg.append([c["config"], c["kind"], f"{sum(r['vectors'] for r in cr):,}",
+        per_cfg.append([f"`{c['config']}`", c["kind"], f"{sum(r['vectors'] for r in cr):,}",
                         sum(r["mismatches"] for r in cr), c["manifest_latency_cycles"],
                         f"{c['build_s']:.0f}", f"{c['run_s']:.0f}"])
     first = d["configs"][0]["config"]
@@ -52,150 +133,294 @@ def sim_section(d: dict) -> str:
                f"{r['cycles_per_vector']:.3f}", f"{r['vectors_per_s']:,.0f}",
                f"{r['vectors_per_cpu_s']:,.0f}"]
               for r in rows if r["config"] == first]
-    return "\n\n".join([
-        "## RTL against the golden model (`make sim`)",
-        f"`bench/results/sim_summary.json` (a copy of `build/sim_summary.json`): "
-        f"{len(d['configs'])} configs, {n_vec:,} vectors, {n_bad} mismatches, "
-        f"{d['total_s']:.0f} s in all, seed {d['seed']}{', --quick' if d['quick'] else ''}; "
-        f"{'all passed' if d['ok'] else 'FAILED'}.",
+    parts = [
+        f"`bench/results/sim_summary.json`: {len(d['configs'])} configs, {n_vec:,} vectors, "
+        f"{n_bad} mismatches, {d['total_s']:.0f} s in all, seed {d['seed']}"
+        f"{', --quick' if d['quick'] else ''}; {'all passed' if d['ok'] else 'FAILED'}.",
         _table(["config", "kind", "vectors", "mismatches", "latency (cycles)", "build (s)",
                 "run (s)"], per_cfg),
         f"Per vector set, `{first}` (latency ranges above the pipeline latency include the "
         f"random output stalls; cycles/vector above 1 come from the random gaps and stalls):",
         _table(["set", "vectors", "mismatches", "latency (cycles)", "cycles/vector",
                 "vectors/s", "vectors/CPU s"], detail),
-    ] + coverage_section(d))
-
-
-def coverage_section(d: dict) -> list[str]:
-    """The functional coverage table of a sim summary (absent in older summaries)."""
+    ]
     cov = d.get("coverage")
-    if not cov:
-        return []
-    rows = [[cfg, c.get("reachable", "-"), c.get("hit", "-"),
-             f"{c['percent']:.1f}%" if "percent" in c else "-",
-             f"{c['floor']:g}%" if "floor" in c else "-", len(c.get("unreachable", {})),
-             ", ".join(c.get("missed", [])) or "-",
-             "" if c.get("sampling_s") is None else f"{c['sampling_s']:.1f}"]
-            for cfg, c in cov.items()]
-    return ["Functional coverage (verif/README.md, *Functional coverage*): reachable bins hit "
-            "per config, the floor, bins declared unreachable (reasons in the JSON), misses, "
-            "cocotb-coverage sampling time:",
-            _table(["config", "reachable bins", "hit", "coverage", "floor", "unreachable",
-                    "missed", "sampling (s)"], rows)]
-
-
-def gpu_section(d: dict, v: dict) -> str:
-    copy = d["copy"]["GBps"]
-    dec = [[r["batch"], _ctx(r["context"]), f"{r['q_heads']}/{r['kv_heads']}",
-            f"{r['ours_ms']:.4f}", f"{r['ours_GBps']:.0f}", f"{r['pct_copy']:.0f}",
-            f"{r['sdpa_bf16_ms']:.4f}", f"{r['speedup']:.2f}x"] for r in d["decode"]]
-    wcopy = d.get("write_copy", d["copy"])["GBps"]
-    wr = [[r["dtype"], ", ".join(f"{k} {x}" for k, x in (r.get("tune") or {}).items()),
-           f"{r['vectors']:,}", f"{r['ms']:.3f}", f"{r['GBps']:.0f}", f"{r['pct_copy']:.1f}",
-           "yes" if r.get("bit_exact_65536") else "no"] for r in d["write"]]
-    vw = [[r["label"], r["mode"], r["scale_round"], f"{r['ms']:.3f}", f"{r['GBps']:.0f}",
-           f"{r['pct_copy']:.1f}"] for r in v["write"]]
-    vd = [[r["batch"], _ctx(r["context"]),
-           ", ".join(f"{x['version']} {x['ms']:.4f}" for x in r["runs"]),
-           f"{r['v1_speedup']:.2f}x", f"{r['v2_speedup']:.2f}x", f"{r['sdpa_bf16_ms']:.4f}"]
-          for r in v["decode"]]
-    checks = "; ".join(
-        f"{k}: fp16 {c['encode_fp16']['vectors']:,} vectors bit-exact "
-        f"{c['encode_fp16']['bit_exact']}, bf16 {c['encode_bf16']['vectors']:,} "
-        f"{c['encode_bf16']['bit_exact']}, decode rel. error vs float64 "
-        f"{c['decode']['rel_err_vs_float64_packed']:.1e}"
-        for k, c in v["checks"].items())
-    prov = "; ".join(f"{k}: {x}" for k, x in d.get("provenance", {}).items())
-    return "\n\n".join([
-        "## GPU kernels (`bench/gpu_bench.py`)",
-        f"`bench/results/gpu_bench.json`: {d['device']}, torch {d['torch']}, CuPy {d['cupy']}, "
-        f"{d['date']}; same-run copy kernel {copy:.0f} GB/s read+write. {prov}.",
-        f"Decode attention, N = 128, against torch SDPA bf16 in the same run, medians of "
-        f"CUDA-graph replays; GB/s = compressed bytes read per second, % of the copy kernel's "
-        f"bandwidth; decode error vs a float64 reference over the golden-dequantized cache: "
-        f"{d['decode_check']['rel_err_vs_float64_packed']:.1e} relative.",
-        _table(["batch", "context", "q/kv heads", "ours (ms)", "GB/s read", "% of copy",
-                "SDPA bf16 (ms)", "speed-up"], dec),
-        f"Write kernel (encode), N = 128 (copy kernel of that run {wcopy:.0f} GB/s):",
-        _table(["dtype", "tuning", "vectors", "ms", "GB/s", "% of copy", "bit-exact"], wr),
-        f"Format version 1 against version 2, `bench/results/gpu_bench_v2.json` "
-        f"({v['device']}, {v['date']}; copy {v['copy']['GBps']:.0f} GB/s; {v['provenance']}). "
-        f"Checks: {checks}.",
-        _table(["write, N = 128", "mode", "scale_round", "ms", "GB/s", "% of copy"], vw),
-        _table(["decode batch", "context", "runs (ms)", "v1 speed-up", "v2 speed-up",
-                "SDPA bf16 (ms)"], vd),
-    ])
-
-
-def manual_section(m: dict) -> str:
-    parts = ["## Measured by hand (`bench/results/manual_measurements.json`)", m["about"]]
-    for r in m["records"]:
-        head = f"### {r['title']}"
-        meta = ", ".join(f"{k.replace('_', ' ')}: {r[k]}"
-                         for k in ("date", "rtl_commit", "old_bench", "config", "conditions")
-                         if k in r)
-        parts += [head, meta + ".", _table(r["columns"], r["rows"])]
-        parts += [n for n in r.get("notes", [])]
+    if cov:
+        crow = [[f"`{cfg}`", c.get("reachable", "-"), c.get("hit", "-"),
+                 f"{c['percent']:.1f}%" if "percent" in c else "-",
+                 f"{c['floor']:g}%" if "floor" in c else "-", len(c.get("unreachable", {})),
+                 ", ".join(c.get("missed", [])) or "-",
+                 "" if c.get("sampling_s") is None else f"{c['sampling_s']:.1f}"]
+                for cfg, c in cov.items()]
+        parts += ["Functional coverage: reachable bins hit per config, the floor, bins declared "
+                  "unreachable (reasons in the JSON), misses, cocotb-coverage sampling time:",
+                  _table(["config", "reachable bins", "hit", "coverage", "floor", "unreachable",
+                          "missed", "sampling (s)"], crow)]
     return "\n\n".join(parts)
 
 
-def hf_section(r: dict) -> str:
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from bench.hf_bench import floor_table, tables          # the same tables as the README's
-    floor = []
-    if (RESULTS / "hf_floor_cpu.json").exists():
-        f = _load("hf_floor_cpu.json")
-        m = f["meta"]
-        floor = [f"`bench/results/hf_floor_cpu.json` (`python bench/hf_bench.py floor`; CPU, torch {m['torch']}, "
-                 f"transformers {m['transformers']}, {m['threads']} threads): the golden fake-quant forward's "
-                 f"perplexity on the same {m['tokens']}-token window as is, with q rounded to fp16, and with "
-                 "its attention outputs multiplied by 1 + eps N(0, 1) (two seeds each).",
-                 "\n".join(floor_table(f))]
+# ------------------------------------------------------------------------------------------ gpu
+def _run_of(d: dict) -> str:
+    return f"{d['device']}, torch {d['torch']}, CuPy {d['cupy']}"
+
+
+KEY_FRONT = {0: "-", 1: "key scales", 2: "centering", 3: "key scales + centering"}
+
+
+def gpu_block(d: dict, w: dict, pol: dict, pg: dict, img: str) -> str:
+    from bench.gpu.plots import policy_table
+    dec = [[r["batch"], _ctx(r["context"]), f"{r['q_heads']}/{r['kv_heads']}",
+            f"{r['ours_ms']:.4f}", f"{r['ours_GBps']:.0f}", f"{r['pct_copy']:.0f}",
+            f"{r['sdpa_bf16_ms']:.4f}", f"{r['speedup']:.2f}x"]
+           for r in d["decode"] if "ours_ms" in r]
+    seen, wr = set(), []
+    for r in w["write"]:
+        key = (r["mode"], r["scale_round"], r["dtype"], r["bits"], r["keyf"])
+        if r["impl"] != "new" or key in seen:
+            continue
+        seen.add(key)
+        wr.append([f"{r['mode']}/{r['scale_round']}", r["dtype"], r["bits"], KEY_FRONT[r["keyf"]],
+                   f"{r['ms']:.3f}", f"{r['GBps']:.0f}", f"{r['pct_copy']:.1f}",
+                   "yes" if r.get("bit_exact_65536") else "no"])
+    paging = []
+    for s in pg["paging"]:
+        for bits in dict.fromkeys(x["bits"] for x in s["rows"]):
+            ms = {x["page"]: x["ms"] for x in s["rows"] if x["bits"] == bits and not x.get("sinks")}
+            if None not in ms:
+                continue
+            paging.append([s["batch"], _ctx(s["context"]), f"{s['q_heads']}/{s['kv_heads']}", bits,
+                           f"{ms[None]:.4f}"]
+                          + [f"{ms[p]:.4f} ({100 * (ms[p] / ms[None] - 1):+.1f}%)" if p in ms
+                             else "-" for p in (16, 64)])
+    chk = d["decode_check"]["rel_err_vs_float64_packed"]
     return "\n\n".join([
-        "## A Hugging Face model decoding from the packed cache (`bench/hf_bench.py`)",
-        f"`bench/results/hf_bench.json`: {r['device']}, torch {r['torch']}, transformers "
-        f"{r['transformers']}. Perplexity: SmolLM2-135M on bench/accuracy.py's 2048-token window, "
-        "one forward through the kernels (1 / 2 / 4 KV splits) and the golden fake-quant forward; "
-        "attention error (second table): relative to float64 over the same reconstructions, "
-        "median / max over the layers. Speed: random bf16 weights, one decode step captured in a CUDA graph, "
-        "median of 10 replays; concurrency: largest batch of 128K-token sequences that fits.",
-        "\n".join(tables(r)),
-        *floor,
+        f"Decode attention, N = 128, K3/V3 (`bench/results/gpu_bench.json`: {_run_of(d)}; copy "
+        f"kernel {d['copy']['GBps']:.0f} GB/s read + write in the same run). Medians of CUDA-graph "
+        "replays against torch SDPA bf16 on the same shapes; GB/s = compressed bytes read per "
+        "second, % of the copy kernel's bandwidth; the decode error against a float64 reference "
+        f"over the golden-dequantized cache is {chk:.1e} relative.",
+        _table(["batch", "context", "q/kv heads", "ours (ms)", "GB/s read", "% of copy",
+                "SDPA bf16 (ms)", "speed-up"], dec),
+        f"![decode]({img}gpu_bench.png)",
+        f"Write kernel (encode), 16M vectors of N = 128 (`bench/results/gpu_bench_write.json`: "
+        f"{_run_of(w)}; copy kernel {w['copy']['GBps']:.0f} GB/s); each variant checked "
+        "bit-exact against the golden model on 65,536 mixed vectors first:",
+        _table(["quantizer (mode/scale round)", "dtype", "b", "key front end", "ms", "GB/s",
+                "% of copy", "bit-exact"], wr),
+        f"![write]({img}gpu_bench_write.png)",
+        f"Cache policies, GQA 64/8 (`bench/results/gpu_bench_policy.json`: {_run_of(pol)}): "
+        "decode time per bits setting against SDPA bf16, and the cost of 4 fp16 sinks and of "
+        "paged pools relative to the plain K3/V3 kernel:",
+        policy_table(pol),
+        f"![policy]({img}gpu_bench_policy.png)",
+        f"Paged pools against the contiguous layout (`bench/results/gpu_bench_paging.json`: "
+        f"{_run_of(pg)}), pages of all sequences in a shuffled pool, ms (cost):",
+        _table(["batch", "context", "q/kv heads", "bits", "contiguous (ms)", "16-token pages",
+                "64-token pages"], paging),
     ])
 
 
-def render() -> str:
+def hf_block(r: dict, floor: dict, img: str) -> str:
+    from bench.gpu.hf import floor_table, tables
+    m = floor["meta"]
     return "\n\n".join([
-        "# Measurements",
-        "<!-- generated by bench/measurements_report.py from bench/results/*.json; "
-        "do not edit by hand -->",
-        "Every number here comes from a results file under `bench/results/`; edit the JSON "
-        "(or rerun the tool that writes it), then `python bench/measurements_report.py`. "
-        "Synthesis (area, Fmax): [SYNTH.md](SYNTH.md). Accuracy of the format: "
-        "[ACCURACY.md](ACCURACY.md).",
-        sim_section(_load("sim_summary.json")),
-        gpu_section(_load("gpu_bench.json"), _load("gpu_bench_v2.json")),
-        manual_section(_load("manual_measurements.json")),
-        hf_section(_load("hf_bench.json")),
-    ]) + "\n"
+        f"`bench/results/hf_bench.json`: {r['device']}, torch {r['torch']}, transformers "
+        f"{r['transformers']}. Perplexity: SmolLM2-135M on a 2048-token window, one forward "
+        "through the kernels (1 / 2 / 4 KV splits) and the golden fake-quant forward; attention "
+        "error (second table): relative to float64 over the same reconstructions, median / max "
+        "over the layers. Speed: random bf16 weights, one decode step captured in a CUDA graph, "
+        "median of 10 replays; concurrency: the largest batch of 128K-token sequences that fits.",
+        "\n".join(tables(r)),
+        f"![decode step]({img}hf_bench.png)",
+        f"The noise floor of that comparison (`bench/results/hf_floor_cpu.json`, "
+        f"`python -m bench.gpu.hf floor`; CPU, torch {m['torch']}, transformers "
+        f"{m['transformers']}, {m['threads']} threads): the golden fake-quant forward's "
+        f"perplexity on the same {m['tokens']}-token window as is, with q rounded to fp16, and "
+        "with its attention outputs multiplied by 1 + eps N(0, 1) (two seeds each).",
+        "\n".join(floor_table(floor)),
+    ])
+
+
+# ------------------------------------------------------------------------------------- accuracy
+def accuracy_block(models: dict, img: str) -> str:
+    from bench.accuracy.configs import V3_STUDY, by_name
+    from bench.accuracy.report import section, v3_table
+    cfg = {c.name: c for c in by_name(V3_STUDY)}
+
+    def tb(n, meta):
+        return cfg[n].table_bytes(meta["layers"], meta["kv_heads"], meta["head_dim"])
+    parts = [
+        "Key treatments, both models: bits per element at 2048 tokens of context, perplexity "
+        "against fp16 (geometric mean over the model's windows; '--' where not all were run), "
+        "on the first window alone, mean KL, passkey retrieved / trials (mean log p of the key "
+        "tokens):",
+        v3_table(models, V3_STUDY, tb),
+        f"![key treatments]({img}accuracy/v3_pareto.png)",
+    ]
+    for mid, d in models.items():
+        parts += [section(d["results"], by_name()).rstrip("\n"),
+                  f"![{mid}]({img}accuracy/{mid}_pareto.png)"]
+    return "\n\n".join(parts)
+
+
+# -------------------------------------------------------------------------------------- results
+def results_block(load) -> str:
+    from bench.accuracy.report import partial_summary
+    from rtl_gen.synth import SETS, synth_config
+    sim, formal, syn = load("sim_summary.json"), load("formal.json"), load("synth.json")
+    gpu, wr, hf = load("gpu_bench.json"), load("gpu_bench_write.json"), load("hf_bench.json")
+    rows = []
+    n_vec = sum(r["vectors"] for r in sim["rows"])
+    n_bad = sum(r["mismatches"] for r in sim["rows"])
+    cov = [c["percent"] for c in sim.get("coverage", {}).values() if "percent" in c]
+    rows.append(["RTL against the golden model (`make sim`)",
+                 f"{len(sim['configs'])} configs, {n_vec:,} vectors, {n_bad} mismatches"
+                 + ("" if not cov else ", 100% functional coverage on each" if min(cov) == 100
+                    else f", functional coverage {min(cov):.1f}% or more"),
+                 "sim_summary.json"])
+    proved = sum(p["result"] == "proved" for p in formal["proofs"])
+    rows.append(["Formal proofs (`make formal`)", f"{proved} of {len(formal['proofs'])} proved",
+                 "formal.json"])
+    recs = {r["config"]: r for r in syn["configs"]}
+    for name, _ in SETS["fmax"]:
+        rec = recs.get(name)
+        if not rec or not rec.get("ok") or synth_config(name).params.n != 128:
+            continue
+        from bench.synth.report import derived
+        dv = derived(rec)
+        rows.append([f"{synth_config(name).kind.capitalize()}, N = 128, ECP5-85F",
+                     f"{dv['fmax']:.1f} MHz, {dv['luts']:,} LUTs, {dv['ffs']:,} FF",
+                     "synth.json"])
+    w = next(r for r in wr["write"] if r["impl"] == "new" and r["dtype"] == "fp16"
+             and r["bits"] == 3 and r["keyf"] == 0 and r["mode"] == "midrise")
+    rows.append([f"GPU write kernel, fp16, N = 128 ({wr['device']})",
+                 f"{w['GBps']:.0f} GB/s, {w['pct_copy']:.0f}% of a copy", "gpu_bench_write.json"])
+    top = max((r for r in gpu["decode"] if "speedup" in r),
+              key=lambda r: (r["context"], r["batch"], r["q_heads"]))
+    rows.append([f"GPU decode attention K3/V3, batch {top['batch']}, {_ctx(top['context'])} "
+                 f"tokens, GQA {top['q_heads']}/{top['kv_heads']}",
+                 f"{top['ours_ms']:.2f} ms, {top['speedup']:.1f}x SDPA bf16", "gpu_bench.json"])
+    ppl = [x for name, x in hf.get("ppl", {}).items() if name != "fp16"]
+    if ppl:
+        rows.append(["SmolLM2-135M perplexity through the kernels (golden model)",
+                     ", ".join(f"{x['spec']} {x['ppl_kernels_by_splits']['1']:.2f} "
+                               f"({x['ppl_golden']:.2f})" for x in ppl), "hf_bench.json"])
+    conc = {c["cache"]: c for c in hf.get("concurrency", [])}
+    if "bf16" in conc and len(conc) > 1:
+        best = max((c for k, c in conc.items() if k != "bf16"), key=lambda c: c["tokens_per_s"])
+        b16 = conc["bf16"]
+        rows.append([f"Llama-3-8B shape, 128K-token sequences on one {hf['device']}",
+                     f"{best['cache']}: {best['max_batch']} sequences, "
+                     f"{best['tokens_per_s']:.0f} tokens/s (bf16: {b16['max_batch']}, "
+                     f"{b16['tokens_per_s']:.0f})", "hf_bench.json"])
+    for mid in MODELS:
+        res = load(f"accuracy/{mid}.json")
+        s = partial_summary(res, HEADLINE_CONFIG)
+        if s is None:
+            continue
+        rows.append([f"{mid}, policy `{HEADLINE_CONFIG}`",
+                     f"{s['bits']:.2f} bits per element, perplexity {100 * (s['ratio'] - 1):+.1f}% "
+                     f"vs fp16 ({s['windows']} windows)", f"accuracy/{mid}.json"])
+    return _table(["result", "value", "record"],
+                  [[a, b, f"[{c}](bench/results/{c})"] for a, b, c in rows])
+
+
+# --------------------------------------------------------------------------------------- render
+def render(name: str, results: Path = RESULTS) -> str:
+    """The text of block ``name`` (between its markers) from the files under ``results``."""
+    if name not in BLOCKS:
+        raise DocsError(f"no block {name!r} (blocks: {', '.join(BLOCKS)})")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    img = "../bench/results/" if "/" in BLOCKS[name] else "bench/results/"
+
+    def load(f):
+        return _load(results, f)
+    if name == "results":
+        return results_block(load)
+    if name == "sim":
+        return sim_block(load("sim_summary.json"))
+    if name == "gpu":
+        return gpu_block(load("gpu_bench.json"), load("gpu_bench_write.json"),
+                         load("gpu_bench_policy.json"), load("gpu_bench_paging.json"), img)
+    if name == "hf":
+        return hf_block(load("hf_bench.json"), load("hf_floor_cpu.json"), img)
+    if name == "synth":
+        from bench.synth.report import generated
+        return generated(load("synth.json"), load("synth_mantissa.json"))
+    models = {}
+    for mid in MODELS:
+        pk = results / f"accuracy/{mid}_passkey.json"
+        models[mid] = {"results": load(f"accuracy/{mid}.json"),
+                       "passkey": load(f"accuracy/{mid}_passkey.json") if pk.exists() else {}}
+    return accuracy_block(models, img)
+
+
+def replace_block(text: str, name: str, body: str, where: str) -> str:
+    """``text`` with block ``name``'s content replaced by ``body``; DocsError naming ``where``
+    and the block if its markers are missing, repeated or out of order."""
+    a, b = begin(name), end(name)
+    if text.count(a) != 1 or text.count(b) != 1 or text.index(a) > text.index(b):
+        raise DocsError(f"{where}: no block {name!r} (one '{a}' and, after it, one '{b}')")
+    head, rest = text.split(a, 1)
+    return head + a + "\n" + body + "\n" + b + rest.split(b, 1)[1]
+
+
+def update(names=None, check: bool = False, root: Path = REPO, results: Path = RESULTS,
+           out=sys.stdout) -> list[str]:
+    """Render the blocks ``names`` (default: all) into their files under ``root``; with ``check``
+    write nothing. Returns the names of the blocks that were (check: are) stale."""
+    names = list(BLOCKS) if names is None else list(names)
+    for n in names:
+        if n not in BLOCKS:
+            raise DocsError(f"no block {n!r} (blocks: {', '.join(BLOCKS)})")
+    stale = []
+    for doc in dict.fromkeys(BLOCKS[n] for n in names):
+        path = root / doc
+        if not path.is_file():
+            raise DocsError(f"{doc}: no such file (it holds the block(s) "
+                            f"{', '.join(n for n in names if BLOCKS[n] == doc)})")
+        text = old = path.read_text()
+        for n in (n for n in names if BLOCKS[n] == doc):
+            new = replace_block(text, n, render(n, results), doc)
+            if new != text:
+                stale.append(n)
+            text = new
+        if text != old and not check:
+            path.write_text(text)
+            print(f"wrote {doc}", file=out)
+    return stale
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.docs", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 if docs/MEASUREMENTS.md is not what the JSON gives")
+                    help="write nothing; exit 1 if a block is not what the results render")
+    ap.add_argument("--only", help=f"comma-separated blocks ({', '.join(BLOCKS)}); default all")
+    ap.add_argument("--root", type=Path, default=REPO,
+                    help="the folder holding README.md and docs/ (default the repository)")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="the results folder (default bench/results)")
     a = ap.parse_args(argv)
-    text = render()
-    if a.check:
-        if not DOC.exists() or DOC.read_text() != text:
-            print(f"{DOC.relative_to(REPO)} is stale: run bench/measurements_report.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text)
-    print(f"wrote {DOC.relative_to(REPO)}")
+    names = None
+    if a.only:
+        names = a.only.split(",")
+        bad = [n for n in names if n not in BLOCKS]
+        if bad:
+            ap.error(f"--only: no block {', '.join(bad)} (blocks: {', '.join(BLOCKS)})")
+    if not a.results.is_dir():
+        ap.error(f"--results {a.results}: no such folder")
+    if not a.root.is_dir():
+        ap.error(f"--root {a.root}: no such folder")
+    try:
+        stale = update(names, a.check, a.root, a.results)
+    except DocsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if a.check and stale:
+        print(f"stale generated blocks: {', '.join(stale)} (run python -m bench.docs)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

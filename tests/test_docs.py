@@ -1,74 +1,139 @@
-"""Generated documentation matches the results it is generated from."""
+"""Generated documentation blocks match the results they are rendered from (python -m bench.docs)."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import shutil
 from pathlib import Path
+
+import pytest
+
+from bench import docs
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _report(name="measurements_report"):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _skeleton(root: Path, names=None) -> None:
+    """Each doc of :data:`docs.BLOCKS` under ``root`` with empty blocks between hand-written text."""
+    names = list(docs.BLOCKS) if names is None else names
+    for doc in dict.fromkeys(docs.BLOCKS[n] for n in names):
+        path = root / doc
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = "".join(f"text before {n}\n\n{docs.begin(n)}\nold\n{docs.end(n)}\n\ntext after {n}\n"
+                       for n in names if docs.BLOCKS[n] == doc)
+        path.write_text(f"# {doc}\n\n{body}")
 
 
-def test_measurements_md_is_generated_from_the_results():
-    """docs/MEASUREMENTS.md is what bench/measurements_report.py renders from bench/results/."""
-    assert _report().main(["--check"]) == 0
+def test_every_block_renders_from_its_inputs_only(tmp_path):
+    """Each block renders from a results folder holding only the files INPUTS names for it."""
+    for name, files in docs.INPUTS.items():
+        res = tmp_path / name
+        for f in files:
+            (res / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(docs.RESULTS / f, res / f)
+        text = docs.render(name, res)
+        assert "|---|" in text, name                       # at least one table
+        for word in ("issue", "round ", "run 1", "run 2", "2026-"):
+            assert word not in text, (name, word)
 
 
-def test_measurements_check_catches_a_stale_file(tmp_path, monkeypatch):
-    mod = _report()
-    stale = tmp_path / "MEASUREMENTS.md"
-    stale.write_text(mod.render().replace("0 mismatches", "1 mismatches", 1))
-    monkeypatch.setattr(mod, "DOC", stale)
-    monkeypatch.setattr(mod, "REPO", tmp_path)
-    assert mod.main(["--check"]) == 1
-
-
-def test_synth_md_is_generated_from_the_results():
-    """docs/SYNTH.md's generated part is what bench/synth_report.py renders from synth.json."""
-    assert _report("synth_report").main(["--check"]) == 0
-
-
-def test_synth_check_catches_a_stale_file(tmp_path, capsys):
-    mod = _report("synth_report")
-    stale = tmp_path / "SYNTH.md"
-    stale.write_text((REPO / "docs" / "SYNTH.md").read_text().replace("| 141.8 |", "| 151.8 |", 1))
-    assert stale.read_text() != (REPO / "docs" / "SYNTH.md").read_text()
-    assert mod.main(["--check", "--doc", str(stale)]) == 1
+def test_render_into_markers_then_check_passes(tmp_path, capsys):
+    _skeleton(tmp_path)
+    assert docs.main(["--check", "--root", str(tmp_path)]) == 1      # every block stale
     assert "stale" in capsys.readouterr().err
-    stale.write_text("no generated part\n")
-    assert mod.main(["--check", "--doc", str(stale)]) == 2
-    assert "--doc" in capsys.readouterr().err
+    assert docs.main(["--root", str(tmp_path)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "text before results" in readme and "text after results" in readme
+    assert "\nold\n" not in readme and "[sim_summary.json](bench/results/sim_summary.json)" in readme
+    assert "](../bench/results/gpu_bench.png)" in (tmp_path / "docs" / "GPU.md").read_text()
+    assert docs.main(["--check", "--root", str(tmp_path)]) == 0
+    before = {p: p.read_text() for p in tmp_path.rglob("*.md")}
+    assert docs.main(["--root", str(tmp_path)]) == 0                 # idempotent
+    assert {p: p.read_text() for p in tmp_path.rglob("*.md")} == before
+
+
+def test_a_stale_block_fails_the_check(tmp_path, capsys):
+    _skeleton(tmp_path)
+    assert docs.main(["--root", str(tmp_path)]) == 0
+    gpu = tmp_path / "docs" / "GPU.md"
+    gpu.write_text(gpu.read_text().replace("| 1 | 4K |", "| 1 | 5K |", 1))
+    assert docs.main(["--check", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "gpu" in err and "hf" not in err.split("stale generated blocks:")[1]
+    assert docs.main(["--check", "--only", "hf,sim", "--root", str(tmp_path)]) == 0
+
+
+def test_a_changed_result_makes_the_block_stale(tmp_path):
+    _skeleton(tmp_path, ["sim"])
+    res = tmp_path / "results"
+    res.mkdir()
+    d = json.loads((docs.RESULTS / "sim_summary.json").read_text())
+    (res / "sim_summary.json").write_text(json.dumps(d))
+    args = ["--only", "sim", "--root", str(tmp_path), "--results", str(res)]
+    assert docs.main(args) == 0 and docs.main(["--check", *args]) == 0
+    d["rows"][0]["mismatches"] += 1
+    (res / "sim_summary.json").write_text(json.dumps(d))
+    assert docs.main(["--check", *args]) == 1
+
+
+def test_a_missing_marker_or_file_names_the_file_and_block(tmp_path, capsys):
+    _skeleton(tmp_path)
+    acc = tmp_path / "docs" / "ACCURACY.md"
+    acc.write_text(acc.read_text().replace(docs.end("accuracy"), ""))
+    assert docs.main(["--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "docs/ACCURACY.md" in err and "'accuracy'" in err and "Traceback" not in err
+    (tmp_path / "docs" / "VERIFICATION.md").unlink()
+    assert docs.main(["--check", "--only", "sim", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "docs/VERIFICATION.md" in err and "sim" in err
+
+
+def test_a_missing_results_file_names_it_and_its_writer(tmp_path, capsys):
+    _skeleton(tmp_path, ["hf"])
+    res = tmp_path / "results"
+    res.mkdir()
+    shutil.copy(docs.RESULTS / "hf_bench.json", res / "hf_bench.json")
+    assert docs.main(["--only", "hf", "--root", str(tmp_path), "--results", str(res)]) == 2
+    err = capsys.readouterr().err
+    assert "hf_floor_cpu.json" in err and "bench.gpu.hf floor" in err
+
+
+@pytest.mark.parametrize("argv, word", [(["--only", "nope"], "--only"),
+                                        (["--results", "/nonexistent"], "--results"),
+                                        (["--root", "/nonexistent"], "--root")])
+def test_bad_options_name_the_option(argv, word, capsys):
+    with pytest.raises(SystemExit) as e:
+        docs.main(argv)
+    assert e.value.code == 2 and word in capsys.readouterr().err
+
+
+def test_the_repository_docs_are_current():
+    """README.md and docs/ hold every generated block as python -m bench.docs renders it."""
+    assert docs.main(["--check"]) == 0
 
 
 def test_synth_report_bad_inputs_name_the_option(tmp_path, capsys):
-    mod = _report("synth_report")
-    empty, zero, noconf = tmp_path / "empty.json", tmp_path / "zero.json", tmp_path / "c.json"
-    empty.write_text("{}")
-    zero.write_text("")
-    noconf.write_text('{"configs": []}')
-    for argv, word in ((["--results", str(tmp_path / "nope.json")], "--results"),
-                       (["--results", str(empty)], "--results"),
-                       (["--results", str(noconf)], "tools"),
-                       (["--mantissa", str(tmp_path / "nope.json")], "--mantissa"),
-                       (["--mantissa", str(zero)], "--mantissa"),
-                       (["--mantissa", str(empty)], "--mantissa"),
-                       (["--doc", str(tmp_path / "nope.md")], "--doc"),
-                       (["--doc", str(tmp_path)], "--doc")):
-        assert mod.main(["--check", *argv]) == 2, argv
+    from bench.synth.report import main
+    empty, noconf = tmp_path / "empty", tmp_path / "noconf"
+    empty.mkdir()
+    noconf.mkdir()
+    (noconf / "synth.json").write_text('{"configs": []}')
+    for folder, word in ((tmp_path / "nope", "--results"), (empty, "--results"), (noconf, "tools")):
+        assert main(["--results", str(folder), "--no-doc"]) == 2, folder
         err = capsys.readouterr().err
-        assert word in err and "Traceback" not in err, (argv, err)
+        assert word in err and "Traceback" not in err, (folder, err)
+
+
+def test_synth_cli_names_a_bad_command(capsys):
+    from bench.synth.__main__ import main
+    assert main(["nope"]) == 2
+    assert "nope" in capsys.readouterr().err
 
 
 def test_the_fmax_records_are_the_fmax_set():
     """Every design of make synth's fmax set has a placed-and-routed record at the 150 MHz
     target under the current harness (the Fmax numbers the docs quote)."""
-    import json
     from rtl_gen.synth import HARNESS_VERSION, SETS, harness_version
     recs = {r["config"]: r for r in
             json.loads((REPO / "bench" / "results" / "synth.json").read_text())["configs"]}
