@@ -60,7 +60,7 @@ INPUTS = {
     "hf": ("hf_bench.json", "hf_floor_cpu.json", "hf_bench.png"),
     "accuracy": (*(f"accuracy/{m}{x}" for m in MODELS for x in (".json", "_passkey.json",
                                                                  "_pareto.png")),
-                 "accuracy/v3_pareto.png"),
+                 "accuracy/key_treatments.png"),
 }
 #: results file -> the command that writes it (named in the error of a missing file)
 WRITERS = {
@@ -255,7 +255,7 @@ def accuracy_block(models: dict, img: str) -> str:
         "on the first window alone, mean KL, passkey retrieved / trials (mean log p of the key "
         "tokens):",
         v3_table(models, V3_STUDY, tb),
-        f"![key treatments]({img}accuracy/v3_pareto.png)",
+        f"![key treatments]({img}accuracy/key_treatments.png)",
     ]
     for mid, d in models.items():
         parts += [section(d["results"], by_name()).rstrip("\n"),

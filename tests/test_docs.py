@@ -141,3 +141,16 @@ def test_the_fmax_records_are_the_fmax_set():
         r = recs[name]
         assert pnr and r["ok"] and r["nextpnr"]["target_mhz"] == 150, name
         assert harness_version(r) == HARNESS_VERSION, name
+
+
+@pytest.mark.parametrize("argv, word", [(["--routine", "nope"], "--routine"),
+                                        (["--routine", "hf"], "--data"),
+                                        (["--routine", "hf", "--data", "/nonexistent"], "--data"),
+                                        (["--routine", "policy", "--ncu"], "--ncu"),
+                                        (["--routine", "all", "--quick"], "--routine all")])
+def test_gpu_entry_point_names_a_bad_option(argv, word, capsys):
+    """python -m bench.gpu refuses bad options before anything touches a GPU."""
+    from bench.gpu.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and word in capsys.readouterr().err

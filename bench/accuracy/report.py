@@ -243,7 +243,7 @@ def v3_plot(models: dict, names: list[str], out: Path):
 
 
 def v3_report(model_ids=("smollm2-135m", "gemma3-270m")):
-    """The key-treatment plot of both models (bench/results/accuracy/v3_pareto.png) from the
+    """The key-treatment plot of both models (bench/results/accuracy/key_treatments.png) from the
     committed results and passkey JSON, and the accuracy block of docs/ACCURACY.md."""
     import json
     from .configs import V3_STUDY
@@ -255,6 +255,6 @@ def v3_report(model_ids=("smollm2-135m", "gemma3-270m")):
         pk = RESULTS_DIR / f"{mid}_passkey.json"
         models[mid] = {"results": json.loads(p.read_text()),
                        "passkey": json.loads(pk.read_text()) if pk.exists() else {}}
-    v3_plot(models, V3_STUDY, RESULTS_DIR / "v3_pareto.png")
+    v3_plot(models, V3_STUDY, RESULTS_DIR / "key_treatments.png")
     update_doc()
     return models

@@ -127,7 +127,7 @@ def profile(name: str, out: Path, extra: list[str]) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0],
-                                 epilog=__doc__.split("\n\n", 2)[2],
+                                 allow_abbrev=False, epilog=__doc__.split("\n\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--routine", required=True, choices=(*ROUTINES, "all"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or RESULTS),

@@ -47,7 +47,8 @@ The ``gguf`` wheel (pure Python; not on the device image) is carried and install
 
 Usage:
     python -m bench.gpu.hf prep  --out DIR      # here: token ids, GGUF parts, gguf wheel
-    python -m bench.gpu.hf run   --data DIR --out OUT.json [--parts qs] [--smoke]   # on the GPU machine
+    python -m bench.gpu --routine hf --data DIR [--out DIR] [--parts qs] [--smoke]   # on the GPU machine
+    python -m bench.gpu.hf run   --data DIR --out OUT.json [--parts qs] [--smoke]   # the same, one file
     python -m bench.gpu.hf merge A.json B.json  # here: into bench/results/hf_bench.json
     python -m bench.gpu.hf report               # here: texts, README tables, plot
     python -m bench.gpu.hf floor --gguf FILE --data DIR   # here: CPU noise floor of the perplexity

@@ -47,7 +47,7 @@ against the contiguous layout, K3/V3 and K4/V3, GQA 64/8 and 32/8, B 1/8/32 x T 
 ``--only waves`` (file gpu_bench_waves.json): decode K3/V3 GQA 32/8 at 128K, batches 32..64 (pairs of
 (sequence, kv head) around the CTA slots), the planner's split count against fixed ones.
 
-Usage: python -m bench.gpu.kernels [--out DIR] [--quick] [--only write|versions|policy|kernel|waves|paging]
+Usage: python -m bench.gpu --routine decode|write|policy|paging|waves|versions|kernel [--out DIR] [--quick]
        [--baseline NAME=DIR|DIR] [--baseline-tune JSON] [--tunes JSON] [--no-write]
 """
 
