@@ -62,8 +62,8 @@ def table(results: dict, configs: list[Config]) -> str:
 def section(results: dict, configs: list[Config]) -> str:
     m = results["meta"]
     wins = ", ".join(f"{w['name']} ({w['chars'][0]}..{w['chars'][1]})" for w in m["windows"])
-    return (f"### {m['model_id']}: {m['family']}, {m['layers']} layers, {m['q_heads']} query / "
-            f"{m['kv_heads']} KV heads, head_dim {m['head_dim']}, vocab {m['vocab']}\n\n"
+    return (f"**{m['model_id']}**: {m['family']}, {m['layers']} layers, {m['q_heads']} query / "
+            f"{m['kv_heads']} KV heads, head_dim {m['head_dim']}, vocab {m['vocab']}.\n\n"
             f"Source: {m['source']}. {len(m['windows'])} windows of {m['context']} tokens "
             f"(BOS first: {'yes' if m['bos'] else 'no'}) starting at characters {wins}; "
             f"calibration {m['calib_file']} on characters "

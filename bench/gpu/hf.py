@@ -567,7 +567,7 @@ def tables(r) -> list:
     lines = []
     if "ppl" in r:
         lines.append("| configuration | policy | ppl through the kernels (splits 1 / 2 / 4) | golden fake-quant "
-                     "(same run) | rel. diff | bytes equal golden | CPU accuracy.json |")
+                     "(same run) | rel. diff | bytes equal golden | golden fake-quant on the CPU |")
         lines.append("|---|---|---|---|---|---|---|")
         for name, x in r["ppl"].items():
             if name == "fp16":
