@@ -32,9 +32,9 @@ with the exponents of s: q~ is rotated, so its fp16 rounding error is isotropic 
 subnormal). Scales calibrated as FORMAT.md 8 says (``s ~ (E q^2 / E k^2)^(1/4)``) give rho ~ 1 and one part ~1/10
 of the budget at any |log2 s| <= 14; scales drawn independently of q and k (the tests' data, |log2 s| <= 3) give
 rho ~ 12, and one part exceeded the budget on some shapes, so two parts stay the default there
-(bench/GPU_NOTES.md, round 11). The relative error against a float64 reference
+(docs/DECISIONS.md, "Two q parts with key scales"). The relative error against a float64 reference
 over the same dequantized cache must not exceed torch SDPA bf16's own error against float64 on unquantized K/V of
-the same shape (tests/test_gpu.py measures both).
+the same shape (tests/test_gpu.py measures both; docs/DECISIONS.md, "Numerical budget").
 """
 
 from __future__ import annotations
@@ -89,21 +89,18 @@ def wave_splits(pairs: int, slots: int, tiles: int, cap: int) -> int:
 
 #: decode tuning defaults: CTAs per SM for the register budget, q~ low part on/off (None: on for plans
 #: with ``key_scales`` or bf16 q only -- one fp16 part keeps the error within the budget for fp16 q without
-#: key scales, not with uncalibrated ones (rho ~ 12), and not always for bf16 data: bench/GPU_NOTES.md, rounds 7,
-#: 9 and 11), ablation
+#: key scales, not with uncalibrated ones (rho ~ 12), and not always for bf16 data: docs/DECISIONS.md,
+#: "Two q parts with key scales"), ablation
 #: (profiling only: 1 = no PV, 2 = no QK; gives wrong results), cluster merge (1: a plan with 2..8
 #: partials whose grid fits one CTA per multiprocessor runs each (batch, head tile)'s partials as one
 #: thread-block cluster, padded to 2, 4 or 8, merged in distributed shared memory instead of the
-#: workspace; 0: never. Larger grids lose occupancy to clusters: bench/GPU_NOTES.md, round 8).
+#: workspace; 0: never. Larger grids lose occupancy to clusters: docs/DECISIONS.md, "Cluster merge for
+#: single-wave grids").
 DECODE_TUNE = {"minb": 2, "qlo": None, "abl": 0, "cluster": 1}
 #: the 12-warp tune (3 CTAs per SM, 2 pipeline stages) that :func:`plan` picks for long splits: N = 128, one q~
 #: part, no ``precise_p``, 3 CTAs fit in shared memory (K3V3, K4V3), the plan under this tune gives every split at
 #: least ``LONG_CHUNK`` tokens, and its CTAs load the multiprocessors evenly (total >= ``LONG_BALANCE`` x SMs x the
-#: most on one SM). H200 (bench/results/gpu_tune12_r11.json, gpu_rule12_r11.json): at equal split counts 12 warps
-#: -1.4..-14.6 % (B8/B16/B32 at 128K); the rule against 8 warps -0.9..-10.8 % where it picks 12 (B8..B128,
-#: 32K..128K, GQA 64/8 and 32/8, K4V3, pages 16 and 64), a tie at B32/32K (+1.3 %, reps +4.1 / -1.6 %); the 12-warp
-#: plan's short splits (<= 2.7K tokens: B1/32K, B1/128K, B8/4K) were 9..34 % slower (run 23), its uneven single
-#: waves (B35 / B40 at 128K, GQA 32/8: 280 / 320 CTAs on 132 SMs) +22 / +7 %
+#: most on one SM). Short splits and uneven waves keep 8 warps (docs/DECISIONS.md, "12-warp planner rule").
 LONG_TUNE = {"minb": 3, "stages": 2}
 LONG_CHUNK = 16384
 LONG_BALANCE = 0.9
@@ -397,7 +394,7 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
         # CTAs per SM: 228 KB of shared memory per SM on sm_90, 1 KB of it reserved per CTA
         per_sm = max(1, min(minb, (228 * 1024) // (smem + 1024)))
         slots = int(num_sms) * per_sm
-        # >= 2 tiles per warp: at 4K/B=1, 8 splits ran 2 % faster than 16 (bench/GPU_NOTES.md, round 4)
+        # at least 2 tiles per warp in each split
         want = max(1, -(-packed // (TT * 4 * 2)))
         if pairs < slots:
             num_splits = min(max(1, min(slots // pairs, want)), max_splits)

@@ -38,8 +38,8 @@ class EncodedGPU:
 
 
 #: write-kernel tuning: lanes per thread (128: one thread per N=128 vector; 64: two threads per
-#: vector, cross-thread butterflies by shuffles) and CTAs per SM (v6 kernel: 157 registers at
-#: 128 lanes, so 3 CTAs = 12 warps per SM fit; see bench/GPU_NOTES.md for the measurements).
+#: vector, cross-thread butterflies by shuffles) and CTAs per SM (at 128 lanes per thread the kernel's
+#: registers let 3 CTAs = 12 warps share an SM).
 ENCODE_TUNE = {"lptm": 128, "minb": 3}
 
 

@@ -21,12 +21,12 @@ What each step does (Llama and Qwen2 families; GQA of any ratio):
   uses the chunk's *unquantized* K/V (SDPA, causal), as serving engines do; only later tokens see
   the packed prompt. A multi-token chunk after cached tokens (chunked prefill) raises
   ``NotImplementedError``. ``prefill="packed"``: every query of the chunk attends to the packed
-  cache up to its own token (the fake-quant forward of bench/accuracy.py; with the kernels one
+  cache up to its own token (the fake-quant forward of bench.accuracy; with the kernels one
   decode launch of B*T queries per layer, each query pointed at its sequence's planes with its
   own length).
 * decode (T = 1): the token is appended first, then the query (``q / s``) attends over the packed
   cache with the fused decode kernel, the new token included: the same thing the golden model's
-  fake-quant forward computes (bench/accuracy.py). The kernel takes q in the cache's 16-bit type.
+  fake-quant forward computes (bench.accuracy). The kernel takes q in the cache's 16-bit type.
 * layers whose K and V formats are both ``None`` keep a preallocated 16-bit cache (the model's
   dtype, fp16 for fp32 models) and attend with SDPA: the baseline.
 
@@ -40,7 +40,7 @@ inside the write kernel (cuda) or through ``sim_models.keyscale.key_front`` (gol
 query side ``q / s`` inside the decode kernel (cuda) or before SDPA (golden); a cache with a front
 end stores fp16. A decode step of the cuda
 backend allocates nothing on the CuPy side and makes no host<->device copy, so a whole model
-step can be captured in a CUDA graph (bench/hf_bench.py does, for timing).
+step can be captured in a CUDA graph (bench.gpu.hf does, for timing).
 
 Sequences of a batch have equal lengths (no padding: a padded attention mask is not applied in
 decode).

@@ -198,7 +198,7 @@ class PackedCache(Cache):
         backend: ``"cuda"`` (the kernels) or ``"golden"`` (NumPy golden model).
         prefill: ``"exact"`` (multi-token chunks attend to their unquantized K/V) or ``"packed"``
             (every query of a chunk attends to the packed cache up to its own token: the
-            fake-quant forward of bench/accuracy.py; with ``backend="cuda"`` one decode-kernel
+            fake-quant forward of bench.accuracy; with ``backend="cuda"`` one decode-kernel
             launch per layer and chunk, the planes' rows rounded up to a power of two).
         dtype: 16-bit type of the stored values, ``"fp16"`` or ``"bf16"`` (default: fp16 when keys
             pass the key front end, which FORMAT.md 8 defines on fp16 keys; else bf16 for bf16 models

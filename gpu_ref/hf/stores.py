@@ -121,7 +121,7 @@ class _CudaStore:
     place; decode runs a plan with a workspace and an output buffer owned here (one per
     power-of-two length bucket). A decode step therefore allocates nothing on the CuPy side and
     copies nothing between host and device: a whole model step can be captured in a CUDA graph
-    (bench/hf_bench.py, tests/test_hf.py). With ``pow2_rows`` the packed rows per sequence are a
+    (bench.gpu.hf, tests/test_hf.py). With ``pow2_rows`` the packed rows per sequence are a
     power of two, so the planes double as a pool of one page per sequence and :meth:`attend_chunk`
     can point every query of a chunk at its sequence's page (one decode launch, per-query lengths).
     """
