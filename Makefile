@@ -68,7 +68,7 @@ synth-ci: $(STAMP)
 	$(VPY) -m rtl_gen.synth --set ci --out $(OUT)/synth_ci.json --build $(OUT)/synth_ci --fresh
 
 ## formal: the proofs (FWHT == H x for N = 16..256, read-path FWHT, float conversion, stream properties; yosys sat) -> build/formal.json
-## (the ones without a verdict so far: python -m verif.formal --set open; docs/FORMAL.md)
+## (the ones without a verdict so far: python -m verif.formal --set open; docs/VERIFICATION.md)
 formal: $(STAMP)
 	$(VPY) -m pip install -q -e ".[formal]"
 	$(VPY) -m verif.formal --set full --out $(OUT)/formal.json --work $(OUT)/formal

@@ -493,7 +493,7 @@ def flag_vectors(p: FormatParams) -> np.ndarray:
 
 def coverage_vectors(p: FormatParams, seed: int = 0) -> np.ndarray:
     """The directed encoder set ``coverage`` (uint16 [V, N] of ``p.dtype``): bins the
-    random, adversarial and real sets leave out (verif/README.md): lanes on every code
+    random, adversarial and real sets leave out (docs/VERIFICATION.md, "Coverage"): lanes on every code
     threshold (``kvtest.ties.threshold_tie_vectors``, and the same vectors negated for
     the ties of negative lanes), block maxima on the scale's
     decision points, subnormal bytes included (``scale_tie_vectors``), asym zero points

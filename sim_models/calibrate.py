@@ -15,7 +15,7 @@ keys and queries (as the model caches and reads them) are accumulated in float64
 positions ``>= MU_SKIP`` (the first positions are sinks): ``mu`` = the mean key rounded to fp16,
 ``k_energy`` = E (k - mu)^2 and ``q_energy`` = E q^2 per channel; the exponents are
 :func:`sim_models.keytables.qaware_log2_scales` of the two energies. The accuracy study
-(bench/runs.py) computes its calibration with the same functions.
+(``python -m bench.accuracy``) computes its calibration with the same functions.
 
 torch and transformers are imported only by the steps that run the model.
 """

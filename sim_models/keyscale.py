@@ -14,8 +14,7 @@ lanes pass through. s is fp16 (or bf16 for bf16 keys), positive and finite. When
 also centered (sim_models/center.py), scaling comes first and the centering vector is the
 scaled one: ``x' = center(scale_keys(x, s), scale_keys(mu, s))`` = ``RNE(RN16(x s) - RN16(mu s))``,
 the rule of gpu_ref's write kernel (its key front end, ``gpu_ref.encode.key_table``). For powers of two
-this equals ``RNE(RNE(x - mu) * s)`` except where fp16 subnormals round (the order the
-issue-13 study bench used). In hardware: one fp16 multiply
+this equals ``RNE(RNE(x - mu) * s)`` except where fp16 subnormals round. In hardware: one fp16 multiply
 per lane in front of the encoder (an exponent add for powers of two), and one multiply
 per query lane (or folded into W_q when s is equal on each RoPE pair).
 """

