@@ -52,8 +52,8 @@ def test_resolver_forms_and_errors(tmp_path):
 
 def test_calibrate_tiny_model_equals_the_study_statistics(tmp_path):
     """python -m sim_models.calibrate's tables == KeyTables.from_calibration of the statistics the
-    accuracy study captures (bench/attention.py KVFakeQuant) on the same windows."""
-    from bench.attention import ATTN_NAME, KVFakeQuant, register
+    accuracy study captures (bench.accuracy.attention.KVFakeQuant) on the same windows."""
+    from bench.accuracy.attention import ATTN_NAME, KVFakeQuant, register
     from sim_models.models import load
     d = _folder(tmp_path)
     text = _text()

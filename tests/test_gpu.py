@@ -532,7 +532,8 @@ def test_policy_writes_bitexact_and_decode_within_budget(case, kb, vb):
     assert err <= budget and err <= 1e-3, (err, budget)
     if not kscale:
         # one fp16 q part is within the budget without key scales; with these scales (|log2 s| <= 3, drawn
-        # independently of q and k: rho ~ 12) its error grows ~rho-fold (bench/GPU_NOTES.md, round 11)
+        # independently of q and k: rho ~ 12) its error grows ~rho-fold (docs/DECISIONS.md, "Two q parts with
+        # key scales")
         assert err0 <= budget, (err0, budget)
     assert np.all(out[np.asarray(lengths) == 0] == 0)
 
@@ -658,7 +659,7 @@ def test_vpair_write_kernel_every_n(n, dtype):
 
 
 def test_mqa_70000_tokens():
-    """The case that raised 'num_splits must be in [1, 128], got 132' (issue 10)."""
+    """A case that once raised 'num_splits must be in [1, 128], got 132'."""
     lengths = [70000]
     cache, q16, k16, v16, mu16, s = _policy_case(1, 16, 1, 64, 64, lengths, seed=70)
     pl = cache.plan(16)

@@ -332,7 +332,7 @@ def test_scale_byte_to_float_formula():
 # decode planning (no GPU: num_sms given)
 # ---------------------------------------------------------------------------------------------
 def test_plan_mqa_70000_tokens_within_merge_limit():
-    """Issue 10: batch 1, 16 q heads, 1 KV head, N=64, 70,000 tokens raised 'num_splits must be in
+    """Batch 1, 16 q heads, 1 KV head, N=64, 70,000 tokens once raised 'num_splits must be in
     [1, 128], got 132'; the default split count is now clamped to what the merge stages."""
     for kb, vb in ((3, 3), (4, 3), (4, 4)):
         pl = gpu_ref.plan(FormatParams(n=64, bits=kb), FormatParams(n=64, bits=vb), batch=1, q_heads=16,
@@ -384,7 +384,8 @@ def test_plan_fills_the_last_wave_as_measured():
 
 def test_plan_q_parts_follow_key_scales():
     """One fp16 q~ part for fp16 q without key scales (within the SDPA-bf16 budget, tests/test_gpu.py), two
-    with them or for bf16 q (round 11: scales drawn independently of q and k push one part over the budget);
+    with them or for bf16 q (scales drawn independently of q and k push one part over the budget: docs/DECISIONS.md,
+    "Two q parts with key scales");
     ``tune`` overrides; a q_scale on a plan made without key_scales is refused before any GPU work."""
     p = FormatParams()
     args = dict(batch=2, q_heads=8, kv_heads=2, max_length=1000, num_sms=132)
@@ -399,7 +400,7 @@ def test_plan_q_parts_follow_key_scales():
 
 
 def test_plan_picks_12_warps_for_long_even_splits():
-    """LONG_TUNE where the rule picks it on the H200 (bench/results/gpu_rule12_r11.json), 8 warps elsewhere:
+    """LONG_TUNE where the rule picks it (docs/DECISIONS.md, "12-warp planner rule"), 8 warps elsewhere:
     short splits, uneven single waves, two q~ parts, explicit tunes or split counts, N != 128, K4V4 (3 CTAs do not
     fit)."""
     p3, p4 = FormatParams(n=128, bits=3), FormatParams(n=128, bits=4)

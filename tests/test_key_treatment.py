@@ -1,5 +1,5 @@
 """Per-model key treatments of the golden model: per-channel key scales, calibrated
-per-(layer, kv head) sign masks and post-FWHT 4x4 rotations (issue 13)."""
+per-(layer, kv head) sign masks and post-FWHT 4x4 rotations."""
 
 import numpy as np
 import pytest

@@ -115,7 +115,7 @@ def test_model_argument_errors(tmp_path):
 
 
 def test_v3_key_treatments_spec_scales_and_layers():
-    """Issue 13: the key treatments appear in a spec only when used (earlier results keep
+    """The key treatments appear in a spec only when used (earlier results keep
     their cache keys); calibrated key scales are powers of two / fp16 of geometric mean 1
     that follow the query / key energy ratio; boundary layers are the first and last."""
     import numpy as np
