@@ -311,7 +311,7 @@ def configurations() -> list[Config]:
     add(_cfg("Kfp16-V3-midrise-max-near", FP16, _f(**MM), group="kv",
              note="keys uncompressed"))
 
-    # issue 13: streaming-safe key treatments in the golden model, on the v2 policy
+    # streaming-safe key treatments in the golden model, on the v2 policy
     # (v2 quantizer + centering + 4 sinks); per-model tables from the calibration file
     V2 = dict(mode="midrise", scale_round="nearest")
     P = dict(center_keys=True, sinks=4)
@@ -368,7 +368,7 @@ CONFIRM = ["fp16", "int4-asym", "int4-asym-DH", "published-H-midtread", "v1-defa
            "midrise-max-near-b4+C+S4+QS", "Kfp16-V4-midrise-max-near"]
 
 
-#: Issue 13: the v3 candidates (key treatments), and the references they are compared with.
+#: The v3 candidates (key treatments), and the references they are compared with.
 V3_STUDY = ["fp16", "midrise-max-near", "midrise-max-near+C+S4", "K4V3-midrise-max-near+C+S4",
             "midrise-max-near-b4+C+S4", "Kfp16-V4-midrise-max-near",
             "midrise-max-near-G32+C+S4", "K4V2-midrise-max-near+C+S4"] + [

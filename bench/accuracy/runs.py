@@ -317,7 +317,7 @@ class Study:
     @staticmethod
     def calibration_complete(path: Path) -> bool:
         """Whether a calibration file holds every array of CALIB_ARRAYS (older files lack
-        the issue-13 tables)."""
+        the key-treatment tables)."""
         with np.load(path) as z:
             return set(CALIB_ARRAYS) <= set(z.files)
 

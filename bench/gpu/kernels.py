@@ -21,25 +21,25 @@ decode GQA 64/8 N=128 at B1/4K, B8/128K, B32/128K for both (v1 timed twice, for 
 SDPA bf16 on the same shapes. The quantizer fields are set explicitly (never FormatParams()'s
 defaults).
 
-``--only policy`` (file gpu_bench_policy.json, issue 10): write kernel for b = 3 and 4; decode for
+``--only policy`` (file gpu_bench_policy.json): write kernel for b = 3 and 4; decode for
 K3/V3, K4/V3, K4/V4, each plain, with 4 fp16 sinks, paged (16- and 64-token pages in a shuffled pool),
 and with one q part (``qlo`` 0), at B 1/8/32 x T 4K/32K/128K, GQA 64/8 (32/8 for the plain
 kernel), against SDPA bf16 on the same shapes.
 
-``--only kernel`` (file gpu_bench_kernel.json, issue 12): write kernel b = 3; decode K3/V3 and K4/V3, plain and
+``--only kernel`` (file gpu_bench_kernel.json): write kernel b = 3; decode K3/V3 and K4/V3, plain and
 with 4 sinks, at B 1/8/32 x T 4K..128K (GQA 64/8), split counts at B1/4K, the current kernel with its
 default plan and (``--baseline old=DIR,NAME=DIR``) previous kv_decode_attn.cu sources on the same planes in the same run
-(``old``: the round-7 kernel, workspace merge), SDPA bf16; then workspace vs cluster merge where the
+(e.g. a kernel with the workspace merge only), SDPA bf16; then workspace vs cluster merge where the
 planner picks the cluster.
 
-``--only write`` (file gpu_bench_write.json, issues 10 and 12): the write kernel alone, 16M vectors of
+``--only write`` (file gpu_bench_write.json): the write kernel alone, 16M vectors of
 N=128: the version-1 and version-2 quantizers in fp16 and bf16, b = 3 and 4, the key front end folded in
 (key scales, centering, both; 8 kv heads), each checked bit-exact on 65536 mixed vectors first; with
 ``--baseline DIR`` (a folder holding a previous kv_encode.cu, kv_common.cuh and encode.py) the previous
 kernel on the same inputs in the same run, and for the key front end its separate elementwise pass
 (encode.py's ``_CENTER_SRC``) followed by the previous kernel.
 
-``--only paging`` (file gpu_bench_paging.json, issue 10): decode over paged pools (16- and 64-token pages)
+``--only paging`` (file gpu_bench_paging.json): decode over paged pools (16- and 64-token pages)
 against the contiguous layout, K3/V3 and K4/V3, GQA 64/8 and 32/8, B 1/8/32 x T 4K/32K/128K, SDPA bf16.
 
 ``--ncu-decode``: headline decode launches for ncu (default plan, then the tunes in $NCU_TUNES).
@@ -530,7 +530,7 @@ def ncu_decode_driver():
     tunes = [None] + json.loads(os.environ.get("NCU_TUNES", "[]"))
     for tu in tunes:  # the cache's layout (vpair; the random bytes are valid codes in any order)
         gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, tune=tu, layout="vpair")
-    if os.environ.get("NCU_WIRE"):  # and the same source on the golden order (round 9's token loop)
+    if os.environ.get("NCU_WIRE"):  # and the same source on the golden order
         gpu_ref.decode_attention(q, *s, lens, p, max_length=131072, layout="wire")
     cp.cuda.Device().synchronize()
 
@@ -552,7 +552,7 @@ def ncu_driver():
 
 
 # ---------------------------------------------------------------------------------------------
-# cache policy (issue 10): bits per tensor, sinks, paging, against SDPA bf16
+# cache policy: bits per tensor, sinks, paging, against SDPA bf16
 POLICY_BITS = ((3, 3), (4, 3), (4, 4))
 POLICY_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072),
                  (32, 131072))
@@ -681,7 +681,7 @@ def run_policy(a, result, save, t_start):
 
 
 # ---------------------------------------------------------------------------------------------
-# decode kernel work (issue 12): the current kernel against a previous source in the same run
+# decode kernel: the current kernel against a previous source in the same run
 KERNEL_SHAPES = ((1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 131072), (32, 131072))
 KERNEL_VARIANTS = ({"bits": (3, 3)}, {"bits": (3, 3), "sinks": 4}, {"bits": (4, 3)}, {"bits": (4, 3), "sinks": 4},
                    {"bits": (3, 3), "sinks": 4, "key_scales": True}, {"bits": (4, 3), "sinks": 4, "key_scales": True})
@@ -706,8 +706,8 @@ class kernel_source:  # noqa: N801 - used as a context manager
 
 
 def legacy_run(pl, ws, q, kc, ks, vc, vs, lens, k_sink, v_sink, out):
-    """gpu_ref.run for kernel sources before round 9 (positional kernel arguments instead of the KvDecParams
-    struct): contiguous planes, fp16 q, fp32 out, no key scales. Used inside ``kernel_source`` only."""
+    """gpu_ref.run for kernel sources without the KvDecParams struct (positional kernel
+    arguments): contiguous planes, fp16 q, fp32 out, no key scales. Used inside ``kernel_source`` only."""
     from gpu_ref import _build
     n = pl.k_params.n
     kvh, ht = pl.kv_heads, pl.head_tiles
@@ -753,10 +753,10 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
             ws = pw.workspace()
             impls = [("new", pl, None)]
             if lay == "vpair" and ns is None and not cluster and not sinks and not kscale:
-                impls.append(("wire", mk(layout="wire"), None))  # the same source on the golden order (round 9's loop)
+                impls.append(("wire", mk(layout="wire"), None))  # the same source on the golden order
             k33 = (kb, vb) == (3, 3) and ns is None and not kscale
             for bname, bdir in baseline or ():
-                if bname == "old":  # the round-7 kernel: sinks inside split 0, grid y = token splits, workspace merge
+                if bname == "old":  # a kernel with sinks inside split 0, grid y = token splits, workspace merge
                     pw0 = mk(layout="wire", cluster=0)
                     impls.append(("old", dataclasses.replace(pw0, partials=pw0.num_splits), bdir))
                 elif k33:  # an intermediate source with the current plan layout
@@ -777,12 +777,12 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
 
                 legacy = bool(src) and "struct KvDecParams" not in open(os.path.join(src, "kv_decode_attn.cu")).read()
                 if src and "int VIL" not in open(os.path.join(src, "kv_decode_attn.cu")).read():
-                    # a source before round 10: no layout template argument (index 13 of the targs)
+                    # a source without the layout template argument (index 13 of the targs)
                     p_ = dataclasses.replace(p_, targs=p_.targs[:13] + p_.targs[14:])
                 psets = sets if p_.layout == "vpair" else wsets
 
                 def call(s, p_=p_, wsi=wsi, legacy=legacy):
-                    if legacy:  # a source before round 9: positional kernel arguments
+                    if legacy:  # a source without KvDecParams: positional kernel arguments
                         return legacy_run(p_, wsi, q, s[0], s[1], s[2], s[3], lens, sk, sv, out)
                     return gpu_ref.run_planes(p_, wsi, q, s[0], s[1], s[2], s[3], lens, k_sink=sk, v_sink=sv,
                                               out=out, out_dtype="fp32", layout=p_.layout, q_scale=qs)
@@ -833,11 +833,11 @@ def shape_or_error(bsz, t, fn):
 
 
 def run_kernel(a, result, save, t_start):
-    """--only kernel (issue 12): write kernel b=3 fp16/bf16; decode K3/V3 and K4/V3, plain and with 4 sinks,
+    """--only kernel: write kernel b=3 fp16/bf16; decode K3/V3 and K4/V3, plain and with 4 sinks,
     at KERNEL_SHAPES (GQA 64/8, N=128), the current kernel and (``--baseline DIR``) a previous source in the
     same run; split counts at B1/4K; SDPA bf16 on each shape."""
     copy_gbs = result["copy"]["GBps"]
-    # --baseline NAME=DIR[,NAME=DIR]: "old" is the round-7 kernel (workspace merge, sinks in split 0)
+    # --baseline NAME=DIR[,NAME=DIR]: "old" names a kernel with the workspace merge and sinks in split 0
     baselines = [tuple(x.split("=", 1)) for x in a.baseline.split(",")] if a.baseline else []
     result["baselines"] = baselines
     tunes = json.loads(a.tunes) if a.tunes else []
@@ -1012,7 +1012,7 @@ PAGING_SHAPES = tuple((b, t) for b in (1, 8, 32) for t in (4096, 32768, 131072))
 
 
 def run_paging(a, result, save, t_start):
-    """--only paging (file gpu_bench_paging.json, issue 10 item 7): decode over a paged pool (16- and 64-token
+    """--only paging (file gpu_bench_paging.json): decode over a paged pool (16- and 64-token
     pages, shuffled) against the contiguous layout, K3/V3 and K4/V3 (GQA 64/8) and K3/V3 (GQA 32/8), N=128, at
     B 1/8/32 x T 4K/32K/128K, SDPA bf16 on each shape; the cost of paging = paged ms / contiguous ms - 1."""
     copy_gbs = result["copy"]["GBps"]
@@ -1070,7 +1070,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--baseline", default=None, help="--only kernel: NAME=DIR[,NAME=DIR], folders with previous "
-                    "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = the round-7 kernel")
+                    "kv_decode_attn.cu (and kv_common.cuh) timed in the same run; NAME old = a kernel with the workspace merge and sinks in split 0")
     ap.add_argument("--tunes", default=None, help="--only kernel: JSON list of tune dicts, each timed as one more "
                     "implementation of the K3/V3 rows")
     ap.add_argument("--baseline-tune", default=None, help="--only kernel: JSON tune dict for the baseline sources' "

@@ -1,14 +1,15 @@
-"""Write kernel in the vpair value order against the golden order (issue 12 item 5; GPU_NOTES round 12).
+"""Write kernel in the vpair value order against the golden order (docs/DECISIONS.md, "Value layout
+vpair" and "Write kernel row copy").
 
 One device call: first the bytes of every kernel source -- the current tree and each ``--source NAME=DIR`` (a
 folder with another kv_encode.cu + kv_common.cuh, compiled by gpu_ref._build from there) -- on mixed vectors
 (special values, saturated blocks): golden order == sim_models.encode, vpair == layout.interleave(golden) with
 row v for vector v (pair_vec 1) and with KVCache's rows ([B, KVH, T] planes of [B, T, KVH, N] input, pair_vec
 KVH); N = 128 for every source, N = 64 / 256 for the current one. Then the write kernel at the size of the
-earlier rounds (2^24 vectors, N = 128, G = 64, b = 3, v2 quantizer, standard normal fp16 / bf16 input), every
+write benchmark (2^24 vectors, N = 128, G = 64, b = 3, v2 quantizer, standard normal fp16 / bf16 input), every
 source, golden order and vpair (rows v, and KVCache's rows: 16 sequences x 128K tokens x 8 kv heads), each next
 to the copy kernel over the same byte count (read + written) in the same round; CUDA-graph medians, two rounds
-with the sources in turn (A B C A B C). ``% copy`` is against the copy bandwidth of the earlier rounds (a 4 GB copy,
+with the sources in turn (A B C A B C). ``% copy`` is against the copy bandwidth of the write benchmark (a 4 GB copy,
 ``gpu_bench.copy_bandwidth``), ``% same-bytes copy`` against the copy kernel over the write kernel's own bytes.
 ``--ncu``: one launch of 2^21 vectors per (source, dtype, layout) for Nsight Compute, in the order printed
 (``--ncu-cache``: each also with KVCache's rows).
@@ -94,7 +95,7 @@ def check(folder, n, dtype):
 
 
 def inputs(dtype, nvec=NVEC):
-    """Standard normal fp16 / bf16 bit patterns [nvec, 128] (the earlier rounds' write input)."""
+    """Standard normal fp16 / bf16 bit patterns [nvec, 128] (the write benchmark's input)."""
     x = cp.empty((nvec, 128), cp.uint16)
     step = 1 << 21
     for i in range(0, nvec, step):
