@@ -52,20 +52,30 @@ def _version_key(p: Path) -> tuple:
     return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in re.split(r"[.\-]", p.stem))
 
 
-def read_text(path=None) -> str:
-    """The calibration text: a text file, or every ``*.txt`` of a folder in version order joined by
-    :data:`TEXT_SEPARATOR` (default folder :data:`TEXT_DIR`), read as UTF-8.
+def text_files(path=None) -> list[Path]:
+    """The files :func:`read_text` joins, in order: the file ``path``, or every ``*.txt`` of the folder
+    ``path`` in version order (default folder :data:`TEXT_DIR`).
 
     Raises:
         FileNotFoundError: no such file, or a folder without ``*.txt`` files.
     """
     p = TEXT_DIR if path is None else Path(path)
     if p.is_file():
-        return p.read_text(encoding="utf-8", errors="replace")
+        return [p]
     files = sorted(p.glob("*.txt"), key=_version_key) if p.is_dir() else []
     if not files:
         raise FileNotFoundError(f"text: no text file and no *.txt files at {p}")
-    return TEXT_SEPARATOR.join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    return files
+
+
+def read_text(path=None) -> str:
+    """The calibration text: :func:`text_files` of ``path`` read as UTF-8 and joined by
+    :data:`TEXT_SEPARATOR`.
+
+    Raises:
+        FileNotFoundError: no such file, or a folder without ``*.txt`` files.
+    """
+    return TEXT_SEPARATOR.join(f.read_text(encoding="utf-8", errors="replace") for f in text_files(path))
 
 
 @dataclass(frozen=True)
