@@ -56,9 +56,9 @@ import numpy as np
 
 try:
     from bench.accuracy.smollm2 import MODEL_NAME, gguf_path, load_model, load_text
-except ImportError:  # run as a script: bench/ is sys.path[0]
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from smollm2 import MODEL_NAME, gguf_path, load_model, load_text
+except ImportError:  # run as a script: the repository root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.accuracy.smollm2 import MODEL_NAME, gguf_path, load_model, load_text
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "verif" / "data" / "smollm2_kv.npz"

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf")
     ap.add_argument("--model-id")
-    ap.add_argument("--text", help="the study text (bench.accuracy.smollm2.load_text() written out)")
+    ap.add_argument("--text", help="the study text (sim_models.calibrate.read_text() written out)")
     ap.add_argument("--out")
     ap.add_argument("--configs", default="", help="comma-separated names, or @file")
     ap.add_argument("--passkey", default="", help="comma-separated names, or @file")

@@ -34,14 +34,13 @@ from pathlib import Path
 import numpy as np
 
 from sim_models import KeyTables
-from sim_models.calibrate import MU_SKIP, TokenizedText, moments
+from sim_models.calibrate import MU_SKIP, TokenizedText, moments, read_text
 
 from .attention import ATTN_NAME, ATTN_STRIDE, KVFakeQuant, register
 from .configs import Config, _cfg
 from .kvquant import (SELECT_KEYS, calibrated_key_scales, key_scales,
                       select_head_transform)
 from sim_models.models import ModelSource, load, resolve
-from .smollm2 import load_text
 from .windows import EVAL_CHARS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +75,7 @@ class Study:
         threads: torch threads.
         device: torch device of the model ("cpu", "cuda"); K/V go through the golden model
             (NumPy) on the CPU either way.
-        text: the study text (default bench.accuracy.smollm2.load_text()).
+        text: the study text (default sim_models.calibrate.read_text()).
     """
 
     def __init__(self, model: str, context: int = 2048, windows: int = 4, threads: int = 1,
@@ -99,7 +98,7 @@ class Study:
         self.decoder = self.model.get_decoder()
         self.head = self.model.get_output_embeddings()
         self.softcap = getattr(c, "final_logit_softcapping", None)
-        text = TokenizedText(load_text() if text is None else text, self.tok)
+        text = TokenizedText(read_text() if text is None else text, self.tok)
         self.n_text_tokens = len(text.ids)
         self.calib_windows = text.calibration(context)
         self.windows = text.evaluation(context, windows, self.calib_windows[-1].char_end, EVAL_CHARS)

