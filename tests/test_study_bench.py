@@ -183,3 +183,70 @@ def test_accuracy_cli_refuses_bad_arguments_before_loading(argv, word, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert word in err and "Traceback" not in err
+
+
+class _ChatTokenizer(_WordTokenizer):
+    """_WordTokenizer with a chat template, as ``python -m bench.gpu.hf prep`` uses."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+        assert not tokenize
+        return "".join(f"<{m['role']}> {m['content']}\n" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+
+
+def _study_text(lines: int = 40000) -> str:
+    return "\n".join(f"line {i} has some words" for i in range(lines))
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_hf_eval_window_is_the_studys_main_window(bos):
+    """bench.gpu.hf's perplexity window is the accuracy study's first evaluation window."""
+    from bench.accuracy.windows import EVAL_CHARS
+    from bench.gpu.hf import eval_window
+    text = _study_text()
+    tok = _WordTokenizer(bos)
+    ids = eval_window(tok, text, context=64)
+    tt = TokenizedText(text, tok)
+    start = text.index("\n", EVAL_CHARS[0] - 1) + 1 if text[EVAL_CHARS[0] - 1] != "\n" else EVAL_CHARS[0]
+    first = tt.ids[np.searchsorted(tt.starts, start)]
+    assert ids.dtype == np.int64 and len(ids) == 64
+    assert (ids[0] == 1) == bos and ids[1 if bos else 0] == first
+    with pytest.raises(ValueError, match="tokens"):
+        eval_window(tok, text[:EVAL_CHARS[0] + 100], context=64)
+
+
+def test_hf_prep_writes_tokens_and_gguf_parts(tmp_path, monkeypatch):
+    """python -m bench.gpu.hf prep: the study's window, the chat prompt and the GGUF in two parts."""
+    import hashlib
+
+    import transformers
+
+    import sim_models.calibrate as cal
+    from bench.accuracy import smollm2
+    from bench.gpu import hf
+    gguf = tmp_path / "model" / "m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(bytes(range(256)) * (3 << 16) + b"tail")          # 48 MiB + 4 bytes: two parts
+    monkeypatch.setattr(smollm2, "gguf_path", lambda: gguf)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        staticmethod(lambda *a, **k: _ChatTokenizer(False)))
+    monkeypatch.setattr(cal, "read_text", lambda path=None: _study_text())
+    out = tmp_path / "out"
+    assert hf.main(["prep", "--out", str(out)]) == 0
+    toks = np.load(out / "tokens.npz")
+    assert toks["eval"].shape == (hf.CONTEXT,) and toks["prompt"].dtype == np.int64
+    assert len(toks["prompt"]) == len(hf.PROMPT.split()) + 2
+    data = (out / "gguf.part1").read_bytes() + (out / "gguf.part2").read_bytes()
+    assert data == gguf.read_bytes()
+    assert (out / "gguf.sha256").read_text().split()[0] == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("argv, word", [(["prep"], "--out"), (["floor", "--data", "x"], "--gguf"),
+                                        (["nope"], "cmd")])
+def test_hf_cli_names_a_missing_option(argv, word, capsys):
+    """python -m bench.gpu.hf: exit 2 naming what is missing, before any model is loaded."""
+    from bench.gpu.hf import main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err

@@ -4,8 +4,8 @@
 Device runs (``run``; ``--parts q`` and ``--parts s`` can go to separate calls, ``merge`` joins
 their JSON) measure, and bench/results/hf_bench.json keeps:
 
-* ``ppl``: teacher-forced perplexity of SmolLM2-135M (fp32 weights) on bench.accuracy's
-  evaluation context (2048 tokens at EVAL_START), per policy (PPL_CONFIGS). Both sides run one
+* ``ppl``: teacher-forced perplexity of SmolLM2-135M (fp32 weights) on bench.accuracy's main
+  evaluation window (:func:`eval_window`: 2048 tokens at ``EVAL_CHARS[0]``), per policy (PPL_CONFIGS). Both sides run one
   2048-token forward, so the projections are the same GEMMs: the golden model's fake-quant forward
   (``PackedCache(backend="golden", prefill="packed")``: reconstructions of
   ``sim_models.encode``/``decode_float``, fp32 SDPA) and the kernels' (``backend="cuda",
@@ -74,7 +74,7 @@ RESULTS = REPO / "bench" / "results" / "hf_bench.json"
 PLOT = REPO / "bench" / "results" / "hf_bench.png"
 TABLES = REPO / "bench" / "calib" / "smollm2-135m.keytables.npz"   # sim_models.KeyTables
 GEN_TOKENS = 64
-#: accuracy.json configuration -> policy spec
+#: accuracy study configuration -> policy spec
 PPL_CONFIGS = {"midrise-max-near": "K3V3", "midrise-max-near+C+S4": "K3V3+C+S4",
                "K4V3-midrise-max-near+C+S4": "K4V3+C+S4", "v2+C+S4+KS2": "v3",
                "v2-K4V3+C+S4+KS2": "v3-K4V3"}
@@ -95,17 +95,34 @@ RESERVE = 6 << 30                              # bytes kept free for activations
 
 
 # =========================================================================== prep (CPU)
+#: tokens of the perplexity window (the accuracy study's default context)
+CONTEXT = 2048
+
+
+def eval_window(tok, text: str | None = None, context: int = CONTEXT) -> np.ndarray:
+    """The accuracy study's main evaluation window as int64 token ids [context]: the window at
+    ``bench.accuracy.windows.EVAL_CHARS[0]`` of :class:`sim_models.calibrate.TokenizedText` over
+    ``text`` (default :func:`sim_models.calibrate.read_text`), after the calibration windows.
+
+    Raises:
+        ValueError: the text is too short for the calibration and evaluation windows.
+    """
+    from bench.accuracy.windows import EVAL_CHARS
+    from sim_models.calibrate import TokenizedText, read_text
+    tt = TokenizedText(read_text() if text is None else text, tok)
+    calib_end = tt.calibration(context)[-1].char_end
+    return tt.evaluation(context, 1, calib_end, EVAL_CHARS)[0].tokens
+
+
 def prep(out: Path):
-    from bench.accuracy import CTX, EVAL_START
-    from bench.accuracy.smollm2 import gguf_path, load_text
+    from bench.accuracy.smollm2 import gguf_path
     from transformers import AutoTokenizer
     out.mkdir(parents=True, exist_ok=True)
     p = gguf_path()
     tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    ids = tok(load_text(), add_special_tokens=False)["input_ids"]
     chat = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                    tokenize=False)
-    np.savez(out / "tokens.npz", eval=np.asarray(ids[EVAL_START:EVAL_START + CTX], np.int64),
+    np.savez(out / "tokens.npz", eval=eval_window(tok),
              prompt=np.asarray(tok(chat, add_special_tokens=False)["input_ids"], np.int64))
     data = p.read_bytes()
     half = 48 << 20
@@ -464,10 +481,7 @@ def device_run(data: Path, out: Path, quick: bool, parts: str, specs=None):
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import transformers
     res["transformers"] = transformers.__version__
-    lines = []
-
     def log(s):
-        lines.append(s)
         print(s, flush=True)
     from gpu_ref import hf
     from sim_models import KeyTables
@@ -489,9 +503,8 @@ def device_run(data: Path, out: Path, quick: bool, parts: str, specs=None):
     if "s" in parts:
         res["speed"], res["concurrency"] = [], []
         run_speed(log, quick, res["speed"], res["concurrency"],
-                  save=lambda: out.write_text(json.dumps(dict(res, log=lines), indent=1)))
+                  save=lambda: out.write_text(json.dumps(res, indent=1)))
     res["seconds"] = time.time() - t0
-    res["log"] = lines
     out.write_text(json.dumps(res, indent=1))
 
 
@@ -669,6 +682,8 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and contexts: code path check")
     ap.add_argument("--parts", default="qs", help="q: SmolLM2 perplexity + generation, s: speed")
     a = ap.parse_args(argv)
+    if a.cmd == "prep" and a.out is None:
+        ap.error("prep needs --out DIR")
     if a.cmd == "prep":
         prep(a.out)
     elif a.cmd == "run":
@@ -677,12 +692,13 @@ def main(argv=None):
         device_run(a.data, a.out or RESULTS, a.quick, a.parts,
                    a.specs.split(",") if a.specs != ap.get_default("specs") else None)
     elif a.cmd == "floor":
+        if a.gguf is None or a.data is None:
+            ap.error("floor needs --gguf FILE and --data DIR")
         floor(a.gguf, a.data / "tokens.npz", a.specs.split(","))
     elif a.cmd == "merge":
         res = {}
         for f in a.inputs:
             r = json.loads(f.read_text())
-            res.setdefault("log", []).extend(r.pop("log", []))
             res["seconds"] = res.get("seconds", 0) + r.pop("seconds", 0)
             res.update(r)
         (a.out or RESULTS).write_text(json.dumps(res, indent=1))
