@@ -332,16 +332,24 @@ def make_planes(bsz, kvh, t, n_sets, p):
     return sets
 
 
-def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
-    n = p.n
+def decode_inputs(bsz, hq, kvh, t, p):
+    """Inputs of a decode timing: enough sets of random packed planes (:func:`make_planes`) that they
+    rotate through more than L2, fp16 q, full lengths, an fp16 output, and the result row's shape
+    fields. Returns (sets, q, lens, out, comp_bytes, row)."""
     comp_bytes = bsz * kvh * t * 2 * (p.code_bytes + p.n_blocks)
     n_sets = max(1, min(64, math.ceil(L2_ROTATE_BYTES / comp_bytes)))
     sets = make_planes(bsz, kvh, t, n_sets, p)
-    q = (cp.random.standard_normal((bsz, hq, n), dtype=cp.float32)).astype(cp.float16)
+    q = (cp.random.standard_normal((bsz, hq, p.n), dtype=cp.float32)).astype(cp.float16)
     lens = cp.full((bsz,), t, dtype=cp.int32)
-    out = cp.empty((bsz, hq, n), cp.float16)
-    row = {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n,
+    out = cp.empty((bsz, hq, p.n), cp.float16)
+    row = {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": p.n,
            "compressed_bytes": comp_bytes, "sets_rotated": n_sets}
+    return sets, q, lens, out, comp_bytes, row
+
+
+def bench_decode_one(bsz, hq, kvh, t, p, sdpa=True, variants=None):
+    n = p.n
+    sets, q, lens, out, comp_bytes, row = decode_inputs(bsz, hq, kvh, t, p)
     var_rows = []
     for var in (variants or [{}]):
         pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t, **var)
@@ -436,16 +444,9 @@ def bench_decode_versions(bsz, hq, kvh, t, order=("v1", "v2", "v1")):
     """Decode timings of both versions on the same random packed planes (any byte is a valid code
     plane for both modes), v1 timed twice (first and last) to show the run-to-run spread."""
     ps = {k: FormatParams.preset(k) for k in VERSIONS}
-    p0 = ps["v1"]
-    n = p0.n
-    comp_bytes = bsz * kvh * t * 2 * (p0.code_bytes + p0.n_blocks)
-    n_sets = max(1, min(64, math.ceil(L2_ROTATE_BYTES / comp_bytes)))
-    sets = make_planes(bsz, kvh, t, n_sets, p0)
-    q = (cp.random.standard_normal((bsz, hq, n), dtype=cp.float32)).astype(cp.float16)
-    lens = cp.full((bsz,), t, dtype=cp.int32)
-    out = cp.empty((bsz, hq, n), cp.float16)
-    row = {"batch": bsz, "q_heads": hq, "kv_heads": kvh, "context": t, "N": n,
-           "compressed_bytes": comp_bytes, "sets_rotated": n_sets, "runs": []}
+    n = ps["v1"].n
+    sets, q, lens, out, comp_bytes, row = decode_inputs(bsz, hq, kvh, t, ps["v1"])
+    row["runs"] = []
     for name in order:
         p = ps[name]
         pl = gpu_ref.plan(p, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=t, capacity=t)

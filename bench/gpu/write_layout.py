@@ -96,13 +96,7 @@ def check(folder, n, dtype):
 
 def inputs(dtype, nvec=NVEC):
     """Standard normal fp16 / bf16 bit patterns [nvec, 128] (the write benchmark's input)."""
-    x = cp.empty((nvec, 128), cp.uint16)
-    step = 1 << 21
-    for i in range(0, nvec, step):
-        v = cp.random.standard_normal((min(step, nvec - i), 128), dtype=cp.float32)
-        x[i:i + step] = v.astype(cp.float16).view(cp.uint16) if dtype == "fp16" else \
-            (v.view(cp.uint32) >> 16).astype(cp.uint16)
-    return x
+    return gb.write_inputs(nvec, dtype, heads=1).reshape(nvec, 128)
 
 
 def copy_same_bytes(nbytes):
