@@ -171,10 +171,13 @@ def run_ppl(model, toks, log, tables, specs=None):
     from gpu_ref import hf
     ids = torch.tensor(toks, device="cuda")[None]
     n = ids.shape[1]
-    acc = {}
-    accj = REPO / "bench" / "results" / "accuracy.json"
+    acc = {}                          # the accuracy study's CPU perplexities on the same window
+    accj = REPO / "bench" / "results" / "accuracy" / "smollm2-135m.json"
     if accj.exists():
-        acc = json.loads(accj.read_text())["configs"]
+        from bench.accuracy.windows import EVAL_CHARS
+        at = f"@{EVAL_CHARS[0]}"
+        acc = {k[:-len(at)]: {"ppl_2048": r["ppl"]} for k, r in json.loads(accj.read_text())["runs"].items()
+               if k.endswith(at)}
 
     def ppl_of(logits):
         ce = torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="sum")

@@ -170,7 +170,7 @@ def _impl_order(rows, names):
 
 
 def kernel_table(r) -> str:
-    """Markdown table of a gpu_bench_kernel*.json (``gpu_bench.py --only kernel``): K3/V3 at each shape for
+    """Markdown table of a gpu_bench_kernel.json (``python -m bench.gpu --routine kernel``): K3/V3 at each shape for
     every implementation in the run (``provenance`` names them), SDPA bf16, the cost of 4 fp16 sinks."""
     rows = [d for d in r.get("decode", []) if d.get("rows")]
     names = r.get("provenance", {}).get("impls", {})
