@@ -49,7 +49,7 @@ test: $(STAMP_TEST)
 
 ## verilog: write Verilog + manifest for the default configuration to build/verilog
 verilog: $(STAMP)
-	$(VPY) -m rtl_gen --n 128 --block 64 --bits 3 --latency 2 --out $(OUT)/verilog
+	$(VPY) -m rtl_gen --n 128 --block 64 --bits 3 --fwht-regs 2 --out $(OUT)/verilog
 
 ## synth: Yosys + nextpnr-ecp5 (PyPI yowasp): area of the product default and Fmax of the CI instances (default set),
 ## then Fmax of the N=128 and N=64 encoder and decoder at a 150 MHz target (fmax set; hours) -> bench/results/synth.json, docs/HARDWARE.md

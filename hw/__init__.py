@@ -1,27 +1,18 @@
-"""Amaranth 0.5 RTL of the fwht-kv write path (bit-exact with sim_models.encode).
+"""Amaranth RTL of fwht-kv: the write path ``KVEncoder`` (bit-exact with
+``sim_models.encode``) and the read path ``KVDecoder`` (bit-exact with
+``sim_models.decode``), configured by ``hw.options``.
 
-Modules:
-    frontend      special values, sign flip D, block floating point (``fe_regs`` cut)
-    fwht          log2(N)-stage butterfly FWHT with ``latency`` pipeline registers
-    quantizer     per-block scale byte and b-bit codes (``quant_regs`` pipeline cuts)
-    scale_select  scale byte without dividers; the leading-one detector
-    thresholds    per-block code thresholds
-    packer        b-bit two's-complement codes packed LSB first (combinational)
-    epilogue      top level ``KVEpilogue`` (stream in, stream out, sticky status)
-    pipeline      register stages (``stage``) and placements (``Cuts``); trees: reduction trees
-
-Read path (bit-exact with sim_models.decode):
-    dequant       code -> level table, scale-byte decode, level * sig per lane
-    ifwht         inverse FWHT on block-scaled integers (narrow inner stages,
-                  exact block alignment, wide outer stages), pipelined
-    tofloat       exact integer -> fp16/bf16 (leading one, RNE, saturation)
-    decompressor  top level ``KVDecompressor`` (stream in, stream out)
-
-Both: wire (the stream payload ``StructLayout``s, from ``sim_models.wire``).
-Round trip (verification DUT): roundtrip ``KVRoundTrip`` = KVEpilogue -> KVDecompressor.
+Write path: frontend (special values, sign flip D, block floating point), fwht
+(butterfly FWHT), quantizer (scale byte and codes; scale_select, thresholds), packer,
+encoder (top level). Read path: dequant (code -> level, scale decode), ifwht (inverse
+FWHT on block-scaled integers), tofloat (exact integer -> fp16/bf16), decoder (top
+level). Both: pipeline (register stages, cuts, flow control), trees, wire (the stream
+payload layouts, from ``sim_models.wire``). Round trip (verification DUT): roundtrip.
 """
 
-from .decompressor import KVDecompressor
-from .epilogue import KVEpilogue
+from .decoder import KVDecoder
+from .encoder import KVEncoder
+from .options import DecoderOptions, EncoderOptions, FoldOptions, RoundTripOptions
 
-__all__ = ["KVDecompressor", "KVEpilogue"]
+__all__ = ["DecoderOptions", "EncoderOptions", "FoldOptions", "KVDecoder", "KVEncoder",
+           "RoundTripOptions"]

@@ -1,4 +1,4 @@
-"""Read-path dequantization tables and the per-lane dequantizer of ``KVDecompressor``.
+"""Read-path dequantization tables and the per-lane dequantizer of ``KVDecoder``.
 
 Bit-exact with ``sim_models.quant.dequantize`` (every mode; docs/FORMAT.md 3.7
 and 5): the reconstructed FWHT output of lane i is
@@ -278,8 +278,8 @@ def dequant_table(m: Module, table: LevelTable, sig, name: str, zero=None):
             m.d.comb += tbl[f].eq((Const(v, table.shape) - zero) * sig)
         return tbl
     # constant levels: one row of constant products per significand value, so each bit
-    # is LUT logic of sig's few bits (the multiplications by constants were two carry
-    # chains on the N=128 decoder's worst path, docs/SYNTH.md)
+    # is LUT logic of sig's few bits, not a carry chain (docs/DECISIONS.md, "Dequant
+    # product tables")
     with m.Switch(sig):
         for s in range(1 << len(sig)):
             with m.Case(s):

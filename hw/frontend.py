@@ -204,8 +204,7 @@ class FrontEnd(wiring.Component):
 
         # with the emax cut in copies, the tree's last register holds the partial maxima in
         # as many copies and each copy reduces its own to its root, which loads its own
-        # emax copy (one root feeding every copy's register was the N=128 encoder's worst
-        # path, one root feeding two copies the N=64 encoder's, docs/SYNTH.md)
+        # emax copy (docs/DECISIONS.md, "Register copies")
         ncopy = replica_count(w, REPLICA_LEAF_LANES) if "emax" in self.regs else 1
         last_cut = tree_cuts(p.n, self.tree_every) - 1
         part_copies = []

@@ -1,105 +1,39 @@
-"""Inverse FWHT of the read path on block-scaled integers, pipelined.
+"""Inverse FWHT of the read path on block-scaled integers, pipelined (:class:`BlockFWHT`).
 
-Input lane i is ``p_i * 2^(ef_k + c)`` with ``p_i`` a small signed integer
-(``level * sig``) and ``ef_k`` the exponent field of its block k (lanes
-[kG, kG + G)). Output lane i is the exact integer ``S_i`` with
+Input lane i is ``p_i * 2^(ef_k + c)`` (``p_i = level * sig``, ``ef_k`` the exponent field
+of its block k); output lane i is the exact integer ``S_i`` with
+``(H yhat)_i = S_i * 2^(ef_min + c)``, ``ef_min = min_k ef_k`` (H unnormalized,
+Sylvester order, the stages in ``sim_models.fwht``'s order; :mod:`hw.tofloat` applies
+the /N and the exponent).
 
-    (H yhat)_i = S_i * 2^(ef_min + c),    ef_min = min_k ef_k
+* Inner stages (stride < G) run on the narrow integers p (+1 bit per stage).
+* Alignment (N/G > 1): every lane of block k is shifted left by ``d_k = ef_k - ef_min``
+  (0 .. ``max_align``), exact. ``align="swap"`` (default for N/G = 2,
+  :func:`default_align`; docs/DECISIONS.md, "Block swap"): the blocks are permuted by XOR
+  with the index t of a block with d = 0, which needs no shifter; the result is
+  ``S_i = (-1)^flip_i y_i``, ``flip_i = popcount((i // G) & t) mod 2`` (port ``flip``).
+  ``align="lane"``: a shifter on every lane, ``flip`` = 0.
+* Outer stages combine blocks on the aligned integers: ``y`` is :func:`out_width` bits.
 
-(H: Sylvester-order Hadamard, unnormalized; the /N and the exponent are applied
-by :mod:`hw.tofloat`). The FWHT is computed as in ``sim_models.fwht``: stage s
-(s = 0 .. log2 N - 1) maps lanes (i, i + 2^s) to (a + b, a - b); the stages
-commute, and the order here is the golden one.
+Two beats (``lanes`` W = N/2): the W-point network, then the last stage across the beats
+(:func:`hw.fwht.fold_stage`). With ``align="fold"`` (one block per beat, W = G;
+docs/DECISIONS.md, "Fold alignment") the network has the inner stages only and
+:func:`fold_align_stage` aligns and adds: with ``sw = (d_0 == 0)``, X the operand to
+shift, Y the other and ``d = d_0 | d_1``, the outputs are ``X 2^d + Y`` and
+``(-1)^sw (X 2^d - Y)``. Fold window D (``window``; docs/DECISIONS.md, "Fold window"):
+with ``s = k floor(max(d - D, 0) / k)`` (k = ``window_step``) a lane with X != 0 is
+``RO((X 2^d +- Y) / 2^s)`` at unit 2^s (RO: round to odd; output ``alt``, exponent
+``exp_alt`` = the side band's + s), a lane with X = 0 is ``+-Y`` at unit 2^0. Rounding
+to odd keeping at least p + 2 bits, then to nearest even at p bits, is one rounding to
+nearest even, so D = :func:`fold_window` keeps the float conversion bit-exact.
 
-* Inner stages s < log2 G (stride < G) stay inside a block: every operand has
-  the block's exponent, so they run on the narrow integers p (+1 bit per stage).
-* Alignment (only when N/G > 1): before the first outer stage every lane of
-  block k is shifted left by ``d_k = ef_k - ef_min`` (0 .. ``max_align``, the
-  exponent-field span of the scale encoding: 30 for ue5m3; exact), so all
-  lanes share the unit 2^(ef_min + c).
-* Block swap (``align="swap"``, the default for N/G = 2, :func:`default_align`):
-  the block t with ``d_t = 0`` (the lowest such index; the read path's contract
-  guarantees one) is never shifted. The input blocks are permuted by XOR,
-  slot j <- block ``j ^ t`` (an N/G:1 select per lane at the alignment; the
-  inner stages commute with it), slot j is shifted by ``d_(j ^ t)`` and slot 0 not at all,
-  so only N (1 - G/N) lanes have a shifter (half of them for N/G = 2). Since
-  ``H_N = H_(N/G) (x) H_G`` and ``H[r, k ^ t] = (-1)^popcount(r & t) H[r, k]``,
-  the result is ``S_i = (-1)^flip_i y_i`` with ``flip_i = popcount((i // G) & t)
-  mod 2``: output port ``flip``, which the float conversion folds into the sign
-  (:class:`hw.tofloat.FloatPrep`). Exact by construction: the network computes
-  H of a block permutation of an in-contract input, with the same widths. With
-  ``align="lane"`` every lane has a shifter and ``flip`` is 0.
-* Outer stages s >= log2 G combine blocks on the aligned, wider integers
-  (+1 bit per stage). Width of S: ``w_p + log2 N + max_align`` at most (46 bits
-  for b = 4, N = 256, midtread/ue5m3), exact for every input.
-
-Fold alignment (``fold_align``, two beats of one block each: W = G = N/2): the W-point
-network runs the inner stages only, on the narrow integers, and the shift amounts ride
-along; the alignment happens in the last stage across the beats
-(:func:`fold_align_stage`), so no lane is wider than ``w_p + log2 W`` bits before the
-fold. With beat-0 lane a (shift d_0), beat-1 lane b (d_1) and one of d_0, d_1 zero
-(the contract), let ``sw = (d_0 == 0)``, X the shifted operand (b if sw else a), Y the
-other and ``d = d_0 | d_1``: the outputs are ``a 2^d_0 + b 2^d_1 = X 2^d + Y`` and
-``a 2^d_0 - b 2^d_1 = (-1)^sw (X 2^d - Y)`` (``flip`` = sw on output beat 1). Only X is
-shifted (one left shift per lane, in two parts), and both outputs come from one addition
-of the exact :func:`out_width` (N) bits, ``(X << d) + Y`` then ``(X << d) + (-Y)``. Three
-registers: the swap's operands (X already shifted by d's low :data:`FOLD_SHIFT_X_BITS`
-bits, and Y) with d's high bits; ``X << d`` (the shift by the high bits) and the addend
-(Y, replaced by -Y one cycle later); the sum, then the difference; between the first
-two, :data:`FOLD_BRIDGE_REGS` plain delays for the route between them. Exact for every input (the same integers
-as the network alignment; checked bit-exact in simulation, and proven by BMC at N = 4
-with 3-bit inputs and shifts up to 5 in ``tests/test_formal.py``).
-
-Fold window (``window`` = D, with fold alignment): the fold's output need not be the exact
-integer, only what the float conversion rounds the same way. Let ``s = max(d - D, 0)``
-(per vector). A lane with X = 0 is ``+-Y``, exact, at unit 2^0. Every other lane is
-
-    T = X 2^(d - s) +- RO(Y / 2^s) = RO((X 2^d +- Y) / 2^s)  at unit 2^s,
-
-where RO rounds to odd (the quotient when exact, else the odd integer of the two around
-it: ``floor`` with bit 0 set when bits fall off). The identity holds because X 2^(d-s)
-is even when s > 0 (d - s = D >= 1), and an even integer added to a value does not
-change which integers are odd; RO(-t) = -RO(t). Rounding to odd and then to nearest
-even at p bits is one rounding to nearest even when the odd rounding keeps at least
-p + 2 bits. For s > 0 and X != 0, |X 2^d +- Y| >= 2^d - 2^(w-1) >= 2^(d-1) since
-d > D >= w - 1 (w: the lanes' signed width), so T has at least D bits and D >= p + 2
-suffices (:func:`fold_window`; fp16 p = 11: at N=128, b=3, w = 14 and D = 13, so the
-lanes are 28 bits against 45 exact; at N=64 w = 13, D = 13, 27 against 44). Subnormal
-results round at a coarser position, never finer. With a step k (:data:`FOLD_WINDOW_STEP`)
-s is rounded down to a multiple of k: X is shifted by d - s <= D + k - 1 (still >= D when
-s > 0, so X 2^(d-s) is even and T keeps more than D bits), the lanes are k - 1 bits wider
-(29 at N=128 with k = 2) and Y's shifter moves in steps of k. Per lane the output flag ``alt``
-says X != 0 (unit 2^s: the float conversion takes T from ``exp_alt``, the side band's
-exponent + s, :class:`hw.tofloat.FloatPrep` ``alt_exp``), else the side band's exponent
-as it is. The shifts: X by
-``dm = d - s`` (low :data:`FOLD_SHIFT_X_BITS` bits into register X, the rest into
-register S), Y by s (capped where every larger s rounds Y alike, to -1, 0 or 1, at
->= w - 1) into register S, a round-to-odd log shifter (:func:`shift_right_odd`)
-held where X = 0 (a zero test of X into register X).
-
-Register placement (``latency`` = L in [0, S]): the steps are the
-butterfly stages with the alignment counted as one more step (when N/G > 1;
-with ``split_align`` its parts: the block swap's select (with the swap), the shift by
-the high bits of d, then by its low :data:`ALIGN_LO_BITS` bits, so that registers can
-sit between the swap's data movement across blocks and the shifter, and inside the
-shifter), S steps in all; pipeline register r (r = 1 .. L) follows the first
-``ceil(r * S / L)`` steps (:func:`hw.fwht.register_positions`), so the last one
-is at the output. All registers advance together when ``en`` is high; a valid
-bit and a side band (a plain width or a layout) travel with the data
-(:func:`hw.pipeline.stage`). The swap index t and the shift amounts d ride in the
-registers until the last alignment step (t to the output, for ``flip``): from the
-register before an alignment step on, in one copy per
-:data:`hw.pipeline.REPLICA_GROUP_LANES` lanes that read them
-(:func:`hw.pipeline.replicas`; one register of t for 64 lanes' selects was the N=64
-decoder's worst path, docs/SYNTH.md), and at the register whose next step reads them
-(the shifters d, the block swap t) in one copy per
-:data:`hw.pipeline.REPLICA_SELECT_LANES` lanes,
-loaded from the copies of one register earlier, which has one per 16 lanes also when
-its own next step is a butterfly stage (a fanout tree). A step that reads them further
-from a register than the next step reads the last register's copies as they are.
-
-Signed zeros: none. The format's exact-zero result is +0 before the sign flip D
-(docs/FORMAT.md, read path), which the integers carry as they are.
+Registers (``latency`` = L in [0, S]): the S steps are the butterfly stages and the
+alignment (with ``split_align`` its parts: the block swap's select, the shift by d's
+high bits, the shift by its low :data:`ALIGN_LO_BITS` bits); register r follows the
+first ``ceil(r S / L)`` steps (:func:`hw.fwht.register_positions`). All registers
+advance on ``en``; a valid bit and a side band travel along. The shift amounts and the
+swap index ride in register copies (:func:`hw.pipeline.replicas`; docs/DECISIONS.md,
+"Register copies").
 """
 
 from __future__ import annotations
@@ -109,6 +43,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .fwht import FOLD_CYCLES, butterfly_stage, fold_stage, register_positions
+from .options import FoldOptions
 from .pipeline import (REPLICA_ATTRS, REPLICA_SELECT_LANES, beat_groups, beat_index, beat_of,
                        replica_count, replica_of, replicas, stage, when)
 
@@ -144,44 +79,13 @@ def steps_of(n: int, block: int, split_align: bool = False,
 #: beats of one block each (module docstring).
 ALIGNS = ("lane", "swap", "fold")
 
-#: Plain delay registers of :func:`fold_align_stage` between register X and register S
-#: (X, Y and d's high bits; beat 0's sw and the control along), for the route from the
-#: network's side to the adder's, the N=128 decoder's worst path at 3 of its 4 runs
-#: before (docs/SYNTH.md). With 1 the worst path moved to other nets of the fold and the
-#: decoder did not get faster (106.58 and 105.22 MHz at seeds 1 and 2, against 107.43 at
-#: seed 2 without), for 2,070 more FF and a cycle: 0.
-FOLD_BRIDGE_REGS = 0
-
-#: Whether the read path's two-beat fold (``fold_align``) rounds to its window
-#: (:func:`fold_window`, module docstring "Fold window"; ``hw.decompressor.read_window``):
-#: the lanes into the float conversion 29 bits instead of 45 at N=128 (28 with
-#: :data:`FOLD_WINDOW_STEP` 1; docs/SYNTH.md).
-FOLD_WINDOW = True
-
-#: The fold window's step k (module docstring, "Fold window"): s rounded down to a multiple
-#: of k, so Y's round-to-odd shifter has log2 k fewer levels (shift amounts 0, k, 2k, ...)
-#: and the lanes keep shifts up to D + k - 1 (k - 1 bits more); 1: s as it is. 2: the
-#: N=128 decoder's worst path without its reset net was that shifter, s's register
-#: through five LUT levels into register S (8.10 ns at seed 1, docs/SYNTH.md); one level
-#: fewer for one bit more per lane (29 instead of 28 at N=128).
-FOLD_WINDOW_STEP = 2
-
 #: Register stages of :func:`fold_align_stage` for the last beat of a vector.
-FOLD_ALIGN_CYCLES = 4 + FOLD_BRIDGE_REGS
-
-#: Low bits of d that :func:`fold_align_stage` shifts X by into register X; register S
-#: shifts by the high bits. With one 31-position shifter into register S (0 here) each
-#: bit of X went to up to 31 positions, the N=128 decoder's worst path at 21721cf; split
-#: 2 + 3 bits, each bit goes to at most 4, then 8, and the fold alone has half the LUT4
-#: (2 bits: the smallest of 0 .. 3, bench/synth_fold_shift.py). Its effect on the
-#: decoder's Fmax is within the placement-seed spread (99.71 MHz at seed 1, 117.32 at
-#: seed 2, against 102.52 at seed 1 without it; docs/SYNTH.md).
-FOLD_SHIFT_X_BITS = 2
+FOLD_ALIGN_CYCLES = 4
 
 
 def default_align(n: int, block: int) -> str:
     """"swap" for N/G = 2, "lane" otherwise: from N/G = 4 on, the N/G:1 select per lane
-    costs more than the one shifter in N/G it saves (measured, docs/SYNTH.md, Area)."""
+    costs more than the one shifter in N/G it saves (docs/DECISIONS.md, "Block swap")."""
     return "swap" if n // block == 2 else "lane"
 
 
@@ -247,7 +151,9 @@ class BlockFWHT(wiring.Component):
         window_exp: the side band's field that holds the exponent (``exp_alt`` is it + s);
             default the whole side band.
         window_step: k, s rounded down to a multiple of k (default
-            :data:`FOLD_WINDOW_STEP`; ``y`` then W + D + k bits).
+            ``hw.options.FoldOptions.window_step``; ``y`` then W + D + k bits).
+        shift_x_bits: low bits of d that the fold shifts X by before its register X
+            (:func:`fold_align_stage`).
 
     Ports: ``en``, ``i_valid``, ``p`` (N lanes), ``d`` (N/G shift amounts,
     ``max_align.bit_length()`` bits, each <= max_align, at least one 0), ``side_i`` in;
@@ -260,7 +166,8 @@ class BlockFWHT(wiring.Component):
     def __init__(self, n: int, block: int, in_shape, latency: int, side_width=0,
                  max_align: int = MAX_ALIGN, split_align: bool = False, align=None,
                  lanes: int | None = None, window: int | None = None,
-                 window_exp: str | None = None, window_step: int | None = None):
+                 window_exp: str | None = None, window_step: int = FoldOptions.window_step,
+                 shift_x_bits: int = FoldOptions.shift_x_bits):
         if n < 2 or n & (n - 1) or block < 1 or block & (block - 1) or n % block:
             raise ValueError(f"n and block must be powers of two with block | n, got {n}, {block}")
         w = n if lanes is None else lanes
@@ -291,10 +198,11 @@ class BlockFWHT(wiring.Component):
                 raise ValueError(f"window needs align='fold', got align={self.align!r}")
             if not isinstance(window, int) or window < 1:
                 raise ValueError(f"window must be a positive int, got {window!r}")
-        step = FOLD_WINDOW_STEP if window_step is None else window_step
+        step = window_step
         if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step & (step - 1):
             raise ValueError(f"window_step must be a power of two >= 1, got {step!r}")
         self.window_step = step
+        self.shift_x_bits = shift_x_bits
         # a window that keeps max_align or more never cuts: the exact fold
         self.window = (window if window is not None and window_kept(window, max_align, step)
                        < max_align else None)
@@ -433,7 +341,7 @@ class BlockFWHT(wiring.Component):
         if self.fold_align:                 # the alignment and the last stage, across beats
             f = fold_align_stage(m, self.en, "fold", lanes, dc[0], valid, side,
                                  self.out_width, self.max_align, self.window, self.window_exp,
-                                 self.window_step)
+                                 self.window_step, self.shift_x_bits)
             m.d.comb += self.flip.eq(Cat(*f["flip"]))
             if self.window:
                 m.d.comb += [self.alt.eq(Cat(*f["alt"])), self.exp_alt.eq(f["exp_alt"])]
@@ -486,11 +394,11 @@ def shift_right_odd(m: Module, v, amount, name: str, hold=None, step: int = 1):
 
 def window_kept(window: int | None, max_align: int, step: int | None = None) -> int:
     """The largest shift of X the fold keeps: with the window D and step k (default
-    :data:`FOLD_WINDOW_STEP`), D + k - 1 (s rounded down to a multiple of k); without a
-    window, ``max_align``."""
+    ``hw.options.FoldOptions.window_step``), D + k - 1 (s rounded down to a multiple of
+    k); without a window, ``max_align``."""
     if window is None:
         return max_align
-    return window + (FOLD_WINDOW_STEP if step is None else step) - 1
+    return window + (FoldOptions.window_step if step is None else step) - 1
 
 
 def fold_window(lane_width: int, precision: int) -> int:
@@ -507,25 +415,26 @@ def fold_window(lane_width: int, precision: int) -> int:
 
 def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side,
                      out_w: int, d_max: int, window: int | None = None,
-                     side_exp: str | None = None, step: int = 1) -> dict:
+                     side_exp: str | None = None, step: int = 1,
+                     shift_x_bits: int = FoldOptions.shift_x_bits) -> dict:
     """Block alignment and the last butterfly stage of a two-beat vector of one block per
-    beat (module docstring, "Fold alignment"), pipelined in three registers and
-    :data:`FOLD_BRIDGE_REGS` plain delays between the first two.
+    beat (module docstring; docs/DECISIONS.md, "Fold alignment"), pipelined in three
+    registers.
 
     Beat 0 (lanes a, its shift amount d_0) waits in a register, as in
     :func:`hw.fwht.fold_stage`, with ``sw = (d_0 == 0)``. Register X takes, every enabled
     cycle, per lane the swapped operands of the waiting beat and the arriving one, X
-    shifted by the low :data:`FOLD_SHIFT_X_BITS` bits of ``d = d_0 | d_1`` and Y, and per
+    shifted by the low ``shift_x_bits`` bits of ``d = d_0 | d_1`` and Y, and per
     lane group d's high bits (the arriving beat's d from the network's last register, or
-    from the input with network latency 0). After the bridge's delays, register S takes,
-    on its clock enable (the cycle after beat 1 came, delayed as X), per lane ``X << d``
+    from the input with network latency 0). Register S takes,
+    on its clock enable (the cycle after beat 1 came), per lane ``X << d``
     (the shift by the high bits) and the addend Y, which it negates in the next cycle, and
-    beat 0's sw (from register A, through the bridge's delays). The
+    beat 0's sw (from register A). The
     output register takes ``(X << d) + Y`` on output beat 0 and ``(X << d) + (-Y)`` on
     output beat 1 (one out_w-bit addition of two registers), and ``flip`` = sw with the
     difference, 0 with the sum. The per-vector registers are in one copy per
     :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes. The last beat leaves
-    :data:`FOLD_ALIGN_CYCLES` (4 plus the bridge's) enabled cycles after it came.
+    :data:`FOLD_ALIGN_CYCLES` enabled cycles after it came.
 
     Args:
         lanes: W signed Values of equal width w (the network's output of the beat).
@@ -539,7 +448,9 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             it each d copy is ``Cat(dm, s / k)``, s = k floor(max(d - D, 0) / k) and dm =
             d - s in :func:`window_kept`.bit_length() bits.
         side_exp: the side band's field that ``exp_alt`` adds s to (None: all of it).
-        step: k, the window's step (:data:`FOLD_WINDOW_STEP`).
+        step: k, the window's step (``hw.options.FoldOptions.window_step``).
+        shift_x_bits: low bits of d shifted before register X, the rest before register S
+            (docs/DECISIONS.md, "Fold shift split").
 
     Returns:
         {"lane": W Signals (``{name}_y{k}``, signed ``out_w``), "flip": W Values,
@@ -570,7 +481,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
     # (register S's enable) and it one cycle later (the addend's negation), the flip bits
     db = [replica_of(d, j * w // nrep, w) for j in range(nrep)]
     da, swa = regs(dw, "d_a"), regs(1, "sw_a")
-    lo = min(FOLD_SHIFT_X_BITS, dmw)
+    lo = min(shift_x_bits, dmw)
     # s / k for Y's shift, at most 2^sxw - 1 with (2^sxw - 1) k >= width - 1 (every larger
     # s rounds Y alike)
     sxw = min(sb, (-(-(width - 1) // step)).bit_length())
@@ -587,26 +498,12 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
           for k in range(w)]
     ya = [reg(signed(width + 1), f"yadd{k}") for k in range(w)]      # Y, then -Y: the addend
     y = [reg(signed(out_w), f"y{k}") for k in range(w)]
-    # the bridge: FOLD_BRIDGE_REGS plain delays of X, Y, d's high bits and the pair bit
-    # (register S's operands and enable), and of register A's sw
-    nb = FOLD_BRIDGE_REGS
-    xb, yb, dxb, gb = [xo], [yo], [dx], [got]
-    swb, sxb = [swa], [sx]
     # per lane X == 0 (with a window): its lane is +-Y at 2^0, so Y is not shifted and the
     # lane's flag ``alt`` (the lane's unit is 2^s) is 0
-    xz = [[reg(1, f"xz{k}") for k in range(w)] if win else []]
+    xz = [reg(1, f"xz{k}") for k in range(w)] if win else []
     alt_s = [reg(1, f"alt_s{k}") for k in range(w)] if win else []
     alt_o = [reg(1, f"alt{k}") for k in range(w)] if win else []
-    for r in range(nb):
-        xb.append([reg(signed(width + xlo), f"xb{r}_{k}") for k in range(w)])
-        xz.append([reg(1, f"xzb{r}_{k}") for k in range(w)] if win else [])
-        yb.append([reg(signed(width), f"yb{r}_{k}") for k in range(w)])
-        dxb.append(regs(dmw - lo, f"d_xb{r}_"))
-        sxb.append(regs(sxw, f"s_xb{r}_"))
-        gb.append(regs(1, f"pair_b{r}_"))
-        swb.append(regs(1, f"sw_b{r}_"))
-    lb = [Signal(name=f"{name}_l1")] + [Signal(name=f"{name}_lb{r}") for r in range(nb)]
-    l1 = lb[0]
+    l1 = Signal(name=f"{name}_l1")
     pend = Signal(name=f"{name}_pend")
     mid_v = Signal(name=f"{name}_mid_valid")
     out_v = Signal(name=f"{name}_valid")
@@ -618,22 +515,17 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             xk = Mux(swa[j], lanes[k], a[k])
             m.d.sync += [xo[k].eq(xk << dd[:lo]), yo[k].eq(Mux(swa[j], a[k], lanes[k]))]
             if win:
-                m.d.sync += xz[0][k].eq(xk == 0)
+                m.d.sync += xz[k].eq(xk == 0)
             with m.If(~beat_of(beats, k, w)):
                 m.d.sync += a[k].eq(lanes[k])
-            for r in range(nb):
-                m.d.sync += [xb[r + 1][k].eq(xb[r][k]), yb[r + 1][k].eq(yb[r][k])]
-                if win:
-                    m.d.sync += xz[r + 1][k].eq(xz[r][k])
-            yk = yb[nb][k]
+            yk = yo[k]
             if win:     # Y rounded to odd at 2^s, unless X == 0
-                yk = shift_right_odd(m, yk, sxb[nb][j], f"{name}_yr{k}", hold=xz[nb][k],
-                                     step=step)
-                with m.If(gb[nb][j]):
-                    m.d.sync += alt_s[k].eq(~xz[nb][k])
+                yk = shift_right_odd(m, yk, sx[j], f"{name}_yr{k}", hold=xz[k], step=step)
+                with m.If(got[j]):
+                    m.d.sync += alt_s[k].eq(~xz[k])
                 m.d.sync += alt_o[k].eq(alt_s[k])
-            with m.If(gb[nb][j]):   # a clock enable: no select behind the shifter
-                m.d.sync += [xs[k].eq(xb[nb][k] << (dxb[nb][j] << lo)), ya[k].eq(yk)]
+            with m.If(got[j]):      # a clock enable: no select behind the shifter
+                m.d.sync += [xs[k].eq(xo[k] << (dx[j] << lo)), ya[k].eq(yk)]
             with m.Elif(g1[j]):     # after the sum's cycle, the difference's addend
                 m.d.sync += ya[k].eq(-ya[k])
             # output beat 0 the sum, output beat 1 the difference: no select before the adder
@@ -646,47 +538,35 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
             with m.If(~beat_of(beats, j * w // nrep, w)):
                 m.d.sync += [da[j].eq(db[j]), swa[j].eq(db[j] == 0)]
             m.d.sync += [got[j].eq(valid & beat_of(beats, j * w // nrep, w)),
-                         g1[j].eq(gb[nb][j])]
-            for r in range(nb):
-                m.d.sync += [dxb[r + 1][j].eq(dxb[r][j]), gb[r + 1][j].eq(gb[r][j]),
-                             swb[r + 1][j].eq(swb[r][j])]
-                if win:
-                    m.d.sync += sxb[r + 1][j].eq(sxb[r][j])
+                         g1[j].eq(got[j])]
             # beat 0's sw: register A is written only while the beat index is 0, so
-            # from beat 0 to the pair bit's cycle (index 1 until beat 1) it holds beat
-            # 0's, and the bridge delays it as it delays the pair bit
-            with m.If(gb[nb][j]):
-                m.d.sync += [sws[j].eq(swb[nb][j]), fl[j].eq(0)]
+            # from beat 0 to the pair bit's cycle (index 1 until beat 1) it holds beat 0's
+            with m.If(got[j]):
+                m.d.sync += [sws[j].eq(swa[j]), fl[j].eq(0)]
             with m.Else():
                 m.d.sync += fl[j].eq(sws[j])
             m.d.sync += flo[j].eq(fl[j])
-        m.d.sync += [out_v.eq(mid_v), mid_v.eq(lb[nb] | pend), pend.eq(lb[nb]),
+        m.d.sync += [out_v.eq(mid_v), mid_v.eq(l1 | pend), pend.eq(l1),
                      l1.eq(valid & beats[0])]
-        m.d.sync += [lb[r + 1].eq(lb[r]) for r in range(nb)]
-    # the side band: taken with beat 1 (on a beat-index copy of its own), then the
-    # bridge's delays and two more registers so that it stays with both output beats
+    # the side band: taken with beat 1 (on a beat-index copy of its own), then two more
+    # registers so that it stays with both output beats
     side_a = Signal.like(side, name=f"{name}_side", reset_less=True)
-    sides = [side_a] + [Signal.like(side, name=f"{name}_side_br{r}", reset_less=True)
-                        for r in range(nb)]
     side_b = Signal.like(side, name=f"{name}_side_b", reset_less=True)
     side_o = Signal.like(side, name=f"{name}_side_o", reset_less=True)
     # with a window, the vector's s (the exponent offset) taken and delayed as the side band
-    es = [Signal(max(sb, 1), name=f"{name}_s") if win else None]
-    es += [Signal(max(sb, 1), name=f"{name}_s_br{r}") for r in range(nb)] if win else []
+    es = Signal(max(sb, 1), name=f"{name}_s") if win else None
     with when(m, en & copies[groups]):
         m.d.sync += side_a.eq(side)
         if win:
-            m.d.sync += es[0].eq((da[0] | db[0])[dmw:])
+            m.d.sync += es.eq((da[0] | db[0])[dmw:])
     # the exponent of the lanes with ``alt``: the side band's (or its field side_exp) + s
     base = (lambda v: Value.cast(v)) if side_exp is None else (lambda v: getattr(v, side_exp))
     exp_b = Signal(len(base(side)), name=f"{name}_exp_alt_b") if win else None
     exp_o = Signal(len(base(side)), name=f"{name}_exp_alt") if win else None
     with when(m, en):
-        m.d.sync += [sides[r + 1].eq(sides[r]) for r in range(nb)]
-        m.d.sync += [side_b.eq(sides[nb]), side_o.eq(side_b)]
+        m.d.sync += [side_b.eq(side_a), side_o.eq(side_b)]
         if win:
-            m.d.sync += [es[r + 1].eq(es[r]) for r in range(nb)]
-            m.d.sync += [exp_b.eq(base(sides[nb]) + (es[nb] << (step.bit_length() - 1))),
+            m.d.sync += [exp_b.eq(base(side_a) + (es << (step.bit_length() - 1))),
                          exp_o.eq(exp_b)]
     return {"lane": y, "flip": [flo[k * nrep // w] for k in range(w)], "valid": out_v,
             "side": side_o, "alt": alt_o, "exp_alt": exp_o}

@@ -14,7 +14,7 @@ of the log2 N butterfly stages end in a register, :mod:`hw.fwht` /
 :mod:`hw.ifwht`, checked by :func:`check_latency`) and named
 *cuts*, a subset of a component's cut points (:class:`Cuts`:
 ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
-``hw.decompressor.FLOAT_CUTS``), and ``tree_every`` = k, a register after every
+``hw.decoder.FLOAT_CUTS``), and ``tree_every`` = k, a register after every
 k levels of the reduction trees (:mod:`hw.trees`: the front end's exponent max
 tree, the quantizer's block statistic trees; checked by :func:`check_tree_every`).
 Every component validates them here, so the error messages name the same
@@ -81,17 +81,16 @@ REPLICA_ATTRS = {"keep": 1}
 
 #: Lanes per register copy (:func:`replicas`) of a value that every lane reads: the
 #: block's thresholds in the quantizer (one compare per lane and threshold), the max
-#: exponent in the front end (two subtractions per lane). 16 lanes keep a copy's net at
-#: 16-32 loads per bit; one register for 64 lanes was the N=128 encoder's worst path
-#: twice (docs/SYNTH.md).
+#: exponent in the front end (two subtractions per lane): a copy's net has 16-32 loads
+#: per bit (docs/DECISIONS.md, "Register copies").
 REPLICA_GROUP_LANES = 16
 
 
 #: Lanes per copy of the last register copies before the lanes' own logic (the
 #: quantizer's thresholds ``thr``, the front end's max exponent ``emax``): each loads
 #: from the upstream copy of its lanes (one per :data:`REPLICA_GROUP_LANES`), two
-#: leaves per upstream copy, a register fanout tree. A copy read by 16 lanes was routed
-#: 2.4-3.4 ns to them (N=128 encoder's thresholds, N=64 encoder's ``emax``; docs/SYNTH.md).
+#: leaves per upstream copy, a register fanout tree (docs/DECISIONS.md, "Register
+#: copies").
 REPLICA_LEAF_LANES = 8
 
 
@@ -99,10 +98,8 @@ REPLICA_LEAF_LANES = 8
 #: every lane's selects and shifters (many loads per lane and bit, where the compares of
 #: :data:`REPLICA_LEAF_LANES` read a copy once): the decoder's block alignment (the
 #: shift amounts d, the block swap index t, the fold's d and selects, :mod:`hw.ifwht`)
-#: and FloatPrep's K, B, K + B and the mask above K (:mod:`hw.tofloat`). A copy per 16
-#: lanes of d had 449-705 loads per bit in the N=64 decoder and was routed 4.29-4.96 ns
-#: to one of its lanes; a copy per 8 lanes of FloatPrep's values 4.59 / 4.85 ns: each
-#: the N=64 decoder's or the N=128 fold's worst path (docs/SYNTH.md).
+#: and FloatPrep's K, B, K + B and the mask above K (:mod:`hw.tofloat`)
+#: (docs/DECISIONS.md, "Register copies").
 REPLICA_SELECT_LANES = 4
 
 
@@ -177,7 +174,7 @@ def gt_const(x, c: int) -> Value:
 
 def check_latency(p: FormatParams, latency, lanes: int | None = None,
                   steps: int | None = None) -> int:
-    """Validate the FWHT ``latency`` (registers in the butterfly network) for ``p``;
+    """Validate ``fwht_regs`` (``latency``: registers in the butterfly network) for ``p``;
     with ``lanes`` = W < N (:func:`check_lanes`) the spatial network has log2 W stages;
     ``steps``: the network's steps when it has more than its butterfly stages (the
     decoder's block alignment, :func:`hw.ifwht.steps_of`), at most one register each.
@@ -190,16 +187,19 @@ def check_latency(p: FormatParams, latency, lanes: int | None = None,
         ValueError: outside that range.
     """
     if isinstance(latency, bool) or not isinstance(latency, int):
-        raise TypeError(f"latency must be an int, got {type(latency).__name__}")
+        raise TypeError(f"fwht_regs (FWHT pipeline registers) must be an int, got "
+                        f"{type(latency).__name__}")
     w = p.n if lanes is None else lanes
     top = w.bit_length() - 1
     if steps is not None and not 0 <= latency <= steps:
-        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, S={steps}], the "
-                         f"steps of the read path's FWHT (log2(W)={top} butterfly stages and "
-                         f"the block alignment's steps, if any) for n={p.n}, lanes={w}; got {latency}")
+        raise ValueError(f"fwht_regs (FWHT pipeline registers, config part lL; S={steps}: the "
+                         f"steps of the read path's FWHT, log2(W)={top} butterfly stages and "
+                         f"the block alignment's steps, if any, for n={p.n}, lanes={w}) must be "
+                         f"in 0..{steps}, got {latency}")
     if steps is None and not 0 <= latency <= top:
-        where = f"log2(N)={top}] for n={p.n}" if w == p.n else f"log2(W)={top}] for lanes={w}"
-        raise ValueError(f"latency (FWHT pipeline registers) must be in [0, {where}, got {latency}")
+        where = f"log2(N)={top} for n={p.n}" if w == p.n else f"log2(W)={top} for lanes={w}"
+        raise ValueError(f"fwht_regs (FWHT pipeline registers, config part lL; {where}) must "
+                         f"be in 0..{top}, got {latency}")
     return latency
 
 
@@ -437,17 +437,12 @@ SKID_SLICE_BITS = 72
 #: ECP5 TRELLIS_DPR16X4, 16 entries x 4 bits, read without a clock into the read data
 #: flip-flops): 32 Kbit is 512 DPR16X4. Larger ones go to block RAM, which costs no LUT
 #: sites but whose read without its output register (Yosys maps a behavioural memory with
-#: REGMODE NOREG) has a 6 ns clock-to-out in nextpnr's model, 90 % of the 6.67 ns period
-#: of the N=64 target (150 MHz). Measured (docs/SYNTH.md): the N=16 decoder's 4 Kbit
-#: FIFO gains in LUT RAM (113 -> 137 MHz); the N=64 decoder's 32 Kbit FIFO, with the
-#: dequantizer's table cut, 101.0 MHz in block RAM (worst path: its clock-to-out) and
-#: 103.7 MHz in LUT RAM (worst path elsewhere).
+#: REGMODE NOREG) has a long clock-to-out (docs/DECISIONS.md, "Skid FIFO memory").
 SKID_LUTRAM_BITS = 32768
 
 #: Entries up to which a skid FIFO of any width is kept in LUT RAM: 16 is one
 #: TRELLIS_DPR16X4 deep (no read multiplexer), where a block RAM would use 16 of its 512
-#: words and bring its 6 ns clock-to-out; the 2,048-bit FIFO of the two-beat N=128
-#: decoder in 57 DP16KD did not route (docs/SYNTH.md).
+#: words and bring its clock-to-out (docs/DECISIONS.md, "Skid FIFO memory").
 SKID_LUTRAM_ENTRIES = 16
 
 
@@ -478,8 +473,7 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
               domains=None) -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
     ``valid``: a Value, or a list of :func:`skid_slices` copies equal in every cycle,
-    slice k written while copy k (one flip-flop driving the write enables of every
-    slice's RAM across the die was the N=64 decoder's worst path, docs/SYNTH.md).
+    slice k written while copy k (docs/DECISIONS.md, "Skid FIFO slices").
     ``domains``: None (every slice in ``sync``) or one clock domain name per slice (the
     domain of its control registers: :meth:`ResetCopies.domain`).
 
@@ -500,13 +494,10 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     same ``valid`` (or its own copy of it), ``o.ready`` and reset, so all hold the same entries and step
     together, and ``o.valid`` is slice 0's ``ov``. Whether the RAM holds an entry
     (``wp != rp``) is a register of its own (``nonempty``, updated from ``rp + 1``, also a
-    register), so the read enable is one LUT from registers: the pointer compare in front
-    of the read data register's enable was the N=64 decoder's worst path
-    (docs/SYNTH.md). Each pointer then drives the
-    addresses of one slice's RAMs and each ``load`` the enables of its
-    slice's output flip-flops, instead of one pointer for every block RAM of
-    the vector (the N=64 decoder's worst path, 29 block RAMs, docs/SYNTH.md). Yosys
-    keeps the copies: each counter's next value depends on itself.
+    register), so the read enable is one LUT from registers. Each pointer drives the
+    addresses of one slice's RAMs and each ``load`` the enables of its slice's output
+    flip-flops (docs/DECISIONS.md, "Skid FIFO slices"). Yosys keeps the copies: each
+    counter's next value depends on itself.
 
     The caller guarantees (credits) that at most ``depth`` vectors are in the FIFO
     and the pipeline before it; then a write never meets a full buffer, and the
@@ -687,11 +678,10 @@ class FlowControl:
         ``beat_valid`` / ``beat``; ``beat_data`` loads whenever it is free (a load without
         a handshake leaves ``beat_valid`` low). Its clock enable is a copy of that register
         per :data:`ENABLE_GROUP_BITS` bits (``beat_load{k}``, same update rule and reset,
-        kept apart by :data:`REPLICA_ATTRS`): one flip-flop driving the enables of all
-        2,048 bits of the N=128 encoder's register was its worst path (docs/SYNTH.md).
-        Each copy's next value reads the copy itself with ``i.valid`` and ``gate`` (the
-        rest of ``i.ready``), not the handshake ``accept``: a loop from the copies to the
-        handshake logic and back crossed the die twice (the N=128 decoder's worst path)."""
+        kept apart by :data:`REPLICA_ATTRS`; docs/DECISIONS.md, "Enable copies"). Each
+        copy's next value reads the copy itself with ``i.valid`` and ``gate`` (the rest of
+        ``i.ready``), not the handshake ``accept``, so that no loop runs from the copies
+        to the handshake logic and back."""
         m = self.m
         data = Signal(len(self.payload), name="beat_data", reset_less=True)
         valid = Signal(name="beat_valid")
@@ -766,9 +756,8 @@ class FlowControl:
 ENABLE_GROUP_BITS = 128
 
 #: Lanes per copy of a beat index (:func:`beat_groups`): the beat select of a two-beat top
-#: level drives a multiplexer in every bit of every lane (W = 64 lanes of 17 bits in the
-#: N=128 encoder: 1,088 loads, 7.8 ns of routing from one flip-flop across the die), so
-#: each group of this many lanes reads its own copy of the register.
+#: level drives a multiplexer in every bit of every lane, so each group of this many
+#: lanes reads its own copy of the register (docs/DECISIONS.md, "Enable copies").
 BEAT_GROUP_LANES = 8
 
 
@@ -841,8 +830,7 @@ class ResetCopies:
     reset of a local clock domain ``rst{k}`` on the ``sync`` clock; the top level puts the
     registers of one region in one domain (its own registers, a submodule through
     :meth:`place`, the skid FIFO's slices through :meth:`skid_domain`), so that nextpnr
-    can place each copy beside its loads. One reset net with 566 loads across the die was
-    the N=128 decoder's worst path (docs/SYNTH.md).
+    can place each copy beside its loads (docs/DECISIONS.md, "Reset copies").
 
     Every register then sees ``rst`` one cycle late: the top level is the same design with
     a reset one cycle longer (its registers in their reset state one cycle after ``rst``

@@ -1,14 +1,13 @@
 """``KVRoundTrip``: the write path feeding the read path, for round-trip verification.
 
-``KVEpilogue.o`` (codes | scales [| zeros] | flags) drives ``KVDecompressor.i``
-(the same fields without the flags, connected by name, ``hw.wire``) when ``sel`` =
-0; with ``sel`` = 1 the decompressor takes its input from the ``d`` stream instead
-(code and scale planes fed directly) and the epilogue is held (``i.ready`` = 0,
-its output not taken). ``sel`` may change only while both modules are idle.
-``status`` is the epilogue's sticky status (``status_clear`` tied low). Latency:
-the sum of both modules'. ``flow`` (and ``credit_extra``) applies to both modules: in
-credit flow each has its skid FIFO and credit counter, and the decompressor's
-registered ``i.ready`` is the epilogue's ``o.ready``.
+``KVEncoder.o`` (codes | scales [| zeros] | flags) drives ``KVDecoder.i`` (the same
+fields without the flags, connected by name, ``hw.wire``) when ``sel`` = 0; with ``sel`` =
+1 the decoder takes its input from the ``d`` stream instead (code and scale planes fed
+directly) and the encoder is held (``i.ready`` = 0, its output not taken). ``sel`` may
+change only while both modules are idle. ``status`` is the encoder's sticky status
+(``status_clear`` tied low). Latency: the sum of both modules'. In credit flow each module
+has its skid FIFO and credit counter, and the decoder's registered ``i.ready`` is the
+encoder's ``o.ready``.
 """
 
 from __future__ import annotations
@@ -19,10 +18,9 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams
 
-from .decompressor import DQ_CUTS, FLOAT_CUTS, KVDecompressor
-from .epilogue import KVEpilogue
-from .frontend import FE_CUTS
-from .quantizer import QUANT_CUTS
+from .decoder import KVDecoder
+from .encoder import KVEncoder
+from .options import RoundTripOptions
 
 
 class KVRoundTrip(wiring.Component):
@@ -30,33 +28,24 @@ class KVRoundTrip(wiring.Component):
 
     Args:
         params: format parameters; both paths must implement them.
-        latency: FWHT pipeline registers of both modules, in [0, log2 N].
-        quant_regs, fe_regs, tree_every, lane_ram: the epilogue's register cuts and lane RAM
-            (:class:`KVEpilogue`).
-        float_regs, split_align, dq_regs, fold_align, reset_copies: the decompressor's float
-            registers, alignment split, dequant registers, fold alignment and reset copies
-            (:class:`KVDecompressor`).
-        flow, credit_extra: the flow control of both modules (``hw.pipeline.FLOWS``).
-        lanes: lanes per cycle W of both modules (None: N; N/2: two beats per vector).
+        opts: :class:`hw.options.RoundTripOptions` (the encoder's and the decoder's
+            options; default: their defaults).
 
     Raises:
-        TypeError / ValueError: from either module's validation (names the argument).
+        TypeError / ValueError: from either module's validation (names the field).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
-                 fe_regs=FE_CUTS.default, float_regs=FLOAT_CUTS.default, tree_every: int = 0,
-                 split_align: bool = False, lane_ram: int = 0, flow: str = "stall",
-                 credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default,
-                 fold_align: bool = False, reset_copies: bool = False):
-        self.enc = KVEpilogue(params, latency, quant_regs, fe_regs, tree_every,
-                              lane_ram=lane_ram, flow=flow, credit_extra=credit_extra, lanes=lanes)
-        self.dec = KVDecompressor(params, latency, float_regs, split_align, flow=flow,
-                                  credit_extra=credit_extra, lanes=lanes, dq_regs=dq_regs,
-                                  fold_align=fold_align, reset_copies=reset_copies)
+    def __init__(self, params: FormatParams, opts: RoundTripOptions | None = None):
+        opts = RoundTripOptions() if opts is None else opts
+        if not isinstance(opts, RoundTripOptions):
+            raise TypeError(f"opts must be a RoundTripOptions, got {type(opts).__name__}")
+        self.opts = opts
+        self.enc = KVEncoder(params, opts.enc)
+        self.dec = KVDecoder(params, opts.dec)
         self.lanes, self.beats = self.enc.lanes, self.enc.beats
-        self.flow, self.credit_extra = flow, credit_extra
+        self.flow, self.credit_extra = opts.enc.flow, opts.enc.credit_extra
+        self.latency = opts.enc.fwht_regs
         self.params = params
-        self.latency = latency
         enc_m, dec_m = self.enc.signature.members, self.dec.signature.members
         super().__init__({
             "sel": In(1),

@@ -136,7 +136,7 @@ def rule_units(p: FormatParams) -> tuple[int, int, int]:
             scale_mult outside [1, 511], or mode asym with a rule other than max
             (the message names the field).
     """
-    if p.scale_rule not in ("max", "absmean"):     # rms: refused by hw.epilogue.EPILOGUE_SUPPORT
+    if p.scale_rule not in ("max", "absmean"):     # rms: refused by hw.encoder.ENCODER_SUPPORT
         raise ValueError(f"scale_rule must be 'max' or 'absmean' in the RTL quantizer, "
                          f"got {p.scale_rule!r}")
     mult = scale_mult(p)

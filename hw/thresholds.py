@@ -32,8 +32,8 @@ class Thresholds(wiring.Component):
             With ``pipelined``, the register before the shifts is kept in that many
             copies (``tsh_r{k}``, :func:`hw.pipeline.replicas`) and each copy computes its
             own shifts, so the thresholds of a copy are made next to the lanes that read
-            them (one copy feeding every lane group was the N=64 encoder's worst path,
-            docs/SYNTH.md); without, every copy is the same logic.
+            them (docs/DECISIONS.md, "Register copies"); without, every copy is the same
+            logic.
 
     Ports: ``byte``, ``u`` in; ``th`` (copies x len(coefs) x (y_width+1) bits) out.
     Combinational, or with registers advanced by ``en`` (In): ``diff_reg`` after the

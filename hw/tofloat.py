@@ -8,7 +8,7 @@ exponent offset: no divider). Input type: ``e`` exponent bits, ``mb`` stored
 mantissa bits, bias ``bias`` (fp16 5/10/15, bf16 8/7/127).
 
 Two combinational halves, with a pipeline register between them in the top
-level (``KVDecompressor``). Neither takes ``|S|``: the magnitude is handled in
+level (``KVDecoder``). Neither takes ``|S|``: the magnitude is handled in
 one's complement, ``m1 = y xor s`` (s = the sign bit of y; ``m1 = |y| - s``),
 and the +s is added to the mb + 2 bits that the conversion keeps.
 
@@ -36,8 +36,9 @@ the right shifter gives ``w = (y << (mb + 1)) >> Lp`` cut to mb + 2 bits (bits L
 y below them, collected from the bits each shifter level drops
 (:func:`shift_right_sticky`; a nonzero remainder stays nonzero under negation, so it
 is also the sticky bit of |y|). With the ``shift`` register the shifter is two in
-series, by Lp's high bits before the register and by its :data:`PACK_SHIFT_LOW_BITS`
-low bits after it, the two sticky bits ORed. For y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
+series, by Lp's high bits before the register and by its ``shift_low_bits`` low bits
+after it (docs/DECISIONS.md, "Float pack shift split"), the two sticky bits ORed. For
+y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
 are ``t = (w xor s) + (s & ~sticky)`` (mb + 3 bits: the +1 carries into them exactly
 when every lower bit of y is 0). ``t`` holds the significand ``r0 = t >> 1`` above
 the guard bit g = t[0]. RNE: ``r = r0 + (g & (sticky | r0[0]))``, computed in the
@@ -61,6 +62,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from .options import DecoderOptions
 from .pipeline import REPLICA_SELECT_LANES, gt_const, replica_count, replica_of, replicas, stage
 from .scale_select import leading_one, shape_bounds
 
@@ -114,20 +116,6 @@ def shift_right_sticky(m: Module, v, amount, out_width: int, name: str, amount_m
     return out, sticky
 
 
-#: Low bits of Lp that :class:`FloatPack` shifts by after its ``shift`` register (the
-#: high bits before it; without the register the whole shift is one shifter). One
-#: shifter of Lp's 6 bits (N=128; 5 at N=64) was the N=128 decoder's worst path at
-#: 4257338 seed 2 and the N=64 decoder's at seed 1 (docs/SYNTH.md). FloatPack alone
-#: (16 lanes, bench/synth_pack_shift.py, out of context, seed 1) at split 0 / 1 / 2 / 3:
-#: N=128 3,427 / 2,499 / 2,811 / 2,378 LUT4, 147.3 / 173.8 / 172.0 / 156.3 MHz; N=64
-#: 2,883 / 2,251 / 2,368 / 2,140 LUT4, 163.8 / 205.6 / 181.3 / 158.4 MHz: 1 is the
-#: fastest at both N and the smallest of the fast ones. In the N=64 decoder (LUT4 -8.9 %)
-#: seeds 1 and 3 gave 126.92 and 128.39 MHz against 128.49 and 145.58: within the seed
-#: spread, not the out-of-context gain; the N=128 decoder (LUT4 -12.3 %) 107.43 at seed 2
-#: against 117.32 (docs/SYNTH.md). Kept for the area.
-PACK_SHIFT_LOW_BITS = 1
-
-
 def _rng(lo: int, hi: int) -> Shape:
     return Shape.cast(range(lo, hi + 1))
 
@@ -172,12 +160,6 @@ class FloatConsts:
         self.max_finite = (((1 << self.e_bits) - 2) << self.m_bits) | ((1 << self.m_bits) - 1)
 
 
-#: Levels of each lane's leading-one tree (:func:`hw.scale_select.leading_one`) built
-#: before FloatPrep's ``abs`` register (groups of 2^LOD_SPLIT bits of m1), the rest after
-#: it: the register was a plain transport between the FWHT's last register and a
-#: five-level tree (the N=64 decoder's worst path, docs/SYNTH.md).
-LOD_SPLIT = 2
-
 #: The ports FloatPrep hands to FloatPack (same names on both; the top level may
 #: register them in between).
 PREP_PORTS = ("low", "lp", "eb", "ysign", "sat", "neg", "nz")
@@ -187,14 +169,14 @@ class FloatPrep(wiring.Component):
     """Sign fold, leading-one detect, subnormal clamp, saturation flag (module docstring).
 
     Combinational, or with ``abs_reg`` one pipeline register after the saturation
-    flag and the first :data:`LOD_SPLIT` levels of the leading-one tree, and/or with
+    flag and the first ``lod_split`` levels of the leading-one tree (docs/DECISIONS.md,
+    "Leading-one split"), and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
     B and K + B in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
     (:func:`hw.pipeline.replicas`), with both registers four per copy of the ``abs``
-    register (one per 16 lanes): a fanout tree (one copy of B for 16 lanes, placed
-    across the die from some of them, was the N=64 decoder's worst path, docs/SYNTH.md);
+    register (one per 16 lanes): a fanout tree (docs/DECISIONS.md, "Register copies");
     the test L > K is an AND-OR of m1 with the mask of the positions above K, beside the
     leading-one tree (the mask in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
     in the ``abs`` register).
@@ -211,11 +193,13 @@ class FloatPrep(wiring.Component):
     """
 
     def __init__(self, n: int, y_width: int, ef_width: int, consts: FloatConsts,
-                 abs_reg: bool = False, lead_reg: bool = False, alt_exp: bool = False):
+                 abs_reg: bool = False, lead_reg: bool = False, alt_exp: bool = False,
+                 lod_split: int = DecoderOptions.lod_split):
         if y_width != consts.y_width:
             raise ValueError(f"y_width {y_width} != consts.y_width {consts.y_width}")
         self.n, self.c, self.abs_reg, self.lead_reg = n, consts, bool(abs_reg), bool(lead_reg)
         self.alt_exp = bool(alt_exp)
+        self.lod_split = lod_split
         ports = {
             "y": In(data.ArrayLayout(signed(y_width), n)),
             "ef_min": In(ef_width),
@@ -249,7 +233,7 @@ class FloatPrep(wiring.Component):
         sgn = Signal(self.n, name="ysgn")
         sat = Signal(self.n, name="sat")
         negs = Signal(self.n, name="neg")
-        split = min(LOD_SPLIT, (mw - 1).bit_length() - 1)
+        split = min(self.lod_split, (mw - 1).bit_length() - 1)
         lods = []       # the leading-one trees' nodes at level ``split`` (before ``abs``)
         for i in range(self.n):
             yv = Value.cast(self.y[i])
@@ -332,8 +316,8 @@ class FloatPrep(wiring.Component):
         ``k_var`` bits 1..k_var, bit j - 1 = j > K; absent when k_var = 0), functions of
         ef_min alone, so they are one constant row per ef_min value (values outside
         [ef_lo, ef_hi] never occur and read as the nearest end): each bit is a small LUT
-        function of ef_min's bits, where three chained additions (carry chains) from
-        ef_min's register were the N=64 decoder's worst path (docs/SYNTH.md). ``exp``: the
+        function of ef_min's bits, not three chained additions (docs/DECISIONS.md,
+        "Float conversion constants"). ``exp``: the
         exponent field they are of (``ef_min``, or ``ef_alt``); ``sfx``: the signals' name
         suffix."""
         c = self.c
@@ -371,7 +355,8 @@ class FloatPack(wiring.Component):
 
     Args:
         shift_low_bits: low bits of Lp shifted by after the ``shift_reg`` register
-            (default :data:`PACK_SHIFT_LOW_BITS`; 0: the whole shifter before it;
+            (default ``hw.options.DecoderOptions.pack_shift_low_bits``; 0: the whole
+            shifter before it;
             clamped to Lp's width); without ``shift_reg`` the two shifters in series
             when given (the formal proof of the split), else one. ValueError if
             negative.
@@ -383,7 +368,7 @@ class FloatPack(wiring.Component):
                  round_reg: bool = False, shift_low_bits: int | None = None):
         self.n, self.c = n, consts
         self.shift_reg, self.round_reg = bool(shift_reg), bool(round_reg)
-        lo = PACK_SHIFT_LOW_BITS if shift_low_bits is None else shift_low_bits
+        lo = DecoderOptions.pack_shift_low_bits if shift_low_bits is None else shift_low_bits
         if lo < 0:
             raise ValueError(f"shift_low_bits must be >= 0, got {lo}")
         given = self.shift_reg or shift_low_bits is not None

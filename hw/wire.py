@@ -1,7 +1,7 @@
 """Amaranth layouts of the stream payloads, built from :mod:`sim_models.wire`.
 
-The components publish them in their signatures (``KVEpilogue.o``,
-``KVDecompressor.i``, the lane words of ``KVEpilogue.i`` / ``KVDecompressor.o``);
+The components publish them in their signatures (``KVEncoder.o``,
+``KVDecoder.i``, the lane words of ``KVEncoder.i`` / ``KVDecoder.o``);
 the field list, offsets and the NumPy pack / unpack are defined once, in
 :mod:`sim_models.wire`. A field the RTL addresses element by element
 (``Field.array``: scale bytes, zero points, lanes) is an ``ArrayLayout``, also
@@ -27,17 +27,17 @@ def struct_layout(lay: wire.WireLayout) -> data.StructLayout:
 
 
 def encoder_output_layout(p: FormatParams) -> data.StructLayout:
-    """``KVEpilogue.o`` payload: codes | scales[k] | [zeros[k] (asym)] | flags."""
+    """``KVEncoder.o`` payload: codes | scales[k] | [zeros[k] (asym)] | flags."""
     return struct_layout(wire.encoder_output(p))
 
 
 def decoder_input_layout(p: FormatParams) -> data.StructLayout:
-    """``KVDecompressor.i`` payload: codes | scales[k] | [zeros[k] (asym)]."""
+    """``KVDecoder.i`` payload: codes | scales[k] | [zeros[k] (asym)]."""
     return struct_layout(wire.decoder_input(p))
 
 
 def encoder_input_layout(p: FormatParams, key_slots: int = 0):
-    """``KVEpilogue.i`` payload: the lanes (:func:`lanes_layout`), or with a key front end
+    """``KVEncoder.i`` payload: the lanes (:func:`lanes_layout`), or with a key front end
     (``key_slots`` > 0) lanes | slot | bypass."""
     if not key_slots:
         return lanes_layout(p)
@@ -45,7 +45,7 @@ def encoder_input_layout(p: FormatParams, key_slots: int = 0):
 
 
 def key_config_layout(p: FormatParams, key_slots: int) -> data.StructLayout:
-    """``KVEpilogue.cfg`` payload: mu_s | e | lane | slot (the key front end's table port)."""
+    """``KVEncoder.cfg`` payload: mu_s | e | lane | slot (the key front end's table port)."""
     return struct_layout(wire.key_config(p, key_slots))
 
 

@@ -15,7 +15,7 @@ from hw.pipeline import (FOLDS, FlowControl, FlowTop, check_flow, collect, flow_
 class FlowPipe(FlowTop, wiring.Component):
     """A toy top level on the shared flow control: ``stages`` register stages that each add
     1 to a ``width``-bit payload, then :meth:`FlowControl.output` (the same plumbing as
-    KVEpilogue / KVDecompressor, without their data path). With ``beats`` = 2 the payload
+    KVEncoder / KVDecoder, without their data path). With ``beats`` = 2 the payload
     goes as two beats of ``width / 2`` bits (low half first), each counted up on its own,
     joined again at the output (:func:`hw.pipeline.collect`), like a top level of
     ``lanes`` = N/2."""

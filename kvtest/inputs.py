@@ -13,7 +13,7 @@ Built on :mod:`sim_models.testvectors` (the pinned spec sets ``random`` and
   raw bits, salted specials) for the GPU kernels;
 * :func:`get_set`: a set by name (the cocotb benches).
 
-:func:`encoder_rows` gives the golden ``KVEpilogue`` output words
+:func:`encoder_rows` gives the golden ``KVEncoder`` output words
 (:func:`sim_models.wire.encoder_output`).
 """
 
@@ -36,7 +36,7 @@ FIXTURE = REPO / "verif" / "data" / "smollm2_kv.npz"
 
 def encoder_rows(bits: np.ndarray, p: FormatParams,
                  trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Golden ``KVEpilogue`` output words of uint16 [V, N] inputs, as byte rows
+    """Golden ``KVEncoder`` output words of uint16 [V, N] inputs, as byte rows
     (:func:`sim_models.wire.encoder_output_rows`), and their flags uint8 [V]. ``trace``:
     their ``sim_models.codec.encode_trace`` if already computed."""
     e = (encode(np.ascontiguousarray(bits, dtype=np.uint16), p) if trace is None

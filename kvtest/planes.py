@@ -1,4 +1,4 @@
-"""Decoder input planes and golden outputs for the read-path RTL (``KVDecompressor``).
+"""Decoder input planes and golden outputs for the read-path RTL (``KVDecoder``).
 
 Input words are :func:`sim_models.wire.decoder_input_rows` of the planes; the
 expected output words are the golden ``sim_models.codec.decode`` lanes
@@ -43,7 +43,7 @@ from .ties import tie_planes
 
 def decoder_rows(codes: np.ndarray, scales: np.ndarray, p: FormatParams,
                  zeros: np.ndarray | None = None) -> np.ndarray:
-    """Golden ``KVDecompressor`` output words as byte rows uint8 [V, 2N]
+    """Golden ``KVDecoder`` output words as byte rows uint8 [V, 2N]
     (``sim_models.codec.decode`` lanes; ``zeros`` for asym)."""
     return wire.lane_rows(decode(codes, scales, p, zeros_arg(p, zeros)))
 

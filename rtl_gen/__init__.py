@@ -1,13 +1,15 @@
-"""Verilog generator for the fwht-kv RTL: ``generate(kind, params, out, **regs)``.
+"""Verilog generator for the fwht-kv RTL: ``generate(kind, params, out, opts)``.
 
 ``kind`` names a top level of :data:`KINDS`: ``"encoder"`` (write path,
-``hw.KVEpilogue``), ``"decoder"`` (read path, ``hw.KVDecompressor``) or
+``hw.KVEncoder``), ``"decoder"`` (read path, ``hw.KVDecoder``) or
 ``"roundtrip"`` (``hw.roundtrip.KVRoundTrip``: encoder -> decoder, the DUT of the
-round-trip simulation). :func:`generate` writes ``<out>/<top>.v`` (Amaranth ->
-Verilog, ``amaranth.back.verilog.convert``) and ``<out>/manifest.json``, and
-returns the manifest. Ports, payload fields and latency come from the component
-(its signature and ``latency_breakdown``). :func:`generate_both` writes encoder
-and decoder into one directory. Command line: ``python -m rtl_gen --help``.
+round-trip simulation); ``opts`` are its ``hw.options``. :func:`generate` writes
+``<out>/<top>.v`` (Amaranth -> Verilog, ``amaranth.back.verilog.convert``) and
+``<out>/manifest.json``, and returns the manifest. Ports, payload fields and latency
+come from the component (its signature and ``latency_breakdown``).
+:func:`generate_config` writes a named configuration (``rtl_gen.config``);
+:func:`generate_both` writes encoder and decoder into one directory. Command line:
+``python -m rtl_gen --help``.
 
 Lint: ``rtl_gen/verilator_waivers.vlt`` lists the Verilator ``-Wall`` warnings
 that Amaranth's generated Verilog always produces, each with its justification;
@@ -30,12 +32,12 @@ from amaranth.back import verilog
 from amaranth.hdl import Shape, UnusedElaboratable
 from amaranth.lib import data, wiring
 
-from hw import decompressor as _dec
-from hw.decompressor import KVDecompressor, fwht_step_list
-from hw.epilogue import KVEpilogue
+from hw import decoder as _dec
+from hw.decoder import KVDecoder, fwht_step_list
+from hw.encoder import KVEncoder
 from hw.fwht import register_positions
-from hw import ifwht as _ifwht
 from hw.ifwht import out_width as _ifwht_width, window_kept as _ifwht_kept
+from hw.options import DecoderOptions, EncoderOptions
 from hw.roundtrip import KVRoundTrip
 from sim_models.params import FORMAT_VERSION, FormatParams
 from sim_models.signs import sign_mask_int
@@ -109,7 +111,7 @@ def _stream_shape(dut, name: str):
     return dut.signature.members[name].signature.members["payload"].shape
 
 
-def _key_front_fields(dut: KVEpilogue) -> dict:
+def _key_front_fields(dut: KVEncoder) -> dict:
     """Manifest entries of the key front end (only when ``key_slots`` > 0)."""
     if not dut.key_slots:
         return {}
@@ -160,7 +162,7 @@ def _reset_fields(dut: wiring.Component) -> dict:
     return {**base, "decoder": rule} if dec is not dut else {**base, **rule}
 
 
-def _encoder_fields(dut: KVEpilogue) -> dict:
+def _encoder_fields(dut: KVEncoder) -> dict:
     p = dut.params
     o_shape = _stream_shape(dut, "o")
     return {**_key_front_fields(dut),
@@ -178,8 +180,8 @@ def _encoder_fields(dut: KVEpilogue) -> dict:
     }
 
 
-def _decoder_fields(dut: KVDecompressor) -> dict:
-    p = dut.params
+def _decoder_fields(dut: KVDecoder) -> dict:
+    p, fold = dut.params, dut.opts.fold
     steps = fwht_step_list(p, dut.lanes, dut.split_align, dut.fold_align)
     i_shape = _stream_shape(dut, "i")
     return {**_fold_fields(dut),
@@ -190,10 +192,11 @@ def _decoder_fields(dut: KVDecompressor) -> dict:
                                       if dut.latency else []),
         **({"fold_align": dut.fold_align} if dut.beats > 1 else {}),
         "fwht_out_width": _ifwht_width(p.n, p.block, _dec.product_shape(dut.table).width,
-                                       _ifwht_kept(dut.fold_align and _dec.read_window(p)
-                                                   or None, dut.scale_fmt.max_align)),
-        **({"fold_window": _dec.read_window(p),
-            "fold_window_step": _ifwht.FOLD_WINDOW_STEP} if dut.fold_align else {}),
+                                       _ifwht_kept(dut.fold_align and _dec.read_window(p, fold)
+                                                   or None, dut.scale_fmt.max_align,
+                                                   fold.window_step)),
+        **({"fold_window": _dec.read_window(p, fold),
+            "fold_window_step": fold.window_step} if dut.fold_align else {}),
         "float_regs": list(dut.float_regs),
         "dequant_regs": list(dut.dq_regs),
         "i_payload": {"width": Shape.cast(i_shape).width,
@@ -221,8 +224,8 @@ class Kind:
 
 #: The top levels, by kind.
 KINDS = {
-    "encoder": Kind(KVEpilogue, "kv_epilogue", _encoder_fields),
-    "decoder": Kind(KVDecompressor, "kv_decompressor", _decoder_fields),
+    "encoder": Kind(KVEncoder, "kv_encoder", _encoder_fields),
+    "decoder": Kind(KVDecoder, "kv_decoder", _decoder_fields),
     "roundtrip": Kind(KVRoundTrip, "kv_roundtrip", _roundtrip_fields),
 }
 
@@ -233,8 +236,9 @@ def _kind(kind: str) -> Kind:
     return KINDS[kind]
 
 
-def build(kind: str, params: FormatParams, **regs) -> wiring.Component:
-    """The component of ``kind`` (its constructor validates ``params`` and ``regs``)."""
+def build(kind: str, params: FormatParams, opts=None) -> wiring.Component:
+    """The component of ``kind`` (its constructor validates ``params`` and ``opts``, the
+    kind's ``hw.options``; None: the defaults)."""
     k = _kind(kind)
     if not isinstance(params, FormatParams):
         raise TypeError(f"params must be a FormatParams, got {type(params).__name__}")
@@ -243,7 +247,7 @@ def build(kind: str, params: FormatParams, **regs) -> wiring.Component:
         # "created but never used" warning would fire at some later garbage collection
         warnings.simplefilter("ignore", UnusedElaboratable)
         try:
-            return k.component(params, **regs)
+            return k.component(params, opts)
         except (TypeError, ValueError) as err:
             refused = err.with_traceback(None)
         gc.collect()
@@ -252,8 +256,8 @@ def build(kind: str, params: FormatParams, **regs) -> wiring.Component:
 
 # ---- generation ------------------------------------------------------------------------
 
-def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None,
-             manifest_name: str = "manifest.json", **regs) -> dict:
+def generate(kind: str, params: FormatParams, out=".", opts=None, *, top: str | None = None,
+             manifest_name: str = "manifest.json") -> dict:
     """Write ``<out>/<top>.v`` and ``<out>/<manifest_name>``.
 
     Args:
@@ -261,11 +265,8 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
         params: format parameters (options the component does not implement are refused).
         out: output directory (created if missing).
         top: Verilog module name (default ``KINDS[kind].top``).
-        regs: the component's register options: ``latency`` (FWHT pipeline registers,
-            0 .. log2 N), ``quant_regs``/``fe_regs``/``tree_every``/``key_slots``/``kf_regs``/
-            ``lane_ram`` (encoder),
-            ``float_regs``/``split_align``/``dq_regs``/``fold_align``/``reset_copies``
-            (decoder).
+        opts: the component's options (``hw.options.EncoderOptions``, ``DecoderOptions`` or
+            ``RoundTripOptions``; None: the defaults).
 
     Returns:
         The manifest dict (also written as JSON).
@@ -275,7 +276,7 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
     """
     k = _kind(kind)
     top = _check_name(k.top if top is None else top)
-    dut = build(kind, params, **regs)
+    dut = build(kind, params, opts)
     text = verilog.convert(dut, name=top, emit_src=False)
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
@@ -312,15 +313,23 @@ def generate(kind: str, params: FormatParams, out=".", *, top: str | None = None
     return manifest
 
 
-def generate_both(params: FormatParams, out=".", *, top: str | None = None,
-                  dec_top: str | None = None, **regs) -> dict:
+def generate_config(cfg, out=".", *, top: str | None = None) -> dict:
+    """:func:`generate` of a configuration (``rtl_gen.config.RTLConfig``, or its name)."""
+    from .config import RTLConfig
+    if isinstance(cfg, str):
+        cfg = RTLConfig.parse(cfg)
+    return generate(cfg.kind, cfg.params, out, cfg.opts, top=top)
+
+
+def generate_both(params: FormatParams, out=".", enc_opts: EncoderOptions | None = None,
+                  dec_opts: DecoderOptions | None = None, *, top: str | None = None,
+                  dec_top: str | None = None) -> dict:
     """Write the encoder and the decoder into ``out``.
 
     Files: ``<top>.v``, ``<dec_top>.v``, their manifests ``<top>.manifest.json`` and
     ``<dec_top>.manifest.json``, and ``manifest.json`` = the encoder's manifest plus
     ``"modules"``: {module name: its full manifest} for both. Both components are
-    built (validated) before anything is written. ``regs``: ``latency`` for both,
-    ``quant_regs``/``fe_regs``/``tree_every`` for the encoder, ``float_regs`` for the decoder.
+    built (validated) before anything is written.
 
     Returns:
         the ``manifest.json`` dict.
@@ -329,21 +338,15 @@ def generate_both(params: FormatParams, out=".", *, top: str | None = None,
     dec_top = _check_name(KINDS["decoder"].top if dec_top is None else dec_top, "dec_top")
     if top == dec_top:
         raise ValueError(f"top and dec_top must differ, got {top!r} twice")
-    enc_regs = {k: v for k, v in regs.items()
-                if k not in ("float_regs", "split_align", "dq_regs", "fold_align",
-                             "reset_copies")}
-    dec_regs = {k: v for k, v in regs.items()
-                if k not in ("quant_regs", "fe_regs", "tree_every", "key_slots", "kf_regs",
-                             "lane_ram")}
     with warnings.catch_warnings():     # validation only: the probes are never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
-        build("encoder", params, **enc_regs)
-        build("decoder", params, **dec_regs)
+        build("encoder", params, enc_opts)
+        build("decoder", params, dec_opts)
         gc.collect()
-    man_e = generate("encoder", params, out, top=top, manifest_name=f"{top}.manifest.json",
-                     **enc_regs)
-    man_d = generate("decoder", params, out, top=dec_top,
-                     manifest_name=f"{dec_top}.manifest.json", **dec_regs)
+    man_e = generate("encoder", params, out, enc_opts, top=top,
+                     manifest_name=f"{top}.manifest.json")
+    man_d = generate("decoder", params, out, dec_opts, top=dec_top,
+                     manifest_name=f"{dec_top}.manifest.json")
     both = dict(man_e)
     both["modules"] = {top: man_e, dec_top: man_d}
     (Path(out) / "manifest.json").write_text(json.dumps(both, indent=2) + "\n")
@@ -362,5 +365,5 @@ def lint(vfile, top: str, waivers: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=tool_env())
 
 
-__all__ = ["KINDS", "build", "find_tool", "generate", "generate_both", "latency_breakdown", "lint",
-           "payload_fields", "ports"]
+__all__ = ["KINDS", "build", "find_tool", "generate", "generate_both", "generate_config",
+           "latency_breakdown", "lint", "payload_fields", "ports"]

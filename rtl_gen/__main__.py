@@ -1,40 +1,59 @@
-"""Command line: ``python -m rtl_gen --n 128 --block 64 --bits 3 --latency 2 --out DIR``.
+"""Command line: ``python -m rtl_gen --config NAME --out DIR`` or
+``python -m rtl_gen --n 128 --block 64 --bits 3 --fwht-regs 2 --out DIR``.
 
-Writes DIR/<top>.v (default top ``kv_epilogue``) and DIR/manifest.json.
-``--module decompressor`` writes the read path instead (DIR/kv_decompressor.v,
-DIR/manifest.json), ``--module roundtrip`` the round-trip DUT (DIR/kv_roundtrip.v);
-``--module both`` writes encoder and decoder, a manifest per module
-(DIR/<name>.manifest.json) and DIR/manifest.json (the epilogue's manifest plus
-``modules``: both manifests). ``--latency`` is the FWHT pipeline registers (the
-components' ``latency`` argument). Bad parameters exit with status 2 and a message
-naming the parameter.
+``--config`` emits a named configuration (``rtl_gen.config`` grammar, e.g.
+``enc_v2_n128_g64_b3_l2``, ``dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc``); the option flags
+then override its options. Without it, the format flags and ``--module`` state the
+configuration. Writes DIR/<top>.v and DIR/manifest.json (``--module encoder``, the
+default: DIR/kv_encoder.v; ``decoder``: DIR/kv_decoder.v; ``roundtrip``:
+DIR/kv_roundtrip.v); ``--module both`` writes encoder and decoder, a manifest per module
+(DIR/<name>.manifest.json) and DIR/manifest.json (the encoder's manifest plus
+``modules``: both manifests). Every option flag builds the same ``hw.options`` object
+that names do. Bad arguments exit with status 2 and a message naming the parameter.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
+from hw.decoder import DQ_CUTS, FLOAT_CUTS
 from hw.frontend import FE_CUTS
 from hw.keyfront import KF_CUTS
+from hw.options import DecoderOptions, EncoderOptions, RoundTripOptions
 from hw.pipeline import FLOWS
 from hw.quantizer import QUANT_CUTS
 from sim_models.params import (INPUT_DTYPES, QUANT_MODES, SCALE_ENCODINGS, SCALE_ROUNDING,
                                SCALE_RULES, FormatParams)
 
 from . import KINDS, generate, generate_both, lint
+from .config import RTLConfig
 
-#: --module choices -> rtl_gen kinds.
-MODULES = {"epilogue": "encoder", "decompressor": "decoder", "roundtrip": "roundtrip"}
+#: --module choices (the rtl_gen kinds, and both modules).
+MODULES = (*KINDS, "both")
 
 #: Largest N the command line generates (verified in make sim: N = 64, 128, 256; above
 #: 512 elaboration takes minutes and nothing is verified).
 RTL_N_MAX = 512
 
+#: Option flags: dest -> (the options' field, which modules' options have it).
+ENC_FLAGS = {"quant_regs": "quant_regs", "fe_regs": "fe_regs", "tree_every": "tree_every",
+             "key_slots": "key_slots", "kf_regs": "kf_regs", "lane_ram": "lane_ram"}
+DEC_FLAGS = {"float_regs": "float_regs", "dq_regs": "dq_regs", "split_align": "split_align",
+             "reset_copies": "reset_copies"}
+BOTH_FLAGS = {"fwht_regs": "fwht_regs", "flow": "flow", "credit_extra": "credit_extra",
+              "lanes": "lanes"}
+#: Format flags that set a FormatParams field of the same name (and --seed /
+#: --no-sign-flip: sign_seed); refused with --config, whose name states the format.
+FORMAT_FIELDS = ("n", "block", "bits", "mant_bits", "dtype", "mode", "scale", "scale_rule",
+                 "scale_round", "scale_mult")
+FORMAT_FLAGS = (*FORMAT_FIELDS, "seed", "no_sign_flip")
+
 
 def _cuts(text: str) -> tuple[str, ...]:
-    """``--quant-regs`` / ``--fe-regs`` / ``--kf-regs``: comma-separated cut names, or "none"
-    (an empty list is refused: "none" says it)."""
+    """A cut list flag: comma-separated cut names, or "none" (an empty list is refused:
+    "none" says it)."""
     if text.strip() == "none":
         return ()
     cuts = tuple(c.strip() for c in text.split(",") if c.strip())
@@ -43,118 +62,155 @@ def _cuts(text: str) -> tuple[str, ...]:
     return cuts
 
 
-def main(argv=None) -> int:
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rtl_gen",
                                  description="Generate the Verilog of the fwht-kv write path "
-                                             "(KVEpilogue) and/or read path (KVDecompressor) "
+                                             "(KVEncoder) and/or read path (KVDecoder) "
                                              "and the manifest.json.")
-    ap.add_argument("--module", choices=(*MODULES, "both"), default="epilogue",
-                    help="which top level(s) to emit (default epilogue; roundtrip: epilogue -> "
-                         "decompressor with a direct decompressor input, the round-trip DUT)")
+    ap.add_argument("--config", default=None,
+                    help="a configuration name (e.g. enc_v2_n128_g64_b3_l2; rtl_gen/config.py): "
+                         "its kind, format and options; option flags override its options")
+    ap.add_argument("--module", choices=MODULES, default=None,
+                    help="which top level(s) to emit without --config (default encoder; "
+                         "roundtrip: encoder -> decoder with a direct decoder input)")
     d = FormatParams()     # every format default comes from sim_models.params
-    ap.add_argument("--n", type=int, default=d.n, help=f"lanes N, power of two (default {d.n})")
-    ap.add_argument("--block", type=int, default=d.block, help=f"block size G (default {d.block})")
-    ap.add_argument("--bits", type=int, default=d.bits,
-                    help=f"code bits b in {{2,3,4}} (default {d.bits})")
-    ap.add_argument("--latency", type=int, default=2,
-                    help="FWHT pipeline registers, 0..log2(N) (default 2); the total latency (the manifest's "
-                         "latency_cycles and latency_breakdown) adds the --quant-regs / --fe-regs cuts, the "
-                         "--tree-every registers and the key front end (table read + --kf-regs cuts)")
-    ap.add_argument("--quant-regs", type=_cuts, default=QUANT_CUTS.default,
-                    help=f"quantizer register cuts, comma-separated from {','.join(QUANT_CUTS.names)} "
-                         f"or 'none' (default {','.join(QUANT_CUTS.default) or 'none'}); "
-                         f"each adds one cycle of latency")
-    ap.add_argument("--fe-regs", type=_cuts, default=FE_CUTS.default,
-                    help=f"front-end register cuts, comma-separated from {','.join(FE_CUTS.names)} "
-                         f"or 'none' (default {','.join(FE_CUTS.default) or 'none'})")
-    ap.add_argument("--tree-every", type=int, default=0,
-                    help="a register after every K levels of the epilogue's reduction trees "
-                         "(exponent max tree, block statistic trees; default 0: none)")
-    ap.add_argument("--key-slots", type=int, default=0,
-                    help="key front end table slots T of the epilogue (docs/FORMAT.md 8; fp16 only; "
-                         "default 0: no key front end)")
-    ap.add_argument("--kf-regs", type=_cuts, default=KF_CUTS.default,
-                    help=f"key front end register cuts, comma-separated from {','.join(KF_CUTS.names)} "
-                         f"or 'none' (default {','.join(KF_CUTS.default)}; with --key-slots)")
-    ap.add_argument("--lane-ram", type=int, default=0,
-                    help="lane delay lines of at least D register stages (D >= 3) in block RAM "
-                         "instead of flip-flops (epilogue; default 0: none)")
-    ap.add_argument("--flow", choices=FLOWS, default="stall",
-                    help="flow control (default stall: every register advances with o__ready | ~o__valid; "
-                         "credit: credit-based flow control, the pipeline never stalls, an output skid "
-                         "FIFO in block RAM, i__ready a register; +3 cycles of latency)")
-    ap.add_argument("--credit-extra", type=int, default=0,
-                    help="with --flow credit: skid FIFO entries beyond the minimum, latency + 1 "
-                         "(two beats: latency // 2 + 1) (default 0)")
-    ap.add_argument("--lanes", type=int, default=None,
-                    help="lanes per cycle W: N (default) or N/2, each vector as two beats "
-                         "(one vector every two cycles; --latency then counts the W-point "
-                         "network's registers, 0 .. log2 W)")
-    ap.add_argument("--mant-bits", type=int, default=d.mant_bits,
+    S = argparse.SUPPRESS  # a flag not given is absent: the options' default applies
+    ap.add_argument("--n", type=int, default=S, help=f"lanes N, power of two (default {d.n})")
+    ap.add_argument("--block", type=int, default=S, help=f"block size G (default {d.block})")
+    ap.add_argument("--bits", type=int, default=S, help=f"code bits b in {{2,3,4}} (default {d.bits})")
+    ap.add_argument("--mant-bits", type=int, default=S,
                     help=f"BFP mantissa width M (default {d.mant_bits})")
-    ap.add_argument("--seed", type=int, default=d.sign_seed,
-                    help=f"sign-flip seed (default {d.sign_seed})")
-    ap.add_argument("--no-sign-flip", action="store_true", help="disable the sign flip D")
-    ap.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default=d.dtype)
-    ap.add_argument("--mode", choices=QUANT_MODES, default=d.mode,
-                    help=f"quantizer mode (default {d.mode})")
-    ap.add_argument("--scale", choices=SCALE_ENCODINGS, default=d.scale,
+    ap.add_argument("--seed", type=int, default=S, help=f"sign-flip seed (default {d.sign_seed})")
+    ap.add_argument("--no-sign-flip", action="store_true", default=S, help="disable the sign flip D")
+    ap.add_argument("--dtype", choices=tuple(INPUT_DTYPES), default=S)
+    ap.add_argument("--mode", choices=QUANT_MODES, default=S, help=f"quantizer mode (default {d.mode})")
+    ap.add_argument("--scale", choices=SCALE_ENCODINGS, default=S,
                     help=f"scale-byte encoding (default {d.scale})")
-    ap.add_argument("--scale-rule", choices=SCALE_RULES, default=d.scale_rule,
+    ap.add_argument("--scale-rule", choices=SCALE_RULES, default=S,
                     help=f"block statistic of the scale (default {d.scale_rule})")
-    ap.add_argument("--scale-round", choices=SCALE_ROUNDING, default=d.scale_round,
+    ap.add_argument("--scale-round", choices=SCALE_ROUNDING, default=S,
                     help=f"rounding of the scale to a byte (default {d.scale_round})")
-    ap.add_argument("--scale-mult", type=int, default=d.scale_mult,
+    ap.add_argument("--scale-mult", type=int, default=S,
                     help="scale multiplier in units of 1/256 (default: the rule's default)")
+    e, o = EncoderOptions(), DecoderOptions()
+    ap.add_argument("--fwht-regs", type=int, default=S,
+                    help=f"FWHT pipeline registers, 0..log2(N) (a decoder: 0..its FWHT's steps; "
+                         f"default {e.fwht_regs})")
+    ap.add_argument("--quant-regs", type=_cuts, default=S,
+                    help=f"encoder: quantizer register cuts, comma-separated from "
+                         f"{','.join(QUANT_CUTS.names)} or 'none' (default {','.join(e.quant_regs)})")
+    ap.add_argument("--fe-regs", type=_cuts, default=S,
+                    help=f"encoder: front-end register cuts from {','.join(FE_CUTS.names)} or "
+                         f"'none' (default {','.join(e.fe_regs) or 'none'})")
+    ap.add_argument("--tree-every", type=int, default=S,
+                    help="encoder: a register after every K levels of the reduction trees "
+                         "(default 0: none)")
+    ap.add_argument("--key-slots", type=int, default=S,
+                    help="encoder: key front end table slots T (fp16 only; default 0: none)")
+    ap.add_argument("--kf-regs", type=_cuts, default=S,
+                    help=f"encoder: key front end register cuts from {','.join(KF_CUTS.names)} "
+                         f"or 'none' (default {','.join(e.kf_regs)}; with --key-slots)")
+    ap.add_argument("--lane-ram", type=int, default=S,
+                    help="encoder: lane delay lines of at least D register stages (D >= 3) in "
+                         "block RAM (default 0: none)")
+    ap.add_argument("--float-regs", type=_cuts, default=S,
+                    help=f"decoder: float conversion register cuts from {','.join(FLOAT_CUTS.names)} "
+                         f"or 'none' (default {','.join(o.float_regs)})")
+    ap.add_argument("--dq-regs", type=_cuts, default=S,
+                    help=f"decoder: dequant register cuts from {','.join(DQ_CUTS.names)} or "
+                         f"'none' (default none)")
+    ap.add_argument("--split-align", action="store_true", default=S,
+                    help="decoder: the FWHT's block alignment as its parts, one step each")
+    ap.add_argument("--fold-align", action="store_true", default=S,
+                    help="decoder: the block alignment in the two-beat fold (--lanes N/2 = G)")
+    ap.add_argument("--reset-copies", action="store_true", default=S,
+                    help="decoder: the reset through one register copy per region")
+    ap.add_argument("--flow", choices=FLOWS, default=S,
+                    help="flow control (default stall; credit: the pipeline never stalls, an "
+                         "output skid FIFO, i__ready a register; +3 cycles of latency)")
+    ap.add_argument("--credit-extra", type=int, default=S,
+                    help="with --flow credit: skid FIFO entries beyond the minimum (default 0)")
+    ap.add_argument("--lanes", type=int, default=S,
+                    help="lanes per cycle W: N (default) or N/2, each vector as two beats")
     ap.add_argument("--top", default=None,
                     help="Verilog module name (default: " + ", ".join(
-                        f"{KINDS[k].top} for --module {m}" for m, k in MODULES.items())
-                        + "; with --module both: the epilogue's)")
+                        f"{v.top} for {k}" for k, v in KINDS.items())
+                        + "; with --module both: the encoder's)")
     ap.add_argument("--dec-top", default=None,
-                    help=f"module name of the decompressor with --module both (default {KINDS['decoder'].top})")
+                    help=f"module name of the decoder with --module both (default {KINDS['decoder'].top})")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lint", action="store_true",
                     help="also run verilator --lint-only -Wall (with rtl_gen's waivers)")
+    return ap
+
+
+def _override(opts, flags: dict):
+    """``opts`` with the given option flags (fold_align into ``fold``)."""
+    if "fold_align" in flags:
+        flags = dict(flags)
+        flags["fold"] = replace(opts.fold, align=flags.pop("fold_align"))
+    return replace(opts, **flags)
+
+
+def _targets(a: argparse.Namespace, given: dict) -> tuple[str, FormatParams, object, object]:
+    """(module, params, encoder options, decoder options) of the arguments."""
+    if a.config is not None:
+        if a.module is not None:
+            raise ValueError("--module: --config states the kind (enc_, dec_, rt_)")
+        fmt = [_flag(f) for f in FORMAT_FLAGS if f in given]
+        if fmt:
+            raise ValueError(f"{', '.join(fmt)}: --config states the format")
+        cfg = RTLConfig.parse(a.config)
+        return cfg.kind, cfg.params, cfg.enc, cfg.dec
+    module = a.module or "encoder"
+    if given.get("n", 0) > RTL_N_MAX:
+        raise ValueError(f"n (N) = {given['n']} is above the largest RTL size {RTL_N_MAX} "
+                         f"(verified: N = 64, 128, 256; a 16*N-bit port per lane set)")
+    kw = {f: given[f] for f in FORMAT_FIELDS if f in given}
+    if "seed" in given or "no_sign_flip" in given:
+        kw["sign_seed"] = (None if given.get("no_sign_flip")
+                           else given.get("seed", FormatParams().sign_seed))
+    p = FormatParams(**kw)
+    enc = EncoderOptions() if module != "decoder" else None
+    dec = DecoderOptions() if module != "encoder" else None
+    return module, p, enc, dec
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     a = ap.parse_args(argv)
+    given = {k: v for k, v in vars(a).items()
+             if k not in ("config", "module", "top", "dec_top", "out", "lint")}
     try:
-        if a.n > RTL_N_MAX:
-            raise ValueError(f"n (N) = {a.n} is above the largest RTL size {RTL_N_MAX} "
-                             f"(verified: N = 64, 128, 256; a 16*N-bit port per lane set)")
-        if a.module == "decompressor" and (a.quant_regs != QUANT_CUTS.default
-                                           or a.fe_regs != FE_CUTS.default or a.tree_every
-                                           or a.lane_ram):
-            raise ValueError("--quant-regs/--fe-regs/--tree-every/--lane-ram configure the epilogue (write "
-                             "path); they do not apply to --module decompressor")
         if a.dec_top is not None and a.module != "both":
-            raise ValueError("--dec-top names the decompressor of --module both; with --module "
-                             f"{a.module} use --top")
-        if a.key_slots < 0:
-            raise ValueError(f"--key-slots must be >= 0, got {a.key_slots}")
-        if a.module in ("decompressor", "roundtrip") and a.key_slots:
-            raise ValueError("--key-slots configures the epilogue's key front end (write path); it does not "
-                             f"apply to --module {a.module}")
-        if a.kf_regs != KF_CUTS.default and not a.key_slots:
+            raise ValueError("--dec-top names the decoder of --module both; use --top")
+        module, p, enc, dec = _targets(a, given)
+        for table, opts, who in ((ENC_FLAGS, enc, "encoder"),
+                                 ({**DEC_FLAGS, "fold_align": "fold_align"}, dec, "decoder")):
+            bad = [_flag(f) for f in table if f in given and opts is None]
+            if bad:
+                raise ValueError(f"{', '.join(bad)} configure(s) the {who}; not part of "
+                                 f"{a.config or '--module ' + module}")
+        if module == "roundtrip" and given.get("key_slots"):
+            raise ValueError("--key-slots: the round trip has no key front end")
+        if "kf_regs" in given and not (given.get("key_slots") or (enc and enc.key_slots)):
             raise ValueError("--kf-regs needs --key-slots > 0 (the key front end)")
-        p = FormatParams(n=a.n, block=a.block, bits=a.bits, mode=a.mode, mant_bits=a.mant_bits,
-                         scale=a.scale, dtype=a.dtype,
-                         sign_seed=None if a.no_sign_flip else a.seed,
-                         scale_rule=a.scale_rule, scale_round=a.scale_round,
-                         scale_mult=a.scale_mult)
-        regs = {"latency": a.latency}
-        if a.flow != "stall" or a.credit_extra:
-            regs.update(flow=a.flow, credit_extra=a.credit_extra)
-        if a.lanes is not None:
-            regs["lanes"] = a.lanes
-        if a.module != "decompressor":
-            regs.update(quant_regs=a.quant_regs, fe_regs=a.fe_regs, tree_every=a.tree_every,
-                        lane_ram=a.lane_ram)
-            if a.key_slots:
-                regs.update(key_slots=a.key_slots, kf_regs=a.kf_regs)
-        if a.module == "both":
-            mans = list(generate_both(p, a.out, top=a.top, dec_top=a.dec_top, **regs)
+        both = {f: given[f] for f in BOTH_FLAGS if f in given}
+        if enc is not None:
+            enc = replace(enc, **both, **{f: given[f] for f in ENC_FLAGS if f in given})
+        if dec is not None:
+            dec = _override(dec, {**both, **{f: given[f] for f in (*DEC_FLAGS, "fold_align")
+                                             if f in given}})
+        if module == "both":
+            mans = list(generate_both(p, a.out, enc, dec, top=a.top, dec_top=a.dec_top)
                         ["modules"].values())
         else:
-            mans = [generate(MODULES[a.module], p, a.out, top=a.top, **regs)]
+            opts = {"encoder": enc, "decoder": dec}.get(module) or RoundTripOptions(enc, dec)
+            mans = [generate(module, p, a.out, opts, top=a.top)]
     except (ValueError, TypeError) as err:
         ap.error(str(err))
     except OSError as err:

@@ -8,20 +8,20 @@
   mid-tread / scale rounded up; ``v2`` = format version 2, mid-rise / nearest), so the
   quantizer of a name never depends on today's defaults (the other fields: the
   FormatParams defaults, e.g. M = 12, sign seed 0, fp16);
-* ``n g b``: N, block size G, code bits b; ``l``: FWHT pipeline registers (the
-  components' ``latency`` argument, 0 .. log2 N; a decoder's up to its FWHT's steps, the
-  block alignment included; the latency in cycles is in the manifest);
-* optional ``p<k>`` (after ``l``): the register profile for Fmax (:meth:`RTLConfig.regs`):
-  every optional register cut of the components placed and a register after
-  every k levels of the encoder's reduction trees (``tree_every``; ``p0``: the
-  cuts only; a decoder takes only ``p0``); without it, the components' default cuts. Registers change the
-  latency, never the bytes;
+* ``n g b``: N, block size G, code bits b; ``l``: FWHT pipeline registers
+  (``fwht_regs``, 0 .. log2 N; a decoder's up to its FWHT's steps, the block alignment
+  included; the latency in cycles is in the manifest);
+* optional ``p<k>`` (after ``l``): the register profile for Fmax: every optional register
+  cut of the components placed (``fe_regs``, ``quant_regs``, ``kf_regs``; ``float_regs``,
+  ``dq_regs``, ``split_align``) and a register after every k levels of the encoder's
+  reduction trees (``tree_every``; ``p0``: the cuts only; a decoder takes only ``p0``);
+  without it, the components' default cuts. Registers change the latency, never the bytes;
 * optional ``k<T>`` (after ``l`` / ``p``, encoder only): the cache policy's key front end
   (``hw.keyfront.KeyFrontEnd``) with T table slots, its ``cfg`` port and the ``slot`` /
-  ``bypass`` input side band (``KVEpilogue(key_slots=T)``; with ``pK`` all its cuts);
+  ``bypass`` input side band (``key_slots=T``; with ``pK`` all its cuts);
 * optional ``r<D>`` (after ``l`` / ``p`` / ``k``, encoder and round trip): a lane delay
   line of at least D register stages (D >= 3) is a block RAM circular buffer instead of
-  flip-flops (``KVEpilogue(lane_ram=D)``, ``hw.pipeline.ram_delay``); same cycles and bytes;
+  flip-flops (``lane_ram=D``, ``hw.pipeline.ram_delay``); same cycles and bytes;
 * optional ``c<E>`` (after ``l`` / ``p`` / ``k`` / ``r``, every kind): credit-based flow control
   instead of the global stall: the pipeline never stalls, an output skid FIFO in block RAM
   with E credits beyond the minimum (``flow="credit", credit_extra=E``;
@@ -33,10 +33,10 @@
   cycles, the bytes unchanged;
 * optional ``fa`` (after ``w<W>``, decoder and round trip, two beats of one block each: W =
   G = N/2): the decoder's block alignment in the last butterfly stage across the beats
-  (``fold_align=True``, ``hw.ifwht.fold_align_stage``): the W-point network has log2 W
-  steps, the fold 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; the bytes unchanged;
+  (``fold.align``, ``hw.ifwht.fold_align_stage``): the W-point network has log2 W
+  steps, the fold 2 cycles more; the bytes unchanged;
 * optional ``rc`` (after ``fa``, decoder and round trip): the decoder's reset through
-  register copies, one per region of the die (``reset_copies=True``,
+  register copies, one per region of the die (``reset_copies``,
   ``hw.pipeline.ResetCopies``): every register reset one cycle later, the handshakes held
   off one cycle longer; the cycles of a vector and the bytes unchanged;
 * changes against the preset, in FormatParams field order: ``m<M>`` (mant_bits), a bare
@@ -44,8 +44,10 @@
   ``<field>-<value>`` with the field's underscores dropped (``scalemult-300``,
   ``signseed-none``).
 
-:meth:`RTLConfig.name` picks the preset the parameters differ least from (the later one
-on a tie), so ``RTLConfig.parse(c.name) == c``.
+The letters set fields of ``hw.options`` (:class:`RTLConfig` ``opts``); options without a
+letter keep their defaults in a named configuration. :meth:`RTLConfig.name` picks the
+preset the parameters differ least from (the later one on a tie), so
+``RTLConfig.parse(c.name) == c``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import re
 from dataclasses import dataclass, fields
 
 from sim_models import params as _pm
+from hw.options import DecoderOptions, EncoderOptions, FoldOptions, RoundTripOptions
 from sim_models.params import FormatParams
 
 #: Name prefix -> rtl_gen kind.
@@ -65,10 +68,12 @@ _TAG_OF = {k: t for t, k in KIND_TAGS.items()}
 PRESETS = tuple(n for n in _pm.PRESETS if FormatParams.preset(n).quantizer_preset == n)
 
 
-#: Fields the fixed part of a name states.
-_FIXED = {"n": "n", "g": "block", "b": "bits", "l": "latency"}
-#: Optional parts of the fixed group: letter -> RTLConfig field.
+#: Fields the fixed part of a name states (``l``: the options' ``fwht_regs``).
+_FIXED = {"n": "n", "g": "block", "b": "bits", "l": "fwht_regs"}
+#: Optional numbered parts of a name, in name order: letter -> what it sets.
 _OPTIONAL = {"p": "pipe", "k": "key_slots", "r": "lane_ram", "c": "credit", "w": "lanes"}
+#: Option classes by kind.
+OPTIONS = {"encoder": EncoderOptions, "decoder": DecoderOptions, "roundtrip": RoundTripOptions}
 _FIELDS = [f.name for f in fields(FormatParams)]
 #: String-valued fields whose values may stand bare in a name.
 _ENUMS = {"mode": _pm.QUANT_MODES, "scale": _pm.SCALE_ENCODINGS, "dtype": tuple(_pm.INPUT_DTYPES),
@@ -89,127 +94,153 @@ def _changes(p: FormatParams, base: FormatParams) -> list[str]:
     return [f for f in _FIELDS if f not in ("n", "block", "bits") and getattr(p, f) != getattr(base, f)]
 
 
-def _check_count(v, msg: str) -> int:
-    """``v`` if it is an int >= 0 (bool refused), else ValueError ``msg, got v``."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{msg}, got {v!r}")
-    return v
+def _profile(kind: str) -> dict:
+    """The register profile's cut fields (config part ``pK``) of an encoder or decoder."""
+    if kind == "encoder":
+        from hw.frontend import FE_CUTS
+        from hw.quantizer import QUANT_CUTS
+        return {"fe_regs": FE_CUTS.names, "quant_regs": QUANT_CUTS.names}
+    from hw.decoder import DQ_CUTS, FLOAT_CUTS
+    return {"float_regs": FLOAT_CUTS.names, "dq_regs": DQ_CUTS.names, "split_align": True}
+
+
+def encoder_options(fwht_regs: int = 2, pipe: int | None = None, key_slots: int = 0,
+                    lane_ram: int = 0, credit: int | None = None,
+                    lanes: int | None = None) -> EncoderOptions:
+    """The encoder options a name's parts state (module docstring)."""
+    kw: dict = {"fwht_regs": fwht_regs, "key_slots": key_slots, "lane_ram": lane_ram,
+                "lanes": lanes}
+    if credit is not None:
+        kw.update(flow="credit", credit_extra=credit)
+    if pipe is not None:
+        kw.update(_profile("encoder"), tree_every=pipe)
+        if key_slots:
+            from hw.keyfront import KF_CUTS
+            kw["kf_regs"] = KF_CUTS.names
+    return EncoderOptions(**kw)
+
+
+def decoder_options(fwht_regs: int = 2, pipe: int | None = None, credit: int | None = None,
+                    lanes: int | None = None, fold_align: bool = False,
+                    reset_copies: bool = False) -> DecoderOptions:
+    """The decoder options a name's parts state (module docstring; ``pipe``: None or 0)."""
+    kw: dict = {"fwht_regs": fwht_regs, "lanes": lanes, "reset_copies": reset_copies,
+                "fold": FoldOptions(align=fold_align)}
+    if credit is not None:
+        kw.update(flow="credit", credit_extra=credit)
+    if pipe is not None:
+        kw.update(_profile("decoder"))
+    return DecoderOptions(**kw)
+
+
+def _pipe_of(opts, kind: str) -> int | None:
+    """The ``pK`` part of encoder / decoder options (None: the default cuts); ValueError
+    when the cuts are neither the defaults nor the profile (no name states them)."""
+    prof = _profile(kind)
+    base = OPTIONS[kind]()
+    if kind == "encoder":
+        from hw.keyfront import KF_CUTS
+        kf = KF_CUTS.names if opts.key_slots else KF_CUTS.default
+        if all(getattr(opts, f) == v for f, v in prof.items()) and opts.kf_regs == kf:
+            return opts.tree_every
+        fields_ = (*prof, "kf_regs", "tree_every")
+    else:
+        if all(getattr(opts, f) == v for f, v in prof.items()):
+            return 0
+        fields_ = tuple(prof)
+    if all(getattr(opts, f) == getattr(base, f) for f in fields_):
+        return None
+    raise ValueError(f"no config name states these register cuts ({', '.join(fields_)}: the "
+                     f"defaults or all of them, part pK), got {opts}")
 
 
 @dataclass(frozen=True)
 class RTLConfig:
-    """One RTL configuration: which top level, its format parameters, FWHT registers.
+    """One RTL configuration: which top level, its format parameters, its options.
 
     Attributes:
         kind: ``"encoder"``, ``"decoder"`` or ``"roundtrip"`` (rtl_gen.KINDS).
         params: the format parameters.
-        latency: FWHT pipeline registers, 0 .. log2 N; a decoder 0 .. its FWHT's steps
-            (``hw.decompressor.fwht_steps``: the block alignment counts, two steps with
-            ``pK``, three with the block swap).
+        opts: the implementation options of the kind (:data:`OPTIONS`: ``hw.options``
+            EncoderOptions, DecoderOptions or RoundTripOptions; None: the defaults).
 
     Raises:
-        ValueError / TypeError: unknown kind, params not a FormatParams, latency out of
-            range (the message names the field).
+        ValueError / TypeError: unknown kind, params not a FormatParams, options of another
+            kind or refused for these params (the message names the field).
     """
 
     kind: str
     params: FormatParams
-    latency: int = 2
-    pipe: int | None = None
-    key_slots: int = 0
-    lane_ram: int = 0
-    credit: int | None = None
-    lanes: int | None = None
-    fold_align: bool = False
-    reset_copies: bool = False
+    opts: EncoderOptions | DecoderOptions | RoundTripOptions | None = None
 
     def __post_init__(self):
         if self.kind not in _TAG_OF:
             raise ValueError(f"kind must be one of {sorted(_TAG_OF)}, got {self.kind!r}")
         if not isinstance(self.params, FormatParams):
             raise TypeError(f"params must be a FormatParams, got {type(self.params).__name__}")
-        lat, top = self.latency, self.params.log2n
-        if not isinstance(self.fold_align, bool):
-            raise TypeError(f"fold_align (fa) must be a bool, got {type(self.fold_align).__name__}")
-        if self.fold_align and self.kind == "encoder":
-            raise ValueError("fold_align (fa): the block alignment in the fold is the "
-                             "decoder's (dec_, rt_); got kind 'encoder'")
-        if not isinstance(self.reset_copies, bool):
-            raise TypeError(f"reset_copies (rc) must be a bool, got "
-                            f"{type(self.reset_copies).__name__}")
-        if self.reset_copies and self.kind == "encoder":
-            raise ValueError("reset_copies (rc): the reset copies are the decoder's (dec_, rt_); "
-                             "got kind 'encoder'")
-        if self.kind != "encoder" and (self.lanes is None or isinstance(self.lanes, int)):
-            from hw.decompressor import fwht_steps     # the read path: one register per step
-            try:
-                steps = fwht_steps(self.params, self.lanes or self.params.n,
-                                   self.pipe is not None, self.fold_align)
-            except ValueError as e:     # only fold_align raises there (hw.ifwht.effective_align)
-                raise ValueError(f"fold_align (fa): {e}") from None
-            # a round trip's latency is both modules' (the encoder's: log2 W at most)
-            top = steps if self.kind == "decoder" else \
-                min(steps, (self.lanes or self.params.n).bit_length() - 1)
-        if isinstance(lat, bool) or not isinstance(lat, int) or not 0 <= lat <= top:
-            raise ValueError(f"latency (lL, FWHT pipeline registers) must be an int in "
-                             f"0..{top}, got {lat!r}")
-        pp = self.pipe
-        if pp is not None:
-            _check_count(pp, "pipe (pK, tree levels per register of the Fmax profile) must be "
-                             "None or an int >= 0")
-        ks = _check_count(self.key_slots, "key_slots (kT, key front end table slots) must be an int >= 0")
-        if ks and self.kind != "encoder":
-            raise ValueError(f"key_slots (kT): the key front end is built on the encoder (enc_) "
-                             f"only, got kind {self.kind!r}")
-        if ks and self.params.dtype != "fp16":
-            raise ValueError(f"key_slots (kT): the key front end is fp16 only (docs/FORMAT.md 8), "
-                             f"got dtype {self.params.dtype!r}")
-        lr = _check_count(self.lane_ram, "lane_ram (rD, minimum lane delay in block RAM) must be an int >= 0")
-        if lr and self.kind == "decoder":
-            raise ValueError(f"lane_ram (rD): the lane delay lines in block RAM are the "
-                             f"encoder's (enc_, rt_), got kind {self.kind!r}")
-        if self.credit is not None:
-            _check_count(self.credit, "credit (cE, credit flow control with E extra skid FIFO "
-                                      "entries) must be None or an int >= 0")
-        if self.lanes is not None:
-            from hw.pipeline import check_lanes
-            check_lanes(self.params, self.lanes)
-        if pp and self.kind == "decoder":
-            raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
-                             f"tree registers, the decoder has none; got {pp}")
+        cls = OPTIONS[self.kind]
+        if self.opts is None:
+            object.__setattr__(self, "opts", cls())
+        if not isinstance(self.opts, cls):
+            raise TypeError(f"opts of kind {self.kind!r} must be a {cls.__name__}, got "
+                            f"{type(self.opts).__name__}")
+        self.opts.check(self.params)
+
+    @classmethod
+    def of(cls, kind: str, params: FormatParams, fwht_regs: int = 2, **parts) -> "RTLConfig":
+        """The configuration of ``kind`` with the name parts ``parts`` (keywords of
+        :func:`encoder_options` / :func:`decoder_options`; a round trip takes both; a part
+        at its absent value, 0 / None / False, may be given to any kind)."""
+        if kind not in OPTIONS:
+            raise ValueError(f"kind must be one of {sorted(OPTIONS)}, got {kind!r}")
+        enc_kw = ("pipe", "key_slots", "lane_ram", "credit", "lanes")
+        dec_kw = ("pipe", "credit", "lanes", "fold_align", "reset_copies")
+        allowed = {"encoder": enc_kw, "decoder": dec_kw,
+                   "roundtrip": tuple(dict.fromkeys(enc_kw + dec_kw))}[kind]
+        for k, v in list(parts.items()):
+            if k not in allowed:
+                if v not in (None, 0, False):
+                    raise ValueError(f"{k}: not a name part of kind {kind!r} (allowed: "
+                                     f"{allowed})")
+                del parts[k]
+
+        def enc():
+            return encoder_options(fwht_regs, **{k: v for k, v in parts.items() if k in enc_kw})
+
+        def dec():
+            kw = {k: v for k, v in parts.items() if k in dec_kw}
+            if kind == "roundtrip" and kw.get("pipe"):
+                kw["pipe"] = 0          # the decoder's profile has no tree registers
+            return decoder_options(fwht_regs, **kw)
+        if kind == "encoder":
+            return cls(kind, params, enc())
+        if kind == "decoder":
+            return cls(kind, params, dec())
+        return cls(kind, params, RoundTripOptions(enc(), dec()))
 
     @property
-    def regs(self) -> dict:
-        """Register options of the component(s) (``rtl_gen.generate`` keywords): the FWHT
-        ``latency``; with ``pipe`` = k every cut of ``FE_CUTS``, ``QUANT_CUTS`` and
-        ``FLOAT_CUTS`` and ``DQ_CUTS``, ``tree_every`` = k (the encoder's reduction trees) and the
-        decoder's block alignment in its FWHT steps (``split_align``)."""
-        regs: dict = {"latency": self.latency}
-        if self.key_slots:
-            regs["key_slots"] = self.key_slots
-        if self.lane_ram:
-            regs["lane_ram"] = self.lane_ram
-        if self.credit is not None:
-            regs.update(flow="credit", credit_extra=self.credit)
-        if self.lanes is not None:
-            regs["lanes"] = self.lanes
-        if self.fold_align:
-            regs["fold_align"] = True
-        if self.reset_copies:
-            regs["reset_copies"] = True
-        if self.pipe is None:
-            return regs
-        from hw.decompressor import DQ_CUTS, FLOAT_CUTS
-        from hw.frontend import FE_CUTS
-        from hw.quantizer import QUANT_CUTS
-        if self.kind in ("encoder", "roundtrip"):
-            regs.update(fe_regs=FE_CUTS.names, quant_regs=QUANT_CUTS.names, tree_every=self.pipe)
-            if self.key_slots:
-                from hw.keyfront import KF_CUTS
-                regs["kf_regs"] = KF_CUTS.names
-        if self.kind in ("decoder", "roundtrip"):
-            regs.update(float_regs=FLOAT_CUTS.names, split_align=True, dq_regs=DQ_CUTS.names)
-        return regs
+    def enc(self) -> EncoderOptions | None:
+        """The encoder's options (None for a decoder)."""
+        return self.opts.enc if self.kind == "roundtrip" else \
+            self.opts if self.kind == "encoder" else None
+
+    @property
+    def dec(self) -> DecoderOptions | None:
+        """The decoder's options (None for an encoder)."""
+        return self.opts.dec if self.kind == "roundtrip" else \
+            self.opts if self.kind == "decoder" else None
+
+    @property
+    def fwht_regs(self) -> int:
+        return (self.enc or self.dec).fwht_regs
+
+    @property
+    def key_slots(self) -> int:
+        return self.enc.key_slots if self.enc else 0
+
+    @property
+    def lanes(self) -> int | None:
+        return self.opts.lanes if self.kind != "roundtrip" else self.opts.enc.lanes
 
     @property
     def roundtrip(self) -> bool:
@@ -221,24 +252,76 @@ class RTLConfig:
         return min(reversed(PRESETS), key=lambda s: len(_changes(self.params, FormatParams.preset(s))))
 
     @property
+    def parts(self) -> dict:
+        """The name parts of the options: {fwht_regs, pipe, key_slots, lane_ram, credit,
+        lanes, fold_align, reset_copies} (the keywords of :meth:`of`; ``pipe`` / ``credit``
+        None when absent). ValueError for options that no name states."""
+        enc, dec = self.enc, self.dec
+        if dec is not None:
+            d0, f0 = DecoderOptions(), FoldOptions()
+            extra = [f for f in ("pack_shift_low_bits", "lod_split")
+                     if getattr(dec, f) != getattr(d0, f)]
+            extra += [f"fold.{f}" for f in ("window", "window_step", "shift_x_bits")
+                      if getattr(dec.fold, f) != getattr(f0, f)]
+            if extra:
+                raise ValueError(f"no config name states {', '.join(extra)} (not the default)")
+        if enc is not None and dec is not None and enc.fwht_regs != dec.fwht_regs:
+            raise ValueError(f"fwht_regs: a round trip's name states one for both, got "
+                             f"{enc.fwht_regs} and {dec.fwht_regs}")
+        pipes = [_pipe_of(o, k) for o, k in ((enc, "encoder"), (dec, "decoder")) if o is not None]
+        if enc is not None and dec is not None and (pipes[0] is None) != (pipes[1] is None):
+            raise ValueError("a round trip's name states the register profile for both "
+                             "modules or for neither")
+        one = enc or dec
+        return {"fwht_regs": one.fwht_regs, "pipe": pipes[0],
+                "key_slots": enc.key_slots if enc else 0,
+                "lane_ram": enc.lane_ram if enc else 0,
+                "credit": one.credit_extra if one.flow == "credit" else None,
+                "lanes": one.lanes,
+                "fold_align": dec.fold.align if dec else False,
+                "reset_copies": dec.reset_copies if dec else False}
+
+    @property
+    def pipe(self) -> int | None:
+        """The register profile ``pK`` (None: the default cuts)."""
+        return self.parts["pipe"]
+
+    @property
+    def credit(self) -> int | None:
+        """Credit flow's extra credits ``cE`` (None: stall flow)."""
+        return self.parts["credit"]
+
+    @property
+    def lane_ram(self) -> int:
+        return self.enc.lane_ram if self.enc else 0
+
+    @property
+    def fold_align(self) -> bool:
+        return self.dec.fold.align if self.dec else False
+
+    @property
+    def reset_copies(self) -> bool:
+        return self.dec.reset_copies if self.dec else False
+
+    def _parts(self) -> list[str]:
+        """The option parts of the name, after ``n g b``."""
+        d = self.parts
+        parts = [f"l{d['fwht_regs']}"]
+        for key, letter in (("pipe", "p"), ("key_slots", "k"), ("lane_ram", "r"),
+                            ("credit", "c"), ("lanes", "w")):
+            if d[key] is not None and (d[key] or key in ("pipe", "credit")):
+                parts.append(f"{letter}{d[key]}")
+        if d["fold_align"]:
+            parts.append("fa")
+        if d["reset_copies"]:
+            parts.append("rc")
+        return parts
+
+    @property
     def name(self) -> str:
         p, ps = self.params, self.preset
         bare = _bare_values()
-        parts = [_TAG_OF[self.kind], ps, f"n{p.n}", f"g{p.block}", f"b{p.bits}", f"l{self.latency}"]
-        if self.pipe is not None:
-            parts.append(f"p{self.pipe}")
-        if self.key_slots:
-            parts.append(f"k{self.key_slots}")
-        if self.lane_ram:
-            parts.append(f"r{self.lane_ram}")
-        if self.credit is not None:
-            parts.append(f"c{self.credit}")
-        if self.lanes is not None:
-            parts.append(f"w{self.lanes}")
-        if self.fold_align:
-            parts.append("fa")
-        if self.reset_copies:
-            parts.append("rc")
+        parts = [_TAG_OF[self.kind], ps, f"n{p.n}", f"g{p.block}", f"b{p.bits}", *self._parts()]
         for f in _changes(p, FormatParams.preset(ps)):
             v = getattr(p, f)
             if f == "mant_bits":
@@ -255,7 +338,8 @@ class RTLConfig:
 
         Raises:
             ValueError: unknown kind or preset, a missing or repeated ``n g b l`` part, an
-                unknown part, or FormatParams refuses the result (the message names the field).
+                unknown part, a part the kind does not take, or FormatParams / the options
+                refuse the result (the message names the field).
         """
         if not isinstance(s, str):
             raise TypeError(f"config name must be a str, got {type(s).__name__}")
@@ -294,15 +378,23 @@ class RTLConfig:
         missing = [f"{k} ({v})" for k, v in _FIXED.items() if v not in fixed]
         if missing:
             raise ValueError(f"config name {s!r} must state {', '.join(missing)}")
-        lat = fixed.pop("latency")
-        pipe = fixed.pop("pipe", None)
-        key_slots = fixed.pop("key_slots", 0)
-        lane_ram = fixed.pop("lane_ram", 0)
-        credit = fixed.pop("credit", None)
-        lanes = fixed.pop("lanes", None)
-        fold_align = fixed.pop("fold_align", False)
-        reset_copies = fixed.pop("reset_copies", False)
+        kind = KIND_TAGS[parts[0]]
+        regs = fixed.pop("fwht_regs")
+        opt = {k: fixed.pop(k) for k in (*_OPTIONAL.values(), "fold_align", "reset_copies")
+               if k in fixed}
+        if kind != "encoder" and opt.get("key_slots"):
+            raise ValueError(f"key_slots (kT): the key front end is built on the encoder (enc_) "
+                             f"only, got kind {kind!r}")
+        if kind == "decoder" and opt.get("lane_ram"):
+            raise ValueError(f"lane_ram (rD): the lane delay lines in block RAM are the "
+                             f"encoder's (enc_, rt_), got kind {kind!r}")
+        if kind == "decoder" and opt.get("pipe"):
+            raise ValueError(f"pipe (pK) of a decoder must be 0 (p0): K sets the encoder's "
+                             f"tree registers, the decoder has none; got {opt['pipe']}")
+        for flag, letter in (("fold_align", "fa"), ("reset_copies", "rc")):
+            if kind == "encoder" and opt.get(flag):
+                raise ValueError(f"{flag} ({letter}): a decoder option (dec_, rt_); got kind "
+                                 f"'encoder'")
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
-        return cls(KIND_TAGS[parts[0]], p, lat, pipe, key_slots, lane_ram, credit, lanes,
-                   fold_align, reset_copies)
+        return cls.of(kind, p, regs, **opt)

@@ -1,7 +1,7 @@
 """``python -m rtl_gen.synth``: area and Fmax of the RTL with open tools (Yosys, nextpnr-ecp5).
 
 Per configuration (named in the grammar of ``rtl_gen.config``: ``enc_...`` =
-``hw.KVEpilogue``, ``dec_...`` = ``hw.KVDecompressor``, preset, N, G, b, FWHT registers,
+``hw.KVEncoder``, ``dec_...`` = ``hw.KVDecoder``, preset, N, G, b, FWHT registers,
 changed fields):
 
 1. Verilog from ``rtl_gen.generate``.
@@ -58,6 +58,7 @@ overwrites), so the long sets and ``make synth`` accumulate in one file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -168,8 +169,8 @@ SETS = {
 # levels of the encoder's trees; FWHT registers after every stage) at N = 128 and 64,
 # placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores);
 # ``_r3``: the same with the lane delay lines in block RAM; the N=128 encoder without
-# it is synthesised only (its 62.5k flip-flops do not place on the LFE5U-85F,
-# docs/SYNTH.md)
+# it is synthesised only (its flip-flops do not place on the LFE5U-85F;
+# docs/DECISIONS.md, "Lane delay lines in block RAM")
 SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p2_r3", True),
                   ("dec_v2_n128_g64_b3_l7_p0", True),
                   ("enc_v2_n64_g64_b3_l6_p2", True), ("dec_v2_n64_g32_b3_l6_p0", True),
@@ -181,7 +182,7 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   # N = 128 as two beats of 64 lanes (config part wW): the last butterfly
                   # stage across the beats, half the lanes of everything else; the
                   # encoder at tree registers every 2 and every level, the decoder in
-                  # both flows (docs/SYNTH.md)
+                  # both flows (docs/DECISIONS.md, "Two beats per vector")
                   ("enc_v2_n128_g64_b3_l6_p2_c0_w64", True), ("enc_v2_n128_g64_b3_l6_p1_c0_w64", True),
                   ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True), ("dec_v2_n128_g64_b3_l6_p0_w64", True),
                   # N = 64, one beat, every cut, credit flow
@@ -196,9 +197,8 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa", True),
                   # ... and its reset through one register copy per region (config part rc)
                   ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", True)]
-# make synth, at a 150 MHz target: the designs of the Fmax targets (issue 14: N=128 >= 125 MHz,
-# N=64 >= 150 MHz), encoder and decoder at each N (the four records' tool times add up to
-# 103 min, on 2 shared cores, 2026-12-06)
+# make synth, at a 150 MHz target: the designs of the Fmax targets (N=128 >= 125 MHz,
+# N=64 >= 150 MHz), encoder and decoder at each N (about 2 h of tool time on 2 cores)
 SETS["fmax"] = [("enc_v2_n128_g64_b3_l6_p1_c0_w64", True),
                 ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", True),
                 ("enc_v2_n64_g64_b3_l6_p1_c0", True), ("dec_v2_n64_g32_b3_l9_p0_c0", True)]
@@ -425,7 +425,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
         shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
     p = cfg.params
-    man = rtl_gen.generate(cfg.kind, p, d, **cfg.regs)
+    man = rtl_gen.generate(cfg.kind, p, d, cfg.opts)
     dut, vfile = man["top"], d / man["verilog"]
     rec = {**_identity(cfg), "top": dut,
            "latency_cycles": man["latency_cycles"], "params": p.to_dict(),
@@ -618,24 +618,22 @@ def _placement_summary(rep: dict) -> dict:
 
 
 def _identity(cfg: RTLConfig) -> dict:
-    """The keys that identify a record: config name, kind, FWHT registers, params."""
-    return {"config": cfg.name, "kind": cfg.kind, "latency": cfg.latency, "pipe": cfg.pipe,
-            "regs": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.regs.items()},
+    """The keys that identify a record: config name, kind, FWHT registers, options, params."""
+    return {"config": cfg.name, "kind": cfg.kind, "fwht_regs": cfg.fwht_regs,
+            "options": json.loads(json.dumps(dataclasses.asdict(cfg.opts))),
             "params": cfg.params.to_dict()}
 
 
 def fwht_component(cfg: RTLConfig):
     """The configuration's FWHT component alone, as its module builds it: ``hw.fwht.FWHT``
-    (``hw.epilogue.write_fwht``) or ``hw.ifwht.BlockFWHT`` (``hw.decompressor.read_fwht``):
-    the same latency, widths, lanes, side band and alignment (``split_align`` of the ``pK``
-    profile, ``fold_align``)."""
+    (``hw.encoder.write_fwht``) or ``hw.ifwht.BlockFWHT`` (``hw.decoder.read_fwht``):
+    the same registers, widths, lanes, side band and alignment."""
     p = cfg.params
     if cfg.kind == "encoder":
-        from hw.epilogue import write_fwht
-        return write_fwht(p, cfg.latency, cfg.lanes)
-    from hw.decompressor import read_fwht
-    return read_fwht(p, cfg.latency, cfg.regs.get("split_align", False),
-                     cfg.regs.get("fold_align", False), cfg.lanes)
+        from hw.encoder import write_fwht
+        return write_fwht(p, cfg.fwht_regs, cfg.lanes)
+    from hw.decoder import read_fwht
+    return read_fwht(p, cfg.dec)
 
 
 def component_area(comp, top: str, d: Path, yosys: str, timeout: int, log=print,
@@ -697,10 +695,8 @@ def fwht_area(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
 def float_parts(cfg: RTLConfig) -> dict:
     """The read path's float conversion components as built inside the decoder of ``cfg``
     (its lanes per cycle, constants and register cuts): {"fprep": FloatPrep, "fpack": FloatPack}."""
-    from hw.decompressor import FLOAT_CUTS, float_parts as read_float_parts
-    regs = FLOAT_CUTS.check(cfg.regs.get("float_regs", FLOAT_CUTS.default))
-    return read_float_parts(cfg.params, cfg.lanes or cfg.params.n, regs,
-                            bool(cfg.regs.get("fold_align")))
+    from hw.decoder import float_parts as read_float_parts
+    return read_float_parts(cfg.params, cfg.dec)
 
 
 def decoder_parts(cfg: RTLConfig, d: Path, yosys: str, timeout: int, log=print,
@@ -919,12 +915,12 @@ def main(argv=None) -> int:
                     help="overwrite --out instead of merging (by config name) into it")
     ap.add_argument("--seed", type=int, default=1,
                     help="nextpnr placement seed (default: %(default)s; the records' Fmax "
-                         "spreads by up to 18 %% across seeds, docs/SYNTH.md)")
+                         "spreads across seeds)")
     ap.add_argument("--router", choices=ROUTERS, default="router1",
                     help="nextpnr router (default: %(default)s)")
     ap.add_argument("--tmg-ripup", action="store_true",
                     help="nextpnr --tmg-ripup: the router also rips up and reroutes nets on "
-                         "failing timing paths (docs/SYNTH.md)")
+                         "failing timing paths")
     ap.add_argument("--bram-outreg", action="store_true",
                     help="move the fabric register behind each block RAM read port into the "
                          "DP16KD's output register (REGMODE OUTREG) before nextpnr "

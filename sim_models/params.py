@@ -92,7 +92,7 @@ class FormatParams:
     The modes ``asym`` and ``lloydmax``, the encodings other than ``ue5m3`` and
     the rms/absmean scale rules are format-study options (docs/ACCURACY.md);
     each implementation refuses, with a ValueError naming the field, what it
-    does not implement (:func:`check_supported`; the RTL: ``hw.epilogue.check_epilogue_params``,
+    does not implement (:func:`check_supported`; the RTL: ``hw.encoder.check_encoder_params``,
     ``hw.dequant``; the CUDA kernels: ``gpu_ref``).
 
     Raises:

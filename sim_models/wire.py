@@ -3,8 +3,8 @@
 One definition of every stream word (LSB first, each field a little-endian
 integer of its elements; FORMAT.md 4 and 7 give the planes' byte order):
 
-* encoder output (``KVEpilogue.o``): ``codes | scales | [zeros] | flags``;
-* decoder input (``KVDecompressor.i``): ``codes | scales | [zeros]``;
+* encoder output (``KVEncoder.o``): ``codes | scales | [zeros] | flags``;
+* decoder input (``KVDecoder.i``): ``codes | scales | [zeros]``;
 * lanes (encoder input, decoder output): N 16-bit fp16/bf16 patterns, lane k
   at bits [16k, 16k+16).
 
@@ -134,13 +134,13 @@ def _planes(p: FormatParams) -> list[tuple[str, int, int, bool]]:
 
 
 def encoder_output(p: FormatParams) -> WireLayout:
-    """``KVEpilogue.o`` payload: codes (N*b) | scales (8 per block) | [zeros (8 per
+    """``KVEncoder.o`` payload: codes (N*b) | scales (8 per block) | [zeros (8 per
     block, mode asym)] | flags (3)."""
     return _layout(*_planes(p), ("flags", FLAG_BITS, 1, False))
 
 
 def decoder_input(p: FormatParams) -> WireLayout:
-    """``KVDecompressor.i`` payload: codes | scales | [zeros (mode asym)] (the
+    """``KVDecoder.i`` payload: codes | scales | [zeros (mode asym)] (the
     encoder output without the flags)."""
     return _layout(*_planes(p))
 
@@ -168,7 +168,7 @@ def key_slot_bits(slots: int) -> int:
 
 
 def encoder_input(p: FormatParams, key_slots: int = 0) -> WireLayout:
-    """``KVEpilogue.i`` payload: the N lanes, and with a key front end (``key_slots`` > 0)
+    """``KVEncoder.i`` payload: the N lanes, and with a key front end (``key_slots`` > 0)
     the side band ``slot`` (table slot of the vector) and ``bypass`` (1: the lanes go to
     the encoder unchanged: values, keys without the front end) above them."""
     if not key_slots:
@@ -178,7 +178,7 @@ def encoder_input(p: FormatParams, key_slots: int = 0) -> WireLayout:
 
 
 def key_config(p: FormatParams, key_slots: int) -> WireLayout:
-    """``KVEpilogue.cfg`` payload (the key front end's table load port, one lane per word):
+    """``KVEncoder.cfg`` payload (the key front end's table load port, one lane per word):
     ``mu_s`` (fp16 bits of RN16(mu * 2^e)) | ``e`` (KEY_E_BITS, two's complement) |
     ``lane`` (log2 N bits) | ``slot``."""
     return _layout(("mu_s", LANE_BITS, 1, False), ("e", KEY_E_BITS, 1, False),

@@ -16,6 +16,7 @@ import pytest
 from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
+from hw.options import DecoderOptions
 from verif.formal import mutants
 from verif.formal.plan import (FLOAT_CONFIGS, FLOAT_SPLIT_CONFIGS, FOLD_ALIGN_DEPTH, float_miter, flow_design,
                                fwht_width, read_widths, stream_depth, stream_design)
@@ -178,7 +179,7 @@ def test_float_conversion(config, work):
 
 @needs_yosys
 def test_float_proof_fails_without_sign_correction(work):
-    from hw.decompressor import float_consts
+    from hw.decoder import float_consts
     from rtl_gen.config import RTLConfig
     c = float_consts(RTLConfig.parse("dec_v2_n16_g8_b3_l1").params)
     rec = prove_comb(float_miter("dec_v2_n16_g8_b3_l1", dut=mutants.NoSignFloatPack(1, c)),
@@ -194,7 +195,7 @@ def test_float_conversion_split_shifter(config, mutant, work, monkeypatch):
     high ones) is proved equal to the rounding; without the low part's sticky bit (a
     mutant through ``hw.tofloat.shift_right_sticky``) the proof fails."""
     import hw.tofloat as tofloat
-    from hw.decompressor import float_consts
+    from hw.decoder import float_consts
     from rtl_gen.config import RTLConfig
     if mutant:
         real = tofloat.shift_right_sticky
@@ -204,8 +205,8 @@ def test_float_conversion_split_shifter(config, mutant, work, monkeypatch):
             return out, (0 if name.startswith("shl") else st)
         monkeypatch.setattr(tofloat, "shift_right_sticky", no_low_sticky)
     c = float_consts(RTLConfig.parse(config).params)
-    dut = tofloat.FloatPack(1, c, shift_low_bits=tofloat.PACK_SHIFT_LOW_BITS)
-    assert dut.shift_low_bits == tofloat.PACK_SHIFT_LOW_BITS > 0
+    dut = tofloat.FloatPack(1, c, shift_low_bits=DecoderOptions.pack_shift_low_bits)
+    assert dut.shift_low_bits == DecoderOptions.pack_shift_low_bits > 0
     rec = prove_comb(float_miter(config, dut=dut), f"float_split_{mutant}", work)
     assert rec["result"] == ("failed" if mutant else "proved")
 
@@ -287,7 +288,7 @@ def test_stream_proof_fails_with_one_credit_too_many(monkeypatch, work):
                         lambda self, m, flow, i, o, lat, extra=0, beats=1:
                         hw_init(self, m, flow, i, o, lat, extra + 1, beats))
     h = StreamHarness(stream_design("enc", 16, 8, "min", "credit"), reference=False)
-    assert h.capacity == h.latency + 2          # KVEpilogue.credits: the declared number
+    assert h.capacity == h.latency + 2          # KVEncoder.credits: the declared number
     # credits + 1 accepted while o.ready is low: visible after credits + 2 cycles
     rec = prove_bmc(h, "stream_credit_mut", work, depth=h.capacity + 2)
     assert rec["result"] == "failed"

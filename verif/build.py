@@ -52,16 +52,16 @@ def sim_config(config: str | RTLConfig) -> RTLConfig:
     Raises:
         ValueError: bad name (the message names the part or field), a kind without a
             testbench (``dec_``: the decoder is simulated inside ``rt_``), or a format field the
-            RTL does not implement (``hw.epilogue.check_epilogue_params``, and for ``rt_``
+            RTL does not implement (``hw.encoder.check_encoder_params``, and for ``rt_``
             ``hw.dequant.check_read_params``).
     """
     from hw.dequant import check_read_params
-    from hw.epilogue import check_epilogue_params
+    from hw.encoder import check_encoder_params
     cfg = RTLConfig.parse(config) if isinstance(config, str) else config
     if cfg.kind not in TESTBENCH:
         raise ValueError(f"config {cfg.name}: verif simulates kinds {sorted(TESTBENCH)} "
                          f"(enc_, rt_); the decoder runs inside the rt_ round trip")
-    checks = (check_epilogue_params, check_read_params) if cfg.kind == "roundtrip" else (check_epilogue_params,)
+    checks = (check_encoder_params, check_read_params) if cfg.kind == "roundtrip" else (check_encoder_params,)
     for check in checks:
         try:
             check(cfg.params)
@@ -131,8 +131,7 @@ def generate(cfg: RTLConfig, out: Path | None = None) -> tuple[list[Path], dict]
         files = [out / f for f in man["files"]]
         if all(f.exists() for f in files):
             return files, man
-    man = dict(rtl_gen.generate("roundtrip" if cfg.roundtrip else "encoder", cfg.params, out,
-                                **cfg.regs))
+    man = dict(rtl_gen.generate(cfg.kind, cfg.params, out, cfg.opts))
     man["latency"] = man["latency_cycles"]
     if cfg.roundtrip:
         man["latency_rt"] = man["latency_cycles"]

@@ -14,7 +14,7 @@ Configurations are named in the grammar of rtl_gen/config.py:
 write path, format-version-2 quantizer, FWHT pipeline registers L) or
 ``rt_v1_n64_g64_b3_l2`` (round trip, version-1 quantizer).
 
-Encoder configs ``enc_...`` (verif/tb_epilogue.py, kv_epilogue vs
+Encoder configs ``enc_...`` (verif/tb_epilogue.py, kv_encoder vs
 sim_models.encode, every output word bit-exact: codes, scales, flags):
 
 * latency      isolated vectors, no stalls: measured == manifest latency_cycles
@@ -40,12 +40,12 @@ sim_models.encode, every output word bit-exact: codes, scales, flags):
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
-Round-trip configs ``rt_...`` (verif/tb_roundtrip.py, kv_epilogue ->
-kv_decompressor vs sim_models.decode(encode(x)), plus arbitrary code/scale
+Round-trip configs ``rt_...`` (verif/tb_roundtrip.py, kv_encoder ->
+kv_decoder vs sim_models.decode(encode(x)), plus arbitrary code/scale
 planes fed to the decompressor directly vs sim_models.decode).
 
 Quantizer modes: every non-default value of a field the RTL implements
-(hw.epilogue.EPILOGUE_SUPPORT for the write path, hw.dequant.READ_SUPPORT for
+(hw.encoder.ENCODER_SUPPORT for the write path, hw.dequant.READ_SUPPORT for
 the read path: round-trip configs for combinations both paths implement)
 is covered by a config. The values of different fields are combined (config k has
 the k-th value of every field, e.g. midtread + e4m3fn + absmean + up). The default set
@@ -173,10 +173,10 @@ MODE_BASES_ALL = ("enc_v2_n64_g32_b2_l1", "enc_v2_n64_g32_b4_l6")
 
 def mode_values() -> tuple[dict, dict]:
     """Non-default values the RTL implements per field of MODE_FIELDS: (write path
-    ``hw.epilogue.EPILOGUE_SUPPORT``, read path ``hw.dequant.READ_SUPPORT``
+    ``hw.encoder.ENCODER_SUPPORT``, read path ``hw.dequant.READ_SUPPORT``
     (fields it does not list: every value the write path has))."""
     from hw.dequant import READ_SUPPORT as read
-    from hw.epilogue import EPILOGUE_SUPPORT as epi
+    from hw.encoder import ENCODER_SUPPORT as epi
     default = FormatParams()
     w = {f: [v for v in epi.get(f, ()) if v != getattr(default, f)] for f in MODE_FIELDS}
     r = {f: [v for v in (read[f] if f in read else w[f]) if v != getattr(default, f)]
@@ -210,11 +210,11 @@ def mode_configs(bases=MODE_BASES, combine: bool = True, rt_limit: int | None = 
             except (ValueError, TypeError):
                 ps = [dataclasses.replace(b.params, **{f: v}) for f, v in g.items()]
             for p in ps:
-                out.append(RTLConfig("encoder", p, b.latency).name)
+                out.append(RTLConfig.of("encoder", p, b.fwht_regs).name)
                 if (rt_limit is None or n_rt < rt_limit) and all(
                         getattr(p, f) in dec[f] or getattr(p, f) == getattr(FormatParams(), f)
                         for f in MODE_FIELDS):
-                    out.append(RTLConfig("roundtrip", p, b.latency).name)
+                    out.append(RTLConfig.of("roundtrip", p, b.fwht_regs).name)
                     n_rt += 1
     return list(dict.fromkeys(out))
 
@@ -587,7 +587,7 @@ def main(argv=None) -> int:
         cfg = by_name[done.get()]       # simulate whichever is built
         info = built[cfg.name]
         entry = {"config": cfg.name, "kind": cfg.kind,
-                 "params": cfg.params.to_dict(), "latency_param": cfg.latency,
+                 "params": cfg.params.to_dict(), "latency_param": cfg.fwht_regs,
                  "gen_s": round(info["gen_s"], 2), "build_s": round(info["build_s"], 2)}
         if "error" in info:
             log(f"[{cfg.name}] ERROR generating/building: {info['error']}")

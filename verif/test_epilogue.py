@@ -1,4 +1,4 @@
-"""pytest entry points: kv_epilogue in Verilator + cocotb vs the golden model, and the
+"""pytest entry points: kv_encoder in Verilator + cocotb vs the golden model, and the
 testbench's own parts (harness, config names, status checker, faults).
 
 Each configuration is generated and built once (cached in build/sim/<config>/,
@@ -88,7 +88,7 @@ def test_real_vectors_layout(tmp_path):
 def test_config_names():
     """One grammar for sim and synth: kind, preset and every changed field are in the name."""
     c = RTLConfig.parse("enc_v2_n64_g32_b4_l0_bf16")
-    assert (c.kind, c.params.n, c.params.block, c.params.bits, c.latency, c.params.dtype) == \
+    assert (c.kind, c.params.n, c.params.block, c.params.bits, c.fwht_regs, c.params.dtype) == \
         ("encoder", 64, 32, 4, 0, "bf16")
     assert c.name == "enc_v2_n64_g32_b4_l0_bf16" and c.params.mode == "midrise"
     v1 = RTLConfig.parse("rt_v1_n64_g64_b3_l2")
@@ -97,13 +97,13 @@ def test_config_names():
     assert (m.params.mode, m.params.scale) == ("lloydmax", "e5m2")
     # the name picks the nearest preset: v1 fields plus one change is not "v2 + 3 changes"
     p = FormatParams(n=64, block=64, mode="midtread", scale_round="up", scale="e4m3fn")
-    assert RTLConfig("encoder", p, 2).name == "enc_v1_n64_g64_b3_l2_e4m3fn"
+    assert RTLConfig.of("encoder", p, 2).name == "enc_v1_n64_g64_b3_l2_e4m3fn"
     for name in ("enc_v2_n128_g64_b3_l2_scalemult-300", "enc_v2_n8_g8_b2_l0_signseed-none",
                  "enc_v2_n128_g64_b3_l2_e4m3fn_rms", "dec_v2_n16_g8_b3_l1_m10", m.name):
         assert RTLConfig.parse(name).name == name
     p = FormatParams(n=64, block=32, mode="lloydmax", scale="e5m2", scale_rule="absmean")
-    assert RTLConfig.parse(RTLConfig("roundtrip", p, 3).name) == RTLConfig("roundtrip", p, 3)
-    with pytest.raises(ValueError, match="latency"):
+    assert RTLConfig.parse(RTLConfig.of("roundtrip", p, 3).name) == RTLConfig.of("roundtrip", p, 3)
+    with pytest.raises(ValueError, match="fwht_regs"):
         RTLConfig.parse("enc_v2_n64_g64_b3_l7")
     with pytest.raises(ValueError, match="mode"):
         RTLConfig.parse("enc_v2_n64_g64_b3_l2_mode-sideways")
@@ -122,13 +122,13 @@ def test_sim_config_lists():
     names = sim.config_names(None, "all")
     for name in names + sim.config_names(None, "quick") + sim.config_names(None, "default"):
         sim_config(name)
-    lat = {(c.params.n, c.latency) for c in map(sim_config, sim.config_names(None, "full"))
+    lat = {(c.params.n, c.fwht_regs) for c in map(sim_config, sim.config_names(None, "full"))
            if not c.roundtrip}
     assert {n for n, _ in lat} == {64, 128, 256}
     assert {1, 2} <= {l for _, l in lat} and any(l == int(np.log2(n)) for n, l in lat)
-    from hw.epilogue import EPILOGUE_SUPPORT
+    from hw.encoder import ENCODER_SUPPORT
     for f in sim.MODE_FIELDS:       # every value the RTL implements has a config
-        for v in EPILOGUE_SUPPORT.get(f, ()):
+        for v in ENCODER_SUPPORT.get(f, ()):
             assert any(getattr(sim_config(n).params, f) == v for n in names), (f, v)
 
 

@@ -1,4 +1,4 @@
-"""pytest entry points: kv_epilogue -> kv_decompressor round trip (Verilator + cocotb).
+"""pytest entry points: kv_encoder -> kv_decoder round trip (Verilator + cocotb).
 
 Builds ``rt_<config>`` (verif/build.py; cached in build/sim/rt_<config>/) and runs
 verif/tb_roundtrip.py on it. Settings from the environment:

@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 RESULTS = REPO / "bench" / "results"
-FWHT_MODULE = {"encoder": "kv_epilogue.fwht", "decoder": "kv_decompressor.ifwht"}
+FWHT_MODULE = {"encoder": "fwht", "decoder": "ifwht"}     # under the record's top
 
 
 def derived(rec: dict) -> dict:
@@ -50,7 +50,7 @@ def derived(rec: dict) -> dict:
     dut = e["dut_est"]
     luts = dut["LUT4"] + 2 * dut["CCU2C"]
     fmax = rec.get("nextpnr", {}).get("fmax_mhz")
-    sub = rec["generic"]["submodules"].get(FWHT_MODULE[cfg.kind], {})
+    sub = rec["generic"]["submodules"].get(f"{rec['top']}.{FWHT_MODULE[cfg.kind]}", {})
     lb = fwht_lower_bound(cfg)
     thr = fmax * 1e6 * (cfg.lanes or cfg.params.n) if fmax else None   # W lanes per cycle
     return {
@@ -95,7 +95,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
         quant = f"{q.get('mode', '?')}/{q.get('scale_round', '?')}"
         lines.append(
             f"| {name} | {c.kind} | {quant} | {p.n} | {p.block} | {p.bits} | "
-            f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.latency} | "
+            f"{p.mant_bits if c.kind == 'encoder' else '—'} | {c.fwht_regs} | "
             f"{'default' if c.pipe is None else f'all, tree/{c.pipe}' if c.pipe else 'all'}"
             f"{f', lane RAM/{c.lane_ram}' if c.lane_ram else ''}"
             f"{'' if c.credit is None else f', credit+{c.credit}' if c.credit else ', credit'}"
@@ -158,8 +158,6 @@ def decoder_parts_table(recs: list[dict]) -> str:
 def key_front_table(recs: list[dict]) -> str:
     """Each record with the key front end (config part ``kT``) against the same config
     without it: area deltas (DUT estimates), LUT RAM of the table, Fmax, latency."""
-    from dataclasses import replace
-
     from hw.keyfront import KF_CUTS
     from rtl_gen.synth import synth_config
     ok = {r["config"]: r for r in recs if r.get("ok")}
@@ -171,11 +169,11 @@ def key_front_table(recs: list[dict]) -> str:
         cfg = synth_config(name)
         if not cfg.key_slots:
             continue
-        base = ok.get(replace(cfg, key_slots=0).name)
+        base = ok.get(type(cfg).of(cfg.kind, cfg.params, **{**cfg.parts, "key_slots": 0}).name)
         if base is None:
             continue
         d, b = derived(rec), derived(base)
-        cuts = rec.get("regs", {}).get("kf_regs") or list(KF_CUTS.default)
+        cuts = (rec.get("options") or rec.get("regs") or {}).get("kf_regs") or list(KF_CUTS.default)
         cp = rec.get("nextpnr", {}).get("critical_path") or {}
         mods = [c.split(".")[1] if c.startswith("dut.") and c.count(".") > 1 else "top"
                 for c in (cp.get("from", ""), cp.get("to", ""))]
@@ -196,8 +194,6 @@ def flow_table(recs: list[dict]) -> str:
     """Each placed-and-routed record with credit flow control (config part ``cE``) against
     the same config with the global stall: latency, area, block RAM, Fmax and both
     critical paths."""
-    from dataclasses import replace
-
     from rtl_gen.synth import synth_config
     ok = {r["config"]: r for r in recs if r.get("ok")}
     lines = ["| config (credit) | stall twin | latency cycles stall -> credit | LUT4 | CCU2C | "
@@ -216,7 +212,7 @@ def flow_table(recs: list[dict]) -> str:
         cfg = synth_config(name)
         if cfg.credit is None:
             continue
-        base = ok.get(replace(cfg, credit=None).name)
+        base = ok.get(type(cfg).of(cfg.kind, cfg.params, **{**cfg.parts, "credit": None}).name)
         if base is None:
             continue
         d, b = derived(rec), derived(base)

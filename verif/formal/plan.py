@@ -16,12 +16,16 @@ from pathlib import Path
 
 from amaranth.hdl import UnusedElaboratable
 
-from hw.decompressor import KVDecompressor, float_consts
-from hw.ifwht import FOLD_ALIGN_CYCLES, FOLD_WINDOW_STEP
-from hw.tofloat import PACK_SHIFT_LOW_BITS, FloatPack
+from hw.decoder import KVDecoder, float_consts
+from hw.ifwht import FOLD_ALIGN_CYCLES
+from hw.options import DecoderOptions, EncoderOptions, FoldOptions
+from hw.tofloat import FloatPack
 from hw.dequant import level_table, product_shape, scale_format
-from hw.epilogue import KVEpilogue
+from hw.encoder import KVEncoder
 from sim_models.params import FormatParams
+
+#: FloatPack's split of the Fmax profile (the decoder's default).
+PACK_SHIFT_LOW_BITS = DecoderOptions.pack_shift_low_bits
 
 from .prove import FormalError, prove_bmc, prove_comb
 from .specs import (BlockFWHTMiter, FloatMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
@@ -97,12 +101,12 @@ FLOAT_CONFIGS = {"ci": ("dec_v2_n16_g8_b3_l1", "dec_v2_n128_g64_b3_l2",
 
 def float_miter(config: str, dut=None) -> FloatMiter:
     """The float conversion miter of a read-path configuration (one lane, its constants
-    from ``hw.decompressor.float_consts``: with ``fold_align`` the fold window's lane
+    from ``hw.decoder.float_consts``: with ``fold_align`` the fold window's lane
     width)."""
     from rtl_gen.config import RTLConfig
     cfg = RTLConfig.parse(config)
     p = cfg.params
-    return FloatMiter(float_consts(p, bool(cfg.regs.get("fold_align"))),
+    return FloatMiter(float_consts(p, cfg.dec.fold),
                       scale_format(p).exp_bits, dut=dut)
 
 
@@ -112,7 +116,8 @@ def _float(config, work, timeout):
 
 def _float_split(config, work, timeout):
     """The float miter with FloatPack's right shifter split as in the Fmax profile
-    (``PACK_SHIFT_LOW_BITS``; the two shifters in series, without the register between)."""
+    (``DecoderOptions.pack_shift_low_bits``; the two shifters in series, without the
+    register between)."""
     from rtl_gen.config import RTLConfig
     c = float_consts(RTLConfig.parse(config).params)
     dut = FloatPack(1, c, shift_low_bits=PACK_SHIFT_LOW_BITS)
@@ -122,20 +127,20 @@ def _float_split(config, work, timeout):
 
 def stream_design(kind: str, n: int, g: int, cuts: str, flow: str = "stall",
                   lanes: int | None = None, rc: bool = False):
-    """A factory for the stream proofs: kind "enc" (KVEpilogue) or "dec" (KVDecompressor);
+    """A factory for the stream proofs: kind "enc" (KVEncoder) or "dec" (KVDecoder);
     cuts "min" (FWHT latency 1, no optional registers) or "default"; ``flow`` the flow
     control (``hw.pipeline.FLOWS``); ``lanes`` W (None: N; N/2: two beats per vector);
     ``rc``: the decoder's reset through register copies (``reset_copies``)."""
     p = FormatParams(n=n, block=g)
     if kind == "enc":
         if cuts == "min":
-            return lambda: KVEpilogue(p, latency=1, quant_regs=(), fe_regs=(), flow=flow,
-                                      lanes=lanes)
-        return lambda: KVEpilogue(p, flow=flow, lanes=lanes)
+            return lambda: KVEncoder(p, EncoderOptions(fwht_regs=1, quant_regs=(), fe_regs=(),
+                                                       flow=flow, lanes=lanes))
+        return lambda: KVEncoder(p, EncoderOptions(flow=flow, lanes=lanes))
     if cuts == "min":
-        return lambda: KVDecompressor(p, latency=1, float_regs=(), flow=flow, lanes=lanes,
-                                      reset_copies=rc)
-    return lambda: KVDecompressor(p, flow=flow, lanes=lanes, reset_copies=rc)
+        return lambda: KVDecoder(p, DecoderOptions(fwht_regs=1, float_regs=(), flow=flow,
+                                                   lanes=lanes, reset_copies=rc))
+    return lambda: KVDecoder(p, DecoderOptions(flow=flow, lanes=lanes, reset_copies=rc))
 
 
 def stream_depth(kind: str, n: int, g: int, cuts: str, flow: str,
@@ -213,8 +218,8 @@ def _plan(name: str) -> list:
                   f"H_4 (p << d) of the last pair, BMC {FOLD_ALIGN_DEPTH}", partial(_fold_align, 4, 3, 5)))
     if name == "full":
         items.append(("ifwht_fold_window_n4_w3_a5_D1", "the same with the fold window D = 1: "
-                      f"lane i == RO(S_i / 2^e), e = {FOLD_WINDOW_STEP} floor(max(d - 1, 0) / "
-                      f"{FOLD_WINDOW_STEP}), "
+                      f"lane i == RO(S_i / 2^e), e = {FoldOptions.window_step} floor(max(d - 1, 0) / "
+                      f"{FoldOptions.window_step}), "
                       "where X != 0, exact where "
                       f"X = 0, alt == (X != 0), BMC {FOLD_ALIGN_DEPTH}",
                       partial(_fold_align, 4, 3, 5, window=1)))

@@ -467,7 +467,7 @@ class FoldAlignMiter(wiring.Component):
 
     With a fold window D (``window``; ``hw.ifwht``, "Fold window"): lane i of the pair
     is ``RO(S_i / 2^e)`` with e = k floor(max(d_0 | d_1 - D, 0) / k) (k: the window's step,
-    ``hw.ifwht.FOLD_WINDOW_STEP``) where X_(i mod W) != 0 (X = H_W of the beat with the
+    ``hw.options.FoldOptions.window_step``) where X_(i mod W) != 0 (X = H_W of the beat with the
     larger d, unshifted) and S_i exact elsewhere; ``alt`` is X != 0.
 
     Args:

@@ -1,4 +1,4 @@
-"""Stream-interface harness: a top level (``KVEpilogue`` / ``KVDecompressor``)
+"""Stream-interface harness: a top level (``KVEncoder`` / ``KVDecoder``)
 never drops, duplicates or reorders a vector and holds its output while stalled.
 
 :class:`StreamHarness` drives the design under test A (its ``o.ready``,

@@ -1,6 +1,6 @@
-"""Top level of the read path: ``KVDecompressor``.
+"""Top level of the read path: ``KVDecoder``.
 
-Stream in (packed codes + scale bytes [+ zero points], the epilogue's output
+Stream in (packed codes + scale bytes [+ zero points], the encoder's output
 without the flags) -> stream out (N fp16/bf16 bit patterns), bit-exact with
 ``sim_models.codec.decode`` (docs/FORMAT.md 5; 3.7 for the quantizer
 modes): ``x_hat = D * (H yhat) / N``,
@@ -26,8 +26,8 @@ Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_reg
     i.payload -> scale decode [REG scale] per block the 2^b products level * sig,
       ef_min, shifts [REG table] -> each lane selects its product by code -> REG
       -> BlockFWHT (inner stages on narrow ints, block alignment, outer stages;
-         ``latency`` registers; for N/G = 2 the block swap, whose per-lane sign
-         flags ``flip`` FloatPrep folds into the sign; see hw/ifwht.py)
+         ``fwht_regs`` registers; for N/G = 2 the block swap, whose per-lane sign
+         flags ``flip`` FloatPrep folds into the sign; :mod:`hw.ifwht`)
       -> FloatPrep (saturation flag, leading one of 4-bit groups [REG abs] sign fold,
          leading one [REG lead]
          subnormal clamp, sign) [REG prep]
@@ -35,13 +35,9 @@ Pipeline (no stalls; [REG name] = optional register of ``dq_regs`` / ``float_reg
          bits, one's complement correction, RNE [REG round] pack, saturate) -> REG
       -> o.payload
 
-``latency_cycles = latency + 2 + len(float_regs) + len(dq_regs)`` (5 for the defaults:
-latency 2, float_regs ("prep",)), plus 3 for the skid FIFO in credit flow. Flow
-control as in ``KVEpilogue`` (``flow``: :class:`hw.pipeline.FlowControl`): every
-register stage carries a valid bit; ``"stall"``: the whole pipeline advances when
-``en = o.ready | ~o.valid`` and ``i.ready = en``; ``"credit"``: it never stalls, the
-output goes through a skid FIFO and ``i.ready`` is a credit register. One vector per
-cycle (``lanes`` = N/2: per two cycles) while ``o.ready`` is high; data registers have no
+Options: :class:`hw.options.DecoderOptions`. ``latency_cycles = fwht_regs + 2 +
+len(float_regs) + len(dq_regs)`` (5 with the defaults), + 3 for the skid FIFO in credit
+flow, + the two beats' cycles; flow control as in ``KVEncoder``. Data registers have no
 reset, valid bits do.
 
 Supported options: :data:`hw.dequant.READ_SUPPORT` (mode and scale encoding);
@@ -63,13 +59,13 @@ from sim_models.signs import sign_mask_int
 
 from .dequant import (ScaleDecode, check_read_params, dequant_table, level_table, product_shape,
                       scale_format)
-from . import ifwht
 from .ifwht import (BlockFWHT, FOLD_ALIGN_CYCLES, effective_align, fold_window, out_width,
                     steps_of, window_kept)
 from .fwht import FOLD_CYCLES
+from .options import DecoderOptions, FoldOptions
 from .pipeline import (Cuts, FlowControl, FlowTop, ResetCopies, beat_groups, beat_index, beat_of,
-                       check_flow, check_lanes, check_latency, collect, flow_cycles, fold_cycles,
-                       reset_copy_count, skid_slices, stage)
+                       check_lanes, collect, flow_cycles, fold_cycles, reset_copy_count,
+                       skid_slices, stage)
 from .tofloat import PREP_PORTS, FloatConsts, FloatPack, FloatPrep
 from .trees import tree_reduce
 from .wire import decoder_input_layout, lanes_layout
@@ -79,19 +75,17 @@ from .wire import decoder_input_layout, lanes_layout
 #: tree; the conversion never forms |S|, see hw/tofloat.py), ``"lead"`` after the
 #: leading-one tree, ``"prep"`` after FloatPrep (subnormal clamp), ``"shift"``
 #: inside FloatPack's right shifter (after the shift by Lp's high bits and their
-#: sticky bit; ``hw.tofloat.PACK_SHIFT_LOW_BITS``), ``"round"`` after the RNE
+#: sticky bit; ``hw.options.DecoderOptions.pack_shift_low_bits``), ``"round"`` after the RNE
 #: increment. Default: ``"prep"``.
 FLOAT_CUTS = Cuts("float_regs", ("abs", "lead", "prep", "shift", "round"), default=("prep",))
 
 #: Optional pipeline registers of the dequant: ``"scale"`` after the scale decode (with
 #: two beats, of the beat's blocks, and the beat's codes; every block's exponent field
-#: for ef_min), so that the scale bytes' route from the input register ends in a register
-#: (the N=128 decoder's worst path once the product tables were LUT logic: 5.1 ns of
-#: routing from the input register to the tables); ``"table"`` after the per-block
-#: product tables (``hw.dequant.dequant_table``), ef_min and the shifts, with the codes,
-#: so that the lanes' code select is the only logic before the dequant register (the
-#: N=128 decoder's worst path ran from a scale byte through the decode and the product of
-#: all lanes of its block). Default: none.
+#: for ef_min), so that the scale bytes' route from the input register ends in a register;
+#: ``"table"`` after the per-block product tables (``hw.dequant.dequant_table``), ef_min
+#: and the shifts, with the codes, so that the lanes' code select is the only logic
+#: before the dequant register (docs/DECISIONS.md, "Dequant product tables"). Default:
+#: none.
 DQ_CUTS = Cuts("dq_regs", ("scale", "table"), default=())
 
 
@@ -114,27 +108,27 @@ def fwht_steps(params: FormatParams, lanes: int, split_align: bool = False,
     return len(fwht_step_list(params, lanes, split_align, fold_align))
 
 
-def read_fwht(params: FormatParams, latency: int, split_align: bool = False,
-              fold_align: bool = False, lanes: int | None = None) -> BlockFWHT:
-    """The read path's inverse FWHT as :class:`KVDecompressor` builds it: N, G, the
-    dequant products' shape, the scale format's largest shift, ``lanes`` per beat (default
-    N), the alignment (``split_align``; ``fold_align``: in the fold) and the side band
-    ``ef_min`` (the scale format's exponent bits) delayed alongside."""
-    sf = scale_format(params)
-    return BlockFWHT(params.n, params.block, product_shape(level_table(params)), latency,
+def read_fwht(params: FormatParams, opts: DecoderOptions) -> BlockFWHT:
+    """The read path's inverse FWHT as :class:`KVDecoder` builds it with ``opts``: N, G,
+    the dequant products' shape, the scale format's largest shift, the lanes per beat, the
+    alignment (``split_align``; ``fold.align``: in the fold) and the side band ``ef_min``
+    (the scale format's exponent bits) delayed alongside."""
+    sf, fold = scale_format(params), opts.fold
+    return BlockFWHT(params.n, params.block, product_shape(level_table(params)), opts.fwht_regs,
                      side_width=data.StructLayout({"ef_min": sf.exp_bits}),
-                     max_align=sf.max_align, split_align=split_align,
-                     align="fold" if fold_align else None, lanes=lanes or params.n,
-                     window=read_window(params) if fold_align else None,
-                     window_exp="ef_min")
+                     max_align=sf.max_align, split_align=opts.split_align,
+                     align="fold" if fold.align else None, lanes=opts.lanes or params.n,
+                     window=read_window(params, fold) if fold.align else None,
+                     window_exp="ef_min", window_step=fold.window_step,
+                     shift_x_bits=fold.shift_x_bits)
 
 
-def read_window(params: FormatParams) -> int | None:
+def read_window(params: FormatParams, fold: FoldOptions = FoldOptions()) -> int | None:
     """The fold window D of the read path's two-beat fold (``hw.ifwht.fold_window``): the
     lanes into the fold are the products plus log2(N/2) bits, the precision that of the
-    input type (stored mantissa bits + 1). None when ``hw.ifwht.FOLD_WINDOW`` is off or
-    D is not below the scale format's largest shift (no lane would be cut)."""
-    if not ifwht.FOLD_WINDOW:
+    input type (stored mantissa bits + 1). None without ``fold.window``, or when D is not
+    below the scale format's largest shift (no lane would be cut)."""
+    if not fold.window:
         return None
     w = out_width(params.n // 2, params.block, product_shape(level_table(params)).width,
                   aligned=False)
@@ -142,98 +136,69 @@ def read_window(params: FormatParams) -> int | None:
     return d if d < scale_format(params).max_align else None
 
 
-def float_consts(params: FormatParams, fold_align: bool = False) -> FloatConsts:
+def float_consts(params: FormatParams, fold: FoldOptions | None = None) -> FloatConsts:
     """The float conversion's constants of the read path of ``params``: the FWHT's output
-    width (``hw.ifwht.out_width``; with ``fold_align`` the fold window D in place of the
+    width (``hw.ifwht.out_width``; with ``fold.align`` the fold window D in place of the
     largest shift, :func:`read_window`), the input type, the exponent-field range of the
     scale encoding and ``T = ef_min + scale_offset + exp_offset - log2 N``."""
     sf, table = scale_format(params), level_table(params)
-    window = read_window(params) if fold_align else None
+    window = read_window(params, fold) if fold is not None and fold.align else None
     w = out_width(params.n, params.block, product_shape(table).width,
-                  window_kept(window, sf.max_align))
+                  window_kept(window, sf.max_align,
+                              fold.window_step if fold is not None else None))
     return FloatConsts(w, params.in_format, (sf.ef_min, sf.ef_max),
                        sf.exp_offset + table.exp_offset - params.log2n)
 
 
-def float_parts(params: FormatParams, lanes: int, float_regs, fold_align: bool = False) -> dict:
-    """The read path's float conversion as :class:`KVDecompressor` builds it: FloatPrep
-    (with the fold window's per-lane exponent, ``alt_exp``, where the window applies) and
-    FloatPack of ``lanes`` lanes, with the ``float_regs`` cuts inside them:
+def float_parts(params: FormatParams, opts: DecoderOptions) -> dict:
+    """The read path's float conversion as :class:`KVDecoder` builds it with ``opts``:
+    FloatPrep (with the fold window's per-lane exponent, ``alt_exp``, where the window
+    applies) and FloatPack of the lanes per beat, with the ``float_regs`` cuts inside them:
     {"fprep": FloatPrep, "fpack": FloatPack}."""
-    consts = float_consts(params, fold_align)
+    fold, regs, lanes = opts.fold, opts.float_regs, opts.lanes or params.n
+    consts = float_consts(params, fold)
     return {"fprep": FloatPrep(lanes, consts.y_width, scale_format(params).exp_bits, consts,
-                               abs_reg="abs" in float_regs, lead_reg="lead" in float_regs,
-                               alt_exp=fold_align and read_window(params) is not None),
-            "fpack": FloatPack(lanes, consts, shift_reg="shift" in float_regs,
-                               round_reg="round" in float_regs)}
+                               abs_reg="abs" in regs, lead_reg="lead" in regs,
+                               alt_exp=fold.align and read_window(params, fold) is not None,
+                               lod_split=opts.lod_split),
+            "fpack": FloatPack(lanes, consts, shift_reg="shift" in regs,
+                               round_reg="round" in regs,
+                               shift_low_bits=opts.pack_shift_low_bits if "shift" in regs
+                               else None)}
 
 
-class KVDecompressor(FlowTop, wiring.Component):
+class KVDecoder(FlowTop, wiring.Component):
     """KV-cache read path (see module docstring).
 
     Args:
         params: format parameters (``sim_models.FormatParams``); fp16 or bf16 output.
-        latency: FWHT pipeline registers, in [0, S] (default 2): S = :func:`fwht_steps`,
-            log2 W butterfly stages and the block alignment (one register per step at most).
-        float_regs: which optional registers of the float conversion to place
-            (names from :data:`FLOAT_CUTS`, any order; default
-            ``FLOAT_CUTS.default``); each adds one cycle of latency.
-        split_align: the FWHT's block alignment as its parts, one step each (the block
-            swap's select, the high and the low shift), so that ``latency`` registers can
-            sit between them (``hw.ifwht.BlockFWHT``; default False).
-        flow: flow control, ``"stall"`` (default) or ``"credit"`` (:class:`KVEpilogue`).
-        credit_extra: credit flow only: skid FIFO entries beyond the minimum
-            (:func:`hw.pipeline.credit_depth`).
-        lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
-            (ef_min over all N/G blocks, the last butterfly stage across the beats; one
-            vector every two cycles, ``latency_cycles`` + 4; ``latency`` in [0, log2 W];
-            G must divide W; hw/README.md).
-        dq_regs: optional registers of the dequant (names from :data:`DQ_CUTS`; default
-            none); each adds one cycle of latency.
-        fold_align: two beats of one block each (``lanes`` = G = N/2) only: the block
-            alignment in the last stage across the beats instead of a W-point network step
-            (``hw.ifwht.fold_align_stage``: no lane wider than the narrow integers before
-            the fold; the fold takes 2 + ``hw.ifwht.FOLD_BRIDGE_REGS`` cycles more; default
-            False).
-        reset_copies: the reset through register copies, one per region (this module's
-            registers, the FWHT's, every ``hw.pipeline.RESET_SKID_SLICES`` slices of the
-            skid FIFO with their valid copies; ``hw.pipeline.ResetCopies``): every register
-            is reset one cycle later, and ``i.ready`` / ``o.valid`` are low in the cycle
-            after ``rst`` falls (default False).
+        opts: implementation options (:class:`hw.options.DecoderOptions`; default: its
+            defaults). They change registers, flow control, lanes and the fold, never the
+            bytes.
 
     Raises:
-        TypeError: ``params`` is not a FormatParams / ``latency`` not an int.
-        ValueError: ``latency`` out of range, or a format option the read path does
-            not implement (:data:`hw.dequant.READ_SUPPORT`; the message names the field).
+        TypeError / ValueError: ``params`` or ``opts`` refused (the message names the
+            field; a format option the read path does not implement:
+            :data:`hw.dequant.READ_SUPPORT`).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2,
-                 float_regs=FLOAT_CUTS.default, split_align: bool = False, flow: str = "stall",
-                 credit_extra: int = 0, lanes: int | None = None, dq_regs=DQ_CUTS.default,
-                 fold_align: bool = False, reset_copies: bool = False):
+    def __init__(self, params: FormatParams, opts: DecoderOptions | None = None):
         check_read_params(params)
-        self.dq_regs = DQ_CUTS.check(dq_regs)
-        self.flow, self.credit_extra = check_flow(flow, credit_extra)
-        self.lanes = check_lanes(params, lanes)
+        opts = DecoderOptions() if opts is None else opts
+        if not isinstance(opts, DecoderOptions):
+            raise TypeError(f"opts must be a DecoderOptions, got {type(opts).__name__}")
+        opts.check(params)
+        self.opts = opts
+        self.dq_regs = opts.dq_regs
+        self.flow, self.credit_extra = opts.flow, opts.credit_extra
+        self.lanes = check_lanes(params, opts.lanes)
         self.beats = params.n // self.lanes
-        self.float_regs = FLOAT_CUTS.check(float_regs)
-        if not isinstance(split_align, bool):
-            raise TypeError(f"split_align must be a bool, got {type(split_align).__name__}")
-        self.split_align = split_align
-        if not isinstance(fold_align, bool):
-            raise TypeError(f"fold_align must be a bool, got {type(fold_align).__name__}")
-        try:
-            steps = fwht_steps(params, self.lanes, split_align, fold_align)
-        except ValueError as e:
-            if not fold_align:
-                raise
-            raise ValueError(f"fold_align: {e}") from None
-        self.fold_align = fold_align
-        if not isinstance(reset_copies, bool):
-            raise TypeError(f"reset_copies must be a bool, got {type(reset_copies).__name__}")
-        self.reset_copies = reset_copies
+        self.float_regs = opts.float_regs
+        self.split_align = opts.split_align
+        self.fold_align = opts.fold.align
+        self.reset_copies = opts.reset_copies
         self.params = params
-        self.latency = check_latency(params, latency, self.lanes, steps)
+        self.latency = opts.fwht_regs
         self.table = level_table(params)
         self.scale_fmt = scale_format(params)
         super().__init__({
@@ -330,7 +295,7 @@ class KVDecompressor(FlowTop, wiring.Component):
 
         # ---- inverse FWHT (ef_min rides along as side band) ------------------------------
         m.submodules.ifwht = fw = rc.place(
-            read_fwht(p, self.latency, self.split_align, self.fold_align, w), 1)
+            read_fwht(p, self.opts), 1)
         m.d.comb += [fw.en.eq(en), fw.i_valid.eq(dq["valid"]), fw.p.eq(dq["prod"]),
                      fw.d.eq(dq["shift"]), fw.side_i.ef_min.eq(dq["efmin"])]
         mask = sign_mask_int(p.n, p.sign_seed)
@@ -341,7 +306,7 @@ class KVDecompressor(FlowTop, wiring.Component):
 
         # ---- float conversion: prep [+ register] + pack + output register -------------
         regs = self.float_regs
-        parts = float_parts(p, n, regs, self.fold_align)
+        parts = float_parts(p, self.opts)
         m.submodules.fprep = fp = parts["fprep"]
         assert fp.c.y_width == fw.out_width and fp.alt_exp == (fw.window is not None)
         m.d.comb += [fp.y.eq(fw.y), fp.flip.eq(fw.flip), fp.ef_min.eq(fw.side_o.ef_min),

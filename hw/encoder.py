@@ -1,4 +1,4 @@
-"""Top level of the write path: ``KVEpilogue``.
+"""Top level of the write path: ``KVEncoder``.
 
 Stream in (N fp16/bf16 bit patterns) -> stream out (packed codes, scale
 bytes, flags), bit-exact with ``sim_models.encode``.
@@ -21,31 +21,22 @@ With ``key_slots`` = T > 0 (default 0: none) the cache policy's key front end
 (:func:`hw.wire.key_config_layout`; docs/FORMAT.md 7), and the latency grows by
 ``1 + len(kf_regs)`` (``latency_breakdown["keyfront"]``).
 
-Pipeline (no stalls): front end (``fe_regs`` cuts, default one after the
-exponent max tree) -> register -> FWHT with ``latency`` registers (see
-:mod:`hw.fwht`) -> quantizer with ``quant_regs`` cuts (see :mod:`hw.quantizer`;
-default all five: mid max tree, max tree, normalization, scale byte,
-thresholds) -> lane compares + packer -> output register; ``tree_every`` = k
-adds a register after every k levels of the front end's max tree and of the
-quantizer's statistic trees (default 0). So ``latency_cycles =
-frontend_tree + len(fe_regs) + 1 + latency + quant_tree + len(quant_regs) + 1``
-(:attr:`KVEpilogue.latency_breakdown`; 10 for the defaults with latency 2), + 3 for the
-skid FIFO in credit flow.
-The manifest (``rtl_gen``) records the breakdown and the total.
+Options: :class:`hw.options.EncoderOptions`. Pipeline: front end (``fe_regs`` cuts) ->
+register -> FWHT with ``fwht_regs`` registers (:mod:`hw.fwht`) -> quantizer with
+``quant_regs`` cuts (:mod:`hw.quantizer`) -> lane compares + packer -> output register;
+``tree_every`` = k adds a register after every k levels of the front end's max tree and
+the quantizer's statistic trees. ``latency_cycles = frontend_tree + len(fe_regs) + 1 +
+fwht_regs + quant_tree + len(quant_regs) + 1`` (:attr:`KVEncoder.latency_breakdown`; 10
+with the defaults), + 3 for the skid FIFO in credit flow; the manifest records both.
 
-Flow control (``flow``, :class:`hw.pipeline.FlowControl`): every register stage
-carries a valid bit. ``"stall"`` (default): the whole pipeline advances when
-``en = o.ready | ~o.valid``; ``i.ready = en``, combinational from ``o.ready`` and
-``o.valid`` (allowed by the stream rules; ``o.valid`` does not depend on
-``o.ready``); while the output is stalled nothing moves; an empty output register
-never blocks the pipeline. ``"credit"``: the pipeline never stalls (registers
-without enable), the output register writes a skid FIFO (LUT or block RAM) that drives
-``o`` (``latency_breakdown["skid_fifo"]`` = 3 cycles), and ``i.ready`` is a register
-driven by a credit counter (``latency_cycles + 2 + credit_extra`` vectors in flight
-at most; two beats: ``(latency_cycles + 1) // 2 + 1 + credit_extra``). Either way: one vector per cycle (with ``lanes`` = N/2: per two cycles, two beats of N/2
-lanes inside) while ``o.ready`` is high, no loss,
-duplication or reordering under back-pressure, the payload held while
-``o.valid & ~o.ready``.
+Flow control (``flow``, :class:`hw.pipeline.FlowControl`; docs/DECISIONS.md, "Credit
+flow control"): every register stage carries a valid bit. ``"stall"``: the pipeline
+advances when ``en = o.ready | ~o.valid`` and ``i.ready = en``. ``"credit"``: the
+pipeline never stalls, the output register writes a skid FIFO that drives ``o``, and
+``i.ready`` is a register driven by a credit counter (:func:`hw.pipeline.credit_depth`
+vectors in flight at most, + ``credit_extra``). Either way one vector per cycle (with
+``lanes`` = N/2: per two cycles) while ``o.ready`` is high, with no loss, duplication or
+reordering under back-pressure, the payload held while ``o.valid & ~o.ready``.
 
 Status: ``status`` is a register, updated every cycle as
 ``status <= (status_clear ? 0 : status) | (o.valid & o.ready ? o.flags : 0)``:
@@ -64,22 +55,23 @@ from amaranth.lib.wiring import In, Out
 
 from sim_models.params import FormatParams, check_supported
 
-from .frontend import FE_CUTS, FrontEnd, u_shape
+from .frontend import FrontEnd, u_shape
 from .frontend import ram_lines as frontend_ram_lines
 from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FOLD_CYCLES, FWHT
-from .keyfront import KF_CUTS, KeyFrontEnd, check_key_slots
+from .keyfront import KeyFrontEnd
 from .packer import Packer
-from .pipeline import (FlowControl, FlowTop, beat_groups, check_flow, check_lane_ram, check_lanes,
-                       check_latency, check_tree_every, collect, flow_cycles, fold_cycles, stage)
-from .quantizer import QUANT_CUTS, Quantizer
+from .options import EncoderOptions
+from .pipeline import (FlowControl, FlowTop, beat_groups, check_lanes, collect, flow_cycles,
+                       fold_cycles, stage)
+from .quantizer import Quantizer
 from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
 from .wire import encoder_input_layout, encoder_output_layout, key_config_layout
 
 
-#: FormatParams fields the write path (KVEpilogue) implements: field -> allowed values.
-EPILOGUE_SUPPORT = {
+#: FormatParams fields the write path (KVEncoder) implements: field -> allowed values.
+ENCODER_SUPPORT = {
     "mode": ("midtread", "midrise", "lloydmax", "asym"),
     "scale": ("ue5m3", "e4m3fn", "e5m2", "ue4m4"),
     "scale_rule": ("max", "absmean"),
@@ -87,10 +79,10 @@ EPILOGUE_SUPPORT = {
 }
 
 
-def check_epilogue_params(p: FormatParams) -> FormatParams:
-    """Refuse format options the write path (KVEpilogue) does not implement.
+def check_encoder_params(p: FormatParams) -> FormatParams:
+    """Refuse format options the write path (KVEncoder) does not implement.
 
-    Supported (:data:`EPILOGUE_SUPPORT`): mode midtread / midrise / lloydmax / asym,
+    Supported (:data:`ENCODER_SUPPORT`): mode midtread / midrise / lloydmax / asym,
     scale encodings ue5m3 / e4m3fn / e5m2 / ue4m4, scale rules max / absmean
     with any scale_mult, scale rounding up / nearest; every n / block / bits /
     mant_bits / dtype / sign_seed that FormatParams accepts. Not built: rule rms.
@@ -98,81 +90,48 @@ def check_epilogue_params(p: FormatParams) -> FormatParams:
     Raises:
         TypeError: not a FormatParams. ValueError: the message names the field.
     """
-    return check_supported(p, EPILOGUE_SUPPORT, "RTL write path")
+    return check_supported(p, ENCODER_SUPPORT, "RTL write path")
 
 
 def write_fwht(params: FormatParams, latency: int, lanes: int | None = None) -> FWHT:
-    """The write path's FWHT as :class:`KVEpilogue` builds it: N, the mantissa width,
+    """The write path's FWHT as :class:`KVEncoder` builds it: N, the mantissa width,
     ``lanes`` per beat (default N) and the side band (the block exponent u and the two
     flags) delayed alongside."""
     side = data.StructLayout({"u": u_shape(params), "flags": 2})
     return FWHT(params.n, params.mant_bits, latency, side_width=side, lanes=lanes or params.n)
 
 
-class KVEpilogue(FlowTop, wiring.Component):
+class KVEncoder(FlowTop, wiring.Component):
     """KV-cache write path (see module docstring).
 
     Args:
         params: format parameters (``sim_models.FormatParams``); fp16 and bf16.
-        latency: FWHT pipeline registers, in [0, log2 N] (default 2).
-        quant_regs: register cut points inside the quantizer, names from
-            ``hw.quantizer.QUANT_CUTS`` (default ``QUANT_CUTS.default``).
-        fe_regs: register cut points inside the front end, names from
-            ``hw.frontend.FE_CUTS`` (default ``FE_CUTS.default``).
-        tree_every: a register after every k levels of the front end's exponent
-            max tree and of the quantizer's block statistic trees (default 0: none).
-        key_slots: 0 (default: no key front end, the v2 ports and bytes) or T >= 1: a
-            ``hw.keyfront.KeyFrontEnd`` with T table slots in front of the front end,
-            the ``slot`` / ``bypass`` side band in ``i.payload`` and the table load port
-            ``cfg`` (fp16 only).
-        kf_regs: register cuts of the key front end, names from
-            ``hw.keyfront.KF_CUTS`` (default ``KF_CUTS.default``; unused without it).
-        lane_ram: 0 (default: flip-flops) or the minimum delay in stages of a lane
-            delay line that goes to block RAM (the front end's decoded lanes beside
-            the exponent max tree, ``hw.frontend.lane_delay`` stages; the quantizer's
-            lanes beside the block scale, ``hw.quantizer.lane_delay``; :attr:`ram_lines`). Same cycles, stalls and bytes either way.
-        flow: flow control, ``"stall"`` (default: global stall enable) or ``"credit"``
-            (credit-based flow control with an output skid FIFO; :data:`hw.pipeline.FLOWS`).
-        credit_extra: credit flow only: skid FIFO entries beyond the minimum
-            ``latency_cycles + 2`` for one vector per cycle (two beats: ``(latency_cycles
-            + 1) // 2 + 1``, :func:`hw.pipeline.credit_depth`; default 0).
-        lanes: W, lanes per cycle: None / N (default) or N/2, each vector as two beats
-            through a W-lane data path (one vector every two cycles, ``latency_cycles``
-            + 4; ``latency`` in [0, log2 W]; G must divide W; hw/README.md). Not with
-            ``key_slots`` or ``lane_ram``.
+        opts: implementation options (:class:`hw.options.EncoderOptions`; default: its
+            defaults). They change registers, flow control and lanes, never the bytes.
 
     Raises:
-        TypeError: ``params`` is not a FormatParams / ``latency`` not an int /
-            ``quant_regs`` / ``fe_regs`` not a tuple of names.
-        ValueError: ``latency`` out of range, an unknown cut name, a format option the
-            RTL does not implement (see :data:`EPILOGUE_SUPPORT`), or a bad ``lanes``
-            (:func:`hw.pipeline.check_lanes`; with ``key_slots`` / ``lane_ram``).
+        TypeError / ValueError: ``params`` or ``opts`` refused (the message names the
+            field; a format option the RTL does not implement: :data:`ENCODER_SUPPORT`).
     """
 
-    def __init__(self, params: FormatParams, latency: int = 2, quant_regs=QUANT_CUTS.default,
-                 fe_regs=FE_CUTS.default, tree_every: int = 0, key_slots: int = 0,
-                 kf_regs=KF_CUTS.default, lane_ram: int = 0, flow: str = "stall",
-                 credit_extra: int = 0, lanes: int | None = None):
-        check_epilogue_params(params)
-        self.flow, self.credit_extra = check_flow(flow, credit_extra)
-        self.lanes = check_lanes(params, lanes)
+    def __init__(self, params: FormatParams, opts: EncoderOptions | None = None):
+        check_encoder_params(params)
+        opts = EncoderOptions() if opts is None else opts
+        if not isinstance(opts, EncoderOptions):
+            raise TypeError(f"opts must be an EncoderOptions, got {type(opts).__name__}")
+        opts.check(params)
+        self.opts = opts
+        self.flow, self.credit_extra = opts.flow, opts.credit_extra
+        self.lanes = check_lanes(params, opts.lanes)
         self.beats = params.n // self.lanes
-        if self.beats > 1 and key_slots:
-            raise ValueError(f"key_slots (key front end) needs lanes=N={params.n}, "
-                             f"got lanes={self.lanes}")
-        if self.beats > 1 and lane_ram:
-            raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={params.n}, "
-                             f"got lanes={self.lanes}")
-        if key_slots != 0:
-            check_key_slots(params, key_slots)
-        self.key_slots = key_slots
-        self.kf_regs = KF_CUTS.check(kf_regs)
+        self.key_slots = key_slots = opts.key_slots
+        self.kf_regs = opts.kf_regs
         self.params = params
-        self.latency = check_latency(params, latency, self.lanes)
-        self.quant_regs = QUANT_CUTS.check(quant_regs)
-        self.fe_regs = FE_CUTS.check(fe_regs)
-        self.tree_every = check_tree_every(tree_every)
-        self.lane_ram = check_lane_ram(lane_ram)
+        self.latency = opts.fwht_regs
+        self.quant_regs = opts.quant_regs
+        self.fe_regs = opts.fe_regs
+        self.tree_every = opts.tree_every
+        self.lane_ram = opts.lane_ram
         members = {
             "i": In(stream.Signature(encoder_input_layout(params, key_slots))),
             "o": Out(stream.Signature(encoder_output_layout(params))),
