@@ -1293,7 +1293,7 @@ def test_fold_align_stream(n, latency, mode, window, step):
     sim.add_clock(1e-6)
     sim.add_testbench(tb)
     sim.run()
-    assert dut.cycles == latency + 4 + bridge
+    assert dut.cycles == latency + FOLD_ALIGN_CYCLES == latency + 4
     assert dut.out_width == width + (w.bit_length() - 1) + 1 + \
         (window + step - 1 if window else amax)
     assert not fails, fails[:3]
@@ -1384,7 +1384,7 @@ def test_reset_copies_config(tmp_path):
     for name in ("dec_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc", "rt_v2_n64_g32_b3_l2_c0_w32_fa_rc",
                  "dec_v2_n16_g8_b3_l1_rc"):
         c = RTLConfig.parse(name)
-        assert c.name == name and c.opts.reset_copies is True
+        assert c.name == name and c.dec.reset_copies is True
     assert RTLConfig.parse("dec_v2_n16_g8_b3_l1").opts.reset_copies is False
     with pytest.raises(ValueError, match="reset_copies"):
         RTLConfig.parse("enc_v2_n16_g8_b3_l1_rc")

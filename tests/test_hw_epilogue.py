@@ -543,8 +543,10 @@ def test_lane_ram_n128_profile():
     assert dut.ram_lines["frontend.lanes"] == {"stages": 4, "width": 128 * 17, "depth": 4}
     del dut
     gc.collect()
-    check(cfg.params, cfg.latency, 24, dut_kw={**kw, "lane_ram": cfg.lane_ram})
-    st = run_lockstep(cfg.params, cfg.latency, kw, cfg.lane_ram, 40, 128, resets=2)
+    o = cfg.opts
+    kw = dict(quant_regs=o.quant_regs, fe_regs=o.fe_regs, tree_every=o.tree_every)
+    check(cfg.params, o.fwht_regs, 24, dut_kw={**kw, "lane_ram": o.lane_ram})
+    st = run_lockstep(cfg.params, o.fwht_regs, kw, o.lane_ram, 40, 128, resets=2)
     assert st["out"] + st["lost"] == st["accepted"], st
     assert st["out"] >= 15 and st["reset_in_flight"] == 2 and st["reset_stalled"] >= 1, st
     assert st["long_stalls"] >= 1, st
