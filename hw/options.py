@@ -72,10 +72,13 @@ class EncoderOptions:
             ``hw.keyfront.KF_CUTS``).
         tree_every: a register after every k levels of the reduction trees (0: none).
         key_slots: table slots T of the key front end (0: none; fp16 only).
-        lane_ram: lane delay lines of at least this many stages in block RAM (0: none).
-        flow: ``"stall"`` (global stall) or ``"credit"`` (credit flow, skid FIFO).
+        lane_ram: lane delay lines of at least this many stages in block RAM (0: none;
+            docs/DECISIONS.md, "Lane delay lines in block RAM").
+        flow: ``"stall"`` (global stall) or ``"credit"`` (credit flow, skid FIFO;
+            docs/DECISIONS.md, "Credit flow control").
         credit_extra: skid FIFO entries beyond the minimum (credit flow only).
-        lanes: lanes per cycle W: None (N) or N/2 (two beats per vector).
+        lanes: lanes per cycle W: None (N) or N/2 (two beats per vector;
+            docs/DECISIONS.md, "Two beats per vector").
     """
 
     fwht_regs: int = 2
@@ -126,11 +129,14 @@ class FoldOptions:
 
     Attributes:
         align: the block alignment in the fold's last butterfly stage across the beats
-            (``hw.ifwht.fold_align_stage``) instead of a step of the W-point network.
-        window: with ``align``, the fold rounds to its window D (``hw.ifwht.fold_window``).
-        window_step: k, the window's shift rounded down to a multiple of k (a power of two).
-        shift_x_bits: low bits of the shift amount applied before the fold's register X
-            (the rest before register S).
+            (``hw.ifwht.fold_align_stage``) instead of a step of the W-point network
+            (docs/DECISIONS.md, "Fold alignment").
+        window: with ``align``, the fold rounds to its window D (``hw.ifwht.fold_window``;
+            docs/DECISIONS.md, "Fold window").
+        window_step: k, the window's shift rounded down to a multiple of k (a power of
+            two; docs/DECISIONS.md, "Fold window").
+        shift_x_bits: low bits of the shift amount applied before the fold's register X,
+            the rest before register S (docs/DECISIONS.md, "Fold shift split").
     """
 
     align: bool = False
@@ -160,10 +166,11 @@ class DecoderOptions:
         flow, credit_extra, lanes: as :class:`EncoderOptions`.
         fold: the two-beat fold (:class:`FoldOptions`).
         reset_copies: the reset through one register copy per region
-            (``hw.pipeline.ResetCopies``).
+            (``hw.pipeline.ResetCopies``; docs/DECISIONS.md, "Reset copies").
         pack_shift_low_bits: low bits of Lp that FloatPack shifts by after its ``shift``
-            register (with that cut).
-        lod_split: levels of the leading-one tree before FloatPrep's ``abs`` register.
+            register, with that cut (docs/DECISIONS.md, "Float pack shift split").
+        lod_split: levels of the leading-one tree before FloatPrep's ``abs`` register
+            (docs/DECISIONS.md, "Leading-one split").
     """
 
     fwht_regs: int = 2
