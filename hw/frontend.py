@@ -204,7 +204,7 @@ class FrontEnd(wiring.Component):
 
         # with the emax cut in copies, the tree's last register holds the partial maxima in
         # as many copies and each copy reduces its own to its root, which loads its own
-        # emax copy (docs/DECISIONS.md, "Register copies")
+        # emax copy (docs/DECISIONS.md, "Register replicas")
         ncopy = replica_count(w, REPLICA_LEAF_LANES) if "emax" in self.regs else 1
         last_cut = tree_cuts(p.n, self.tree_every) - 1
         part_copies = []

@@ -164,7 +164,7 @@ def fold_stage(m: Module, en, name: str, lanes: list, valid, side=None) -> dict:
         m.d.sync += [out_v.eq(last | pend), pend.eq(last)]
     if side is not None:
         # loaded on the index alone (1 only in a cycle with beat 1), from a copy of its
-        # own (docs/DECISIONS.md, "Enable copies")
+        # own (docs/DECISIONS.md, "Register replicas")
         side_r = Signal.like(side, name=f"{name}_side", reset_less=True)
         with when(m, en & copies[groups]):
             m.d.sync += side_r.eq(side)

@@ -33,7 +33,7 @@ high bits, the shift by its low :data:`ALIGN_LO_BITS` bits); register r follows 
 first ``ceil(r S / L)`` steps (:func:`hw.fwht.register_positions`). All registers
 advance on ``en``; a valid bit and a side band travel along. The shift amounts and the
 swap index ride in register copies (:func:`hw.pipeline.replicas`; docs/DECISIONS.md,
-"Register copies").
+"Register replicas").
 """
 
 from __future__ import annotations
@@ -450,7 +450,7 @@ def fold_align_stage(m: Module, en, name: str, lanes: list, d: list, valid, side
         side_exp: the side band's field that ``exp_alt`` adds s to (None: all of it).
         step: k, the window's step (``hw.options.FoldOptions.window_step``).
         shift_x_bits: low bits of d shifted before register X, the rest before register S
-            (docs/DECISIONS.md, "Fold shift split").
+            (docs/DECISIONS.md, "Fold alignment").
 
     Returns:
         {"lane": W Signals (``{name}_y{k}``, signed ``out_w``), "flip": W Values,

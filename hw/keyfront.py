@@ -60,8 +60,7 @@ from .wire import key_config_layout
 #: Register cut points of the key front end (``kf_regs``, module docstring): inside the
 #: scaling (after its shift), after it, after the operand swap, after the alignment, after
 #: the add, after the leading-zero count, after the normalisation, after the rounding (the
-#: output register). Default: scale, sum, out (docs/DECISIONS.md, "Key front end
-#: registers").
+#: output register). Default: scale, sum, out (docs/DECISIONS.md, "Key front end").
 KF_CUTS = Cuts("kf_regs", ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
                ("scale", "sum", "out"))
 

@@ -73,12 +73,12 @@ class EncoderOptions:
         tree_every: a register after every k levels of the reduction trees (0: none).
         key_slots: table slots T of the key front end (0: none; fp16 only).
         lane_ram: lane delay lines of at least this many stages in block RAM (0: none;
-            docs/DECISIONS.md, "Lane delay lines in block RAM").
+            docs/DECISIONS.md, "Lane RAM").
         flow: ``"stall"`` (global stall) or ``"credit"`` (credit flow, skid FIFO;
             docs/DECISIONS.md, "Credit flow control").
         credit_extra: skid FIFO entries beyond the minimum (credit flow only).
         lanes: lanes per cycle W: None (N) or N/2 (two beats per vector;
-            docs/DECISIONS.md, "Two beats per vector").
+            docs/DECISIONS.md, "Two-beat lanes").
     """
 
     fwht_regs: int = 2
@@ -136,7 +136,7 @@ class FoldOptions:
         window_step: k, the window's shift rounded down to a multiple of k (a power of
             two; docs/DECISIONS.md, "Fold window").
         shift_x_bits: low bits of the shift amount applied before the fold's register X,
-            the rest before register S (docs/DECISIONS.md, "Fold shift split").
+            the rest before register S (docs/DECISIONS.md, "Fold alignment").
     """
 
     align: bool = False
@@ -168,9 +168,9 @@ class DecoderOptions:
         reset_copies: the reset through one register copy per region
             (``hw.pipeline.ResetCopies``; docs/DECISIONS.md, "Reset copies").
         pack_shift_low_bits: low bits of Lp that FloatPack shifts by after its ``shift``
-            register, with that cut (docs/DECISIONS.md, "Float pack shift split").
+            register, with that cut (docs/DECISIONS.md, "Register cuts inside the float conversion").
         lod_split: levels of the leading-one tree before FloatPrep's ``abs`` register
-            (docs/DECISIONS.md, "Leading-one split").
+            (docs/DECISIONS.md, "Register cuts inside the float conversion").
     """
 
     fwht_regs: int = 2

@@ -82,7 +82,7 @@ REPLICA_ATTRS = {"keep": 1}
 #: Lanes per register copy (:func:`replicas`) of a value that every lane reads: the
 #: block's thresholds in the quantizer (one compare per lane and threshold), the max
 #: exponent in the front end (two subtractions per lane): a copy's net has 16-32 loads
-#: per bit (docs/DECISIONS.md, "Register copies").
+#: per bit (docs/DECISIONS.md, "Register replicas").
 REPLICA_GROUP_LANES = 16
 
 
@@ -90,7 +90,7 @@ REPLICA_GROUP_LANES = 16
 #: quantizer's thresholds ``thr``, the front end's max exponent ``emax``): each loads
 #: from the upstream copy of its lanes (one per :data:`REPLICA_GROUP_LANES`), two
 #: leaves per upstream copy, a register fanout tree (docs/DECISIONS.md, "Register
-#: copies").
+#: replicas").
 REPLICA_LEAF_LANES = 8
 
 
@@ -99,7 +99,7 @@ REPLICA_LEAF_LANES = 8
 #: :data:`REPLICA_LEAF_LANES` read a copy once): the decoder's block alignment (the
 #: shift amounts d, the block swap index t, the fold's d and selects, :mod:`hw.ifwht`)
 #: and FloatPrep's K, B, K + B and the mask above K (:mod:`hw.tofloat`)
-#: (docs/DECISIONS.md, "Register copies").
+#: (docs/DECISIONS.md, "Register replicas").
 REPLICA_SELECT_LANES = 4
 
 
@@ -437,12 +437,12 @@ SKID_SLICE_BITS = 72
 #: ECP5 TRELLIS_DPR16X4, 16 entries x 4 bits, read without a clock into the read data
 #: flip-flops): 32 Kbit is 512 DPR16X4. Larger ones go to block RAM, which costs no LUT
 #: sites but whose read without its output register (Yosys maps a behavioural memory with
-#: REGMODE NOREG) has a long clock-to-out (docs/DECISIONS.md, "Skid FIFO memory").
+#: REGMODE NOREG) has a long clock-to-out (docs/DECISIONS.md, "Skid FIFO slices").
 SKID_LUTRAM_BITS = 32768
 
 #: Entries up to which a skid FIFO of any width is kept in LUT RAM: 16 is one
 #: TRELLIS_DPR16X4 deep (no read multiplexer), where a block RAM would use 16 of its 512
-#: words and bring its clock-to-out (docs/DECISIONS.md, "Skid FIFO memory").
+#: words and bring its clock-to-out (docs/DECISIONS.md, "Skid FIFO slices").
 SKID_LUTRAM_ENTRIES = 16
 
 
@@ -678,7 +678,7 @@ class FlowControl:
         ``beat_valid`` / ``beat``; ``beat_data`` loads whenever it is free (a load without
         a handshake leaves ``beat_valid`` low). Its clock enable is a copy of that register
         per :data:`ENABLE_GROUP_BITS` bits (``beat_load{k}``, same update rule and reset,
-        kept apart by :data:`REPLICA_ATTRS`; docs/DECISIONS.md, "Enable copies"). Each
+        kept apart by :data:`REPLICA_ATTRS`; docs/DECISIONS.md, "Register replicas"). Each
         copy's next value reads the copy itself with ``i.valid`` and ``gate`` (the rest of
         ``i.ready``), not the handshake ``accept``, so that no loop runs from the copies
         to the handshake logic and back."""
@@ -757,7 +757,7 @@ ENABLE_GROUP_BITS = 128
 
 #: Lanes per copy of a beat index (:func:`beat_groups`): the beat select of a two-beat top
 #: level drives a multiplexer in every bit of every lane, so each group of this many
-#: lanes reads its own copy of the register (docs/DECISIONS.md, "Enable copies").
+#: lanes reads its own copy of the register (docs/DECISIONS.md, "Register replicas").
 BEAT_GROUP_LANES = 8
 
 

@@ -32,7 +32,7 @@ class Thresholds(wiring.Component):
             With ``pipelined``, the register before the shifts is kept in that many
             copies (``tsh_r{k}``, :func:`hw.pipeline.replicas`) and each copy computes its
             own shifts, so the thresholds of a copy are made next to the lanes that read
-            them (docs/DECISIONS.md, "Register copies"); without, every copy is the same
+            them (docs/DECISIONS.md, "Register replicas"); without, every copy is the same
             logic.
 
     Ports: ``byte``, ``u`` in; ``th`` (copies x len(coefs) x (y_width+1) bits) out.

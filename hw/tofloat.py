@@ -37,7 +37,7 @@ y below them, collected from the bits each shifter level drops
 (:func:`shift_right_sticky`; a nonzero remainder stays nonzero under negation, so it
 is also the sticky bit of |y|). With the ``shift`` register the shifter is two in
 series, by Lp's high bits before the register and by its ``shift_low_bits`` low bits
-after it (docs/DECISIONS.md, "Float pack shift split"), the two sticky bits ORed. For
+after it (docs/DECISIONS.md, "Register cuts inside the float conversion"), the two sticky bits ORed. For
 y < 0, ``|y| = ~y + 1``, so the kept bits of |y|
 are ``t = (w xor s) + (s & ~sticky)`` (mb + 3 bits: the +1 carries into them exactly
 when every lower bit of y is 0). ``t`` holds the significand ``r0 = t >> 1`` above
@@ -170,13 +170,13 @@ class FloatPrep(wiring.Component):
 
     Combinational, or with ``abs_reg`` one pipeline register after the saturation
     flag and the first ``lod_split`` levels of the leading-one tree (docs/DECISIONS.md,
-    "Leading-one split"), and/or with
+    "Register cuts inside the float conversion"), and/or with
     ``lead_reg`` one after the leading-one tree (before the subnormal clamp):
     then ``en`` (In) advances them and every output is one cycle behind
     ``y``/``ef_min``/``mask`` per register. The last of them holds the per-vector K,
     B and K + B in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
     (:func:`hw.pipeline.replicas`), with both registers four per copy of the ``abs``
-    register (one per 16 lanes): a fanout tree (docs/DECISIONS.md, "Register copies");
+    register (one per 16 lanes): a fanout tree (docs/DECISIONS.md, "Register replicas");
     the test L > K is an AND-OR of m1 with the mask of the positions above K, beside the
     leading-one tree (the mask in one copy per :data:`hw.pipeline.REPLICA_SELECT_LANES` lanes
     in the ``abs`` register).
@@ -317,7 +317,7 @@ class FloatPrep(wiring.Component):
         ef_min alone, so they are one constant row per ef_min value (values outside
         [ef_lo, ef_hi] never occur and read as the nearest end): each bit is a small LUT
         function of ef_min's bits, not three chained additions (docs/DECISIONS.md,
-        "Float conversion constants"). ``exp``: the
+        "Register cuts inside the float conversion"). ``exp``: the
         exponent field they are of (``ef_min``, or ``ef_alt``); ``sfx``: the signals' name
         suffix."""
         c = self.c

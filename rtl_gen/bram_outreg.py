@@ -4,7 +4,7 @@ a read port: a netlist step between ``synth_ecp5`` and nextpnr.
 Yosys maps a memory with a synchronous read port to DP16KD with ``REGMODE_A/B =
 "NOREG"`` (``share/lattice/brams_map_16kd.v``): the read data comes straight from the
 sense amplifiers, with a long clock-to-out in nextpnr's timing model
-(docs/DECISIONS.md, "Skid FIFO memory"), and a fabric register that the RTL puts behind the read port
+(docs/DECISIONS.md, "Skid FIFO slices"), and a fabric register that the RTL puts behind the read port
 (``hw.pipeline.ram_delay``'s ``{name}_data``) stays a TRELLIS_FF. The block's own
 output register does the same job one cycle after the read, inside the block: with
 ``OUTREG`` the data leaves the block from a register (Lattice TN1264, "ECP5 Memory

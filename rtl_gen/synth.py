@@ -170,7 +170,7 @@ SETS = {
 # placed and routed (hours: about 1 h per N=128 design in WebAssembly on 2 cores);
 # ``_r3``: the same with the lane delay lines in block RAM; the N=128 encoder without
 # it is synthesised only (its flip-flops do not place on the LFE5U-85F;
-# docs/DECISIONS.md, "Lane delay lines in block RAM")
+# docs/DECISIONS.md, "Lane RAM")
 SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p2_r3", True),
                   ("dec_v2_n128_g64_b3_l7_p0", True),
                   ("enc_v2_n64_g64_b3_l6_p2", True), ("dec_v2_n64_g32_b3_l6_p0", True),
@@ -182,7 +182,7 @@ SETS["timing"] = [("enc_v2_n128_g64_b3_l7_p2", False), ("enc_v2_n128_g64_b3_l7_p
                   # N = 128 as two beats of 64 lanes (config part wW): the last butterfly
                   # stage across the beats, half the lanes of everything else; the
                   # encoder at tree registers every 2 and every level, the decoder in
-                  # both flows (docs/DECISIONS.md, "Two beats per vector")
+                  # both flows (docs/DECISIONS.md, "Two-beat lanes")
                   ("enc_v2_n128_g64_b3_l6_p2_c0_w64", True), ("enc_v2_n128_g64_b3_l6_p1_c0_w64", True),
                   ("dec_v2_n128_g64_b3_l6_p0_c0_w64", True), ("dec_v2_n128_g64_b3_l6_p0_w64", True),
                   # N = 64, one beat, every cut, credit flow

@@ -154,3 +154,21 @@ def test_gpu_entry_point_names_a_bad_option(argv, word, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and word in capsys.readouterr().err
+
+
+def test_cited_decisions_exist():
+    """Every title that code cites from docs/DECISIONS.md is a heading there."""
+    import re
+    import subprocess
+    headings = set(re.findall(r"^#{2,4} (.+?)\s*$", (REPO / "docs" / "DECISIONS.md").read_text(), re.M))
+    files = subprocess.run(["git", "ls-files", "*.py", "*.cuh", "*.cu", "Makefile"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    cited = {}
+    for f in files:
+        text = (REPO / f).read_text()
+        for title in re.findall(r'DECISIONS\.md,\s*"([^"]+)"', text):
+            # a title wrapped over comment lines: join the lines
+            cited.setdefault(" ".join(re.sub(r"\n\s*(#:?|//)?\s*", " ", title).split()), f)
+    assert cited, "no code cites docs/DECISIONS.md"
+    missing = {t: f for t, f in cited.items() if t not in headings}
+    assert not missing, f"cited titles with no heading in docs/DECISIONS.md: {missing}"
