@@ -54,10 +54,7 @@ def gguf_path() -> Path:
     Raises:
         FileNotFoundError: package not installed or contains no GGUF file.
     """
-    try:
-        from sim_models.models import wheel_gguf
-    except ImportError:  # pragma: no cover - run as a script from bench/
-        from models import wheel_gguf
+    from sim_models.models import wheel_gguf
     return wheel_gguf(DIST_NAME)
 
 
