@@ -221,9 +221,10 @@ class KVCache:
             self.k_sink[ib, :, ip] = ks if self._key is None else key_front(ks, self._key, cp)
             self.v_sink[ib, :, ip] = vb[ib, it]
         self.host_lengths += t
-        self.lengths = cp.asarray(self.host_lengths, dtype=cp.int32)
+        # in place: a CUDA graph captured over run() keeps these arrays' pointers
+        self.lengths[...] = cp.asarray(self.host_lengths, dtype=cp.int32)
         if self.block_table is not None:
-            self.block_table = cp.asarray(np.maximum(self._host_table, 0).astype(np.int32))
+            self.block_table[...] = cp.asarray(np.maximum(self._host_table, 0).astype(np.int32))
 
     # ---------------------------------------------------------------------------------- read
     def plan(self, q_heads: int, max_length: int | None = None, **kw) -> "_dec.DecodePlan":
@@ -263,8 +264,9 @@ class KVCache:
         if q.ndim != 3:
             raise ValueError(f"q must be [B, Hq, N], got {list(q.shape)}")
         host = self.host_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
-        if host.shape != (self.batch,) or host.min(initial=0) < 0 or np.any(host > self.capacity):
-            raise ValueError(f"lengths must be {self.batch} ints in [0, capacity={self.capacity}]")
+        if host.shape != (self.batch,) or host.min(initial=0) < 0 or np.any(host > self.host_lengths):
+            raise ValueError(f"lengths must be {self.batch} ints, each in [0, its appended length]; "
+                             f"appended {self.host_lengths.tolist()}, got {host.tolist()}")
         pl = self.plan(q.shape[1], int(host.max(initial=0)), num_splits=num_splits, precise_p=precise_p,
                        tune=tune)
         saved = self.lengths

@@ -730,6 +730,49 @@ def test_plan_run_graph_capture_uses_caller_workspace():
     assert np.array_equal(cp.asnumpy(out), want)
 
 
+def test_graph_over_cache_run_sees_appends():
+    """A CUDA graph captured over KVCache.run replays over the tokens appended after the capture:
+    append updates the lengths and the block table in place."""
+    rng = np.random.default_rng(11)
+    p = FormatParams()
+    for page in (None, 64):
+        cache = gpu_ref.KVCache(2, 2, 1024, CachePolicy(k=p, v=p), page_size=page)
+
+        def kv(t):
+            return [cp.asarray(rng.standard_normal((2, t, 2, 128)).astype(np.float16)) for _ in range(2)]
+
+        cache.append(*kv(300))
+        pl = cache.plan(8)
+        ws = pl.workspace()
+        q = cp.asarray(rng.standard_normal((2, 8, 128)).astype(np.float16))
+        out = cp.empty((2, 8, 128), cp.float32)
+        before = cp.asnumpy(cache.run(pl, ws, q, out=out, out_dtype="fp32")).copy()
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            cache.run(pl, ws, q, out=out, out_dtype="fp32")
+            graph = stream.end_capture()
+        cache.append(*kv(10))                  # 310 tokens: the 64-token pages gain one
+        want = cp.asnumpy(cache.run(pl, pl.workspace(), q, out_dtype="fp32"))
+        out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+        got = cp.asnumpy(out)
+        assert not np.array_equal(want, before), page
+        assert np.array_equal(got, want), page
+
+
+def test_attend_refuses_lengths_beyond_the_appended():
+    p = FormatParams()
+    cache = gpu_ref.KVCache(1, 2, 64, CachePolicy(k=p, v=p))
+    z = cp.zeros((1, 10, 2, 128), cp.float16)
+    cache.append(z, z)
+    q = cp.zeros((1, 2, 128), cp.float16)
+    with pytest.raises(ValueError, match="appended"):
+        cache.attend(q, lengths=[40])
+    assert cache.attend(q, lengths=[10]).shape == (1, 2, 128)
+
+
 @pytest.mark.parametrize("case", [
     # (B, Hq, KVH, N, lengths, sinks, kb, vb, num_splits)
     (1, 64, 8, 128, [4096], 0, 3, 3, None),        # 8 token splits: one cluster of 8
