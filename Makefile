@@ -1,5 +1,6 @@
 # fwht-kv: `make sim` (main job) and `make test` set up .venv on first use (`make setup`: the
-# simulation environment and the repository's commit-msg hook).
+# simulation environment); setup, sim and test also point git at the repository's commit-msg
+# hook (.githooks).
 PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
@@ -28,22 +29,24 @@ $(STAMP_TEST): $(STAMP)
 ## setup: .venv with the simulation environment, and the commit-msg hook (.githooks)
 setup: $(STAMP) hooks
 
-## hooks: use the repository's git hooks (.githooks/commit-msg: the commit subject rule) in a git checkout
+## hooks: use the repository's git hooks (.githooks/commit-msg: the commit subject rule) in a git
+## checkout (set once; make setup, sim, sim-full and test run it)
 hooks:
-	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && \
+		[ "$$(git config core.hooksPath)" != .githooks ]; then \
 		git config core.hooksPath .githooks && echo "git hooks: .githooks (commit-msg)"; fi
 
 ## sim: generate Verilog, run the cocotb/Verilator testbenches against the golden model, print the summary:
 ## the default set, every RTL module, flow and feature once (python -m verif.sim --list)
-sim: $(STAMP)
+sim: $(STAMP) hooks
 	$(VPY) -m verif.sim --set default --summary $(OUT)/sim_summary.json
 
 ## sim-full: the same over the full list of configs (python -m verif.sim --set full --list) and vectors (about 30 min on 2 cores)
-sim-full: $(STAMP)
+sim-full: $(STAMP) hooks
 	$(VPY) -m verif.sim --set full --summary $(OUT)/sim_summary_full.json
 
 ## test: golden-model + RTL unit tests (over every CPU core, the 15 slowest listed), then a short sim (what CI runs)
-test: $(STAMP_TEST)
+test: $(STAMP_TEST) hooks
 	$(VPY) -m pytest tests -q -n auto --durations=15
 	$(VPY) -m verif.sim --set quick --summary $(OUT)/sim_summary_quick.json
 

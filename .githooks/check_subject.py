@@ -4,24 +4,30 @@
 A message is ``area: imperative summary`` on its first line, details in a body after a
 blank line:
 
-* area: lower case, e.g. ``hw``, ``gpu_ref``, ``docs``, ``bench/gpu`` (letters, digits,
-  ``_ . / -``; several as ``hw, rtl_gen``), then ``": "`` and the summary;
-* at most 72 characters, no trailing period, no ``WIP``;
+* area: any lower-case word (letters, digits, ``_ . / -``; several as ``hw, rtl_gen``),
+  then ``": "`` and the summary; the common areas: sim_models, hw, rtl_gen, verif,
+  gpu_ref, kvtest, bench, tests, docs, build (for the Makefile, pyproject.toml, hooks);
+* at most 72 characters, no trailing period, no ``WIP`` word;
 * the summary says what the commit does (``add``, not ``added`` / ``adds``);
 * with a body, the second line is blank.
+
+``fixup! ...`` / ``squash! ...`` / ``amend! ...`` subjects (``git commit --fixup``, squashed
+by ``git rebase -i --autosquash``) pass the commit-msg hook, so a branch can collect them;
+the range check (CI) rejects them: the history that is merged holds none.
 
 Usage:
     check_subject.py FILE         check the message in FILE (the commit-msg hook; git's
                                   comment lines and everything below the scissors line
                                   are ignored, as git drops them)
-    check_subject.py --since REV  check every non-merge commit of REV..HEAD (CI); fails
-                                  when REV is not in this clone
+    check_subject.py --since REV  check every non-merge commit of REV..HEAD (CI)
     check_subject.py --message TEXT
-Exit 0: all good; 1: a message breaks the rule (each problem printed); 2: bad usage.
+Exit 0: all good; 1: a message breaks the rule (each problem printed); 2: bad usage (an
+unreadable FILE, a REV this clone does not know).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -38,6 +44,10 @@ NOT_IMPERATIVE = {"added", "adds", "adding", "fixed", "fixes", "fixing", "update
 #: Messages git writes itself for merges (the CI check skips merges).
 GIT_MERGE = re.compile(r"Merge (branch|branches|remote-tracking branch|tag|commit) ")
 SCISSORS = "# ------------------------ >8 ------------------------"
+#: Subjects of commits made to be squashed into an earlier one (git commit --fixup / --squash).
+AUTOSQUASH = re.compile(r"(fixup|squash|amend)! ")
+#: WIP as a word of its own ("WIP", "wip:", "(wip)"), not inside one ("wip-state", "wiped").
+WIP = re.compile(r"(?<![\w-])wip(?![\w-])", re.IGNORECASE)
 
 
 def clean(text: str) -> str:
@@ -54,14 +64,23 @@ def clean(text: str) -> str:
     return "\n".join(lines)
 
 
-def problems(message: str) -> list[str]:
-    """What is wrong with a commit message (empty: it follows the rule)."""
+def problems(message: str, autosquash: bool = False) -> list[str]:
+    """What is wrong with a commit message (empty: it follows the rule).
+
+    ``autosquash``: accept ``fixup!`` / ``squash!`` / ``amend!`` subjects (the commit-msg
+    hook: they are squashed before merging); without it (the range check) they are an
+    error."""
     lines = clean(message).split("\n")
     subject = lines[0]
     if not subject:
         return ["empty message"]
     if GIT_MERGE.match(subject):
         return []
+    if AUTOSQUASH.match(subject):
+        if autosquash:
+            return []
+        return [f"'{subject.split('!')[0]}!' commit: squash it into its target before merging "
+                "(git rebase -i --autosquash)"]
     out = []
     m = SUBJECT.fullmatch(subject)
     if m is None:
@@ -75,7 +94,7 @@ def problems(message: str) -> list[str]:
                    "(details go in the body)")
     if subject.endswith("."):
         out.append("subject ends with a period")
-    if re.search(r"\bwip\b", subject, re.IGNORECASE):
+    if WIP.search(subject):
         out.append("subject says WIP (commit finished work; experiments stay on branches)")
     if len(lines) > 1 and lines[1]:
         out.append("second line must be blank (subject, blank line, body)")
@@ -87,10 +106,13 @@ def check_range(since: str) -> int:
     known = subprocess.run(["git", "cat-file", "-e", f"{since}^{{commit}}"],
                            capture_output=True)
     if known.returncode:
-        print(f"check_subject: commit {since} is not in this clone (a shallow clone? fetch "
-              f"the full history: git fetch --unshallow); cannot check the commits after it",
-              file=sys.stderr)
-        return 1
+        shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"],
+                                 capture_output=True, text=True).stdout.strip() == "true"
+        hint = ("; this clone is shallow: fetch the full history (git fetch --unshallow)"
+                if shallow else "")
+        print(f"check_subject: --since {since}: unknown revision{hint}; cannot check the "
+              "commits after it", file=sys.stderr)
+        return 2
     log = subprocess.run(["git", "log", "--no-merges", "--format=%h%x00%B%x1e",
                           f"{since}..HEAD"], capture_output=True, text=True, check=True).stdout
     bad = n = 0
@@ -113,13 +135,24 @@ def main(argv: list[str]) -> int:
         return check_range(argv[1])
     if len(argv) == 2 and argv[0] == "--message":
         text = argv[1]
+    elif len(argv) == 1 and argv[0] in ("-h", "--help"):
+        try:
+            print(__doc__.strip(), flush=True)
+        except BrokenPipeError:   # `--help | head`: Python's flush at exit must not fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     elif len(argv) == 1 and not argv[0].startswith("-"):
-        with open(argv[0], encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(argv[0], encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            print(f"check_subject: cannot read the message file {argv[0]}: "
+                  f"{getattr(err, 'strerror', None) or err}", file=sys.stderr)
+            return 2
     else:
-        print(__doc__.split("Usage:")[1].rstrip(), file=sys.stderr)
+        print("usage:" + __doc__.split("Usage:")[1].rstrip(), file=sys.stderr)
         return 2
-    errs = problems(text)
+    errs = problems(text, autosquash=True)
     for e in errs:
         print(f"commit message: {e}", file=sys.stderr)
     if errs:
