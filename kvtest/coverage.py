@@ -22,9 +22,9 @@ Groups (``<group>.<detail>`` bin names):
                ``zero`` (0x00, never written), ``sat`` (ideal scale above the largest:
                FLAG_SAT)
 * ``flag``     every value of the 3 flag bits (``flag=none``, ``flag=nan+inf``, ...)
-* ``dec_code`` / ``dec_scale``  the same for the decompressor's input planes (round
+* ``dec_code`` / ``dec_scale``  the same for the decoder's input planes (round
                trip and direct sets: any field, byte 0x00 included)
-* ``dec_out``  decompressor output lanes: round-to-nearest-even ties with an even / odd
+* ``dec_out``  decoder output lanes: round-to-nearest-even ties with an even / odd
                lower neighbour, saturation to the largest finite value, subnormals
 * ``key``      the key front end (configs ``..._k<T>``, :mod:`kvtest.keyfront`): each
                slot, bypass, a slot >= T, a table reload seen mid-stream, and per lane
@@ -342,7 +342,7 @@ def encoder_hits(bits: np.ndarray, p: FormatParams, trace: Trace | None = None
 
 def decoder_hits(planes: tuple, p: FormatParams) -> tuple[list[str], np.ndarray]:
     """(bin names, bool [V, B]): the read-path bins (dec_code, dec_scale, dec_out) each
-    decompressor input ``(codes, scales[, zeros])`` hits, from the golden decode."""
+    decoder input ``(codes, scales[, zeros])`` hits, from the golden decode."""
     from sim_models.pack import unpack_codes
 
     from .ties import rounding_ties
@@ -418,7 +418,7 @@ def stream_events(o_valid, o_ready, o_fire, i_valid, i_fire, rst, resets,
 # ---------------------------------------------------------------- floor
 
 #: Coverage floor (% of the reachable bins that must be hit) per run kind. The full run
-#: (``make sim``) must hit every reachable bin. ``--quick`` (CI) keeps its vector sets
+#: (``make sim``) must hit every reachable bin. ``--set quick`` (CI) keeps its vector sets
 #: (no directed ``coverage`` set, no long-burst set), so bins only those reach are
 #: missed there by design: its floor guards against losing more than that.
 FLOORS = {"full": 100.0, "quick": 95.0}
@@ -508,7 +508,7 @@ def coverage_vectors(p: FormatParams, seed: int = 0) -> np.ndarray:
 
 
 def coverage_planes(p: FormatParams, seed: int = 0):
-    """The directed decompressor set ``coverage``: random codes with scale byte 0x00 (a
+    """The directed decoder set ``coverage``: random codes with scale byte 0x00 (a
     zero scale: every encoding reads it as +0, ``sim_models.quant.dequantize``) in each
     block in turn and in all blocks, next to the smallest and largest bytes (exactly
     cancelling lanes among them: an exact zero is +0 before D). Returns ``(codes, scales[, zeros])`` (``kvtest.levels.plane_set``)."""

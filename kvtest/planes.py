@@ -8,7 +8,7 @@ Sets (return ``(codes uint8 [V, N*b/8], scales uint8 [V, N/G])``, and for mode
 ``asym`` ``(codes, scales, zeros uint8 [V, N/G])``):
 
 * :func:`encoded_planes`: the golden encoding of fp16/bf16 vectors (what the
-  epilogue writes: the round trip).
+  encoder writes: the round trip).
 * :func:`random_planes`: uniformly random code planes (every field, including
   the midtread code -2^(b-1) the encoder never writes) with random scale bytes
   of the encoding (:func:`kvtest.levels.scale_bytes`), mixed per vector: all blocks alike,

@@ -337,7 +337,7 @@ def test_config_names_use_the_distinct_quantizer_presets():
 
 
 def test_cli_key_front(tmp_path):
-    """--key-slots builds the epilogue with the key front end; the manifest records its slots,
+    """--key-slots builds the encoder with the key front end; the manifest records its slots,
     cuts and cfg port, and the latency grows by the table read register plus one cycle per cut."""
     base = ["--n", "16", "--block", "8", "--fwht-regs", "1"]
     assert cli_main(base + ["--out", str(tmp_path / "a")]) == 0

@@ -94,7 +94,7 @@ def test_make_sim_runs_the_placed_and_routed_designs():
     """Every encoder whose Fmax the synthesis records quote (rtl_gen.synth's fmax set) is
     simulated by make sim-full as synthesised, and every decoder through the round trip of
     the same parameters where one exists (a round trip's FWHT latency is at most log2 W; the
-    N=64 decoder's 9 registers are checked in tests/test_hw_decompressor.py
+    N=64 decoder's 9 registers are checked in tests/test_hw_decoder.py
     test_timing_profile); make sim runs the N=128 encoder and decoder pair."""
     from rtl_gen.config import RTLConfig
     from rtl_gen.synth import SETS as SYNTH_SETS

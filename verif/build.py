@@ -28,7 +28,7 @@ from .harness import HARNESS, harness_layout, harness_verilog, public_vlt, watch
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "build"
 #: cocotb test module per simulated kind.
-TESTBENCH = {"encoder": "verif.tb_epilogue", "roundtrip": "verif.tb_roundtrip"}
+TESTBENCH = {"encoder": "verif.tb_encoder", "roundtrip": "verif.tb_roundtrip"}
 
 
 # Verilator options: -O3 (Verilator's own optimizer), X handling fast, but
@@ -160,7 +160,7 @@ def runner():
     harness's ports public instead, see verif/harness.py).
 
     cocotb (2.1) offers no option for this: the subclass overrides the private
-    ``Verilator._build_command``. tests: verif/test_epilogue.py::test_runner_canary fails
+    ``Verilator._build_command``. tests: verif/test_encoder.py::test_runner_canary fails
     when that method changes; a build fails the same way (RuntimeError) rather than
     silently making every signal public.
     """

@@ -14,7 +14,7 @@ Configurations are named in the grammar of rtl_gen/config.py:
 write path, format-version-2 quantizer, FWHT pipeline registers L) or
 ``rt_v1_n64_g64_b3_l2`` (round trip, version-1 quantizer).
 
-Encoder configs ``enc_...`` (verif/tb_epilogue.py, kv_encoder vs
+Encoder configs ``enc_...`` (verif/tb_encoder.py, kv_encoder vs
 sim_models.encode, every output word bit-exact: codes, scales, flags):
 
 * latency      isolated vectors, no stalls: measured == manifest latency_cycles
@@ -36,13 +36,13 @@ sim_models.encode, every output word bit-exact: codes, scales, flags):
                (sim_models.testvectors.key_front_set, 2,048 + directed; quick 256)
                while every table slot is reloaded mid-stream; every other set runs with
                a random slot / bypass side band through the tables loaded at the start
-               of each test (verif/tb_epilogue.py)
+               of each test (verif/tb_encoder.py)
 * reset        mid-stream resets with words in flight
 * status       scripted status / status_clear checks
 
 Round-trip configs ``rt_...`` (verif/tb_roundtrip.py, kv_encoder ->
 kv_decoder vs sim_models.decode(encode(x)), plus arbitrary code/scale
-planes fed to the decompressor directly vs sim_models.decode).
+planes fed to the decoder directly vs sim_models.decode).
 
 Quantizer modes: every non-default value of a field the RTL implements
 (hw.encoder.ENCODER_SUPPORT for the write path, hw.dequant.READ_SUPPORT for
@@ -113,7 +113,7 @@ FEATURES = ("kind=encoder", "kind=roundtrip", "n=64", "n=128", "n=256", "g<n", "
             "lane_ram", "credit", "credit+lanes", "fold_align", "reset_copies",
             "dtype=bf16", "dtype=fp16")
 
-#: ``--set full`` (``make sim-full``): the wider list. Epilogue configs: N = 64 / 128 / 256;
+#: ``--set full`` (``make sim-full``): the wider list. Encoder configs: N = 64 / 128 / 256;
 #: b = 2 / 3 / 4; FWHT latency 1, 2 and log2 N (N = 64 and
 #: 256); bf16 input (the only way to reach FLAG_SAT); the N = 128 Fmax register
 #: profile (``p2``); the key front end of the cache policy (``kT``:
@@ -166,7 +166,7 @@ REAL_NS = (64, 128)
 MODE_FIELDS = ("mode", "scale", "scale_rule", "scale_round")
 
 
-#: Bases of the quantizer-mode configs: default run / added by ``--configs all``.
+#: Bases of the quantizer-mode configs: the default set / added by the ``all`` set.
 MODE_BASES = ("enc_v2_n64_g32_b3_l2",)
 MODE_BASES_ALL = ("enc_v2_n64_g32_b2_l1", "enc_v2_n64_g32_b4_l6")
 

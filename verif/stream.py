@@ -1,6 +1,6 @@
 """Stream driver, monitor and scoreboard of the cocotb testbenches (one per-cycle loop).
 
-Used inside the simulator by verif/tb_epilogue.py and verif/tb_roundtrip.py on
+Used inside the simulator by verif/tb_encoder.py and verif/tb_roundtrip.py on
 the bench harness ``kvtb`` of verif/harness.py (DUT inputs latched from ``t_*`` at
 the falling edge; ``m_ctl`` / ``m_o__payload`` capture at the rising edge what
 that edge transferred; ``m_hold_err`` counts breaks of the output stream rule).

@@ -8,14 +8,14 @@ inside the bench harness): clk, rst (synchronous, active high), sel (held per ph
 * sel = 1, direct: d__valid / d__ready / d__payload (any code and scale
   planes, including what the encoder never writes) -> kv_decoder;
 
-o__valid / o__ready / o__payload[16N]: the decompressor's output, lane k at
+o__valid / o__ready / o__payload[16N]: the decoder's output, lane k at
 bits [16k, 16k+16).
 
 Every output word is compared bit-exact, in order, with the golden read path:
 ``sim_models.decode(sim_models.encode(x))`` for the round trip and
 ``sim_models.decode(codes, scales)`` for the direct planes. Driver, monitor and
 scoreboard: verif/stream.py and kvtest.streamcheck (the same per-cycle loop as
-the epilogue bench).
+the encoder bench).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from verif.stream import assert_ok, bench, inject_faults
 
 def words_for(b, mode: str, name: str, count, seed: int):
     """(input strings, expected output strings, prep seconds, source) of one set; source:
-    (input vectors, their golden trace, their planes) (``rt``) or the decompressor's input
+    (input vectors, their golden trace, their planes) (``rt``) or the decoder's input
     planes (``direct``)."""
     p = b.p
     t0 = time.perf_counter()
@@ -68,8 +68,8 @@ def words_for(b, mode: str, name: str, count, seed: int):
 
 def sample_coverage(b, mode: str, src) -> None:
     """Functional coverage (verif/coverage.py) of the inputs the last phase scored: the
-    write-path bins and the decompressor-input bins of their encoding (``rt``), or the
-    decompressor-input bins of the planes (``direct``)."""
+    write-path bins and the decoder-input bins of their encoding (``rt``), or the
+    decoder-input bins of the planes (``direct``)."""
     if b.cov is None or not b.scored.size:
         return
     k = b.scored
@@ -108,8 +108,8 @@ async def run_set(b, mode: str, name: str, count, seed: int, label: str, **kw) -
 
 @cocotb.test()
 async def test_latency(dut):
-    """Isolated vectors: round trip latency == epilogue + decompressor latency_cycles;
-    direct latency == decompressor latency_cycles."""
+    """Isolated vectors: round trip latency == encoder + decoder latency_cycles;
+    direct latency == decoder latency_cycles."""
     b = await bench(dut, "test_latency")
     recs = []
     for mode, want in (("rt", b.job.latency), ("direct", b.job.latency_dec)):

@@ -73,13 +73,13 @@ def planes_for(p: FormatParams, n_random: int, adv_stride: int, seed: int):
     return tuple(np.concatenate([s[j] for s in sets]) for j in range(3))
 
 
-def make_decoder(p, latency=2, float_regs=FLOAT_CUTS.default, split_align=False,
+def make_decoder(p, fwht_regs=2, float_regs=FLOAT_CUTS.default, split_align=False,
                  flow="stall", credit_extra=0, lanes=None, dq_regs=DQ_CUTS.default,
                  fold_align=False, reset_copies=False, fold=None) -> KVDecoder:
     """``KVDecoder(p, DecoderOptions(...))`` with the options in their former order
     (``fold_align``: ``fold.align``)."""
     fold = FoldOptions(align=fold_align) if fold is None else fold
-    return KVDecoder(p, DecoderOptions(latency, float_regs=float_regs, dq_regs=dq_regs,
+    return KVDecoder(p, DecoderOptions(fwht_regs, float_regs=float_regs, dq_regs=dq_regs,
                                        split_align=split_align, flow=flow,
                                        credit_extra=credit_extra, lanes=lanes, fold=fold,
                                        reset_copies=reset_copies))
@@ -779,7 +779,7 @@ def dec_gen(tmp_path_factory):
     return out, rtl_gen.generate("decoder", p, out, DecoderOptions(fwht_regs=2)), p
 
 
-def test_rtl_gen_decompressor(dec_gen):
+def test_rtl_gen_decoder(dec_gen):
     import json
     out, man, p = dec_gen
     v = (out / "kv_decoder.v").read_text()
@@ -796,7 +796,7 @@ def test_rtl_gen_decompressor(dec_gen):
     assert "/work/" not in v
 
 
-def test_rtl_gen_decompressor_lint(dec_gen):
+def test_rtl_gen_decoder_lint(dec_gen):
     """Lint-clean with rtl_gen's waivers; without them only the waived generator
     artifacts fire and no port is unused."""
     import re

@@ -2,7 +2,7 @@
 testbench's own parts (harness, config names, status checker, faults).
 
 Each configuration is generated and built once (cached in build/sim/<config>/,
-verif/build.py); the cocotb testbench verif/tb_epilogue.py runs on it. Settings
+verif/build.py); the cocotb testbench verif/tb_encoder.py runs on it. Settings
 come from environment variables:
 
     KV_CONFIGS   comma-separated configs (default enc_v2_n128_g64_b3_l2,enc_v2_n64_g64_b3_l2)

@@ -1,4 +1,4 @@
-"""cocotb tests of ``kv_encoder`` (the write-path epilogue of fwht-kv), in the harness.
+"""cocotb tests of ``kv_encoder`` (the write path of fwht-kv), in the harness.
 
 DUT ports (Verilog, as emitted by rtl_gen): clk, rst (synchronous, active high),
 i__valid, i__ready, i__payload[N*16] (lane k fp16/bf16 bits at [16k, 16k+16)),

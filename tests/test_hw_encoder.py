@@ -44,11 +44,11 @@ FULL = os.environ.get("HW_FULL", "") not in ("", "0")
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
 
-def make_encoder(p, latency=2, quant_regs=QUANT_CUTS.default, fe_regs=FE_CUTS.default,
+def make_encoder(p, fwht_regs=2, quant_regs=QUANT_CUTS.default, fe_regs=FE_CUTS.default,
                  tree_every=0, key_slots=0, kf_regs=KF_CUTS.default, lane_ram=0, flow="stall",
                  credit_extra=0, lanes=None) -> KVEncoder:
     """``KVEncoder(p, EncoderOptions(...))`` with the options in their field order."""
-    return KVEncoder(p, EncoderOptions(latency, quant_regs=quant_regs, fe_regs=fe_regs,
+    return KVEncoder(p, EncoderOptions(fwht_regs, quant_regs=quant_regs, fe_regs=fe_regs,
                                        tree_every=tree_every, key_slots=key_slots,
                                        kf_regs=kf_regs, lane_ram=lane_ram, flow=flow,
                                        credit_extra=credit_extra, lanes=lanes))
