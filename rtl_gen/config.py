@@ -52,7 +52,9 @@ preset the parameters differ least from (the later one on a tie), so
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import dataclass, fields
 
 from sim_models import params as _pm
@@ -398,3 +400,17 @@ class RTLConfig:
         base = {f: getattr(FormatParams.preset(parts[1]), f) for f in _FIELDS}
         p = FormatParams(**{**base, **fixed, **kw})    # validates; the message names the field
         return cls.of(kind, p, regs, **opt)
+
+
+def print_names(names) -> int:
+    """Print ``names`` to stdout, one a line (the ``--list`` of verif.sim and rtl_gen.synth);
+    returns 0, also when the reader goes away early (``--list | head``: the rest is
+    dropped, no BrokenPipeError traceback)."""
+    try:
+        for name in names:
+            print(name)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush succeeds
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0

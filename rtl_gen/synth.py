@@ -50,9 +50,11 @@ that Yosys printed "End of script"; anything else fails loudly (exit 1, the
 log tail printed).
 
 Command line: ``python -m rtl_gen.synth [--set default|ci|sweep|pnr|timing|fmax|all]
-[--configs ...] [--pnr set|all|none] [--out bench/results/synth.json]``; see
-``--help``. Results are merged by configuration name into ``--out`` (``--fresh``
-overwrites), so the long sets and ``make synth`` accumulate in one file.
+[--configs ...] [--list] [--pnr set|all|none] [--out bench/results/synth.json]``; see
+``--help``; ``--out`` and ``--build`` (build/synth) are relative to the current directory;
+``--list`` prints the configs and exits. Results are merged by configuration name into
+``--out`` (``--fresh`` overwrites), so the long sets and ``make synth`` accumulate in one
+file.
 """
 
 from __future__ import annotations
@@ -69,12 +71,13 @@ import sys
 import time
 from pathlib import Path
 
-from .config import RTLConfig
+from .config import RTLConfig, print_names
 from .tools import find_tool
 
-REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "build" / "synth"
-DEFAULT_OUT = REPO / "bench" / "results" / "synth.json"
+#: work directory and results file, relative to the current working directory (the Makefile
+#: runs from the repository root), never inside the installed package
+BUILD = Path("build") / "synth"
+DEFAULT_OUT = Path("bench") / "results" / "synth.json"
 HARNESS_TOP = "synth_top"
 #: 2: a pin, shift register or XOR tree per port (1, records without ``harness.version``:
 #: one shift register and one XOR tree for all ports)
@@ -420,7 +423,7 @@ def run_config(cfg: RTLConfig, freq: float = DEFAULT_FREQ, build: Path = BUILD,
     """
     import rtl_gen
 
-    d = build / cfg.name
+    d = (Path(build) / cfg.name).resolve()
     if d.exists() and not resume:
         shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
@@ -808,7 +811,7 @@ def _fwht_only(cfgs, a) -> int:
             print(f"[{cfg.name}] no successful record in {a.out}; skipped", file=sys.stderr)
             ok = False
             continue
-        d = a.build / cfg.name / "fwht"
+        d = (a.build / cfg.name / "fwht").resolve()
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
@@ -901,6 +904,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=None,
                     help="comma-separated configs instead of --set (grammar: rtl_gen/config.py), "
                          "e.g. enc_v2_n128_g64_b3_l2,dec_v2_n128_g64_b3_l2")
+    ap.add_argument("--list", action="store_true",
+                    help="print the configs of --set (or --configs) and exit")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (%(default)s)")
     ap.add_argument("--build", type=Path, default=BUILD, help="work directory (%(default)s)")
     ap.add_argument("--freq", type=float, default=DEFAULT_FREQ, help="nextpnr target MHz")
@@ -958,8 +963,12 @@ def main(argv=None) -> int:
     try:
         cfgs = [(synth_config(s), pnr) for s, pnr in plan]
     except (ValueError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        hint = (" (--configs: names in the rtl_gen.config grammar; `python -m rtl_gen.synth "
+                "--set default --list` prints valid ones)") if a.configs else ""
+        print(f"error: {err}{hint}", file=sys.stderr)
         return 2
+    if a.list:
+        return print_names(cfg.name for cfg, _ in cfgs)
     try:
         versions = tool_versions()
     except SynthError as err:

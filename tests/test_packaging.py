@@ -5,6 +5,7 @@ reads beside itself (the CUDA kernels, rtl_gen's Verilator waivers, verif's K/V 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -28,8 +29,8 @@ def _sources() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> set[str]:
-    """Names in the wheel of a copy of the tree (setuptools writes build/ and *.egg-info
+def wheel_file(tmp_path_factory) -> Path:
+    """The wheel of a copy of the tree (setuptools writes build/ and *.egg-info
     beside the sources: the copy keeps the checkout clean)."""
     if importlib.util.find_spec("setuptools") is None:
         pytest.fail("building the wheel needs setuptools (pip install -e .[test])")
@@ -43,7 +44,13 @@ def wheel(tmp_path_factory) -> set[str]:
                         "-q", "-w", str(out), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     (whl,) = out.glob("fwht_kv-*.whl")
-    with zipfile.ZipFile(whl) as z:
+    return whl
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_file) -> set[str]:
+    """Names in the wheel."""
+    with zipfile.ZipFile(wheel_file) as z:
         return set(z.namelist())
 
 
@@ -61,3 +68,22 @@ def test_wheel_holds_only_the_packages(wheel):
     tops = {n.split("/", 1)[0] for n in wheel}
     extra = {t for t in tops if t not in PACKAGES and not t.endswith(".dist-info")}
     assert not extra, extra
+
+
+def test_installed_outputs_follow_the_working_directory(wheel_file, tmp_path):
+    """Installed (not editable), the default build tree of verif and rtl_gen.synth and the
+    synthesis record are under the current working directory, never in site-packages."""
+    site, cwd = tmp_path / "site", tmp_path / "work"
+    cwd.mkdir()
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                        str(site), str(wheel_file)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = ("import verif.build as b, verif.sim, rtl_gen.synth as s\n"
+            "assert b.__file__.startswith(%r), b.__file__\n"
+            "print(b.BUILD.resolve()); print(s.BUILD.resolve()); print(s.DEFAULT_OUT.resolve())"
+            % str(site))
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == [str(cwd / "build"), str(cwd / "build" / "synth"),
+                                str(cwd / "bench" / "results" / "synth.json")]

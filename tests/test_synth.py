@@ -228,6 +228,26 @@ def test_synth_cli_refuses_bad_arguments(argv, word, tmp_path, capsys):
     assert word in capsys.readouterr().err
 
 
+
+def test_synth_cli_bad_config_points_at_list(tmp_path, capsys):
+    """A bad --configs name: exit 2, the message names the field and --list; --list prints
+    a set's configs without running a tool."""
+    out = tmp_path / "s.json"
+    assert synth.main(["--configs", "enc_v2_n16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--configs" in err and "--list" in err and "Traceback" not in err
+    assert synth.main(["--set", "ci", "--list", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.split() == [n for n, _ in synth.SETS["ci"]]
+    assert not out.exists()
+
+
+def test_default_outputs_are_relative_to_the_working_directory():
+    """Results and work files default under the current directory (the Makefile runs from the
+    repository root), not beside the installed package (tests/test_packaging.py: installed)."""
+    assert synth.DEFAULT_OUT == synth.Path("bench/results/synth.json")
+    assert synth.BUILD == synth.Path("build/synth")
+
+
 FAKE_TOOL = r'''
 import json, pathlib, re, sys, time
 a = sys.argv[1:]

@@ -4,6 +4,11 @@ the default set (``make sim``) covers."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from verif.build import sim_config
@@ -47,6 +52,35 @@ def test_list_prints_each_set(set_name, capsys):
 def test_list_of_explicit_configs(capsys):
     assert main(["--configs", "enc_v2_n64_g64_b3_l2, rt_v2_n64_g32_b3_l2", "--list"]) == 0
     assert capsys.readouterr().out.split() == ["enc_v2_n64_g64_b3_l2", "rt_v2_n64_g32_b3_l2"]
+
+
+
+def test_bad_config_name_points_at_list(capsys):
+    assert main(["--configs", "enc_v2_n64", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "--configs" in err and "--list" in err and "Traceback" not in err
+
+
+def test_list_into_a_closed_pipe():
+    """``python -m verif.sim --list | head``: a reader that goes away gives no
+    BrokenPipeError traceback, exit 0."""
+    repo = Path(__file__).resolve().parent.parent
+    r, w = os.pipe()
+    os.close(r)                            # the reader is gone before the first line
+    try:
+        p = subprocess.run([sys.executable, "-m", "verif.sim", "--set", "all", "--list"], cwd=repo,
+                           stdout=w, stderr=subprocess.PIPE, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(repo)})
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_default_build_tree_is_the_working_directory():
+    """build/ under the current directory (the Makefile runs from the repository root), not
+    beside the installed package (tests/test_packaging.py checks an installed wheel)."""
+    from verif.build import BUILD
+    assert BUILD == Path("build")
 
 
 def test_sets_nest():

@@ -25,8 +25,11 @@ from rtl_gen.config import RTLConfig
 
 from .harness import HARNESS, harness_layout, harness_verilog, public_vlt, watch_fields
 
+#: the root of the packages (the repository, or site-packages when installed): sources only
 REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "build"
+#: the build tree: build/ under the current working directory (the Makefile runs from the
+#: repository root), never inside the installed package; resolved where it is used
+BUILD = Path("build")
 #: cocotb test module per simulated kind.
 TESTBENCH = {"encoder": "verif.tb_encoder", "roundtrip": "verif.tb_roundtrip"}
 
@@ -121,7 +124,7 @@ def generate(cfg: RTLConfig, out: Path | None = None) -> tuple[list[Path], dict]
     """
     import rtl_gen
 
-    out = BUILD / "rtl" / cfg.name if out is None else Path(out)
+    out = (BUILD / "rtl" / cfg.name if out is None else Path(out)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "kvtb_gen_stamp.txt"
     mpath = out / "kvtb_manifest.json"
@@ -227,7 +230,7 @@ def fst_build_args() -> list[str]:
     so = next((d / "liblz4.so.1" for d in libdirs if (d / "liblz4.so.1").exists()), None)
     if so is None:
         raise RuntimeError("FST tracing needs liblz4 (install liblz4-dev)")
-    shim = BUILD / "lz4_shim"
+    shim = (BUILD / "lz4_shim").resolve()
     shim.mkdir(parents=True, exist_ok=True)
     (shim / "lz4.h").write_text(_LZ4_SHIM_H)
     link = shim / "liblz4.so"
@@ -246,7 +249,7 @@ def build(cfg: RTLConfig, files: list[Path], log=print, waves: bool = False) -> 
         (build dir, seconds spent; 0.0 when cached).
     """
     tool_env()
-    bdir = BUILD / "sim" / (cfg.name + ("_fst" if waves else ""))
+    bdir = (BUILD / "sim" / (cfg.name + ("_fst" if waves else ""))).resolve()
     stamp = bdir / "kvtb_stamp.txt"
     digest = _digest(files, waves)
     if stamp.exists() and stamp.read_text() == digest and (bdir / HARNESS).exists():

@@ -110,7 +110,7 @@ def run(cfg: RTLConfig, files: list[Path], bdir: Path, manifest: dict, job: Job,
         failed = res["failed_tests"] or ([testcase] if isinstance(testcase, str) else testcase)
         try:
             fbdir, _ = build(cfg, files, log=log, waves=True)
-            wdir = BUILD / "waves" / cfg.name / tag
+            wdir = (BUILD / "waves" / cfg.name / tag).resolve()
             for t in failed or [None]:
                 fst = wdir / f"{t or 'all'}.fst"
                 fst.parent.mkdir(parents=True, exist_ok=True)

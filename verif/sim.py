@@ -79,7 +79,7 @@ from pathlib import Path
 from kvtest.inputs import FIXTURE
 from sim_models import FormatParams
 
-from rtl_gen.config import RTLConfig
+from rtl_gen.config import RTLConfig, print_names
 
 from kvtest.coverage import FLOORS, LONG_BURSTS, evaluate
 
@@ -530,11 +530,12 @@ def main(argv=None) -> int:
             raise ValueError("--configs names no configuration")
         cfgs = [sim_config(s) for s in names]
     except (ValueError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        hint = (" (--configs: names in the rtl_gen.config grammar; `python -m verif.sim "
+                "--set default --list` prints valid ones)") if a.configs is not None else ""
+        print(f"error: {err}{hint}", file=sys.stderr)
         return 2
     if a.list:
-        print("\n".join(c.name for c in cfgs))
-        return 0
+        return print_names(c.name for c in cfgs)
     try:                    # the summary's place, before hours of simulation
         a.summary.parent.mkdir(parents=True, exist_ok=True)
         if a.summary.is_dir() or not os.access(a.summary.parent, os.W_OK) \

@@ -291,7 +291,7 @@ def test_failure_keeps_waveform():
     ph = res["phases"][0]
     assert res["tests"]["failed"] == 1 and ph["mismatches"] == ph["injected_faults"] == 1
     assert "vector 3:" in ph["errors"][0], ph["errors"]
-    fst = BUILD / "waves" / cfg.name / "pytest_waves" / "test_stream.fst"
+    fst = (BUILD / "waves" / cfg.name / "pytest_waves" / "test_stream.fst").resolve()
     assert res["waves"] == [str(fst)], res["waves"]
     data = fst.read_bytes()
     assert len(data) > 1000 and data[0] == 0   # FST: starts with a header block (type 0)
