@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .params import PRESETS as FORMAT_PRESETS
 from .params import FormatParams
 
 FP16_BITS = 16
@@ -167,9 +168,10 @@ class CachePolicy:
         ``S<n>`` n fp16 sink tokens (:attr:`sinks`), ``KS2`` / ``KSf`` power-of-two / fp16
         per-channel key scales (:attr:`key_scale` ``"pow2"`` / ``"fp16"``), ``SG`` calibrated
         key sign flips (:attr:`key_signs`), ``R4`` calibrated 4x4 key rotations
-        (:attr:`key_rot`), ``K<b>@l,l,..`` / ``V<b>@l,l,..`` the keys / values of the listed
-        layers at b bits (:attr:`layer_k` / :attr:`layer_v`). A width of ``16`` means
-        unquantized. Example: ``K3V3+C+S4+KS2+K4@0,1``.
+        (:attr:`key_rot`), ``K<b>@layers`` / ``V<b>@layers`` the keys / values of the listed
+        layers at b bits (:attr:`layer_k` / :attr:`layer_v`; layers are a comma list of layer
+        indices and inclusive ranges, ``0,1`` or ``0-3,7``). A width of ``16`` means
+        unquantized. Example: ``K3V3+C+S4+KS2+K4@0,1``. docs/FORMAT.md 8 states the grammar.
 
         Args:
             spec: the string.
@@ -191,8 +193,14 @@ class CachePolicy:
         if spec.split("+")[0].strip().lower() in presets:
             raise ValueError(f"policy spec {spec!r}: a preset name ({', '.join(POLICY_PRESETS)}) stands alone; "
                              f"write the terms out instead (v3 = {POLICY_PRESETS['v3'].spec})")
+        first = spec.split("+")[0].strip()
+        if first.lower() in {n.lower() for n in FORMAT_PRESETS}:
+            raise ValueError(f"policy spec {spec!r}: {first!r} is a per-vector format preset "
+                             f"(sim_models.params.PRESETS, FormatParams.preset), not a cache policy; "
+                             f"cache policy presets are {', '.join(POLICY_PRESETS)}, or write K<b>V<b> terms")
         base = base or FormatParams()
-        terms = [t.strip().upper() for t in spec.split("+")]
+        written = [t.strip() for t in spec.split("+")]
+        terms = [t.upper() for t in written]
 
         def fmt(bits: str, term: str, name: str):
             if bits == "16":
@@ -208,28 +216,36 @@ class CachePolicy:
             m = _KV_TERM.fullmatch(terms[0])
             if not m:
                 raise ValueError(f"policy spec {spec!r}: first term must be K<b>V<b> or fp16 (fields k, v), "
-                                 f"got {terms[0]!r}")
-            k, v = fmt(m.group(1), terms[0], "k"), fmt(m.group(2), terms[0], "v")
+                                 f"got {written[0]!r}")
+            k, v = fmt(m.group(1), written[0], "k"), fmt(m.group(2), written[0], "v")
         out = dict(k=k, v=v, sinks=0, center_keys=False, key_scale=None, key_signs=False, key_rot=False)
         layer_k, layer_v, seen = [], [], set()
-        for t in terms[1:]:
+        for t, w in zip(terms[1:], written[1:]):
             flag = _FLAG_TERMS.get(t)
             if flag is not None:
                 name, value = flag
             elif re.fullmatch(r"S\d+", t):
                 name, value = "sinks", int(t[1:])
-            elif re.fullmatch(r"[KV](\d+)@\d+(,\d+)*", t):
+            elif _LAYER_TERM.fullmatch(t):
                 bits, layers = t[1:].split("@")
                 name = "layer_k" if t[0] == "K" else "layer_v"
                 dest = layer_k if t[0] == "K" else layer_v
-                f = fmt(bits, t, name)
-                dest.extend((int(l), f) for l in layers.split(","))
+                f = fmt(bits, w, name)
+                for item in layers.split(","):
+                    lo, _, hi = item.partition("-")
+                    if hi and int(hi) < int(lo):
+                        raise ValueError(f"policy spec {spec!r}: term {w!r} sets {name}: layer range {item!r} "
+                                         f"is empty (write lo-hi with lo <= hi)")
+                    dest.extend((l, f) for l in range(int(lo), int(hi or lo) + 1))
                 continue
+            elif "@" in t:
+                raise ValueError(f"policy spec {spec!r}: term {w!r}: layers are written K<b>@l,l,.. or "
+                                 f"K<b>@lo-hi (e.g. K4@0,1 or K4@0-3)")
             else:
-                raise ValueError(f"policy spec {spec!r}: unknown term {t!r} (C, S<n>, KS2, KSf, SG, R4, "
+                raise ValueError(f"policy spec {spec!r}: unknown term {w!r} (C, S<n>, KS2, KSf, SG, R4, "
                                  f"K<b>@layers, V<b>@layers)")
             if name in seen:
-                raise ValueError(f"policy spec {spec!r}: field {name} is set twice (term {t!r})")
+                raise ValueError(f"policy spec {spec!r}: field {name} is set twice (term {w!r})")
             seen.add(name)
             out[name] = value
         try:
@@ -275,6 +291,7 @@ class CachePolicy:
 
 
 _KV_TERM = re.compile(r"K(\d+)V(\d+)")
+_LAYER_TERM = re.compile(r"[KV]\d+@\d+(-\d+)?(,\d+(-\d+)?)*")
 #: spec terms that set one field to one value
 _FLAG_TERMS = {"C": ("center_keys", True), "KS2": ("key_scale", "pow2"), "KSF": ("key_scale", "fp16"),
                "SG": ("key_signs", True), "R4": ("key_rot", True)}

@@ -60,10 +60,22 @@ def test_presets_are_objects_and_parse_to_them():
     ("K3V3+S4+S2", "field sinks is set twice"),
     ("K3V3+K4@1+K4@1", "layer_k layers must be distinct"),
     ("v3+S8", "stands alone"),
+    ("K3V3+KSf+KSf", "term 'KSf'"),
+    ("K3V3+Foo", "unknown term 'Foo'"),
+    ("v1", "'v1' is a per-vector format preset .*not a cache policy"),
+    ("K3V3+K4@3-1", "layer range '3-1' is empty"),
+    ("K3V3+K4@a", "K<b>@lo-hi"),
 ])
 def test_parse_errors_name_the_field(spec, words):
     with pytest.raises(ValueError, match=words):
         CachePolicy.parse(spec)
+
+
+def test_parse_accepts_layer_ranges():
+    p = CachePolicy.parse("K3V3+K4@0-3,7+V4@2-2")
+    assert [l for l, _ in p.layer_k] == [0, 1, 2, 3, 7] and [l for l, _ in p.layer_v] == [2]
+    assert p == CachePolicy.parse("K3V3+K4@0,1,2,3,7+V4@2")
+    assert all(f.bits == 4 for _, f in p.layer_k)
 
 
 def test_spec_refuses_formats_a_spec_cannot_state():
