@@ -2,7 +2,9 @@
 
 ``python -m sim_models.memory --layers 80 --kv-heads 8 --head-dim 128 --context 131072``
 (Llama-3-70B at 128K: 40.0 GiB fp16, 7.81 GiB at 3.125 bits/element), or
-``--preset llama-3-70b``. Counts every stored byte via
+``--preset llama-3-70b``; ``--policy v3`` (any :meth:`sim_models.CachePolicy.parse` spec,
+docs/FORMAT.md 8) sizes a cache policy instead of ``--bits/--block/--mode/--sinks``. Counts
+every stored byte via
 :class:`sim_models.CachePolicy`: codes, scale bytes, zero points (asym),
 fp16 sink tokens. One vector per (token, layer, kv-head, K or V) with
 N = head_dim.
@@ -57,11 +59,17 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int)
     ap.add_argument("--context", type=int, default=131072)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--bits", type=int, default=3)
-    ap.add_argument("--block", type=int, default=64)
-    ap.add_argument("--mode", choices=QUANT_MODES, default=FormatParams().mode)
-    ap.add_argument("--sinks", type=int, default=0, help="leading tokens kept in fp16")
+    ap.add_argument("--policy", metavar="SPEC",
+                    help="cache policy spec (v3, v3-K4V3, K4V3+C+S4+KS2, ...; docs/FORMAT.md 8) "
+                         "instead of --bits/--block/--mode/--sinks")
+    ap.add_argument("--bits", type=int, help="code width b (default 3)")
+    ap.add_argument("--block", type=int, help="scale block G (default 64)")
+    ap.add_argument("--mode", choices=QUANT_MODES, help=f"quantizer (default {FormatParams().mode})")
+    ap.add_argument("--sinks", type=int, help="leading tokens kept in fp16 (default 0)")
     a = ap.parse_args(argv)
+    fmt_opts = [f"--{n}" for n in ("bits", "block", "mode", "sinks") if getattr(a, n) is not None]
+    if a.policy is not None and fmt_opts:
+        ap.error(f"--policy states the format: drop {', '.join(fmt_opts)}")
     shape = PRESETS.get(a.preset, (None, None, None))
     layers = a.layers if a.layers is not None else shape[0]
     heads = a.kv_heads if a.kv_heads is not None else shape[1]
@@ -69,9 +77,15 @@ def main(argv=None) -> int:
     if None in (layers, heads, hd):
         ap.error("give --preset or all of --layers, --kv-heads, --head-dim")
     try:
-        pol = CachePolicy(k=FormatParams(block=a.block, bits=a.bits, mode=a.mode), sinks=a.sinks)
-        pol = dataclasses.replace(pol, v=pol.k).fit(hd)        # one vector per head (--head-dim)
-        p = pol.k
+        if a.policy is not None:
+            pol = CachePolicy.parse(a.policy).fit(hd)           # one vector per head (--head-dim)
+            what = f"policy {a.policy} = {CachePolicy.parse(a.policy).spec}"
+        else:
+            pol = CachePolicy(k=FormatParams(block=a.block or 64, bits=a.bits or 3,
+                                             mode=a.mode or FormatParams().mode), sinks=a.sinks or 0)
+            pol = dataclasses.replace(pol, v=pol.k).fit(hd)    # one vector per head (--head-dim)
+            p = pol.k
+            what = f"{p.mode} b={p.bits} G={p.block}, sinks {pol.sinks}"
         fp = cache_bytes(layers, heads, hd, a.context, None, a.batch)
         fm = cache_bytes(layers, heads, hd, a.context, pol, a.batch)
     except (ValueError, TypeError) as err:
@@ -82,7 +96,7 @@ def main(argv=None) -> int:
           f"batch {a.batch}")
     print(f"fp16     : {fp:>16,d} bytes  {fp / GIB:9.2f} GiB")
     print(f"format   : {fm:>16,d} bytes  {fm / GIB:9.2f} GiB  ({bpe:.3f} bits/element, "
-          f"{p.mode} b={p.bits} G={p.block}, sinks {a.sinks})")
+          f"{what})")
     print(f"ratio    : {fp / fm:.2f}x smaller")
     return 0
 

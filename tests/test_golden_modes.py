@@ -576,6 +576,20 @@ def test_memory_llama3_70b_at_128k(capsys):
     assert "layers" in capsys.readouterr().err
 
 
+def test_memory_sizes_a_cache_policy(capsys):
+    from sim_models.memory import main
+    assert main(["--preset", "llama-3-70b", "--policy", "v3", "--context", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "3.150 bits/element" in out and "K3V3+C+S4+KS2" in out
+    assert main(["--preset", "llama-3-70b", "--policy", "v3-K4V3", "--context", "2048"]) == 0
+    assert "3.649 bits/element" in capsys.readouterr().out
+    assert main(["--preset", "llama-3-70b", "--policy", "K3V3+X"]) == 2
+    assert "unknown term 'X'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "llama-3-70b", "--policy", "v3", "--bits", "4"])
+    assert e.value.code == 2 and "--bits" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- read-path edge cases
 def test_zero_scale_byte_decodes_to_zero_independent_of_encoder_options():
     """Scale byte 0x00 is +0 in every encoding; decode must not depend on scale_round."""
