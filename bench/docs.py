@@ -68,14 +68,14 @@ WRITERS = {
     "formal.json": "make formal (copy build/formal.json)",
     "synth.json": "make synth",
     "synth_mantissa.json": "python -m bench.synth mantissa",
-    "hf_bench.json": "python -m bench.gpu --routine hf",
-    "hf_floor_cpu.json": "python -m bench.gpu.hf floor",
+    "hf_bench.json": "python -m bench.gpu --routine hf --data DIR",
+    "hf_floor_cpu.json": "python -m bench.gpu.hf floor --data DIR",
     "gpu_bench.json": "python -m bench.gpu --routine decode",
     "gpu_bench_write.json": "python -m bench.gpu --routine write",
     "gpu_bench_policy.json": "python -m bench.gpu --routine policy",
     "gpu_bench_paging.json": "python -m bench.gpu --routine paging",
 }
-#: the policy the README's accuracy rows quote (the study's name of the default policy)
+#: the study configuration the README's accuracy rows quote (it equals the cache policy preset v3)
 HEADLINE_CONFIG = "v2+C+S4+KS2"
 
 
@@ -136,7 +136,7 @@ def sim_block(d: dict) -> str:
     parts = [
         f"`bench/results/sim_summary.json`: {len(d['configs'])} configs, {n_vec:,} vectors, "
         f"{n_bad} mismatches, {d['total_s']:.0f} s in all, seed {d['seed']}"
-        f"{', --quick' if d['quick'] else ''}; {'all passed' if d['ok'] else 'FAILED'}.",
+        f"{', --set quick' if d['quick'] else ''}; {'all passed' if d['ok'] else 'FAILED'}.",
         _table(["config", "kind", "vectors", "mismatches", "latency (cycles)", "build (s)",
                 "run (s)"], per_cfg),
         f"Per vector set, `{first}` (latency ranges above the pipeline latency include the "
@@ -233,7 +233,8 @@ def hf_block(r: dict, floor: dict, img: str) -> str:
         "\n".join(tables(r)),
         f"![decode step]({img}hf_bench.png)",
         f"The noise floor of that comparison (`bench/results/hf_floor_cpu.json`, "
-        f"`python -m bench.gpu.hf floor`; CPU, torch {m['torch']}, transformers "
+        f"`python -m bench.gpu.hf floor --model smollm2-135m --data DIR`, DIR from "
+        f"`python -m bench.gpu.hf prep --out DIR`; CPU, torch {m['torch']}, transformers "
         f"{m['transformers']}, {m['threads']} threads): the golden fake-quant forward's "
         f"perplexity on the same {m['tokens']}-token window as is, with q rounded to fp16, and "
         "with its attention outputs multiplied by 1 + eps N(0, 1) (two seeds each).",
@@ -250,11 +251,13 @@ def accuracy_block(models: dict, img: str) -> str:
     def tb(n, meta):
         return cfg[n].table_bytes(meta["layers"], meta["kv_heads"], meta["head_dim"])
     parts = [
-        "Key treatments, both models: bits per element at 2048 tokens of context, perplexity "
-        "against fp16 (geometric mean over the model's windows; '--' where not all were run), "
-        "on the first window alone, mean KL, passkey retrieved / trials (mean log p of the key "
-        "tokens):",
-        v3_table(models, V3_STUDY, tb),
+        "Key treatments, both models: the study configuration (its `python -m bench.accuracy "
+        "--list` name), the cache policy it equals (a `CachePolicy` spec or preset, FORMAT.md "
+        "section 8; '--' where it is none), bits per element at 2048 tokens of context, "
+        "perplexity against fp16 (geometric mean over the model's windows; '--' where not all "
+        "were run), on the first window alone, mean KL, passkey retrieved / trials (mean log p "
+        "of the key tokens):",
+        v3_table(models, V3_STUDY, tb, lambda n: cfg[n].policy_spec()),
         f"![key treatments]({img}accuracy/key_treatments.png)",
     ]
     for mid, d in models.items():
@@ -313,12 +316,17 @@ def results_block(load) -> str:
                      f"{best['cache']}: {best['max_batch']} sequences, "
                      f"{best['tokens_per_s']:.0f} tokens/s (bf16: {b16['max_batch']}, "
                      f"{b16['tokens_per_s']:.0f})", "hf_bench.json"])
+    from bench.accuracy.configs import by_name
+    from sim_models import CachePolicy
+    spec = by_name([HEADLINE_CONFIG])[0].policy_spec()
+    full = CachePolicy.parse(spec).spec
+    policy_label = f"`{spec}`" + ("" if full == spec else f" (`{full}`)")
     for mid in MODELS:
         res = load(f"accuracy/{mid}.json")
         s = partial_summary(res, HEADLINE_CONFIG)
         if s is None:
             continue
-        rows.append([f"{mid}, policy `{HEADLINE_CONFIG}`",
+        rows.append([f"{mid}, cache policy {policy_label}",
                      f"{s['bits']:.2f} bits per element, perplexity {100 * (s['ratio'] - 1):+.1f}% "
                      f"vs fp16 ({s['windows']} windows)", f"accuracy/{mid}.json"])
     return _table(["result", "value", "record"],
@@ -404,7 +412,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     names = None
     if a.only:
-        names = a.only.split(",")
+        names = [n.strip() for n in a.only.split(",")]
+        if not all(names):
+            ap.error(f"--only {a.only!r}: an empty block name (give comma-separated blocks: "
+                     f"{', '.join(BLOCKS)})")
         bad = [n for n in names if n not in BLOCKS]
         if bad:
             ap.error(f"--only: no block {', '.join(bad)} (blocks: {', '.join(BLOCKS)})")

@@ -100,6 +100,7 @@ def test_a_missing_results_file_names_it_and_its_writer(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, word", [(["--only", "nope"], "--only"),
+                                        (["--only", ","], "empty block name"),
                                         (["--results", "/nonexistent"], "--results"),
                                         (["--root", "/nonexistent"], "--root")])
 def test_bad_options_name_the_option(argv, word, capsys):
@@ -154,6 +155,34 @@ def test_gpu_entry_point_names_a_bad_option(argv, word, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and word in capsys.readouterr().err
+
+
+def test_gpu_entry_point_without_a_gpu_exits_2_before_any_work(tmp_path, capsys, monkeypatch):
+    """python -m bench.gpu and python -m bench.gpu.hf run say that CuPy / a CUDA GPU is needed
+    and exit 2 before writing anything (here: a GPU made missing)."""
+    import bench.gpu
+    from bench.gpu import hf
+    from bench.gpu.__main__ import main
+    monkeypatch.setattr(bench.gpu, "gpu_missing", lambda: "CuPy is not installed: needs a CUDA GPU")
+    out = tmp_path / "out"
+    assert main(["--routine", "write", "--out", str(out)]) == 2
+    assert "CuPy" in capsys.readouterr().err and not out.exists()
+    assert hf.main(["run", "--data", str(tmp_path), "--out", str(out / "hf.json")]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err and not out.exists()
+
+
+def test_gpu_missing_names_what_is_missing():
+    from bench.gpu import gpu_missing
+    missing = gpu_missing()
+    try:
+        import cupy  # noqa: F401
+        import torch
+        have = cupy.cuda.runtime.getDeviceCount() > 0 and torch.cuda.is_available()
+    except Exception:
+        have = False
+    assert (missing is None) == have
+    if missing is not None:
+        assert "CuPy" in missing or "CUDA" in missing
 
 
 def test_cited_decisions_exist():

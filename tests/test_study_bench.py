@@ -173,7 +173,7 @@ def test_passkey_prompt_places_the_needle():
 
 @pytest.mark.parametrize("argv, word", [(["--windows", "0"], "--windows"), (["--windows", "5"], "--windows"),
                                         (["--context", "8"], "--context"), (["--threads", "0"], "--threads"),
-                                        (["--calibrate-only"], "--calibrate"), (["--only", "nope"], "--only"),
+                                        (["--only", "nope"], "--only"),
                                         (["--model", "/nope", "--report-only"], "--model")])
 def test_accuracy_cli_refuses_bad_arguments_before_loading(argv, word, capsys):
     """python -m bench.accuracy: exit 2 naming the option, before any model is loaded."""
@@ -240,11 +240,25 @@ def test_hf_prep_writes_tokens_and_gguf_parts(tmp_path, monkeypatch):
     assert (out / "gguf.sha256").read_text().split()[0] == hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.parametrize("argv, word", [(["prep"], "--out"), (["floor", "--data", "x"], "--gguf"),
+@pytest.mark.parametrize("argv, word", [(["prep"], "--out"), (["floor"], "--data"),
                                         (["nope"], "cmd")])
 def test_hf_cli_names_a_missing_option(argv, word, capsys):
     """python -m bench.gpu.hf: exit 2 naming what is missing, before any model is loaded."""
     from bench.gpu.hf import main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, word", [(["--text", "t.txt", "--out", "o"], "--model"),
+                                        (["--model", "/nope", "--text", "t.txt", "--out", "o"], "--model"),
+                                        (["--model", "smollm2-135m"], "--text, --out")])
+def test_accuracy_device_cli_takes_a_model_spec(argv, word, capsys):
+    """python -m bench.accuracy.device: --model SPEC through the shared resolver; exit 2 naming
+    what is missing, before any model is loaded."""
+    from bench.accuracy.device import main
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2

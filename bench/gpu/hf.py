@@ -51,7 +51,7 @@ Usage:
     python -m bench.gpu.hf run   --data DIR --out OUT.json [--parts qs] [--smoke]   # the same, one file
     python -m bench.gpu.hf merge A.json B.json  # here: into bench/results/hf_bench.json
     python -m bench.gpu.hf report               # here: texts, README tables, plot
-    python -m bench.gpu.hf floor --gguf FILE --data DIR   # here: CPU noise floor of the perplexity
+    python -m bench.gpu.hf floor --model SPEC --data DIR  # here: CPU noise floor of the perplexity
 """
 
 from __future__ import annotations
@@ -520,7 +520,7 @@ FLOOR_VARIANTS = (("golden", False, 0.0, 0), ("q_fp16", True, 0.0, 0), ("noise1e
                   ("noise1e-7_s2", False, 1e-7, 2))
 
 
-def floor(gguf: Path, tokens: Path, specs, threads: int = 2):
+def floor(model: str, tokens: Path, specs, threads: int = 2):
     """How far float-level changes move the 3-bit perplexity of one 2048-token window: the golden
     fake-quant forward (CPU, fp32) as is, with q rounded to fp16 (the decode kernel's input), and
     with the attention outputs multiplied by ``1 + eps * N(0, 1)`` (eps = 1e-6, 1e-7: a few fp32
@@ -529,9 +529,8 @@ def floor(gguf: Path, tokens: Path, specs, threads: int = 2):
     from gpu_ref import hf
     from sim_models import KeyTables
     torch.set_num_threads(threads)
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    from sim_models.models import load
+    model, _ = load(model, dtype=torch.float32)
     hf.enable(model)
     ids = torch.tensor(np.load(tokens)["eval"])[None]
     tables = KeyTables.load(TABLES, model_id="smollm2-135m")
@@ -674,9 +673,11 @@ def _plot(r, dst=PLOT):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.hf", description=__doc__.split("\n")[0])
     ap.add_argument("cmd", choices=("prep", "run", "report", "merge", "floor"))
-    ap.add_argument("--gguf", type=Path, help="floor: the SmolLM2 GGUF file")
+    ap.add_argument("--model", default="smollm2-135m", metavar="SPEC",
+                    help="floor: model alias, .gguf file or Hugging Face folder (default smollm2-135m; "
+                         "its key tables are bench/calib/smollm2-135m.keytables.npz)")
     ap.add_argument("--specs", default=",".join(PPL_CONFIGS.values()), help="floor, run: policy specs (run: a subset of PPL_CONFIGS)")
     ap.add_argument("inputs", nargs="*", type=Path, help="merge: result files, later ones win per key")
     ap.add_argument("--out", type=Path)
@@ -690,14 +691,19 @@ def main(argv=None):
     if a.cmd == "prep":
         prep(a.out)
     elif a.cmd == "run":
+        from bench.gpu import gpu_missing
+        missing = gpu_missing()
+        if missing:
+            print(f"{ap.prog}: error: run: {missing}", file=sys.stderr)
+            return 2
         if a.smoke:
             _smoke()
         device_run(a.data, a.out or RESULTS, a.quick, a.parts,
                    a.specs.split(",") if a.specs != ap.get_default("specs") else None)
     elif a.cmd == "floor":
-        if a.gguf is None or a.data is None:
-            ap.error("floor needs --gguf FILE and --data DIR")
-        floor(a.gguf, a.data / "tokens.npz", a.specs.split(","))
+        if a.data is None:
+            ap.error("floor needs --data DIR (the folder python -m bench.gpu.hf prep wrote)")
+        floor(a.model, a.data / "tokens.npz", a.specs.split(","))
     elif a.cmd == "merge":
         res = {}
         for f in a.inputs:
