@@ -413,7 +413,8 @@ def plan(k_params: FormatParams | None = None, v_params: FormatParams | None = N
     kind = "decode"
     if use_cl and 2 <= parts <= 8:
         cl = 1 << (parts - 1).bit_length()  # cluster size 2, 4 or 8; the extra token splits are empty
-        if pairs * cl <= int(num_sms):  # one CTA per multiprocessor at most (run 14: 1.4-1.5x slower at 2)
+        # one CTA per multiprocessor at most: docs/DECISIONS.md, "Cluster merge for single-wave grids"
+        if pairs * cl <= int(num_sms):
             parts, kind, targs = cl, "decode_cl", targs + (str(cl),)
     return DecodePlan(k_params=kp, v_params=vp, batch=bsz, q_heads=hq, kv_heads=kvh, max_length=maxlen,
                       capacity=cap, page_size=page_size, max_pages=mp, sinks=s, num_splits=ns,
