@@ -176,7 +176,17 @@ class KeyTables:
             another model id / shape (the message names both).
         """
         path = Path(path)
-        with np.load(path) as z:
+        try:
+            z = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, EOFError) as err:
+            raise ValueError(f"{path}: not a key-tables .npz file ({err}); python -m "
+                             f"sim_models.calibrate writes one") from None
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path}: not a key-tables .npz file (a single .npy array); python -m "
+                             f"sim_models.calibrate writes one")
+        with z:
             if "k_energy" in z.files:
                 raise ValueError(f"{path}: a calibration statistics file, not key tables; the tables are "
                                  f"{path.with_suffix('.keytables.npz').name} (KeyTables.from_calibration)")

@@ -219,3 +219,15 @@ def test_policy_fit_head_dim():
         v3.fit("64")
     with pytest.raises(ValueError, match="layer_k"):
         CachePolicy(layer_k=(("a", None),))
+
+
+@pytest.mark.parametrize("content", [b"not an npz file at all", b"", "npy"])
+def test_load_of_a_file_that_is_no_npz_names_the_path(tmp_path, content):
+    path = tmp_path / "t.npz"
+    if content == "npy":
+        with open(path, "wb") as f:
+            np.save(f, np.zeros(3))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=r"t\.npz: not a key-tables \.npz file"):
+        KeyTables.load(path)
