@@ -98,7 +98,7 @@ def fp16_stats(bits: np.ndarray) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.accuracy.capture_kv", description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=160,
                     help="number of tokens T to capture (default 160: keeps "
                          "the compressed fixture <= 4 MB)")

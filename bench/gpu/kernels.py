@@ -1066,7 +1066,7 @@ def main(argv=None):
     if "--ncu-decode" in argv:
         ncu_decode_driver()
         return
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.kernels")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--skip-checks", action="store_true")

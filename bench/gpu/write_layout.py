@@ -184,7 +184,7 @@ def ncu_launches(sources, with_cache=False):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.write_layout")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--source", action="append", default=[], help="NAME=DIR: another kernel source folder")
     ap.add_argument("--skip-wire", action="append", default=[], help="source NAME whose golden order is not timed")

@@ -110,7 +110,7 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.synth mantissa", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fixture", type=Path, default=FIXTURE)
     ap.add_argument("--out", type=Path, default=OUT)
