@@ -676,13 +676,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gpu.hf", description=__doc__.split("\n")[0])
     ap.add_argument("cmd", choices=("prep", "run", "report", "merge", "floor"))
     ap.add_argument("--model", default="smollm2-135m", metavar="SPEC",
-                    help="floor: model alias, .gguf file or Hugging Face folder (default smollm2-135m; "
-                         "its key tables are bench/calib/smollm2-135m.keytables.npz)")
+                    help="floor: where the SmolLM2-135M weights come from, a model alias, .gguf file or "
+                         "Hugging Face folder (default smollm2-135m; prep's tokens and the key tables "
+                         "bench/calib/smollm2-135m.keytables.npz are SmolLM2's)")
     ap.add_argument("--specs", default=",".join(PPL_CONFIGS.values()), help="floor, run: policy specs (run: a subset of PPL_CONFIGS)")
     ap.add_argument("inputs", nargs="*", type=Path, help="merge: result files, later ones win per key")
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--data", type=Path)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, help="prep: the folder to write; run, merge: the results file "
+                                             "(default bench/results/hf_bench.json)")
+    ap.add_argument("--data", type=Path, help="run, floor: the folder prep wrote")
+    ap.add_argument("--quick", action="store_true", help="run: fewer decode steps per timing")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and contexts: code path check")
     ap.add_argument("--parts", default="qs", help="q: SmolLM2 perplexity + generation, s: speed")
     a = ap.parse_args(argv)
