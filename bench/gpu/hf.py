@@ -581,7 +581,7 @@ def tables(r) -> list:
     """Markdown tables (perplexity, speed, concurrency) of a results dict."""
     lines = []
     if "ppl" in r:
-        lines.append("| configuration | policy | ppl through the kernels (splits 1 / 2 / 4) | golden fake-quant "
+        lines.append("| study configuration | cache policy | ppl through the kernels (splits 1 / 2 / 4) | golden fake-quant "
                      "(same run) | rel. diff | bytes equal golden | golden fake-quant on the CPU |")
         lines.append("|---|---|---|---|---|---|---|")
         for name, x in r["ppl"].items():
@@ -593,7 +593,7 @@ def tables(r) -> list:
                          f"{x['ppl_golden']:.3f} | {100 * x['rel_diff']:+.3f}% | {x['layers_bytes_equal_golden']}/"
                          f"{x['layers']} | {'' if cpu is None else f'{cpu:.3f}'} |")
         lines.append("")
-        lines.append("| policy | " + " | ".join(ERR_HEADS[k] for k in ERR_KEYS) + " |")
+        lines.append("| cache policy | " + " | ".join(ERR_HEADS[k] for k in ERR_KEYS) + " |")
         lines.append("|---|" + "---|" * len(ERR_KEYS))
         for name, x in r["ppl"].items():
             if name == "fp16":
@@ -636,7 +636,7 @@ def floor_table(f) -> list:
     """Markdown table of bench/results/hf_floor_cpu.json: the golden forward's perplexity under
     float-level changes, and their range relative to the unchanged forward."""
     names = [v[0] for v in FLOOR_VARIANTS]
-    lines = ["| policy | " + " | ".join(n.replace("_", " ") for n in names) + " | range / golden |",
+    lines = ["| cache policy | " + " | ".join(n.replace("_", " ") for n in names) + " | range / golden |",
              "|---|" + "---|" * (len(names) + 1)]
     for spec, x in f.items():
         if spec == "meta" or not all(n in x for n in names):
