@@ -429,8 +429,9 @@ def credit_depth(latency: int, extra: int = 0, beats: int = 1) -> int:
     return (latency + 1) // beats + 1 + extra
 
 
-#: Bits per slice of a skid FIFO: two ECP5 block RAMs (DP16KD, 36 bits wide in their
-#: 512 x 36 mode). Each slice has its own copy of the FIFO's control (see skid_fifo).
+#: Bits per slice of a skid FIFO (the default ``slice_bits`` of skid_fifo and
+#: FlowControl): two ECP5 block RAMs (DP16KD, 36 bits wide in their 512 x 36 mode). Each
+#: slice has its own copy of the FIFO's control (see skid_fifo).
 SKID_SLICE_BITS = 72
 
 #: Largest skid FIFO (bits: width x entries) kept in LUT RAM (``ram_style`` distributed:
@@ -463,14 +464,23 @@ def skid_read_enable(nonempty, rv, load):
     return nonempty & (~rv | load)
 
 
-def skid_slices(width: int) -> int:
-    """Slices of a ``width``-bit skid FIFO (:func:`skid_fifo`): one per
-    :data:`SKID_SLICE_BITS` bits."""
-    return -(-width // SKID_SLICE_BITS)
+def check_slice_bits(slice_bits: int) -> int:
+    """``slice_bits`` (bits per skid FIFO slice), checked: a positive int."""
+    if not isinstance(slice_bits, int) or isinstance(slice_bits, bool):
+        raise TypeError(f"slice_bits must be an int, got {slice_bits!r}")
+    if slice_bits < 1:
+        raise ValueError(f"slice_bits must be >= 1, got {slice_bits}")
+    return slice_bits
+
+
+def skid_slices(width: int, slice_bits: int = SKID_SLICE_BITS) -> int:
+    """Slices of a ``width``-bit skid FIFO (:func:`skid_fifo`): one per ``slice_bits``
+    bits (default :data:`SKID_SLICE_BITS`)."""
+    return -(-width // check_slice_bits(slice_bits))
 
 
 def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
-              domains=None) -> None:
+              domains=None, slice_bits: int = SKID_SLICE_BITS) -> None:
     """The skid FIFO of credit flow: ``data`` (written while ``valid``) -> the stream ``o``.
     ``valid``: a Value, or a list of :func:`skid_slices` copies equal in every cycle,
     slice k written while copy k (docs/DECISIONS.md, "Skid FIFO slices").
@@ -488,16 +498,16 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     register is empty or being moved on (:func:`skid_read_enable`). So ``o.payload``
     comes from flip-flops and while ``o.valid & ~o.ready`` nothing moves.
 
-    The data is cut into slices of :data:`SKID_SLICE_BITS` bits,
-    each with its own RAM and its own copy of the control (``wp``, ``rp``, ``rv``, ``ov``,
-    ``load``, the read enable; names ``{name}{k}_...`` for k > 0): every copy sees the
-    same ``valid`` (or its own copy of it), ``o.ready`` and reset, so all hold the same entries and step
-    together, and ``o.valid`` is slice 0's ``ov``. Whether the RAM holds an entry
-    (``wp != rp``) is a register of its own (``nonempty``, updated from ``rp + 1``, also a
-    register), so the read enable is one LUT from registers. Each pointer drives the
-    addresses of one slice's RAMs and each ``load`` the enables of its slice's output
-    flip-flops (docs/DECISIONS.md, "Skid FIFO slices"). Yosys keeps the copies: each
-    counter's next value depends on itself.
+    The data is cut into slices of ``slice_bits`` bits (default
+    :data:`SKID_SLICE_BITS`), each with its own RAM and its own copy of the control
+    (``wp``, ``rp``, ``rv``, ``ov``, ``load``, the read enable; names ``{name}{k}_...``
+    for k > 0): every copy sees the same ``valid`` (or its own copy of it), ``o.ready``
+    and reset, so all hold the same entries and step together, and ``o.valid`` is slice
+    0's ``ov``. Whether the RAM holds an entry (``wp != rp``) is a register of its own
+    (``nonempty``, updated from ``rp + 1``, also a register), so the read enable is one
+    LUT from registers. Each pointer drives the addresses of one slice's RAMs and each
+    ``load`` the enables of its slice's output flip-flops (docs/DECISIONS.md, "Skid FIFO
+    slices"). Yosys keeps the copies: each counter's next value depends on itself.
 
     The caller guarantees (credits) that at most ``depth`` vectors are in the FIFO
     and the pipeline before it; then a write never meets a full buffer, and the
@@ -507,10 +517,9 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     when the FIFO was empty.
     """
     data = Value.cast(data)
-    width = SKID_SLICE_BITS
     size, style = skid_ram(len(data), depth)
     abits = size.bit_length() - 1
-    nsl = skid_slices(len(data))
+    nsl = skid_slices(len(data), slice_bits)
     valids = list(valid) if isinstance(valid, (list, tuple)) else [valid] * nsl
     if len(valids) != nsl:
         raise ValueError(f"valid: {len(valids)} copies for {nsl} slices")
@@ -518,8 +527,8 @@ def skid_fifo(m: Module, data, valid, o, depth: int, name: str = "skid",
     if len(doms) != nsl:
         raise ValueError(f"domains: {len(doms)} names for {nsl} slices")
     qs, ov0 = [], None
-    for k, lo in enumerate(range(0, len(data), width)):
-        part, valid, sync = data[lo:lo + width], valids[k], m.d[doms[k]]
+    for k, lo in enumerate(range(0, len(data), slice_bits)):
+        part, valid, sync = data[lo:lo + slice_bits], valids[k], m.d[doms[k]]
         sn = name if k == 0 else f"{name}{k}"
         wp = Signal(abits + 1, name=f"{sn}_wp")
         rp = Signal(abits + 1, name=f"{sn}_rp")
@@ -617,11 +626,13 @@ class FlowControl:
         beats: beats per vector, 1 or 2 (:data:`FOLDS`).
         skid_domains: None, or a function slice -> clock domain name of the skid FIFO's
             slices (:func:`skid_fifo`, :meth:`ResetCopies.skid_domain`).
+        slice_bits: bits per skid FIFO slice (:func:`skid_fifo`).
     """
 
     def __init__(self, m: Module, flow: str, i, o, latency: int, credit_extra: int = 0,
-                 beats: int = 1, skid_domains=None):
+                 beats: int = 1, skid_domains=None, slice_bits: int = SKID_SLICE_BITS):
         check_flow(flow, credit_extra)
+        self.slice_bits = check_slice_bits(slice_bits)
         if beats not in FOLDS:
             raise ValueError(f"beats (per vector) must be one of {FOLDS}, got {beats!r}")
         self.m, self.flow, self.o = m, flow, o
@@ -731,7 +742,7 @@ class FlowControl:
         m, o = self.m, self.o
         payload = Value.cast(payload)
         out = Signal(len(payload), name="out_reg", reset_less=True)
-        copies = 1 if self.flow == "stall" else skid_slices(len(payload))
+        copies = 1 if self.flow == "stall" else skid_slices(len(payload), self.slice_bits)
         attrs = REPLICA_ATTRS if copies > 1 else {}
         out_vs = [Signal(name="out_valid" if k == 0 else f"out_valid{k}", attrs=attrs)
                   for k in range(copies)]
@@ -748,7 +759,8 @@ class FlowControl:
         if self.flow == "stall":
             m.d.comb += [Value.cast(o.payload).eq(out), o.valid.eq(out_vs[0])]
         else:
-            skid_fifo(m, out, out_vs, o, self.depth, domains=doms)
+            skid_fifo(m, out, out_vs, o, self.depth, domains=doms,
+                      slice_bits=self.slice_bits)
 
 
 #: Bits of the two-beat input register (``beat_data``) per copy of its load enable

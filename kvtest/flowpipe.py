@@ -8,8 +8,8 @@ from amaranth.hdl import Cat, Module, Mux
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.pipeline import (FOLDS, FlowControl, FlowTop, check_flow, collect, flow_cycles,
-                         fold_cycles, stage)
+from hw.pipeline import (FOLDS, SKID_SLICE_BITS, FlowControl, FlowTop, check_flow,
+                         check_slice_bits, collect, flow_cycles, fold_cycles, stage)
 
 
 class FlowPipe(FlowTop, wiring.Component):
@@ -18,11 +18,13 @@ class FlowPipe(FlowTop, wiring.Component):
     KVEncoder / KVDecoder, without their data path). With ``beats`` = 2 the payload
     goes as two beats of ``width / 2`` bits (low half first), each counted up on its own,
     joined again at the output (:func:`hw.pipeline.collect`), like a top level of
-    ``lanes`` = N/2."""
+    ``lanes`` = N/2. ``slice_bits``: bits per skid FIFO slice (credit flow;
+    :func:`hw.pipeline.skid_fifo`)."""
 
     def __init__(self, flow: str, stages: int, credit_extra: int = 0, width: int = 12,
-                 beats: int = 1):
+                 beats: int = 1, slice_bits: int = SKID_SLICE_BITS):
         self.flow, self.credit_extra = check_flow(flow, credit_extra)
+        self.slice_bits = check_slice_bits(slice_bits)
         if beats not in FOLDS or width % beats:
             raise ValueError(f"beats must be one of {FOLDS} and divide width={width}, "
                              f"got {beats!r}")
@@ -37,7 +39,7 @@ class FlowPipe(FlowTop, wiring.Component):
     def elaborate(self, platform):
         m = Module()
         fc = FlowControl(m, self.flow, self.i, self.o, self.latency_cycles, self.credit_extra,
-                         beats=self.beats)
+                         beats=self.beats, slice_bits=self.slice_bits)
         w = self.width // self.beats
         x, v = fc.payload, fc.i_valid
         if self.beats > 1:

@@ -17,6 +17,7 @@ from amaranth.hdl import signed
 
 from hw.ifwht import BlockFWHT
 from hw.options import DecoderOptions
+from hw.pipeline import SKID_SLICE_BITS
 from verif.formal import mutants
 from verif.formal.plan import (FLOAT_CONFIGS, FLOAT_SPLIT_CONFIGS, FOLD_ALIGN_DEPTH, float_miter, flow_design,
                                fwht_width, read_widths, stream_depth, stream_design)
@@ -234,7 +235,8 @@ def test_stream_properties_credit_flow(work):
 
 
 @needs_yosys
-@pytest.mark.parametrize("broken,slice_bits", [(False, None), (True, None), (False, 1)])
+@pytest.mark.parametrize("broken,slice_bits", [(False, SKID_SLICE_BITS), (True, SKID_SLICE_BITS),
+                                               (False, 1)])
 def test_credit_flow_order(broken, slice_bits, monkeypatch, work):
     """The credit flow control and skid FIFO alone (a 4-bit counter pipeline) with the
     reference copy: no vector dropped, duplicated or reordered through a FIFO filled while
@@ -242,11 +244,9 @@ def test_credit_flow_order(broken, slice_bits, monkeypatch, work):
     own control copies; fails when the FIFO reads its block RAM ahead while the output is
     stalled (verif.formal.mutants.skid_read_enable_ahead)."""
     import hw.pipeline
-    if slice_bits is not None:
-        monkeypatch.setattr(hw.pipeline, "SKID_SLICE_BITS", slice_bits)
     if broken:
         monkeypatch.setattr(hw.pipeline, "skid_read_enable", mutants.skid_read_enable_ahead)
-    h = StreamHarness(flow_design("credit", 0, 4), reference=True)
+    h = StreamHarness(flow_design("credit", 0, 4, slice_bits=slice_bits), reference=True)
     rec = prove_bmc(h, "flow_credit", work, depth=2 * h.a.credits + 1)
     assert rec["result"] == ("failed" if broken else "proved")
 

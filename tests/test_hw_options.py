@@ -49,6 +49,23 @@ def test_no_module_global_is_reassigned():
         assert not twice, f"{path.name}: {twice} bound more than once"
 
 
+def test_no_test_sets_a_hw_constant():
+    """No test reassigns a module constant of hw/ (``monkeypatch.setattr(hw.mod,
+    "NAME", ...)`` with an upper-case NAME): a netlist's settings travel as arguments
+    (options, ``slice_bits``), never as module state."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "setattr" and len(node.args) >= 2):
+                continue
+            target, name = node.args[0], node.args[1]
+            if (ast.unparse(target).split(".")[0] == "hw" and isinstance(name, ast.Constant)
+                    and isinstance(name.value, str) and name.value.isupper()):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(target)}.{name.value}")
+    assert not found, found
+
+
 @pytest.mark.parametrize("make,exc,word", [
     (lambda: EncoderOptions(fwht_regs=-1), ValueError, "fwht_regs"),
     (lambda: EncoderOptions(fwht_regs=True), TypeError, "fwht_regs"),

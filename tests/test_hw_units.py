@@ -901,28 +901,43 @@ def test_credit_long_stall_holds_every_vector(extra):
 
 
 @pytest.mark.parametrize("slice_bits", [1, 5])
-def test_skid_fifo_slices_step_together(slice_bits, monkeypatch):
-    """The skid FIFO cut into slices (hw.pipeline.SKID_SLICE_BITS; 12 slices of 1 bit, or
-    5 + 5 + 2): each slice's own control copy keeps the same entries, so under a long
-    stall and random gaps and stalls every vector comes out whole, once, in order; one
-    block RAM and one copy of the output valid bit per slice."""
-    import hw.pipeline
-    monkeypatch.setattr(hw.pipeline, "SKID_SLICE_BITS", slice_bits)
-    dut = FlowPipe("credit", 3)
+def test_skid_fifo_slices_step_together(slice_bits):
+    """The skid FIFO cut into slices (``slice_bits``; 12 slices of 1 bit, or 5 + 5 + 2):
+    each slice's own control copy keeps the same entries, so under a long stall and random
+    gaps and stalls every vector comes out whole, once, in order; one block RAM and one
+    copy of the output valid bit per slice."""
+    dut = FlowPipe("credit", 3, slice_bits=slice_bits)
     c = dut.credits
     rec = held_high(dut, 10 * c, stall_from=0, stall_for=5 * c)
     assert rec["out"][:c] == list(range(5 * c, 6 * c))
     assert rec["got"] == [(k + 3) % 4096 for k in range(len(rec["got"]))]
-    run = run_stream(FlowPipe("credit", 3), list(range(300)), 5, p_valid=0.8, p_ready=0.5,
-                     free_run_first=12)
+    run = run_stream(FlowPipe("credit", 3, slice_bits=slice_bits), list(range(300)), 5,
+                     p_valid=0.8, p_ready=0.5, free_run_first=12)
     check_run(run, [(x + 3) % 4096 for x in range(300)], 12)
     from amaranth.back import rtlil
-    text = rtlil.convert(FlowPipe("credit", 3))
+    text = rtlil.convert(FlowPipe("credit", 3, slice_bits=slice_bits))
     assert text.count("cell $memrd_v2") == -(-12 // slice_bits)
     # the output valid bit in one copy per slice, kept apart
     copies = set(re.findall(r"wire width 1 \\(out_valid\d*)\n", text))
     assert copies == {"out_valid"} | {f"out_valid{k}" for k in range(1, -(-12 // slice_bits))}
     assert re.search(r"attribute \\keep 1\s+wire width 1 \\out_valid1\n", text)
+
+
+@pytest.mark.parametrize("bits,exc", [(0, ValueError), (-3, ValueError), (True, TypeError),
+                                      (4.0, TypeError)])
+def test_skid_slice_bits_checked(bits, exc):
+    """A slice width that is not a positive int is refused, naming ``slice_bits``."""
+    import gc
+    import warnings
+    from amaranth.hdl import UnusedElaboratable
+    from hw.pipeline import skid_slices
+    with warnings.catch_warnings():     # the refused FlowPipe is never elaborated
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(exc, match="slice_bits"):
+            FlowPipe("credit", 3, slice_bits=bits)
+        gc.collect()
+    with pytest.raises(exc, match="slice_bits"):
+        skid_slices(12, bits)
 
 
 @pytest.mark.parametrize("flow", FLOWS)

@@ -19,6 +19,7 @@ from amaranth.hdl import UnusedElaboratable
 from hw.decoder import KVDecoder, float_consts
 from hw.ifwht import FOLD_ALIGN_CYCLES
 from hw.options import DecoderOptions, EncoderOptions, FoldOptions
+from hw.pipeline import SKID_SLICE_BITS, check_slice_bits
 from hw.tofloat import FloatPack
 from hw.dequant import level_table, product_shape, scale_format
 from hw.encoder import KVEncoder
@@ -164,12 +165,15 @@ def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout, rc=False):
                      timeout=timeout)
 
 
-def flow_design(flow: str = "credit", stages: int = 0, width: int = 4, beats: int = 1):
+def flow_design(flow: str = "credit", stages: int = 0, width: int = 4, beats: int = 1,
+                slice_bits: int = SKID_SLICE_BITS):
     """A factory for the order proof of the flow control alone (``kvtest.flowpipe.FlowPipe``:
     the shared FlowControl [and skid FIFO] behind ``stages`` register stages of a
-    ``width``-bit counter; ``beats`` = 2: the two-beat input register and the join)."""
+    ``width``-bit counter; ``beats`` = 2: the two-beat input register and the join;
+    ``slice_bits``: bits per skid FIFO slice)."""
     from kvtest.flowpipe import FlowPipe
-    return lambda: FlowPipe(flow, stages, width=width, beats=beats)
+    check_slice_bits(slice_bits)
+    return lambda: FlowPipe(flow, stages, width=width, beats=beats, slice_bits=slice_bits)
 
 
 def _flow(flow, stages, width, beats, work, timeout):
