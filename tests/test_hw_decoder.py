@@ -1057,10 +1057,10 @@ def test_two_beats(preset, n, block, bits, latency, mode, float_regs, split, n_r
 @pytest.mark.parametrize("kw,exc,word", [
     ({"lanes": 4}, ValueError, "lanes"),
     ({"lanes": 8.0}, TypeError, "lanes"),
-    ({"lanes": 8, "latency": 5}, ValueError, r"fwht_regs .*S=4"),
+    ({"lanes": 8, "fwht_regs": 5}, ValueError, r"fwht_regs .*S=4"),
 ])
 def test_bad_lanes(kw, exc, word):
-    kw = {"latency": 1, **kw}
+    kw = {"fwht_regs": 1, **kw}
     with pytest.raises(exc, match=word):
         make_decoder(FormatParams(n=16, block=8), **kw)
     with pytest.raises(ValueError, match="multiple of the block"):
@@ -1314,7 +1314,7 @@ def test_reset_copies(flow, n, block, lanes, fa):
     domains) or if the hold-off misses that cycle."""
     from amaranth.hdl import ClockDomain, DomainRenamer
     p = FormatParams(n=n, block=block, sign_seed=3)
-    kw = dict(latency=1, flow=flow, lanes=lanes, fold_align=fa)
+    kw = dict(fwht_regs=1, flow=flow, lanes=lanes, fold_align=fa)
     a = make_decoder(p, reset_copies=True, **kw)
     c = make_decoder(p, **kw)
     m = Module()

@@ -619,11 +619,11 @@ def test_two_beats(n, block, bits, latency, mant_bits, dtype, mode, n_random, kw
     ({"lanes": True}, TypeError, "lanes"),
     ({"lanes": 8, "key_slots": 2}, ValueError, "key_slots"),
     ({"lanes": 8, "lane_ram": 3}, ValueError, "lane_ram"),
-    ({"lanes": 8, "latency": 4}, ValueError, r"fwht_regs .*log2\(W\)=3"),
+    ({"lanes": 8, "fwht_regs": 4}, ValueError, r"fwht_regs .*log2\(W\)=3"),
 ])
 def test_bad_lanes(kw, exc, word):
-    """W must be N or N/2, a multiple of G; latency counts the W-point network's stages."""
-    kw = {"latency": 1, **kw}
+    """W must be N or N/2, a multiple of G; fwht_regs counts the W-point network's stages."""
+    kw = {"fwht_regs": 1, **kw}
     with pytest.raises(exc, match=word):
         make_encoder(FormatParams(n=16, block=8), **kw)
     with pytest.raises(ValueError, match="multiple of the block"):
