@@ -579,7 +579,7 @@ def policy_planes(bsz, kvh, t, n_sets, kp, vp, page):
     return sets
 
 
-def decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, page, out_dtype):
+def policy_inputs(bsz, hq, kvh, t, kp, vp, sinks, page, out_dtype):
     """Everything one decode timing needs: (packed bytes, sets of planes rotated past L2, capacity
     rows, q, lengths, out, k_sink, v_sink); q and the sink rows fp16, every length ``t``."""
     n = kp.n
@@ -606,7 +606,7 @@ def bench_policy_shape(bsz, hq, kvh, t, bits_list, variants, quick=False):
         vp = qparams("midrise", "nearest", bits=vb)
         for var in variants:
             sinks, page = var.get("sinks", 0), var.get("page")
-            packed, sets, rows, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, page,
+            packed, sets, rows, q, lens, out, sk, sv = policy_inputs(bsz, hq, kvh, t, kp, vp, sinks, page,
                                                                     cp.float16)
             n_sets = len(sets)
             # KVCache's value layout (the random bytes are valid codes in any order)
@@ -736,7 +736,7 @@ def bench_kernel_shape(bsz, t, variants, baseline=None, hq=64, kvh=8, splits=(No
         kb, vb = var["bits"]
         sinks, kscale = var.get("sinks", 0), bool(var.get("key_scales"))
         kp, vp = qparams("midrise", "nearest", bits=kb), qparams("midrise", "nearest", bits=vb)
-        packed, sets, cap, q, lens, out, sk, sv = decode_inputs(bsz, hq, kvh, t, kp, vp, sinks, None, cp.float32)
+        packed, sets, cap, q, lens, out, sk, sv = policy_inputs(bsz, hq, kvh, t, kp, vp, sinks, None, cp.float32)
         # key scales 2^e, e in [-2, 2] per channel (the calibrated tables' spread): q_scale = 1 / s
         qs = (cp.exp2(-cp.random.randint(-2, 3, (kvh, n)).astype(cp.float32)) if kscale else None)
         n_sets = len(sets)
