@@ -529,7 +529,7 @@ def test_policy_writes_bitexact_and_decode_within_budget(case, kb, vb):
     rho = key_scale_rho(q16, k16, s, lengths)
     print(f"\n{case} K{kb}V{vb}: kernel vs float64(cache) {err:.2e} (one q part: {err0:.2e}); "
           f"SDPA bf16 vs float64 {budget:.2e}; rho {rho:.3g}")
-    assert err <= budget and err <= 1e-3, (err, budget)
+    assert err <= budget, (err, budget)
     if not kscale:
         # one fp16 q part is within the budget without key scales; with these scales (|log2 s| <= 3, drawn
         # independently of q and k: rho ~ 12) its error grows ~rho-fold (docs/DECISIONS.md, "Two q parts with
@@ -666,8 +666,9 @@ def test_mqa_70000_tokens():
     assert pl.num_splits > 1
     out = cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32"))
     err = rel_err(out, _reference(cache, q16, lengths, 1 / 8))
-    print(f"\nMQA 70000: {pl.num_splits} splits, error {err:.2e}")
-    assert err <= 1e-3
+    budget = _sdpa_bf16_error(q16, k16, v16, lengths, 1 / 8)
+    print(f"\nMQA 70000: {pl.num_splits} splits, error {err:.2e}; SDPA bf16 {budget:.2e}")
+    assert err <= budget
 
 
 def test_shape_fuzz_vs_float64():
@@ -783,7 +784,7 @@ def test_attend_refuses_lengths_beyond_the_appended():
 def test_cluster_merge_equals_workspace_merge(case):
     """The cluster entry (partials merged in distributed shared memory) gives the workspace merge's bits."""
     bsz, hq, kvh, n, lengths, sinks, kb, vb, ns = case
-    cache, q16, *_ = _policy_case(bsz, hq, kvh, n, 64, lengths, kb, vb, sinks, seed=3)
+    cache, q16, k16, v16, *_ = _policy_case(bsz, hq, kvh, n, 64, lengths, kb, vb, sinks, seed=3)
     q = cp.asarray(q16)
     p0 = cache.plan(hq, num_splits=ns, tune={"cluster": 0})
     p1 = cache.plan(hq, num_splits=ns, tune={"cluster": 1})
@@ -792,4 +793,4 @@ def test_cluster_merge_equals_workspace_merge(case):
     o1 = cp.asnumpy(cache.run(p1, p1.workspace(), q, out_dtype="fp32"))
     assert np.array_equal(o0, o1)
     ref = _reference(cache, q16, lengths, 1.0 / math.sqrt(n))
-    assert rel_err(o1, ref) <= 1e-3
+    assert rel_err(o1, ref) <= _sdpa_bf16_error(q16, k16, v16, lengths, 1.0 / math.sqrt(n))

@@ -22,6 +22,9 @@ DIR/raw/, which git ignores):
   layout    the write kernel's value orders (golden, vpair) and row mappings, each against the copy
             kernel over the same bytes; ``--source NAME=DIR`` adds another kernel source
             (gpu_bench_layout.json)
+  peers     decode against FlashInfer's paged decode (bf16, fp8 e4m3), SDPA bf16 and the read limit
+            of the same bytes, K3V3 and v3, one entry per card (gpu_bench_peers.json); FlashInfer is
+            imported from the Python path
   all       decode, write, policy, paging, and hf where ``--data`` is given: every GPU result the
             generated docs read (``python -m bench.docs``)
 
@@ -54,6 +57,7 @@ ROUTINES = {
     "versions": ("versions", "gpu_bench_v2.json"),
     "kernel": ("kernel", "gpu_bench_kernel.json"),
     "layout": (None, "gpu_bench_layout.json"),
+    "peers": (None, "gpu_bench_peers.json"),
 }
 ALL = ("decode", "write", "policy", "paging", "hf")
 #: routines with a profiling driver: the module and its argument
@@ -102,6 +106,9 @@ def run_routine(name: str, out: Path, extra: list[str], data: Path | None) -> Pa
         elif name == "layout":
             from bench.gpu import write_layout
             write_layout.main(["--out", str(out), *extra])
+        elif name == "peers":
+            from bench.gpu import peers
+            peers.main(["--out", str(out), *extra])
         else:
             from bench.gpu import hf
             hf.main(["run", "--data", str(data), "--out", str(out / fname), *extra])

@@ -291,6 +291,33 @@ def plot_layout(r, dst):
     print(f"wrote {dst}")
 
 
+def plot_peers(r, dst):
+    """gpu_bench_peers.json -> per card, decode time of every implementation relative to the card's best bf16
+    kernel (FlashInfer or SDPA), per shape; above 1 is faster."""
+    cards = list(r["cards"].values())
+    fig, axes = plt.subplots(1, len(cards), figsize=(6.5 * len(cards), 4.6), squeeze=False)
+    impls = (("ours_K3V3", "ours K3V3", "tab:blue"), ("ours_v3", "ours v3", "tab:cyan"),
+             ("flashinfer_fp8_e4m3", "FlashInfer fp8 e4m3", "tab:orange"),
+             ("flashinfer_bf16", "FlashInfer bf16", "tab:red"), ("sdpa_bf16", "SDPA bf16", "tab:gray"),
+             ("read_same_bytes", "read of our bytes", "k"))
+    for ax, c in zip(axes[0], cards):
+        rows = [x for x in c.get("rows", []) if x.get("best_bf16_ms")]
+        w = 0.8 / len(impls)
+        for k, (key, lab, col) in enumerate(impls):
+            vals = [x["best_bf16_ms"] / x[key]["ms"] if (x.get(key) or {}).get("ms") else float("nan") for x in rows]
+            ax.bar([i + (k - len(impls) / 2 + 0.5) * w for i in range(len(rows))], vals, w, label=lab, color=col)
+        ax.axhline(1.0, color="gray", ls=":", lw=1)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([f"B{x['batch']}/{x['context'] // 1024}K" for x in rows])
+        ax.set_ylabel("speed-up over the best bf16 kernel")
+        ax.set_title(f"{c['device']}: decode, N=128, GQA 64/8", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=120)
+    print(f"wrote {dst}")
+
+
 def plot(src, dst=None):
     """The plot of the results file ``src`` (its kind read from its content) into ``dst``, by default the
     file's name with .png."""
@@ -302,6 +329,8 @@ def plot(src, dst=None):
     dst = dst or os.path.splitext(src)[0] + ".png"
     with open(src) as f:
         r = json.load(f)
+    if "cards" in r:
+        return plot_peers(r, dst)
     if r.get("write") and isinstance(r["write"], list) and "case" in r["write"][0]:
         return plot_layout(r, dst)
     if r.get("write") and isinstance(r["write"], list) and "impl" in r["write"][0]:
