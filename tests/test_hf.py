@@ -251,9 +251,10 @@ def test_v3_policy_with_key_tables_equals_explicit_tables():
         hf.PackedCache(m.config, "v3", 2, 16, tables={"mu": t.mu}, backend="golden")
 
 
-def test_refused_at_creation_key_scale_range_policy_and_sliding_windows():
+def test_refused_at_creation_key_scale_range_policy_and_layer_types():
     """Key scales outside the backend's exponent range, key scales without the policy's KS2 term,
-    a preset combined with terms, and sliding-window configs are refused by name at creation."""
+    a preset combined with terms, and layer types other than full / sliding attention are refused by
+    name at creation."""
     from transformers import Qwen2Config
     m = tiny()
     z = np.zeros((2, 2, 64), np.float16)
@@ -266,11 +267,9 @@ def test_refused_at_creation_key_scale_range_policy_and_sliding_windows():
     with pytest.raises(ValueError, match="stands alone"):
         CachePolicy.parse("v3+S8")
     cfg = Qwen2Config(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, use_sliding_window=True, sliding_window=4)
-    with pytest.raises(ValueError, match="sliding"):
+                      num_key_value_heads=1, layer_types=["full_attention", "chunked_attention"])
+    with pytest.raises(ValueError, match=r"config.layer_types: \['chunked_attention'\]"):
         hf.PackedCache(cfg, "K3V3", 1, 8, backend="golden")
-    cfg.use_sliding_window = False                           # Qwen2's default: the window is off
-    hf.PackedCache(cfg, "K3V3", 1, 8, backend="golden")
 
 
 def test_decode_one_token_at_a_time_equals_fake_quant_forward():
@@ -462,3 +461,176 @@ def test_golden_store_nbytes_counts_zero_points():
         m(torch.zeros(1, 4, dtype=torch.long), **hf.cache_kwargs(m, c))
     assert FormatParams(mode="asym", n=64).bytes_per_vector == 26
     assert c.nbytes() == 2 * 16 * 26            # K and V x capacity x one 64-lane vector
+
+
+# ------------------------------------------------------------------------- sliding-window layers
+def tiny_gemma3(window=8, seed=0, head_dim=64, dtype=None):
+    """Gemma 3 shape in miniature: sliding, full, sliding layers (the real model: 5 sliding of 6)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    cfg = Gemma3TextConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, sliding_window=window,
+                           query_pre_attn_scalar=head_dim, max_position_embeddings=512,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    torch.manual_seed(seed)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def test_layer_windows_of_the_families():
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    assert hf.layer_windows(tiny_gemma3().config) == [8, None, 8]
+    assert hf.layer_windows(LlamaConfig(num_hidden_layers=2)) == [None, None]
+    q = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=16, max_window_layers=2)
+    assert hf.layer_windows(q) == [None, None, 16, 16]
+    assert hf.layer_windows(Qwen2Config(num_hidden_layers=2, sliding_window=16)) == [None, None]  # window off
+    assert hf.layer_windows(MistralConfig(num_hidden_layers=2, sliding_window=32)) == [32, 32]
+    assert hf.layer_windows(MistralConfig(num_hidden_layers=2, sliding_window=None)) == [None, None]
+
+
+def _eager_fake_quant(model, spec, ids, prefill, exact):
+    """The reference: the model's own eager attention (its sliding-window mask, transformers'
+    DynamicCache whose sliding layers keep the window) over golden fake-quantized K/V: 16-bit
+    rounding, encode + decode_float of the policy's formats, the first ``sinks`` tokens of
+    full-attention layers 16-bit. ``exact``: the first chunk attends to its unquantized K/V (what
+    PackedCache's prefill='exact' does). Logits of ``ids[:, :prefill]`` in one chunk, then one token
+    at a time."""
+    from transformers import DynamicCache
+    from sim_models import decode_float
+    from sim_models.policy import fit_format
+    pol = CachePolicy.parse(spec)
+    windows = hf.layer_windows(model.config)
+    d = model.config.head_dim
+    cache = DynamicCache(config=model.config)
+
+    def fq(x, f, first):
+        x16 = x.to(torch.float16)
+        bits = x16.contiguous().view(torch.int16).numpy().view(np.uint16)
+        b, h, t, _ = bits.shape
+        e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+        rec = torch.from_numpy(decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d).astype(np.float32))
+        rec[:, :, :first] = x16[:, :, :first].float()
+        return rec.to(x.dtype)
+
+    for i, layer in enumerate(cache.layers):
+        def update(k, v, *a, _orig=layer.update, _i=i, _seen=[0], **kw):
+            t0, t = _seen[0], k.shape[2]
+            first = 0 if windows[_i] is not None else max(0, min(pol.sinks - t0, t))
+            kq = fq(k, fit_format(pol.format_for(_i, "k"), d, "fp16"), first)
+            vq = fq(v, fit_format(pol.format_for(_i, "v"), d, "fp16"), first)
+            _seen[0] += t
+            out = _orig(kq, vq, *a, **kw)
+            return (k, v) if exact and t > 1 and t0 == 0 else out
+        layer.update = update
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = [model(ids[:, :prefill], **hf.cache_kwargs(model, cache), use_cache=True).logits]
+            for i in range(prefill, ids.shape[1]):
+                out.append(model(ids[:, i:i + 1], **hf.cache_kwargs(model, cache), use_cache=True).logits)
+    finally:
+        model.set_attn_implementation(hf.ATTN_NAME)
+    return torch.cat(out, 1)
+
+
+def _packed_run(model, cache, ids, prefill):
+    with torch.no_grad():
+        out = [model(ids[:, :prefill], **hf.cache_kwargs(model, cache)).logits]
+        for i in range(prefill, ids.shape[1]):
+            out.append(model(ids[:, i:i + 1], **hf.cache_kwargs(model, cache)).logits)
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("prefill", [1, 12])
+def test_sliding_window_layers_equal_eager_attention_over_fake_quant(prefill):
+    """A Gemma-3-shaped model (window 8 on 2 of 3 layers) on the golden store, decoding 3x past the
+    window, == the model's own eager attention over fake-quantized K/V with transformers' sliding
+    cache; prefill 12 > window exercises the exact prefill of a chunk longer than the window."""
+    m = tiny_gemma3()
+    hf.enable(m)
+    ids = torch.tensor(np.random.default_rng(11).integers(0, 96, (2, 26)))
+    c = hf.PackedCache(m.config, "K3V3+S2", 2, 26, backend="golden")
+    got = _packed_run(m, c, ids, prefill)
+    want = _eager_fake_quant(m, "K3V3+S2", ids, prefill, exact=True)
+    assert got.shape == want.shape
+    # equal up to float rounding (SDPA vs eager sums) at almost every (sequence, position); where such
+    # a last-bit difference rounds one K/V element to the other side of a 3-bit threshold, the positions
+    # whose window holds that token move by ~1e-3
+    err = (got - want).abs().amax(-1)
+    assert float((err < 2e-5).float().mean()) >= 0.8 and float(err.max()) < 1e-2, err
+    # without the window (or with the 16-bit K/V) the answer is another one: the test can tell
+    full = _eager_fake_quant(tiny_gemma3(window=64), "K3V3+S2", ids, prefill, exact=True)
+    assert not torch.allclose(got[:, 10:], full[:, 10:], atol=1e-3)
+    assert [l.store.hat["k"].shape[2] for l in c.layers] == [8, 26, 8]
+    assert [l.sinks for l in c.layers] == [0, 2, 0]
+
+
+def test_sliding_ring_holds_the_window_bytes():
+    """A sliding layer's store keeps exactly the last W tokens, token p in row p % W, with the golden
+    bytes of its K/V; nbytes counts W rows (no sinks), a full layer its capacity."""
+    m = tiny_gemma3()
+    hf.enable(m)
+    ids = torch.tensor(np.random.default_rng(12).integers(0, 96, (1, 19)))
+    c = hf.PackedCache(m.config, "K3V3+S2", 1, 32, backend="golden")
+    seen = _record_updates(c)
+    _packed_run(m, c, ids, 5)
+    p = FormatParams(n=64)
+    for i in (0, 2):
+        k = torch.cat([x[0] for x in seen[i]], 2).half().numpy()        # all 19 tokens
+        e = encode(k, p)
+        rows = np.arange(19 - 8, 19) % 8
+        assert np.array_equal(c.layers[i].store.codes["k"][:, :, rows, 0], e.codes[:, :, -8:]), f"layer {i}"
+        assert c.layers[i].get_seq_length() == 19
+    assert c.layers[0].nbytes() == 2 * 2 * 8 * (p.code_bytes + p.n_blocks)
+    assert c.layers[1].nbytes() == 2 * 2 * (30 * (p.code_bytes + p.n_blocks) + 2 * 64 * 2)
+
+
+def test_sliding_layers_packed_prefill_equals_decode_steps():
+    """prefill='packed' (one chunk of 20 > window, each query over its own window of the packed
+    cache) == feeding the tokens one at a time; the 16-bit policy keeps a 16-bit ring."""
+    m = tiny_gemma3()
+    hf.enable(m)
+    ids = torch.tensor(np.random.default_rng(13).integers(0, 96, (1, 20)))
+    a = hf.PackedCache(m.config, "K3V3+S2", 1, 20, backend="golden", prefill="packed")
+    b = hf.PackedCache(m.config, "K3V3+S2", 1, 20, backend="golden")
+    with torch.no_grad():
+        full = m(ids, **hf.cache_kwargs(m, a)).logits
+    step = _packed_run(m, b, ids, 1)
+    assert torch.allclose(full, step, atol=1e-4), float((full - step).abs().max())
+    c16 = hf.PackedCache(m.config, "fp16", 1, 20, backend="golden")
+    got = _packed_run(m, c16, ids, 12)
+    m.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = m(ids).logits
+    m.set_attn_implementation(hf.ATTN_NAME)
+    assert torch.allclose(got, want, atol=5e-3), float((got - want).abs().max())   # fp16 K/V rounding
+    assert c16.layers[0].keys.shape[2] == 8
+    with pytest.raises(ValueError, match="prefill='packed'"):
+        hf.PackedCache(m.config, "K3V3", 1, 20, backend="cuda", prefill="packed")
+
+
+@gpu
+@pytest.mark.parametrize("spec", ["K3V3", "v3"])
+def test_sliding_window_kernels_equal_golden(spec):
+    """Gemma-3-shaped model (head_dim 128, window 16) on the kernels, decoding past the window: the
+    ring planes hold the golden store's bytes (row p % W) and the logits agree."""
+    from sim_models import KeyTables
+    m = tiny_gemma3(window=16, head_dim=128).to("cuda")
+    hf.enable(m)
+    rng = np.random.default_rng(14)
+    t = KeyTables("tiny", (rng.normal(size=(3, 2, 128)) * 0.3).astype(np.float16),
+                  rng.integers(-1, 2, size=(3, 2, 128)).astype(np.int8))
+    ids = torch.tensor(rng.integers(0, 96, (2, 44)), device="cuda")
+    kw = dict(tables=t) if spec == "v3" else {}
+    cu = hf.PackedCache(m.config, spec, 2, 48, backend="cuda", **kw)
+    go = hf.PackedCache(m.config, spec, 2, 48, backend="golden", **kw)
+    seen = _record_updates(cu)
+    a = _packed_run(m, cu, ids, 20)
+    b = _packed_run(m, go, ids, 20)
+    assert float((a - b).abs().max() / b.abs().max()) < 2e-2
+    ref = hf.PackedCache(m.config, spec, 2, 48, backend="golden", **kw)
+    for i in (0, 2):
+        for k, v in seen[i]:
+            ref.layers[i].update(k, v)
+        hp = cu.layers[i].store.kv.host_planes()
+        assert cu.layers[i].store.kv.host_lengths.tolist() == [16, 16]
+        for kind in "kv":
+            assert np.array_equal(hp[f"{kind}_codes"][:, :, :16], ref.layers[i].store.codes[kind][:, :, :, 0])

@@ -9,7 +9,7 @@
                            tables=KeyTables.load("smollm2-135m.keytables.npz"))   # python -m sim_models.calibrate
     hf.generate(model, ids, cache, max_new_tokens=64)  # model.generate with the cache argument
 
-What each step does (Llama and Qwen2 families; GQA of any ratio):
+What each step does (Llama, Qwen2 and Gemma 3 families; GQA of any ratio):
 
 * ``update`` (called by the model with post-RoPE K/V ``[B, KVH, T, D]``): K and V are rounded to
   the cache's 16-bit type and appended with the write kernel, which applies the key front end of
@@ -42,6 +42,13 @@ end stores fp16. A decode step of the cuda
 backend allocates nothing on the CuPy side and makes no host<->device copy, so a whole model
 step can be captured in a CUDA graph (bench.gpu.hf does, for timing).
 
+Sliding-window layers (Gemma 3: window 512 on 5 of 6 layers; Qwen2 / Mistral with the window on,
+:func:`layer_windows`): the layer keeps a ring of the last W tokens (token ``p`` in row ``p % W``) and a
+decode query attends to exactly them, as the model's own sliding-window mask does; no sinks on these
+layers (tokens before the window are outside what the model was trained to see). A prefill chunk
+longer than W attends to its unquantized K/V under the model's mask and leaves its last W tokens
+in the ring.
+
 Sequences of a batch have equal lengths (no padding: a padded attention mask is not applied in
 decode).
 
@@ -53,7 +60,7 @@ function, :func:`enable`, :func:`generate`).
 from __future__ import annotations
 
 from .attention import ATTN_NAME, cache_kwargs, enable, fwht_kv_attention, generate
-from .cache import BACKENDS, PackedCache, PackedLayer, model_shape
+from .cache import BACKENDS, PackedCache, PackedLayer, layer_windows, model_shape
 
 __all__ = ["ATTN_NAME", "BACKENDS", "PackedCache", "PackedLayer", "cache_kwargs", "enable", "fwht_kv_attention",
-           "generate", "model_shape"]
+           "generate", "layer_windows", "model_shape"]

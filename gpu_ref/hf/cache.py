@@ -20,22 +20,43 @@ from .stores import _CudaStore, _GoldenStore, _torch
 BACKENDS = ("cuda", "golden")
 
 
-def model_shape(config):
-    """(layers, q heads, kv heads, head_dim) of a transformers decoder config.
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
-    Raises:
-        ValueError: sliding-window attention layers (this cache attends over every cached token).
-    """
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) or (
-            getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)):
-        raise ValueError(f"config: sliding-window attention layers (layer_types / sliding_window="
-                         f"{getattr(cfg, 'sliding_window', None)}) are not supported; PackedCache attends over "
-                         f"every cached token (Llama and Qwen2 without sliding windows)")
+
+def model_shape(config):
+    """(layers, q heads, kv heads, head_dim) of a transformers decoder config."""
+    cfg = _text_config(config)
     hq = cfg.num_attention_heads
     kvh = getattr(cfg, "num_key_value_heads", None) or hq
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
     return cfg.num_hidden_layers, hq, kvh, d
+
+
+def layer_windows(config) -> list:
+    """Per decoder layer, the sliding window (tokens a query sees, itself included, as transformers'
+    ``sliding_window_overlay`` defines it: key ``j`` is visible from query ``i`` when ``i - W < j <= i``)
+    or None for a full-attention layer. ``layer_types`` decides where the config has it (Gemma 3,
+    Qwen2); a config without it and with ``sliding_window`` set (Mistral) slides on every layer.
+
+    Raises:
+        ValueError: a layer type other than full or sliding attention, or a window that is not a
+            positive int.
+    """
+    cfg = _text_config(config)
+    n = cfg.num_hidden_layers
+    w = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        use = getattr(cfg, "use_sliding_window", True)
+        types = ["sliding_attention" if (w is not None and use) else "full_attention"] * n
+    bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+    if bad:
+        raise ValueError(f"config.layer_types: {bad} are not served (PackedCache holds full and sliding-window "
+                         f"attention layers)")
+    if "sliding_attention" in types and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1):
+        raise ValueError(f"config.sliding_window must be a positive int for sliding_attention layers, got {w!r}")
+    return [int(w) if t == "sliding_attention" else None for t in types[:n]]
 
 
 try:
@@ -56,14 +77,20 @@ class PackedLayer(CacheLayerMixin):
         key_scale: None or float16 ``[KVH, D]`` per-channel key scales (powers of two).
         batch_size, capacity, num_heads, num_kv_heads, head_dim: the shapes.
         backend: ``"cuda"`` or ``"golden"``.
+        window: None (full attention) or the sliding window W of this layer: the layer keeps the
+            last W tokens only (a ring of W rows; no sinks, whatever ``sinks`` says) and a query
+            attends to exactly those (transformers' sliding-window mask: itself and the W - 1
+            tokens before it).
     """
 
     is_compileable = False
-    is_sliding = False
 
     def __init__(self, layer_idx, k_fmt, v_fmt, sinks, mu, key_scale, batch_size, capacity,
-                 num_heads, num_kv_heads, head_dim, backend):
+                 num_heads, num_kv_heads, head_dim, backend, window=None):
         super().__init__()
+        self.window = window
+        if window is not None:
+            sinks = 0          # the model never sees tokens outside the window (docs/GPU.md, Sliding windows)
         self.layer_idx, self.k_fmt, self.v_fmt, self.sinks = layer_idx, k_fmt, v_fmt, sinks
         self.mu, self.key_scale = mu, key_scale
         self.batch_size, self.capacity = batch_size, capacity
@@ -76,6 +103,15 @@ class PackedLayer(CacheLayerMixin):
         self.cache_dtype = None      # "fp16" / "bf16", or None: from the first K/V (lazy_initialization)
         self.chunk_splits = None     # benchmarks: split-KV factor of the packed-prefill launch (None: planned)
         self.last_chunk = 0          # tokens appended by the last update (read by the attention function)
+
+    @property
+    def is_sliding(self):
+        return self.window is not None
+
+    @property
+    def rows(self):
+        """Token rows the layer holds per sequence: the capacity, or the window of a sliding layer."""
+        return self.capacity if self.window is None else min(self.capacity, self.window)
 
     # ---------------------------------------------------------------- transformers API
     def lazy_initialization(self, key_states, value_states):
@@ -90,7 +126,7 @@ class PackedLayer(CacheLayerMixin):
                 setattr(self, f, dataclasses.replace(getattr(self, f), dtype=kind))
         b, h, d = self.batch_size, self.num_kv_heads, self.head_dim
         if self.packed:
-            args = ((self.k_fmt, self.v_fmt), self.sinks, b, h, self.capacity, d, self.dtype, self.device,
+            args = ((self.k_fmt, self.v_fmt), self.sinks, b, h, self.rows, d, self.dtype, self.device,
                     self.num_heads)
             front = {}
             if self.k_fmt is not None and (self.mu is not None or self.key_scale is not None):
@@ -101,11 +137,11 @@ class PackedLayer(CacheLayerMixin):
             if self.backend == "cuda":
                 if self.device.type != "cuda":
                     raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
-                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed", **front)
+                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed", ring=self.is_sliding, **front)
             else:
-                self.store = _GoldenStore(*args, **front)
+                self.store = _GoldenStore(*args, ring=self.is_sliding, **front)
         else:
-            self.keys = torch.zeros(b, h, self.capacity, d, dtype=self.dtype, device=self.device)
+            self.keys = torch.zeros(b, h, self.rows, d, dtype=self.dtype, device=self.device)
             self.values = torch.zeros_like(self.keys)
         self.is_initialized = True
 
@@ -122,6 +158,8 @@ class PackedLayer(CacheLayerMixin):
         _pending.layer = self
         self.last_chunk = t
         if not self.packed:
+            if self.is_sliding:
+                return self._update_ring16(key_states, value_states)
             self.keys[:, :, self.length:self.length + t] = key_states
             self.values[:, :, self.length:self.length + t] = value_states
             self.length += t
@@ -131,6 +169,24 @@ class PackedLayer(CacheLayerMixin):
         self.length += t
         return key_states, value_states
 
+    def _update_ring16(self, key_states, value_states):
+        """16-bit sliding layer: a ring of W rows; returns what SDPA attends to (the prefill chunk
+        itself, or the ring's rows -- the window, in ring order -- for one token)."""
+        torch = _torch()
+        t, w, n = key_states.shape[2], self.rows, self.length
+        if t > 1 and n:
+            raise NotImplementedError(f"layer {self.layer_idx}: a {t}-token chunk after {n} cached tokens on a "
+                                      "sliding-window layer is not supported; feed one token at a time")
+        keep = min(t, w)
+        rows = torch.arange(n + t - keep, n + t, device=key_states.device) % w
+        self.keys[:, :, rows] = key_states[:, :, t - keep:].to(self.dtype)
+        self.values[:, :, rows] = value_states[:, :, t - keep:].to(self.dtype)
+        self.length += t
+        if t > 1:
+            return key_states, value_states
+        m = min(self.length, w)
+        return self.keys[:, :, :m].to(self.model_dtype), self.values[:, :, :m].to(self.model_dtype)
+
     def attend(self, query, scaling):
         """Decode attention of ``query`` ``[B, Hq, D]`` over the packed layer -> float32 ``[B, Hq, D]``."""
         return self.store.attend(query.float(), scaling)
@@ -139,18 +195,10 @@ class PackedLayer(CacheLayerMixin):
         """Causal attention of ``query`` ``[B, Hq, T, D]`` (the last T tokens) over the packed
         cache, every query seeing the tokens up to its own -> ``[B, T, Hq, D]`` (``prefill="packed"``:
         the golden model's fake-quant forward; with the kernels, one decode launch of B*T queries)."""
-        torch = _torch()
-        t, n = query.shape[2], self.length
         q = query.float()
         if self.backend == "cuda":
             return self.store.attend_chunk(q, scaling, self.chunk_splits).to(query.dtype)
-        q = self.store.query(q)
-        rep = self.num_heads // self.num_kv_heads
-        k = self.store.hat["k"][:, :, :n].repeat_interleave(rep, 1)
-        v = self.store.hat["v"][:, :, :n].repeat_interleave(rep, 1)
-        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
-        return o.to(query.dtype).transpose(1, 2)
+        return self.store.attend_chunk(q, scaling, self.window).to(query.dtype)
 
     def get_mask_sizes(self, query_length):
         return self.length + query_length, 0
@@ -242,6 +290,11 @@ class PackedCache(Cache):
         if dtype not in (None, "fp16", "bf16"):
             raise ValueError(f"dtype must be 'fp16', 'bf16' or None, got {dtype!r}")
         n_layers, hq, kvh, d = model_shape(config)
+        windows = layer_windows(config)
+        if backend == "cuda" and prefill == "packed" and any(w is not None for w in windows):
+            raise ValueError("prefill='packed' with backend 'cuda' is not served on sliding-window layers (the ring "
+                             "keeps only the last window of a chunk); use prefill='exact' or backend='golden'")
+        self.windows = windows
         for name, l in (("layer_k", policy.layer_k), ("layer_v", policy.layer_v)):
             bad = [e[0] for e in l if e[0] >= n_layers]
             if bad:
@@ -300,7 +353,7 @@ class PackedCache(Cache):
             m = arrays["mu"][l].astype(np.float16) if (policy.center_keys and kf is not None) else None
             s = ks[l].astype(np.float16) if (ks is not None and kf is not None) else None
             layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
-                                      hq, kvh, d, backend))
+                                      hq, kvh, d, backend, window=windows[l]))
             layers[-1].prefill = prefill
             layers[-1].cache_dtype = dtype
         super().__init__(layers=layers)

@@ -21,12 +21,19 @@ class _GoldenStore:
 
     Tensors (torch, on ``device``): ``hat[kind]`` float32 ``[B, KVH, CAP, D]`` (decode_float, or
     the 16-bit value for sinks / unquantized kinds); ``codes[kind]``/``scales[kind]`` NumPy uint8
-    ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows).
+    ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows). With ``ring`` (a sliding-window layer,
+    ``cap`` = the window W, no sinks) token ``p`` lives in row ``p % W`` and only the last W tokens
+    are kept; attention reads the ``min(length, W)`` rows in ring order (softmax does not depend
+    on the order of the keys).
     """
 
-    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None, mu16=None, s16=None):
+    def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None, mu16=None, s16=None,
+                 ring=False):
         torch = _torch()
-        self.fmts, self.sinks, self.dtype = fmts, sinks, torch_dtype
+        if ring and sinks:
+            raise ValueError(f"a ring (sliding-window layer) keeps no sinks, got sinks={sinks}")
+        self.fmts, self.sinks, self.dtype, self.ring, self.rows = fmts, sinks, torch_dtype, ring, cap
+        self._prev = None        # ring: the window before the last multi-token append (attend_chunk)
         # the key front end (FORMAT.md 8) as the golden model defines it: sim_models.keyscale.key_front
         self._fe = FormatParams(n=d, block=min(64, d))
         self._front = None
@@ -67,6 +74,8 @@ class _GoldenStore:
         torch = _torch()
         k16 = self.keys_in(k16)
         t0, t = self.length, k16.shape[2]
+        if self.ring:
+            return self._append_ring(k16, v16, t0, t)
         for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
             xf = x.float()
             out = xf.clone()
@@ -82,12 +91,75 @@ class _GoldenStore:
             self.hat[kind][:, :, t0:t0 + t] = out
         self.length += t
 
+    def _reconstruct(self, x, f):
+        """16-bit ``[B, KVH, T, D]`` -> (float32 reconstructions, codes, scales) of format ``f`` (None: 16-bit)."""
+        torch = _torch()
+        if f is None:
+            return x.float(), None, None
+        bits = x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        b, h, t, d = bits.shape
+        e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+        rec = decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d)
+        return torch.from_numpy(rec.astype(np.float32)).to(x.device), e.codes, e.scales
+
+    def window(self):
+        """The rows a query attends to now, oldest first: float32 (k, v) ``[B, KVH, min(length, rows), D]``."""
+        torch = _torch()
+        n, w = self.length, self.rows
+        if not self.ring or n <= w:
+            return self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+        order = torch.arange(n - w, n, device=self.hat["k"].device) % w
+        return self.hat["k"][:, :, order], self.hat["v"][:, :, order]
+
+    def _append_ring(self, k16, v16, t0, t):
+        torch = _torch()
+        w = self.rows
+        if t > 1:                                   # attend_chunk reads the window before this chunk
+            self._prev = tuple(x.clone() for x in self.window())
+        keep = min(t, w)
+        rows = (np.arange(t0 + t - keep, t0 + t) % w)
+        rows_t = torch.as_tensor(rows, device=self.hat["k"].device)
+        self._chunk = {}
+        for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
+            rec, codes, scales = self._reconstruct(x, f)
+            self._chunk[kind] = rec
+            self.hat[kind][:, :, rows_t] = rec[:, :, t - keep:]
+            if codes is not None:
+                self.codes[kind][:, :, rows] = codes[:, :, t - keep:]
+                self.scales[kind][:, :, rows] = scales[:, :, t - keep:]
+        self.length += t
+
+    def attend_chunk(self, q, scaling, window=None):
+        """Causal attention of the last T tokens' queries ``[B, Hq, T, D]`` (float32) over the stored
+        reconstructions, each query seeing the tokens up to its own (and, with ``window`` W, only the
+        last W of them) -> float32 ``[B, T, Hq, D]`` (``prefill="packed"``: the fake-quant forward)."""
+        torch = _torch()
+        t, n = q.shape[2], self.length
+        q = self.query(q)
+        if self.ring:
+            pk, pv = self._prev if t > 1 else self.window()
+            if t > 1:
+                k, v = (torch.cat([p, self._chunk[x]], 2) for p, x in ((pk, "k"), (pv, "v")))
+            else:
+                k, v = pk, pv
+            kpos = torch.arange(n - k.shape[2], n, device=q.device)
+        else:
+            k, v = self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+            kpos = torch.arange(n, device=q.device)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        qpos = torch.arange(n - t, n, device=q.device)[:, None]
+        mask = kpos[None, :] <= qpos
+        if window is not None:
+            mask &= kpos[None, :] > qpos - window
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        return o.transpose(1, 2)
+
     def attend(self, q, scaling):
         """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``."""
         torch = _torch()
         q = self.query(q)
-        n = self.length
-        k, v = self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+        k, v = self.window()
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         o = torch.nn.functional.scaled_dot_product_attention(q.float()[:, :, None], k, v, scale=scaling)
@@ -124,15 +196,25 @@ class _CudaStore:
     (bench.gpu.hf, tests/test_hf.py). With ``pow2_rows`` the packed rows per sequence are a
     power of two, so the planes double as a pool of one page per sequence and :meth:`attend_chunk`
     can point every query of a chunk at its sequence's page (one decode launch, per-query lengths).
+
+    With ``ring`` (a sliding-window layer: ``cap`` = the window W, no sinks) token ``p`` is written to
+    row ``p % W`` and the kernel's length is ``min(p + 1, W)``: the decode kernel reads rows
+    ``0 .. length - 1`` of a sequence, which are then exactly the window (in ring order, which
+    softmax does not see). The absolute positions are a device counter, so a decode step stays
+    free of host copies (graph-capturable). No kernel change: plan/run have no start offset, the
+    ring needs none.
     """
 
     _streams: dict = {}
 
     def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq, pow2_rows=False, mu16=None,
-                 s16=None):
+                 s16=None, ring=False):
         import cupy as cp
         from gpu_ref import KVCache
         torch = _torch()
+        if ring and (sinks or pow2_rows):
+            raise ValueError("a ring (sliding-window layer) keeps no sinks and has no packed-prefill rows")
+        self.ring, self.window = ring, cap
         self.bf16 = torch_dtype != torch.float16
         self.hq, self.sinks = hq, sinks
         packed = max(cap - sinks, 1)
@@ -156,6 +238,7 @@ class _CudaStore:
         self._rows = rows
         self._base_t = torch.from_dlpack(self._base)
         self._dlen_t = torch.from_dlpack(self._dlen)
+        self._dpos_t = torch.zeros(batch, dtype=torch.int64, device=device) if ring else None   # tokens seen
         self._sink_t = None
         if sinks:                                              # torch views of the sink planes (uint16 bits)
             self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
@@ -201,23 +284,36 @@ class _CudaStore:
                 ks = torch.from_dlpack(y.view(_cupy().int16)).transpose(1, 2)
             self._sink_t[0][:, :, t0:t0 + ns] = ks.view(torch.int16)
             self._sink_t[1][:, :, t0:t0 + ns] = v16[:, :, :ns].view(torch.int16)
-        if t > ns:
-            if t == 1:                                         # from the device lengths: graph-safe
-                rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
+        if self.ring:                                          # the last W tokens only, row p % W
+            keep = min(t, self.window)
+            ns, k16, v16 = t - keep, k16[:, :, t - keep:], v16[:, :, t - keep:]
+            if t == 1:
+                rows = (self._base_t + (self._dpos_t % self.window)[:, None]).reshape(-1)
             else:
-                pos = torch.arange(t0 + ns - self.sinks, t0 + t - self.sinks, device=k16.device)
+                pos = torch.arange(t0 + t - keep, t0 + t, device=k16.device) % self.window
                 rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
+        elif t > ns and t == 1:                                # from the device lengths: graph-safe
+            rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
+        elif t > ns:
+            pos = torch.arange(t0 + ns - self.sinks, t0 + t - self.sinks, device=k16.device)
+            rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
+        if t > ns:
             kv = self.kv
             with self._stream():
                 for x, p, codes, scales, flags, key, lay in (
                         (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front, "wire"),
                         (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
-                    bits = self._cp(x[:, :, ns:].transpose(1, 2))                # [B, T', KVH, D]
+                    bits = self._cp((x if self.ring else x[:, :, ns:]).transpose(1, 2))   # [B, T', KVH, D]
                     launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key, layout=lay,
                                   pair_vec=bits.shape[-2])
-        self._dlen_t += t
         self.length += t
-        self.kv.host_lengths[:] = self.length
+        if self.ring:
+            self._dpos_t += t
+            self._dlen_t.copy_(torch.clamp(self._dpos_t, max=self.window))
+            self.kv.host_lengths[:] = min(self.length, self.window)
+        else:
+            self._dlen_t += t
+            self.kv.host_lengths[:] = self.length
 
     def _plan(self, key, make):
         if key not in self._plans:
@@ -230,7 +326,8 @@ class _CudaStore:
         """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]`` (the kernel reads q / s with key scales)."""
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
-        bucket = min(self.kv.capacity, 1 << max(self.length - 1, 63).bit_length())
+        n = min(self.length, self.window) if self.ring else self.length
+        bucket = min(self.kv.capacity, 1 << max(n - 1, 63).bit_length())
         qdt = "bf16" if self.bf16 else "fp16"
         pl, ws = self._plan(bucket, lambda: self.kv.plan(self.hq, bucket, q_dtype=qdt))
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -245,6 +342,8 @@ class _CudaStore:
         One decode launch of B*T queries, each pointed at its sequence's page (``pow2_rows``)."""
         import cupy as cp
         torch = _torch()
+        if self.ring:
+            raise NotImplementedError("attend_chunk on a ring (sliding-window layer)")
         b, hq, t, d = q.shape
         kv, n = self.kv, self.length
         q16 = q.transpose(1, 2).reshape(b * t, hq, d).to(torch.bfloat16 if self.bf16 else torch.float16)
@@ -267,8 +366,11 @@ class _CudaStore:
 
     def set_length(self, n: int):
         self.length = n
-        self.kv.host_lengths[:] = n
-        self._dlen_t.fill_(n)
+        m = min(n, self.window) if self.ring else n
+        self.kv.host_lengths[:] = m
+        self._dlen_t.fill_(m)
+        if self.ring:
+            self._dpos_t.fill_(n)
 
     def nbytes(self):
         kv = self.kv
