@@ -1,0 +1,296 @@
+"""OpenAI-compatible HTTP server over :class:`gpu_ref.serve.Engine` (Python's ``http.server``, one thread
+per connection; the engine steps in its own thread).
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(``stream: true``: server-sent events, ``data: {...}`` chunks then ``data: [DONE]``). Request fields:
+``model`` (must name the served model), ``prompt`` (completions: a string or a list of token ids) or
+``messages`` (chat: ``[{"role", "content"}]``, through the tokenizer's chat template), ``max_tokens``
+(default 16), ``temperature`` (default 1 as in the OpenAI API; 0 is greedy), ``top_p``, ``seed``,
+``stop`` (a string or up to 4), ``stream``, ``n`` (1 only) and ``policy`` (optional: must be the served
+policy's spec or the name it was given by). Unknown fields are ignored.
+
+Errors: a JSON body ``{"error": {"message", "type", "param", "code"}}``; 400 for a malformed body or a
+bad parameter (named in ``param``), 404 for an unknown path or model, 413 for a body over 1 MiB, 503
+with ``Retry-After`` when the engine's queue is full. A request that fits the pool but not its free
+blocks waits (queued, FIFO); one that could never fit gets 400 naming ``max_tokens``. No request can
+stop the server or touch another request's cache (each running request owns its cache).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .engine import PoolFull, RequestError, SamplingParams
+
+MAX_BODY = 1 << 20
+#: seconds a handler waits for the engine's next token before giving up on the request
+TOKEN_TIMEOUT = 600.0
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def _field(body, name, types, default, what):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) and bool not in types:
+        raise HTTPError(400, f"'{name}' must be {what}, got {json.dumps(v)}", name)
+    if not isinstance(v, types):
+        raise HTTPError(400, f"'{name}' must be {what}, got {json.dumps(v)[:80]}", name)
+    return v
+
+
+class OpenAIServer(ThreadingHTTPServer):
+    """The HTTP server. Args: ``engine`` (started here), ``tokenizer`` (``encode(text) -> ids``,
+    ``decode(ids) -> str``, optional ``apply_chat_template``, ``eos_token_id``), ``model_name`` (the id
+    clients pass as ``model``), ``policy_names`` (names a request's ``policy`` may use), ``address``."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, engine, tokenizer, model_name: str, address=("127.0.0.1", 8000), policy_names=()):
+        self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        self.policy_names = {engine.policy.spec.lower(), *(p.lower() for p in policy_names)}
+        self.created = int(time.time())
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        super().__init__(address, _Handler)
+        engine.start()
+
+    def serve_in_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="fwht-kv-http", daemon=True)
+        t.start()
+        return t
+
+    def close(self):
+        self.shutdown()
+        self.server_close()
+        self.engine.stop()
+
+    # ------------------------------------------------------------------ request parsing
+    def parse(self, body: dict, chat: bool):
+        """A request body -> (prompt ids, SamplingParams, stop strings, stream)."""
+        model = body.get("model", self.model_name)
+        if model != self.model_name:
+            raise HTTPError(404, f"model {json.dumps(model)[:80]} is not served here; this server serves "
+                                 f"{self.model_name!r} (GET /v1/models)", "model", "model_not_found")
+        pol = body.get("policy")
+        if pol is not None and (not isinstance(pol, str) or pol.lower() not in self.policy_names):
+            raise HTTPError(400, f"policy {json.dumps(pol)[:80]} is not served here; this server runs the cache "
+                                 f"policy {self.engine.policy.spec!r}", "policy", "policy_not_served")
+        if _field(body, "n", (int,), 1, "1") != 1:
+            raise HTTPError(400, "'n' must be 1 (one choice per request)", "n")
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in msgs):
+                raise HTTPError(400, "'messages' must be a non-empty list of {\"role\": str, \"content\": str}",
+                                "messages")
+            if not hasattr(self.tok, "apply_chat_template"):
+                raise HTTPError(400, "this model's tokenizer has no chat template: use /v1/completions", "messages")
+            try:
+                text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            except Exception as err:
+                raise HTTPError(400, f"'messages' cannot be rendered by the chat template: {err}", "messages")
+            ids = self.tok.encode(text, add_special_tokens=False)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = self.tok.encode(prompt)
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in prompt):
+                ids = prompt
+            else:
+                raise HTTPError(400, "'prompt' must be a non-empty string or a list of token ids", "prompt")
+        if not len(ids):
+            raise HTTPError(400, "the prompt encodes to no tokens", "prompt" if not chat else "messages")
+        params = SamplingParams(
+            max_tokens=_field(body, "max_tokens", (int,), 16, "an int >= 1")
+            if "max_completion_tokens" not in body else _field(body, "max_completion_tokens", (int,), 16,
+                                                               "an int >= 1"),
+            temperature=_field(body, "temperature", (int, float), 1.0, "a number in [0, 100]"),
+            top_p=_field(body, "top_p", (int, float), 1.0, "a number in (0, 1]"),
+            seed=_field(body, "seed", (int,), None, "an int"),
+            stop_token_ids=self.eos)
+        stop = body.get("stop")
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise HTTPError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
+        stream = _field(body, "stream", (bool,), False, "true or false")
+        return list(ids), params, stop, stream
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: OpenAIServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):          # quiet; the engine's stats are at /health
+        pass
+
+    # ------------------------------------------------------------------ plumbing
+    def _send_json(self, status, obj, headers=()):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, err: HTTPError):
+        headers = (("Retry-After", "1"),) if err.status == 503 else ()
+        self._send_json(err.status, {"error": {"message": err.message, "type": err.kind, "param": err.param,
+                                               "code": err.code}}, headers)
+
+    def _body(self):
+        n = self.headers.get("Content-Length")
+        if n is None or not n.isdigit():
+            raise HTTPError(411 if n is None else 400, "a Content-Length header is required", None)
+        n = int(n)
+        if n > MAX_BODY:
+            self.close_connection = True
+            raise HTTPError(413, f"the body has {n} bytes; the limit is {MAX_BODY}", None)
+        raw = self.rfile.read(n)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise HTTPError(400, f"the body is not valid JSON: {err}", None, "invalid_json")
+        if not isinstance(body, dict):
+            raise HTTPError(400, "the body must be a JSON object", None, "invalid_json")
+        return body
+
+    # ------------------------------------------------------------------ routes
+    def do_GET(self):
+        s = self.server
+        try:
+            if self.path == "/health":
+                return self._send_json(200, {"status": "ok", **s.engine.stats()})
+            if self.path == "/v1/models":
+                return self._send_json(200, {"object": "list", "data": [
+                    {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "fwht-kv",
+                     "policy": s.engine.policy.spec}]})
+            raise HTTPError(404, f"no route GET {self.path}", None, "not_found")
+        except HTTPError as err:
+            self._error(err)
+
+    def do_POST(self):
+        try:
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):
+                self._body_discard()
+                raise HTTPError(404, f"no route POST {self.path}", None, "not_found")
+            chat = self.path == "/v1/chat/completions"
+            body = self._body()
+            ids, params, stop, stream = self.server.parse(body, chat)
+            try:
+                req = self.server.engine.submit(ids, params)
+            except RequestError as err:
+                raise HTTPError(400, str(err), err.param)
+            except PoolFull as err:
+                raise HTTPError(503, str(err), None, "queue_full", "server_overloaded")
+            self._respond(req, ids, stop, stream, chat)
+        except HTTPError as err:
+            self._error(err)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _body_discard(self):
+        n = self.headers.get("Content-Length")
+        if n and n.isdigit() and int(n) <= MAX_BODY:
+            self.rfile.read(int(n))
+
+    # ------------------------------------------------------------------ responses
+    def _events(self, req, stop):
+        """Yields (text delta, finish_reason or None); applies the stop strings."""
+        tok, engine = self.server.tok, self.server.engine
+        text, sent = "", 0
+        while True:
+            try:
+                kind, val = req.events.get(timeout=TOKEN_TIMEOUT)
+            except queue.Empty:
+                engine.cancel(req)
+                yield "", "error"
+                return
+            if kind == "error":
+                yield "", "error"
+                return
+            finish = None
+            if kind == "token":
+                ids = [t for t in req.output if t not in req.params.stop_token_ids]
+                text = tok.decode(ids)
+                hit = [text.find(s) for s in stop if s in text]
+                if hit:
+                    text = text[:min(hit)]
+                    engine.cancel(req)
+                    finish = "stop"
+            else:
+                finish = val
+            if finish is None and text.endswith("\ufffd"):
+                continue                                 # an incomplete character: wait for the next token
+            delta, sent = text[sent:], len(text)
+            if finish is not None or delta:
+                yield delta, finish
+            if finish is not None:
+                return
+
+    def _respond(self, req, ids, stop, stream, chat):
+        s = self.server
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        obj = "chat.completion" if chat else "text_completion"
+        created = int(time.time())
+        if not stream:
+            text, finish = "", None
+            for delta, fin in self._events(req, stop):
+                text += delta
+                finish = fin
+            if finish == "error":
+                raise HTTPError(500, "the engine failed on this request", None, "engine_error", "server_error")
+            choice = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice.update(text=text, logprobs=None)
+            usage = {"prompt_tokens": len(ids), "completion_tokens": len(req.output),
+                     "total_tokens": len(ids) + len(req.output)}
+            return self._send_json(200, {"id": rid, "object": obj, "created": created, "model": s.model_name,
+                                         "choices": [choice], "usage": usage})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def send(choice):
+            msg = {"id": rid, "object": chunk_obj, "created": created, "model": s.model_name, "choices": [choice]}
+            self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
+            self.wfile.flush()
+        try:
+            if chat:
+                send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+            for delta, fin in self._events(req, stop):
+                if chat:
+                    send({"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": fin})
+                else:
+                    send({"index": 0, "text": delta, "logprobs": None, "finish_reason": fin})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            s.engine.cancel(req)                         # the client left: free its blocks

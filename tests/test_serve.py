@@ -1,0 +1,345 @@
+"""gpu_ref.serve: the continuous-batching engine over the packed cache and its OpenAI-compatible server.
+
+CPU, golden store, tiny random Llama / Gemma 3 built here: the engine's greedy outputs equal
+``gpu_ref.hf`` single-batch greedy outputs token for token while requests join and leave mid-batch
+and wait for pool blocks; the pool counts packed bytes; admission refuses what can never fit; the
+HTTP server (in-process, stdlib client) answers completions and chat, streams, and answers bad
+requests with a 4xx naming the parameter without going down. GPU: the same equality on the
+kernels (skipped without CUDA/CuPy).
+"""
+
+import http.client
+import json
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gpu_ref import hf  # noqa: E402
+from gpu_ref.serve import Engine, PoolFull, RequestError, SamplingParams, cache_bytes  # noqa: E402
+from sim_models import CachePolicy, KeyTables  # noqa: E402
+
+from test_hf import _gpu, tiny, tiny_gemma3  # noqa: E402
+
+torch.set_num_threads(1)
+gpu = pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU, torch with CUDA and CuPy")
+
+
+def _tables(layers=2, kvh=2, d=64, seed=3):
+    rng = np.random.default_rng(seed)
+    return KeyTables("tiny", (rng.normal(size=(layers, kvh, d)) * 0.3).astype(np.float16),
+                     rng.integers(-2, 3, size=(layers, kvh, d)).astype(np.int8))
+
+
+def _single(m, policy, prompt, n, tables=None, backend="golden"):
+    """gpu_ref.hf single-batch greedy: a batch-1 PackedCache, the prompt in one forward, then one token
+    at a time, n tokens (model.generate's loop without its EOS handling: the tiny models' EOS id would
+    end or, with min_new_tokens, mask some of these sequences)."""
+    hf.enable(m)
+    dev = m.device
+    c = hf.PackedCache(m.config, policy, 1, len(prompt) + n, tables=tables, backend=backend)
+    out = []
+    with torch.no_grad():
+        logits = m(torch.tensor([prompt], device=dev), **hf.cache_kwargs(m, c)).logits[0, -1]
+        for _ in range(n):
+            out.append(int(logits.argmax()))
+            logits = m(torch.tensor([[out[-1]]], device=dev), **hf.cache_kwargs(m, c)).logits[0, -1]
+    return out
+
+
+def _prompts(seed, lengths, vocab=96):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n).tolist() for n in lengths]
+
+
+# ------------------------------------------------------------------------- engine
+@pytest.mark.parametrize("family,policy", [("llama", "K3V3+S2"), ("llama", "v3"), ("gemma3", "K3V3+S2")])
+def test_engine_greedy_equals_single_batch_with_joins_and_leaves(family, policy):
+    """Requests of different lengths join mid-batch (submitted between steps), leave when done, and wait
+    for pool blocks; every output == gpu_ref.hf single-batch greedy, token for token (Gemma 3: sliding
+    layers of window 8, prompts and outputs past the window)."""
+    m = tiny() if family == "llama" else tiny_gemma3()
+    tables = _tables(3 if family == "gemma3" else 2) if policy == "v3" else None
+    prompts = _prompts(1, (5, 11, 3, 13, 7, 4))
+    maxt = [6, 10, 4, 9, 12, 3]
+    want = [_single(m, policy, p, n, tables) for p, n in zip(prompts, maxt)]
+    e = Engine(m, policy, tables=tables, num_blocks=14, block_size=8, max_batch=3)
+    assert e.blocks_for(len(prompts[3]) + maxt[3]) <= e.num_blocks
+    reqs = [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[:3], maxt[:3])]
+    seen = []
+    for i in range(3):
+        e.step()
+        seen.append((len(e.running), len(e.waiting), e.free_blocks))
+    reqs += [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[3:], maxt[3:])]
+    while e.step():
+        seen.append((len(e.running), len(e.waiting), e.free_blocks))
+    for r, w in zip(reqs, want):
+        assert r.output == w, (r.id, r.output, w)
+        assert r.finish_reason == "length"
+    assert any(run and wait for run, wait, _ in seen)            # someone waited while others decoded
+    assert max(run for run, _, _ in seen) >= 2                   # a batch of several requests
+    assert e.free_blocks == e.num_blocks and not e.running       # every block came back
+
+
+def test_engine_pool_counts_packed_bytes():
+    """A block is block_size tokens of every layer in the policy's packed bytes (a request's blocks =
+    ceil(its cache's bytes / block bytes), the cache's bytes == PackedCache.nbytes of the golden
+    store); pool_bytes buys ~16 / 3.1 more blocks of K3V3 than of fp16."""
+    m = tiny()
+    pol = CachePolicy.parse("K3V3+S2")
+    e = Engine(m, pol, num_blocks=10, block_size=16)
+    c = hf.PackedCache(m.config, pol, 1, 40, backend="golden")
+    with torch.no_grad():
+        m(torch.zeros(1, 3, dtype=torch.long), **hf.cache_kwargs(m, c))
+    assert cache_bytes(m.config, pol, 40) == c.nbytes()
+    assert e.blocks_for(40) == -(-c.nbytes() // e.block_bytes)
+    # K and V x 2 layers x 2 kv heads x 16 tokens x (24 code bytes + 1 scale byte per 64-lane vector)
+    assert e.block_bytes == 2 * 2 * 2 * 16 * 25
+    fp = Engine(m, "fp16", pool_bytes=1 << 20, block_size=16)
+    k3 = Engine(m, pol, pool_bytes=1 << 20, block_size=16)
+    assert fp.block_bytes == 2 * 2 * 2 * 16 * 128 and k3.num_blocks == (1 << 20) // k3.block_bytes
+    assert 5.0 < k3.num_blocks / fp.num_blocks < 5.2
+    g = Engine(tiny_gemma3(), pol, num_blocks=10, block_size=16)          # only the full layer grows
+    assert g.block_bytes == 2 * 2 * 16 * 25
+    assert g.blocks_for(1000) == -(-cache_bytes(g.config, pol, 1000) // g.block_bytes)
+
+
+def test_engine_admission_errors_and_stop_tokens():
+    m = tiny()
+    e = Engine(m, "K3V3", num_blocks=4, block_size=8, max_queue=2)
+    cap = e.capacity_tokens
+    assert e.blocks_for(cap) <= 4 < e.blocks_for(cap + 1)
+    with pytest.raises(RequestError, match="max_tokens") as err:
+        e.submit([1] * (cap - 5), SamplingParams(max_tokens=6))
+    assert err.value.param == "max_tokens"
+    e.submit([1] * (cap - 5), SamplingParams(max_tokens=5))             # exactly the pool: accepted
+    for bad, param in ((dict(max_tokens=0), "max_tokens"), (dict(temperature=-1.0), "temperature"),
+                       (dict(top_p=0.0), "top_p"), (dict(seed="x"), "seed")):
+        with pytest.raises(RequestError) as err:
+            e.submit([1, 2], SamplingParams(**bad))
+        assert err.value.param == param
+    for prompt in ([], [96], [-1]):
+        with pytest.raises(RequestError) as err:
+            e.submit(prompt)
+        assert err.value.param == "prompt"
+    with pytest.raises(RequestError, match="context"):
+        e.submit([1] * 500, SamplingParams(max_tokens=20))             # max_position_embeddings 512
+    e.submit([1, 2])
+    with pytest.raises(PoolFull):
+        e.submit([1, 2])
+    e.run_until_done()
+    # a stop token ends the request at its first occurrence
+    p = _prompts(2, (6,))[0]
+    full = _single(m, "K3V3", p, 8)
+    r = e.submit(p, SamplingParams(max_tokens=8, stop_token_ids=(full[3],)))
+    e.run_until_done()
+    assert r.output == full[:full.index(full[3]) + 1] and r.finish_reason == "stop"
+    with pytest.raises(ValueError, match="num_blocks"):
+        Engine(m, "K3V3", pool_bytes=10)
+    with pytest.raises(ValueError, match="exactly one"):
+        Engine(m, "K3V3")
+
+
+def test_engine_sampling_is_seeded_and_cancel_frees_blocks():
+    m = tiny()
+    e = Engine(m, "K3V3", num_blocks=20, block_size=8)
+    p = _prompts(3, (5,))[0]
+    a = e.generate([p, p], [SamplingParams(max_tokens=8, temperature=1.5, seed=7)] * 2)
+    assert a[0] == a[1] and len(a[0]) == 8
+    r = e.submit(p, SamplingParams(max_tokens=50))
+    e.step()
+    assert e.free_blocks < e.num_blocks
+    e.cancel(r)
+    e.step()
+    assert r.finish_reason == "cancelled" and e.free_blocks == e.num_blocks
+
+
+@gpu
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_engine_kernels_equal_single_batch(family):
+    """The engine over the CUDA store == gpu_ref.hf single-batch greedy on the kernels (head_dim 128,
+    fp32 weights), with joins and leaves."""
+    m = (tiny(head_dim=128, heads=8, kv_heads=2) if family == "llama"
+         else tiny_gemma3(window=16, head_dim=128)).to("cuda")
+    prompts = _prompts(4, (9, 30, 5, 21))
+    maxt = [20, 12, 25, 8]
+    want = [_single(m, "K3V3+S2", p, n, backend="cuda") for p, n in zip(prompts, maxt)]
+    e = Engine(m, "K3V3+S2", backend="cuda", num_blocks=64, block_size=16, max_batch=3)
+    reqs = [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[:2], maxt[:2])]
+    e.step()
+    reqs += [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[2:], maxt[2:])]
+    e.run_until_done()
+    for r, w in zip(reqs, want):
+        assert r.output == w
+
+
+# ------------------------------------------------------------------------- server
+class CharTokenizer:
+    """Printable ASCII <-> ids 3..95 (the tiny models' vocabulary); a plain chat template."""
+
+    eos_token_id = None
+
+    def encode(self, text, add_special_tokens=True):
+        return [min(max(ord(c) - 29, 3), 95) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i + 29) if 3 <= i <= 95 else "" for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+@pytest.fixture(scope="module")
+def server():
+    from gpu_ref.serve.server import OpenAIServer
+    m = tiny()
+    e = Engine(m, "K3V3+S2", num_blocks=12, block_size=16, max_batch=4, max_queue=8)
+    srv = OpenAIServer(e, CharTokenizer(), "tiny", ("127.0.0.1", 0), policy_names=("K3V3+S2",))
+    srv.serve_in_thread()
+    yield srv, m
+    srv.close()
+
+
+def _call(srv, method, path, body=None, raw=None, headers=None):
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=60)
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    conn.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    return r.status, r.getheader("Content-Type"), text
+
+
+def test_server_completions_equal_engine_greedy(server):
+    srv, m = server
+    tok = CharTokenizer()
+    st, _, text = _call(srv, "GET", "/v1/models")
+    assert st == 200 and json.loads(text)["data"][0]["id"] == "tiny"
+    st, _, text = _call(srv, "GET", "/health")
+    assert st == 200 and json.loads(text)["status"] == "ok"
+    prompt = "Hello, packed cache"
+    want = _single(m, "K3V3+S2", tok.encode(prompt), 7)
+    st, _, text = _call(srv, "POST", "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 7,
+                                                          "temperature": 0})
+    assert st == 200, text
+    out = json.loads(text)
+    assert out["choices"][0]["text"] == tok.decode(want) and out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 7, "total_tokens": len(prompt) + 7}
+    # token ids as the prompt, streamed: the deltas join to the same text
+    st, ctype, text = _call(srv, "POST", "/v1/completions", {"prompt": tok.encode(prompt), "max_tokens": 7,
+                                                              "temperature": 0, "stream": True})
+    assert st == 200 and ctype == "text/event-stream"
+    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == tok.decode(want)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_server_chat_streams_concurrent_requests(server):
+    """Four concurrent streaming chat requests (mixed lengths) each get the single-batch greedy answer."""
+    srv, m = server
+    tok = CharTokenizer()
+    qs = [("user", "hi"), ("user", "what is a KV cache?"), ("user", "ok"), ("user", "rotate, then quantize")]
+    lens = [5, 9, 3, 11]
+    results = [None] * 4
+
+    def ask(i):
+        body = {"model": "tiny", "messages": [{"role": qs[i][0], "content": qs[i][1]}], "max_tokens": lens[i],
+                "temperature": 0, "stream": True}
+        results[i] = _call(srv, "POST", "/v1/chat/completions", body)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i, (st, _, text) in enumerate(results):
+        assert st == 200, text
+        chunks = [json.loads(ln[6:]) for ln in text.split("\n") if ln.startswith("data: {")]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        got = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        ids = tok.encode(tok.apply_chat_template([{"role": qs[i][0], "content": qs[i][1]}]))
+        assert got == tok.decode(_single(m, "K3V3+S2", ids, lens[i])), i
+
+
+def test_server_stop_strings(server):
+    srv, m = server
+    tok = CharTokenizer()
+    full = tok.decode(_single(m, "K3V3+S2", tok.encode("stop here"), 12))
+    stop = full[4:6]
+    st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "stop here", "max_tokens": 12, "temperature": 0,
+                                                          "stop": [stop]})
+    assert st == 200
+    ch = json.loads(text)["choices"][0]
+    assert ch["text"] == full[:full.index(stop)] and ch["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, "model"),
+    ("/v1/completions", {"prompt": "x", "policy": "K4V4"}, 400, "policy"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 3}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens"),     # over the pool
+    ("/v1/completions", {"prompt": "x", "temperature": -2}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 2}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "x", "stop": [1]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages"),
+    ("/v1/embeddings", {"input": "x"}, 404, None),
+])
+def test_server_bad_requests_get_4xx_naming_the_parameter(server, path, body, status, param):
+    srv, _ = server
+    raw = body if isinstance(body, bytes) else None
+    st, ctype, text = _call(srv, "POST", path, None if raw else body, raw=raw)
+    assert st == status, text
+    err = json.loads(text)["error"]
+    assert err["param"] == param and err["message"]
+    if param:
+        assert param in err["message"] or param == "model"
+    # the server is still up and serving
+    st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 2})
+    assert st == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
+
+
+def test_server_queue_full_is_503_and_others_complete(server):
+    """More requests than slots + queue: the extra ones get 503 with Retry-After, the admitted ones finish
+    with their single-batch greedy answers (no request touches another's cache)."""
+    srv, m = server
+    tok = CharTokenizer()
+    e = srv.engine
+    e.stop()                                           # hold the engine so the queue fills
+    try:
+        reqs = []
+        for i in range(e.max_queue):
+            reqs.append(e.submit(tok.encode(f"q{i}"), SamplingParams(max_tokens=4)))
+        st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "late", "max_tokens": 4})
+        assert st == 503 and json.loads(text)["error"]["code"] == "queue_full"
+    finally:
+        e.start()
+    for i, r in enumerate(reqs):
+        assert r.done.wait(60)
+        assert r.output == _single(m, "K3V3+S2", tok.encode(f"q{i}"), 4)
+    assert e.free_blocks == e.num_blocks
+
+
+def test_serve_cli_refuses_bad_options_before_loading(tmp_path, capsys):
+    from gpu_ref.serve.__main__ import parse
+    (tmp_path / "config.json").write_text("{}")
+    for argv, word in ((["--model", "/nonexistent"], "--model"),
+                       (["--model", str(tmp_path), "--policy", "K5V3"], "--policy"),
+                       (["--model", str(tmp_path)], "--tables"),
+                       (["--model", str(tmp_path), "--policy", "K3V3", "--pool-mib", "0"], "--pool-mib"),
+                       (["--model", str(tmp_path), "--policy", "K3V3", "--port", "70000"], "--port")):
+        with pytest.raises(SystemExit) as stop:
+            parse(argv)
+        assert stop.value.code == 2
+        assert word in capsys.readouterr().err
