@@ -30,7 +30,7 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
 
 Modules: ``backend`` (capabilities), ``_build`` (kernel cache), ``encode``, ``decode`` (plan/run), ``cache``,
 ``layout`` (the vpair storage order of the value codes), ``hf`` (transformers integration), ``generate``
-(command line). Tuning tables and launch internals (``decode.DECODE_TUNE``, ``decode.kernel_params``,
+(command line), ``serve`` (continuous-batching engine and OpenAI-compatible server). Tuning tables and launch internals (``decode.DECODE_TUNE``, ``decode.kernel_params``,
 ``encode.ENCODE_TUNE``, ``encode.launch_encode``) stay in their modules.
 
 Method and sources
