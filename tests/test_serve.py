@@ -2,10 +2,12 @@
 
 CPU, golden store, tiny random Llama / Gemma 3 built here: the engine's greedy outputs equal
 ``gpu_ref.hf`` single-batch greedy outputs token for token while requests join and leave mid-batch
-and wait for pool blocks; the pool counts packed bytes; admission refuses what can never fit; the
+and wait for pool blocks, share prefix blocks and prefill in chunks; the shared pool's pages hold the
+golden bytes, are reused after a request ends without touching another's and are sized in packed
+bytes; admission refuses what can never fit; the
 HTTP server (in-process, stdlib client) answers completions and chat, streams, and answers bad
-requests with a 4xx naming the parameter without going down. GPU: the same equality on the
-kernels (skipped without CUDA/CuPy).
+requests with a 4xx naming the parameter without going down. GPU: the same equalities on the
+kernels, and the CUDA pool's bytes == the golden pool's (skipped without CUDA/CuPy).
 """
 
 import http.client
@@ -34,13 +36,13 @@ def _tables(layers=2, kvh=2, d=64, seed=3):
                      rng.integers(-2, 3, size=(layers, kvh, d)).astype(np.int8))
 
 
-def _single(m, policy, prompt, n, tables=None, backend="golden"):
+def _single(m, policy, prompt, n, tables=None, backend="golden", prefill="exact"):
     """gpu_ref.hf single-batch greedy: a batch-1 PackedCache, the prompt in one forward, then one token
     at a time, n tokens (model.generate's loop without its EOS handling: the tiny models' EOS id would
     end or, with min_new_tokens, mask some of these sequences)."""
     hf.enable(m)
     dev = m.device
-    c = hf.PackedCache(m.config, policy, 1, len(prompt) + n, tables=tables, backend=backend)
+    c = hf.PackedCache(m.config, policy, 1, len(prompt) + n, tables=tables, backend=backend, prefill=prefill)
     out = []
     with torch.no_grad():
         logits = m(torch.tensor([prompt], device=dev), **hf.cache_kwargs(m, c)).logits[0, -1]
@@ -84,10 +86,127 @@ def test_engine_greedy_equals_single_batch_with_joins_and_leaves(family, policy)
     assert e.free_blocks == e.num_blocks and not e.running       # every block came back
 
 
+def _pages_of(e, r):
+    return list(e._tables[r.slot])
+
+
+def test_engine_pool_is_shared_and_freed_blocks_are_reused():
+    """One paged pool per layer: a finished request's blocks go back to the allocator and a new request
+    gets them, while another running request's bytes stay as they were; the pool's bytes of a request's
+    prompt equal the batch-1 golden store's (sim_models.encode), and outputs equal single-batch greedy."""
+    m = tiny()
+    pol = "K3V3+S2"
+    pa, pb, pc = _prompts(5, (5, 13, 20))
+    e = Engine(m, pol, num_blocks=7, block_size=8, max_batch=2)
+    a = e.submit(pa, SamplingParams(max_tokens=3))
+    b = e.submit(pb, SamplingParams(max_tokens=18))
+    e.step()
+    a_pages, b_pages = _pages_of(e, a), _pages_of(e, b)
+    assert not set(a_pages) & set(b_pages) and e.free_blocks == 7 - len(a_pages) - len(b_pages)
+    # the prompt's packed rows in the pool == the batch-1 golden store's codes and scales
+    ref = hf.PackedCache(m.config, pol, 1, len(pb) + 1, backend="golden")
+    with torch.no_grad():
+        m(torch.tensor([pb]), **hf.cache_kwargs(m, ref))
+    for layer, st in zip(ref.layers, e.stores):
+        got = st.page_bytes(b_pages)
+        for kind in "kv":
+            rows = np.concatenate([got[f"{kind}_codes"][i] for i in range(len(b_pages))], 1)   # [KVH, rows, ...]
+            assert np.array_equal(rows[:, :len(pb) - 2], layer.store.codes[kind][0, :, 2:len(pb)])
+    while a.finish_reason is None:
+        e.step()
+    assert e.free_blocks == 7 - len(b_pages)
+    snap = [st.page_bytes(b_pages) for st in e.stores]
+    written = len(pb) + len(b.output) - 1 - 2                      # B's packed rows so far
+    c = e.submit(pc, SamplingParams(max_tokens=4))
+    e.step()
+    c_pages = _pages_of(e, c)
+    assert set(c_pages) & set(a_pages)                             # A's blocks, reused
+    assert not set(c_pages) & set(b_pages)
+    for st, old in zip(e.stores, snap):
+        new = st.page_bytes(b_pages)
+        for name in old:
+            flat_old = np.concatenate(list(old[name]), 1)[:, :written]
+            flat_new = np.concatenate(list(new[name]), 1)[:, :written]
+            assert np.array_equal(flat_old, flat_new), name
+    e.run_until_done()
+    for r, p, n in ((a, pa, 3), (b, pb, 18), (c, pc, 4)):
+        assert r.output == _single(m, pol, p, n)
+    assert e.free_blocks == e.num_blocks
+
+
+@pytest.mark.parametrize("prefill", ["exact", "packed"])
+def test_engine_prefix_sharing_reuses_blocks(prefill):
+    """Prompts with a common prefix of whole blocks share those blocks (counted) without re-encoding them;
+    outputs equal single-batch greedy with the same prefill. Exact prefill recomputes the prefix's forward
+    and writes only the suffix; packed prefill forwards the sinks and the suffix only."""
+    m = tiny()
+    pol = "K3V3+S2"
+    rng = np.random.default_rng(7)
+    prefix = rng.integers(0, 96, 2 + 2 * 8).tolist()                 # sinks + 2 blocks of 8
+    prompts = [prefix + rng.integers(0, 96, n).tolist() for n in (5, 9, 1)] + [rng.integers(0, 96, 12).tolist()]
+    maxt = [6, 4, 5, 3]
+    want = [_single(m, pol, p, n, prefill=prefill) for p, n in zip(prompts, maxt)]
+    e = Engine(m, pol, num_blocks=40, block_size=8, max_batch=4, prefill=prefill)
+    first = e.submit(prompts[0], SamplingParams(max_tokens=maxt[0]))
+    e.step()
+    before = [st.page_bytes(_pages_of(e, first)[:2]) for st in e.stores]
+    forwarded = []
+    fwd = e._forward
+    e._forward = lambda items, *a: forwarded.append(items) or fwd(items, *a)
+    reqs = [first] + [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[1:], maxt[1:])]
+    e.step()
+    pages = [_pages_of(e, r) for r in reqs]
+    assert pages[1][:2] == pages[0][:2] and pages[2][:2] == pages[0][:2]   # the prefix's blocks, shared
+    assert not set(pages[3]) & set(pages[0])
+    assert e.stats()["shared_blocks"] == 2
+    assert e.free_blocks == e.num_blocks - sum(e.blocks_for(len(p) + n) for p, n in zip(prompts, maxt)) + 2 * 2
+    prefills = [it for items in forwarded for it in items if it[2] > 1]
+    if prefill == "packed":                                          # sinks, then the suffix only
+        assert [(t0, t) for _, t0, t, _ in prefills[:2]] == [(0, 2), (18, 9)]
+    else:
+        assert [(t0, t) for _, t0, t, _ in prefills[:1]] == [(0, 27)]
+    for st, old in zip(e.stores, before):                           # not rewritten
+        new = st.page_bytes(pages[0][:2])
+        assert all(np.array_equal(old[k], new[k]) for k in old)
+    e.run_until_done()
+    for r, w in zip(reqs, want):
+        assert r.output == w
+    assert e.free_blocks == e.num_blocks and e.stats()["shared_blocks"] == 0
+
+
+def test_engine_chunked_prefill_interleaves_with_decode():
+    """prefill='packed' with chunks of 4 tokens: a long prompt is prefilled over several steps while the
+    others decode; every output equals single-batch greedy with packed prefill (v3: key front end and
+    sinks per sequence)."""
+    m = tiny()
+    tables = _tables()
+    prompts = _prompts(9, (3, 23, 6, 17))
+    maxt = [9, 5, 7, 4]
+    want = [_single(m, "v3", p, n, tables, prefill="packed") for p, n in zip(prompts, maxt)]
+    e = Engine(m, "v3", tables=tables, num_blocks=30, block_size=8, max_batch=3, prefill="packed",
+               prefill_chunk=4)
+    reqs = [e.submit(prompts[0], SamplingParams(max_tokens=maxt[0]))]
+    e.step()
+    reqs += [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[1:], maxt[1:])]
+    mixed = 0
+    while e.step():
+        pre = [r for r in e.running if r.segments]
+        dec = [r for r in e.running if not r.segments and r.output]
+        mixed += bool(pre and dec)
+    assert mixed >= 3
+    for r, w in zip(reqs, want):
+        assert r.output == w, r.id
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Engine(m, "K3V3", num_blocks=4, prefill_chunk=4)
+    with pytest.raises(ValueError, match="sliding"):
+        Engine(tiny_gemma3(), "K3V3", num_blocks=4, prefill="packed")
+
+
 def test_engine_pool_counts_packed_bytes():
-    """A block is block_size tokens of every layer in the policy's packed bytes (a request's blocks =
-    ceil(its cache's bytes / block bytes), the cache's bytes == PackedCache.nbytes of the golden
-    store); pool_bytes buys ~16 / 3.1 more blocks of K3V3 than of fp16."""
+    """A block is one page of block_size packed tokens in every full-attention layer, sized in the policy's
+    packed bytes: the pool's pages hold exactly num_blocks * block_bytes bytes of codes and scales; a request
+    reserves the pages of its tokens past the sinks; pool_bytes buys ~16 / 3.1 more blocks of K3V3 than of
+    fp16."""
     m = tiny()
     pol = CachePolicy.parse("K3V3+S2")
     e = Engine(m, pol, num_blocks=10, block_size=16)
@@ -95,16 +214,20 @@ def test_engine_pool_counts_packed_bytes():
     with torch.no_grad():
         m(torch.zeros(1, 3, dtype=torch.long), **hf.cache_kwargs(m, c))
     assert cache_bytes(m.config, pol, 40) == c.nbytes()
-    assert e.blocks_for(40) == -(-c.nbytes() // e.block_bytes)
+    assert e.blocks_for(40) == -(-(40 - 2) // 16) and e.blocks_for(2) == 0
     # K and V x 2 layers x 2 kv heads x 16 tokens x (24 code bytes + 1 scale byte per 64-lane vector)
     assert e.block_bytes == 2 * 2 * 2 * 16 * 25
+    pool = sum(a.nbytes for st in e.stores for d in (st.codes, st.scales) for a in d.values())
+    assert pool == e.num_blocks * e.block_bytes
+    assert cache_bytes(m.config, pol, 2 + 3 * 16) - cache_bytes(m.config, pol, 2) == 3 * e.block_bytes
     fp = Engine(m, "fp16", pool_bytes=1 << 20, block_size=16)
     k3 = Engine(m, pol, pool_bytes=1 << 20, block_size=16)
     assert fp.block_bytes == 2 * 2 * 2 * 16 * 128 and k3.num_blocks == (1 << 20) // k3.block_bytes
     assert 5.0 < k3.num_blocks / fp.num_blocks < 5.2
-    g = Engine(tiny_gemma3(), pol, num_blocks=10, block_size=16)          # only the full layer grows
+    g = Engine(tiny_gemma3(), pol, num_blocks=10, block_size=16)          # only the full layer has pages
     assert g.block_bytes == 2 * 2 * 16 * 25
-    assert g.blocks_for(1000) == -(-cache_bytes(g.config, pol, 1000) // g.block_bytes)
+    assert g.blocks_for(1000) == -(-(1000 - 2) // 16)
+    assert [st.hat["k"].shape[0] for st in g.stores] == [10 if w is None else g.max_batch for w in g.windows]
 
 
 def test_engine_admission_errors_and_stop_tokens():
@@ -171,6 +294,51 @@ def test_engine_kernels_equal_single_batch(family):
     reqs = [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[:2], maxt[:2])]
     e.step()
     reqs += [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[2:], maxt[2:])]
+    e.run_until_done()
+    for r, w in zip(reqs, want):
+        assert r.output == w
+
+
+@gpu
+def test_engine_kernels_pool_bytes_equal_golden_pool():
+    """The CUDA paged store writes the golden paged store's bytes (KVCache.host_planes of the request's
+    pages == the golden pages, prompt rows), one decode launch per layer for the batch."""
+    m = tiny(head_dim=128, heads=8, kv_heads=2).to("cuda")
+    prompts = _prompts(6, (19, 40, 7))
+    engines = {be: Engine(m, "K3V3+S2", backend=be, num_blocks=24, block_size=16, max_batch=3)
+               for be in ("golden", "cuda")}
+    reqs = {be: [e.submit(p, SamplingParams(max_tokens=2)) for p in prompts] for be, e in engines.items()}
+    for e in engines.values():
+        e.step()
+    for i, p in enumerate(prompts):
+        pages = [_pages_of(e, reqs[be][i]) for be, e in engines.items()]
+        assert pages[0] == pages[1]
+        for g, c in zip(engines["golden"].stores, engines["cuda"].stores):
+            gb, cb = g.page_bytes(pages[0]), c.page_bytes(pages[0])
+            for name in gb:
+                rows = [np.concatenate(list(x[name]), 1)[:, :len(p) - 2] for x in (gb, cb)]
+                assert np.array_equal(*rows), (i, name)
+
+
+@gpu
+@pytest.mark.parametrize("prefill,chunk", [("exact", None), ("packed", None), ("packed", 16)])
+def test_engine_kernels_prefix_sharing_and_chunked_prefill(prefill, chunk):
+    """On the kernels: shared prefix blocks (counted) and chunked packed prefill interleaved with decode;
+    outputs == gpu_ref.hf single-batch greedy on the kernels with the same prefill."""
+    m = tiny(head_dim=128, heads=8, kv_heads=2).to("cuda")
+    rng = np.random.default_rng(11)
+    prefix = rng.integers(0, 96, 2 + 3 * 16).tolist()
+    prompts = [prefix + rng.integers(0, 96, n).tolist() for n in (7, 20)] + _prompts(12, (45, 9))
+    maxt = [12, 8, 10, 14]
+    want = [_single(m, "K3V3+S2", p, n, backend="cuda", prefill=prefill) for p, n in zip(prompts, maxt)]
+    e = Engine(m, "K3V3+S2", backend="cuda", num_blocks=64, block_size=16, max_batch=3, prefill=prefill,
+               prefill_chunk=chunk)
+    reqs = [e.submit(prompts[0], SamplingParams(max_tokens=maxt[0]))]
+    for _ in range(4):
+        e.step()
+    reqs += [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[1:], maxt[1:])]
+    e.step()
+    assert _pages_of(e, reqs[1])[:3] == _pages_of(e, reqs[0])[:3] and e.stats()["shared_blocks"] == 3
     e.run_until_done()
     for r, w in zip(reqs, want):
         assert r.output == w

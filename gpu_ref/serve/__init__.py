@@ -1,8 +1,9 @@
 """Serving the packed cache: a continuous-batching engine (:mod:`~gpu_ref.serve.engine`) and an
 OpenAI-compatible HTTP server over it (:mod:`~gpu_ref.serve.server`; ``python -m gpu_ref.serve``).
 
-The engine keeps one batch-1 :class:`gpu_ref.hf.PackedCache` per running request (golden or CUDA store)
-and a pool of blocks counted in the policy's packed bytes; see docs/GPU.md, *Serving*.
+The engine keeps every running request's K/V in one paged pool per layer shared by the batch
+(:mod:`~gpu_ref.serve.paged`: block allocator with prefix sharing, golden and CUDA paged stores), sized
+in the policy's packed bytes; see docs/GPU.md, *Serving*.
 """
 
 from .engine import Engine, PoolFull, Request, RequestError, SamplingParams, cache_bytes

@@ -1,16 +1,16 @@
 """A continuous-batching engine over the packed cache (see :mod:`gpu_ref.serve`).
 
-Requests join and leave between steps. Each running request owns one slot: a batch-1
-:class:`gpu_ref.hf.PackedCache` (its store: golden or CUDA, the same classes ``gpu_ref.hf`` uses) sized to
-the request's prompt + ``max_tokens``. The pool is a count of blocks: a block is ``block_size`` tokens of
-K/V of every layer *in the policy's packed bytes* (sinks, 16-bit layers and sliding-window rings counted
-at what they store), so a request reserves ``ceil(bytes of its cache / block bytes)`` blocks at admission
-and gives them back when it finishes. A request that fits the pool but not its free blocks waits in the
-queue (FIFO); one that could never fit is refused when submitted. A step is: admit and prefill the
-waiting requests that fit (one exact prefill each, as ``gpu_ref.hf`` does), then one batched decode
-forward over every running request (``[B, 1]`` tokens at each request's own position): each layer's
-update appends every row to its request's store, and the ``fwht_kv`` attention function reads each
-request's packed cache.
+Requests join and leave between steps. The K/V of every running request live in one paged pool per
+layer (:mod:`gpu_ref.serve.paged`): a block is one page of ``block_size`` packed tokens in every
+full-attention layer, sized in the policy's packed bytes; each running request owns a slot (a block-table
+row, its sink rows and its sliding-window rings) and the blocks of prompt + ``max_tokens`` past the sinks,
+reserved at admission (so a running request never runs out of cache) and given back when it finishes. A
+request that fits the pool but not its free blocks waits in the queue (FIFO); one that could never fit is
+refused when submitted. Prompts sharing whole blocks share them (reference counts; full prompt blocks are
+immutable). A step is: a prefill forward of every request still prefilling (one chunk each with
+``prefill_chunk``), then of the requests admitted now, then one batched decode forward over every other
+running request (``[B, 1]`` tokens at each request's own position): each layer writes every row into its
+pool and attends the whole batch in one call (one kernel launch with the ``"cuda"`` store).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from sim_models.policy import fit_format
 
 from ..hf import attention as _attn
 from ..hf.cache import PackedCache, layer_windows, model_shape
+from . import paged as _paged
 
 try:
     from transformers.cache_utils import Cache, CacheLayerMixin
@@ -106,8 +107,13 @@ class Request:
         self.events: queue.Queue = queue.Queue()
         self.finish_reason = None
         self.cancelled = False
-        self.blocks = 0
-        self.cache = None
+        self.nblocks = 0          # blocks reserved for prompt + max_tokens
+        self.slot = None
+        self.shared = 0           # leading blocks shared with other requests
+        self.filled = 0           # prompt tokens prefilled
+        self.segments: list = []  # prefill forwards still to run
+        self.keys: list = []
+        self.registered = 0
         self.rng = None
         self.done = threading.Event()
 
@@ -122,16 +128,16 @@ class Request:
 
 
 class _EngineLayer(CacheLayerMixin):
-    """One decoder layer of the engine's batch: routes row ``b`` of a step's K/V to the packed layer of
-    the request in row ``b`` and attends each query over its request's cache. Seen by the ``fwht_kv``
-    attention function as a packed layer (``_pending.layer``)."""
+    """One decoder layer of the engine's forward: writes the forward's K/V rows into the layer's paged
+    store (:mod:`gpu_ref.serve.paged`) and attends every query of the batch in one call. Seen by the
+    ``fwht_kv`` attention function as a packed layer (``_pending.layer``)."""
 
     is_compileable = False
 
-    def __init__(self, engine_cache, layer_idx, window):
+    def __init__(self, engine_cache, layer_idx, window, store, prefill, unpacked):
         super().__init__()
-        self.owner, self.layer_idx, self.window = engine_cache, layer_idx, window
-        self.packed, self.prefill = True, "exact"
+        self.owner, self.layer_idx, self.window, self.store = engine_cache, layer_idx, window, store
+        self.packed, self.prefill, self.unpacked = True, prefill, unpacked
         self.is_initialized = True
         self.length = self.last_chunk = 0
 
@@ -140,50 +146,34 @@ class _EngineLayer(CacheLayerMixin):
         return self.window is not None
 
     def _rows(self):
-        return [r.cache.layers[self.layer_idx] for r in self.owner.batch]
+        return self.owner.rows("full" if self.window is None else ("ring", self.window))
 
     def update(self, key_states, value_states, *args, **kwargs):
         rows = self._rows()
-        if key_states.shape[0] != len(rows):
-            raise RuntimeError(f"layer {self.layer_idx}: {key_states.shape[0]} K/V rows for {len(rows)} requests")
-        t = key_states.shape[2]
-        self._kv = []
-        for b, layer in enumerate(rows):
-            self._kv.append(layer.update(key_states[b:b + 1], value_states[b:b + 1]))
+        if key_states.shape[0] != len(rows.slots):
+            raise RuntimeError(f"layer {self.layer_idx}: {key_states.shape[0]} K/V rows for {len(rows.slots)} "
+                               "requests")
+        dt = self.owner.dtype
+        k16, v16 = key_states.to(dt), value_states.to(dt)
+        self.store.write(k16, v16, rows)
         _attn._pending.layer = self
-        self.last_chunk = t
-        self.length = rows[0].length if len(rows) == 1 else t       # decode: every row ends its chunk
-        if len(rows) == 1:
-            return self._kv[0]
+        self.last_chunk = self.length = key_states.shape[2]     # exact prefill: the chunk is the whole prompt
+        if self.unpacked:                                       # a 16-bit layer attends to the 16-bit values
+            return k16.to(key_states.dtype), v16.to(value_states.dtype)
         return key_states, value_states
 
     def attend(self, query, scaling):
-        """query ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``: row b over its request's cache."""
-        torch = _torch()
-        out = []
-        for b, (layer, kv) in enumerate(zip(self._rows(), self._kv)):
-            q = query[b:b + 1]
-            if layer.packed:
-                out.append(layer.attend(q, scaling).float())
-            else:                                       # a 16-bit layer: SDPA over what its update returned
-                k, v = kv
-                rep = q.shape[1] // k.shape[1]
-                k, v = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
-                o = torch.nn.functional.scaled_dot_product_attention(q.float()[:, :, None], k, v, scale=scaling)
-                out.append(o[:, :, 0])
-        return torch.cat(out, 0)
+        """query ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``: one call for the batch (one kernel launch)."""
+        return self.store.attend(query.float(), scaling, self._rows())
 
     def attend_chunk(self, query, scaling):
-        raise NotImplementedError("the engine prefills with prefill='exact'")
+        return self.store.attend_chunk(query.float(), scaling, self._rows()).to(query.dtype)
 
     def get_mask_sizes(self, query_length):
-        rows = self._rows()
-        past = rows[0].length if len(rows) == 1 else 0
-        return past + query_length, 0
+        return self.owner.past + query_length, 0
 
     def get_seq_length(self):
-        rows = self._rows()
-        return rows[0].length if len(rows) == 1 else 0
+        return self.owner.past
 
     def get_max_length(self):
         return -1
@@ -196,29 +186,56 @@ class _EngineLayer(CacheLayerMixin):
 
 
 class _EngineCache(Cache):
-    """The transformers ``Cache`` the engine passes to the model: ``batch`` is the list of requests of the
-    current forward, in row order."""
+    """The transformers ``Cache`` the engine passes to the model: ``items`` are the rows of the current
+    forward, ``(slot, t0, T, skip)`` (:func:`gpu_ref.serve.paged.full_rows`), ``past`` the cached tokens
+    before a one-row forward (0 for a batched decode, whose mask is not used)."""
 
-    def __init__(self, config):
-        self.batch: list[Request] = []
-        super().__init__(layers=[_EngineLayer(self, i, w) for i, w in enumerate(layer_windows(config))])
+    def __init__(self, engine, layers):
+        self.engine = engine
+        self.items, self.past, self._rows = [], 0, {}
+        self.dtype = engine._torch_dtype
+        super().__init__(layers=layers)
+
+    def set(self, items, past):
+        self.items, self.past, self._rows = items, past, {}
+
+    def rows(self, kind):
+        r = self._rows.get(kind)
+        if r is None:
+            e = self.engine
+            if kind == "full":
+                r = _paged.full_rows(self.items, e.sinks, e.block_size, e._tables)
+            else:
+                r = _paged.ring_rows(self.items, kind[1])
+            self._rows[kind] = r
+        return r
 
 
 class Engine:
-    """Continuous batching over per-request packed caches (see the module docstring).
+    """Continuous batching over one shared paged pool per layer (see the module docstring).
 
     Args:
         model: a transformers causal LM switched to ``fwht_kv`` (:func:`gpu_ref.hf.enable`; done here).
         policy: :class:`sim_models.CachePolicy` or its spec string.
         tables: the model's :class:`sim_models.KeyTables` (policies with centering / key scales).
-        backend: ``"golden"`` or ``"cuda"`` (the store of every request's cache).
-        block_size: tokens per block (the allocation unit of the pool).
+        backend: ``"golden"`` or ``"cuda"`` (the paged store of every packed layer; 16-bit layers keep
+            their values in a paged torch store on the model's device).
+        block_size: tokens per block (a page of every full-attention layer; ``"cuda"``: 16, 32 or a
+            power-of-two multiple of 64).
         num_blocks: blocks in the pool; or ``pool_bytes``: the pool's bytes, divided by the packed bytes
             of one block.
-        max_batch: requests decoded together at most (slots).
+        max_batch: requests running together at most (slots: each has a block-table row, sink rows and
+            sliding-window rings).
         max_queue: waiting requests at most; beyond it :meth:`submit` raises :class:`PoolFull`.
         max_context: prompt + max_tokens bound of one request (default: the model's
             ``max_position_embeddings``).
+        prefill: ``"exact"`` (the prompt attends to its unquantized K/V in one forward, as ``gpu_ref.hf``
+            does by default) or ``"packed"`` (every prompt query attends to the packed cache up to its
+            own token, ``gpu_ref.hf`` ``prefill="packed"``; what chunked prefill and skipping the shared
+            prefix's forward need; full-attention models).
+        prefill_chunk: with ``prefill="packed"``, prompt tokens per chunk (one chunk per request and
+            step, interleaved with the others' decode); None: the whole prompt in one step.
+        prefix_sharing: requests whose prompts share whole blocks reuse those blocks (reference counts).
 
     Raises:
         ValueError: a parameter out of range (named), a policy the backend cannot serve.
@@ -226,25 +243,49 @@ class Engine:
 
     def __init__(self, model, policy, *, tables: KeyTables | None = None, backend: str = "golden",
                  block_size: int = 16, num_blocks: int | None = None, pool_bytes: int | None = None,
-                 max_batch: int = 8, max_queue: int = 64, max_context: int | None = None, dtype: str | None = None):
+                 max_batch: int = 8, max_queue: int = 64, max_context: int | None = None, dtype: str | None = None,
+                 prefill: str = "exact", prefill_chunk: int | None = None, prefix_sharing: bool = True):
         from .. import hf
+        torch = _torch()
         for name, v in (("block_size", block_size), ("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if (num_blocks is None) == (pool_bytes is None):
             raise ValueError("pass exactly one of num_blocks and pool_bytes")
+        if prefill not in ("exact", "packed"):
+            raise ValueError(f"prefill must be 'exact' or 'packed', got {prefill!r}")
+        if prefill_chunk is not None:
+            if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+                raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
+            if prefill != "packed":
+                raise ValueError("prefill_chunk needs prefill='packed' (with exact prefill a later chunk would attend "
+                                 "to the packed earlier chunks, which single-batch exact prefill never does)")
         self.policy = CachePolicy.parse(policy) if isinstance(policy, str) else policy
         self.model, self.tables, self.backend, self.dtype = model, tables, backend, dtype
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        windows = layer_windows(self.config)
+        if prefill == "packed" and any(w is not None for w in windows):
+            raise ValueError("prefill='packed' (and prefill_chunk) serve full-attention models; this model has "
+                             "sliding-window layers: use prefill='exact'")
+        if backend == "cuda":
+            from .. import backend as _backend
+            if not _backend.CUDA.page_size_ok(block_size):
+                raise ValueError(f"block_size must be 16, 32 or a power-of-two multiple of 64 for backend 'cuda' "
+                                 f"(a page of the kernels' pool), got {block_size}")
         hf.enable(model)
-        # checks the policy, tables and backend once, as every request's cache will
-        PackedCache(model.config, self.policy, 1, block_size, tables=tables, backend=backend, dtype=dtype)
+        # checks the policy, tables and backend once; its layers give each layer's formats and key tables
+        ref = PackedCache(model.config, self.policy, 1, block_size, tables=tables, backend=backend, dtype=dtype)
         front = self.policy.center_keys or self.policy.key_scale
-        self.cache_dtype = dtype or ("fp16" if front else ("bf16" if model.dtype == _torch().bfloat16 else "fp16"))
-        self.block_size = block_size
+        self.cache_dtype = dtype or ("fp16" if front else ("bf16" if model.dtype == torch.bfloat16 else "fp16"))
+        self._torch_dtype = torch.bfloat16 if self.cache_dtype == "bf16" else torch.float16
+        self.block_size, self.prefill, self.prefill_chunk = block_size, prefill, prefill_chunk
+        self.prefix_sharing = bool(prefix_sharing)
+        self.windows = windows
+        self.sinks = self.policy.sinks
+        self.has_pool = any(w is None for w in windows)
         # a block: block_size tokens of every full-attention layer (past the sinks), in packed bytes; a model
         # of sliding layers only grows no further than its windows: a block is then block_size tokens of it
-        big = max(block_size, self.policy.sinks) + max((w or 0) for w in layer_windows(self.config))
+        big = max(block_size, self.policy.sinks) + max((w or 0) for w in windows)
         self.block_bytes = (self._bytes(big + block_size) - self._bytes(big)) or self._bytes(block_size)
         if num_blocks is None:
             if isinstance(pool_bytes, bool) or not isinstance(pool_bytes, int) or pool_bytes < 1:
@@ -253,18 +294,49 @@ class Engine:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an int >= 1 (pool_bytes too small for one block of "
                              f"{self.block_bytes} bytes?), got {num_blocks!r}")
-        self.num_blocks, self.free_blocks = num_blocks, num_blocks
+        self.num_blocks = num_blocks
+        self.allocator = _paged.BlockAllocator(num_blocks)
         self.max_batch, self.max_queue = max_batch, max_queue
         mpe = getattr(self.config, "max_position_embeddings", None)
         self.max_context = int(max_context or mpe or 1 << 20)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self._cache = _EngineCache(model.config)
+        self._slots = list(range(max_batch - 1, -1, -1))
+        self._tables: dict = {}                          # slot -> its block list (the block-table row)
+        self.stores = [self._store(l, ref.layers[l], w) for l, w in enumerate(windows)]
+        self._cache = _EngineCache(self, [_EngineLayer(None, l, w, st, prefill, ref.layers[l].k_fmt is None and
+                                                       ref.layers[l].v_fmt is None)
+                                          for l, (w, st) in enumerate(zip(windows, self.stores))])
+        for layer in self._cache.layers:
+            layer.owner = self._cache
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread = None
         self._stop = False
         self.steps = 0
+
+    def _store(self, idx, ref, window):
+        """The paged store of layer ``idx`` (``ref``: the layer of a batch-1 PackedCache, for its formats)."""
+        fmts = tuple(None if f is None else dataclasses.replace(f, dtype=self.cache_dtype)
+                     for f in (ref.k_fmt, ref.v_fmt))
+        _, hq, kvh, d = model_shape(self.config)
+        front = {}
+        if fmts[0] is not None and (ref.mu is not None or ref.key_scale is not None):
+            front = dict(mu16=ref.mu, s16=ref.key_scale)
+        dev = self.model.device
+        if window is None:
+            pages, page, sinks = self.num_blocks, self.block_size, self.sinks
+        else:                                         # a ring of W rows per slot, no sinks
+            pages, page, sinks = self.max_batch, window, 0
+        if self.backend == "cuda" and fmts != (None, None):
+            if dev.type != "cuda":
+                raise ValueError(f"backend 'cuda' needs a model on a CUDA device, got {dev}")
+            if window is not None:                    # the kernels' page sizes: 16, 32, 64 * 2^k
+                page = max(16, 1 << (window - 1).bit_length())
+            return _paged.CudaPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
+                                         hq, **front)
+        return _paged.GoldenPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
+                                       **front)
 
     # ------------------------------------------------------------------ accounting
     def _bytes(self, tokens):
@@ -272,27 +344,28 @@ class Engine:
         return cache_bytes(self.config, self.policy, tokens, self.cache_dtype)
 
     def blocks_for(self, tokens: int) -> int:
-        """Blocks a request of ``tokens`` tokens (prompt + max_tokens) reserves."""
-        return -(-self._bytes(tokens) // self.block_bytes)
+        """Blocks a request of ``tokens`` tokens (prompt + max_tokens) reserves: pages of its packed
+        tokens past the sinks (0 for a model of sliding layers only)."""
+        if not self.has_pool:
+            return 0
+        return -(-max(tokens - self.sinks, 0) // self.block_size)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.allocator.free
 
     @property
     def capacity_tokens(self) -> int:
         """The longest request (prompt + max_tokens) the whole pool can hold."""
-        lo, hi = 1, self.num_blocks * self.block_size + 1
-        if self.blocks_for(1) > self.num_blocks:
-            return 0
-        while lo < hi:                                   # blocks_for is monotone in tokens
-            mid = (lo + hi + 1) // 2
-            if self.blocks_for(mid) <= self.num_blocks:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        if not self.has_pool:
+            return self.max_context
+        return self.num_blocks * self.block_size + self.sinks
 
     def stats(self) -> dict:
-        return dict(num_blocks=self.num_blocks, free_blocks=self.free_blocks, block_size=self.block_size,
-                    block_bytes=self.block_bytes, running=len(self.running), waiting=len(self.waiting),
-                    policy=self.policy.spec, backend=self.backend, steps=self.steps)
+        return dict(num_blocks=self.num_blocks, free_blocks=self.free_blocks, shared_blocks=self.allocator.shared,
+                    block_size=self.block_size, block_bytes=self.block_bytes, running=len(self.running),
+                    waiting=len(self.waiting), policy=self.policy.spec, backend=self.backend, prefill=self.prefill,
+                    prefill_chunk=self.prefill_chunk, steps=self.steps)
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids, params: SamplingParams | None = None) -> Request:
@@ -315,10 +388,10 @@ class Engine:
         if r.tokens > self.max_context:
             raise RequestError("max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = "
                                              f"{r.tokens} exceeds the model's context of {self.max_context} tokens")
-        r.blocks = self.blocks_for(r.tokens)
-        if r.blocks > self.num_blocks:
+        r.nblocks = self.blocks_for(r.tokens)
+        if r.nblocks > self.num_blocks:
             raise RequestError("max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = "
-                                             f"{r.tokens} tokens need {r.blocks} blocks; the pool has "
+                                             f"{r.tokens} tokens need {r.nblocks} blocks; the pool has "
                                              f"{self.num_blocks} (at most {self.capacity_tokens} tokens per request)")
         with self._lock:
             if len(self.waiting) >= self.max_queue:
@@ -364,22 +437,105 @@ class Engine:
 
     def _release(self, r: Request):
         self.running.remove(r)
-        self.free_blocks += r.blocks
-        r.cache = None
+        if r.slot is not None:
+            self.allocator.release(self._tables.pop(r.slot))
+            self._slots.append(r.slot)
+            r.slot = None
         r._emit("done", r.finish_reason)
 
-    def _forward(self, batch, ids, pos):
+    def _fail(self, r: Request, err: Exception):
+        r.finish_reason = "error"
+        self._release(r)
+        r._emit("error", f"{type(err).__name__}: {err}")
+
+    def _forward(self, items, ids, pos, past):
         from ..hf import cache_kwargs
-        self._cache.batch = batch
+        self._cache.set(items, past)
         try:
             out = self.model(input_ids=ids, position_ids=pos, **cache_kwargs(self.model, self._cache), use_cache=True,
                              logits_to_keep=1)
         finally:
-            self._cache.batch = []
+            self._cache.set([], 0)
         return out.logits[:, -1]
 
+    # ------------------------------------------------------------------ blocks and prefill
+    def _prefix_keys(self, r: Request) -> list:
+        """Keys of the request's whole prompt blocks (:class:`gpu_ref.serve.paged.BlockAllocator`), each
+        as a function of the parent block: computed as the blocks are known."""
+        s, p = self.sinks, self.block_size
+        return [tuple(r.prompt[:s + p]) if j == 0 else tuple(r.prompt[s + j * p:s + (j + 1) * p])
+                for j in range(max(len(r.prompt) - s, 0) // p)]
+
+    def _admit(self, r: Request) -> bool:
+        """Give ``r`` a slot and its blocks (the shared prefix looked up first); False when they are not free."""
+        if not self._slots:
+            return False
+        shared = []
+        keys = self._prefix_keys(r) if self.prefix_sharing and self.has_pool else []
+        # at least one prompt token is forwarded (the first output token's logits)
+        usable = max(len(r.prompt) - 1 - self.sinks, 0) // self.block_size
+        parent = -1
+        for key in keys[:usable]:
+            b = self.allocator.lookup((parent, key))
+            if b is None:
+                break
+            shared.append(b)
+            parent = b
+        fresh = r.nblocks - len(shared)
+        if fresh > self.allocator.free:
+            self.allocator.release(shared)
+            return False
+        r.slot = self._slots.pop()
+        self._tables[r.slot] = shared + self.allocator.alloc(fresh)
+        r.shared, r.keys, r.registered = len(shared), keys, len(shared)
+        r.filled = 0
+        r.segments = self._segments(r)
+        return True
+
+    def _segments(self, r: Request) -> list:
+        """The prompt's prefill forwards ``(t0, t1)``: exact prefill the whole prompt (shared blocks are
+        recomputed, not written); packed prefill skips the shared blocks (their sinks recomputed first),
+        in chunks of ``prefill_chunk``."""
+        n = len(r.prompt)
+        if self.prefill == "exact":
+            return [(0, n)]
+        skip = self.sinks + r.shared * self.block_size if r.shared else 0
+        spans = ([(0, self.sinks)] if r.shared and self.sinks else []) + [(skip, n)]
+        c = self.prefill_chunk or n
+        return [(a, min(a + c, b)) for a, b in spans for a in range(a, b, c)]
+
+    def _register(self, r: Request):
+        """Enter the request's prompt blocks that its prefill has written into the prefix table."""
+        table = self._tables[r.slot]
+        while r.registered < len(r.keys) and self.sinks + (r.registered + 1) * self.block_size <= r.filled:
+            j = r.registered
+            self.allocator.register((table[j - 1] if j else -1, r.keys[j]), table[j])
+            r.registered += 1
+
+    def _prefill(self, r: Request):
+        """The prefill forwards of ``r`` in this step (its next chunk with ``prefill_chunk``, else all of
+        them); samples the first token after the last one."""
+        self._prefill_one(r)
+        while r.segments and self.prefill_chunk is None:
+            self._prefill_one(r)
+
+    def _prefill_one(self, r: Request):
+        torch = _torch()
+        dev = self.model.device
+        t0, t1 = r.segments.pop(0)
+        ids = torch.tensor([r.prompt[t0:t1]], device=dev)
+        item = (r.slot, t0, t1 - t0, r.shared * self.block_size)
+        logits = self._forward([item], ids, torch.arange(t0, t1, device=dev)[None], t0)
+        r.filled = max(r.filled, t1)
+        if self.prefix_sharing:
+            self._register(r)
+        if not r.segments and self._accept(r, self._sample(r, logits[0])):
+            self._release(r)
+
     def step(self) -> bool:
-        """One engine step (admit + prefill, then one batched decode). Returns whether work remains."""
+        """One engine step: a prefill forward of every request still prefilling (one chunk each), of every
+        request admitted now, then one batched decode forward of every other running request. Returns
+        whether work remains."""
         torch = _torch()
         dev = self.model.device
         with torch.no_grad():
@@ -387,37 +543,32 @@ class Engine:
                 for r in [r for r in self.running if r.cancelled and r.finish_reason is None]:
                     r.finish_reason = "cancelled"
                     self._release(r)
-                admitted = []
-                while self.waiting and len(self.running) + len(admitted) < self.max_batch and \
-                        self.waiting[0].blocks <= self.free_blocks:
-                    r = self.waiting.pop(0)
-                    self.free_blocks -= r.blocks
-                    admitted.append(r)
-            for r in admitted:
-                r.cache = PackedCache(self.model.config, self.policy, 1, r.tokens, tables=self.tables,
-                                      backend=self.backend, dtype=self.dtype)
-                self.running.append(r)
+            for r in [r for r in self.running if r.segments]:
                 try:
-                    ids = torch.tensor([r.prompt], device=dev)
-                    logits = self._forward([r], ids, torch.arange(len(r.prompt), device=dev)[None])
-                    if self._accept(r, self._sample(r, logits[0])):
-                        self._release(r)
+                    self._prefill(r)
                 except Exception as err:                 # one bad request never stops the others
-                    r.finish_reason = "error"
-                    self._release(r)
-                    r._emit("error", f"{type(err).__name__}: {err}")
-            batch = [r for r in self.running if r.finish_reason is None and not r.cancelled and r.output]
-            batch = batch[:self.max_batch]
+                    self._fail(r, err)
+            while True:
+                with self._lock:
+                    if not self.waiting or not self._admit(self.waiting[0]):
+                        break
+                    r = self.waiting.pop(0)
+                    self.running.append(r)
+                try:
+                    self._prefill(r)
+                except Exception as err:
+                    self._fail(r, err)
+            batch = [r for r in self.running if r.finish_reason is None and not r.cancelled and not r.segments
+                     and r.output]
             if batch:
                 ids = torch.tensor([[r.output[-1]] for r in batch], device=dev)
-                pos = torch.tensor([[len(r.prompt) + len(r.output) - 1] for r in batch], device=dev)
+                pos = [len(r.prompt) + len(r.output) - 1 for r in batch]
+                items = [(r.slot, p, 1, 0) for r, p in zip(batch, pos)]
                 try:
-                    logits = self._forward(batch, ids, pos)
+                    logits = self._forward(items, ids, torch.tensor(pos, device=dev)[:, None], 0)
                 except Exception as err:
                     for r in batch:
-                        r.finish_reason = "error"
-                        self._release(r)
-                        r._emit("error", f"{type(err).__name__}: {err}")
+                        self._fail(r, err)
                     raise
                 for r, lg in zip(batch, logits):
                     if self._accept(r, self._sample(r, lg)):

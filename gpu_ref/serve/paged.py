@@ -1,0 +1,358 @@
+"""The engine's shared paged pool: a block allocator with prefix sharing, and the per-layer paged stores.
+
+A *block* is one page of ``block_size`` packed tokens in **every** full-attention layer: page ``p`` of
+layer 0 and page ``p`` of layer 5 belong to the same block, so one block table row per slot serves every
+layer. Packed token ``i`` (position ``sinks + i``) of the sequence in slot ``s`` is row ``i % P`` of page
+``table[s, i // P]``, the layout :func:`gpu_ref.decode.run_planes` reads (vLLM/FlashInfer convention).
+Per slot, outside the pool: the ``sinks`` 16-bit rows of each full layer and the ring of each sliding
+layer (page ``s`` of a pool of one page per slot; token ``p`` in row ``p % W``).
+
+Stores (one per layer, same interface): :class:`GoldenPagedStore` (NumPy golden model: the codes and
+scales of ``sim_models.encode`` in the pool's pages, SDPA over the reconstructions; also the 16-bit
+layers of either backend) and :class:`CudaPagedStore` (``gpu_ref.KVCache`` planes of ``num_pages``
+pages, the write kernel at rows computed from the block table, one :func:`gpu_ref.decode.run_planes`
+launch per layer for the whole batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim_models import CachePolicy, KeyTables
+
+from ..hf.stores import _CudaStore, _GoldenStore, _torch
+
+
+class BlockAllocator:
+    """Blocks ``0 .. num_blocks - 1`` with reference counts and a table of full, immutable prompt blocks.
+
+    A shared block is looked up by ``(parent block, its tokens)``: the first block's tokens are the
+    prompt's first ``sinks + P`` tokens (the sinks included: its K/V depend on them), a later block's
+    the ``P`` prompt tokens it holds, so equal keys mean equal prefixes. A block leaves the table when
+    its last reference goes.
+    """
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))   # pop() hands out the lowest free block first
+        self.refs = np.zeros(num_blocks, np.int64)
+        self._table: dict = {}
+        self._key_of: dict = {}
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list:
+        if n > len(self._free):
+            raise RuntimeError(f"{n} blocks asked, {len(self._free)} free")
+        out = [self._free.pop() for _ in range(n)]
+        self.refs[out] = 1
+        return out
+
+    def lookup(self, key):
+        """The block registered under ``key`` (its count incremented), or None."""
+        b = self._table.get(key)
+        if b is not None:
+            self.refs[b] += 1
+        return b
+
+    def register(self, key, block: int):
+        if key not in self._table and block not in self._key_of:
+            self._table[key] = block
+            self._key_of[block] = key
+
+    def release(self, blocks):
+        for b in blocks:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                key = self._key_of.pop(b, None)
+                if key is not None:
+                    del self._table[key]
+                self._free.append(b)
+
+    @property
+    def shared(self) -> int:
+        """Blocks referenced by more than one sequence."""
+        return int((self.refs > 1).sum())
+
+
+class Rows:
+    """Where one forward's K/V rows go and what its queries read, for one kind of layer (``"full"``:
+    the pool's pages; ``"ring"``: one page of W rows per slot), computed once per forward and shared
+    by every layer of that kind.
+
+    Host arrays: ``src`` (indices into the forward's flattened ``[B * T]`` tokens) with ``page`` and
+    ``row`` (their destination); ``sink_src`` with ``sink_slot`` and ``sink_pos``; for attention
+    ``slots`` ``[B]``, ``lengths`` ``[B]`` (tokens a row's last query sees, sinks included) and
+    ``table`` int32 ``[B, cols]``; ``t`` tokens per row. ``dev`` caches the device copies.
+    """
+
+    def __init__(self, src, page, row, sink_src, sink_slot, sink_pos, slots, lengths, table, t):
+        self.src, self.page, self.row = src, page, row
+        self.sink_src, self.sink_slot, self.sink_pos = sink_src, sink_slot, sink_pos
+        self.slots, self.lengths, self.table, self.t = slots, lengths, table, t
+        self.dev: dict = {}
+
+
+def full_rows(items, sinks, page_size, tables):
+    """:class:`Rows` of the full layers. ``items``: per batch row ``(slot, t0, T, skip)``: tokens at
+    positions ``t0 .. t0 + T - 1``, of which packed tokens before ``skip`` (already in shared
+    blocks) are not written; ``tables[slot]`` the slot's block list."""
+    src, page, row, ss, sslot, spos, lengths = [], [], [], [], [], [], []
+    t = items[0][2]
+    cols = 1
+    for b, (slot, t0, n, skip) in enumerate(items):
+        pos = np.arange(t0, t0 + n)
+        idx = b * t + np.arange(n)
+        sk = pos < sinks
+        ss.append(idx[sk]), sslot.append(np.full(sk.sum(), slot)), spos.append(pos[sk])
+        i = pos[~sk] - sinks
+        keep = i >= skip
+        i = i[keep]
+        blocks = np.asarray(tables[slot], np.int64)
+        src.append(idx[~sk][keep]), page.append(blocks[i // page_size]), row.append(i % page_size)
+        lengths.append(t0 + n)
+        cols = max(cols, -(-max(t0 + n - sinks, 1) // page_size))
+    table = np.zeros((len(items), cols), np.int32)
+    for b, (slot, *_) in enumerate(items):
+        bl = tables[slot][:cols]
+        table[b, :len(bl)] = bl
+    cat = (lambda x: np.concatenate(x).astype(np.int64))
+    return Rows(cat(src), cat(page), cat(row), cat(ss), cat(sslot), cat(spos),
+                np.array([it[0] for it in items], np.int64), np.array(lengths, np.int64), table, t)
+
+
+def ring_rows(items, window):
+    """:class:`Rows` of the sliding layers (ring of ``window`` rows in page ``slot``; the last
+    ``window`` tokens of a chunk are written, every token of it when shorter)."""
+    src, page, row, lengths = [], [], [], []
+    t = items[0][2]
+    for b, (slot, t0, n, _) in enumerate(items):
+        keep = min(n, window)
+        pos = np.arange(t0 + n - keep, t0 + n)
+        src.append(b * t + np.arange(n - keep, n)), page.append(np.full(keep, slot)), row.append(pos % window)
+        lengths.append(min(t0 + n, window))
+    e = np.zeros(0, np.int64)
+    slots = np.array([it[0] for it in items], np.int64)
+    return Rows(np.concatenate(src), np.concatenate(page).astype(np.int64), np.concatenate(row).astype(np.int64),
+                e, e, e, slots, np.array(lengths, np.int64), slots[:, None].astype(np.int32), t)
+
+
+class GoldenPagedStore:
+    """Golden-model paged store of one layer (any device, any format, 16-bit kinds too).
+
+    ``hat[kind]`` float32 ``[pages, KVH, P, D]`` (reconstructions, or the 16-bit values); ``codes[kind]``,
+    ``scales[kind]`` NumPy uint8 ``[pages, KVH, P, D/N, bytes]`` in the golden byte order;
+    ``sink_hat[kind]`` float32 ``[slots, KVH, sinks, D]`` (keys in the key front end's domain, as the
+    batch-1 golden store keeps them).
+    """
+
+    def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, mu16=None, s16=None):
+        torch = _torch()
+        self.fmts, self.sinks, self.dtype, self.page_size = fmts, sinks, torch_dtype, page_size
+        # the key front end and the query side of the batch-1 golden store (a one-row instance)
+        self._one = _GoldenStore(fmts, 0, 1, kvh, 1, d, torch_dtype, device, mu16=mu16, s16=s16)
+        self.hat = {k: torch.zeros(pages, kvh, page_size, d, dtype=torch.float32, device=device) for k in "kv"}
+        self.sink_hat = {k: torch.zeros(slots, kvh, sinks, d, dtype=torch.float32, device=device) for k in "kv"}
+        self.codes, self.scales = {}, {}
+        for kind, f in zip("kv", fmts):
+            if f is not None:
+                self.codes[kind] = np.zeros((pages, kvh, page_size, d // f.n, f.code_bytes), np.uint8)
+                self.scales[kind] = np.zeros((pages, kvh, page_size, d // f.n, f.n_blocks), np.uint8)
+
+    def write(self, k16, v16, rows: Rows):
+        """k16, v16: ``[B, KVH, T, D]`` in the store's 16-bit type (keys before the key front end)."""
+        torch = _torch()
+        b, h, t, d = k16.shape
+        k16 = self._one.keys_in(k16)
+        src = torch.as_tensor(rows.src, device=k16.device)
+        ssrc = torch.as_tensor(rows.sink_src, device=k16.device)
+        pg, rw = torch.as_tensor(rows.page, device=k16.device), torch.as_tensor(rows.row, device=k16.device)
+        for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
+            flat = x.transpose(1, 2).reshape(b * t, h, 1, d)                  # [B*T, KVH, 1, D]
+            if len(rows.sink_src):
+                at = (torch.as_tensor(rows.sink_slot, device=k16.device), slice(None),
+                      torch.as_tensor(rows.sink_pos, device=k16.device))
+                self.sink_hat[kind][at] = flat[ssrc, :, 0].float()
+            if not len(rows.src):
+                continue
+            rec, codes, scales = self._one._reconstruct(flat[src], f)        # [M, KVH, 1, D]
+            self.hat[kind][pg, :, rw] = rec[:, :, 0]
+            if codes is not None:
+                self.codes[kind][rows.page, :, rows.row] = codes[:, :, 0]
+                self.scales[kind][rows.page, :, rows.row] = scales[:, :, 0]
+
+    def _kv(self, rows: Rows, b: int, n: int):
+        """float32 (k, v) ``[1, KVH, n, D]``: the first ``n`` tokens of batch row ``b``, sinks first."""
+        torch = _torch()
+        s = min(n, self.sinks)
+        i = np.arange(n - s)
+        pages = torch.as_tensor(rows.table[b][i // self.page_size].astype(np.int64), device=self.hat["k"].device)
+        r = torch.as_tensor(i % self.page_size, device=self.hat["k"].device)
+        out = []
+        for kind in "kv":
+            packed = self.hat[kind][pages, :, r].transpose(0, 1)                # [KVH, n - s, D]
+            out.append(torch.cat([self.sink_hat[kind][rows.slots[b], :, :s], packed], 1)[None])
+        return out
+
+    def attend(self, q, scaling, rows: Rows):
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``: row b over its ``lengths[b]`` tokens."""
+        torch = _torch()
+        q = self._one.query(q)
+        out = []
+        for b in range(q.shape[0]):
+            k, v = self._kv(rows, b, int(rows.lengths[b]))
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            o = torch.nn.functional.scaled_dot_product_attention(q[b:b + 1, :, None], k, v, scale=scaling)
+            out.append(o[:, :, 0])
+        return torch.cat(out, 0)
+
+    def attend_chunk(self, q, scaling, rows: Rows):
+        """Queries ``[1, Hq, T, D]`` (float32) of the row's last T tokens, each over the tokens up to its
+        own -> float32 ``[1, T, Hq, D]``."""
+        torch = _torch()
+        q = self._one.query(q)
+        n, t = int(rows.lengths[0]), q.shape[2]
+        k, v = self._kv(rows, 0, n)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        return o.transpose(1, 2)
+
+    def page_bytes(self, pages) -> dict:
+        """The golden bytes of ``pages`` (``{"k_codes", "k_scales", "v_codes", "v_scales"}``, packed kinds)."""
+        return {f"{k}_{n}": getattr(self, n)[k][pages].copy() for k in self.codes for n in ("codes", "scales")}
+
+
+class CudaPagedStore:
+    """The kernels over a paged pool of one layer: a :class:`gpu_ref.KVCache` of ``pages`` pages of
+    ``page_size`` rows (the pool) and ``slots`` sink rows; the engine's block table and lengths per
+    forward (:class:`Rows`) are passed to :func:`gpu_ref.decode.run_planes`, one launch for the batch."""
+
+    def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, hq, mu16=None,
+                 s16=None):
+        from gpu_ref import KVCache
+        torch = _torch()
+        self.bf16 = torch_dtype != torch.float16
+        self.hq, self.sinks, self.page_size, self.kvh = hq, sinks, page_size, kvh
+        policy = CachePolicy(k=fmts[0], v=fmts[1], sinks=sinks, center_keys=mu16 is not None,
+                             key_scale=None if s16 is None else "pow2")
+        tables = None
+        if mu16 is not None or s16 is not None:
+            mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
+            e = None if s16 is None else np.log2(s16.astype(np.float64)).astype(np.int8)[None]
+            tables = KeyTables("layer", mu[None], e)
+        with _CudaStore._stream():
+            # KVCache allocates the planes; its own block table and page allocator are not used
+            self.kv = KVCache(slots, kvh, sinks + page_size, policy, tables=tables, page_size=page_size,
+                              num_pages=pages)
+        self._sink_t = None
+        if sinks:
+            import cupy as cp
+            self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
+        self._plans: dict = {}
+
+    def _dev(self, rows: Rows, name, make):
+        if name not in rows.dev:
+            rows.dev[name] = make()
+        return rows.dev[name]
+
+    def write(self, k16, v16, rows: Rows):
+        """k16, v16: torch ``[B, KVH, T, D]`` in the store's 16-bit type (keys before the key front end,
+        which the write kernel applies)."""
+        import cupy as cp
+        from gpu_ref.encode import key_front, launch_encode
+        torch = _torch()
+        b, h, t, d = k16.shape
+        kv, dev = self.kv, k16.device
+        if len(rows.sink_src):
+            ssrc = self._dev(rows, "sink_src", lambda: torch.as_tensor(rows.sink_src, device=dev))
+            sslot = self._dev(rows, "sink_slot", lambda: torch.as_tensor(rows.sink_slot, device=dev))
+            spos = self._dev(rows, "sink_pos", lambda: torch.as_tensor(rows.sink_pos, device=dev))
+            ks = k16.transpose(1, 2).reshape(b * t, h, d)[ssrc]                 # [M, KVH, D]
+            vs = v16.transpose(1, 2).reshape(b * t, h, d)[ssrc]
+            if kv._key is not None:
+                with _CudaStore._stream():
+                    y = key_front(_CudaStore._cp(ks), kv._key, cp)
+                ks = torch.from_dlpack(y.view(cp.int16)).view(ks.dtype)
+            self._sink_t[0][sslot, :, spos] = ks.contiguous().view(torch.int16)
+            self._sink_t[1][sslot, :, spos] = vs.contiguous().view(torch.int16)
+        if not len(rows.src):
+            return
+        src = self._dev(rows, "src", lambda: torch.as_tensor(rows.src, device=dev))
+        plane = self._dev(rows, "plane", lambda: torch.as_tensor(
+            ((rows.page[:, None] * h + np.arange(h)[None, :]) * self.page_size + rows.row[:, None]).reshape(-1),
+            device=dev))
+        with _CudaStore._stream():
+            for x, p, codes, scales, flags, key, lay in (
+                    (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, kv._key, "wire"),
+                    (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
+                sel = x.transpose(1, 2).reshape(b * t, h, d)[src][None]          # [1, M, KVH, D]
+                bits = _CudaStore._cp(sel)
+                launch_encode(bits, p, codes, scales, flags, _CudaStore._cp(plane), cp, key=key, layout=lay,
+                              pair_vec=h)
+
+    def _plan(self, nq, max_len, cols):
+        from gpu_ref import plan
+        kv = self.kv
+        key = (nq, max_len, cols)
+        if key not in self._plans:
+            with _CudaStore._stream():
+                pl = plan(kv.params, kv.v_params, batch=nq, q_heads=self.hq, kv_heads=self.kvh, max_length=max_len,
+                          page_size=self.page_size, max_pages=cols, sinks=self.sinks,
+                          key_scales=kv.q_scale is not None, q_dtype="bf16" if self.bf16 else "fp16",
+                          layout=kv.layout)
+                self._plans[key] = (pl, pl.workspace())
+        return self._plans[key]
+
+    def _launch(self, q16, lengths, table, slots, max_len, scaling):
+        """One decode launch of ``q16`` ``[Q, Hq, D]`` with per-query lengths / table rows / sink slots."""
+        import cupy as cp
+        from gpu_ref.decode import run_planes
+        torch = _torch()
+        kv = self.kv
+        bucket = 1 << max(max_len - 1, 63).bit_length()
+        cols = max(1, -(-(bucket - self.sinks) // self.page_size))
+        if table.shape[1] < cols:
+            table = torch.nn.functional.pad(table, (0, cols - table.shape[1]))
+        pl, ws = self._plan(q16.shape[0], bucket, table.shape[1])
+        out = torch.empty(q16.shape, dtype=torch.float32, device=q16.device)
+        sink = {}
+        if self.sinks:
+            sink = {f"{k}_sink": _CudaStore._cp(s[slots].contiguous()).view(cp.uint16)
+                    for k, s in zip("kv", self._sink_t)}
+        with _CudaStore._stream():
+            run_planes(pl, ws, _CudaStore._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales,
+                       _CudaStore._cp(lengths), _CudaStore._cp(table.contiguous()), q_scale=kv.q_scale,
+                       scale=float(scaling), out=_CudaStore._cp(out), out_dtype="fp32", layout=kv.layout, **sink)
+        return out
+
+    def attend(self, q, scaling, rows: Rows):
+        torch = _torch()
+        dev = q.device
+        q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
+        lengths = self._dev(rows, "lengths", lambda: torch.as_tensor(rows.lengths, dtype=torch.int32, device=dev))
+        table = self._dev(rows, "table", lambda: torch.as_tensor(rows.table, device=dev))
+        slots = self._dev(rows, "slots", lambda: torch.as_tensor(rows.slots, device=dev))
+        return self._launch(q16, lengths, table, slots, int(rows.lengths.max()), scaling)
+
+    def attend_chunk(self, q, scaling, rows: Rows):
+        """Queries ``[1, Hq, T, D]`` of the row's last T tokens: one launch of T queries, query i over the
+        first ``n - T + i + 1`` tokens -> float32 ``[1, T, Hq, D]``."""
+        torch = _torch()
+        _, hq, t, d = q.shape
+        n, dev = int(rows.lengths[0]), q.device
+        q16 = q[0].transpose(0, 1).to(torch.bfloat16 if self.bf16 else torch.float16).contiguous()
+        lengths = torch.arange(n - t + 1, n + 1, dtype=torch.int32, device=dev)
+        table = torch.as_tensor(rows.table, device=dev).expand(t, -1).contiguous()
+        slots = torch.as_tensor(rows.slots, device=dev).expand(t)
+        return self._launch(q16, lengths, table, slots, n, scaling)[None]
+
+    def page_bytes(self, pages) -> dict:
+        """The golden bytes of ``pages`` (:meth:`gpu_ref.KVCache.host_planes` of those pages)."""
+        planes = self.kv.host_planes()
+        return {n: planes[n][pages] for n in ("k_codes", "k_scales", "v_codes", "v_scales")}
+
