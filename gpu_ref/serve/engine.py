@@ -29,6 +29,7 @@ from sim_models.policy import fit_format
 from ..hf import attention as _attn
 from ..hf.cache import PackedCache, layer_windows, model_shape
 from . import paged as _paged
+from . import tp as _tp
 
 try:
     from transformers.cache_utils import Cache, CacheLayerMixin
@@ -53,11 +54,13 @@ class PoolFull(RuntimeError):
     """The block pool has no room now and the queue is full (retry later)."""
 
 
-def cache_bytes(config, policy: CachePolicy, tokens: int, dtype: str = "fp16") -> int:
+def cache_bytes(config, policy: CachePolicy, tokens: int, dtype: str = "fp16", kv_heads: int | None = None) -> int:
     """Bytes a batch-1 :class:`PackedCache` of ``tokens`` tokens stores for ``config`` under ``policy``:
     per layer the packed vectors, sinks (fp16 rows) and 16-bit kinds; a sliding layer ``min(tokens, W)``
-    rows, no sinks (flags excluded, as :meth:`PackedCache.nbytes` of the golden store)."""
+    rows, no sinks (flags excluded, as :meth:`PackedCache.nbytes` of the golden store). ``kv_heads``:
+    the KV heads counted (a tensor-parallel rank's; default the model's)."""
     n_layers, _, kvh, d = model_shape(config)
+    kvh = kvh if kv_heads is None else kv_heads
     total = 0
     for layer, w in enumerate(layer_windows(config)):
         kf = fit_format(policy.format_for(layer, "k"), d, dtype)
@@ -261,6 +264,7 @@ class Engine:
                 raise ValueError("prefill_chunk needs prefill='packed' (with exact prefill a later chunk would attend "
                                  "to the packed earlier chunks, which single-batch exact prefill never does)")
         self.policy = CachePolicy.parse(policy) if isinstance(policy, str) else policy
+        self.shard = _tp.shard_of(model)                  # this rank's KV heads (all of them on one rank)
         self.model, self.tables, self.backend, self.dtype = model, tables, backend, dtype
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         windows = layer_windows(self.config)
@@ -319,10 +323,12 @@ class Engine:
         """The paged store of layer ``idx`` (``ref``: the layer of a batch-1 PackedCache, for its formats)."""
         fmts = tuple(None if f is None else dataclasses.replace(f, dtype=self.cache_dtype)
                      for f in (ref.k_fmt, ref.v_fmt))
-        _, hq, kvh, d = model_shape(self.config)
+        _, _, _, d = model_shape(self.config)
+        hq, kvh, heads = self.shard.q_heads, self.shard.local_kv_heads, list(self.shard.heads)
         front = {}
-        if fmts[0] is not None and (ref.mu is not None or ref.key_scale is not None):
-            front = dict(mu16=ref.mu, s16=ref.key_scale)
+        if fmts[0] is not None and (ref.mu is not None or ref.key_scale is not None):    # this rank's heads
+            front = dict(mu16=None if ref.mu is None else ref.mu[heads],
+                         s16=None if ref.key_scale is None else ref.key_scale[heads])
         dev = self.model.device
         if window is None:
             pages, page, sinks = self.num_blocks, self.block_size, self.sinks
@@ -341,7 +347,7 @@ class Engine:
     # ------------------------------------------------------------------ accounting
     def _bytes(self, tokens):
         """Bytes of one request's cache of ``tokens`` tokens."""
-        return cache_bytes(self.config, self.policy, tokens, self.cache_dtype)
+        return cache_bytes(self.config, self.policy, tokens, self.cache_dtype, self.shard.local_kv_heads)
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks a request of ``tokens`` tokens (prompt + max_tokens) reserves: pages of its packed
@@ -529,8 +535,10 @@ class Engine:
         r.filled = max(r.filled, t1)
         if self.prefix_sharing:
             self._register(r)
-        if not r.segments and self._accept(r, self._sample(r, logits[0])):
-            self._release(r)
+        if not r.segments:
+            tok, = _tp.agree([self._sample(r, logits[0])], self.shard, dev)
+            if self._accept(r, tok):
+                self._release(r)
 
     def step(self) -> bool:
         """One engine step: a prefill forward of every request still prefilling (one chunk each), of every
@@ -570,8 +578,9 @@ class Engine:
                     for r in batch:
                         self._fail(r, err)
                     raise
-                for r, lg in zip(batch, logits):
-                    if self._accept(r, self._sample(r, lg)):
+                toks = _tp.agree([self._sample(r, lg) for r, lg in zip(batch, logits)], self.shard, dev)
+                for r, tok in zip(batch, toks):
+                    if self._accept(r, tok):
                         self._release(r)
             self.steps += 1
         with self._lock:
