@@ -511,3 +511,33 @@ def test_serve_cli_refuses_bad_options_before_loading(tmp_path, capsys):
             parse(argv)
         assert stop.value.code == 2
         assert word in capsys.readouterr().err
+
+
+def test_paged16_store_attends_as_the_golden_16bit_store():
+    """The CUDA engine's 16-bit pool (Paged16Store, 16-bit storage, SDPA grouped by KV head) == the golden
+    store of 16-bit layers (float32 copies of the same 16-bit values) on decode and chunk attention,
+    rows of different lengths, sinks and pages out of order."""
+    from gpu_ref.serve.paged import GoldenPagedStore, Paged16Store, full_rows
+    rng = np.random.default_rng(4)
+    kvh, hq, d, p, sinks = 2, 6, 32, 8, 2
+    args = (sinks, 3, kvh, d, torch.float16, torch.device("cpu"), 10, p)
+    gold = GoldenPagedStore((None, None), *args)
+    mine = Paged16Store(*args)
+    tables = {0: [7, 2, 5], 2: [1, 9]}
+    for items in ([(0, 0, 21, 0)], [(2, 0, 13, 0)]):
+        k, v = (torch.tensor(rng.normal(size=(1, kvh, items[0][2], d)), dtype=torch.float16) for _ in "kv")
+        rows = full_rows(items, sinks, p, tables)
+        gold.write(k, v, rows)
+        mine.write(k, v, rows)
+    rows = full_rows([(0, 21, 1, 0), (2, 13, 1, 0)], sinks, p, tables)
+    kv = [torch.tensor(rng.normal(size=(2, kvh, 1, d)), dtype=torch.float16) for _ in "kv"]
+    gold.write(*kv, rows)
+    mine.write(*kv, rows)
+    assert torch.equal(mine.pool["k"][7].float(), gold.hat["k"][7])
+    q = torch.tensor(rng.normal(size=(2, hq, d)), dtype=torch.float32)
+    want, got = gold.attend(q, 0.2, rows), mine.attend(q, 0.2, rows)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=3e-3)
+    chunk = full_rows([(0, 12, 10, 0)], sinks, p, tables)
+    qc = torch.tensor(rng.normal(size=(1, hq, 10, d)), dtype=torch.float32)
+    want, got = gold.attend_chunk(qc, 0.2, chunk), mine.attend_chunk(qc, 0.2, chunk)
+    assert got.shape == want.shape == (1, 10, hq, d) and torch.allclose(got, want, atol=3e-3)

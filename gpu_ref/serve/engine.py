@@ -222,7 +222,8 @@ class Engine:
         policy: :class:`sim_models.CachePolicy` or its spec string.
         tables: the model's :class:`sim_models.KeyTables` (policies with centering / key scales).
         backend: ``"golden"`` or ``"cuda"`` (the paged store of every packed layer; 16-bit layers keep
-            their values in a paged torch store on the model's device).
+            their values in a paged torch store on the model's device: ``"cuda"`` in the 16-bit type,
+            :class:`gpu_ref.serve.paged.Paged16Store`).
         block_size: tokens per block (a page of every full-attention layer; ``"cuda"``: 16, 32 or a
             power-of-two multiple of 64).
         num_blocks: blocks in the pool; or ``pool_bytes``: the pool's bytes, divided by the packed bytes
@@ -341,6 +342,8 @@ class Engine:
                 page = max(16, 1 << (window - 1).bit_length())
             return _paged.CudaPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
                                          hq, **front)
+        if self.backend == "cuda":                    # 16-bit layers: the 16-bit pool, torch SDPA
+            return _paged.Paged16Store(sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page)
         return _paged.GoldenPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
                                        **front)
 

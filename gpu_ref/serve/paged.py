@@ -356,3 +356,68 @@ class CudaPagedStore:
         planes = self.kv.host_planes()
         return {n: planes[n][pages] for n in ("k_codes", "k_scales", "v_codes", "v_scales")}
 
+
+
+class Paged16Store:
+    """The 16-bit layers of the ``"cuda"`` engine: K and V pools ``[pages, KVH, P, D]`` in the cache's
+    16-bit type (the bytes the engine's block accounting counts) and ``[slots, KVH, sinks, D]`` sink rows.
+    Attention gathers each batch row's pages (sinks first) and runs torch SDPA in the 16-bit type, the
+    query heads of a KV head as one group (no copy per query head), rows past a row's length masked."""
+
+    def __init__(self, sinks, slots, kvh, d, torch_dtype, device, pages, page_size):
+        torch = _torch()
+        self.sinks, self.dtype, self.page_size = sinks, torch_dtype, page_size
+        self.pool = {k: torch.zeros(pages, kvh, page_size, d, dtype=torch_dtype, device=device) for k in "kv"}
+        self.sink = {k: torch.zeros(slots, kvh, sinks, d, dtype=torch_dtype, device=device) for k in "kv"}
+
+    def write(self, k16, v16, rows: Rows):
+        """k16, v16: ``[B, KVH, T, D]`` in the store's 16-bit type."""
+        torch = _torch()
+        b, h, t, d = k16.shape
+        dev = k16.device
+        for kind, x in (("k", k16), ("v", v16)):
+            flat = x.transpose(1, 2).reshape(b * t, h, d)
+            if len(rows.sink_src):
+                at = (torch.as_tensor(rows.sink_slot, device=dev), slice(None), torch.as_tensor(rows.sink_pos, device=dev))
+                self.sink[kind][at] = flat[torch.as_tensor(rows.sink_src, device=dev)]
+            if len(rows.src):
+                at = (torch.as_tensor(rows.page, device=dev), slice(None), torch.as_tensor(rows.row, device=dev))
+                self.pool[kind][at] = flat[torch.as_tensor(rows.src, device=dev)]
+
+    def _gather(self, rows: Rows):
+        """(k, v) ``[B, KVH, sinks + cols * P, D]`` of the batch rows (token ``j`` at index ``j``)."""
+        torch = _torch()
+        dev = self.pool["k"].device
+        table = torch.as_tensor(rows.table.astype(np.int64), device=dev)
+        slots = torch.as_tensor(rows.slots, device=dev)
+        out = []
+        for kind in "kv":
+            pages = self.pool[kind][table]                                   # [B, cols, KVH, P, D]
+            b, cols, h, p, d = pages.shape
+            pages = pages.permute(0, 2, 1, 3, 4).reshape(b, h, cols * p, d)
+            out.append(torch.cat([self.sink[kind][slots], pages], 2))
+        return out
+
+    def attend(self, q, scaling, rows: Rows):
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``: row b over its ``lengths[b]`` tokens."""
+        torch = _torch()
+        k, v = self._gather(rows)
+        b, hq, d = q.shape
+        h, n = k.shape[1], k.shape[2]
+        lengths = torch.as_tensor(rows.lengths, device=q.device)
+        mask = (torch.arange(n, device=q.device)[None, :] < lengths[:, None])[:, None, None]    # [B, 1, 1, N]
+        qg = q.to(self.dtype).reshape(b, h, hq // h, d)                     # query heads of a KV head
+        o = torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scaling)
+        return o.reshape(b, hq, d).float()
+
+    def attend_chunk(self, q, scaling, rows: Rows):
+        """Queries ``[1, Hq, T, D]`` (float32) of the row's last T tokens, each over the tokens up to its
+        own -> float32 ``[1, T, Hq, D]``."""
+        torch = _torch()
+        n, t = int(rows.lengths[0]), q.shape[2]
+        k, v = (x[:, :, :n] for x in self._gather(rows))
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(q.to(self.dtype), k, v, attn_mask=mask, scale=scaling)
+        return o.transpose(1, 2).float()
