@@ -50,7 +50,20 @@ def _rank(rank, world, port, path, q):
         from gpu_ref.serve import tp
         tp.init("cpu")
         m = tp.load(path, dtype=torch.float64)
-        q.put((rank, {pol: _run(m, pol, _tables() if pol == "v3" else None) for pol in POLICIES}))
+        res = {pol: _run(m, pol, _tables() if pol == "v3" else None) for pol in POLICIES}
+        # the benchmark's sharded random model: this rank's shards only, the same logits on both ranks
+        from transformers import LlamaConfig
+        cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+        r = tp.random_model(cfg, torch.float32, torch.device("cpu"), world=world)
+        attn = r.model.layers[0].self_attn
+        with torch.no_grad():
+            logits = r(torch.tensor([[1, 2, 3]])).logits
+        res["random"] = (tuple(attn.k_proj.weight.to_local().shape), tuple(attn.o_proj.weight.to_local().shape),
+                         sorted(n for n, p in r.named_parameters() if not hasattr(p, "to_local")),
+                         (logits.to_local() if hasattr(logits, "to_local") else logits).numpy(),
+                         float(r.model.rotary_emb.inv_freq[1]), tp.shard_of(r).heads)
+        q.put((rank, res))
         torch.distributed.destroy_process_group()
     except Exception as err:                          # reported to the parent, never a hang
         q.put((rank, f"{type(err).__name__}: {err}"))
@@ -100,6 +113,28 @@ def test_tp2_engine_equals_one_process_and_pools_hold_their_heads(tmp_path):
             assert sum(a.nbytes for p_ in r_pools for n, a in p_.items() if not n.endswith("sinks")) * 2 == \
                 sum(a.nbytes for p_ in pools for n, a in p_.items() if not n.endswith("sinks"))
         assert len({t for o in outs for t in o}) > 3     # the outputs are not one repeated token
+    k_shape, o_shape, plain, logits, inv1, heads = got[0]["random"]
+    assert k_shape == (32, 64) and o_shape == (64, 64) and heads == (0,)   # half the KV / q heads' rows, cols
+    assert got[1]["random"][5] == (1,)
+    assert "model.norm.weight" in plain and np.isfinite(logits).all() and logits.shape == (1, 3, 64)
+    assert np.allclose(logits, got[1]["random"][3]) and inv1 == pytest.approx(10000.0 ** (-2 / 32))
+
+
+def test_tp_bench_dry_run(tmp_path):
+    """The benchmark's code path on CPU (one rank, golden stores): concurrency from the pool, timed steps,
+    the JSON entry and the plot."""
+    from bench.gpu import tp as bench
+    assert bench.main(["--dry-run", "--caches", "bf16,K3V3", "--steps", "1", "--warmup", "0", "--context", "40",
+                       "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "gpu_bench_tp.json").read_text())
+    run = doc["runs"]["1"]
+    assert run["node"]["gpus"] == 1 and run["context"] == 40 and (tmp_path / "gpu_bench_tp.png").exists()
+    bf, k3 = run["caches"]
+    assert bf["max_concurrency"] == (1 << 19) // bf["block_bytes_per_rank"] // bf["blocks_per_seq"]
+    assert k3["max_concurrency"] > 4 * bf["max_concurrency"] and k3["batch"] == k3["max_concurrency"]
+    assert k3["tokens_per_s"] > 0 and k3["tpot_ms_p99"] >= k3["tpot_ms_p50"] > 0
+    with pytest.raises(SystemExit):
+        bench.parse(["--caches", "K5V5"])
 
 
 def test_tp_shard_of_one_process_is_every_head():

@@ -10,7 +10,9 @@ refused when submitted. Prompts sharing whole blocks share them (reference count
 immutable). A step is: a prefill forward of every request still prefilling (one chunk each with
 ``prefill_chunk``), then of the requests admitted now, then one batched decode forward over every other
 running request (``[B, 1]`` tokens at each request's own position): each layer writes every row into its
-pool and attends the whole batch in one call (one kernel launch with the ``"cuda"`` store).
+pool and attends the whole batch in one call (one kernel launch with the ``"cuda"`` store). Under tensor
+parallelism (:mod:`gpu_ref.serve.tp`) each rank's pools hold its KV heads only and the ranks agree on
+every sampled token.
 """
 
 from __future__ import annotations
