@@ -24,15 +24,16 @@ Per lane, in steps with optional register cuts between them (:data:`KF_CUTS`):
 1. scale: ``x 2^e``: ``E2 = base + e``; ``E2 >= 31`` saturates to 0x7BFF,
    ``1 <= E2 <= 30`` is exact, ``E2 <= 0`` shifts the significand right by ``1 - E2``
    (``[shift]``) with round to nearest even (guard, sticky) into the subnormals (a carry
-   gives the smallest normal by itself) (``[scale]``); +-0 keeps its sign. Lanes to pass
-   (NaN/inf, bypass) keep x.
+   gives the smallest normal by itself) (``[scale]``); +-0 keeps its sign. The scaled
+   value stays unpacked (significand with hidden bit, effective exponent) for step 2.
+   Lanes to pass (NaN/inf, bypass) keep x, which rides along to the output.
 2. align: ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude (the larger
    sets the sign; ``[swap]``), the smaller significand shifted right by the exponent
    difference with 3 guard bits (guard, round, sticky ORed into the last; ``[align]``).
 3. add (``[sum]``): one 15-bit adder (the subtrahend inverted, carry in); normalise: the
-   leading-zero count (``[count]``), limited to reach exponent 1 (subnormal results) by a
-   sentinel one, then a carry shifts right by one (sticky kept), else a left shift by the
-   count (``[norm]``);
+   leading-zero count of the 15-bit sum, its carry bit included (``[count]``), limited to
+   reach exponent 1 (subnormal results) by a sentinel one, then one left shift by the
+   count to put the leading one at bit 14, exponent ``eb + 1 - count`` (``[norm]``);
    round (``[out]``): RNE as one increment of ``exponent field | mantissa`` (a carry
    steps the exponent), a field of 31 saturates to 0x7BFF. An exact zero is +0 unless
    both ``y`` and ``-mu_s`` are -0 (IEEE: (-0) - (+0) = -0), as the golden float64 path.
@@ -45,7 +46,7 @@ Latency: 1 (the table read register, always present) + ``len(regs)``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -133,31 +134,33 @@ def scale_shift(m: Module, d: dict, e, name: str) -> dict:
             "e2": e2[:5], "sig_n": d["sig_n"], "zero": d["zero"], "s": d["x"][15]}
 
 
-def scale_round(m: Module, d: dict, name: str) -> Signal:
-    """Step 1b: fp16 bits of RNE(x * 2^e), saturating (x finite; module docstring)."""
-    t, s = d["t"], d["s"]
+def scale_round(m: Module, d: dict, name: str) -> dict:
+    """Step 1b: RN16(x * 2^e) unpacked for the subtraction (x finite; module docstring):
+    significand with its hidden bit, effective exponent max(E, 1), sign."""
+    t = d["t"]
     r = Signal(11, name=f"{name}_r")
     m.d.comb += r.eq(t[1:] + (t[0] & (d["sticky"] | t[1])))
-    out = Signal(16, name=f"{name}_y")
+    sig = Signal(11, name=f"{name}_sig")
+    eff = Signal(5, name=f"{name}_eff")
     with m.If(d["zero"]):
-        m.d.comb += out.eq(Cat(Const(0, 15), s))
+        m.d.comb += [sig.eq(0), eff.eq(1)]
     with m.Elif(d["big"]):
-        m.d.comb += out.eq(Cat(Const(_MAX, 15), s))
+        m.d.comb += [sig.eq(0x7FF), eff.eq(30)]
     with m.Elif(d["norm"]):
-        m.d.comb += out.eq(Cat(d["sig_n"], d["e2"], s))
-    with m.Else():
-        m.d.comb += out.eq(Cat(r, Const(0, 4), s))
-    return out
+        m.d.comb += [sig.eq(Cat(d["sig_n"], Const(1, 1))), eff.eq(d["e2"])]
+    with m.Else():                               # subnormal, or the smallest normal by a carry
+        m.d.comb += [sig.eq(r), eff.eq(1)]
+    return {"sig": sig, "eff": eff, "s": d["s"]}
 
 
-def align_swap(m: Module, y, mu, name: str) -> dict:
-    """Step 2a: ``y + (-mu)`` ordered by magnitude (the larger sets the sign); the compare
-    and both exponent differences are parallel adders."""
-    nmu = Cat(mu[:15], ~mu[15])
+def align_swap(m: Module, y: dict, mu, name: str) -> dict:
+    """Step 2a: ``y + (-mu)`` ordered by magnitude (the larger sets the sign; y unpacked,
+    :func:`scale_round`); the compare and both exponent differences are parallel adders."""
+    sig_m, e_m = _fields(m, mu, f"{name}_m")
+    sm = ~mu[15]
+    sig_y, e_y = y["sig"], y["eff"]
     swap = Signal(name=f"{name}_swap")
-    m.d.comb += swap.eq(nmu[:15] > y[:15])
-    sig_y, e_y = _fields(m, y, f"{name}_y")
-    sig_m, e_m = _fields(m, nmu, f"{name}_m")
+    m.d.comb += swap.eq(Cat(sig_m, e_m) > Cat(sig_y, e_y))
     dy, dm = Signal(signed(6), name=f"{name}_dy"), Signal(signed(6), name=f"{name}_dm")
     m.d.comb += [dy.eq(e_y - e_m), dm.eq(e_m - e_y)]
     d = Signal(signed(6), name=f"{name}_d")
@@ -165,8 +168,8 @@ def align_swap(m: Module, y, mu, name: str) -> dict:
     da = Signal(4, name=f"{name}_da")
     m.d.comb += da.eq(Mux(gt_const(d, 15), 15, d[:4]))
     return {"sig_b": Mux(swap, sig_m, sig_y), "sig_s": Mux(swap, sig_y, sig_m), "da": da,
-            "eb": Mux(swap, e_m, e_y), "sub": y[15] ^ nmu[15],
-            "sign": Mux(swap, nmu[15], y[15]), "zsign": y[15] & nmu[15]}
+            "eb": Mux(swap, e_m, e_y), "sub": y["s"] ^ sm,
+            "sign": Mux(swap, sm, y["s"]), "zsign": y["s"] & sm}
 
 
 def align_shift(m: Module, sw: dict, name: str) -> dict:
@@ -188,35 +191,35 @@ def add_lane(m: Module, al: dict, name: str) -> dict:
 
 
 def norm_count(m: Module, sm: dict, name: str) -> dict:
-    """Step 3b: the left shift of the normalisation: the leading zeros of the sum, limited
-    to reach exponent 1 by a sentinel one at bit 14 - eb (no compare)."""
+    """Step 3b: the left shift of the normalisation: the leading zeros of the 15-bit sum
+    (its carry bit included), limited to ``eb`` (the result's exponent field stays >= 1) by
+    a sentinel one at bit 14 - eb (no compare)."""
     r, eb = sm["r"], sm["eb"]
-    mask = Signal(14, name=f"{name}_mask")
+    mask = Signal(15, name=f"{name}_mask")
     for i in range(14):                          # sentinel at bit 14 - eb (eb = 1..14)
         m.d.comb += mask[i].eq(eb == 14 - i)
-    shl = _lzc(m, r[:14] | mask, f"{name}_shl")
-    return {**sm, "shl": shl}
+    lz = _lzc(m, r | mask, f"{name}_lz")
+    return {**sm, "lz": lz}
 
 
 def norm_shift(m: Module, nc: dict, name: str) -> dict:
-    """Step 3c: normalise: a carry shifts right by one (sticky kept), else left by ``shl``."""
-    r, eb, shl = nc["r"], nc["eb"], nc["shl"]
-    r1 = Signal(14, name=f"{name}_r1")
+    """Step 3c: normalise: the sum shifted left by the count (the leading one, or the
+    sentinel's place, at bit 14), exponent ``eb + 1 - lz``."""
+    r, eb, lz = nc["r"], nc["eb"], nc["lz"]
+    r1 = Signal(15, name=f"{name}_r1")
     e1 = Signal(5, name=f"{name}_e1")
-    with m.If(r[14]):
-        m.d.comb += [r1.eq(Cat(r[0] | r[1], r[2:15])), e1.eq(eb + 1)]
-    with m.Else():
-        m.d.comb += [r1.eq((r[:14] << shl)[:14]), e1.eq(eb - shl)]
+    m.d.comb += [r1.eq((r << lz)[:15]), e1.eq(eb + 1 - lz)]
     return {"r1": r1, "e1": e1, "zero": ~r.any(), "sign": nc["sign"], "zsign": nc["zsign"]}
 
 
 def round_lane(m: Module, nm: dict, name: str) -> Signal:
-    """Step 3d: round to nearest even as one increment of ``exponent field | mantissa``
-    (field 0 for a subnormal result), saturate where the field reaches 31."""
+    """Step 3d: round to nearest even (guard bit 3, sticky bits 2..0) as one increment of
+    ``exponent field | mantissa`` (field 0 for a subnormal result), saturate where the
+    field reaches 31."""
     r1 = nm["r1"]
     pre = Signal(15, name=f"{name}_pre")
-    m.d.comb += pre.eq(Cat(r1[3:13], Mux(r1[13], nm["e1"], 0)))
-    inc = r1[2] & (r1[1] | r1[0] | r1[3])
+    m.d.comb += pre.eq(Cat(r1[4:14], Mux(r1[14], nm["e1"], 0)))
+    inc = r1[3] & (r1[2] | r1[1] | r1[0] | r1[4])
     bits = Signal(16, name=f"{name}_bits")
     m.d.comb += bits.eq(pre + inc)
     out = Signal(16, name=f"{name}_d")
@@ -227,6 +230,20 @@ def round_lane(m: Module, nm: dict, name: str) -> Signal:
     with m.Else():
         m.d.comb += out.eq(Cat(bits[:15], nm["sign"]))
     return out
+
+
+def lane(m: Module, x, e, mu, bypass, name: str = "kf") -> Value:
+    """One lane combinationally (steps 0-3, no registers): fp16 bits of
+    ``RNE(RN16(x 2^e) - mu)``, x itself for NaN/inf x or ``bypass``. The proof harness
+    (verif/formal) checks this against the definition; :class:`KeyFrontEnd` builds the
+    same steps with its register cuts between them."""
+    dec = decode_lane(m, x, f"{name}_dc")
+    y = scale_round(m, scale_shift(m, dec, e, f"{name}_sc"), f"{name}_sr")
+    sw = align_swap(m, y, mu, f"{name}_sw")
+    sm = add_lane(m, align_shift(m, sw, f"{name}_al"), f"{name}_ad")
+    out = round_lane(m, norm_shift(m, norm_count(m, sm, f"{name}_nc"), f"{name}_nm"),
+                     f"{name}_rd")
+    return Mux(bypass | (x[10:15] == 0x1F), x, out)
 
 
 class KeyFrontEnd(wiring.Component):
@@ -281,36 +298,36 @@ class KeyFrontEnd(wiring.Component):
         r0 = stage(m, en, "kf_in", byp=byp, valid=self.i_valid, **flat)
         dec = [{key: r0[f"{key}{k}"] for key in dec[k]} for k in range(n)]
 
-        # step 1: scale
-        y, pas = [], []
+        # lanes passed unchanged (NaN/inf, bypass): x and the pass flag ride along
+        xs, pas = [], []
         for k in range(n):
             x = dec[k]["x"]
             p = Signal(name=f"kf_pass{k}")
             m.d.comb += p.eq(r0["byp"] | (x[10:15] == 0x1F))
-            y.append(x)
+            xs.append(x)
             pas.append(p)
         valid = r0["valid"]
 
         def cut(name, lanes):
-            """Register the per-lane dicts ``lanes`` with y, pass and valid at cut ``name``."""
-            nonlocal y, pas, valid
+            """Register the per-lane dicts ``lanes`` with x, pass and valid at cut ``name``."""
+            nonlocal xs, pas, valid
             if name not in self.regs:
                 return lanes
             flat = {f"{key}{k}": v for k in range(n) for key, v in lanes[k].items()}
-            r = stage(m, en, f"kf_{name}", y=y, p=pas, valid=valid, **flat)
-            y, pas, valid = r["y"], r["p"], r["valid"]
+            r = stage(m, en, f"kf_{name}", x=xs, p=pas, valid=valid, **flat)
+            xs, pas, valid = r["x"], r["p"], r["valid"]
             return [{key: r[f"{key}{k}"] for key in lanes[k]} for k in range(n)]
 
         shs = cut("shift", [{**scale_shift(m, dec[k], rp.data[k].e, f"kf_sc{k}"),
                              "mu": rp.data[k].mu_s} for k in range(n)])
-        y = [Mux(pas[k], y[k], scale_round(m, shs[k], f"kf_sr{k}")) for k in range(n)]
-        mu = [d["mu"] for d in cut("scale", [{"mu": sh["mu"]} for sh in shs])]
-        sws = cut("swap", [align_swap(m, y[k], mu[k], f"kf_sw{k}") for k in range(n)])
+        ys = cut("scale", [{**scale_round(m, shs[k], f"kf_sr{k}"), "mu": shs[k]["mu"]}
+                           for k in range(n)])
+        sws = cut("swap", [align_swap(m, ys[k], ys[k]["mu"], f"kf_sw{k}") for k in range(n)])
         als = cut("align", [align_shift(m, sws[k], f"kf_al{k}") for k in range(n)])
         sums = cut("sum", [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)])
         ncs = cut("count", [norm_count(m, sums[k], f"kf_nc{k}") for k in range(n)])
         nms = cut("norm", [norm_shift(m, ncs[k], f"kf_nm{k}") for k in range(n)])
-        out = [Mux(pas[k], y[k], round_lane(m, nms[k], f"kf_rd{k}")) for k in range(n)]
+        out = [Mux(pas[k], xs[k], round_lane(m, nms[k], f"kf_rd{k}")) for k in range(n)]
         if "out" in self.regs:
             r = stage(m, en, "kf_out", d=out, valid=valid)
             out, valid = r["d"], r["valid"]

@@ -30,7 +30,7 @@ PACK_SHIFT_LOW_BITS = DecoderOptions.pack_shift_low_bits
 
 from .prove import FormalError, prove_bmc, prove_comb
 from .specs import (BlockFWHTMiter, FloatMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
-                    RoundTripMiter, check_factorization, check_swap)
+                    KeyScaleMiter, KeySubMiter, RoundTripMiter, check_factorization, check_swap)
 from .stream import StreamHarness
 
 
@@ -165,6 +165,19 @@ def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout, rc=False):
                      timeout=timeout)
 
 
+#: Exponent differences of the key front end's centering proofs: every pair of finite
+#: fp16 exponents max(E, 1) in 1..30 (``full``); ``ci``: a far one and the nearest.
+KEY_SUB_DIFFS = {"ci": (5, 1), "full": tuple(range(-29, 30))}
+
+
+def _key_scale(work, timeout):
+    return prove_comb(KeyScaleMiter(), "keyfront_scale", work, timeout)
+
+
+def _key_sub(d, work, timeout):
+    return prove_comb(KeySubMiter(d), f"keyfront_sub_d{d}".replace("-", "m"), work, timeout)
+
+
 def flow_design(flow: str = "credit", stages: int = 0, width: int = 4, beats: int = 1,
                 slice_bits: int = SKID_SLICE_BITS):
     """A factory for the order proof of the flow control alone (``kvtest.flowpipe.FlowPipe``:
@@ -238,6 +251,12 @@ def _plan(name: str) -> list:
     if name == "full":
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))
+    items.append(("keyfront_scale", "key front end steps 0-1 == fields of RN16(x 2^e), every "
+                  "finite fp16 x, every e in LOG2_S_RANGE", _key_scale))
+    items += [(f"keyfront_sub_d{d}".replace("-", "m"), "key front end steps 2-3 == "
+               f"RNE_fp16(y - mu) (saturating, IEEE zero sign), every finite y, mu with "
+               f"max(E_y, 1) - max(E_mu, 1) = {d}", partial(_key_sub, d))
+              for d in KEY_SUB_DIFFS[name]]
     cd = stream_depth("enc", 16, 8, "min", "credit")     # 17: 2 x 8 credits + 1 (latency 6)
     wd = stream_depth("enc", 16, 8, "min", "stall", 8)   # two beats: latency 7, + 2
     streams = [("enc", 16, 8, "min", 5, False, "stall", None),
