@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -62,8 +62,8 @@ from .fwht import FOLD_CYCLES, FWHT
 from .keyfront import KeyFrontEnd
 from .packer import Packer
 from .options import EncoderOptions
-from .pipeline import (FlowControl, FlowTop, beat_groups, check_lanes, collect, flow_cycles,
-                       fold_cycles, stage)
+from .pipeline import (REPLICA_ATTRS, FlowControl, FlowTop, beat_groups, check_lanes, collect,
+                       flow_cycles, fold_cycles, stage, when)
 from .quantizer import Quantizer
 from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
@@ -99,6 +99,29 @@ def write_fwht(params: FormatParams, latency: int, lanes: int | None = None) -> 
     flags) delayed alongside."""
     side = data.StructLayout({"u": u_shape(params), "flags": 2})
     return FWHT(params.n, params.mant_bits, latency, side_width=side, lanes=lanes or params.n)
+
+
+def join_beats(m: Module, en, name: str, value, valid, copies: int):
+    """Two beats of W lanes (beat 0 first, ``valid`` each) joined into one vector of 2W
+    lanes, held for two enabled cycles as the two-beat input register holds it: a register
+    of beat 0 (:func:`hw.pipeline.collect`), then the vector register (``{name}_vec``),
+    loaded with beat 1; its valid bit (``{name}_valid``) and the beat index of the
+    vector's two cycles (``{name}_beat``, ``copies`` equal registers kept apart), two
+    cycles after beat 0.
+
+    Returns:
+        (the vector register, its valid, the beat index copies).
+    """
+    value = Value.cast(value)
+    first, last = collect(m, en, name, value, valid)
+    vec = Signal(2 * len(value), name=f"{name}_vec", reset_less=True)
+    v0 = Signal(name=f"{name}_valid")
+    beat = Signal(copies, name=f"{name}_beat", attrs=REPLICA_ATTRS if copies > 1 else {})
+    with when(m, en):
+        m.d.sync += [v0.eq(last), beat.eq(v0.replicate(copies))]
+        with m.If(last):
+            m.d.sync += vec.eq(Cat(first, value))
+    return vec, v0 | beat[0], beat
 
 
 class KVEncoder(FlowTop, wiring.Component):
@@ -146,8 +169,9 @@ class KVEncoder(FlowTop, wiring.Component):
     def latency_breakdown(self) -> dict:
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
         p, k = self.params, self.tree_every
-        kf = {"keyfront": 1 + len(self.kf_regs)} if self.key_slots else {}
         two = self.beats > 1
+        kf = {"keyfront": 1 + len(self.kf_regs), **({"keyfront_join": 2} if two else {})} \
+            if self.key_slots else {}
         fold = {"fold_stage": FOLD_CYCLES} if two else {}
         return {**kf, **fold_cycles(self.beats, "beat_data"),
                 "frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
@@ -180,15 +204,22 @@ class KVEncoder(FlowTop, wiring.Component):
         # [key front end] + front end + register
         m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram,
                                               lanes=w)
-        if two:
-            m.d.comb += fe.beat.eq(fc.beat_copies(beat_groups(w)))
         if self.key_slots:
-            m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs)
+            m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs, lanes=w)
             wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
-            m.d.comb += [kf.en.eq(en), kf.i_valid.eq(i_valid), kf.bits.eq(self.i.payload.lanes),
-                         kf.slot.eq(self.i.payload.slot), kf.bypass.eq(self.i.payload.bypass),
-                         fe.bits.eq(kf.o_bits), fe.i_valid.eq(kf.o_valid)]
+            pay = data.View(encoder_input_layout(p, self.key_slots), fc.payload)
+            m.d.comb += [kf.en.eq(en), kf.i_valid.eq(i_valid), kf.bits.eq(pay.lanes),
+                         kf.slot.eq(pay.slot), kf.bypass.eq(pay.bypass)]
+            if two:     # W lanes per beat: the two beats joined into the vector again
+                m.d.comb += kf.beat.eq(fc.beat_copies(beat_groups(w)))
+                vec, fv, fbeat = join_beats(m, en, "kf_join", kf.o_bits, kf.o_valid,
+                                            beat_groups(w))
+                m.d.comb += [fe.bits.eq(vec), fe.i_valid.eq(fv), fe.beat.eq(fbeat)]
+            else:
+                m.d.comb += [fe.bits.eq(kf.o_bits), fe.i_valid.eq(kf.o_valid)]
         else:
+            if two:
+                m.d.comb += fe.beat.eq(fc.beat_copies(beat_groups(w)))
             m.d.comb += [fe.bits.eq(fc.payload), fe.i_valid.eq(i_valid)]
         m.d.comb += fe.en.eq(en)
         fe_r = stage(m, en, "fe", x=fe.x, u=fe.u, flags=fe.flags, valid=fe.o_valid)

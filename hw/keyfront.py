@@ -46,7 +46,7 @@ Latency: 1 (the table read register, always present) + ``len(regs)``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -54,7 +54,7 @@ from amaranth.lib.wiring import In, Out
 from sim_models import wire
 from sim_models.params import FormatParams
 
-from .pipeline import Cuts, gt_const, stage
+from .pipeline import Cuts, beat_groups, beat_of, check_lanes, gt_const, stage
 from .tofloat import shift_right_sticky
 from .wire import key_config_layout
 
@@ -232,20 +232,6 @@ def round_lane(m: Module, nm: dict, name: str) -> Signal:
     return out
 
 
-def lane(m: Module, x, e, mu, bypass, name: str = "kf") -> Value:
-    """One lane combinationally (steps 0-3, no registers): fp16 bits of
-    ``RNE(RN16(x 2^e) - mu)``, x itself for NaN/inf x or ``bypass``. The proof harness
-    (verif/formal) checks this against the definition; :class:`KeyFrontEnd` builds the
-    same steps with its register cuts between them."""
-    dec = decode_lane(m, x, f"{name}_dc")
-    y = scale_round(m, scale_shift(m, dec, e, f"{name}_sc"), f"{name}_sr")
-    sw = align_swap(m, y, mu, f"{name}_sw")
-    sm = add_lane(m, align_shift(m, sw, f"{name}_al"), f"{name}_ad")
-    out = round_lane(m, norm_shift(m, norm_count(m, sm, f"{name}_nc"), f"{name}_nm"),
-                     f"{name}_rd")
-    return Mux(bypass | (x[10:15] == 0x1F), x, out)
-
-
 class KeyFrontEnd(wiring.Component):
     """The key front end (module docstring): table, config port, per-lane pipeline.
 
@@ -253,23 +239,36 @@ class KeyFrontEnd(wiring.Component):
         params: format parameters (fp16; ``n`` lanes).
         slots: table slots T (>= 1).
         regs: register cuts from :data:`KF_CUTS`.
+        lanes: W, lanes per cycle: None (N) or N/2 (two beats per vector,
+            :func:`hw.pipeline.check_lanes`). With W = N/2, ``bits``, ``slot`` and
+            ``bypass`` hold the whole vector for both beats and ``beat`` (0 then 1;
+            :func:`hw.pipeline.beat_groups` equal copies) picks lanes [0, W) or [W, N) and
+            their table entries; the table is read once per vector, on beat 0, and held
+            for beat 1, and a ``cfg`` word is written one cycle after its handshake, so a
+            word accepted in cycle t is seen by the vectors whose beat 0 comes after t + 1
+            (the encoder's two-beat input register: the vectors accepted after t).
 
-    Ports: ``en`` (pipeline enable), ``i_valid``, ``bits`` (N lanes), ``slot``, ``bypass``;
-    ``o_valid``, ``o_bits``; ``cfg`` (stream of ``sim_models.wire.key_config`` words,
-    always ready).
+    Ports: ``en`` (pipeline enable), ``i_valid``, ``bits`` (N lanes), ``slot``, ``bypass``
+    [, ``beat``]; ``o_valid``, ``o_bits`` (W lanes, one beat); ``cfg`` (stream of
+    ``sim_models.wire.key_config`` words, always ready).
     """
 
-    def __init__(self, params: FormatParams, slots: int, regs=KF_CUTS.default):
+    def __init__(self, params: FormatParams, slots: int, regs=KF_CUTS.default,
+                 lanes: int | None = None):
         self.params = params
         self.slots = check_key_slots(params, slots)
         self.regs = KF_CUTS.check(regs)
+        self.lanes = w = check_lanes(params, lanes)
         n = params.n
-        super().__init__({
+        ports = {
             "en": In(1), "i_valid": In(1), "bits": In(data.ArrayLayout(16, n)),
             "slot": In(wire.key_slot_bits(slots)), "bypass": In(1),
-            "o_valid": Out(1), "o_bits": Out(data.ArrayLayout(16, n)),
+            "o_valid": Out(1), "o_bits": Out(data.ArrayLayout(16, w)),
             "cfg": In(stream.Signature(key_config_layout(params, slots))),
-        })
+        }
+        if w != n:
+            ports["beat"] = In(beat_groups(w))
+        super().__init__(ports)
 
     @property
     def latency(self) -> int:
@@ -283,20 +282,40 @@ class KeyFrontEnd(wiring.Component):
                                           init=[])
         wp = mem.write_port(granularity=1)
         rp = mem.read_port(domain="sync")
-        c = self.cfg.payload
-        m.d.comb += [self.cfg.ready.eq(1), wp.addr.eq(c.slot), rp.addr.eq(self.slot),
-                     rp.en.eq(en)]
+        w = self.lanes
+        c, cv = self.cfg.payload, self.cfg.valid
+        m.d.comb += self.cfg.ready.eq(1)
+        if w != n:       # two beats: the word one cycle later, the table read on beat 0 only
+            c = Signal.like(self.cfg.payload, name="kf_cfg", reset_less=True)
+            cv = Signal(name="kf_cfg_valid")
+            m.d.sync += [c.eq(self.cfg.payload), cv.eq(self.cfg.valid)]
+            m.d.comb += rp.en.eq(en & ~self.beat[0])
+        else:
+            m.d.comb += rp.en.eq(en)
+        m.d.comb += [wp.addr.eq(c.slot), rp.addr.eq(self.slot)]
         for k in range(n):
             m.d.comb += [wp.data[k].mu_s.eq(c.mu_s), wp.data[k].e.eq(c.e),
-                         wp.en[k].eq(self.cfg.valid & (c.lane == k))]
+                         wp.en[k].eq(cv & (c.lane == k))]
         byp = self.bypass
         if self.slots < (1 << len(self.slot)):
             byp = byp | (self.slot >= self.slots)
+        bits = list(self.bits) if w == n else \
+            [Mux(beat_of(self.beat, k, w), self.bits[w + k], self.bits[k]) for k in range(w)]
         # step 0 (input cycle): decode and normalise x, registered with the table read
-        dec = [decode_lane(m, self.bits[k], f"kf_dc{k}") for k in range(n)]
-        flat = {f"{key}{k}": v for k in range(n) for key, v in dec[k].items()}
-        r0 = stage(m, en, "kf_in", byp=byp, valid=self.i_valid, **flat)
-        dec = [{key: r0[f"{key}{k}"] for key in dec[k]} for k in range(n)]
+        dec = [decode_lane(m, bits[k], f"kf_dc{k}") for k in range(w)]
+        flat = {f"{key}{k}": v for k in range(w) for key, v in dec[k].items()}
+        side = {} if w == n else {"beat": self.beat}
+        r0 = stage(m, en, "kf_in", byp=byp, valid=self.i_valid, **side, **flat)
+        dec = [{key: r0[f"{key}{k}"] for key in dec[k]} for k in range(w)]
+        if w == n:
+            entries = [rp.data[k] for k in range(n)]
+        else:            # the beat's table entries (the row read on beat 0, held for beat 1)
+            entries = []
+            for k in range(w):
+                ent = Signal(ENTRY, name=f"kf_entry{k}")
+                m.d.comb += ent.eq(Mux(beat_of(r0["beat"], k, w), rp.data[w + k], rp.data[k]))
+                entries.append(ent)
+        n = w
 
         # lanes passed unchanged (NaN/inf, bypass): x and the pass flag ride along
         xs, pas = [], []
@@ -318,8 +337,8 @@ class KeyFrontEnd(wiring.Component):
             xs, pas, valid = r["x"], r["p"], r["valid"]
             return [{key: r[f"{key}{k}"] for key in lanes[k]} for k in range(n)]
 
-        shs = cut("shift", [{**scale_shift(m, dec[k], rp.data[k].e, f"kf_sc{k}"),
-                             "mu": rp.data[k].mu_s} for k in range(n)])
+        shs = cut("shift", [{**scale_shift(m, dec[k], entries[k].e, f"kf_sc{k}"),
+                             "mu": entries[k].mu_s} for k in range(n)])
         ys = cut("scale", [{**scale_round(m, shs[k], f"kf_sr{k}"), "mu": shs[k]["mu"]}
                            for k in range(n)])
         sws = cut("swap", [align_swap(m, ys[k], ys[k]["mu"], f"kf_sw{k}") for k in range(n)])

@@ -109,11 +109,9 @@ class EncoderOptions:
 
     def check(self, params: FormatParams) -> "EncoderOptions":
         """The checks that need the format: ``fwht_regs`` in 0 .. log2 W, ``lanes`` N or
-        N/2 (a multiple of G), ``key_slots`` (fp16, one beat), ``lane_ram`` (one beat)."""
+        N/2 (a multiple of G), ``key_slots`` (fp16), ``lane_ram`` (one beat)."""
         from .keyfront import check_key_slots
         w = check_lanes(params, self.lanes)
-        if w < params.n and self.key_slots:
-            raise ValueError(f"key_slots (key front end) needs lanes=N={params.n}, got lanes={w}")
         if w < params.n and self.lane_ram:
             raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={params.n}, "
                              f"got lanes={w}")

@@ -380,6 +380,10 @@ def test_latency_property():
     (3, ("scale", "sum", "out"), {"flow": "credit"}),
     (4, KF_CUTS.names, {"fe_regs": FE_CUTS.names, "tree_every": 1, "flow": "credit",
                         "lane_ram": 3}),
+    # two beats of N/2 lanes: the front end W lanes wide, the beats joined after it
+    (3, ("scale", "sum", "out"), {"lanes": 8}),
+    (4, KF_CUTS.names, {"lanes": 8, "fe_regs": FE_CUTS.names, "tree_every": 1,
+                        "flow": "credit"}),
 ])
 def test_key_front_end_stream(slots, kf_regs, pipe):
     """KVEncoder with key_slots=T: the pinned key-front-end set with its side band, tables

@@ -107,7 +107,8 @@ def test_checks_with_the_format_name_the_field():
     with pytest.raises(ValueError, match="fold.align"):
         DecoderOptions(fold=FoldOptions(align=True)).check(p)
     with pytest.raises(ValueError, match="key_slots"):
-        EncoderOptions(key_slots=2, lanes=8).check(p)
+        EncoderOptions(key_slots=2).check(FormatParams(n=16, block=8, dtype="bf16"))
+    assert EncoderOptions(key_slots=2, lanes=8).check(p).lanes == 8    # two beats
     assert EncoderOptions(fwht_regs=4).check(p) == EncoderOptions(fwht_regs=4)
     with pytest.raises(TypeError, match="EncoderOptions"):
         hw.KVEncoder(p, DecoderOptions())
