@@ -145,6 +145,6 @@ def test_make_sim_runs_the_placed_and_routed_designs():
             continue
         assert rt in runs, name
     default = config_names(None, "default")
-    assert "enc_v2_n128_g64_b3_l6_p1_c0_w64" in default
+    assert "enc_v2_n128_g64_b3_l6_p1_k8_c0_w64" in default     # with the key front end
     assert "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc" in default
     assert set(DEFAULT_CONFIGS) <= set(default)

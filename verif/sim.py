@@ -93,14 +93,15 @@ from .run import run
 #: (:data:`FEATURES`; tests/test_verif_cli.py checks that the set covers each), in few configs
 #: because each costs a Verilator build (the C++ compile dominates a run on 2 cores):
 #: the N = 128 encoder that ``rtl_gen.synth`` places and routes (its fmax set: two beats per
-#: vector ``w64``, register profile ``p1``, credit flow ``c0``); the decoder as synthesised,
+#: vector ``w64``, register profile ``p1``, credit flow ``c0``) behind the key front end
+#: (``k8``, 64 lanes wide; its tables reloaded mid-stream); the decoder as synthesised,
 #: through the round trip (``p0``, credit flow, two beats, block alignment in the fold ``fa``,
 #: reset through register copies ``rc``); the key front end (``k3``: a slot value >= T exists;
 #: its tables reloaded mid-stream) with every register cut (``p2``), lane delay lines in block
 #: RAM (``r3``), one-beat credit flow and two blocks; then the quantizer modes
 #: (:func:`default_mode_configs`: combination k of the modes the RTL implements on
 #: :data:`DEFAULT_MODE_BASES` [k], round trips where the read path has the combination).
-DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l6_p1_c0_w64", "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc",
+DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l6_p1_k8_c0_w64", "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc",
                    "enc_v2_n64_g32_b3_l6_p2_k3_r3_c0")
 #: Bases of the default set's quantizer-mode configs (cycled): N = 256 in two beats with bf16
 #: input, code bits 4 and 2, a block of N (G = N) and two blocks, FWHT latency 1 and 2 (each
