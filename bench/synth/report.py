@@ -162,9 +162,9 @@ def key_front_table(recs: list[dict]) -> str:
     from rtl_gen.synth import synth_config
     ok = {r["config"]: r for r in recs if r.get("ok")}
     lines = ["| config | without | slots T | key cuts | latency cycles (+) | LUT4 (+) | CCU2C (+) "
-             "| LUTs total (+) | FF (+) | table LUT RAM (DPR16X4) | Fmax MHz (without) | "
-             "worst path (from -> to submodule) |",
-             "|" + "---|" * 12]
+             "| LUTs total (+) | LUTs per lane (lanes W) | total / without | FF (+) | "
+             "table LUT RAM (DPR16X4) | Fmax MHz (without) | worst path (from -> to submodule) |",
+             "|" + "---|" * 14]
     for name, rec in ok.items():
         cfg = synth_config(name)
         if not cfg.key_slots:
@@ -173,6 +173,7 @@ def key_front_table(recs: list[dict]) -> str:
         if base is None:
             continue
         d, b = derived(rec), derived(base)
+        w = cfg.lanes or cfg.params.n           # the front end's lanes: one beat's
         cuts = (rec.get("options") or rec.get("regs") or {}).get("kf_regs") or list(KF_CUTS.default)
         cp = rec.get("nextpnr", {}).get("critical_path") or {}
         mods = [c.split(".")[1] if c.startswith("dut.") and c.count(".") > 1 else "top"
@@ -184,6 +185,7 @@ def key_front_table(recs: list[dict]) -> str:
             f"{d['lut4']:,} (+{d['lut4'] - b['lut4']:,}) | "
             f"{d['ccu2c']:,} (+{d['ccu2c'] - b['ccu2c']:,}) | "
             f"{d['luts']:,} (+{d['luts'] - b['luts']:,}) | "
+            f"{(d['luts'] - b['luts']) / w:.0f} ({w}) | {d['luts'] / b['luts']:.2f}x | "
             f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | "
             f"{rec['ecp5'].get('cells', {}).get('TRELLIS_DPR16X4', 0):,} | "
             f"{_fmt(d['fmax'], '{:.1f}')} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
@@ -367,7 +369,9 @@ def generated(res: dict, mres: dict | None) -> str:
             "",
             "The encoder with `hw.keyfront.KeyFrontEnd` (config part `kT`: T table slots of "
             "(mu_s, e) per lane, docs/FORMAT.md 7) against the same config without it; (+) = "
-            "the difference. The table maps to LUT RAM (TRELLIS_DPR16X4; not in the LUT4 "
+            "the difference; per lane: the difference over the front end's lanes W (N, or N/2 "
+            "with two beats, where it also holds the lane and table selects and the join of "
+            "the beats). The table maps to LUT RAM (TRELLIS_DPR16X4; not in the LUT4 "
             "count), the per-lane arithmetic (x 2^e with rounding into the subnormals, one "
             "fp16 subtraction with RNE and saturation) to LUT4 and carry cells. Worst path: "
             "nextpnr's critical path by submodule (`keyfront -> frontend`: from the key "
