@@ -166,8 +166,8 @@ def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout, rc=False):
 
 
 #: Exponent differences of the key front end's centering proofs: every pair of finite
-#: fp16 exponents max(E, 1) in 1..30 (``full``); ``ci``: a far one and the nearest.
-KEY_SUB_DIFFS = {"ci": (5, 1), "full": tuple(range(-29, 30))}
+#: fp16 exponents max(E, 1) in 1..30 (``full``); ``ci``: the nearest (cancellation).
+KEY_SUB_DIFFS = {"ci": (1,), "full": tuple(range(-29, 30))}
 
 
 def _key_scale(work, timeout):
