@@ -10,15 +10,22 @@ golden model's ``center`` when the configuration says so, and reparametrized by
 per-channel key scales with the inverse scales on the queries), then attention runs as
 transformers' sdpa. No architecture's module is patched: Llama, Qwen2 and Gemma 3 (with
 its sliding-window layers: the mask comes from transformers) go through the same path.
+
+Peers that keep recent tokens unquantized (bench.accuracy.peers, ``windowed``) need a
+different key/value set per query: their layers run :func:`windowed_attention`, which mixes,
+per (query, cached token), the fp16 and the quantized key and value.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from sim_models import FormatParams, center, scale_keys
 
 from .kvquant import roundtrip
+from .peers import Peer
 
 ATTN_NAME = "fwht_kv_study"
 #: attention error on every ATTN_STRIDE-th query position
@@ -40,7 +47,62 @@ def fake_quant_attention(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if _ACTIVE is not None:
         query, key, value = _ACTIVE.transform(module, query, key, value, attention_mask, kwargs)
+        win, _ACTIVE.pending = _ACTIVE.pending, None
+        if win is not None:
+            kf, vf, kfn, vfn = win
+            return windowed_attention(query, kf, key, vf, value, attention_mask, kfn, vfn,
+                                      kwargs.get("scaling")), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def windowed_attention(query, k_full, k_hat, v_full, v_hat, mask, k_fn, v_fn, scaling=None,
+                       q_pos=None, chunk: int = 256):
+    """Causal attention where each query reads some cached tokens unquantized.
+
+    Args:
+        query: [B, Hq, Q, D]; k_full/k_hat, v_full/v_hat: [B, H, T, D] fp16 and quantized
+            keys / values (Hq a multiple of H).
+        mask: None (causal), bool [B, 1, Q, T] (True: attend) or additive float [B, 1, Q, T].
+        k_fn, v_fn: ``full_mask(q_pos, k_pos)`` of the key / value peer (bool [Q', T]: read
+            the fp16 token), or None (always the quantized one).
+        scaling: score scale (default 1/sqrt(D)); q_pos: int positions of the queries
+            (default 0..Q-1).
+
+    Returns:
+        [B, Q, Hq, D] (sdpa_attention_forward's layout).
+    """
+    torch = __import__("torch")
+    b, hq, nq, d = query.shape
+    t = k_hat.shape[2]
+    rep = hq // k_hat.shape[1]
+    ex = lambda x: x.repeat_interleave(rep, dim=1).to(query.dtype)  # noqa: E731
+    kf, kh, vf, vh = ex(k_full), ex(k_hat), ex(v_full), ex(v_hat)
+    scale = d ** -0.5 if scaling is None else scaling
+    qp = np.arange(nq) if q_pos is None else np.asarray(q_pos)
+    kp = np.arange(t)
+    out = torch.empty(b, hq, nq, d, dtype=query.dtype, device=query.device)
+    dev = query.device
+    for a in range(0, nq, chunk):
+        e = min(a + chunk, nq)
+        q = query[:, :, a:e]
+        s = q @ kh.transpose(-1, -2)
+        if k_fn is not None:
+            km = torch.from_numpy(k_fn(qp[a:e], kp)).to(dev)
+            s = torch.where(km, q @ kf.transpose(-1, -2), s)
+        s = s * scale
+        if mask is None:
+            s = s.masked_fill(torch.from_numpy(kp[None, :] > qp[a:e, None]).to(dev), -math.inf)
+        elif mask.dtype == torch.bool:
+            s = s.masked_fill(~mask[:, :, a:e], -math.inf)
+        else:
+            s = s + mask[:, :, a:e]
+        p = torch.softmax(s.float(), dim=-1).to(query.dtype)
+        if v_fn is not None:
+            vm = torch.from_numpy(v_fn(qp[a:e], kp)).to(dev, query.dtype)
+            out[:, :, a:e] = (p * vm) @ vf + (p * (1 - vm)) @ vh
+        else:
+            out[:, :, a:e] = p @ vh
+    return out.transpose(1, 2).contiguous()
 
 
 class KVFakeQuant:
@@ -77,6 +139,7 @@ class KVFakeQuant:
         z = lambda: np.zeros(n_layers)  # noqa: E731
         self.m = {k: z() for k in ("k_num", "k_den", "v_num", "v_den", "a_num", "a_den")}
         self.stats = {} if capture else None
+        self.pending = None        # a windowed peer layer's (k16, v16, k_fn, v_fn)
 
     def __enter__(self):
         global _ACTIVE
@@ -155,6 +218,14 @@ class KVFakeQuant:
         vh = self._quant(v, vq)
         k_hat = torch.from_numpy(kh).to(key.device, key.dtype)
         v_hat = torch.from_numpy(vh).to(value.device, value.dtype)
+        fn = [q.full_mask if isinstance(q, Peer) and q.windowed else None for q in (kq, vq)]
+        if fn[0] or fn[1]:
+            if s16 is not None or mu16 is not None or self.kscale is not None or self.sinks:
+                raise ValueError("windowed peers take no key centering, scales or sinks")
+            kf = torch.from_numpy(k16.astype(np.float32)).to(key.device, key.dtype)
+            vf = torch.from_numpy(v.astype(np.float16).astype(np.float32)).to(value.device,
+                                                                              value.dtype)
+            self.pending = (kf, vf, fn[0], fn[1])
         if self.metrics:
             back = kh.astype(np.float64) + (0.0 if mu16 is None else
                                              mu16.astype(np.float64)[None, :, None, :])
@@ -164,10 +235,12 @@ class KVFakeQuant:
             self.m["k_den"][layer] += float(np.sum(k.astype(np.float64) ** 2))
             self.m["v_num"][layer] += float(np.sum((vh.astype(np.float64) - v) ** 2))
             self.m["v_den"][layer] += float(np.sum(v.astype(np.float64) ** 2))
-            self._attn_err(module, layer, q_ref, query, key, value, k_hat, v_hat, mask, kwargs)
+            self._attn_err(module, layer, q_ref, query, key, value, k_hat, v_hat, mask, kwargs,
+                           self.pending)
         return query, k_hat, v_hat
 
-    def _attn_err(self, module, layer, query, q_hat, k_ref, v_ref, k_hat, v_hat, mask, kwargs):
+    def _attn_err(self, module, layer, query, q_hat, k_ref, v_ref, k_hat, v_hat, mask, kwargs,
+                  window=None):
         """||o_hat - o||^2 and ||o||^2 on every ATTN_STRIDE-th query (same queries; o with
         the unquantized K/V; for centered keys k_ref is the uncentered key, which gives the
         same attention output as k_ref - mu; q_hat: the query the quantized keys are read
@@ -183,7 +256,12 @@ class KVFakeQuant:
         kw = {k: v for k, v in kwargs.items() if k in ("scaling", "dropout")}
         with torch.no_grad():
             o_ref = sdpa_attention_forward(module, query[:, :, sel], k_ref, v_ref, m, **kw)[0]
-            o_hat = sdpa_attention_forward(module, q_hat[:, :, sel], k_hat, v_hat, m, **kw)[0]
+            if window is None:
+                o_hat = sdpa_attention_forward(module, q_hat[:, :, sel], k_hat, v_hat, m, **kw)[0]
+            else:
+                kf, vf, kfn, vfn = window
+                o_hat = windowed_attention(q_hat[:, :, sel], kf, k_hat, vf, v_hat, m, kfn, vfn,
+                                           kw.get("scaling"), q_pos=sel.cpu().numpy())
         self.m["a_num"][layer] += float(((o_hat - o_ref) ** 2).sum())
         self.m["a_den"][layer] += float((o_ref ** 2).sum())
 

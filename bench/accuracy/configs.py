@@ -26,6 +26,8 @@ from sim_models import CachePolicy, FormatParams
 from sim_models.policy import KEY_SCALES, POLICY_PRESETS
 
 from .kvquant import Baseline, Quantizer, bits_per_element
+from .peers import (BF16, OCTAVE_BLOCK, FP8PerTensor, KiviKey, KiviValue, Octave, Peer,
+                    TurboQuantKey, UniformAsym, slot_bits)
 
 #: Version-1 quantizer fields under every study format (module docstring).
 STUDY_BASE = dict(mode="midtread", scale_round="up")
@@ -37,7 +39,7 @@ _SAME = object()
 KEY_SCALE_RULES = ("qaware", "keyonly")
 
 FormatSpec = dict          # FormatParams keyword arguments without n
-KVSpec = FormatSpec | Baseline | None
+KVSpec = FormatSpec | Baseline | Peer | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +60,8 @@ class Config:
             ``"qaware"`` (the format's rule) or ``"keyonly"``.
         key_signs: calibrated sign flip per (layer, kv head) (keys).
         key_rot: calibrated 4x4 rotations after the FWHT per (layer, kv head) (keys).
+        boundary: K and V of the first and last ``boundary`` layers stored in bf16 (at most
+            half the layers), as peers that leave boundary layers uncompressed do.
     """
 
     name: str
@@ -73,10 +77,13 @@ class Config:
     key_scale_rule: str = "qaware"
     key_signs: bool = False
     key_rot: bool = False
+    boundary: int = 0
 
     def __post_init__(self):
         if self.key_scale not in (None, *KEY_SCALES):
             raise ValueError(f"{self.name}: key_scale must be one of {KEY_SCALES} or None, got {self.key_scale!r}")
+        if self.boundary < 0:
+            raise ValueError(f"{self.name}: boundary must be >= 0, got {self.boundary}")
         if self.key_scale_rule not in KEY_SCALE_RULES:
             raise ValueError(f"{self.name}: key_scale_rule must be one of {KEY_SCALE_RULES}, "
                              f"got {self.key_scale_rule!r}")
@@ -93,8 +100,22 @@ class Config:
         return bool(self.center_keys or self.reparam or self.layer_k or self.key_scale
                     or self.key_signs or self.key_rot)
 
+    @property
+    def peer(self) -> bool:
+        """Whether K or V is stored by a peer format (bench.accuracy.peers)."""
+        return isinstance(self.k, Peer) or isinstance(self.v, Peer)
+
+    def boundary_layers(self, n_layers: int | None) -> list[int]:
+        """Layers kept in bf16 (the first and last min(boundary, n_layers // 2))."""
+        if not self.boundary:
+            return []
+        if n_layers is None:
+            raise ValueError(f"{self.name}: boundary layers need the layer count")
+        n = min(self.boundary, n_layers // 2)
+        return sorted(set(range(n)) | set(range(n_layers - n, n_layers)))
+
     def _resolve(self, s: KVSpec, head_dim: int) -> Quantizer:
-        if s is None or isinstance(s, Baseline):
+        if s is None or isinstance(s, (Baseline, Peer)):
             return s
         return FormatParams(n=head_dim, **s)
 
@@ -112,15 +133,19 @@ class Config:
             raise ValueError(f"{self.name}: layer_k needs the calibration's k_sens")
         return sorted(int(l) for l in np.argsort(-np.asarray(k_sens))[:self.layer_k[0]])
 
-    def quantizer(self, layer: int, kind: str, head_dim: int, k_sens=None) -> Quantizer:
-        """Quantizer of ``kind`` ("k"/"v") in ``layer`` for a model of this head_dim."""
+    def quantizer(self, layer: int, kind: str, head_dim: int, k_sens=None,
+                  n_layers: int | None = None) -> Quantizer:
+        """Quantizer of ``kind`` ("k"/"v") in ``layer`` for a model of this head_dim
+        (``n_layers``: the model's layer count, needed with ``boundary``)."""
+        if layer in self.boundary_layers(n_layers):
+            return BF16()
         if kind == "k" and layer in self.wide_layers(k_sens):
             return self._resolve(self.layer_k[1], head_dim)
         return self._resolve(self.k if kind == "k" else self.v, head_dim)
 
     def policy(self, head_dim: int, k_sens=None) -> CachePolicy | None:
         """The sim_models.CachePolicy of this configuration (None when a Baseline is used)."""
-        if isinstance(self.k, Baseline) or isinstance(self.v, Baseline):
+        if isinstance(self.k, (Baseline, Peer)) or isinstance(self.v, (Baseline, Peer)):
             return None
         lk = tuple((l, self._resolve(self.layer_k[1], head_dim))
                    for l in self.wide_layers(k_sens))
@@ -159,6 +184,14 @@ class Config:
         pol = self.policy(head_dim, k_sens)
         if pol is not None:
             return pol.bits_per_element(n_layers, n_kv_heads, head_dim, context)
+        if self.peer:
+            if self.sinks:
+                raise ValueError(f"{self.name}: sinks are not counted for peer formats")
+            qs = [[self.quantizer(l, kind, head_dim, k_sens, n_layers) for kind in ("k", "v")]
+                  for l in range(n_layers)]
+            if any(isinstance(q, (Baseline, FormatParams)) for lq in qs for q in lq):
+                raise ValueError(f"{self.name}: a peer format is paired with a study format")
+            return sum(slot_bits(k, v, head_dim, context, n_kv_heads) for k, v in qs) / n_layers
         s = min(self.sinks, context)
         tot = 0.0
         for layer in range(n_layers):
@@ -172,6 +205,8 @@ class Config:
         (``center``, ``signs``, ``rot``, ``key_scale`` as ``"<rule>-<scale>"``), unchanged so that
         stored results keep their hashes; the key treatments appear only when used."""
         def js(s):
+            if isinstance(s, Peer):
+                return s.spec()
             if isinstance(s, Baseline):
                 return {"baseline": {"bits": s.bits, "rotate": s.rotate}}
             return "fp16" if s is None else {"fmt": s}
@@ -181,6 +216,8 @@ class Config:
              "reparam": self.reparam}
         if self.layer_k and len(self.layer_k) > 2:
             d["layer_k"]["rule"] = self.layer_k[2]
+        if self.boundary:
+            d["boundary_bf16"] = self.boundary
         for k, v in (("key_scale", self.key_scale_kind), ("signs", self.key_signs), ("rot", self.key_rot)):
             if v:
                 d[k] = v
@@ -195,10 +232,12 @@ def _f(**kw) -> FormatSpec:
 
 
 def _cfg(name, k, v=_SAME, sinks=0, center_keys=False, layer_k=None, group="", note="",
-         reparam=None, key_scale=None, key_scale_rule="qaware", key_signs=False, key_rot=False) -> Config:
+         reparam=None, key_scale=None, key_scale_rule="qaware", key_signs=False, key_rot=False,
+         boundary=0) -> Config:
     return Config(name=name, group=group, k=k, v=k if v is _SAME else v, sinks=sinks,
                   center_keys=center_keys, layer_k=layer_k, reparam=reparam, note=note,
-                  key_scale=key_scale, key_scale_rule=key_scale_rule, key_signs=key_signs, key_rot=key_rot)
+                  key_scale=key_scale, key_scale_rule=key_scale_rule, key_signs=key_signs, key_rot=key_rot,
+                  boundary=boundary)
 
 
 V1 = {}
@@ -372,6 +411,25 @@ def configurations() -> list[Config]:
     add(_cfg("v2-b4+C+S4+KSf", _f(**V2, bits=4), **P, key_scale="fp16", group="v3"))
     add(_cfg("v2-K4G32V3+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2), **P,
              key_scale="pow2", group="v3"))
+
+    # other projects' formats (bench/accuracy/peers.py cites each); int4-asym above is
+    # LMDeploy's INT4 per (token, head)
+    add(_cfg("fp8-e4m3", FP8PerTensor(), group="peer",
+             note="vLLM kv_cache_dtype=fp8: e4m3, one scale per tensor (1.0)"))
+    add(_cfg("kivi-2", KiviKey(2, 32, 128), KiviValue(2, 32, 128), group="peer",
+             note="KIVI-2 as published: G = 32, fp16 residual R = 128"))
+    add(_cfg("kivi-3-G128-R32", KiviKey(3, 128, 128), KiviValue(3, 128, 32), group="peer",
+             note="KIVI at 3 bits: key groups of 128 tokens, value groups of 128 channels "
+                  "(at most head_dim), fp16 residual 128 keys / 32 values"))
+    add(_cfg("tq-3bit-nc", TurboQuantKey(3), UniformAsym(3), boundary=2, group="peer",
+             note="vLLM turboquant_3bit_nc: first and last 2 layers bf16"))
+    add(_cfg("tq-k3v4-nc", TurboQuantKey(3), UniformAsym(4), boundary=2, group="peer",
+             note="vLLM turboquant_k3v4_nc: first and last 2 layers bf16"))
+    add(_cfg("octave-k3v3-compact", Octave(3, 0, 4), group="peer",
+             note="vLLM octave_k3v3_compact: inner-product-preserving scale"))
+    add(_cfg("octave-k3v3", Octave(4, OCTAVE_BLOCK, 8), Octave(3, 0, 8), group="peer",
+             note="vLLM octave_k3v3 on a full-RoPE model: 4-bit keys per 64-dim block, "
+                  "3-bit values"))
     return c
 
 
@@ -393,6 +451,11 @@ V3_STUDY = ["fp16", "midrise-max-near", "midrise-max-near+C+S4", "K4V3-midrise-m
             "midrise-max-near-b4+C+S4", "Kfp16-V4-midrise-max-near",
             "midrise-max-near-G32+C+S4", "K4V2-midrise-max-near+C+S4"] + [
     c.name for c in configurations() if c.group == "v3"]
+
+
+#: The peers (bench/accuracy/peers.py) and the study's own configurations they are compared with.
+PEER_STUDY = ["fp16", "int4-asym", "v2+C+S4+KS2", "v2-K4V3+C+S4+KS2"] + [
+    c.name for c in configurations() if c.group == "peer"]
 
 
 #: The version-2 default format alone (no policy).

@@ -2,7 +2,8 @@
 
 A quantizer is a :class:`sim_models.FormatParams` (through the golden model:
 ``encode`` -> ``decode_float``), a :class:`Baseline` (float reference quantizers the
-format is compared with) or ``None`` (fp16: the value rounded to fp16).
+format is compared with), a :class:`bench.accuracy.peers.Peer` (other projects' formats) or
+``None`` (fp16: the value rounded to fp16).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import numpy as np
 from sim_models import FormatParams, decode_float, encode
 from sim_models.keytables import LOG2_S_MAX, qaware_log2_scales
 from sim_models.signs import sign_mask
+
+from .peers import Peer
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Baseline:
         return self.bits + 32.0 / head_dim
 
 
-Quantizer = FormatParams | Baseline | None
+Quantizer = FormatParams | Baseline | Peer | None
 
 
 def _hadamard_orth(d: int) -> np.ndarray:
@@ -79,6 +82,8 @@ def roundtrip(x: np.ndarray, q: Quantizer, transforms=None) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32)
     if isinstance(q, Baseline):
         return baseline_roundtrip(x, q)
+    if isinstance(q, Peer):
+        return q.roundtrip(x)
     x16 = x.astype(np.float16)
     if transforms is None:
         return golden_roundtrip(x16, q)

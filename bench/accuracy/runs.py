@@ -139,7 +139,7 @@ class Study:
 
     def quantizers(self, cfg: Config):
         ks = None if self.calib is None else self.calib.get("k_sens")
-        return [(cfg.quantizer(l, "k", self.D, ks), cfg.quantizer(l, "v", self.D, ks))
+        return [(cfg.quantizer(l, "k", self.D, ks, self.L), cfg.quantizer(l, "v", self.D, ks, self.L))
                 for l in range(self.L)]
 
     def transforms(self, cfg: Config):
