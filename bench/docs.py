@@ -47,6 +47,8 @@ BLOCKS = {
 }
 #: the key-treatment study's models, in table order
 MODELS = ("smollm2-135m", "gemma3-270m")
+#: the models the peers are compared on (the head_dim-128 model has no passkey record)
+PEER_MODELS = (*MODELS, "qwen2.5-coder-1.5b")
 #: block name -> the files under bench/results it reads or shows (images)
 INPUTS = {
     "results": ("sim_summary.json", "formal.json", "synth.json", "gpu_bench.json",
@@ -60,7 +62,9 @@ INPUTS = {
     "hf": ("hf_bench.json", "hf_floor_cpu.json", "hf_bench.png"),
     "accuracy": (*(f"accuracy/{m}{x}" for m in MODELS for x in (".json", "_passkey.json",
                                                                  "_pareto.png")),
-                 "accuracy/key_treatments.png"),
+                 *(f"accuracy/{m}{x}" for m in PEER_MODELS if m not in MODELS
+                   for x in (".json", "_pareto.png")),
+                 "accuracy/key_treatments.png", "accuracy/peers.png"),
 }
 #: results file -> the command that writes it (named in the error of a missing file)
 WRITERS = {
@@ -243,9 +247,9 @@ def hf_block(r: dict, floor: dict, img: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- accuracy
-def accuracy_block(models: dict, img: str) -> str:
+def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> str:
     from bench.accuracy.configs import V3_STUDY, by_name
-    from bench.accuracy.report import section, v3_table
+    from bench.accuracy.report import peers_table, section, v3_table
     cfg = {c.name: c for c in by_name(V3_STUDY)}
 
     def tb(n, meta):
@@ -260,7 +264,16 @@ def accuracy_block(models: dict, img: str) -> str:
         v3_table(models, V3_STUDY, tb, lambda n: cfg[n].policy_spec()),
         f"![key treatments]({img}accuracy/key_treatments.png)",
     ]
-    for mid, d in models.items():
+    peer_models = peer_models or models
+    parts += [
+        "Peers, every model: other projects' KV-cache formats in the same harness "
+        "(bench/accuracy/peers.py; bits count every stored byte at 2048 tokens, bf16 "
+        "layers and fp16 residual tokens included), against the study's `v3` and "
+        "`v3-K4V3`; vs fp16 = geometric mean of PPL / PPL_fp16 over the windows run:",
+        peers_table(peer_models),
+        f"![peers]({img}accuracy/peers.png)",
+    ]
+    for mid, d in peer_models.items():
         parts += [section(d["results"], by_name()).rstrip("\n"),
                   f"![{mid}]({img}accuracy/{mid}_pareto.png)"]
     return "\n\n".join(parts)
@@ -361,7 +374,9 @@ def render(name: str, results: Path = RESULTS) -> str:
         pk = results / f"accuracy/{mid}_passkey.json"
         models[mid] = {"results": load(f"accuracy/{mid}.json"),
                        "passkey": load(f"accuracy/{mid}_passkey.json") if pk.exists() else {}}
-    return accuracy_block(models, img)
+    peer_models = {**models, **{m: {"results": load(f"accuracy/{m}.json")}
+                                for m in PEER_MODELS if m not in models}}
+    return accuracy_block(models, img, peer_models)
 
 
 def replace_block(text: str, name: str, body: str, where: str) -> str:

@@ -161,3 +161,25 @@ def test_peer_arguments_are_checked():
     with pytest.raises(ValueError, match="power of two"):
         TurboQuantKey(3).roundtrip(np.ones((1, 6)))
     assert math.isclose(lloyd_max_levels(2)[-1], 1.5104, abs_tol=1e-4)
+
+
+def test_peers_table_cites_sources_and_counts_windows(tmp_path):
+    from bench.accuracy.configs import PEER_SOURCES
+    from bench.accuracy.report import peers_plot, peers_table
+    wins = [{"name": "@1"}, {"name": "@2"}]
+
+    def run(ppl, bits=3.0):
+        return {"ppl": ppl, "bits": bits, "kl": 0.01}
+    res = {"meta": {"windows": wins, "model_id": "m"},
+           "runs": {"fp16@1": run(10.0, 16), "fp16@2": run(20.0, 16),
+                    "v2+C+S4+KS2@1": run(11.0, 3.15), "v2+C+S4+KS2@2": run(22.0, 3.15),
+                    "kivi-2@1": run(12.1, 3.4)}}
+    text = peers_table({"m": {"results": res}})
+    rows = {r.split("|")[1].strip(" `"): r for r in text.splitlines()[2:]}
+    assert "+10.0%" in rows["v2+C+S4+KS2"] and "3.150" in rows["v2+C+S4+KS2"]
+    assert "+21.0% (1 of 2 windows)" in rows["kivi-2"]
+    assert "-- | --" in rows["tq-3bit-nc"]
+    for n, (label, url) in PEER_SOURCES.items():
+        assert f"[{label}]({url})" in rows[n]
+    peers_plot({"m": {"results": res}}, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000

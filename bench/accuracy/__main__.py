@@ -30,6 +30,8 @@ Usage:
     python -m sim_models.calibrate --model gemma3-270m --out t.npz   # key tables alone (the product's)
     python -m bench.accuracy --list
     python -m bench.accuracy --v3-report          # key-treatment plot + doc block, both models
+    python -m bench.accuracy --model smollm2-135m --peers   # the peers and v3 / v3-K4V3
+    python -m bench.accuracy --peers-report       # peers plot + doc block, every model
 
 The test fixture verif/data/smollm2_kv.npz (real post-RoPE K/V of SmolLM2-135M) is written by
 ``python -m bench.accuracy.capture_kv``; the whole study in one call on a GPU machine:
@@ -60,11 +62,16 @@ def run(args) -> int:
         from bench.accuracy.report import v3_report
         v3_report()
         return 0
+    if args.peers_report:
+        from bench.accuracy.report import peers_report
+        peers_report()
+        return 0
     if args.list:
         for c in by_name():
             print(f"{c.group:9s} {c.name}{'  (leading)' if c.name in CONFIRM else ''}")
         return 0
-    names = args.only.split(",") if args.only else CONFIRM
+    from bench.accuracy.configs import PEER_STUDY
+    names = args.only.split(",") if args.only else PEER_STUDY if args.peers else CONFIRM
     configs = by_name(names)
     from sim_models.models import resolve
     from bench.accuracy.runs import RESULTS_DIR
@@ -120,6 +127,8 @@ def main(argv=None) -> int:
                     help="wheel alias (smollm2-135m, gemma3-270m), .gguf file or HF folder")
     ap.add_argument("--only", help="comma-separated configuration names (default: the "
                                    "leading ones, bench/accuracy/configs.py CONFIRM)")
+    ap.add_argument("--peers", action="store_true",
+                    help="run the peers and the study's v3 / v3-K4V3 (configs.PEER_STUDY)")
     ap.add_argument("--windows", type=int, default=4, help="evaluation windows, 1..4")
     ap.add_argument("--context", type=int, default=2048, help="tokens per window")
     ap.add_argument("--list", action="store_true", help="print configuration names")
@@ -129,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--v3-report", action="store_true",
                     help="the key-treatment plot of both models and the accuracy block of "
                          "docs/ACCURACY.md from the committed JSON")
+    ap.add_argument("--peers-report", action="store_true",
+                    help="the peers plot of every model (bench/results/accuracy/peers.png) and "
+                         "the accuracy block of docs/ACCURACY.md from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = ap.parse_args(argv)
@@ -139,12 +151,14 @@ def main(argv=None) -> int:
         ap.error(f"--context must be >= 64 tokens, got {args.context}")
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.only and args.peers:
+        ap.error("--only and --peers are exclusive")
     if args.only:
         try:
             by_name(args.only.split(","))
         except ValueError as err:
             ap.error(f"--only: {err}")
-    if not args.v3_report and not args.list:
+    if not args.v3_report and not args.peers_report and not args.list:
         from sim_models.models import resolve
         try:
             resolve(args.model)

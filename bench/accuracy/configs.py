@@ -458,6 +458,26 @@ PEER_STUDY = ["fp16", "int4-asym", "v2+C+S4+KS2", "v2-K4V3+C+S4+KS2"] + [
     c.name for c in configurations() if c.group == "peer"]
 
 
+#: Where each peer configuration's format is described (the peers table of docs/ACCURACY.md).
+PEER_SOURCES = {
+    "int4-asym": ("LMDeploy INT4 KV cache (quant_policy=4)",
+                  "https://lmdeploy.readthedocs.io/en/latest/quantization/kv_quant.html"),
+    "fp8-e4m3": ("vLLM kv_cache_dtype=fp8, default scales",
+                 "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/"),
+    "kivi-2": ("KIVI (Liu et al., ICML 2024)", "https://arxiv.org/abs/2402.02750"),
+    "kivi-3-G128-R32": ("KIVI at 3 bits (Liu et al., ICML 2024)",
+                        "https://arxiv.org/abs/2402.02750"),
+    "tq-3bit-nc": ("vLLM TurboQuant turboquant_3bit_nc",
+                   "https://docs.vllm.ai/en/latest/api/vllm/model_executor/layers/quantization/turboquant/"),
+    "tq-k3v4-nc": ("vLLM TurboQuant turboquant_k3v4_nc",
+                   "https://docs.vllm.ai/en/latest/api/vllm/model_executor/layers/quantization/turboquant/"),
+    "octave-k3v3-compact": ("vLLM Octave octave_k3v3_compact",
+                            "https://docs.vllm.ai/en/latest/api/vllm/v1/attention/ops/rocm_octave/"),
+    "octave-k3v3": ("vLLM Octave octave_k3v3",
+                    "https://docs.vllm.ai/en/latest/api/vllm/v1/attention/ops/rocm_octave/"),
+}
+
+
 #: The version-2 default format alone (no policy).
 V2_DEFAULT = "midrise-max-near"
 

@@ -274,3 +274,102 @@ def v3_report(model_ids=("smollm2-135m", "gemma3-270m")):
     v3_plot(models, V3_STUDY, RESULTS_DIR / "key_treatments.png")
     update_doc()
     return models
+
+
+# ------------------------------------------------------------------ peers, every model
+#: The study's own configurations the peers are compared with, and their table labels.
+OURS = {"v2+C+S4+KS2": "v3", "v2-K4V3+C+S4+KS2": "v3-K4V3"}
+
+
+def peers_table(models: dict) -> str:
+    """Markdown: per peer configuration (bench.accuracy.configs.PEER_SOURCES) and the study's
+    v3 and v3-K4V3, its source and per model bits (2048 context) and PPL / PPL_fp16
+    (geometric mean over the windows run, their count in parentheses where fewer than the
+    model's windows)."""
+    from .configs import PEER_SOURCES
+    mids = list(models)
+    lines = ["| configuration | format | " + " | ".join(f"{m}: bits | vs fp16" for m in mids)
+             + " |\n|---|---|" + "---|---|" * len(mids)]
+    names = list(OURS) + list(PEER_SOURCES)
+    for n in names:
+        if n in OURS:
+            src = f"this project, cache policy `{OURS[n]}`"
+        else:
+            label, url = PEER_SOURCES[n]
+            src = f"[{label}]({url})"
+        cells = []
+        for m in mids:
+            s = partial_summary(models[m]["results"], n)
+            nw = len(models[m]["results"]["meta"]["windows"])
+            if s is None:
+                cells.append("-- | --")
+                continue
+            more = "" if s["windows"] == nw else f" ({s['windows']} of {nw} windows)"
+            cells.append(f"{s['bits']:.3f} | {100 * (s['ratio'] - 1):+.1f}%{more}")
+        lines.append(f"| `{n}` | {src} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def peers_plot(models: dict, out: Path, others=()):
+    """Bits vs PPL / PPL_fp16 per model (one panel each): the peers and the study's v3 and
+    v3-K4V3 labelled, ``others`` (further study configurations) unlabelled in gray; the
+    Pareto frontier over all points with every window."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .configs import PEER_SOURCES
+    named = list(OURS) + [n for n in PEER_SOURCES]
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5.5), squeeze=False)
+    for ax, (mid, d) in zip(axes[0], models.items()):
+        res = d["results"]
+        nw = len(res["meta"]["windows"])
+        pts = []
+        for n in dict.fromkeys([*named, *others]):
+            s = partial_summary(res, n)
+            if s is not None and n != "fp16":
+                pts.append(s)
+        if not pts:
+            continue
+        full = [p for p in pts if p["windows"] == nw]
+        par = pareto([(p["bits"], p["ratio"]) for p in full])
+        front = sorted((full[i]["bits"], full[i]["ratio"]) for i in par)
+        ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
+        for p in pts:
+            ours, peer = p["name"] in OURS, p["name"] in PEER_SOURCES
+            kw = (dict(marker="*", s=120, color="tab:red", zorder=4) if ours else
+                  dict(marker="o", s=40, color="tab:blue", zorder=3) if peer else
+                  dict(marker=".", s=15, color="0.6", zorder=2))
+            if p["windows"] < nw:
+                kw.update(facecolors="none", edgecolors=kw.pop("color"))
+            ax.scatter(p["bits"], p["ratio"], **kw)
+            if ours or peer:
+                ax.annotate(OURS.get(p["name"], p["name"]), (p["bits"], p["ratio"]), fontsize=7,
+                            xytext=(4, 2), textcoords="offset points")
+        for y, ls, lab in ((1.0, "-", "fp16"), (1.03, ":", "fp16 + 3%")):
+            ax.axhline(y, color="gray", lw=0.8, ls=ls, label=lab)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("average stored bits per K/V element (every byte, 2048 context)")
+        ax.set_ylabel("PPL / PPL_fp16 (geometric mean over windows)")
+        ax.set_title(f"{mid} ({nw} windows; hollow: fewer)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+
+
+def peers_report(model_ids=None):
+    """The peers plot (bench/results/accuracy/peers.png) of every model with results, from the
+    committed JSON, and the accuracy block of docs/ACCURACY.md."""
+    import json
+    from bench.docs import PEER_MODELS
+    from .configs import V3_STUDY
+    models = {}
+    for mid in model_ids or PEER_MODELS:
+        p = RESULTS_DIR / f"{mid}.json"
+        if p.exists():
+            models[mid] = {"results": json.loads(p.read_text())}
+    peers_plot(models, RESULTS_DIR / "peers.png", others=V3_STUDY)
+    update_doc()
+    return models
