@@ -425,6 +425,8 @@ def configurations() -> list[Config]:
              note="vLLM turboquant_3bit_nc: first and last 2 layers bf16"))
     add(_cfg("tq-k3v4-nc", TurboQuantKey(3), UniformAsym(4), boundary=2, group="peer",
              note="vLLM turboquant_k3v4_nc: first and last 2 layers bf16"))
+    add(_cfg("tq-3bit-nc-all", TurboQuantKey(3), UniformAsym(3), group="peer",
+             note="turboquant_3bit_nc on every layer (no bf16 boundary layers)"))
     add(_cfg("octave-k3v3-compact", Octave(3, 0, 4), group="peer",
              note="vLLM octave_k3v3_compact: inner-product-preserving scale"))
     add(_cfg("octave-k3v3", Octave(4, OCTAVE_BLOCK, 8), Octave(3, 0, 8), group="peer",
@@ -471,6 +473,8 @@ PEER_SOURCES = {
                    "https://docs.vllm.ai/en/latest/api/vllm/model_executor/layers/quantization/turboquant/"),
     "tq-k3v4-nc": ("vLLM TurboQuant turboquant_k3v4_nc",
                    "https://docs.vllm.ai/en/latest/api/vllm/model_executor/layers/quantization/turboquant/"),
+    "tq-3bit-nc-all": ("vLLM TurboQuant turboquant_3bit_nc, every layer compressed",
+                       "https://docs.vllm.ai/en/latest/api/vllm/model_executor/layers/quantization/turboquant/"),
     "octave-k3v3-compact": ("vLLM Octave octave_k3v3_compact",
                             "https://docs.vllm.ai/en/latest/api/vllm/v1/attention/ops/rocm_octave/"),
     "octave-k3v3": ("vLLM Octave octave_k3v3",
