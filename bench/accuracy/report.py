@@ -310,10 +310,15 @@ def peers_table(models: dict) -> str:
     return "\n".join(lines)
 
 
+#: Top of the peers plot's PPL-ratio axis; worse points are drawn on it with their ratio.
+PEERS_YMAX = 1.5
+
+
 def peers_plot(models: dict, out: Path, others=()):
     """Bits vs PPL / PPL_fp16 per model (one panel each): the peers and the study's v3 and
     v3-K4V3 labelled, ``others`` (further study configurations) unlabelled in gray; the
-    Pareto frontier over all points with every window."""
+    Pareto frontier over all points with every window; ratios above PEERS_YMAX drawn on the
+    top edge (triangles) with their value."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -336,19 +341,29 @@ def peers_plot(models: dict, out: Path, others=()):
         ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
         for p in pts:
             ours, peer = p["name"] in OURS, p["name"] in PEER_SOURCES
+            off = p["ratio"] > PEERS_YMAX
             kw = (dict(marker="*", s=120, color="tab:red", zorder=4) if ours else
-                  dict(marker="o", s=40, color="tab:blue", zorder=3) if peer else
-                  dict(marker=".", s=15, color="0.6", zorder=2))
+                  dict(marker="^" if off else "o", s=40, color="tab:blue", zorder=3) if peer
+                  else dict(marker=".", s=15, color="0.6", zorder=2))
             if p["windows"] < nw:
                 kw.update(facecolors="none", edgecolors=kw.pop("color"))
-            ax.scatter(p["bits"], p["ratio"], **kw)
+            y = min(p["ratio"], PEERS_YMAX)
+            if off and not (ours or peer):
+                continue
+            ax.scatter(p["bits"], y, **kw)
             if ours or peer:
-                ax.annotate(OURS.get(p["name"], p["name"]), (p["bits"], p["ratio"]), fontsize=7,
-                            xytext=(4, 2), textcoords="offset points")
+                lab = OURS.get(p["name"], p["name"])
+                if off:
+                    lab += f" ({100 * (p['ratio'] - 1):+.0f}%)"
+                if off:
+                    ax.annotate(lab, (p["bits"], y), fontsize=6, rotation=-90, ha="center",
+                                va="top", xytext=(0, -6), textcoords="offset points")
+                else:
+                    ax.annotate(lab, (p["bits"], y), fontsize=7, xytext=(4, 2),
+                                textcoords="offset points")
         for y, ls, lab in ((1.0, "-", "fp16"), (1.03, ":", "fp16 + 3%")):
             ax.axhline(y, color="gray", lw=0.8, ls=ls, label=lab)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set_ylim(0.99, PEERS_YMAX * 1.01)
         ax.set_xlabel("average stored bits per K/V element (every byte, 2048 context)")
         ax.set_ylabel("PPL / PPL_fp16 (geometric mean over windows)")
         ax.set_title(f"{mid} ({nw} windows; hollow: fewer)")
