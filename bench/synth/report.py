@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def synth_table(recs: list[dict], default_names: set) -> str:
     for rec in recs:
         if not rec.get("ok"):
             err = " ".join(rec.get("error", "?").split())       # one table row
+            err = re.sub(r" \(log [^)]*\)", "", err)             # the build machine's log path
             e, pk = rec.get("ecp5"), rec.get("nextpnr_failed", {}).get("packing", {})
             area = (f"; synthesised: {e['LUT4']:,} LUT4 + {e['CCU2C']:,} CCU2C, "
                     f"{e['TRELLIS_FF']:,} FF" if e else "")
