@@ -443,6 +443,31 @@ def test_server_stop_strings(server):
     assert st == 200
     ch = json.loads(text)["choices"][0]
     assert ch["text"] == full[:full.index(stop)] and ch["finish_reason"] == "stop"
+    # a stop string whose first characters arrive tokens before its last: none of it is sent, streamed or not
+    k = max(i for i in range(1, 9) if full.index(full[i:i + 3]) == i) if any(
+        full.index(full[i:i + 3]) == i for i in range(1, 9)) else None
+    assert k is not None, full
+    stop3 = full[k:k + 3]
+    for stream in (False, True):
+        st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "stop here", "max_tokens": 12,
+                                                              "temperature": 0, "stop": stop3, "stream": stream})
+        assert st == 200
+        if stream:
+            events = [json.loads(ln[6:]) for ln in text.split("\n") if ln.startswith("data: ") and ln != "data: [DONE]"]
+            got, fin = "".join(e["choices"][0]["text"] for e in events), events[-1]["choices"][0]["finish_reason"]
+        else:
+            ch = json.loads(text)["choices"][0]
+            got, fin = ch["text"], ch["finish_reason"]
+        assert got == full[:k] and fin == "stop", (stream, got, full, stop3)
+
+
+def test_stop_prefix_holds_back_only_a_possible_stop_start():
+    from gpu_ref.serve.server import _stop_prefix
+    assert _stop_prefix("abc, 5", [", 6"]) == 0
+    assert _stop_prefix("abc, ", [", 6"]) == 2
+    assert _stop_prefix("abc,", [", 6", "xyz"]) == 1
+    assert _stop_prefix("abc", []) == 0
+    assert _stop_prefix("aa", ["aab"]) == 2
 
 
 @pytest.mark.parametrize("path,body,status,param", [
@@ -456,6 +481,7 @@ def test_server_stop_strings(server):
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "max_tokens"),     # over the pool
     ("/v1/completions", {"prompt": "x", "temperature": -2}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**100}, 400, "seed"),
     ("/v1/completions", {"prompt": "x", "top_p": 2}, 400, "top_p"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "x", "stop": [1]}, 400, "stop"),

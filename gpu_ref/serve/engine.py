@@ -93,8 +93,9 @@ class SamplingParams:
             raise RequestError("temperature", f"temperature must be a number in [0, 100], got {self.temperature!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise RequestError("top_p", f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise RequestError("seed", f"seed must be an int, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -2**63 <= self.seed < 2**64):
+            raise RequestError("seed", f"seed must be an int in [-2^63, 2^64), got {self.seed!r}")
 
 
 class Request:
@@ -429,7 +430,8 @@ class Engine:
             return int(torch.argmax(logits))
         if r.rng is None:
             r.rng = torch.Generator(device="cpu").manual_seed(p.seed if p.seed is not None else r.id)
-        probs = torch.softmax(logits.float().cpu() / p.temperature, -1)
+        lg = logits.double().cpu()
+        probs = torch.softmax((lg - lg.max()) / p.temperature, -1)   # finite for any temperature > 0
         if p.top_p < 1:
             sp, idx = torch.sort(probs, descending=True)
             keep = torch.cumsum(sp, 0) - sp < p.top_p

@@ -39,6 +39,17 @@ class HTTPError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
 
+def _stop_prefix(text: str, stop) -> int:
+    """Length of the longest ending of ``text`` that is a proper prefix of a stop string."""
+    n = 0
+    for st in stop:
+        for k in range(min(len(st) - 1, len(text)), n, -1):
+            if text.endswith(st[:k]):
+                n = k
+                break
+    return n
+
+
 def _field(body, name, types, default, what):
     v = body.get(name, default)
     if v is None:
@@ -162,7 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self):
         n = self.headers.get("Content-Length")
         if n is None or not n.isdigit():
-            raise HTTPError(411 if n is None else 400, "a Content-Length header is required", None)
+            raise HTTPError(411 if n is None else 400, "a Content-Length header is required" if n is None
+                            else f"Content-Length must be a non-negative integer, got {n!r}", None)
         n = int(n)
         if n > MAX_BODY:
             self.close_connection = True
@@ -243,7 +255,9 @@ class _Handler(BaseHTTPRequestHandler):
                 finish = val
             if finish is None and text.endswith("\ufffd"):
                 continue                                 # an incomplete character: wait for the next token
-            delta, sent = text[sent:], len(text)
+            # while running, hold back an ending that may start a stop string: it is sent once it cannot
+            end = len(text) if finish is not None else max(sent, len(text) - _stop_prefix(text, stop))
+            delta, sent = text[sent:end], end
             if finish is not None or delta:
                 yield delta, finish
             if finish is not None:
