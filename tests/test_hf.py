@@ -634,3 +634,17 @@ def test_sliding_window_kernels_equal_golden(spec):
         assert cu.layers[i].store.kv.host_lengths.tolist() == [16, 16]
         for kind in "kv":
             assert np.array_equal(hp[f"{kind}_codes"][:, :, :16], ref.layers[i].store.codes[kind][:, :, :, 0])
+
+
+def test_layer_policy_matches_the_layer_tables():
+    """The one place a layer's KVCache policy and key tables are built (hf stores and the serving pool)."""
+    from gpu_ref.hf.stores import layer_policy
+    from sim_models import FormatParams
+    f = FormatParams.preset("v2")
+    pol, tab = layer_policy((f, f), 4, 2, 128)
+    assert pol.sinks == 4 and not pol.center_keys and pol.key_scale is None and tab is None
+    mu = np.full((2, 128), 0.5, np.float16)
+    s = np.full((2, 128), 4.0, np.float16)
+    pol, tab = layer_policy((f, f), 0, 2, 128, mu16=mu, s16=s)
+    assert pol.center_keys and pol.key_scale == "pow2"
+    assert np.array_equal(tab.mu[0], mu) and np.array_equal(tab.log2_s[0], np.full((2, 128), 2, np.int8))

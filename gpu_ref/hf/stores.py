@@ -16,6 +16,19 @@ def _torch():
     return torch
 
 
+def layer_policy(fmts, sinks, kvh, d, mu16=None, s16=None):
+    """One layer's (CachePolicy, KeyTables or None) as gpu_ref.KVCache takes them: the layer's K/V formats,
+    sinks, centering vector ``mu16`` [KVH, D] fp16 and power-of-two key scales ``s16`` [KVH, D] fp16."""
+    policy = CachePolicy(k=fmts[0], v=fmts[1], sinks=sinks, center_keys=mu16 is not None,
+                         key_scale=None if s16 is None else "pow2")
+    tables = None
+    if mu16 is not None or s16 is not None:
+        mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
+        e = None if s16 is None else np.log2(s16.astype(np.float64)).astype(np.int8)[None]
+        tables = KeyTables("layer", mu[None], e)
+    return policy, tables
+
+
 class _GoldenStore:
     """Golden-model store: encodes with ``sim_models.encode`` and keeps the reconstructions.
 
@@ -220,14 +233,7 @@ class _CudaStore:
         packed = max(cap - sinks, 1)
         if pow2_rows:
             packed = max(64, 1 << (packed - 1).bit_length())
-        # this layer's policy and key tables, as gpu_ref.KVCache takes them
-        policy = CachePolicy(k=fmts[0], v=fmts[1], sinks=sinks, center_keys=mu16 is not None,
-                             key_scale=None if s16 is None else "pow2")
-        tables = None
-        if mu16 is not None or s16 is not None:
-            mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
-            e = None if s16 is None else np.log2(s16.astype(np.float64)).astype(np.int8)[None]
-            tables = KeyTables("layer", mu[None], e)
+        policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16)
         with self._stream():
             self.kv = KVCache(batch, kvh, packed + sinks, policy, tables=tables)
             self._dlen = self.kv.lengths                       # device int32 [B], updated in place

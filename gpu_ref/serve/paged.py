@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim_models import CachePolicy, KeyTables
 
-from ..hf.stores import _CudaStore, _GoldenStore, _torch
+from ..hf.stores import _CudaStore, _GoldenStore, _torch, layer_policy
 
 
 class BlockAllocator:
@@ -238,13 +237,7 @@ class CudaPagedStore:
         torch = _torch()
         self.bf16 = torch_dtype != torch.float16
         self.hq, self.sinks, self.page_size, self.kvh = hq, sinks, page_size, kvh
-        policy = CachePolicy(k=fmts[0], v=fmts[1], sinks=sinks, center_keys=mu16 is not None,
-                             key_scale=None if s16 is None else "pow2")
-        tables = None
-        if mu16 is not None or s16 is not None:
-            mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
-            e = None if s16 is None else np.log2(s16.astype(np.float64)).astype(np.int8)[None]
-            tables = KeyTables("layer", mu[None], e)
+        policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16)
         with _CudaStore._stream():
             # KVCache allocates the planes; its own block table and page allocator are not used
             self.kv = KVCache(slots, kvh, sinks + page_size, policy, tables=tables, page_size=page_size,
