@@ -621,7 +621,6 @@ def test_two_beats(n, block, bits, latency, mant_bits, dtype, mode, n_random, kw
     ({"lanes": 32}, ValueError, "lanes"),                # 2N
     ({"lanes": 8.0}, TypeError, "lanes"),
     ({"lanes": True}, TypeError, "lanes"),
-    ({"lanes": 8, "key_slots": 2}, ValueError, "key_slots"),
     ({"lanes": 8, "lane_ram": 3}, ValueError, "lane_ram"),
     ({"lanes": 8, "fwht_regs": 4}, ValueError, r"fwht_regs .*log2\(W\)=3"),
 ])
@@ -633,3 +632,5 @@ def test_bad_lanes(kw, exc, word):
     with pytest.raises(ValueError, match="multiple of the block"):
         make_encoder(FormatParams(n=16, block=16), lanes=8)
     assert make_encoder(FormatParams(n=16, block=8), 4, lanes=16).beats == 1
+    # the key front end runs in two beats too (N/2 lanes)
+    assert make_encoder(FormatParams(n=16, block=8), 1, lanes=8, key_slots=2).beats == 2
