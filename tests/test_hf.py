@@ -84,6 +84,9 @@ def test_errors_name_the_parameter():
         hf.PackedCache(c, "K3V3+K4@5", 1, 16, backend="golden")
     with pytest.raises(ValueError, match="prefill"):
         hf.PackedCache(c, "K3V3", 1, 16, prefill="chunked", backend="cuda")
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="num_splits"):
+            hf.PackedCache(c, "K3V3", 1, 16, backend="golden", num_splits=bad)
     with pytest.raises(TypeError, match="policy"):
         hf.PackedCache(c, 3, 1, 16)
     # study-only key treatments are refused, never silently dropped
@@ -611,7 +614,11 @@ def test_sliding_layers_packed_prefill_equals_decode_steps():
 @pytest.mark.parametrize("spec", ["K3V3", "v3"])
 def test_sliding_window_kernels_equal_golden(spec):
     """Gemma-3-shaped model (head_dim 128, window 16) on the kernels, decoding past the window: the
-    ring planes hold the golden store's bytes (row p % W) and the logits agree."""
+    ring planes hold the golden store's bytes (row p % W, for the K/V the kernels' run wrote) and the
+    logits agree up to the first decode step. Later steps are not compared: each run's K/V come from its
+    own attention outputs, so a float-rounding difference can move a K/V element across a 3-bit
+    threshold and the two runs then quantize different vectors (a divergence of the feedback loop,
+    not of the kernels, which the byte check covers)."""
     from sim_models import KeyTables
     m = tiny_gemma3(window=16, head_dim=128).to("cuda")
     hf.enable(m)
@@ -625,7 +632,8 @@ def test_sliding_window_kernels_equal_golden(spec):
     seen = _record_updates(cu)
     a = _packed_run(m, cu, ids, 20)
     b = _packed_run(m, go, ids, 20)
-    assert float((a - b).abs().max() / b.abs().max()) < 2e-2
+    assert float((a[:, :20] - b[:, :20]).abs().max()) < 1e-4 * float(b.abs().max())   # exact prefill
+    assert float((a[:, 20] - b[:, 20]).abs().max()) < 2e-2 * float(b.abs().max())     # same bytes read
     ref = hf.PackedCache(m.config, spec, 2, 48, backend="golden", **kw)
     for i in (0, 2):
         for k, v in seen[i]:

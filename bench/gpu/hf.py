@@ -216,9 +216,8 @@ def run_ppl(model, toks, log, tables, specs=None):
             # the fp32 accumulation, so its spread is the floor of this comparison
             p_k = {}
             for splits in (None, 2, 4):
-                k = hf.PackedCache(model.config, spec, 1, n, tables=tables, backend="cuda", prefill="packed")
-                for l in k.layers:
-                    l.chunk_splits = splits
+                k = hf.PackedCache(model.config, spec, 1, n, tables=tables, backend="cuda", prefill="packed",
+                                   num_splits=splits)
                 t0 = time.perf_counter()
                 p_k[str(splits or 1)] = ppl_of(model(ids, **hf.cache_kwargs(model, k)).logits)
                 torch.cuda.synchronize()

@@ -101,7 +101,7 @@ class PackedLayer(CacheLayerMixin):
         self.store = None
         self.prefill = "exact"
         self.cache_dtype = None      # "fp16" / "bf16", or None: from the first K/V (lazy_initialization)
-        self.chunk_splits = None     # benchmarks: split-KV factor of the packed-prefill launch (None: planned)
+        self.num_splits = None       # split-KV factor of the kernels' launches (None: planned; PackedCache)
         self.last_chunk = 0          # tokens appended by the last update (read by the attention function)
 
     @property
@@ -189,6 +189,8 @@ class PackedLayer(CacheLayerMixin):
 
     def attend(self, query, scaling):
         """Decode attention of ``query`` ``[B, Hq, D]`` over the packed layer -> float32 ``[B, Hq, D]``."""
+        if self.backend == "cuda":
+            return self.store.attend(query.float(), scaling, self.num_splits)
         return self.store.attend(query.float(), scaling)
 
     def attend_chunk(self, query, scaling):
@@ -197,7 +199,7 @@ class PackedLayer(CacheLayerMixin):
         the golden model's fake-quant forward; with the kernels, one decode launch of B*T queries)."""
         q = query.float()
         if self.backend == "cuda":
-            return self.store.attend_chunk(q, scaling, self.chunk_splits).to(query.dtype)
+            return self.store.attend_chunk(q, scaling, self.num_splits).to(query.dtype)
         return self.store.attend_chunk(q, scaling, self.window).to(query.dtype)
 
     def get_mask_sizes(self, query_length):
@@ -252,6 +254,9 @@ class PackedCache(Cache):
             pass the key front end, which FORMAT.md 8 defines on fp16 keys; else bf16 for bf16 models
             and fp16 otherwise, decided at the first update). K/V of a bf16 model outside fp16's
             range become +-inf in an fp16 cache (flagged by the format, FORMAT.md 3.1).
+        num_splits: split-KV factor of every kernel launch (``backend="cuda"``), or None: the
+            planner's choice per launch. Results depend on the split count only through the order
+            of the fp32 sums; fixing it makes two caches of the same bytes give the same bits.
 
     Raises:
         ValueError: a parameter out of range (named), head_dim or a format the backend cannot
@@ -260,7 +265,10 @@ class PackedCache(Cache):
 
     def __init__(self, config, policy, batch_size: int, capacity: int, mu=None, key_scales=None,
                  backend: str = "cuda", dtype: str | None = None, prefill: str = "exact",
-                 tables: KeyTables | None = None):
+                 tables: KeyTables | None = None, num_splits: int | None = None):
+        if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
+                                       or num_splits < 1):
+            raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
         if tables is not None:
             if not isinstance(tables, KeyTables):
                 raise TypeError(f"tables must be a sim_models.KeyTables, got {type(tables).__name__}")
@@ -356,6 +364,7 @@ class PackedCache(Cache):
                                       hq, kvh, d, backend, window=windows[l]))
             layers[-1].prefill = prefill
             layers[-1].cache_dtype = dtype
+            layers[-1].num_splits = None if num_splits is None else int(num_splits)
         super().__init__(layers=layers)
 
     def nbytes(self) -> int:

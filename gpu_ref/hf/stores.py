@@ -328,14 +328,16 @@ class _CudaStore:
                 self._plans[key] = (pl, pl.workspace())
         return self._plans[key]
 
-    def attend(self, q, scaling):
-        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]`` (the kernel reads q / s with key scales)."""
+    def attend(self, q, scaling, num_splits=None):
+        """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]`` (the kernel reads q / s with key scales;
+        ``num_splits``: the split-KV factor, None: planned)."""
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
         n = min(self.length, self.window) if self.ring else self.length
         bucket = min(self.kv.capacity, 1 << max(n - 1, 63).bit_length())
         qdt = "bf16" if self.bf16 else "fp16"
-        pl, ws = self._plan(bucket, lambda: self.kv.plan(self.hq, bucket, q_dtype=qdt))
+        pl, ws = self._plan((bucket, num_splits),
+                            lambda: self.kv.plan(self.hq, bucket, q_dtype=qdt, num_splits=num_splits))
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         with self._stream():
             self.kv.run(pl, ws, self._cp(q16), scale=float(scaling), out=self._cp(out), out_dtype="fp32")

@@ -243,6 +243,9 @@ class Engine:
         prefill_chunk: with ``prefill="packed"``, prompt tokens per chunk (one chunk per request and
             step, interleaved with the others' decode); None: the whole prompt in one step.
         prefix_sharing: requests whose prompts share whole blocks reuse those blocks (reference counts).
+        num_splits: split-KV factor of every decode launch (``backend="cuda"``), or None: planned per
+            launch. It changes only the order of the fp32 sums; fixed, the engine gives the bits of a
+            ``gpu_ref.hf.PackedCache`` with the same ``num_splits``.
 
     Raises:
         ValueError: a parameter out of range (named), a policy the backend cannot serve.
@@ -251,7 +254,8 @@ class Engine:
     def __init__(self, model, policy, *, tables: KeyTables | None = None, backend: str = "golden",
                  block_size: int = 16, num_blocks: int | None = None, pool_bytes: int | None = None,
                  max_batch: int = 8, max_queue: int = 64, max_context: int | None = None, dtype: str | None = None,
-                 prefill: str = "exact", prefill_chunk: int | None = None, prefix_sharing: bool = True):
+                 prefill: str = "exact", prefill_chunk: int | None = None, prefix_sharing: bool = True,
+                 num_splits: int | None = None):
         from .. import hf
         torch = _torch()
         for name, v in (("block_size", block_size), ("max_batch", max_batch), ("max_queue", max_queue)):
@@ -281,8 +285,11 @@ class Engine:
                 raise ValueError(f"block_size must be 16, 32 or a power-of-two multiple of 64 for backend 'cuda' "
                                  f"(a page of the kernels' pool), got {block_size}")
         hf.enable(model)
-        # checks the policy, tables and backend once; its layers give each layer's formats and key tables
-        ref = PackedCache(model.config, self.policy, 1, block_size, tables=tables, backend=backend, dtype=dtype)
+        # checks the policy, tables, backend and num_splits once; its layers give each layer's formats and
+        # key tables
+        ref = PackedCache(model.config, self.policy, 1, block_size, tables=tables, backend=backend, dtype=dtype,
+                          num_splits=num_splits)
+        self.num_splits = num_splits
         front = self.policy.center_keys or self.policy.key_scale
         self.cache_dtype = dtype or ("fp16" if front else ("bf16" if model.dtype == torch.bfloat16 else "fp16"))
         self._torch_dtype = torch.bfloat16 if self.cache_dtype == "bf16" else torch.float16
@@ -344,7 +351,7 @@ class Engine:
             if window is not None:                    # the kernels' page sizes: 16, 32, 64 * 2^k
                 page = max(16, 1 << (window - 1).bit_length())
             return _paged.CudaPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
-                                         hq, **front)
+                                         hq, num_splits=self.num_splits, **front)
         if self.backend == "cuda":                    # 16-bit layers: the 16-bit pool, torch SDPA
             return _paged.Paged16Store(sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page)
         return _paged.GoldenPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,

@@ -232,11 +232,12 @@ class CudaPagedStore:
     forward (:class:`Rows`) are passed to :func:`gpu_ref.decode.run_planes`, one launch for the batch."""
 
     def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, hq, mu16=None,
-                 s16=None):
+                 s16=None, num_splits=None):
         from gpu_ref import KVCache
         torch = _torch()
         self.bf16 = torch_dtype != torch.float16
         self.hq, self.sinks, self.page_size, self.kvh = hq, sinks, page_size, kvh
+        self.num_splits = num_splits          # split-KV factor of every launch (None: planned)
         policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16)
         with _CudaStore._stream():
             # KVCache allocates the planes; its own block table and page allocator are not used
@@ -295,7 +296,7 @@ class CudaPagedStore:
         if key not in self._plans:
             with _CudaStore._stream():
                 pl = plan(kv.params, kv.v_params, batch=nq, q_heads=self.hq, kv_heads=self.kvh, max_length=max_len,
-                          page_size=self.page_size, max_pages=cols, sinks=self.sinks,
+                          page_size=self.page_size, max_pages=cols, sinks=self.sinks, num_splits=self.num_splits,
                           key_scales=kv.q_scale is not None, q_dtype="bf16" if self.bf16 else "fp16",
                           layout=kv.layout)
                 self._plans[key] = (pl, pl.workspace())
