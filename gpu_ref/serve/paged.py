@@ -222,8 +222,14 @@ class GoldenPagedStore:
         return o.transpose(1, 2)
 
     def page_bytes(self, pages) -> dict:
-        """The golden bytes of ``pages`` (``{"k_codes", "k_scales", "v_codes", "v_scales"}``, packed kinds)."""
-        return {f"{k}_{n}": getattr(self, n)[k][pages].copy() for k in self.codes for n in ("codes", "scales")}
+        """The golden bytes of ``pages`` (``{"k_codes", "k_scales", "v_codes", "v_scales"}``, packed kinds),
+        ``[pages, KVH, page_size, bytes per vector]`` as :meth:`CudaPagedStore.page_bytes`."""
+        out = {}
+        for k in self.codes:
+            for n in ("codes", "scales"):
+                a = getattr(self, n)[k][pages]
+                out[f"{k}_{n}"] = a.reshape(*a.shape[:3], -1).copy()
+        return out
 
 
 class CudaPagedStore:
@@ -346,7 +352,8 @@ class CudaPagedStore:
         return self._launch(q16, lengths, table, slots, n, scaling)[None]
 
     def page_bytes(self, pages) -> dict:
-        """The golden bytes of ``pages`` (:meth:`gpu_ref.KVCache.host_planes` of those pages)."""
+        """The golden bytes of ``pages`` (:meth:`gpu_ref.KVCache.host_planes` of those pages),
+        ``[pages, KVH, page_size, bytes per vector]``."""
         planes = self.kv.host_planes()
         return {n: planes[n][pages] for n in ("k_codes", "k_scales", "v_codes", "v_scales")}
 
