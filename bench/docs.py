@@ -43,6 +43,7 @@ BLOCKS = {
     "sim": "docs/VERIFICATION.md",
     "gpu": "docs/GPU.md",
     "hf": "docs/GPU.md",
+    "peers": "docs/GPU.md",
     "accuracy": "docs/ACCURACY.md",
 }
 #: the key-treatment study's models, in table order
@@ -60,6 +61,7 @@ INPUTS = {
             "gpu_bench_paging.json", "gpu_bench.png", "gpu_bench_write.png",
             "gpu_bench_policy.png"),
     "hf": ("hf_bench.json", "hf_floor_cpu.json", "hf_bench.png"),
+    "peers": ("gpu_bench_peers.json", "gpu_bench_peers.png"),
     "accuracy": (*(f"accuracy/{m}{x}" for m in MODELS for x in (".json", "_passkey.json",
                                                                  "_pareto.png")),
                  *(f"accuracy/{m}{x}" for m in PEER_MODELS if m not in MODELS
@@ -78,6 +80,7 @@ WRITERS = {
     "gpu_bench_write.json": "python -m bench.gpu --routine write",
     "gpu_bench_policy.json": "python -m bench.gpu --routine policy",
     "gpu_bench_paging.json": "python -m bench.gpu --routine paging",
+    "gpu_bench_peers.json": "python -m bench.gpu --routine peers",
 }
 #: the study configuration the README's accuracy rows quote (it equals the cache policy preset v3)
 HEADLINE_CONFIG = "v2+C+S4+KS2"
@@ -224,6 +227,30 @@ def gpu_block(d: dict, w: dict, pol: dict, pg: dict, img: str) -> str:
     ])
 
 
+def peers_block(d: dict, img: str) -> str:
+    """Per card: decode time of ours, FlashInfer bf16 / fp8 e4m3, SDPA bf16 and a read of our bytes."""
+    out = []
+    for card, c in d["cards"].items():
+        rows = []
+        for r in c["rows"]:
+            us = {k: 1e3 * r[k]["ms"] for k in ("ours_K3V3", "ours_v3", "flashinfer_bf16",
+                                                "flashinfer_fp8_e4m3", "sdpa_bf16", "read_same_bytes")}
+            k3 = r["ours_K3V3"]
+            rows.append([r["batch"], _ctx(r["context"]), f"{r['q_heads']}/{r['kv_heads']}",
+                         *(f"{us[k]:.1f}" for k in us),
+                         f"{k3['speedup_vs_best_bf16']:.2f}x", f"{k3['speedup_vs_flashinfer_fp8_e4m3']:.2f}x",
+                         f"{k3['pct_read_limit']:.0f}%"])
+        out += [f"{card} (`bench/results/gpu_bench_peers.json`: torch {c['torch']}, CuPy {c['cupy']}, "
+                f"FlashInfer {c['flashinfer']}, whose bf16 decode is {c['flashinfer_check']['rel_err_vs_float64']:.1e} "
+                "from float64 on its check case), N = 128, 16-token pages in random order for every "
+                "paged implementation, us per decode step (medians of CUDA-graph replays, one process); "
+                "read = a kernel reading our K3V3 bytes once (the floor for them):",
+                _table(["batch", "context", "q/kv heads", "ours K3V3", "ours v3", "FlashInfer bf16",
+                        "FlashInfer fp8 e4m3", "SDPA bf16", "read", "K3V3 vs best bf16",
+                        "K3V3 vs FlashInfer fp8", "K3V3 % of read"], rows)]
+    return "\n\n".join([*out, f"![peers]({img}gpu_bench_peers.png)"])
+
+
 def hf_block(r: dict, floor: dict, img: str) -> str:
     from bench.gpu.hf import floor_table, tables
     m = floor["meta"]
@@ -366,6 +393,8 @@ def render(name: str, results: Path = RESULTS) -> str:
                          load("gpu_bench_policy.json"), load("gpu_bench_paging.json"), img)
     if name == "hf":
         return hf_block(load("hf_bench.json"), load("hf_floor_cpu.json"), img)
+    if name == "peers":
+        return peers_block(load("gpu_bench_peers.json"), img)
     if name == "synth":
         from bench.synth.report import generated
         return generated(load("synth.json"), load("synth_mantissa.json"))
