@@ -273,8 +273,8 @@ def calibrate(model: str, text: str | None = None, context: int = CONTEXT, windo
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim_models.calibrate", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True,
-                    help="model spec: an alias (smollm2-135m, gemma3-270m), a .gguf file or a Hugging Face folder")
+    from .models import spec_help
+    ap.add_argument("--model", required=True, help=spec_help())
     ap.add_argument("--out", required=True, help="the key tables file to write (.npz)")
     ap.add_argument("--text", help=f"calibration text: a text file or a folder of *.txt (default {TEXT_DIR})")
     ap.add_argument("--context", type=int, default=CONTEXT, help=f"tokens per window (default {CONTEXT})")

@@ -186,6 +186,12 @@ def wheel_gguf(dist_name: str, how: str = "record", alias: str | None = None) ->
     return found[0]
 
 
+def spec_help() -> str:
+    """The ``--model`` help of every command that takes a model spec: the aliases of :data:`WHEELS`
+    and the two other forms."""
+    return f"model spec: an alias ({', '.join(sorted(WHEELS))}), a .gguf file or a Hugging Face folder"
+
+
 def resolve(model: str) -> ModelSource:
     """Model spec -> :class:`ModelSource` (module docstring).
 

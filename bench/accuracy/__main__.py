@@ -123,8 +123,8 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m",
-                    help="wheel alias (smollm2-135m, gemma3-270m), .gguf file or HF folder")
+    from sim_models.models import spec_help
+    ap.add_argument("--model", default="smollm2-135m", help=f"{spec_help()} (default smollm2-135m)")
     ap.add_argument("--only", help="comma-separated configuration names (default: the "
                                    "leading ones, bench/accuracy/configs.py CONFIRM)")
     ap.add_argument("--peers", action="store_true",

@@ -146,8 +146,8 @@ def merge(path: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.accuracy.device", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", metavar="SPEC",
-                    help="wheel alias (smollm2-135m, gemma3-270m), .gguf file or HF folder")
+    from sim_models.models import spec_help
+    ap.add_argument("--model", metavar="SPEC", help=spec_help())
     ap.add_argument("--text", help="the study text (sim_models.calibrate.read_text() written out)")
     ap.add_argument("--out")
     ap.add_argument("--configs", default="", help="comma-separated names, or @file")
