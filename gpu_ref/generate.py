@@ -17,51 +17,26 @@ Needs a CUDA GPU and CuPy for ``--backend cuda``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 
 def main(argv=None) -> int:
+    from gpu_ref.cli import add_model_options, check_model_options, check_tables_fit, torch_dtype
     ap = argparse.ArgumentParser(prog="python -m gpu_ref.generate", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True,
-                    help="model spec: an alias (smollm2-135m), a .gguf file or a Hugging Face folder")
-    ap.add_argument("--policy", default="v3", help="cache policy spec (sim_models.CachePolicy.parse), e.g. v3, K3V3")
-    ap.add_argument("--tables", help="the model's key tables (sim_models.KeyTables .npz; needed for +C / +KS2)")
+    add_model_options(ap)
     ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together")
-    ap.add_argument("--backend", default="cuda", choices=("cuda", "golden"))
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     a = ap.parse_args(argv)
     if a.max_new_tokens < 1:
         ap.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     if a.batch < 1:
         ap.error(f"--batch must be >= 1, got {a.batch}")
-    from sim_models import CachePolicy, KeyTables
-    from sim_models.models import load, resolve
-    try:
-        src = resolve(a.model)
-    except (ValueError, FileNotFoundError) as err:
-        ap.error(f"{err}")
-    if a.tables and not os.path.isfile(a.tables):
-        ap.error(f"--tables: no such file {a.tables!r}")
-    try:
-        policy = CachePolicy.parse(a.policy)
-    except (ValueError, TypeError) as err:
-        ap.error(f"--policy {a.policy!r}: {err}")
-    if (policy.center_keys or policy.key_scale) and not a.tables:
-        ap.error(f"--policy {a.policy!r} centers / scales keys: it needs --tables (write them once per model with "
-                 f"'python -m sim_models.calibrate --model {a.model} --out tables.npz'), or use --policy K3V3")
-    tables = None
-    if a.tables:
-        try:
-            tables = KeyTables.load(a.tables)
-        except ValueError as err:
-            ap.error(f"--tables: {err}")
-        if policy.key_scale and tables.log2_s is None:
-            ap.error(f"--policy {a.policy!r} scales keys (KS2) but --tables {a.tables!r} hold no key scales (log2_s)")
+    check_model_options(ap, a)
+    from sim_models.models import load
+    src, policy, tables = a.src, a.cache_policy, a.key_tables
 
     import torch
     from transformers import TextStreamer
@@ -71,13 +46,13 @@ def main(argv=None) -> int:
     if a.backend == "cuda" and not torch.cuda.is_available():
         ap.error("--backend cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --backend golden")
     device = "cuda" if a.backend == "cuda" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     t0 = time.perf_counter()
     try:
-        model, tok = load(src, dtype=dtype)
-    except ValueError as err:
-        ap.error(f"{err}")
+        model, tok = load(src, dtype=torch_dtype(a.dtype))
+    except (ValueError, OSError) as err:
+        ap.error(f"--model {a.model!r}: cannot load it: {err}")
     model = model.to(device)
+    check_tables_fit(ap, a, model)
     print(f"loaded {src.description} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     hf.enable(model)
     text = a.prompt

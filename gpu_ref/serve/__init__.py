@@ -6,6 +6,6 @@ The engine keeps every running request's K/V in one paged pool per layer shared 
 in the policy's packed bytes; see docs/GPU.md, *Serving*.
 """
 
-from .engine import Engine, PoolFull, Request, RequestError, SamplingParams, cache_bytes
+from .engine import ConfigError, Engine, PoolFull, Request, RequestError, SamplingParams, cache_bytes
 
-__all__ = ["Engine", "PoolFull", "Request", "RequestError", "SamplingParams", "cache_bytes"]
+__all__ = ["ConfigError", "Engine", "PoolFull", "Request", "RequestError", "SamplingParams", "cache_bytes"]

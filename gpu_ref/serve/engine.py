@@ -56,6 +56,14 @@ class PoolFull(RuntimeError):
     """The block pool has no room now and the queue is full (retry later)."""
 
 
+class ConfigError(ValueError):
+    """An engine parameter out of range; ``param`` names it (the CLI maps it to its option)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 def cache_bytes(config, policy: CachePolicy, tokens: int, dtype: str = "fp16", kv_heads: int | None = None) -> int:
     """Bytes a batch-1 :class:`PackedCache` of ``tokens`` tokens stores for ``config`` under ``policy``:
     per layer the packed vectors, sinks (fp16 rows) and 16-bit kinds; a sliding layer ``min(tokens, W)``
@@ -248,7 +256,8 @@ class Engine:
             ``gpu_ref.hf.PackedCache`` with the same ``num_splits``.
 
     Raises:
-        ValueError: a parameter out of range (named), a policy the backend cannot serve.
+        ConfigError: a parameter out of range (``param`` names it; a ValueError).
+        ValueError: a policy the backend cannot serve, tables that do not fit the model.
     """
 
     def __init__(self, model, policy, *, tables: KeyTables | None = None, backend: str = "golden",
@@ -260,7 +269,7 @@ class Engine:
         torch = _torch()
         for name, v in (("block_size", block_size), ("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+                raise ConfigError(name, f"{name} must be an int >= 1, got {v!r}")
         if (num_blocks is None) == (pool_bytes is None):
             raise ValueError("pass exactly one of num_blocks and pool_bytes")
         if prefill not in ("exact", "packed"):
@@ -282,8 +291,8 @@ class Engine:
         if backend == "cuda":
             from .. import backend as _backend
             if not _backend.CUDA.page_size_ok(block_size):
-                raise ValueError(f"block_size must be 16, 32 or a power-of-two multiple of 64 for backend 'cuda' "
-                                 f"(a page of the kernels' pool), got {block_size}")
+                raise ConfigError("block_size", f"block_size must be 16, 32 or a power-of-two multiple of 64 for "
+                                                f"backend 'cuda' (a page of the kernels' pool), got {block_size}")
         hf.enable(model)
         # checks the policy, tables, backend and num_splits once; its layers give each layer's formats and
         # key tables
@@ -304,11 +313,13 @@ class Engine:
         self.block_bytes = (self._bytes(big + block_size) - self._bytes(big)) or self._bytes(block_size)
         if num_blocks is None:
             if isinstance(pool_bytes, bool) or not isinstance(pool_bytes, int) or pool_bytes < 1:
-                raise ValueError(f"pool_bytes must be an int >= 1, got {pool_bytes!r}")
+                raise ConfigError("pool_bytes", f"pool_bytes must be an int >= 1, got {pool_bytes!r}")
+            if pool_bytes < self.block_bytes:
+                raise ConfigError("pool_bytes", f"pool_bytes {pool_bytes} holds no block: one block of {block_size} "
+                                                f"tokens is {self.block_bytes} bytes under policy {self.policy.spec}")
             num_blocks = pool_bytes // self.block_bytes
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be an int >= 1 (pool_bytes too small for one block of "
-                             f"{self.block_bytes} bytes?), got {num_blocks!r}")
+            raise ConfigError("num_blocks", f"num_blocks must be an int >= 1, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.allocator = _paged.BlockAllocator(num_blocks)
         self.max_batch, self.max_queue = max_batch, max_queue
@@ -328,7 +339,8 @@ class Engine:
         self._wake = threading.Event()
         self._thread = None
         self._stop = False
-        self.steps = 0
+        self.steps = 0                                   # steps that did work (idle polls are not counted)
+        self.max_running = 0                             # the most requests running together so far
 
     def _store(self, idx, ref, window):
         """The paged store of layer ``idx`` (``ref``: the layer of a batch-1 PackedCache, for its formats)."""
@@ -383,8 +395,8 @@ class Engine:
     def stats(self) -> dict:
         return dict(num_blocks=self.num_blocks, free_blocks=self.free_blocks, shared_blocks=self.allocator.shared,
                     block_size=self.block_size, block_bytes=self.block_bytes, running=len(self.running),
-                    waiting=len(self.waiting), policy=self.policy.spec, backend=self.backend, prefill=self.prefill,
-                    prefill_chunk=self.prefill_chunk, steps=self.steps)
+                    waiting=len(self.waiting), max_running=self.max_running, policy=self.policy.spec,
+                    backend=self.backend, prefill=self.prefill, prefill_chunk=self.prefill_chunk, steps=self.steps)
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids, params: SamplingParams | None = None) -> Request:
@@ -560,6 +572,9 @@ class Engine:
         whether work remains."""
         torch = _torch()
         dev = self.model.device
+        with self._lock:
+            if not self.running and not self.waiting:
+                return False                             # idle: not a step
         with torch.no_grad():
             with self._lock:
                 for r in [r for r in self.running if r.cancelled and r.finish_reason is None]:
@@ -576,6 +591,7 @@ class Engine:
                         break
                     r = self.waiting.pop(0)
                     self.running.append(r)
+                    self.max_running = max(self.max_running, len(self.running))
                 try:
                     self._prefill(r)
                 except Exception as err:
