@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from gpu_ref import hf  # noqa: E402
-from gpu_ref.serve import Engine, PoolFull, RequestError, SamplingParams, cache_bytes  # noqa: E402
+from gpu_ref.serve import ConfigError, Engine, PoolFull, RequestError, SamplingParams, cache_bytes  # noqa: E402
 from sim_models import CachePolicy, KeyTables  # noqa: E402
 
 from test_hf import _gpu, tiny, tiny_gemma3  # noqa: E402
@@ -262,8 +262,9 @@ def test_engine_admission_errors_and_stop_tokens():
     r = e.submit(p, SamplingParams(max_tokens=8, stop_token_ids=(full[3],)))
     e.run_until_done()
     assert r.output == full[:full.index(full[3]) + 1] and r.finish_reason == "stop"
-    with pytest.raises(ValueError, match="num_blocks"):
+    with pytest.raises(ConfigError, match="holds no block") as cerr:
         Engine(m, "K3V3", pool_bytes=10)
+    assert cerr.value.param == "pool_bytes" and isinstance(cerr.value, ValueError)
     with pytest.raises(ValueError, match="exactly one"):
         Engine(m, "K3V3")
 
@@ -575,3 +576,218 @@ def test_paged16_store_attends_as_the_golden_16bit_store():
     qc = torch.tensor(rng.normal(size=(1, hq, 10, d)), dtype=torch.float32)
     want, got = gold.attend_chunk(qc, 0.2, chunk), mine.attend_chunk(qc, 0.2, chunk)
     assert got.shape == want.shape == (1, 10, hq, d) and torch.allclose(got, want, atol=3e-3)
+
+
+# ------------------------------------------------------------------------- server: clients and limits
+@pytest.fixture
+def slow_server():
+    """A server whose engine sleeps 50 ms per step (a generation of 100 tokens takes seconds) and whose
+    body timeout is 0.6 s."""
+    import time
+    from gpu_ref.serve.server import OpenAIServer
+    e = Engine(tiny(), "K3V3+S2", num_blocks=12, block_size=16, max_batch=4, max_queue=8)
+    fast = e.step
+
+    def slow():
+        if e.running or e.waiting:
+            time.sleep(0.05)
+        return fast()
+    e.step = slow
+    srv = OpenAIServer(e, CharTokenizer(), "tiny", ("127.0.0.1", 0), body_timeout=0.6)
+    srv.serve_in_thread()
+    yield srv
+    srv.close()
+
+
+def _wait(cond, seconds):
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_client_that_leaves_cancels_its_request(slow_server, stream):
+    """A client that closes its connection mid-generation (non-streaming: while the handler waits for the
+    whole answer) has its request cancelled: the engine stops decoding it and its blocks return."""
+    import socket
+    import time
+    srv = slow_server
+    e = srv.engine
+    body = json.dumps({"prompt": "x", "max_tokens": 150, "temperature": 0, "stream": stream}).encode()
+    s = socket.create_connection(srv.server_address[:2])
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert _wait(lambda: e.stats()["running"] == 1, 10)
+    assert e.free_blocks < e.num_blocks
+    time.sleep(0.3)
+    s.close()
+    assert _wait(lambda: e.stats()["running"] == 0 and e.free_blocks == e.num_blocks, 5), e.stats()
+    assert e.steps < 100                                 # far fewer steps than the 150 tokens asked for
+    st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 2})
+    assert st == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
+
+
+def test_server_slow_body_gets_408_and_frees_the_handler(slow_server):
+    """A body trickling in (a byte every 0.2 s) is cut off at the server's body timeout with a 408, the
+    connection closed; other requests are served meanwhile and after."""
+    import socket
+    import time
+    srv = slow_server
+    s = socket.create_connection(srv.server_address[:2])
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    t0 = time.monotonic()
+    st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 1})
+    assert st == 200
+    reply = b""
+    s.settimeout(0.2)
+    while time.monotonic() - t0 < 5:
+        try:
+            s.sendall(b" ")
+        except OSError:
+            pass
+        try:
+            chunk = s.recv(4096)
+        except socket.timeout:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        reply += chunk
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert time.monotonic() - t0 < 3
+    err = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
+    assert err["code"] == "body_timeout" and "0.6 s" in err["message"]
+
+
+@pytest.mark.parametrize("path,field,value", [
+    ("/v1/completions", "logprobs", 1), ("/v1/completions", "logprobs", 0), ("/v1/completions", "echo", True),
+    ("/v1/completions", "best_of", 3), ("/v1/completions", "suffix", "end"),
+    ("/v1/completions", "frequency_penalty", 0.5), ("/v1/completions", "presence_penalty", -1),
+    ("/v1/completions", "logit_bias", {"5": 100}), ("/v1/completions", "top_k", 5),
+    ("/v1/completions", "repetition_penalty", 1.2), ("/v1/completions", "ignore_eos", True),
+    ("/v1/chat/completions", "logprobs", True), ("/v1/chat/completions", "top_logprobs", 3),
+    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("/v1/chat/completions", "tool_choice", "auto"), ("/v1/chat/completions", "response_format",
+                                                      {"type": "json_object"}),
+    ("/v1/chat/completions", "stream_options", {"include_usage": True}),       # without stream: true
+])
+def test_server_unsupported_fields_get_400_naming_the_field(server, path, field, value):
+    srv, _ = server
+    body = {"max_tokens": 2, field: value}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})
+    st, _, text = _call(srv, "POST", path, body)
+    assert st == 400, text
+    err = json.loads(text)["error"]
+    assert err["param"] == field and field in err["message"]
+
+
+def test_server_neutral_values_of_unsupported_fields_and_stream_usage(server):
+    """The values that change nothing are accepted; ``stream_options.include_usage`` ends the stream with a
+    chunk of no choices and the usage, whose count equals the tokens asked for."""
+    srv, m = server
+    tok = CharTokenizer()
+    body = {"prompt": "neutral", "max_tokens": 5, "temperature": 0, "logprobs": None, "echo": False,
+            "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "best_of": 1, "top_k": -1,
+            "user": "someone", "stream": True, "stream_options": {"include_usage": True}}
+    st, _, text = _call(srv, "POST", "/v1/completions", body)
+    assert st == 200, text
+    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": len("neutral"), "completion_tokens": 5, "total_tokens": len("neutral") + 5}
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == tok.decode(
+        _single(m, "K3V3+S2", tok.encode("neutral"), 5))
+    st, _, text = _call(srv, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                               "max_tokens": 2, "logprobs": False,
+                                                               "tool_choice": "none", "tools": []})
+    assert st == 200, text
+
+
+def test_health_does_not_count_idle_polls_as_steps(server):
+    import time
+    srv, _ = server
+    before = json.loads(_call(srv, "GET", "/health")[2])["steps"]
+    for _ in range(4):
+        time.sleep(0.4)                                  # the idle engine loop polls every 0.5 s
+        st, _, text = _call(srv, "GET", "/health")
+        assert st == 200
+    h = json.loads(text)
+    assert h["steps"] == before and h["running"] == 0 and h["waiting"] == 0
+    st, _, _ = _call(srv, "POST", "/v1/completions", {"prompt": "go", "max_tokens": 3, "temperature": 0})
+    assert st == 200
+    # step 1: the prefill (token 1) and the batch's decode (token 2); step 2: token 3
+    assert json.loads(_call(srv, "GET", "/health")[2])["steps"] == before + 2
+
+
+def _tiny_folder(tmp_path, monkeypatch):
+    """A model folder the resolver accepts, loaded as the tiny Llama with the character tokenizer."""
+    import sim_models.models as models
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "load", lambda src, dtype=None, **kw: (tiny(), CharTokenizer()))
+    return str(tmp_path)
+
+
+def test_serve_cli_errors_after_the_model_loads_name_the_option(tmp_path, monkeypatch, capsys):
+    """Tables of another model and a pool too small for one block: exit 2, one line naming the option,
+    no traceback."""
+    from gpu_ref.serve.__main__ import main
+    (tmp_path / "m").mkdir()
+    folder = _tiny_folder(tmp_path / "m", monkeypatch)
+    wrong = tmp_path / "wrong.npz"
+    _tables(layers=3).save(wrong)                       # 3 layers; the tiny model has 2
+    right = tmp_path / "right.npz"
+    _tables().save(right)
+    for argv, words in (
+            (["--policy", "v3", "--tables", str(wrong)], ("--tables", "(3, 2, 64)", "(2, 2, 64)")),
+            (["--policy", "K3V3", "--pool-mib", "0.0001"], ("--pool-mib", "too small for one sequence")),
+            (["--policy", "v3", "--tables", str(right), "--pool-mib", "0.00001"], ("--pool-mib",)),
+            (["--policy", "K3V3", "--block-size", "48", "--backend", "golden", "--max-batch", "0"],
+             ("--max-batch",))):
+        with pytest.raises(SystemExit) as stop:
+            main(["--model", folder, "--backend", "golden", *argv])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2, err
+        assert all(w in err for w in words), (argv, err)
+        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m gpu_ref.serve: error: ")
+
+
+def test_cli_help_lists_the_model_aliases(capsys):
+    """--help of every command taking a model spec lists the resolver's aliases (one list)."""
+    from gpu_ref.generate import main as generate
+    from gpu_ref.serve.__main__ import parse
+    from sim_models.calibrate import main as calibrate
+    from sim_models.models import WHEELS
+    assert "qwen2.5-coder-1.5b" in WHEELS
+    for cmd in (parse, generate, calibrate):
+        with pytest.raises(SystemExit) as stop:
+            cmd(["--help"])
+        assert stop.value.code == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert all(alias in out for alias in WHEELS), (cmd, out)
+
+
+def test_generate_and_serve_refuse_the_same_tables_the_same_way(tmp_path, capsys):
+    """Both CLIs load --tables through gpu_ref.cli: tables without key scales under a KS2 policy, a file
+    that is not tables: the same one-line error before the model loads."""
+    from gpu_ref.generate import main as generate
+    from gpu_ref.serve.__main__ import parse
+    (tmp_path / "config.json").write_text("{}")
+    noscale = tmp_path / "noscale.npz"
+    KeyTables("tiny", np.zeros((2, 2, 64), np.float16)).save(noscale)
+    junk = tmp_path / "junk.npz"
+    np.savez(junk, x=np.zeros(3))
+    for tables, word in ((noscale, "hold no key scales"), (junk, "not a key-tables file")):
+        errs = []
+        for cmd in (parse, generate):
+            with pytest.raises(SystemExit) as stop:
+                cmd(["--model", str(tmp_path), "--policy", "v3", "--tables", str(tables), "--backend", "golden"])
+            assert stop.value.code == 2
+            errs.append(capsys.readouterr().err.strip().splitlines()[-1].split("error: ", 1)[1])
+        assert errs[0] == errs[1] and word in errs[0] and "--tables" in errs[0]

@@ -6,20 +6,28 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST
 ``model`` (must name the served model), ``prompt`` (completions: a string or a list of token ids) or
 ``messages`` (chat: ``[{"role", "content"}]``, through the tokenizer's chat template), ``max_tokens``
 (default 16), ``temperature`` (default 1 as in the OpenAI API; 0 is greedy), ``top_p``, ``seed``,
-``stop`` (a string or up to 4), ``stream``, ``n`` (1 only) and ``policy`` (optional: must be the served
-policy's spec or the name it was given by). Unknown fields are ignored.
+``stop`` (a string or up to 4), ``stream``, ``stream_options`` (``{"include_usage": true}``: a last chunk
+with ``usage`` and no choices), ``n`` (1 only) and ``policy`` (optional: must be the served policy's spec or
+the name it was given by). The OpenAI fields this server does not implement (:data:`UNSUPPORTED`:
+``logprobs``, ``echo``, penalties, tools, ...) are accepted only at the value that changes nothing; any
+other value is a 400 naming the field. Fields outside the API (and ``user``, ``metadata``, ``store``,
+``service_tier``, which do not change the output) are ignored.
 
 Errors: a JSON body ``{"error": {"message", "type", "param", "code"}}``; 400 for a malformed body or a
-bad parameter (named in ``param``), 404 for an unknown path or model, 413 for a body over 1 MiB, 503
-with ``Retry-After`` when the engine's queue is full. A request that fits the pool but not its free
-blocks waits (queued, FIFO); one that could never fit gets 400 naming ``max_tokens``. No request can
-stop the server or touch another request's cache (each running request owns its cache).
+bad parameter (named in ``param``), 404 for an unknown path or model, 408 for a body not received within
+``body_timeout`` seconds, 413 for a body over 1 MiB, 503 with ``Retry-After`` when the engine's queue is
+full. A client that disconnects (streaming or not) cancels its request: its blocks return to the pool.
+A request that fits the pool but not its free blocks waits (queued, FIFO); one that could never fit gets
+400 naming ``max_tokens``. No request can stop the server or touch another request's cache (each running
+request owns its cache).
 """
 
 from __future__ import annotations
 
 import json
 import queue
+import select
+import socket
 import threading
 import time
 import uuid
@@ -30,6 +38,22 @@ from .engine import PoolFull, RequestError, SamplingParams
 MAX_BODY = 1 << 20
 #: seconds a handler waits for the engine's next token before giving up on the request
 TOKEN_TIMEOUT = 600.0
+#: seconds a request's body may take to arrive (default of ``OpenAIServer(body_timeout=)``)
+BODY_TIMEOUT = 30.0
+#: seconds a connection may stay silent (an idle keep-alive, a stalled header or write) before it is closed
+IDLE_TIMEOUT = 120.0
+#: seconds between checks that a waiting client is still connected
+POLL = 0.25
+
+#: OpenAI request fields (and common extensions of other servers) this server does not implement -> the
+#: values that change nothing (null is always accepted); any other value is a 400 naming the field
+UNSUPPORTED = {
+    "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": (), "web_search_options": (),
+    "top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "ignore_eos": (False,),
+}
 
 
 class HTTPError(Exception):
@@ -37,6 +61,10 @@ class HTTPError(Exception):
                  kind: str = "invalid_request_error"):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def _usage(ids, req) -> dict:
+    return {"prompt_tokens": len(ids), "completion_tokens": len(req.output), "total_tokens": len(ids) + len(req.output)}
 
 
 def _stop_prefix(text: str, stop) -> int:
@@ -48,6 +76,13 @@ def _stop_prefix(text: str, stop) -> int:
                 n = k
                 break
     return n
+
+
+def _same(v, x) -> bool:
+    """JSON equality that keeps booleans apart from numbers (``0`` is not ``false``)."""
+    if isinstance(v, bool) or isinstance(x, bool):
+        return v is x
+    return v == x
 
 
 def _field(body, name, types, default, what):
@@ -69,8 +104,10 @@ class OpenAIServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, engine, tokenizer, model_name: str, address=("127.0.0.1", 8000), policy_names=()):
+    def __init__(self, engine, tokenizer, model_name: str, address=("127.0.0.1", 8000), policy_names=(),
+                 body_timeout: float = BODY_TIMEOUT):
         self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        self.body_timeout = float(body_timeout)
         self.policy_names = {engine.policy.spec.lower(), *(p.lower() for p in policy_names)}
         self.created = int(time.time())
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -90,7 +127,13 @@ class OpenAIServer(ThreadingHTTPServer):
 
     # ------------------------------------------------------------------ request parsing
     def parse(self, body: dict, chat: bool):
-        """A request body -> (prompt ids, SamplingParams, stop strings, stream)."""
+        """A request body -> (prompt ids, SamplingParams, stop strings, stream, include_usage)."""
+        for name, neutral in UNSUPPORTED.items():
+            v = body.get(name)
+            if v is not None and not any(_same(v, x) for x in neutral):
+                what = f"only {' or '.join(json.dumps(x) for x in (None, *neutral))}" if neutral else "only null"
+                raise HTTPError(400, f"'{name}' is not supported by this server ({what}), got "
+                                     f"{json.dumps(v)[:80]}", name, "unsupported_parameter")
         model = body.get("model", self.model_name)
         if model != self.model_name:
             raise HTTPError(404, f"model {json.dumps(model)[:80]} is not served here; this server serves "
@@ -144,12 +187,19 @@ class OpenAIServer(ThreadingHTTPServer):
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
             raise HTTPError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
         stream = _field(body, "stream", (bool,), False, "true or false")
-        return list(ids), params, stop, stream
+        opts = _field(body, "stream_options", (dict,), {}, 'an object {"include_usage": bool}')
+        if opts and not stream:
+            raise HTTPError(400, "'stream_options' needs 'stream': true", "stream_options")
+        if set(opts) - {"include_usage"} or not isinstance(opts.get("include_usage", False), bool):
+            raise HTTPError(400, f"'stream_options' must be {{\"include_usage\": true or false}}, got "
+                                 f"{json.dumps(opts)[:80]}", "stream_options")
+        return list(ids), params, stop, stream, bool(opts.get("include_usage", False))
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: OpenAIServer
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT                       # the socket's timeout: a silent connection is closed
 
     def log_message(self, fmt, *args):          # quiet; the engine's stats are at /health
         pass
@@ -179,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
         if n > MAX_BODY:
             self.close_connection = True
             raise HTTPError(413, f"the body has {n} bytes; the limit is {MAX_BODY}", None)
-        raw = self.rfile.read(n)
+        raw = self._read(n)
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -187,6 +237,40 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise HTTPError(400, "the body must be a JSON object", None, "invalid_json")
         return body
+
+    def _read(self, n: int) -> bytes:
+        """``n`` body bytes, all of them within the server's ``body_timeout`` (a slow client gets 408 and
+        its connection closed instead of holding the handler)."""
+        limit = self.server.body_timeout
+        deadline = time.monotonic() + limit
+        parts, got = [], 0
+        try:
+            while got < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(left)
+                chunk = self.rfile.read1(n - got)
+                if not chunk:
+                    self.close_connection = True
+                    raise HTTPError(400, f"the body ended after {got} of its {n} bytes (Content-Length)", None)
+                parts.append(chunk)
+                got += len(chunk)
+        except TimeoutError:
+            self.close_connection = True
+            raise HTTPError(408, f"the body did not arrive within {limit:g} s ({got} of {n} bytes)", None,
+                            "body_timeout") from None
+        finally:
+            self.connection.settimeout(self.timeout)
+        return b"".join(parts)
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection (EOF on the socket; pipelined bytes are not EOF)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     # ------------------------------------------------------------------ routes
     def do_GET(self):
@@ -209,18 +293,21 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HTTPError(404, f"no route POST {self.path}", None, "not_found")
             chat = self.path == "/v1/chat/completions"
             body = self._body()
-            ids, params, stop, stream = self.server.parse(body, chat)
+            ids, params, stop, stream, usage = self.server.parse(body, chat)
             try:
                 req = self.server.engine.submit(ids, params)
             except RequestError as err:
                 raise HTTPError(400, str(err), err.param)
             except PoolFull as err:
                 raise HTTPError(503, str(err), None, "queue_full", "server_overloaded")
-            self._respond(req, ids, stop, stream, chat)
+            self._respond(req, ids, stop, stream, chat, usage)
         except HTTPError as err:
-            self._error(err)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+            try:
+                self._error(err)
+            except OSError:
+                self.close_connection = True
+        except OSError:                                  # the client left (reset, broken pipe, write timeout)
+            self.close_connection = True
 
     def _body_discard(self):
         n = self.headers.get("Content-Length")
@@ -232,13 +319,25 @@ class _Handler(BaseHTTPRequestHandler):
         """Yields (text delta, finish_reason or None); applies the stop strings."""
         tok, engine = self.server.tok, self.server.engine
         text, sent = "", 0
+        checked = time.monotonic()
         while True:
-            try:
-                kind, val = req.events.get(timeout=TOKEN_TIMEOUT)
-            except queue.Empty:
-                engine.cancel(req)
-                yield "", "error"
-                return
+            waited = 0.0
+            while True:
+                now = time.monotonic()
+                if now - checked >= POLL:                # tokens flowing or not, a client that left is noticed
+                    checked = now
+                    if self._client_gone():              # nobody to answer: free the request's blocks
+                        engine.cancel(req)
+                        raise ConnectionResetError("the client closed the connection")
+                try:
+                    kind, val = req.events.get(timeout=POLL)
+                    break
+                except queue.Empty:
+                    waited += POLL
+                    if waited >= TOKEN_TIMEOUT:
+                        engine.cancel(req)
+                        yield "", "error"
+                        return
             if kind == "error":
                 yield "", "error"
                 return
@@ -263,7 +362,7 @@ class _Handler(BaseHTTPRequestHandler):
             if finish is not None:
                 return
 
-    def _respond(self, req, ids, stop, stream, chat):
+    def _respond(self, req, ids, stop, stream, chat, include_usage=False):
         s = self.server
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"
@@ -280,10 +379,8 @@ class _Handler(BaseHTTPRequestHandler):
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice.update(text=text, logprobs=None)
-            usage = {"prompt_tokens": len(ids), "completion_tokens": len(req.output),
-                     "total_tokens": len(ids) + len(req.output)}
             return self._send_json(200, {"id": rid, "object": obj, "created": created, "model": s.model_name,
-                                         "choices": [choice], "usage": usage})
+                                         "choices": [choice], "usage": _usage(ids, req)})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -292,8 +389,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def send(choice):
-            msg = {"id": rid, "object": chunk_obj, "created": created, "model": s.model_name, "choices": [choice]}
+        def send(choice, **extra):
+            msg = {"id": rid, "object": chunk_obj, "created": created, "model": s.model_name,
+                   "choices": [] if choice is None else [choice], **extra}
             self.wfile.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
             self.wfile.flush()
         try:
@@ -304,7 +402,9 @@ class _Handler(BaseHTTPRequestHandler):
                     send({"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": fin})
                 else:
                     send({"index": 0, "text": delta, "logprobs": None, "finish_reason": fin})
+            if include_usage:
+                send(None, usage=_usage(ids, req))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            s.engine.cancel(req)                         # the client left: free its blocks
+        except OSError:                                  # the client left (reset, broken pipe, write timeout)
+            s.engine.cancel(req)                         # free its blocks
