@@ -791,3 +791,34 @@ def test_generate_and_serve_refuse_the_same_tables_the_same_way(tmp_path, capsys
             assert stop.value.code == 2
             errs.append(capsys.readouterr().err.strip().splitlines()[-1].split("error: ", 1)[1])
         assert errs[0] == errs[1] and word in errs[0] and "--tables" in errs[0]
+
+
+def test_server_streams_one_chunk_per_token_when_the_handler_lags():
+    """A tokenizer slower than the engine: the engine runs ahead of the handler, yet every token still gets
+    its own chunk (the handler decodes the tokens of its events, not the engine's output so far)."""
+    import time
+    from gpu_ref.serve.server import OpenAIServer
+
+    class Slow:
+        eos_token_id = None
+
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) - 0x4E00 for c in text]
+
+        def decode(self, ids):
+            time.sleep(0.01)
+            return "".join(chr(0x4E00 + i) for i in ids)
+    m = tiny()
+    e = Engine(m, "K3V3+S2", num_blocks=12, block_size=16, max_batch=2, max_queue=4)
+    srv = OpenAIServer(e, Slow(), "tiny", ("127.0.0.1", 0))
+    srv.serve_in_thread()
+    try:
+        st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": [5, 6, 7, 8], "max_tokens": 30,
+                                                              "temperature": 0, "stream": True})
+    finally:
+        srv.close()
+    assert st == 200
+    chunks = [json.loads(ln[6:])["choices"][0] for ln in text.split("\n") if ln.startswith("data: {")]
+    deltas = [c["text"] for c in chunks if c["text"]]
+    assert len(deltas) == 30 and all(len(d) == 1 for d in deltas)
+    assert "".join(deltas) == Slow().decode(_single(m, "K3V3+S2", [5, 6, 7, 8], 30))

@@ -316,9 +316,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ responses
     def _events(self, req, stop):
-        """Yields (text delta, finish_reason or None); applies the stop strings."""
+        """Yields (text delta, finish_reason or None) per token event: the text of the tokens received so far
+        (not of those the engine has made since; an incomplete character waits for the next token), the stop
+        strings applied."""
         tok, engine = self.server.tok, self.server.engine
-        text, sent = "", 0
+        text, sent, ids = "", 0, []
         checked = time.monotonic()
         while True:
             waited = 0.0
@@ -343,7 +345,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             finish = None
             if kind == "token":
-                ids = [t for t in req.output if t not in req.params.stop_token_ids]
+                if val not in req.params.stop_token_ids:
+                    ids.append(val)                      # the tokens of the events so far (the engine may be ahead)
                 text = tok.decode(ids)
                 hit = [text.find(s) for s in stop if s in text]
                 if hit:
