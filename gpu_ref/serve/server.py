@@ -103,6 +103,7 @@ class OpenAIServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = socket.SOMAXCONN        # listen backlog: a burst of clients is not dropped (socketserver: 5)
 
     def __init__(self, engine, tokenizer, model_name: str, address=("127.0.0.1", 8000), policy_names=(),
                  body_timeout: float = BODY_TIMEOUT):
