@@ -2,7 +2,8 @@
 
 Modules: kernels (write, decode, policy, paging, waves, versions and kernel routines), write_layout
 (the write kernel's value orders and row mappings), hf (a transformers model on the packed cache;
-``python -m bench.gpu.hf prep|run|merge|report|floor``), plots.
+``python -m bench.gpu.hf prep|run|merge|report|floor``), peers (FlashInfer and SDPA beside the kernels), tp
+(tensor-parallel serving), serve_load (the OpenAI server under load; ``--cpu``: its CPU smoke), plots.
 """
 
 

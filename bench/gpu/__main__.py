@@ -25,6 +25,10 @@ DIR/raw/, which git ignores):
   peers     decode against FlashInfer's paged decode (bf16, fp8 e4m3), SDPA bf16 and the read limit
             of the same bytes, K3V3 and v3, one entry per card (gpu_bench_peers.json); FlashInfer is
             imported from the Python path
+  serve     serving under load: the OpenAI server in-process, concurrent streaming clients, a packed
+            cache against the 16-bit cache in the same pool bytes (random Llama-3-8B shape, 32K-128K
+            tokens); ``--cpu`` runs the smoke on the CPU, golden backend (gpu_serve_load.json;
+            bench/gpu/serve_load.py)
   all       decode, write, policy, paging, and hf where ``--data`` is given: every GPU result the
             generated docs read (``python -m bench.docs``)
 
@@ -58,6 +62,7 @@ ROUTINES = {
     "kernel": ("kernel", "gpu_bench_kernel.json"),
     "layout": (None, "gpu_bench_layout.json"),
     "peers": (None, "gpu_bench_peers.json"),
+    "serve": (None, "gpu_serve_load.json"),
 }
 ALL = ("decode", "write", "policy", "paging", "hf")
 #: routines with a profiling driver: the module and its argument
@@ -109,6 +114,10 @@ def run_routine(name: str, out: Path, extra: list[str], data: Path | None) -> Pa
         elif name == "peers":
             from bench.gpu import peers
             peers.main(["--out", str(out), *extra])
+        elif name == "serve":
+            from bench.gpu import serve_load
+            if serve_load.main(["--out", str(out), "--no-plot", *extra]):
+                print(f"serve: invariants violated, listed in {out / fname} (invariants_violated)")
         else:
             from bench.gpu import hf
             hf.main(["run", "--data", str(data), "--out", str(out / fname), *extra])
@@ -155,7 +164,7 @@ def main(argv=None) -> int:
     if a.routine == "all" and extra:
         ap.error(f"--routine all takes no routine options: {' '.join(extra)}")
     from bench.gpu import gpu_missing
-    missing = gpu_missing()
+    missing = None if a.routine == "serve" and "--cpu" in extra else gpu_missing()
     if missing:
         print(f"{ap.prog}: error: {missing}", file=sys.stderr)
         return 2

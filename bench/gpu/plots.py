@@ -13,7 +13,9 @@ The kind of plot follows from the file's content; the image goes next to it with
   (midtread/up) and version-2 (midrise/nearest) caches next to SDPA bf16;
 * kernel (gpu_bench_kernel.json): K3/V3 decode time per shape for each implementation in the run;
 * layout (gpu_bench_layout.json): % of the copy bandwidth per (dtype, row mapping, value order), one bar
-  per kernel source in the run.
+  per kernel source in the run;
+* serve (gpu_serve_load.json): per card, running requests over the run per cache (the construction at
+  the workload's mean request dashed), output tokens/s and requests/s, TTFT and TPOT p50 / p99.
 
 Usage: python -m bench.gpu.plots JSON [JSON ...]
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+import numpy as np
 
 plt = None          # matplotlib.pyplot, imported by plot() (the tables need no matplotlib)
 
@@ -329,6 +333,8 @@ def plot(src, dst=None):
     dst = dst or os.path.splitext(src)[0] + ".png"
     with open(src) as f:
         r = json.load(f)
+    if r.get("benchmark") == "serve_load":
+        return plot_serve_load(r, dst)
     if "cards" in r:
         return plot_peers(r, dst)
     if r.get("write") and isinstance(r["write"], list) and "case" in r["write"][0]:
@@ -344,6 +350,59 @@ def plot(src, dst=None):
     if r.get("decode"):
         return plot_decode(r, dst)
     return None
+
+
+def plot_serve_load(r, dst):
+    """gpu_serve_load.json -> one row per card: running requests over time per cache, throughput, TTFT and
+    TPOT (p50 solid, p99 hatched)."""
+    cards = [(k, e) for k, e in r.get("cards", {}).items() if any("wall_s" in c for c in e["caches"].values())]
+    if not cards:
+        return None
+    fig, axes = plt.subplots(len(cards), 4, figsize=(17, 3.8 * len(cards)), squeeze=False)
+    colors = {"bf16": "tab:gray", "v3": "tab:blue", "K3V3": "tab:orange"}
+    for (card, e), (a0, a1, a2, a3) in zip(cards, axes):
+        caches = [(n, c) for n, c in e["caches"].items() if "wall_s" in c]
+        for n, c in caches:
+            tl = c.get("timeline") or []
+            col = colors.get(n)
+            a0.plot([x[0] for x in tl], [x[1] for x in tl], "-", color=col, label=f"{n} running")
+            a0.axhline(c["concurrency_by_construction"]["at_mean"], color=col, ls="--", lw=1)
+        a0.set_xlabel("s")
+        a0.set_ylabel("requests running")
+        a0.set_title(f"{card}\nrunning requests (dashed: the pool holds at the mean)", fontsize=9)
+        a0.legend(fontsize=7)
+        a0.grid(alpha=0.3)
+        x = np.arange(len(caches))
+        names = [n for n, _ in caches]
+        cols = [colors.get(n, "tab:green") for n in names]
+        a1.bar(x - 0.2, [c["output_tokens_per_s"] for _, c in caches], 0.4, color=cols)
+        a1b = a1.twinx()
+        a1b.bar(x + 0.2, [c["requests_per_s"] for _, c in caches], 0.4, color=cols, hatch="//", alpha=0.5)
+        a1.set_ylabel("output tokens/s (solid)")
+        a1b.set_ylabel("requests/s (hatched)")
+        for ax, key, unit, scale in ((a2, "ttft_s", "TTFT, s", 1), (a3, "tpot_ms", "TPOT, ms", 1)):
+            ax.bar(x - 0.2, [(c[f"{key}_p50"] or 0) * scale for _, c in caches], 0.4, color=cols, label="p50")
+            ax.bar(x + 0.2, [(c[f"{key}_p99"] or 0) * scale for _, c in caches], 0.4, color=cols, hatch="//",
+                   alpha=0.5, label="p99")
+            ax.set_ylabel(unit)
+            ax.legend(fontsize=7)
+        for ax in (a1, a2, a3):
+            ax.set_xticks(x)
+            ax.set_xticklabels(names)
+            ax.grid(alpha=0.3, axis="y")
+        w = e["workload"]
+        pool = max(c["pool_bytes"] for _, c in caches)
+
+        def tok(n):
+            return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+        a1.set_title(f"{w['requests']} requests, {w['clients']} clients, {tok(w['context_min'])}-"
+                     f"{tok(w['context_max'])} tokens,\npool {pool / 2**30:.3g} GiB each", fontsize=9)
+        a2.set_title("TTFT p50 / p99 (hatched)\n" + e.get("description", "")[:70], fontsize=8)
+        a3.set_title("TPOT p50 / p99 (hatched)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    plt.close(fig)
+    print(f"wrote {dst}")
 
 
 def plot_decode(r, dst):
