@@ -98,3 +98,15 @@ def test_bad_options_name_the_option(argv, word, capsys):
     with pytest.raises(SystemExit) as stop:
         serve_load.parse(argv)
     assert stop.value.code == 2 and word in capsys.readouterr().err
+
+
+def test_one_process_per_cache_shares_the_pool(tmp_path):
+    """The GPU's several-caches path (one child process per cache, the first sizing the pool): run here on
+    the CPU smoke, the children merge into one entry with equal pool bytes and a clean check."""
+    argv = ["--out", str(tmp_path), "--cpu", "--no-plot", "--caches", "bf16,v3"]
+    a = serve_load.parse(argv)
+    assert serve_load._one_process_per_cache(a, argv) == 0
+    entry = json.loads((tmp_path / serve_load.FNAME).read_text())["cards"]["CPU (golden backend, smoke)"]
+    assert list(entry["caches"]) == ["bf16", "v3"]
+    assert entry["caches"]["bf16"]["pool_bytes"] >= entry["caches"]["v3"]["pool_bytes"] > 0
+    assert entry["invariants_violated"] == []

@@ -576,8 +576,37 @@ def _card(a):
     return torch.cuda.get_device_name()
 
 
+def _one_process_per_cache(a, argv) -> int:
+    """On the GPU, several caches: one child process per cache, in order, the first sizing the pool and the
+    others given its exact bytes (memory one cache's run frees inside a process is not reliably available
+    to the next one's CUDA allocations). The children merge into one card entry; the last checks it."""
+    import subprocess
+    rest, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x == "--caches":
+            skip = True
+        elif not x.startswith("--caches="):
+            rest.append(x)
+    rc, pool = 0, (None if a.pool_gib is None else int(a.pool_gib * 2**30))
+    for name in a.caches:
+        extra = [] if pool is None else ["--pool-gib", repr(pool / 2**30)]
+        r = subprocess.run([sys.executable, "-m", "bench.gpu.serve_load", *rest, "--caches", name, *extra])
+        rc = max(rc, r.returncode)
+        if r.returncode == 2:
+            return rc
+        if pool is None:
+            doc = json.loads((a.out / FNAME).read_text())
+            pool = doc["cards"][_card(a)]["pool_bytes_asked"]
+    return rc
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = parse(argv)
+    if not a.cpu and len(a.caches) > 1:
+        return _one_process_per_cache(a, argv)
     import torch
     if not a.cpu:
         from bench.gpu import gpu_missing
