@@ -44,6 +44,7 @@ BLOCKS = {
     "gpu": "docs/GPU.md",
     "hf": "docs/GPU.md",
     "peers": "docs/GPU.md",
+    "serve_load": "docs/GPU.md",
     "accuracy": "docs/ACCURACY.md",
 }
 #: the key-treatment study's models, in table order
@@ -62,6 +63,7 @@ INPUTS = {
             "gpu_bench_policy.png"),
     "hf": ("hf_bench.json", "hf_floor_cpu.json", "hf_bench.png"),
     "peers": ("gpu_bench_peers.json", "gpu_bench_peers.png"),
+    "serve_load": ("gpu_serve_load.json", "gpu_serve_load.png"),
     "accuracy": (*(f"accuracy/{m}{x}" for m in MODELS for x in (".json", "_passkey.json",
                                                                  "_pareto.png")),
                  *(f"accuracy/{m}{x}" for m in PEER_MODELS if m not in MODELS
@@ -81,6 +83,7 @@ WRITERS = {
     "gpu_bench_policy.json": "python -m bench.gpu --routine policy",
     "gpu_bench_paging.json": "python -m bench.gpu --routine paging",
     "gpu_bench_peers.json": "python -m bench.gpu --routine peers",
+    "gpu_serve_load.json": "python -m bench.gpu --routine serve",
 }
 #: the study configuration the README's accuracy rows quote (it equals the cache policy preset v3)
 HEADLINE_CONFIG = "v2+C+S4+KS2"
@@ -251,6 +254,31 @@ def peers_block(d: dict, img: str) -> str:
     return "\n\n".join([*out, f"![peers]({img}gpu_bench_peers.png)"])
 
 
+def serve_load_block(d: dict, img: str) -> str:
+    """Per card: the load test's caches side by side (same workload, same pool bytes)."""
+    out = []
+    for card, e in d["cards"].items():
+        w = e["workload"]
+        rows = []
+        for name, c in e["caches"].items():
+            cb = c["concurrency_by_construction"]
+            rows.append([name, c["spec"], f"{c['pool_bytes'] / 2**30:.2f}", f"{cb['at_longest']} / {cb['at_mean']}",
+                         c["concurrency_observed"], f"{c['requests_completed']}/{c['requests_sent']}",
+                         f"{c['requests_per_s']:.3f}", f"{c['output_tokens_per_s']:.1f}",
+                         f"{c['ttft_s_p50']:.1f} / {c['ttft_s_p99']:.1f}",
+                         f"{c['tpot_ms_p50']:.0f} / {c['tpot_ms_p99']:.0f}"])
+        vs = "; ".join(f"{n}: {o['requests_per_s_vs_bf16']:.2f}x the requests/s and "
+                       f"{o['concurrency_by_construction_vs_bf16']:.2f}x the sequences held at the mean request"
+                       for n, o in e.get("vs_bf16", {}).items())
+        out += [f"{card} (`bench/results/gpu_serve_load.json`, {e['mode']} mode: {e['description']}, torch "
+                f"{e['torch']}): {w['requests']} streaming requests from {w['clients']} clients, prompt + max_tokens "
+                f"{_ctx(w['context_min'])}-{_ctx(w['context_max'])} tokens, {w['output_min']}-{w['output_max']} "
+                f"output tokens, greedy; each cache in its own process with the same pool bytes. {vs}.",
+                _table(["cache", "policy", "pool GiB", "sequences held (longest / mean request)", "observed",
+                        "finished", "req/s", "output tok/s", "TTFT p50 / p99 (s)", "TPOT p50 / p99 (ms)"], rows)]
+    return "\n\n".join([*out, f"![load]({img}gpu_serve_load.png)"])
+
+
 def hf_block(r: dict, floor: dict, img: str) -> str:
     from bench.gpu.hf import floor_table, tables
     m = floor["meta"]
@@ -395,6 +423,8 @@ def render(name: str, results: Path = RESULTS) -> str:
         return hf_block(load("hf_bench.json"), load("hf_floor_cpu.json"), img)
     if name == "peers":
         return peers_block(load("gpu_bench_peers.json"), img)
+    if name == "serve_load":
+        return serve_load_block(load("gpu_serve_load.json"), img)
     if name == "synth":
         from bench.synth.report import generated
         return generated(load("synth.json"), load("synth_mantissa.json"))
