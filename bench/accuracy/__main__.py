@@ -32,6 +32,7 @@ Usage:
     python -m bench.accuracy --v3-report          # key-treatment plot + doc block, both models
     python -m bench.accuracy --model smollm2-135m --peers   # the peers and v3 / v3-K4V3
     python -m bench.accuracy --peers-report       # peers plot + doc block, every model
+    python -m bench.accuracy --tasks --model smollm2-135m   # task quality (bench/accuracy/tasks.py)
 
 The test fixture verif/data/smollm2_kv.npz (real post-RoPE K/V of SmolLM2-135M) is written by
 ``python -m bench.accuracy.capture_kv``; the whole study in one call on a GPU machine:
@@ -55,9 +56,18 @@ if str(REPO) not in sys.path:
 
 from bench.accuracy.configs import CONFIRM, by_name  # noqa: E402
 from bench.accuracy.report import report  # noqa: E402
+from bench.accuracy.tasks import POLICIES as TASK_POLICIES  # noqa: E402
 
 
 def run(args) -> int:
+    if args.tasks:
+        from bench.accuracy import tasks
+        if args.report_only:
+            from sim_models.models import resolve
+            path = tasks.results_path(args.model_id or resolve(args.model).model_id)
+            print(tasks.table(json.loads(path.read_text())))
+            return 0
+        return tasks.main(args)
     if args.v3_report:
         from bench.accuracy.report import v3_report
         v3_report()
@@ -121,6 +131,41 @@ def run(args) -> int:
     return 0
 
 
+def _check_tasks(ap, args) -> int:
+    if args.merge:
+        if not args.merge.is_file():
+            ap.error(f"--merge: no such file {str(args.merge)!r}")
+        return run(args)
+    if args.limit is not None and args.limit < 1:
+        ap.error(f"--limit must be >= 1, got {args.limit}")
+    if args.max_batch < 1:
+        ap.error(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.backend == "cuda" and args.device == "cpu":
+        ap.error("--backend cuda needs --device cuda (the kernels attend to a model on the GPU)")
+    if args.tables and not Path(args.tables).is_file():
+        ap.error(f"--tables: no such file {args.tables!r}")
+    from sim_models import CachePolicy
+    for s in args.policies.split(","):
+        try:
+            CachePolicy.parse(s.strip())
+        except (ValueError, TypeError) as err:
+            ap.error(f"--policies {s.strip()!r}: {err}")
+    from sim_models.models import resolve, slug
+    if args.model_id is not None:
+        try:
+            if slug(args.model_id) != args.model_id:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--model-id must be lower case [a-z0-9._-], got {args.model_id!r}")
+    try:
+        resolve(args.model)
+    except (ValueError, FileNotFoundError) as err:
+        ap.error(f"{err}")
+    return run(args)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.split("\n")[0])
     from sim_models.models import spec_help
@@ -143,7 +188,23 @@ def main(argv=None) -> int:
                          "the accuracy block of docs/ACCURACY.md from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    t = ap.add_argument_group("task quality (--tasks; bench/accuracy/tasks.py)")
+    t.add_argument("--tasks", action="store_true",
+                   help="greedy answers to the checkable prompt set through the serving engine, per policy")
+    t.add_argument("--policies", default=",".join(TASK_POLICIES),
+                   help="comma-separated cache policy specs (fp16 is run first in any case)")
+    t.add_argument("--backend", default="golden", choices=("golden", "cuda"),
+                   help="the engine's packed store: golden (NumPy) or cuda (the kernels; --device cuda)")
+    t.add_argument("--limit", type=int, help="the first N prompts of each kind (default all)")
+    t.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default 16)")
+    t.add_argument("--tables", help="key tables file (default bench/calib/<model id>.keytables.npz)")
+    t.add_argument("--model-id", help="results key of the model (default the resolver's; a .gguf path on "
+                                      "another machine names its alias with this)")
+    t.add_argument("--out", help="results file (default bench/results/accuracy/<model id>_tasks.json)")
+    t.add_argument("--merge", type=Path, help="merge a results file written elsewhere into the record")
     args = ap.parse_args(argv)
+    if args.tasks:
+        return _check_tasks(ap, args)
     from bench.accuracy.windows import EVAL_CHARS
     if not 1 <= args.windows <= len(EVAL_CHARS):
         ap.error(f"--windows must be in 1..{len(EVAL_CHARS)}, got {args.windows}")
