@@ -20,6 +20,8 @@ A generated block in a markdown file is the text between
                                   attention error, decode step, concurrency, noise floor
   docs/ACCURACY.md      accuracy  the format study: the key-treatment table of both models, one
                                   table per model
+  docs/ACCURACY.md      tasks     task quality: pass rates and agreement with the 16-bit cache per
+                                  policy and backend (bench/accuracy/tasks.py)
 
 Every block reads only the files :data:`INPUTS` names for it (tests/test_results.py holds the
 committed results to that list). ``--check`` writes nothing and exits 1 when a block is not what
@@ -46,11 +48,14 @@ BLOCKS = {
     "peers": "docs/GPU.md",
     "serve_load": "docs/GPU.md",
     "accuracy": "docs/ACCURACY.md",
+    "tasks": "docs/ACCURACY.md",
 }
 #: the key-treatment study's models, in table order
 MODELS = ("smollm2-135m", "gemma3-270m")
 #: the models the peers are compared on (the head_dim-128 model has no passkey record)
 PEER_MODELS = (*MODELS, "qwen2.5-coder-1.5b")
+#: the models with a task-quality record (bench/accuracy/tasks.py)
+TASK_MODELS = ("smollm2-135m",)
 #: block name -> the files under bench/results it reads or shows (images)
 INPUTS = {
     "results": ("sim_summary.json", "formal.json", "synth.json", "gpu_bench.json",
@@ -69,6 +74,7 @@ INPUTS = {
                  *(f"accuracy/{m}{x}" for m in PEER_MODELS if m not in MODELS
                    for x in (".json", "_pareto.png")),
                  "accuracy/key_treatments.png", "accuracy/peers.png"),
+    "tasks": tuple(f"accuracy/{m}_tasks.json" for m in TASK_MODELS),
 }
 #: results file -> the command that writes it (named in the error of a missing file)
 WRITERS = {
@@ -111,7 +117,8 @@ def _load(results: Path, name: str) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        how = WRITERS.get(name, "python -m bench.accuracy" if name.startswith("accuracy/") else "?")
+        how = WRITERS.get(name, ("python -m bench.accuracy --tasks" if name.endswith("_tasks.json") else
+                                 "python -m bench.accuracy") if name.startswith("accuracy/") else "?")
         raise DocsError(f"{path}: no such results file (written by {how})") from None
     except ValueError as err:
         raise DocsError(f"{path}: not JSON ({err})") from None
@@ -428,6 +435,9 @@ def render(name: str, results: Path = RESULTS) -> str:
     if name == "synth":
         from bench.synth.report import generated
         return generated(load("synth.json"), load("synth_mantissa.json"))
+    if name == "tasks":
+        from bench.accuracy.tasks import doc_block
+        return doc_block({m: load(f"accuracy/{m}_tasks.json") for m in TASK_MODELS})
     models = {}
     for mid in MODELS:
         pk = results / f"accuracy/{mid}_passkey.json"

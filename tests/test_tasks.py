@@ -173,7 +173,7 @@ def test_runner_on_a_tiny_model_through_the_engine(tmp_path):
     got = json.loads(path.read_text())
     assert list(got["runs"]) == ["golden", "cuda"] and got["meta"]["fingerprint"] == T.fingerprint()
     table = T.table(got)
-    assert table.count("\n") == 4 and "| golden | `K3V3` | 3.125 |" in table
+    assert table.count("\n") == 4 and "| golden (cpu) | `K3V3` | 3.125 |" in table
 
 
 def test_merge_adds_a_backend_and_refuses_another_prompt_set(tmp_path, monkeypatch):

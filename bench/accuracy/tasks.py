@@ -497,8 +497,8 @@ def merge(src: Path) -> Path:
 def table(doc: dict) -> str:
     """Markdown table of a results document: one row per (backend, policy)."""
     ids = doc["meta"]["tasks"]
-    cols = ["backend", "policy", "bits", "pass", *KINDS, "same tokens as fp16", "same verdict as fp16",
-            "seconds"]
+    cols = ["backend (device)", "policy", "bits", "pass", *KINDS, "same tokens as fp16", "same verdict as fp16",
+            "generation s"]
     rows = []
     for backend, b in doc["runs"].items():
         pols = b["policies"]
@@ -506,7 +506,7 @@ def table(doc: dict) -> str:
         for spec, r in pols.items():
             s = summary(r, ids, ref)
             n = s["n"]
-            rows.append([backend, f"`{spec}`", f"{r['bits']:.3f}", f"{s['pass']}/{n}",
+            rows.append([f"{backend} ({b['device']})", f"`{spec}`", f"{r['bits']:.3f}", f"{s['pass']}/{n}",
                          *(f"{s[k][0]}/{s[k][1]}" for k in KINDS),
                          f"{s['same_tokens']}/{n}" if ref else "--", f"{s['same_verdict']}/{n}" if ref else "--",
                          f"{r['seconds']:.0f}"])
