@@ -537,6 +537,10 @@ def main(args) -> int:
     from sim_models import KeyTables
     from sim_models.models import load, resolve
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"--device {args.device}: no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu "
+              "--backend golden", file=sys.stderr)
+        return 2
     src = resolve(args.model)
     mid = args.model_id or src.model_id
     ts = select(tasks(), args.limit)
