@@ -29,7 +29,11 @@ Run through the study's entry point::
     python -m bench.accuracy --tasks --model M.gguf --model-id smollm2-135m \\
         --backend cuda --device cuda --out OUT/smollm2-135m_tasks.json   # on a GPU machine
     python -m bench.accuracy --tasks --merge OUT/smollm2-135m_tasks.json   # here: into the record
-    python -m bench.accuracy --tasks --report-only                         # doc block only
+    python -m bench.accuracy --tasks --report-only                         # the record's table
+
+On a GPU machine the model file comes in two parts and the ``gguf`` wheel beside it, as
+``python -m bench.gpu.hf prep`` writes and its module docstring describes; the key tables
+(bench/calib/<model_id>.keytables.npz) travel with the tree.
 
 Results: ``bench/results/accuracy/<model_id>_tasks.json`` (``runs[backend][policy]``; a run on
 another backend is merged beside it); the doc block ``tasks`` of docs/ACCURACY.md
