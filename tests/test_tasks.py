@@ -197,12 +197,16 @@ def test_merge_adds_a_backend_and_refuses_another_prompt_set(tmp_path, monkeypat
         T.merge(src)
 
 
-def test_cli_names_bad_options():
+@pytest.mark.parametrize("argv, word", [(["--backend", "cuda"], "--backend cuda needs --device cuda"),
+                                        (["--policies", "fp16,K9V3"], "--policies 'K9V3'"),
+                                        (["--limit", "0"], "--limit"), (["--max-batch", "0"], "--max-batch"),
+                                        (["--model-id", "Bad Name"], "--model-id"),
+                                        (["--merge", "/nope.json"], "--merge"),
+                                        (["--model", "/nope"], "--model")])
+def test_cli_names_bad_options_before_loading(argv, word, capsys):
     from bench.accuracy.__main__ import main
-    for argv, word in ((["--tasks", "--backend", "cuda"], "--backend cuda needs --device cuda"),
-                       (["--tasks", "--policies", "fp16,K9V3"], "--policies"),
-                       (["--tasks", "--limit", "0"], "--limit"),
-                       (["--tasks", "--model-id", "Bad Name"], "--model-id")):
-        with pytest.raises(SystemExit) as e:
-            main(argv)
-        assert e.value.code == 2, word
+    with pytest.raises(SystemExit) as e:
+        main(["--tasks", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert word in err and "Traceback" not in err
