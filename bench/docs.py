@@ -55,7 +55,7 @@ MODELS = ("smollm2-135m", "gemma3-270m")
 #: the models the peers are compared on (the head_dim-128 model has no passkey record)
 PEER_MODELS = (*MODELS, "qwen2.5-coder-1.5b")
 #: the models with a task-quality record (bench/accuracy/tasks.py)
-TASK_MODELS = ("smollm2-135m",)
+TASK_MODELS = ("smollm2-135m", "qwen2.5-coder-1.5b")
 #: block name -> the files under bench/results it reads or shows (images)
 INPUTS = {
     "results": ("sim_summary.json", "formal.json", "synth.json", "gpu_bench.json",
