@@ -33,6 +33,8 @@ Usage:
     python -m bench.accuracy --model smollm2-135m --peers   # the peers and v3 / v3-K4V3
     python -m bench.accuracy --peers-report       # peers plot + doc block, every model
     python -m bench.accuracy --tasks --model smollm2-135m   # task quality (bench/accuracy/tasks.py)
+    python -m bench.accuracy --model smollm2-135m --levers  # the levers and their references
+    python -m bench.accuracy --levers-report      # levers plot + doc block, every model
 
 The test fixture verif/data/smollm2_kv.npz (real post-RoPE K/V of SmolLM2-135M) is written by
 ``python -m bench.accuracy.capture_kv``; the whole study in one call on a GPU machine:
@@ -76,12 +78,17 @@ def run(args) -> int:
         from bench.accuracy.report import peers_report
         peers_report()
         return 0
+    if args.levers_report:
+        from bench.accuracy.report import levers_report
+        levers_report()
+        return 0
     if args.list:
         for c in by_name():
             print(f"{c.group:9s} {c.name}{'  (leading)' if c.name in CONFIRM else ''}")
         return 0
-    from bench.accuracy.configs import PEER_STUDY
-    names = args.only.split(",") if args.only else PEER_STUDY if args.peers else CONFIRM
+    from bench.accuracy.configs import LEVER_STUDY, PEER_STUDY
+    names = (args.only.split(",") if args.only else PEER_STUDY if args.peers
+             else LEVER_STUDY if args.levers else CONFIRM)
     configs = by_name(names)
     from sim_models.models import resolve
     from bench.accuracy.runs import RESULTS_DIR
@@ -186,6 +193,11 @@ def main(argv=None) -> int:
     ap.add_argument("--peers-report", action="store_true",
                     help="the peers plot of every model (bench/results/accuracy/peers.png) and "
                          "the accuracy block of docs/ACCURACY.md from the committed JSON")
+    ap.add_argument("--levers", action="store_true",
+                    help="run the lever study and its references (configs.LEVER_STUDY)")
+    ap.add_argument("--levers-report", action="store_true",
+                    help="the levers plot of every model (bench/results/accuracy/levers.png) and "
+                         "the accuracy block of docs/ACCURACY.md from the committed JSON")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t = ap.add_argument_group("task quality (--tasks; bench/accuracy/tasks.py)")
@@ -212,14 +224,14 @@ def main(argv=None) -> int:
         ap.error(f"--context must be >= 64 tokens, got {args.context}")
     if args.threads < 1:
         ap.error(f"--threads must be >= 1, got {args.threads}")
-    if args.only and args.peers:
-        ap.error("--only and --peers are exclusive")
+    if sum(map(bool, (args.only, args.peers, args.levers))) > 1:
+        ap.error("--only, --peers and --levers are exclusive")
     if args.only:
         try:
             by_name(args.only.split(","))
         except ValueError as err:
             ap.error(f"--only: {err}")
-    if not args.v3_report and not args.peers_report and not args.list:
+    if not (args.v3_report or args.peers_report or args.levers_report or args.list):
         from sim_models.models import resolve
         try:
             resolve(args.model)

@@ -13,7 +13,9 @@ its sliding-window layers: the mask comes from transformers) go through the same
 
 Peers that keep recent tokens unquantized (bench.accuracy.peers, ``windowed``) need a
 different key/value set per query: their layers run :func:`windowed_attention`, which mixes,
-per (query, cached token), the fp16 and the quantized key and value.
+per (query, cached token), the fp16 and the quantized key and value. The study's own fp16
+ring of recent tokens (``recent``, :func:`recent_mask`) runs the same way, its fp16 keys
+taken in the stored domain (centered and scaled, as the sinks).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def fake_quant_attention(module, query, key, value, attention_mask, **kwargs):
         win, _ACTIVE.pending = _ACTIVE.pending, None
         if win is not None:
             kf, vf, kfn, vfn = win
+            if isinstance(kfn, RecentMask) and query.shape[2] == kf.shape[2]:
+                return ring_attention(query, kf, key, vf, value, attention_mask, kfn.recent,
+                                      kwargs.get("scaling")), None
             return windowed_attention(query, kf, key, vf, value, attention_mask, kfn, vfn,
                                       kwargs.get("scaling")), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -105,6 +110,57 @@ def windowed_attention(query, k_full, k_hat, v_full, v_hat, mask, k_fn, v_fn, sc
     return out.transpose(1, 2).contiguous()
 
 
+class RecentMask:
+    """``full_mask(q_pos, k_pos)`` of an fp16 ring of the ``recent`` most recent tokens: the
+    query at t reads k_pos in (t - recent, t] in fp16 (bool [Q, K])."""
+
+    def __init__(self, recent: int):
+        self.recent = recent
+
+    def __call__(self, q_pos, k_pos):
+        return k_pos[None, :] > q_pos[:, None] - self.recent
+
+
+def recent_mask(recent: int) -> RecentMask:
+    """The :class:`RecentMask` of a ring of ``recent`` tokens."""
+    return RecentMask(recent)
+
+
+def ring_attention(query, k_full, k_hat, v_full, v_hat, mask, recent: int, scaling=None):
+    """:func:`windowed_attention` with :func:`recent_mask` (``recent``) for every query of the
+    sequence (query i at position i), computed as attention over the quantized tokens plus
+    the fp16 - quantized differences on the ``recent`` diagonals of the score and weight
+    matrices (the same result at the cost of one attention).
+
+    Returns:
+        [B, Q, Hq, D] (sdpa_attention_forward's layout).
+    """
+    torch = __import__("torch")
+    b, hq, t, d = query.shape
+    rep = hq // k_hat.shape[1]
+    ex = lambda x: x.repeat_interleave(rep, dim=1).to(query.dtype)  # noqa: E731
+    kh, vh = ex(k_hat), ex(v_hat)
+    dk, dv = ex(k_full) - kh, ex(v_full) - vh
+    scale = d ** -0.5 if scaling is None else scaling
+    s = query @ kh.transpose(-1, -2)
+    for o in range(min(recent, t)):               # s[i, i - o] += q_i . dk_(i - o)
+        s.diagonal(offset=-o, dim1=-2, dim2=-1).add_(
+            (query[:, :, o:] * dk[:, :, :t - o]).sum(-1))
+    s = s * scale
+    if mask is None:
+        causal = torch.ones(t, t, dtype=torch.bool, device=query.device).triu(1)
+        s = s.masked_fill(causal, -math.inf)
+    elif mask.dtype == torch.bool:
+        s = s.masked_fill(~mask, -math.inf)
+    else:
+        s = s + mask
+    p = torch.softmax(s.float(), dim=-1).to(query.dtype)
+    out = p @ vh
+    for o in range(min(recent, t)):               # out_i += p[i, i - o] * dv_(i - o)
+        out[:, :, o:] += p.diagonal(offset=-o, dim1=-2, dim2=-1)[..., None] * dv[:, :, :t - o]
+    return out.transpose(1, 2).contiguous()
+
+
 class KVFakeQuant:
     """What the attention function does for one forward pass (use as a context manager).
 
@@ -121,13 +177,15 @@ class KVFakeQuant:
         transforms: per layer, a list of sim_models.HeadTransform per kv head for the keys,
             or None.
         capture: accumulate per-channel key/query statistics (calibration) when True.
+        recent: the most recent tokens each query reads in fp16 (:func:`recent_mask`), 0: none.
         metrics: accumulate K/V relative MSE and attention-output error per layer.
     """
 
     def __init__(self, n_layers, n_kv_heads, head_dim, quantizers=None, sinks=0, mu16=None,
                  kscale=None, capture=False, metrics=True, mu_skip=0, key_s16=None,
-                 transforms=None, capture_stride=4):
+                 transforms=None, capture_stride=4, recent=0):
         import torch
+        self.recent = recent
         self.torch = torch
         self.key_s16, self.transforms = key_s16, transforms
         self.capture_stride = capture_stride
@@ -226,6 +284,12 @@ class KVFakeQuant:
             vf = torch.from_numpy(v.astype(np.float16).astype(np.float32)).to(value.device,
                                                                               value.dtype)
             self.pending = (kf, vf, fn[0], fn[1])
+        elif self.recent:
+            kf = torch.from_numpy(dom.astype(np.float32)).to(key.device, key.dtype)
+            vf = torch.from_numpy(v.astype(np.float16).astype(np.float32)).to(value.device,
+                                                                              value.dtype)
+            full = recent_mask(self.recent)
+            self.pending = (kf, vf, full, full)
         if self.metrics:
             back = kh.astype(np.float64) + (0.0 if mu16 is None else
                                              mu16.astype(np.float64)[None, :, None, :])

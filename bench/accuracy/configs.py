@@ -25,7 +25,7 @@ import numpy as np
 from sim_models import CachePolicy, FormatParams
 from sim_models.policy import KEY_SCALES, POLICY_PRESETS
 
-from .kvquant import Baseline, Quantizer, bits_per_element
+from .kvquant import Baseline, IPScaled, Quantizer, bits_per_element
 from .peers import (BF16, OCTAVE_BLOCK, FP8PerTensor, KiviKey, KiviValue, Octave, Peer,
                     TurboQuantKey, UniformAsym, slot_bits)
 
@@ -52,7 +52,8 @@ class Config:
         sinks: leading tokens of each sequence kept fp16.
         center_keys: keys stored as k - mu (calibrated mu).
         layer_k: ``(top, FormatSpec)``: keys of the ``top`` most sensitive layers in that format;
-            ``(top, FormatSpec, "boundary")``: the first top/2 and last top - top/2 layers.
+            ``(top, FormatSpec, "boundary")``: the first top/2 and last top - top/2 layers;
+            a float ``top`` in (0, 1) is a fraction of the model's layers (rounded half up).
         reparam: exact key reparametrization (bench.accuracy.kvquant.key_scales), or None.
         key_scale: per-channel key scales applied by the golden model (sim_models.scale_keys):
             ``"pow2"``, ``"fp16"`` or None (:data:`sim_models.policy.KEY_SCALES`).
@@ -62,6 +63,11 @@ class Config:
         key_rot: calibrated 4x4 rotations after the FWHT per (layer, kv head) (keys).
         boundary: K and V of the first and last ``boundary`` layers stored in bf16 (at most
             half the layers), as peers that leave boundary layers uncompressed do.
+        recent: the ``recent`` most recent tokens (the query's own included) are read in fp16
+            (a ring of fp16 K/V, in the stored domain: centered and scaled keys, as sinks);
+            a token is read from its quantized form once it leaves the ring.
+        ip_scale: formats choose each block's scale byte so that ``y . y_hat = |y|^2``
+            (bench.accuracy.kvquant.IPScaled); the stored bytes are unchanged in kind.
     """
 
     name: str
@@ -78,12 +84,22 @@ class Config:
     key_signs: bool = False
     key_rot: bool = False
     boundary: int = 0
+    recent: int = 0
+    ip_scale: bool = False
 
     def __post_init__(self):
         if self.key_scale not in (None, *KEY_SCALES):
             raise ValueError(f"{self.name}: key_scale must be one of {KEY_SCALES} or None, got {self.key_scale!r}")
         if self.boundary < 0:
             raise ValueError(f"{self.name}: boundary must be >= 0, got {self.boundary}")
+        if isinstance(self.recent, bool) or not isinstance(self.recent, int) or self.recent < 0:
+            raise ValueError(f"{self.name}: recent must be an int >= 0, got {self.recent!r}")
+        if (self.recent or self.ip_scale) and self.peer:
+            raise ValueError(f"{self.name}: recent and ip_scale apply to the study's formats, "
+                             f"not to peer formats")
+        if self.layer_k and isinstance(self.layer_k[0], float) and not 0 < self.layer_k[0] < 1:
+            raise ValueError(f"{self.name}: a fractional layer_k top must be in (0, 1), "
+                             f"got {self.layer_k[0]}")
         if self.key_scale_rule not in KEY_SCALE_RULES:
             raise ValueError(f"{self.name}: key_scale_rule must be one of {KEY_SCALE_RULES}, "
                              f"got {self.key_scale_rule!r}")
@@ -119,6 +135,18 @@ class Config:
             return s
         return FormatParams(n=head_dim, **s)
 
+    def _stored(self, s: KVSpec, head_dim: int) -> Quantizer:
+        """The quantizer of spec ``s`` (``ip_scale``: the format with the inner-product scale)."""
+        q = self._resolve(s, head_dim)
+        return IPScaled(q) if self.ip_scale and isinstance(q, FormatParams) else q
+
+    def layer_top(self, n_layers: int) -> int:
+        """How many layers ``layer_k`` names for a model of ``n_layers`` layers."""
+        top = self.layer_k[0]
+        if isinstance(top, float):
+            return max(1, int(top * n_layers + 0.5))
+        return top
+
     def wide_layers(self, k_sens: np.ndarray | None) -> list[int]:
         """Layers whose keys use ``layer_k``'s format (sorted)."""
         if not self.layer_k:
@@ -127,11 +155,12 @@ class Config:
             n = len(k_sens) if k_sens is not None else None
             if n is None:
                 raise ValueError(f"{self.name}: boundary layers need the layer count (k_sens)")
-            top = self.layer_k[0]
+            top = self.layer_top(n)
             return sorted(set(range(top // 2)) | set(range(n - (top - top // 2), n)))
         if k_sens is None:
             raise ValueError(f"{self.name}: layer_k needs the calibration's k_sens")
-        return sorted(int(l) for l in np.argsort(-np.asarray(k_sens))[:self.layer_k[0]])
+        top = self.layer_top(len(k_sens))
+        return sorted(int(l) for l in np.argsort(-np.asarray(k_sens), kind="stable")[:top])
 
     def quantizer(self, layer: int, kind: str, head_dim: int, k_sens=None,
                   n_layers: int | None = None) -> Quantizer:
@@ -140,8 +169,8 @@ class Config:
         if layer in self.boundary_layers(n_layers):
             return BF16()
         if kind == "k" and layer in self.wide_layers(k_sens):
-            return self._resolve(self.layer_k[1], head_dim)
-        return self._resolve(self.k if kind == "k" else self.v, head_dim)
+            return self._stored(self.layer_k[1], head_dim)
+        return self._stored(self.k if kind == "k" else self.v, head_dim)
 
     def policy(self, head_dim: int, k_sens=None) -> CachePolicy | None:
         """The sim_models.CachePolicy of this configuration (None when a Baseline is used)."""
@@ -158,7 +187,8 @@ class Config:
         preset name where one matches, e.g. ``"v3"``), or None where it is no cache policy over
         the default per-vector format: baselines, reparametrizations, key-only scale rules,
         layers chosen by calibration, other per-vector fields."""
-        if self.reparam or self.layer_k or self.key_scale_rule != "qaware":
+        if (self.reparam or self.layer_k or self.key_scale_rule != "qaware" or self.recent
+                or self.ip_scale):
             return None
         pol = self.policy(64)
         if pol is None:
@@ -182,7 +212,8 @@ class Config:
         """Average stored bits per K/V element of one ``context``-token sequence (every
         stored byte; sinks fp16; mu and key scales are model constants, not counted)."""
         pol = self.policy(head_dim, k_sens)
-        if pol is not None:
+        if pol is not None:       # the recent ring's fp16 tokens are counted as sinks are
+            pol = dataclasses.replace(pol, sinks=pol.sinks + self.recent)
             return pol.bits_per_element(n_layers, n_kv_heads, head_dim, context)
         if self.peer:
             if self.sinks:
@@ -192,7 +223,7 @@ class Config:
             if any(isinstance(q, (Baseline, FormatParams)) for lq in qs for q in lq):
                 raise ValueError(f"{self.name}: a peer format is paired with a study format")
             return sum(slot_bits(k, v, head_dim, context, n_kv_heads) for k, v in qs) / n_layers
-        s = min(self.sinks, context)
+        s = min(self.sinks + self.recent, context)
         tot = 0.0
         for layer in range(n_layers):
             for kind in ("k", "v"):
@@ -218,6 +249,10 @@ class Config:
             d["layer_k"]["rule"] = self.layer_k[2]
         if self.boundary:
             d["boundary_bf16"] = self.boundary
+        if self.recent:
+            d["recent"] = self.recent
+        if self.ip_scale:
+            d["ip_scale"] = True
         for k, v in (("key_scale", self.key_scale_kind), ("signs", self.key_signs), ("rot", self.key_rot)):
             if v:
                 d[k] = v
@@ -233,14 +268,19 @@ def _f(**kw) -> FormatSpec:
 
 def _cfg(name, k, v=_SAME, sinks=0, center_keys=False, layer_k=None, group="", note="",
          reparam=None, key_scale=None, key_scale_rule="qaware", key_signs=False, key_rot=False,
-         boundary=0) -> Config:
+         boundary=0, recent=0, ip_scale=False) -> Config:
     return Config(name=name, group=group, k=k, v=k if v is _SAME else v, sinks=sinks,
                   center_keys=center_keys, layer_k=layer_k, reparam=reparam, note=note,
                   key_scale=key_scale, key_scale_rule=key_scale_rule, key_signs=key_signs, key_rot=key_rot,
-                  boundary=boundary)
+                  boundary=boundary, recent=recent, ip_scale=ip_scale)
 
 
 V1 = {}
+#: Lever study: fp16 recent-ring sizes, shares of layers with 4-bit keys, and the
+#: combinations run (ring size or 0, layer share or 0, inner-product scale).
+LEVER_RECENT = (8, 16, 32, 64)
+LEVER_LAYER_SHARES = (0.10, 0.25)
+LEVER_COMBOS = ((8, 0.10, False), (16, 0.10, False), (16, 0.0, True))
 LM = dict(mode="lloydmax", scale_rule="rms", scale_round="nearest")
 MR = dict(mode="midrise", scale_rule="rms", scale_round="nearest")
 
@@ -412,6 +452,29 @@ def configurations() -> list[Config]:
     add(_cfg("v2-K4G32V3+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2), **P,
              key_scale="pow2", group="v3"))
 
+    # levers for the next format version, each alone on the v3 policy, then combined:
+    # an fp16 ring of the most recent tokens (W<R>), 4-bit keys on a share of the layers
+    # ranked by the calibration's key sensitivity (K4top<p>%) or on the boundary layers
+    # (K4B<p>%), the inner-product-preserving block scale (IP)
+    V3 = dict(**P, key_scale="pow2")
+    K4 = _f(**V2, bits=4)
+    for r in LEVER_RECENT:
+        add(_cfg(f"v3+W{r}", _f(**V2), **V3, recent=r, group="lever",
+                 note=f"fp16 ring of the {r} most recent tokens"))
+    for frac in LEVER_LAYER_SHARES:
+        pc = round(100 * frac)
+        add(_cfg(f"v3+K4top{pc}%", _f(**V2), **V3, layer_k=(frac, K4), group="lever",
+                 note=f"4-bit keys in the {pc}% most key-sensitive layers (calibration)"))
+        add(_cfg(f"v3+K4B{pc}%", _f(**V2), **V3, layer_k=(frac, K4, "boundary"), group="lever",
+                 note=f"4-bit keys in {pc}% of the layers, first and last"))
+    add(_cfg("v3+IP", _f(**V2), **V3, ip_scale=True, group="lever",
+             note="inner-product-preserving block scale (K and V)"))
+    for r, frac, ip in LEVER_COMBOS:
+        name = "v3" + (f"+W{r}" if r else "") + (f"+K4top{round(100 * frac)}%" if frac else "") \
+            + ("+IP" if ip else "")
+        add(_cfg(name, _f(**V2), **V3, recent=r, layer_k=(frac, K4) if frac else None,
+                 ip_scale=ip, group="lever", note="combined levers"))
+
     # other projects' formats (bench/accuracy/peers.py cites each); int4-asym above is
     # LMDeploy's INT4 per (token, head)
     add(_cfg("fp8-e4m3", FP8PerTensor(), group="peer",
@@ -458,6 +521,11 @@ V3_STUDY = ["fp16", "midrise-max-near", "midrise-max-near+C+S4", "K4V3-midrise-m
 #: The peers (bench/accuracy/peers.py) and the study's own configurations they are compared with.
 PEER_STUDY = ["fp16", "int4-asym", "v2+C+S4+KS2", "v2-K4V3+C+S4+KS2"] + [
     c.name for c in configurations() if c.group == "peer"]
+
+
+#: The lever study (group "lever") and the references it is compared with.
+LEVER_STUDY = ["fp16", "v2+C+S4+KS2", "v2-K4V3+C+S4+KS2", "v2+C+S4+KS2+SG",
+               "kivi-3-G128-R32"] + [c.name for c in configurations() if c.group == "lever"]
 
 
 #: Where each peer configuration's format is described (the peers table of docs/ACCURACY.md).

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim_models import FormatParams, decode_float, encode
+from sim_models.codec import as_bits, encode_trace, encoded
+from sim_models.minifloat import scale_encoding
+from sim_models.quant import dequantize
 from sim_models.keytables import LOG2_S_MAX, qaware_log2_scales
 from sim_models.signs import sign_mask
 
@@ -38,7 +41,61 @@ class Baseline:
         return self.bits + 32.0 / head_dim
 
 
-Quantizer = FormatParams | Baseline | Peer | None
+@dataclass(frozen=True)
+class IPScaled:
+    """The format ``p`` with an inner-product-preserving block scale (the rule of vLLM's
+    Octave format, bench.accuracy.peers.octave_block_quantize, applied within this format):
+    the golden model's codes are kept, and each block's scale byte is re-chosen as the byte
+    nearest to the scale s with ``y . y_hat(s) = |y|^2`` (y: the block's FWHT output, y_hat
+    its reconstruction). The stored bytes are ordinary format bytes (the read path is
+    unchanged); only the encoder's choice of scale byte differs."""
+
+    p: FormatParams
+
+    def __post_init__(self):
+        if not isinstance(self.p, FormatParams):
+            raise TypeError(f"IPScaled.p must be a FormatParams, got {type(self.p).__name__}")
+        if self.p.mode == "asym":
+            raise ValueError("IPScaled: mode 'asym' has a zero point, the inner-product "
+                             "scale is defined for the symmetric modes")
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.p.bits_per_element
+
+
+def ip_scale_bytes(y: np.ndarray, yhat: np.ndarray, scales: np.ndarray, p: FormatParams):
+    """Scale bytes uint8 [V, N/G] with ``y . y_hat = |y|^2`` per block, rounded to the nearest
+    byte of ``p.scale`` (``y``, ``yhat``: float64 [V, N] FWHT output and its reconstruction
+    with the bytes ``scales``; a block with ``y . y_hat <= 0`` keeps its byte)."""
+    enc = scale_encoding(p.scale)
+    vals = enc.values()
+    g = p.block
+    yb = y.reshape(len(y), -1, g)
+    hb = yhat.reshape(len(y), -1, g)
+    num = (yb * yb).sum(axis=2)
+    den = (yb * hb).sum(axis=2)
+    idx = enc.index_of(np.where(scales == 0, enc.bytes[0], scales))
+    target = np.where(den > 0, vals[idx] * num / np.where(den > 0, den, 1.0), vals[idx])
+    hi = np.clip(np.searchsorted(vals, target), 1, len(vals) - 1)
+    near = np.where(target - vals[hi - 1] <= vals[hi] - target, hi - 1, hi)
+    return np.where((den > 0) & (scales != 0), enc.bytes[near], scales).astype(np.uint8)
+
+
+def ip_roundtrip(x16: np.ndarray, q: IPScaled, t=None) -> np.ndarray:
+    """float16 [..., D] -> golden encode, scale bytes re-chosen by :func:`ip_scale_bytes`
+    -> golden decode_float -> float32 (``t`` as :func:`golden_roundtrip`)."""
+    p = q.p
+    shape = x16.shape
+    tr = encode_trace(as_bits(x16.reshape(-1, p.n), p), p, t)
+    y = np.ldexp(tr.y.astype(np.float64), tr.u[:, None].astype(np.int32))
+    yhat = dequantize(tr.codes, tr.scales, p, tr.zeros)
+    tr.scales = ip_scale_bytes(y, yhat, tr.scales, p)
+    e = encoded(tr, p)
+    return decode_float(e.codes, e.scales, p, e.zeros, t).astype(np.float32).reshape(shape)
+
+
+Quantizer = FormatParams | IPScaled | Baseline | Peer | None
 
 
 def _hadamard_orth(d: int) -> np.ndarray:
@@ -85,11 +142,13 @@ def roundtrip(x: np.ndarray, q: Quantizer, transforms=None) -> np.ndarray:
     if isinstance(q, Peer):
         return q.roundtrip(x)
     x16 = x.astype(np.float16)
+    rt = ip_roundtrip if isinstance(q, IPScaled) else golden_roundtrip
     if transforms is None:
-        return golden_roundtrip(x16, q)
-    if q.n != x.shape[-1]:
-        raise ValueError(f"per-head transforms need n = head_dim = {x.shape[-1]}, got n={q.n}")
-    return np.stack([golden_roundtrip(np.ascontiguousarray(x16[:, h]), q, t)
+        return rt(x16, q)
+    n = q.p.n if isinstance(q, IPScaled) else q.n
+    if n != x.shape[-1]:
+        raise ValueError(f"per-head transforms need n = head_dim = {x.shape[-1]}, got n={n}")
+    return np.stack([rt(np.ascontiguousarray(x16[:, h]), q, t)
                      for h, t in enumerate(transforms)], axis=1)
 
 

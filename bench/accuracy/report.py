@@ -388,3 +388,110 @@ def peers_report(model_ids=None):
     peers_plot(models, RESULTS_DIR / "peers.png", others=V3_STUDY)
     update_doc()
     return models
+
+
+# ------------------------------------------------------------------ levers, every model
+#: Context the lever table also counts bits at (the fp16 ring's share shrinks with it).
+LEVER_LONG = 32768
+#: The lever table's label of its reference rows (the levers' own notes label theirs).
+LEVER_REFS = {"v2+C+S4+KS2": "reference: cache policy `v3`",
+              "v2-K4V3+C+S4+KS2": "reference: cache policy `v3-K4V3`",
+              "v2+C+S4+KS2+SG": "calibrated key sign masks per (layer, kv head)",
+              "kivi-3-G128-R32": "peer: KIVI at 3 bits (fp16 recent tokens)"}
+
+
+def _bits_at(cfg: Config, meta: dict, context: int) -> float:
+    ks = np.asarray(meta["k_sens"]) if meta.get("k_sens") else None
+    return cfg.bits(meta["layers"], meta["kv_heads"], meta["head_dim"], context, ks)
+
+
+def lever_table(models: dict) -> str:
+    """Markdown: per configuration of bench.accuracy.configs.LEVER_STUDY, per model: bits at
+    the windows' context and at LEVER_LONG tokens (every stored byte), PPL / PPL_fp16
+    (geometric mean over the windows run, their count in parentheses where fewer than the
+    model's windows) and mean KL; "--" where not run."""
+    from .configs import LEVER_STUDY, by_name
+    cfgs = {c.name: c for c in by_name(LEVER_STUDY)}
+    mids = list(models)
+    lines = ["| configuration | lever | " + " | ".join(
+        f"{m}: bits 2K | bits 32K | vs fp16 | KL" for m in mids)
+        + " |\n|---|---|" + "---|---|---|---|" * len(mids)]
+    for n in LEVER_STUDY:
+        if n == "fp16":
+            continue
+        cells, any_ = [], False
+        for m in mids:
+            res = models[m]["results"]
+            s = partial_summary(res, n)
+            if s is None:
+                cells.append("-- | -- | -- | --")
+                continue
+            any_ = True
+            nw = len(res["meta"]["windows"])
+            more = "" if s["windows"] == nw else f" ({s['windows']} of {nw})"
+            cells.append(f"{s['bits']:.3f} | {_bits_at(cfgs[n], res['meta'], LEVER_LONG):.3f} | "
+                         f"{100 * (s['ratio'] - 1):+.1f}%{more} | {s['kl']:.4f}")
+        if any_:
+            lines.append(f"| `{n}` | {LEVER_REFS.get(n, cfgs[n].note)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def lever_plot(models: dict, out: Path):
+    """Bits (2048 context) vs PPL / PPL_fp16 per model (one panel each): the levers (red,
+    labelled), v3 and v3-K4V3 (stars), the peers (blue), the Pareto frontier over the points
+    with every window; ratios above PEERS_YMAX drawn on the top edge."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .configs import LEVER_STUDY, PEER_SOURCES
+    names = list(dict.fromkeys([*LEVER_STUDY, *OURS, *PEER_SOURCES]))
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5.5), squeeze=False)
+    for ax, (mid, d) in zip(axes[0], models.items()):
+        res = d["results"]
+        nw = len(res["meta"]["windows"])
+        pts = [s for s in (partial_summary(res, n) for n in names if n != "fp16") if s]
+        if not pts:
+            continue
+        full = [p for p in pts if p["windows"] == nw]
+        par = pareto([(p["bits"], p["ratio"]) for p in full])
+        front = sorted((full[i]["bits"], full[i]["ratio"]) for i in par)
+        ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
+        for p in pts:
+            ours, peer = p["name"] in OURS, p["name"] in PEER_SOURCES
+            kw = (dict(marker="*", s=120, color="tab:red", zorder=4) if ours else
+                  dict(marker="o", s=40, color="tab:blue", zorder=3) if peer else
+                  dict(marker="D", s=30, color="tab:orange", zorder=3))
+            if p["windows"] < nw:
+                kw.update(facecolors="none", edgecolors=kw.pop("color"))
+            off = p["ratio"] > PEERS_YMAX
+            y = min(p["ratio"], PEERS_YMAX)
+            ax.scatter(p["bits"], y, **kw)
+            lab = OURS.get(p["name"], p["name"]) + (f" ({100 * (p['ratio'] - 1):+.0f}%)" if off else "")
+            ax.annotate(lab, (p["bits"], y), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        for y, ls, lab in ((1.0, "-", "fp16"), (1.03, ":", "fp16 + 3%")):
+            ax.axhline(y, color="gray", lw=0.8, ls=ls, label=lab)
+        ax.axvline(3.3, color="red", lw=0.6, ls=":", label="3.3 bits")
+        ax.set_ylim(0.99, PEERS_YMAX * 1.01)
+        ax.set_xlabel("average stored bits per K/V element (every byte, 2048 context)")
+        ax.set_ylabel("PPL / PPL_fp16 (geometric mean over windows)")
+        ax.set_title(f"{mid}: levers ({nw} windows; hollow: fewer)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+
+
+def levers_report(model_ids=None):
+    """The lever plot (bench/results/accuracy/levers.png) of every model with results, from the
+    committed JSON, and the accuracy block of docs/ACCURACY.md."""
+    import json
+    from bench.docs import PEER_MODELS
+    models = {}
+    for mid in model_ids or PEER_MODELS:
+        p = RESULTS_DIR / f"{mid}.json"
+        if p.exists():
+            models[mid] = {"results": json.loads(p.read_text())}
+    lever_plot(models, RESULTS_DIR / "levers.png")
+    update_doc()
+    return models

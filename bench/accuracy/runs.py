@@ -59,6 +59,8 @@ SELECT_DOMAINS = {"c": None, "cq": "qaware-pow2"}
 VOCAB_CHUNK = 128                    # positions per output-head chunk
 #: Bump when the meaning of a result changes (invalidates cached results).
 PROTOCOL = 2
+#: A long context the stored bits are also counted at (bits_32k of every result).
+LONG_CONTEXT = 32768
 
 
 def _rel(p: Path) -> str:
@@ -164,7 +166,7 @@ class Study:
                            kscale=key_scales(cfg.reparam, self.calib) if cfg.reparam else None,
                            key_s16=(calibrated_key_scales(cfg.key_scale_kind, self.calib)
                                     if cfg.key_scale else None),
-                           transforms=self.transforms(cfg), metrics=metrics)
+                           transforms=self.transforms(cfg), metrics=metrics, recent=cfg.recent)
 
     # ------------------------------------------------------------------ evaluation
     def ref_hidden(self, w):
@@ -212,6 +214,7 @@ class Study:
             res = {"ppl": math.exp(r["nll"] / n), "nll": r["nll"], "n": n, "kl": r["kl"] / n,
                    **r["fq"].relative(),
                    "bits": cfg.bits(self.L, self.H, self.D, len(w.tokens), ks),
+                   "bits_32k": cfg.bits(self.L, self.H, self.D, LONG_CONTEXT, ks),
                    "table_bytes": cfg.table_bytes(self.L, self.H, self.D),
                    "seconds": r["t"]}
             if cfg.layer_k:

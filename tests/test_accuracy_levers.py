@@ -1,0 +1,139 @@
+"""Lever configurations of the accuracy study (bench/accuracy/configs.py, group "lever"): the
+fp16 ring of recent tokens, 4-bit keys on a share of the layers, the inner-product-preserving
+block scale; hand-computed bits and masks, and properties of the quantizers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from bench.accuracy.configs import LEVER_STUDY, Config, by_name
+from bench.accuracy.kvquant import IPScaled, golden_roundtrip, ip_roundtrip, ip_scale_bytes
+from bench.accuracy.peers import KiviKey
+from sim_models import FormatParams
+from sim_models.minifloat import scale_encoding
+
+V2 = dict(mode="midrise", scale_round="nearest")
+
+
+def test_lever_configurations_are_named_and_run_in_the_study():
+    names = [c.name for c in by_name() if c.group == "lever"]
+    assert {"v3+W16", "v3+W32", "v3+W64", "v3+K4top10%", "v3+K4top25%", "v3+K4B10%",
+            "v3+IP"} <= set(names)
+    assert set(names) <= set(LEVER_STUDY)
+    for c in by_name(names):          # every lever is the v3 policy plus the lever
+        assert c.center_keys and c.sinks == 4 and c.key_scale == "pow2"
+        assert c.policy_spec() is None         # no cache-policy preset stands for a lever
+
+
+def test_recent_ring_bits_are_counted_at_every_context():
+    w32 = by_name(["v3+W32"])[0]
+    # SmolLM2 shape: 30 layers, 3 kv heads, head_dim 64; b = 3 + 8/64 = 3.125 bits quantized,
+    # 4 sinks + 32 ring tokens in fp16
+    assert w32.bits(30, 3, 64, 2048) == pytest.approx((36 * 16 + 2012 * 3.125) / 2048)
+    assert w32.bits(30, 3, 64, 32768) == pytest.approx((36 * 16 + 32732 * 3.125) / 32768)
+    assert w32.bits(30, 3, 64, 20) == 16.0              # the whole sequence in the ring
+    base = by_name(["v2+C+S4+KS2"])[0]
+    assert base.bits(30, 3, 64, 2048) == pytest.approx((4 * 16 + 2044 * 3.125) / 2048)
+    assert w32.spec()["recent"] == 32 and "recent" not in base.spec()
+
+
+def test_recent_mask_reads_the_last_tokens_in_fp16():
+    from bench.accuracy.attention import recent_mask
+    m = recent_mask(2)(np.arange(4), np.arange(4))
+    # the query at t reads t-1 and t in fp16 (its own key included), older ones quantized
+    assert m.tolist() == [[True, True, True, True], [True, True, True, True],
+                          [False, True, True, True], [False, False, True, True]]
+
+
+def test_recent_ring_attention_uses_stored_domain_keys():
+    """KVFakeQuant with a ring hands the windowed attention the fp16 keys in the stored
+    domain (centered), and a ring as long as the sequence gives fp16 attention."""
+    torch = pytest.importorskip("torch")
+    from bench.accuracy.attention import KVFakeQuant, windowed_attention
+
+    class Layer:
+        layer_idx = 0
+    g = torch.Generator().manual_seed(1)
+    b, h, t, d = 1, 2, 6, 64
+    q = torch.randn(b, 2 * h, t, d, generator=g)
+    k = torch.randn(b, h, t, d, generator=g) + 3.0
+    v = torch.randn(b, h, t, d, generator=g)
+    mu = np.full((1, h, d), 3.0, dtype=np.float16)
+    p = FormatParams(n=d, **V2)
+    fq = KVFakeQuant(1, h, d, [(p, p)], mu16=mu, recent=t, metrics=False)
+    _, kh, vh = fq.transform(Layer(), q, k, v, None, {})
+    kf, vf, kfn, vfn = fq.pending
+    np.testing.assert_allclose(kf.numpy(), (k.numpy().astype(np.float16) - np.float16(3.0))
+                               .astype(np.float32), atol=1e-3)
+    assert not np.allclose(kh.numpy(), kf.numpy(), atol=1e-3)     # quantized differs
+    out = windowed_attention(q, kf, kh, vf, vh, None, kfn, vfn)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, (k - 3.0).repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=2e-3, atol=2e-3)
+
+
+def test_layer_share_picks_calibration_ranked_and_boundary_layers():
+    top, bnd = by_name(["v3+K4top10%", "v3+K4B10%"])
+    ks = np.linspace(0, 1, 30)[::-1].copy()             # layer 0 most sensitive
+    ks[17] = 5.0
+    assert top.wide_layers(ks) == [0, 1, 17]            # 10% of 30 layers = 3
+    assert top.wide_layers(np.arange(18.0)) == [16, 17]  # 1.8 -> 2 of 18
+    assert bnd.wide_layers(ks) == [0, 28, 29]
+    # 3 of 30 layers' keys at 4 + 8/64 bits, 4 fp16 sinks of 2048 tokens
+    body = (3 * 4.125 + 27 * 3.125 + 30 * 3.125) / 60
+    assert top.bits(30, 3, 64, 2048, ks) == pytest.approx((4 * 16 + 2044 * body) / 2048)
+    with pytest.raises(ValueError, match="fractional layer_k top"):
+        Config("x", "lever", dict(V2), dict(V2), layer_k=(1.5, dict(V2, bits=4)))
+
+
+def test_ip_scale_bytes_hand_case():
+    p = FormatParams(n=8, block=8, **V2)
+    enc = scale_encoding(p.scale)
+    one = enc.bytes[np.argmin(np.abs(enc.values() - 1.0))]
+    two = enc.bytes[np.argmin(np.abs(enc.values() - 2.0))]
+    y = np.ones((2, 8))
+    # y_hat = y / 2 with scale 1: y . y_hat = 4, |y|^2 = 8 -> scale 1 * 8 / 4 = 2
+    yhat = np.vstack([np.full(8, 0.5), -np.ones(8)])
+    got = ip_scale_bytes(y, yhat, np.array([[one], [one]], dtype=np.uint8), p)
+    assert got[0, 0] == two
+    assert got[1, 0] == one                          # y . y_hat <= 0: the byte is kept
+
+
+def test_ip_scale_moves_inner_products_towards_the_norm():
+    p = FormatParams(n=64, **V2)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((400, 64)) * np.exp(rng.standard_normal((400, 1)))).astype(
+        np.float16)
+    xf = x.astype(np.float64)
+    gold = golden_roundtrip(x, p).astype(np.float64)
+    ip = ip_roundtrip(x, IPScaled(p)).astype(np.float64)
+    ratio = lambda r: (r * xf).sum(1) / (xf * xf).sum(1)  # noqa: E731
+    # the golden max-rule scale shrinks x . x_hat below |x|^2; the IP scale moves the
+    # ratio towards 1 (within the scale byte's rounding)
+    assert abs(np.mean(ratio(ip)) - 1) < abs(np.mean(ratio(gold)) - 1) / 2
+    assert np.mean(np.abs(ratio(ip) - 1)) < 0.04
+    # same code plane; only scale bytes may differ
+    assert IPScaled(p).bits_per_element == p.bits_per_element
+    with pytest.raises(ValueError, match="asym"):
+        IPScaled(FormatParams(n=64, mode="asym"))
+    with pytest.raises(ValueError, match="peer"):
+        Config("x", "lever", KiviKey(), KiviKey(), recent=4)
+    with pytest.raises(ValueError, match="recent"):
+        Config("x", "lever", dict(V2), dict(V2), recent=-1)
+
+
+def test_ring_attention_equals_the_windowed_attention():
+    torch = pytest.importorskip("torch")
+    from bench.accuracy.attention import recent_mask, ring_attention, windowed_attention
+    g = torch.Generator().manual_seed(2)
+    b, hq, h, t, d = 1, 4, 2, 11, 8
+    q = torch.randn(b, hq, t, d, generator=g)
+    kf, kh, vf, vh = (torch.randn(b, h, t, d, generator=g) for _ in range(4))
+    sliding = torch.ones(t, t, dtype=torch.bool).tril() & ~torch.ones(t, t, dtype=torch.bool).tril(-5)
+    for r in (1, 3, 20):
+        m = recent_mask(r)
+        for mask in (None, sliding[None, None], torch.where(sliding, 0.0, -math.inf)[None, None]):
+            torch.testing.assert_close(ring_attention(q, kf, kh, vf, vh, mask, r, 0.3),
+                                       windowed_attention(q, kf, kh, vf, vh, mask, m, m, 0.3,
+                                                          chunk=4), rtol=1e-5, atol=1e-6)
