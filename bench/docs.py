@@ -73,7 +73,7 @@ INPUTS = {
                                                                  "_pareto.png")),
                  *(f"accuracy/{m}{x}" for m in PEER_MODELS if m not in MODELS
                    for x in (".json", "_pareto.png")),
-                 "accuracy/key_treatments.png", "accuracy/peers.png"),
+                 "accuracy/key_treatments.png", "accuracy/peers.png", "accuracy/levers.png"),
     "tasks": tuple(f"accuracy/{m}_tasks.json" for m in TASK_MODELS),
 }
 #: results file -> the command that writes it (named in the error of a missing file)
@@ -311,7 +311,7 @@ def hf_block(r: dict, floor: dict, img: str) -> str:
 # ------------------------------------------------------------------------------------- accuracy
 def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> str:
     from bench.accuracy.configs import V3_STUDY, by_name
-    from bench.accuracy.report import peers_table, section, v3_table
+    from bench.accuracy.report import LEVER_LONG, lever_table, peers_table, section, v3_table
     cfg = {c.name: c for c in by_name(V3_STUDY)}
 
     def tb(n, meta):
@@ -334,6 +334,13 @@ def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> s
         "`v3-K4V3`; vs fp16 = geometric mean of PPL / PPL_fp16 over the windows run:",
         peers_table(peer_models),
         f"![peers]({img}accuracy/peers.png)",
+        "Levers for the next format version, every model: each on the `v3` policy alone, then "
+        "combined (bench/accuracy/configs.py, group `lever`), against `v3`, `v3-K4V3`, "
+        "calibrated sign masks and KIVI-3; bits count every stored byte at the windows' "
+        f"2048 tokens and at {LEVER_LONG} tokens; vs fp16 = geometric mean of PPL / PPL_fp16 "
+        "over the windows run:",
+        lever_table(peer_models),
+        f"![levers]({img}accuracy/levers.png)",
     ]
     for mid, d in peer_models.items():
         parts += [section(d["results"], by_name()).rstrip("\n"),

@@ -137,3 +137,27 @@ def test_ring_attention_equals_the_windowed_attention():
             torch.testing.assert_close(ring_attention(q, kf, kh, vf, vh, mask, r, 0.3),
                                        windowed_attention(q, kf, kh, vf, vh, mask, m, m, 0.3,
                                                           chunk=4), rtol=1e-5, atol=1e-6)
+
+
+def test_lever_table_counts_bits_at_both_contexts(tmp_path):
+    from bench.accuracy.report import lever_plot, lever_table
+    wins = [{"name": "@1"}, {"name": "@2"}]
+
+    def run(ppl, bits=3.0):
+        return {"ppl": ppl, "bits": bits, "kl": 0.01}
+    meta = {"windows": wins, "model_id": "m", "layers": 30, "kv_heads": 3, "head_dim": 64,
+            "k_sens": list(np.linspace(1, 0, 30))}
+    res = {"meta": meta,
+           "runs": {"fp16@1": run(10.0, 16), "fp16@2": run(20.0, 16),
+                    "v2+C+S4+KS2@1": run(11.0, 3.15), "v2+C+S4+KS2@2": run(22.0, 3.15),
+                    "v3+W16@1": run(10.2, 3.251), "v3+W16@2": run(20.4, 3.251),
+                    "v3+IP@1": run(11.5, 3.15)}}
+    text = lever_table({"m": {"results": res}})
+    rows = {r.split("|")[1].strip(" `"): r for r in text.splitlines()[2:]}
+    # 4 sinks + 16 ring tokens in fp16 of 32768, the rest at 3.125 bits
+    assert f"{(20 * 16 + 32748 * 3.125) / 32768:.3f}" in rows["v3+W16"]
+    assert "+2.0%" in rows["v3+W16"] and "+10.0%" in rows["v2+C+S4+KS2"]
+    assert "+15.0% (1 of 2)" in rows["v3+IP"]
+    assert "v3+W32" not in rows                       # not run: no row
+    lever_plot({"m": {"results": res}}, tmp_path / "l.png")
+    assert (tmp_path / "l.png").stat().st_size > 1000

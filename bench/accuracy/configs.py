@@ -280,7 +280,7 @@ V1 = {}
 #: combinations run (ring size or 0, layer share or 0, inner-product scale).
 LEVER_RECENT = (8, 16, 32, 64)
 LEVER_LAYER_SHARES = (0.10, 0.25)
-LEVER_COMBOS = ((8, 0.10, False), (16, 0.10, False), (16, 0.0, True))
+LEVER_COMBOS = ((8, 0.10, False), (16, 0.10, False))
 LM = dict(mode="lloydmax", scale_rule="rms", scale_round="nearest")
 MR = dict(mode="midrise", scale_rule="rms", scale_round="nearest")
 

@@ -436,16 +436,21 @@ def lever_table(models: dict) -> str:
     return "\n".join(lines)
 
 
+#: The lever plot's axes (bits at 2048 tokens, PPL ratio); points beyond are drawn on the edge.
+LEVER_XLIM, LEVER_YLIM = (3.05, 4.0), (0.99, 1.16)
+
+
 def lever_plot(models: dict, out: Path):
-    """Bits (2048 context) vs PPL / PPL_fp16 per model (one panel each): the levers (red,
-    labelled), v3 and v3-K4V3 (stars), the peers (blue), the Pareto frontier over the points
-    with every window; ratios above PEERS_YMAX drawn on the top edge."""
+    """Bits (2048 context) vs PPL / PPL_fp16 per model (one panel each): the levers (orange
+    diamonds), v3 and v3-K4V3 (red stars), the peers (blue), the Pareto frontier over the
+    points with every window; points outside LEVER_XLIM x LEVER_YLIM are drawn on the edge
+    (triangles) with their bits and ratio."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from .configs import LEVER_STUDY, PEER_SOURCES
     names = list(dict.fromkeys([*LEVER_STUDY, *OURS, *PEER_SOURCES]))
-    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 6.5), squeeze=False)
     for ax, (mid, d) in zip(axes[0], models.items()):
         res = d["results"]
         nw = len(res["meta"]["windows"])
@@ -456,26 +461,40 @@ def lever_plot(models: dict, out: Path):
         par = pareto([(p["bits"], p["ratio"]) for p in full])
         front = sorted((full[i]["bits"], full[i]["ratio"]) for i in par)
         ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
+        outside = []
         for p in pts:
             ours, peer = p["name"] in OURS, p["name"] in PEER_SOURCES
-            kw = (dict(marker="*", s=120, color="tab:red", zorder=4) if ours else
+            kw = (dict(marker="*", s=140, color="tab:red", zorder=4) if ours else
                   dict(marker="o", s=40, color="tab:blue", zorder=3) if peer else
                   dict(marker="D", s=30, color="tab:orange", zorder=3))
+            x = min(max(p["bits"], LEVER_XLIM[0]), LEVER_XLIM[1])
+            y = min(max(p["ratio"], LEVER_YLIM[0]), LEVER_YLIM[1])
+            off = (x, y) != (p["bits"], p["ratio"])
+            if off:
+                kw["marker"] = "^" if y == LEVER_YLIM[1] else ">"
             if p["windows"] < nw:
                 kw.update(facecolors="none", edgecolors=kw.pop("color"))
-            off = p["ratio"] > PEERS_YMAX
-            y = min(p["ratio"], PEERS_YMAX)
-            ax.scatter(p["bits"], y, **kw)
-            lab = OURS.get(p["name"], p["name"]) + (f" ({100 * (p['ratio'] - 1):+.0f}%)" if off else "")
-            ax.annotate(lab, (p["bits"], y), fontsize=6, xytext=(4, 2), textcoords="offset points")
+            ax.scatter(x, y, **kw)
+            lab = OURS.get(p["name"], p["name"])
+            if p["windows"] < nw:
+                lab += f" ({p['windows']}w)"
+            if off:
+                outside.append(f"{lab}: {p['bits']:.2f} bits, {100 * (p['ratio'] - 1):+.0f}%")
+            else:
+                ax.annotate(lab, (x, y), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        if outside:
+            ax.text(0.99, 0.6, "off the axes (edge triangles):\n" + "\n".join(outside),
+                    transform=ax.transAxes, fontsize=6, ha="right", va="top",
+                    bbox=dict(facecolor="white", alpha=0.8, lw=0.5))
         for y, ls, lab in ((1.0, "-", "fp16"), (1.03, ":", "fp16 + 3%")):
             ax.axhline(y, color="gray", lw=0.8, ls=ls, label=lab)
         ax.axvline(3.3, color="red", lw=0.6, ls=":", label="3.3 bits")
-        ax.set_ylim(0.99, PEERS_YMAX * 1.01)
+        ax.set_xlim(LEVER_XLIM[0], LEVER_XLIM[1] + 0.02)
+        ax.set_ylim(LEVER_YLIM[0], LEVER_YLIM[1] + 0.005)
         ax.set_xlabel("average stored bits per K/V element (every byte, 2048 context)")
         ax.set_ylabel("PPL / PPL_fp16 (geometric mean over windows)")
-        ax.set_title(f"{mid}: levers ({nw} windows; hollow: fewer)")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{mid}: levers on v3 ({nw} windows; hollow: fewer)")
+        ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(out, dpi=130)
