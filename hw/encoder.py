@@ -170,7 +170,9 @@ class KVEncoder(FlowTop, wiring.Component):
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
         p, k = self.params, self.tree_every
         two = self.beats > 1
-        kf = {"keyfront": 1 + len(self.kf_regs), **({"keyfront_join": 2} if two else {})} \
+        # two beats: the key front end's out cut is the join's register of beat 0
+        kf = {"keyfront": 1 + len(self.kf_regs),
+              **({"keyfront_join": 2 - ("out" in self.kf_regs)} if two else {})} \
             if self.key_slots else {}
         fold = {"fold_stage": FOLD_CYCLES} if two else {}
         return {**kf, **fold_cycles(self.beats, "beat_data"),
@@ -205,13 +207,22 @@ class KVEncoder(FlowTop, wiring.Component):
         m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram,
                                               lanes=w)
         if self.key_slots:
-            m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, self.kf_regs, lanes=w)
+            # two beats: no out register of its own (the join's registers take the output)
+            kf_regs = tuple(r for r in self.kf_regs if not (two and r == "out"))
+            m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, kf_regs, lanes=w,
+                                                     held=self.flow != "credit")
             wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
             pay = data.View(encoder_input_layout(p, self.key_slots), fc.payload)
+            # the table row is read at the vector's beat, or (two beats with stalls: held)
+            # at its handshake, from the accepted payload
+            side = data.View(encoder_input_layout(p, self.key_slots), self.i.payload) \
+                if kf.held and two else pay
             m.d.comb += [kf.en.eq(en), kf.i_valid.eq(i_valid), kf.bits.eq(pay.lanes),
-                         kf.slot.eq(pay.slot), kf.bypass.eq(pay.bypass)]
+                         kf.slot.eq(side.slot), kf.bypass.eq(side.bypass)]
             if two:     # W lanes per beat: the two beats joined into the vector again
                 m.d.comb += kf.beat.eq(fc.beat_copies(beat_groups(w)))
+                if kf.held:
+                    m.d.comb += kf.load.eq(self.i.ready)
                 vec, fv, fbeat = join_beats(m, en, "kf_join", kf.o_bits, kf.o_valid,
                                             beat_groups(w))
                 m.d.comb += [fe.bits.eq(vec), fe.i_valid.eq(fv), fe.beat.eq(fbeat)]

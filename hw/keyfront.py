@@ -6,16 +6,19 @@ through; ``mu_s = RN16(mu * 2^e)`` (fp16 bits) and ``e`` (5-bit two's complement
 ``LOG2_S_RANGE``) come from a table of ``slots`` slots x N lanes (one slot per (layer, kv
 head) served), computed once in software (:func:`sim_models.keyscale.front_table`).
 
-Table and config port: a memory of ``slots`` rows, each N lanes of (mu_s, e), written one
-lane per ``cfg`` word (``sim_models.wire.key_config``: mu_s | e | lane | slot; ``cfg.ready``
-is always 1) and read synchronously, non-transparent, at the slot of the vector the input
-accepts. So a lane written in cycle t is seen by every vector accepted in a later cycle
-and by none accepted in cycle t or before: a table load (N words) takes effect lane by
-lane, for the vectors accepted after its last word; vectors of other slots stream
-undisturbed meanwhile. The memory starts as all zero (mu_s = +0, e = 0: the identity).
+Table and config port: one memory per lane of ``slots`` rows of (mu_s, e) (LUT RAM, one
+write port each), written one lane per ``cfg`` word (``sim_models.wire.key_config``: mu_s |
+e | lane | slot; ``cfg.ready`` is always 1) and read at the slot of the vector the input
+accepts into a register, non-transparent (:func:`table`). So a lane written in cycle t is
+seen by every vector accepted in a later cycle and by none accepted in cycle t or before:
+a table load (N words) takes effect lane by lane, for the vectors accepted after its last
+word; vectors of other slots stream undisturbed meanwhile. The memory starts as all zero
+(mu_s = +0, e = 0: the identity).
 
 Side band (per vector): ``slot`` and ``bypass``; ``bypass`` = 1 or a slot >= ``slots``
-passes the lanes unchanged (values, keys without the policy).
+passes the lanes unchanged (values, keys without the policy): the table read register
+loads the identity entry instead, which leaves every finite lane unchanged, so only
+NaN/inf lanes need a path of their own.
 
 Per lane, in steps with optional register cuts between them (:data:`KF_CUTS`):
 
@@ -26,7 +29,8 @@ Per lane, in steps with optional register cuts between them (:data:`KF_CUTS`):
    (``[shift]``) with round to nearest even (guard, sticky) into the subnormals (a carry
    gives the smallest normal by itself) (``[scale]``); +-0 keeps its sign. The scaled
    value stays unpacked (significand with hidden bit, effective exponent) for step 2.
-   Lanes to pass (NaN/inf, bypass) keep x, which rides along to the output.
+   NaN/inf lanes pass: their sign and 10 payload bits ride along to the output (the
+   exponent field is 31), with one pass bit.
 2. align: ``y - mu_s`` as ``y + (-mu_s)``: the operands ordered by magnitude (the larger
    sets the sign; ``[swap]``), the smaller significand shifted right by the exponent
    difference with 3 guard bits (guard, round, sticky ORed into the last; ``[align]``).
@@ -46,7 +50,7 @@ Latency: 1 (the table read register, always present) + ``len(regs)``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -117,7 +121,7 @@ def decode_lane(m: Module, x, name: str) -> dict:
     base = Signal(signed(6), name=f"{name}_base")
     nb = Signal(signed(6), name=f"{name}_nb")
     m.d.comb += [sig_n.eq((sig << lz)[:10]), base.eq(eff - lz), nb.eq(1 - eff + lz)]
-    return {"x": x, "sig_n": sig_n, "base": base, "nb": nb, "zero": ~sig.any()}
+    return {"s": x[15], "sig_n": sig_n, "base": base, "nb": nb, "zero": ~sig.any()}
 
 
 def scale_shift(m: Module, d: dict, e, name: str) -> dict:
@@ -131,7 +135,7 @@ def scale_shift(m: Module, d: dict, e, name: str) -> dict:
     t, sticky = shift_right_sticky(m, Cat(Const(0, 1), d["sig_n"], Const(1, 1)), sh, 12,
                                    f"{name}_dn")
     return {"t": t, "sticky": sticky, "big": gt_const(e2, 30), "norm": gt_const(e2, 0),
-            "e2": e2[:5], "sig_n": d["sig_n"], "zero": d["zero"], "s": d["x"][15]}
+            "e2": e2[:5], "sig_n": d["sig_n"], "zero": d["zero"], "s": d["s"]}
 
 
 def scale_round(m: Module, d: dict, name: str) -> dict:
@@ -232,6 +236,69 @@ def round_lane(m: Module, nm: dict, name: str) -> Signal:
     return out
 
 
+def table(m: Module, cfg, slot, en, byp, slots: int, n: int, w: int, beat, load) -> list:
+    """The table and its read registers (module docstring): per lane of the beat, the
+    entry (mu_s, e) of ``slot``, or the identity (+0, 0) where ``byp`` (a synchronous reset
+    of the read register: a finite lane then leaves the lane logic unchanged,
+    ``RNE(RN16(x 2^0) - (+0)) = x``, -0 kept), in the cycle after the input.
+
+    * One beat (``beat`` None): one memory of N lanes, each ``cfg`` word written in its
+      handshake cycle, read into one register of N entries while ``en``.
+    * Two beats, ``load`` None (beat 1 always the cycle after beat 0: the encoder's credit
+      flow): one memory per half of the lanes, read at the beat of the vector (lanes
+      [0, W) on beat 0, [W, N) on beat 1) into one register of W entries; the words to the
+      first half are written one cycle after their handshake, those to the second half
+      two, so a word accepted in cycle t is seen by the vectors whose beat 0 comes after
+      t + 1 (accepted after t), by both beats or neither.
+    * Two beats with ``load`` (stalls may fall between a vector's handshake and its beats):
+      one memory of N lanes, each word written in its handshake cycle, its row read into
+      a register of N entries in the cycles with ``load`` (the vector's handshake; ``slot``
+      and ``byp`` are the accepted vector's then) and held; the beat's W entries are
+      registered from it while ``en``.
+
+    Returns:
+        the W entries (:data:`ENTRY`) of the beat, registered.
+    """
+    halves = 2 if beat is not None and load is None else 1
+    c, cv = cfg.payload, cfg.valid
+    reads = []
+    for h in range(halves):
+        if halves > 1:             # half h written 1 + h cycles after the handshake
+            c2 = Signal.like(c, name=f"kf_cfg{h}", reset_less=True)
+            cv2 = Signal(name=f"kf_cfg{h}_valid")
+            m.d.sync += [c2.eq(c), cv2.eq(cv)]
+            c, cv = c2, cv2
+        lanes = n // halves
+        for k in range(lanes):      # one memory per lane: one write port, one enable
+            mem = Memory(shape=ENTRY, depth=slots, init=[])
+            m.submodules[f"table{h * lanes + k}"] = mem
+            wp = mem.write_port()
+            rp = mem.read_port(domain="comb")
+            m.d.comb += [wp.addr.eq(c.slot), rp.addr.eq(slot), wp.data.mu_s.eq(c.mu_s),
+                         wp.data.e.eq(c.e), wp.en.eq(cv & (c.lane == h * lanes + k))]
+            reads.append(Value.cast(rp.data))
+
+    def register(name, values, ld, reset):
+        regs = []
+        for k, v in enumerate(values):
+            r = Signal(len(v), name=f"{name}{k}", reset_less=True)
+            with m.If(ld):
+                m.d.sync += r.eq(Mux(reset, 0, v))
+            regs.append(r)
+        return regs
+
+    if beat is not None and load is None:
+        ents = register("kf_entry", [Mux(beat_of(beat, k, w), reads[w + k], reads[k])
+                                     for k in range(w)], en, byp)
+    elif beat is not None:
+        row = register("kf_row", reads, load, byp)
+        ents = register("kf_entry", [Mux(beat_of(beat, k, w), row[w + k], row[k])
+                                     for k in range(w)], en, 0)
+    else:
+        ents = register("kf_entry", reads, en, byp)
+    return [data.View(ENTRY, e) for e in ents]
+
+
 class KeyFrontEnd(wiring.Component):
     """The key front end (module docstring): table, config port, per-lane pipeline.
 
@@ -240,22 +307,28 @@ class KeyFrontEnd(wiring.Component):
         slots: table slots T (>= 1).
         regs: register cuts from :data:`KF_CUTS`.
         lanes: W, lanes per cycle: None (N) or N/2 (two beats per vector,
-            :func:`hw.pipeline.check_lanes`). With W = N/2, ``bits``, ``slot`` and
-            ``bypass`` hold the whole vector for both beats and ``beat`` (0 then 1;
-            :func:`hw.pipeline.beat_groups` equal copies) picks lanes [0, W) or [W, N) and
-            their table entries; the table is read once per vector, on beat 0, and held
-            for beat 1, and a ``cfg`` word is written one cycle after its handshake, so a
-            word accepted in cycle t is seen by the vectors whose beat 0 comes after t + 1
-            (the encoder's two-beat input register: the vectors accepted after t).
+            :func:`hw.pipeline.check_lanes`). With W = N/2, ``bits`` holds the whole vector
+            for both beats and ``beat`` (0 then 1; :func:`hw.pipeline.beat_groups` equal
+            copies) picks lanes [0, W) or [W, N) and their table entries; a ``cfg`` word
+            accepted in cycle t is seen by the vectors whose beat 0 comes after t + 1 (the
+            encoder's two-beat input register: the vectors accepted after t).
+        held: two beats only: stalls (``en`` low) may fall between a vector's handshake and
+            its beats, so the table row is read in the cycle ``load`` is high (the
+            handshake; ``slot`` and ``bypass`` then the accepted vector's) and held, N
+            entries; False (beat 1 always the cycle after beat 0, the encoder's credit
+            flow): each half of the lanes read at its beat, W entries (:func:`table`).
 
     Ports: ``en`` (pipeline enable), ``i_valid``, ``bits`` (N lanes), ``slot``, ``bypass``
-    [, ``beat``]; ``o_valid``, ``o_bits`` (W lanes, one beat); ``cfg`` (stream of
+    [, ``beat`` [, ``load``]]; ``o_valid``, ``o_bits`` (W lanes, one beat); ``cfg`` (stream of
     ``sim_models.wire.key_config`` words, always ready).
     """
 
     def __init__(self, params: FormatParams, slots: int, regs=KF_CUTS.default,
-                 lanes: int | None = None):
+                 lanes: int | None = None, held: bool = True):
         self.params = params
+        if not isinstance(held, bool):
+            raise TypeError(f"held must be a bool, got {type(held).__name__}")
+        self.held = held
         self.slots = check_key_slots(params, slots)
         self.regs = KF_CUTS.check(regs)
         self.lanes = w = check_lanes(params, lanes)
@@ -268,6 +341,8 @@ class KeyFrontEnd(wiring.Component):
         }
         if w != n:
             ports["beat"] = In(beat_groups(w))
+            if held:
+                ports["load"] = In(1)
         super().__init__(ports)
 
     @property
@@ -277,78 +352,49 @@ class KeyFrontEnd(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        n, en = self.params.n, self.en
-        m.submodules.table = mem = Memory(shape=data.ArrayLayout(ENTRY, n), depth=self.slots,
-                                          init=[])
-        wp = mem.write_port(granularity=1)
-        rp = mem.read_port(domain="sync")
-        w = self.lanes
-        c, cv = self.cfg.payload, self.cfg.valid
+        n, w, en = self.params.n, self.lanes, self.en
+        two = w != n
         m.d.comb += self.cfg.ready.eq(1)
-        if w != n:       # two beats: the word one cycle later, the table read on beat 0 only
-            c = Signal.like(self.cfg.payload, name="kf_cfg", reset_less=True)
-            cv = Signal(name="kf_cfg_valid")
-            m.d.sync += [c.eq(self.cfg.payload), cv.eq(self.cfg.valid)]
-            m.d.comb += rp.en.eq(en & ~self.beat[0])
-        else:
-            m.d.comb += rp.en.eq(en)
-        m.d.comb += [wp.addr.eq(c.slot), rp.addr.eq(self.slot)]
-        for k in range(n):
-            m.d.comb += [wp.data[k].mu_s.eq(c.mu_s), wp.data[k].e.eq(c.e),
-                         wp.en[k].eq(cv & (c.lane == k))]
         byp = self.bypass
         if self.slots < (1 << len(self.slot)):
             byp = byp | (self.slot >= self.slots)
-        bits = list(self.bits) if w == n else \
+        entries = table(m, self.cfg, self.slot, en, byp, self.slots, n, w,
+                        self.beat if two else None, self.load if two and self.held else None)
+        bits = list(self.bits) if not two else \
             [Mux(beat_of(self.beat, k, w), self.bits[w + k], self.bits[k]) for k in range(w)]
-        # step 0 (input cycle): decode and normalise x, registered with the table read
+        # step 0 (input cycle): decode and normalise x, registered with the table read; a
+        # lane to pass (NaN/inf) keeps only its sign and payload (its exponent field is 31)
         dec = [decode_lane(m, bits[k], f"kf_dc{k}") for k in range(w)]
         flat = {f"{key}{k}": v for k in range(w) for key, v in dec[k].items()}
-        side = {} if w == n else {"beat": self.beat}
-        r0 = stage(m, en, "kf_in", byp=byp, valid=self.i_valid, **side, **flat)
+        r0 = stage(m, en, "kf_in", valid=self.i_valid,
+                   x=[Cat(b[:10], b[15]) for b in bits], p=[b[10:15].all() for b in bits],
+                   **flat)
         dec = [{key: r0[f"{key}{k}"] for key in dec[k]} for k in range(w)]
-        if w == n:
-            entries = [rp.data[k] for k in range(n)]
-        else:            # the beat's table entries (the row read on beat 0, held for beat 1)
-            entries = []
-            for k in range(w):
-                ent = Signal(ENTRY, name=f"kf_entry{k}")
-                m.d.comb += ent.eq(Mux(beat_of(r0["beat"], k, w), rp.data[w + k], rp.data[k]))
-                entries.append(ent)
-        n = w
-
-        # lanes passed unchanged (NaN/inf, bypass): x and the pass flag ride along
-        xs, pas = [], []
-        for k in range(n):
-            x = dec[k]["x"]
-            p = Signal(name=f"kf_pass{k}")
-            m.d.comb += p.eq(r0["byp"] | (x[10:15] == 0x1F))
-            xs.append(x)
-            pas.append(p)
-        valid = r0["valid"]
+        xs, pas, valid = r0["x"], r0["p"], r0["valid"]
 
         def cut(name, lanes):
             """Register the per-lane dicts ``lanes`` with x, pass and valid at cut ``name``."""
             nonlocal xs, pas, valid
             if name not in self.regs:
                 return lanes
-            flat = {f"{key}{k}": v for k in range(n) for key, v in lanes[k].items()}
+            flat = {f"{key}{k}": v for k in range(w) for key, v in lanes[k].items()}
             r = stage(m, en, f"kf_{name}", x=xs, p=pas, valid=valid, **flat)
             xs, pas, valid = r["x"], r["p"], r["valid"]
-            return [{key: r[f"{key}{k}"] for key in lanes[k]} for k in range(n)]
+            return [{key: r[f"{key}{k}"] for key in lanes[k]} for k in range(w)]
 
         shs = cut("shift", [{**scale_shift(m, dec[k], entries[k].e, f"kf_sc{k}"),
-                             "mu": entries[k].mu_s} for k in range(n)])
+                             "mu": entries[k].mu_s} for k in range(w)])
         ys = cut("scale", [{**scale_round(m, shs[k], f"kf_sr{k}"), "mu": shs[k]["mu"]}
-                           for k in range(n)])
-        sws = cut("swap", [align_swap(m, ys[k], ys[k]["mu"], f"kf_sw{k}") for k in range(n)])
-        als = cut("align", [align_shift(m, sws[k], f"kf_al{k}") for k in range(n)])
-        sums = cut("sum", [add_lane(m, als[k], f"kf_ad{k}") for k in range(n)])
-        ncs = cut("count", [norm_count(m, sums[k], f"kf_nc{k}") for k in range(n)])
-        nms = cut("norm", [norm_shift(m, ncs[k], f"kf_nm{k}") for k in range(n)])
-        out = [Mux(pas[k], xs[k], round_lane(m, nms[k], f"kf_rd{k}")) for k in range(n)]
+                           for k in range(w)])
+        sws = cut("swap", [align_swap(m, ys[k], ys[k]["mu"], f"kf_sw{k}") for k in range(w)])
+        als = cut("align", [align_shift(m, sws[k], f"kf_al{k}") for k in range(w)])
+        sums = cut("sum", [add_lane(m, als[k], f"kf_ad{k}") for k in range(w)])
+        ncs = cut("count", [norm_count(m, sums[k], f"kf_nc{k}") for k in range(w)])
+        nms = cut("norm", [norm_shift(m, ncs[k], f"kf_nm{k}") for k in range(w)])
+        out = [Mux(pas[k], Cat(xs[k][:10], Const(0x1F, 5), xs[k][10]),
+                   round_lane(m, nms[k], f"kf_rd{k}")) for k in range(w)]
         if "out" in self.regs:
             r = stage(m, en, "kf_out", d=out, valid=valid)
             out, valid = r["d"], r["valid"]
-        m.d.comb += [self.o_valid.eq(valid)] + [self.o_bits[k].eq(out[k]) for k in range(n)]
+        m.d.comb += [self.o_valid.eq(valid)] + [self.o_bits[k].eq(out[k]) for k in range(w)]
         return m
