@@ -701,6 +701,64 @@ def test_keyfront_table_write_timing():
     assert np.array_equal(outs[10], x)
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_keyfront_two_beat_table_timing(held):
+    """Two beats (W = N/2): a vector sees the table as it was before its handshake, in
+    both beats. held: the row read at the handshake (``load``), cfg words in that cycle
+    and during a stall before beat 0 not seen; per beat (held False, no stalls): words in
+    the handshake cycle (the cycle before beat 0) and in the cycle of beat 0 not seen, by
+    either half, words before the handshake seen by both."""
+    from hw.keyfront import KeyFrontEnd
+    from sim_models.keyscale import key_front
+    n, w = 16, 8
+    p = FormatParams(n=n, block=8)
+    dut = KeyFrontEnd(p, 2, (), lanes=w, held=held)
+    x = np.full(n, 0x3C00, np.uint16)                   # 1.0 in every lane
+    word = wire.rows_to_ints(wire.lane_rows(x[None]))[0]
+    mu_a, mu_b = np.full(n, 0x3800, np.uint16), np.full(n, 0x3400, np.uint16)   # 0.5, 0.25
+    old = wire.key_config_words(p, 2, 1, mu_a, np.full(n, 2))
+    new = wire.key_config_words(p, 2, 1, mu_b, np.full(n, 1))
+    # lanes rewritten in the handshake cycle and the cycles after it (both halves)
+    late = [new[3], new[12], new[4], new[13]]
+    outs = []
+
+    async def tb(ctx):
+        ctx.set(dut.en, 1)
+        for c in old + [new[0], new[9]]:           # before the handshake: seen
+            ctx.set(dut.cfg.valid, 1)
+            ctx.set(dut.cfg.payload.as_value(), c)
+            await ctx.tick()
+        ctx.set(dut.bits.as_value(), word)
+        ctx.set(dut.slot, 1)
+        stall = 3 if held else 0
+        # handshake cycle h, [stall cycles with en low], beat 0, beat 1, then 2 drain cycles
+        sched = ([("load", None)] + [("stall", None)] * stall + [("b0", None), ("b1", None),
+                                                                ("idle", None), ("idle", None)])
+        for k, (what, _) in enumerate(sched):
+            ctx.set(dut.cfg.valid, int(k < len(late)))
+            if k < len(late):
+                ctx.set(dut.cfg.payload.as_value(), late[k])
+            if held:
+                ctx.set(dut.load, int(what == "load"))
+            ctx.set(dut.en, int(what != "stall"))
+            ctx.set(dut.i_valid, int(what in ("b0", "b1")))
+            ctx.set(dut.beat, int(what == "b1"))
+            if what in ("load", "b0", "b1", "idle") and ctx.get(dut.o_valid):
+                outs.append(wire.int_to_lanes(ctx.get(dut.o_bits.as_value()), w))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    seen = {0, 9}                                   # lanes rewritten before the handshake
+    lanes = np.arange(n)
+    want = np.where(np.isin(lanes, list(seen)), key_front(x, mu_b, np.full(n, 1), p)[0],
+                    key_front(x, mu_a, np.full(n, 2), p)[0])
+    assert len(outs) == 2, len(outs)
+    assert np.array_equal(np.concatenate(outs), want), (outs, want)
+
+
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_keyfront_arguments():
     from hw import EncoderOptions, KVEncoder
