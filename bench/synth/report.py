@@ -165,8 +165,9 @@ def key_front_table(recs: list[dict]) -> str:
     ok = {r["config"]: r for r in recs if r.get("ok")}
     lines = ["| config | without | slots T | key cuts | latency cycles (+) | LUT4 (+) | CCU2C (+) "
              "| LUTs total (+) | LUTs per lane (lanes W) | total / without | FF (+) | "
-             "table LUT RAM (DPR16X4) | Fmax MHz (without) | worst path (from -> to submodule) |",
-             "|" + "---|" * 14]
+             "FF per lane | FF total / without | table LUT RAM (DPR16X4) | Fmax MHz (without) | "
+             "worst path (from -> to submodule) |",
+             "|" + "---|" * 16]
     for name, rec in ok.items():
         cfg = synth_config(name)
         if not cfg.key_slots:
@@ -188,7 +189,8 @@ def key_front_table(recs: list[dict]) -> str:
             f"{d['ccu2c']:,} (+{d['ccu2c'] - b['ccu2c']:,}) | "
             f"{d['luts']:,} (+{d['luts'] - b['luts']:,}) | "
             f"{(d['luts'] - b['luts']) / w:.0f} ({w}) | {d['luts'] / b['luts']:.2f}x | "
-            f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | "
+            f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | {(d['ffs'] - b['ffs']) / w:.0f} | "
+            f"{d['ffs'] / b['ffs']:.2f}x | "
             f"{rec['ecp5'].get('cells', {}).get('TRELLIS_DPR16X4', 0):,} | "
             f"{_fmt(d['fmax'], '{:.1f}')} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
     return "\n".join(lines) if len(lines) > 2 else ""
@@ -373,8 +375,8 @@ def generated(res: dict, mres: dict | None) -> str:
             "(mu_s, e) per lane, docs/FORMAT.md 7) against the same config without it; (+) = "
             "the difference; per lane: the difference over the front end's lanes W (N, or N/2 "
             "with two beats, where it also holds the lane and table selects and the join of "
-            "the beats). The table maps to LUT RAM (TRELLIS_DPR16X4; not in the LUT4 "
-            "count), the per-lane arithmetic (x 2^e with rounding into the subnormals, one "
+            "the beats); FF likewise. The table maps to LUT RAM (TRELLIS_DPR16X4, one memory "
+            "per lane; not in the LUT4 count), the per-lane arithmetic (x 2^e with rounding into the subnormals, one "
             "fp16 subtraction with RNE and saturation) to LUT4 and carry cells. Worst path: "
             "nextpnr's critical path by submodule (`keyfront -> frontend`: from the key "
             "front end's output register into the encoder front end's decode and exponent "
