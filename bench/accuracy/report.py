@@ -374,17 +374,24 @@ def peers_plot(models: dict, out: Path, others=()):
     plt.close(fig)
 
 
-def peers_report(model_ids=None):
-    """The peers plot (bench/results/accuracy/peers.png) of every model with results, from the
-    committed JSON, and the accuracy block of docs/ACCURACY.md."""
+def _models_with_results(model_ids=None) -> dict:
+    """``{model id: {"results": its committed study JSON}}`` of the models (default: the peer
+    models) whose results file exists."""
     import json
     from bench.docs import PEER_MODELS
-    from .configs import V3_STUDY
     models = {}
     for mid in model_ids or PEER_MODELS:
         p = RESULTS_DIR / f"{mid}.json"
         if p.exists():
             models[mid] = {"results": json.loads(p.read_text())}
+    return models
+
+
+def peers_report(model_ids=None):
+    """The peers plot (bench/results/accuracy/peers.png) of every model with results, from the
+    committed JSON, and the accuracy block of docs/ACCURACY.md."""
+    from .configs import V3_STUDY
+    models = _models_with_results(model_ids)
     peers_plot(models, RESULTS_DIR / "peers.png", others=V3_STUDY)
     update_doc()
     return models
@@ -504,13 +511,7 @@ def lever_plot(models: dict, out: Path):
 def levers_report(model_ids=None):
     """The lever plot (bench/results/accuracy/levers.png) of every model with results, from the
     committed JSON, and the accuracy block of docs/ACCURACY.md."""
-    import json
-    from bench.docs import PEER_MODELS
-    models = {}
-    for mid in model_ids or PEER_MODELS:
-        p = RESULTS_DIR / f"{mid}.json"
-        if p.exists():
-            models[mid] = {"results": json.loads(p.read_text())}
+    models = _models_with_results(model_ids)
     lever_plot(models, RESULTS_DIR / "levers.png")
     update_doc()
     return models
