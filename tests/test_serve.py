@@ -482,6 +482,8 @@ def test_stop_prefix_holds_back_only_a_possible_stop_start():
 @pytest.mark.parametrize("path,body,status,param", [
     ("/v1/completions", b"{not json", 400, None),
     ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", b"[" * 200000 + b"]" * 200000, 400, None),            # nested past the recursion limit
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, None),   # int digit limit
     ("/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, "model"),
     ("/v1/completions", {"prompt": "x", "policy": "K4V4"}, 400, "policy"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
@@ -511,6 +513,23 @@ def test_server_bad_requests_get_4xx_naming_the_parameter(server, path, body, st
     # the server is still up and serving
     st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 2})
     assert st == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
+
+
+def test_server_bad_content_length_closes_the_connection(server):
+    """A Content-Length that is no integer gets a 400 and the connection is closed: the body after the
+    headers is never read as the next request."""
+    import socket
+    srv, _ = server
+    for value in (b"abc", b"-1", b"\xc2\xb2", b"9" * 5000):
+        with socket.create_connection(srv.server_address[:2], timeout=30) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\n"
+                      b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+        assert got.count(b"HTTP/1.") == 1 and (b" 400 " in got or b" 413 " in got), (value, got[:200])
+    st, _, _ = _call(srv, "GET", "/health")
+    assert st == 200
 
 
 def test_server_queue_full_is_503_and_others_complete(server):

@@ -110,3 +110,11 @@ def test_one_process_per_cache_shares_the_pool(tmp_path):
     assert list(entry["caches"]) == ["bf16", "v3"]
     assert entry["caches"]["bf16"]["pool_bytes"] >= entry["caches"]["v3"]["pool_bytes"] > 0
     assert entry["invariants_violated"] == []
+
+
+def test_routine_exits_nonzero_when_the_load_test_fails(tmp_path, monkeypatch):
+    """`python -m bench.gpu --routine serve` returns 1 when the load test reports a failure or a violated
+    invariant (serve_load.main != 0), not 0 with a message."""
+    from bench.gpu.__main__ import main
+    monkeypatch.setattr(serve_load, "main", lambda argv: 1)
+    assert main(["--routine", "serve", "--out", str(tmp_path), "--cpu", "--no-plot"]) == 1

@@ -173,7 +173,8 @@ def test_passkey_prompt_places_the_needle():
 
 @pytest.mark.parametrize("argv, word", [(["--windows", "0"], "--windows"), (["--windows", "5"], "--windows"),
                                         (["--context", "8"], "--context"), (["--threads", "0"], "--threads"),
-                                        (["--only", "nope"], "--only"),
+                                        (["--only", "nope"], "--only"), (["--device", "banana"], "--device"),
+                                        (["--tasks", "--device", "gpu0"], "--device"),
                                         (["--model", "/nope", "--report-only"], "--model")])
 def test_accuracy_cli_refuses_bad_arguments_before_loading(argv, word, capsys):
     """python -m bench.accuracy: exit 2 naming the option, before any model is loaded."""

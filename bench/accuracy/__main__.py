@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -215,6 +216,8 @@ def main(argv=None) -> int:
     t.add_argument("--out", help="results file (default bench/results/accuracy/<model id>_tasks.json)")
     t.add_argument("--merge", type=Path, help="merge a results file written elsewhere into the record")
     args = ap.parse_args(argv)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        ap.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.tasks:
         return _check_tasks(ap, args)
     from bench.accuracy.windows import EVAL_CHARS

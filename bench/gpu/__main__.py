@@ -101,9 +101,10 @@ def tee(path: Path):
             sys.stdout = old
 
 
-def run_routine(name: str, out: Path, extra: list[str], data: Path | None) -> Path:
-    """Run one routine; returns its results file."""
+def run_routine(name: str, out: Path, extra: list[str], data: Path | None) -> tuple[Path, bool]:
+    """Run one routine; returns its results file and whether its own checks passed."""
     mode, fname = ROUTINES[name]
+    ok = True
     with tee(out / "raw" / f"{name}.log"):
         if mode is not None:
             from bench.gpu import kernels
@@ -117,11 +118,12 @@ def run_routine(name: str, out: Path, extra: list[str], data: Path | None) -> Pa
         elif name == "serve":
             from bench.gpu import serve_load
             if serve_load.main(["--out", str(out), "--no-plot", *extra]):
-                print(f"serve: invariants violated, listed in {out / fname} (invariants_violated)")
+                print(f"serve: failed or invariants violated (listed in {out / fname}, invariants_violated)")
+                ok = False
         else:
             from bench.gpu import hf
             hf.main(["run", "--data", str(data), "--out", str(out / fname), *extra])
-    return out / fname
+    return out / fname, ok
 
 
 def profile(name: str, out: Path, extra: list[str]) -> int:
@@ -172,8 +174,11 @@ def main(argv=None) -> int:
     if a.ncu:
         return profile(a.routine, a.out, extra)
     names = [r for r in ALL if r != "hf" or a.data is not None] if a.routine == "all" else [a.routine]
+    failed = []
     for name in names:
-        path = run_routine(name, a.out, extra, a.data)
+        path, ok = run_routine(name, a.out, extra, a.data)
+        if not ok:
+            failed.append(name)
         if not a.no_plot and path.exists():
             if name == "hf":
                 from bench.gpu import hf
@@ -183,7 +188,7 @@ def main(argv=None) -> int:
             else:
                 from bench.gpu import plots
                 plots.plot(str(path))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

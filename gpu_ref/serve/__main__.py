@@ -32,8 +32,8 @@ def parse(argv=None):
     for name in ("port", "block_size", "max_batch", "max_queue"):
         if getattr(a, name) < (0 if name == "port" else 1) or (name == "port" and a.port > 65535):
             ap.error(f"--{name.replace('_', '-')} out of range: {getattr(a, name)}")
-    if not a.pool_mib > 0:
-        ap.error(f"--pool-mib must be > 0, got {a.pool_mib}")
+    if not 0 < a.pool_mib < 2**30:                     # finite: MiB, at most 1 PiB
+        ap.error(f"--pool-mib must be > 0 and finite, got {a.pool_mib}")
     check_model_options(ap, a)
     a.ap = ap
     return a
@@ -66,8 +66,10 @@ def main(argv=None) -> int:
         if err.param == "pool_bytes":
             ap.error(f"--pool-mib {a.pool_mib:g} is too small for one sequence: {err}")
         ap.error(f"{opt}: {err}")
-    except torch.OutOfMemoryError as err:
-        ap.error(f"--pool-mib {a.pool_mib:g}: the pool does not fit the device memory ({str(err).splitlines()[0]})")
+    except (torch.OutOfMemoryError, MemoryError) as err:
+        where = "device" if a.backend == "cuda" else "host (the golden stores keep float32 reconstructions)"
+        ap.error(f"--pool-mib {a.pool_mib:g}: the pool does not fit the {where} memory "
+                 f"({(str(err).splitlines() or [type(err).__name__])[0]})")
     except (ValueError, TypeError) as err:
         ap.error(f"--policy {a.policy!r} / --backend {a.backend}: {err}")
     name = a.served_model_name or a.model
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
     st = engine.stats()
     print(f"serving {name!r} ({a.src.description}) with policy {engine.policy.spec} on http://{a.host}:{a.port}/v1: "
           f"pool {st['num_blocks']} blocks of {a.block_size} tokens ({st['block_bytes']} B each), "
-          f"<= {engine.capacity_tokens} tokens per request", file=sys.stderr)
+          f"<= {min(engine.capacity_tokens, engine.max_context)} tokens per request", file=sys.stderr)
     try:
         srv.serve_forever()
     except KeyboardInterrupt:

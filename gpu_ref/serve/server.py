@@ -218,23 +218,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, err: HTTPError):
         headers = (("Retry-After", "1"),) if err.status == 503 else ()
-        self._send_json(err.status, {"error": {"message": err.message, "type": err.kind, "param": err.param,
+        msg = err.message if len(err.message) <= 400 else err.message[:400] + "... (cut)"   # echoed values
+        self._send_json(err.status, {"error": {"message": msg, "type": err.kind, "param": err.param,
                                                "code": err.code}}, headers)
 
     def _body(self):
         n = self.headers.get("Content-Length")
-        if n is None or not n.isdigit():
+        if n is None or not (n.isascii() and n.isdigit()):
+            self.close_connection = True         # the body's end is unknown: never read it as a request
             raise HTTPError(411 if n is None else 400, "a Content-Length header is required" if n is None
-                            else f"Content-Length must be a non-negative integer, got {n!r}", None)
-        n = int(n)
+                            else f"Content-Length must be a non-negative integer, got {n[:80]!r}", None)
+        n = int(n) if len(n) <= 12 else MAX_BODY + 1
         if n > MAX_BODY:
             self.close_connection = True
             raise HTTPError(413, f"the body has {n} bytes; the limit is {MAX_BODY}", None)
         raw = self._read(n)
         try:
             body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise HTTPError(400, f"the body is not valid JSON: {err}", None, "invalid_json")
+        except ValueError as err:           # JSONDecodeError, UnicodeDecodeError, integer digit limits
+            raise HTTPError(400, f"the body is not valid JSON: {err}", None, "invalid_json") from None
+        except RecursionError:
+            raise HTTPError(400, "the body is not valid JSON: nested too deeply", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise HTTPError(400, "the body must be a JSON object", None, "invalid_json")
         return body
@@ -312,7 +316,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body_discard(self):
         n = self.headers.get("Content-Length")
-        if n and n.isdigit() and int(n) <= MAX_BODY:
+        if n and n.isascii() and n.isdigit() and len(n) <= 12 and int(n) <= MAX_BODY:
             self.rfile.read(int(n))
 
     # ------------------------------------------------------------------ responses
