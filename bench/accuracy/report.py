@@ -314,6 +314,14 @@ def peers_table(models: dict) -> str:
 PEERS_YMAX = 1.5
 
 
+def _frontier(ax, pts, nw):
+    """Draw the Pareto frontier (bits, PPL ratio) of the points evaluated on all ``nw`` windows."""
+    full = [p for p in pts if p["windows"] == nw]
+    par = pareto([(p["bits"], p["ratio"]) for p in full])
+    front = sorted((full[i]["bits"], full[i]["ratio"]) for i in par)
+    ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
+
+
 def peers_plot(models: dict, out: Path, others=()):
     """Bits vs PPL / PPL_fp16 per model (one panel each): the peers and the study's v3 and
     v3-K4V3 labelled, ``others`` (further study configurations) unlabelled in gray; the
@@ -335,10 +343,7 @@ def peers_plot(models: dict, out: Path, others=()):
                 pts.append(s)
         if not pts:
             continue
-        full = [p for p in pts if p["windows"] == nw]
-        par = pareto([(p["bits"], p["ratio"]) for p in full])
-        front = sorted((full[i]["bits"], full[i]["ratio"]) for i in par)
-        ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
+        _frontier(ax, pts, nw)
         for p in pts:
             ours, peer = p["name"] in OURS, p["name"] in PEER_SOURCES
             off = p["ratio"] > PEERS_YMAX
@@ -464,10 +469,7 @@ def lever_plot(models: dict, out: Path):
         pts = [s for s in (partial_summary(res, n) for n in names if n != "fp16") if s]
         if not pts:
             continue
-        full = [p for p in pts if p["windows"] == nw]
-        par = pareto([(p["bits"], p["ratio"]) for p in full])
-        front = sorted((full[i]["bits"], full[i]["ratio"]) for i in par)
-        ax.plot([f[0] for f in front], [f[1] for f in front], "k--", lw=1, label="Pareto frontier")
+        _frontier(ax, pts, nw)
         outside = []
         for p in pts:
             ours, peer = p["name"] in OURS, p["name"] in PEER_SOURCES
