@@ -74,9 +74,12 @@ class Backend:
                            f"K and V formats may differ only in bits")
         return out
 
-    def sinks_reasons(self, sinks: int) -> list[str]:
-        if sinks > self.max_sinks:
-            return [f"sinks={sinks}: the decode kernel keeps at most {self.max_sinks} sink tokens"]
+    def sinks_reasons(self, sinks: int, recent: int = 0) -> list[str]:
+        """The decode kernel's 16-bit side rows per sequence: ``sinks`` sink tokens and the ``recent`` ring."""
+        if sinks + recent > self.max_sinks:
+            what = f"sinks={sinks} + recent={recent}" if recent else f"sinks={sinks}"
+            return [f"{what}: the decode kernel reads at most {self.max_sinks} 16-bit side rows (sink tokens "
+                    f"and the recent ring)"]
         return []
 
     def page_size_ok(self, page_size: int) -> bool:
@@ -145,7 +148,7 @@ def supports(policy: CachePolicy, head_dim: int, dtype: str = "fp16", n_layers: 
         out += [r for r in backend.pair_reasons(kf, vf, what) if r not in out]
     if not packed:
         return tuple(out)
-    out += backend.sinks_reasons(policy.sinks)
+    out += backend.sinks_reasons(policy.sinks, policy.recent)
     if policy.key_scale is not None and policy.key_scale not in backend.key_scales:
         out.append(f"key_scale={policy.key_scale!r}: the kernels serve key scales {backend.key_scales}")
     if policy.key_signs:

@@ -1,14 +1,15 @@
-"""Cache policy: which format each layer's K and V use, sinks, centering; stored bits.
+"""Cache policy: which format each layer's K and V use, sinks, recent ring, centering; stored bits.
 
 One concept: the per-cache decisions above the per-vector format. A
 :class:`CachePolicy` names a :class:`FormatParams` (or ``None`` = keep fp16)
 for keys and for values, per-layer overrides (layer-wise precision), how many
-leading tokens of each sequence are kept in fp16 (attention sinks), and
+leading tokens of each sequence are kept in fp16 (attention sinks), how many of
+its most recent tokens are read in fp16 before they are encoded (the recent ring), and
 whether keys are centered (sim_models/center.py), scaled per channel
 (sim_models/keyscale.py) and given per-(layer, kv head) transform tables
 (sim_models/transform.py). :meth:`CachePolicy.stored_bits` counts every byte the
 cache holds, so average bits per element are honest: codes, scale bytes, zero
-points, fp16 sink tokens and wider layers. The per-model tables (mu, s, signs,
+points, fp16 sink and ring tokens and wider layers. The per-model tables (mu, s, signs,
 rotations) are model constants, like weights: not per-token, counted separately
 by :meth:`CachePolicy.table_bytes`.
 """
@@ -35,6 +36,10 @@ class CachePolicy:
     """Attributes:
         k, v: format of keys / values, ``None`` for fp16.
         sinks: the first ``sinks`` tokens of every sequence stay fp16 (>= 0).
+        recent: a query reads the ``recent`` most recent tokens of its sequence (its own included)
+            in fp16, from a ring of fp16 rows kept beside their codes (>= 0; sinks are not in the
+            ring; keys in the front end's domain, as sink keys); older tokens are read through
+            their codes, which are the ones they get without the ring.
         center_keys: keys are stored as ``k - mu`` (sinks too).
         layer_k, layer_v: overrides, tuples of (layer, FormatParams or None).
         key_scale: keys stored as ``k * s`` per channel (queries use ``q / s``):
@@ -44,7 +49,7 @@ class CachePolicy:
 
     Raises:
         TypeError: a format is not a FormatParams / None.
-        ValueError: negative sinks, or a duplicate / negative override layer.
+        ValueError: negative sinks or recent, or a duplicate / negative override layer.
     """
 
     k: FormatParams | None = field(default_factory=FormatParams)
@@ -56,6 +61,7 @@ class CachePolicy:
     key_scale: str | None = None
     key_signs: bool = False
     key_rot: bool = False
+    recent: int = 0
 
     def __post_init__(self):
         if self.key_scale is not None and self.key_scale not in KEY_SCALES:
@@ -67,6 +73,8 @@ class CachePolicy:
                 raise TypeError(f"{name} must be a FormatParams or None, got {type(f).__name__}")
         if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(f"sinks must be an int >= 0, got {self.sinks!r}")
+        if isinstance(self.recent, bool) or not isinstance(self.recent, int) or self.recent < 0:
+            raise ValueError(f"recent must be an int >= 0, got {self.recent!r}")
         for name in ("layer_k", "layer_v"):
             layers = [entry[0] for entry in getattr(self, name)]
             if any(isinstance(l, bool) or not isinstance(l, (int, np.integer)) for l in layers):
@@ -96,6 +104,7 @@ class CachePolicy:
         _check_counts(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, context=context)
         total = 0
         sink = min(self.sinks, context)
+        ring = min(self.recent, context - sink)        # fp16 copies of the most recent tokens, beside their codes
         for layer in range(n_layers):
             for kind in ("k", "v"):
                 f = self.format_for(layer, kind)
@@ -107,7 +116,7 @@ class CachePolicy:
                                          f"one vector per head uses policy.fit(head_dim))")
                     per_head = 8 * f.bytes_per_vector * (head_dim // f.n)
                 q_tokens = context - sink
-                total += n_kv_heads * (sink * FP16_BITS * head_dim + q_tokens * per_head)
+                total += n_kv_heads * ((sink + ring) * FP16_BITS * head_dim + q_tokens * per_head)
         return total
 
     def bits_per_element(self, n_layers: int, n_kv_heads: int, head_dim: int, context: int) -> float:
@@ -165,13 +174,14 @@ class CachePolicy:
 
         Grammar: a preset name alone (:data:`POLICY_PRESETS`), ``fp16`` (both kinds 16-bit),
         or ``K<b>V<b>`` (``fp16`` = ``K16V16``) followed by ``+`` terms: ``C`` centered keys (:attr:`center_keys`),
-        ``S<n>`` n fp16 sink tokens (:attr:`sinks`), ``KS2`` / ``KSf`` power-of-two / fp16
+        ``S<n>`` n fp16 sink tokens (:attr:`sinks`), ``W<n>`` a ring of the n most recent
+        tokens in fp16 (:attr:`recent`), ``KS2`` / ``KSf`` power-of-two / fp16
         per-channel key scales (:attr:`key_scale` ``"pow2"`` / ``"fp16"``), ``SG`` calibrated
         key sign flips (:attr:`key_signs`), ``R4`` calibrated 4x4 key rotations
         (:attr:`key_rot`), ``K<b>@layers`` / ``V<b>@layers`` the keys / values of the listed
         layers at b bits (:attr:`layer_k` / :attr:`layer_v`; layers are a comma list of layer
         indices and inclusive ranges, ``0,1`` or ``0-3,7``). A width of ``16`` means
-        unquantized. Example: ``K3V3+C+S4+KS2+K4@0,1``. docs/FORMAT.md 8 states the grammar.
+        unquantized. Example: ``K3V3+C+S4+KS2+W16+K4@0,1``. docs/FORMAT.md 8 states the grammar.
 
         Args:
             spec: the string.
@@ -218,7 +228,8 @@ class CachePolicy:
                 raise ValueError(f"policy spec {spec!r}: first term must be K<b>V<b> or fp16 (fields k, v), "
                                  f"got {written[0]!r}")
             k, v = fmt(m.group(1), written[0], "k"), fmt(m.group(2), written[0], "v")
-        out = dict(k=k, v=v, sinks=0, center_keys=False, key_scale=None, key_signs=False, key_rot=False)
+        out = dict(k=k, v=v, sinks=0, center_keys=False, key_scale=None, key_signs=False, key_rot=False,
+                   recent=0)
         layer_k, layer_v, seen = [], [], set()
         for t, w in zip(terms[1:], written[1:]):
             flag = _FLAG_TERMS.get(t)
@@ -226,6 +237,8 @@ class CachePolicy:
                 name, value = flag
             elif re.fullmatch(r"S\d+", t):
                 name, value = "sinks", int(t[1:])
+            elif re.fullmatch(r"W\d+", t):
+                name, value = "recent", int(t[1:])
             elif _LAYER_TERM.fullmatch(t):
                 bits, layers = t[1:].split("@")
                 name = "layer_k" if t[0] == "K" else "layer_v"
@@ -242,7 +255,7 @@ class CachePolicy:
                 raise ValueError(f"policy spec {spec!r}: term {w!r}: layers are written K<b>@l,l,.. or "
                                  f"K<b>@lo-hi (e.g. K4@0,1 or K4@0-3)")
             else:
-                raise ValueError(f"policy spec {spec!r}: unknown term {w!r} (C, S<n>, KS2, KSf, SG, R4, "
+                raise ValueError(f"policy spec {spec!r}: unknown term {w!r} (C, S<n>, W<n>, KS2, KSf, SG, R4, "
                                  f"K<b>@layers, V<b>@layers)")
             if name in seen:
                 raise ValueError(f"policy spec {spec!r}: field {name} is set twice (term {w!r})")
@@ -274,6 +287,7 @@ class CachePolicy:
         s += {"pow2": "+KS2", "fp16": "+KSf", None: ""}[self.key_scale]
         s += "+SG" if self.key_signs else ""
         s += "+R4" if self.key_rot else ""
+        s += f"+W{self.recent}" if self.recent else ""
         for kind, over in (("K", self.layer_k), ("V", self.layer_v)):
             by_w: dict = {}
             for l, f in over:
@@ -335,9 +349,12 @@ def fit_format(f: FormatParams | None, head_dim: int, dtype: str | None = None) 
 #: * ``v3``: format version 3's recommended policy, ``v2`` plus key centering, 4 fp16 sink tokens and
 #:   query-aware power-of-two key scales, the tables from :class:`sim_models.KeyTables`
 #:   (spec ``K3V3+C+S4+KS2``; 3.150 bits at 2048 tokens);
-#: * ``v3-K4V3``: its quality tier with 4-bit keys (spec ``K4V3+C+S4+KS2``; 3.649 bits).
+#: * ``v3-K4V3``: its quality tier with 4-bit keys (spec ``K4V3+C+S4+KS2``; 3.649 bits);
+#: * ``v4``: format version 4's recommended policy, ``v3`` plus a ring of the 16 most recent tokens in
+#:   fp16 (spec ``K3V3+C+S4+KS2+W16``; 3.275 bits at 2048 tokens, 3.127 at 128K).
 POLICY_PRESETS = {
     "v2": CachePolicy(),
     "v3": CachePolicy(sinks=4, center_keys=True, key_scale="pow2"),
     "v3-K4V3": CachePolicy(k=FormatParams(bits=4), sinks=4, center_keys=True, key_scale="pow2"),
+    "v4": CachePolicy(sinks=4, center_keys=True, key_scale="pow2", recent=16),
 }

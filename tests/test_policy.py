@@ -16,7 +16,7 @@ from sim_models.policy import POLICY_PRESETS
 # ------------------------------------------------------------------------- parse / spec
 @pytest.mark.parametrize("spec", ["K3V3", "K4V3", "K16V16", "K3V16", "K3V3+C", "K3V3+S4", "K3V3+C+S4+KS2",
                                   "K4V3+C+S4+KSf+SG+R4", "K3V3+K4@0,1", "K3V3+K16@0+V4@1,2",
-                                  "K2V4+C+S64+KS2+K4@3+V3@0"])
+                                  "K2V4+C+S64+KS2+K4@3+V3@0", "K3V3+C+S4+KS2+W16", "K3V3+W1"])
 def test_spec_round_trips(spec):
     p = CachePolicy.parse(spec)
     assert p.spec == spec
@@ -44,7 +44,23 @@ def test_presets_are_objects_and_parse_to_them():
     rebased = CachePolicy.parse("v3", FormatParams(n=128))
     assert rebased.k.n == 128 and rebased.sinks == 4
     with pytest.raises(ValueError, match="policy preset must be one of"):
-        CachePolicy.preset("v4")
+        CachePolicy.preset("v5")
+    assert CachePolicy.preset("v4") == CachePolicy.parse("K3V3+C+S4+KS2+W16")
+
+
+def test_recent_ring_is_counted_beside_the_codes():
+    """The ring's fp16 rows are stored beside the codes of the same tokens (both counted); at
+    contexts shorter than sinks + ring every token after the sinks is in the ring."""
+    v3, v4 = CachePolicy.preset("v3").fit(128), CachePolicy.preset("v4").fit(128)
+    shape = (28, 2, 128)
+    for ctx in (1, 3, 4, 5, 20, 2048, 131072):
+        ring = min(16, max(ctx - 4, 0))
+        assert v4.stored_bits(*shape, ctx) - v3.stored_bits(*shape, ctx) == 28 * 2 * 2 * ring * 16 * 128
+    assert round(v4.bits_per_element(*shape, 2048), 3) == 3.275
+    with pytest.raises(ValueError, match="recent must be an int >= 0"):
+        CachePolicy(recent=-1)
+    with pytest.raises(ValueError, match="field recent is set twice"):
+        CachePolicy.parse("K3V3+W4+W8")
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -112,6 +128,7 @@ def test_supports_serves_the_presets():
     (CachePolicy.parse("K3V16"), 64, "fp16", ["both packed or both 16-bit"]),
     (CachePolicy.parse("K3V3+K16@2"), 64, "fp16", ["layer 2 k/v: both packed"]),
     (CachePolicy.parse("K3V3+S65"), 64, "fp16", ["sinks=65"]),
+    (CachePolicy.parse("K3V3+S4+W61"), 64, "fp16", [r"sinks=4 \+ recent=61: .* at most 64"]),
     (CachePolicy.parse("K3V3+KSf"), 64, "fp16", ["key_scale='fp16'"]),
     (CachePolicy.parse("K3V3+SG+R4"), 64, "fp16", ["key_signs", "key_rot"]),
     (CachePolicy.parse("K3V3+C"), 64, "bf16", ["dtype='bf16': the key front end"]),
