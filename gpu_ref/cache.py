@@ -1,7 +1,9 @@
 """Packed K/V cache of one attention layer on the GPU, in the layout the decode kernel reads.
 
 Policy (sim_models.policy.CachePolicy, per layer): key and value formats (bits 3 or 4 each), the
-first ``sinks`` tokens of every sequence kept unquantized in side planes, key centering (mu per kv
+first ``sinks`` tokens of every sequence kept unquantized in side planes, the ``recent`` most recent
+tokens kept unquantized too (a ring in the same side planes, after the sinks, beside the tokens'
+codes: the decode kernel reads ``sinks + recent`` side rows and the packed tokens before them), key centering (mu per kv
 head, sim_models.center) and per-channel power-of-two key scales ``s`` (keys stored as
 ``k * s - mu * s``, queries read as ``q / s``: q.k is unchanged up to the constant q.mu, to which
 softmax is invariant). Layout: contiguous ``[B, KVH, CAP, *]`` planes, or a pool of fixed-size pages
@@ -25,6 +27,16 @@ from . import decode as _dec
 from ._build import check_cupy_array, cupy
 from .encode import as_bits, key_front, key_table, launch_encode
 from .layout import to_wire, vpair_supported
+
+
+def side_row(pos, sinks: int, recent: int):
+    """Side-plane row of token positions ``pos`` (ints or an int array): sink ``p < sinks`` in row ``p``,
+    a later token in its ring row ``sinks + (p - sinks) % recent`` (it is the ring's while it is one of
+    the ``recent`` most recent tokens)."""
+    pos = np.asarray(pos, np.int64)
+    if not recent:
+        return pos
+    return np.where(pos < sinks, pos, sinks + (pos - sinks) % recent)
 
 
 def _check_pos(name, v, lo=1):
@@ -56,9 +68,11 @@ class KVCache:
 
     Attributes:
         policy: the policy fitted to head_dim and dtype; params, v_params: the layer's K / V formats;
-        sinks: fp16 leading tokens; k_codes, v_codes, k_scales, v_scales: uint8 planes (contiguous
+        sinks: fp16 leading tokens; recent: the ring's tokens; side: ``sinks + recent``, the 16-bit side rows
+        per sequence (sink ``p`` in row ``p``, later token ``p`` in ring row ``sinks + (p - sinks) % recent``);
+        k_codes, v_codes, k_scales, v_scales: uint8 planes (contiguous
         ``[B, KVH, CAP, *]`` or pools ``[P, KVH, page, *]``); k_flags, v_flags: uint8 ``[B|P, KVH, CAP|page]``;
-        k_sink, v_sink: uint16 ``[B, KVH, sinks, N]`` (None without sinks); block_table: int32
+        k_sink, v_sink: uint16 ``[B, KVH, side, N]`` (None without sinks and ring); block_table: int32
         ``[B, max_pages]`` (paged); lengths: int32 cupy ``[B]`` tokens per sequence (host copy in
         ``host_lengths``); q_scale: float32 cupy ``[KVH, N]`` = 1/s (None without key scales); layout.
 
@@ -97,7 +111,8 @@ class KVCache:
         kp, vp = one.fit(n, dtype).k, one.fit(n, dtype).v
         self.layout = _dec.check_layout(
             ("vpair" if vpair_supported(vp.bits, vp.block) else "wire") if layout is None else layout, vp)
-        self.sinks = policy.sinks
+        self.sinks, self.recent = policy.sinks, policy.recent
+        self.side = self.sinks + self.recent
         mu16 = s = None
         if policy.center_keys or policy.key_scale:
             if tables is None:
@@ -141,9 +156,9 @@ class KVCache:
         self.k_flags = cp.zeros(shp, cp.uint8)
         self.v_flags = cp.zeros(shp, cp.uint8)
         self.k_sink = self.v_sink = None
-        if self.sinks:
-            self.k_sink = cp.zeros((self.batch, self.kv_heads, self.sinks, n), cp.uint16)
-            self.v_sink = cp.zeros((self.batch, self.kv_heads, self.sinks, n), cp.uint16)
+        if self.side:
+            self.k_sink = cp.zeros((self.batch, self.kv_heads, self.side, n), cp.uint16)
+            self.v_sink = cp.zeros((self.batch, self.kv_heads, self.side, n), cp.uint16)
         self.q_scale = None
         if s is not None:
             self.q_scale = cp.asarray((1.0 / s).astype(np.float32))
@@ -214,9 +229,13 @@ class KVCache:
                 src = bits if bi.size == self.batch * t else bits[sel_b, sel_t]
                 launch_encode(cp.ascontiguousarray(src), p, codes, scales, flags, rows_d, cp, key=key,
                               layout=self.layout if codes is self.v_codes else "wire", pair_vec=self.kv_heads)
-        sb, st = np.nonzero(pos < s)                                         # sink tokens
+        side = pos < s                                                       # sink tokens
+        if self.recent:                                                      # and the ring's last tokens
+            side |= pos >= np.maximum(s, self.host_lengths[:, None] + t - self.recent)
+        sb, st = np.nonzero(side)
         if sb.size:
-            ib, it, ip = cp.asarray(sb), cp.asarray(st), cp.asarray(pos[sb, st])
+            p = pos[sb, st]
+            ib, it, ip = cp.asarray(sb), cp.asarray(st), cp.asarray(side_row(p, s, self.recent))
             ks = kb[ib, it]
             self.k_sink[ib, :, ip] = ks if self._key is None else key_front(ks, self._key, cp)
             self.v_sink[ib, :, ip] = vb[ib, it]
@@ -238,7 +257,7 @@ class KVCache:
         kw.setdefault("q_dtype", self.params.dtype)  # q has the type of the cached K/V
         kw.setdefault("layout", self.layout)
         return _dec.plan(self.params, self.v_params, batch=self.batch, q_heads=q_heads, kv_heads=self.kv_heads,
-                         max_length=ml, page_size=self.page_size, sinks=self.sinks, **kw)
+                         max_length=ml, page_size=self.page_size, sinks=self.side, **kw)
 
     def run(self, pl, ws, q, **kw):
         """``gpu_ref.run(pl, ws, q, self, **kw)``: decode over this cache with its current lengths."""
@@ -257,7 +276,8 @@ class KVCache:
     def attend(self, q, *, lengths=None, num_splits=None, precise_p=False, tune=None, **kw):
         """One-call decode over the cache (plan for the current lengths, fresh workspace, run).
 
-        ``lengths`` (host ints, optional) overrides the current lengths (each <= its current one).
+        ``lengths`` (host ints, optional) overrides the current lengths (each <= its current one; with a
+        recent ring, each equal to its current one or at most ``sinks``: the ring holds the last tokens only).
         """
         cp = cupy()
         check_cupy_array("q", q, cp)
@@ -266,6 +286,10 @@ class KVCache:
         host = self.host_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
         if host.shape != (self.batch,) or host.min(initial=0) < 0 or np.any(host > self.host_lengths):
             raise ValueError(f"lengths must be {self.batch} ints, each in [0, its appended length]; "
+                             f"appended {self.host_lengths.tolist()}, got {host.tolist()}")
+        if self.recent and np.any((host != self.host_lengths) & (host > self.sinks)):
+            raise ValueError(f"lengths: with a recent ring of {self.recent} tokens each length is its appended "
+                             f"length or at most sinks={self.sinks} (the ring holds the last tokens only); "
                              f"appended {self.host_lengths.tolist()}, got {host.tolist()}")
         pl = self.plan(q.shape[1], int(host.max(initial=0)), num_splits=num_splits, precise_p=precise_p,
                        tune=tune)

@@ -294,15 +294,16 @@ def test_decode_one_token_at_a_time_equals_fake_quant_forward():
 
 # ------------------------------------------------------------------------- GPU: kernels vs golden
 @gpu
+@pytest.mark.parametrize("spec", ["K3V3+C+KS2", "K3V3+C+S2+KS2+W5"])
 @pytest.mark.parametrize("family,head_dim,dtype", [("llama", 64, torch.float32), ("qwen2", 128, torch.bfloat16),
                                                   ("llama", 128, torch.float16)])
-def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
+def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype, spec):
     m = tiny(family, head_dim=head_dim, heads=8, kv_heads=2).to("cuda", dtype)
     rng = np.random.default_rng(5)
     ids = torch.tensor(rng.integers(0, 96, (2, 20)), device="cuda")
     mu = (rng.normal(size=(2, 2, head_dim)) * 0.3).astype(np.float16)
     ks = np.exp2(rng.integers(-1, 2, size=(2, 2, head_dim))).astype(np.float32)
-    caches = {be: hf.PackedCache(m.config, "K3V3+C+KS2", 2, 64, mu=mu, key_scales=ks, backend=be)
+    caches = {be: hf.PackedCache(m.config, spec, 2, 64, mu=mu, key_scales=ks, backend=be)
               for be in ("cuda", "golden")}
     seen = _record_updates(caches["cuda"])
     logits = {}
@@ -314,7 +315,8 @@ def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
             logits[be] = torch.cat(out, 1).float()
     # the bytes: the K/V the kernels were given (each layer's input depends on the earlier layers'
     # attention, which differs in float rounding between the two runs), written by the golden store
-    ref = hf.PackedCache(m.config, "K3V3+C+KS2", 2, 64, mu=mu, key_scales=ks, backend="golden")
+    ref = hf.PackedCache(m.config, spec, 2, 64, mu=mu, key_scales=ks, backend="golden")
+    s0 = ref.layers[0].sinks
     for i, (lk, rec) in enumerate(zip(caches["cuda"].layers, seen)):
         for k, v in rec:
             ref.layers[i].update(k, v)
@@ -322,9 +324,13 @@ def test_kernels_bytes_and_logits_equal_golden(family, head_dim, dtype):
         assert kv.host_lengths.tolist() == [20, 20]
         hp = kv.host_planes()  # golden byte order (value codes de-interleaved from the vpair layout)
         for kind in "kv":
-            assert np.array_equal(hp[f"{kind}_codes"][:, :, :20], lg.store.codes[kind][:, :, :20, 0]), \
+            assert np.array_equal(hp[f"{kind}_codes"][:, :, :20 - s0], lg.store.codes[kind][:, :, s0:20, 0]), \
                 f"layer {i} {kind} codes"
-            assert np.array_equal(hp[f"{kind}_scales"][:, :, :20], lg.store.scales[kind][:, :, :20, 0])
+            assert np.array_equal(hp[f"{kind}_scales"][:, :, :20 - s0], lg.store.scales[kind][:, :, s0:20, 0])
+        if lg.store.recent:                 # the ring: the last 5 tokens' 16-bit rows (keys after the front end)
+            k16 = lg.store.raw["k"][:, :, 15:20].half()
+            rows = [2 + (p - 2) % 5 for p in range(15, 20)]
+            assert torch.equal(torch.from_dlpack(kv.k_sink.view("float16"))[:, :, rows].cpu(), k16.cpu())
     err = (logits["cuda"] - logits["golden"]).abs().max() / logits["golden"].abs().max()
     assert err < 2e-2, float(err)          # the kernels take q in 16 bits
 
@@ -342,7 +348,7 @@ def test_generate_on_gpu_with_kernels():
 
 
 @gpu
-@pytest.mark.parametrize("spec", ["K3V3", "K4V3+C+S4"])
+@pytest.mark.parametrize("spec", ["K3V3", "K4V3+C+S4", "K4V3+C+S4+W6"])
 def test_packed_prefill_through_kernels_equals_decode_steps_and_golden(spec):
     """prefill='packed' on the kernels (one decode launch of T queries per layer, each with its own
     length) == feeding the tokens one at a time through the decode kernel, and ~ the golden
@@ -373,12 +379,12 @@ def test_packed_prefill_through_kernels_equals_decode_steps_and_golden(spec):
             assert np.array_equal(hp[f"{kind}_codes"][:, :, :40 - s0], lg.codes[kind][:, :, s0:40, 0])
     if s0:
         k16 = ref.layers[0].store.keys_in(seen[0][0][0].to(torch.float16))     # the golden key front end
-        assert torch.equal(torch.from_dlpack(chunk.layers[0].store.kv.k_sink.view("float16")),
+        assert torch.equal(torch.from_dlpack(chunk.layers[0].store.kv.k_sink.view("float16"))[:, :, :s0],
                            k16[:, :, :s0].contiguous())
 
 
 @gpu
-@pytest.mark.parametrize("spec", ["fp16", "K3V3", "K4V3+C+S4"])
+@pytest.mark.parametrize("spec", ["fp16", "K3V3", "K4V3+C+S4", "K3V3+C+S4+W6"])
 def test_decode_step_replays_from_a_cuda_graph(spec):
     """A whole model decode step captured in a CUDA graph replays to the eager step's logits
     (the cuda store allocates nothing on the CuPy side and copies nothing to the host in a step)."""
@@ -611,7 +617,7 @@ def test_sliding_layers_packed_prefill_equals_decode_steps():
 
 
 @gpu
-@pytest.mark.parametrize("spec", ["K3V3", "v3"])
+@pytest.mark.parametrize("spec", ["K3V3", "v3", "v4", "K3V3+W4"])
 def test_sliding_window_kernels_equal_golden(spec):
     """Gemma-3-shaped model (head_dim 128, window 16) on the kernels, decoding past the window: the
     ring planes hold the golden store's bytes (row p % W, for the K/V the kernels' run wrote) and the
@@ -626,7 +632,7 @@ def test_sliding_window_kernels_equal_golden(spec):
     t = KeyTables("tiny", (rng.normal(size=(3, 2, 128)) * 0.3).astype(np.float16),
                   rng.integers(-1, 2, size=(3, 2, 128)).astype(np.int8))
     ids = torch.tensor(rng.integers(0, 96, (2, 44)), device="cuda")
-    kw = dict(tables=t) if spec == "v3" else {}
+    kw = dict(tables=t) if spec in ("v3", "v4") else {}
     cu = hf.PackedCache(m.config, spec, 2, 48, backend="cuda", **kw)
     go = hf.PackedCache(m.config, spec, 2, 48, backend="golden", **kw)
     seen = _record_updates(cu)
@@ -640,8 +646,15 @@ def test_sliding_window_kernels_equal_golden(spec):
             ref.layers[i].update(k, v)
         hp = cu.layers[i].store.kv.host_planes()
         assert cu.layers[i].store.kv.host_lengths.tolist() == [16, 16]
+        r = cu.layers[i].store.recent              # the ring's tokens are 16-bit rows; the rest packed, p % (16 - r)
+        pos = np.arange(44 - 16, 44 - r)
         for kind in "kv":
-            assert np.array_equal(hp[f"{kind}_codes"][:, :, :16], ref.layers[i].store.codes[kind][:, :, :, 0])
+            assert np.array_equal(hp[f"{kind}_codes"][:, :, pos % (16 - r)],
+                                  ref.layers[i].store.codes[kind][:, :, pos % 16, 0])
+        if r:
+            pos = np.arange(44 - r, 44)
+            got = torch.from_dlpack(cu.layers[i].store.kv.v_sink.view("float16"))[:, :, pos % r].cpu()
+            assert torch.equal(got.float(), ref.layers[i].store.raw["v"][:, :, pos % 16].cpu())
 
 
 def test_layer_policy_matches_the_layer_tables():
@@ -656,3 +669,89 @@ def test_layer_policy_matches_the_layer_tables():
     pol, tab = layer_policy((f, f), 0, 2, 128, mu16=mu, s16=s)
     assert pol.center_keys and pol.key_scale == "pow2"
     assert np.array_equal(tab.mu[0], mu) and np.array_equal(tab.log2_s[0], np.full((2, 128), 2, np.int8))
+
+
+# ------------------------------------------------------------------------- the recent ring
+def _eager_ring(model, spec, ids):
+    """Reference of a recent ring, token by token: the model's eager attention over a DynamicCache of
+    golden fake-quantized K/V in which the ``recent`` most recent tokens past the sinks are replaced by
+    their 16-bit values at every step (full-attention models; no key front end)."""
+    from transformers import DynamicCache
+    from sim_models import decode_float
+    from sim_models.policy import fit_format
+    pol = CachePolicy.parse(spec)
+    d = model.config.head_dim
+    cache = DynamicCache(config=model.config)
+
+    def fq(x, f):
+        x16 = x.to(torch.float16)
+        bits = x16.contiguous().view(torch.int16).numpy().view(np.uint16)
+        b, h, t, _ = bits.shape
+        e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+        return torch.from_numpy(decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d).astype(np.float32))
+
+    raw = [[] for _ in cache.layers]
+    for i, layer in enumerate(cache.layers):
+        def update(k, v, *a, _orig=layer.update, _i=i, **kw):
+            raw[_i].append((k.to(torch.float16).float(), v.to(torch.float16).float()))
+            kq, vq = (fq(x, fit_format(pol.format_for(_i, kind), d, "fp16")) for x, kind in ((k, "k"), (v, "v")))
+            kk, vv = (x.clone() for x in _orig(kq.to(k.dtype), vq.to(v.dtype), *a, **kw))
+            n = kk.shape[2]
+            kr, vr = (torch.cat([r[j] for r in raw[_i]], 2) for j in (0, 1))
+            fresh = [p for p in range(n) if p < pol.sinks or p >= n - pol.recent]
+            kk[:, :, fresh], vv[:, :, fresh] = kr[:, :, fresh].to(kk.dtype), vr[:, :, fresh].to(vv.dtype)
+            return kk, vv
+        layer.update = update
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = [model(ids[:, i:i + 1], **hf.cache_kwargs(model, cache), use_cache=True).logits
+                   for i in range(ids.shape[1])]
+    finally:
+        model.set_attn_implementation(hf.ATTN_NAME)
+    return torch.cat(out, 1)
+
+
+def test_recent_ring_equals_eager_attention_over_fake_quant():
+    """A query reads its last R tokens (and the sinks) in 16 bits and the others through their codes:
+    the golden store, token by token, == the model's eager attention over such a cache; the ring moves
+    the answer (against R = 0), and a ring as long as the sequence is the 16-bit cache."""
+    # one layer: both runs quantize the same K/V (with more, a float32-vs-float64 difference in one
+    # layer's attention can move the next layer's K/V across a 3-bit threshold)
+    m = tiny("llama", layers=1)
+    hf.enable(m)
+    ids = torch.tensor(np.random.default_rng(21).integers(0, 96, (2, 20)))
+    got = _packed_run(m, hf.PackedCache(m.config, "K3V3+S2+W5", 2, 20, backend="golden"), ids, 1)
+    want = _eager_ring(m, "K3V3+S2+W5", ids)
+    assert float((got - want).abs().max()) < 1e-4, float((got - want).abs().max())
+    plain = _packed_run(m, hf.PackedCache(m.config, "K3V3+S2", 2, 20, backend="golden"), ids, 1)
+    assert float((got - plain)[:, 8:].abs().max()) > 1e-2
+    whole = _packed_run(m, hf.PackedCache(m.config, "K3V3+W20", 2, 20, backend="golden"), ids, 1)
+    fp16 = _packed_run(m, hf.PackedCache(m.config, "fp16", 2, 20, backend="golden"), ids, 1)
+    assert float((whole - fp16).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("model, spec", [("llama", "K3V3+C+S2+KS2+W5"), ("gemma3", "K3V3+S2+W3")])
+def test_recent_ring_packed_prefill_equals_decode_steps(model, spec):
+    """prefill='packed' with a ring (each query of the chunk reads its own last R tokens in 16 bits) ==
+    feeding the tokens one at a time; Gemma 3's sliding layers (window 8) keep the ring in their window."""
+    from sim_models import KeyTables
+    m = tiny("llama") if model == "llama" else tiny_gemma3()
+    hf.enable(m)
+    rng = np.random.default_rng(22)
+    n_layers = m.config.num_hidden_layers
+    t = KeyTables("tiny", (rng.normal(size=(n_layers, 2, 64)) * 0.3).astype(np.float16),
+                  rng.integers(-1, 2, size=(n_layers, 2, 64)).astype(np.int8))
+    kw = dict(tables=t) if "+C" in spec else {}
+    ids = torch.tensor(rng.integers(0, 96, (1, 20)))
+    a = hf.PackedCache(m.config, spec, 1, 20, backend="golden", prefill="packed", **kw)
+    b = hf.PackedCache(m.config, spec, 1, 20, backend="golden", **kw)
+    with torch.no_grad():
+        full = m(ids, **hf.cache_kwargs(m, a)).logits
+    step = _packed_run(m, b, ids, 1)
+    assert torch.allclose(full, step, atol=1e-4), float((full - step).abs().max())
+    plain = hf.PackedCache(m.config, spec.replace("+W5", "").replace("+W3", ""), 1, 20, backend="golden",
+                           prefill="packed", **kw)
+    with torch.no_grad():
+        other = m(ids, **hf.cache_kwargs(m, plain)).logits
+    assert not torch.allclose(full, other, atol=1e-3)

@@ -59,13 +59,14 @@ def _prompts(seed, lengths, vocab=96):
 
 
 # ------------------------------------------------------------------------- engine
-@pytest.mark.parametrize("family,policy", [("llama", "K3V3+S2"), ("llama", "v3"), ("gemma3", "K3V3+S2")])
+@pytest.mark.parametrize("family,policy", [("llama", "K3V3+S2"), ("llama", "v3"), ("gemma3", "K3V3+S2"),
+                                           ("llama", "v4"), ("gemma3", "K3V3+S2+W3")])
 def test_engine_greedy_equals_single_batch_with_joins_and_leaves(family, policy):
     """Requests of different lengths join mid-batch (submitted between steps), leave when done, and wait
     for pool blocks; every output == gpu_ref.hf single-batch greedy, token for token (Gemma 3: sliding
     layers of window 8, prompts and outputs past the window)."""
     m = tiny() if family == "llama" else tiny_gemma3()
-    tables = _tables(3 if family == "gemma3" else 2) if policy == "v3" else None
+    tables = _tables(3 if family == "gemma3" else 2) if policy in ("v3", "v4") else None
     prompts = _prompts(1, (5, 11, 3, 13, 7, 4))
     maxt = [6, 10, 4, 9, 12, 3]
     want = [_single(m, policy, p, n, tables) for p, n in zip(prompts, maxt)]
@@ -136,13 +137,13 @@ def test_engine_pool_is_shared_and_freed_blocks_are_reused():
     assert e.free_blocks == e.num_blocks
 
 
-@pytest.mark.parametrize("prefill", ["exact", "packed"])
-def test_engine_prefix_sharing_reuses_blocks(prefill):
+@pytest.mark.parametrize("prefill,pol", [("exact", "K3V3+S2"), ("packed", "K3V3+S2"), ("packed", "K3V3+S2+W5")])
+def test_engine_prefix_sharing_reuses_blocks(prefill, pol):
     """Prompts with a common prefix of whole blocks share those blocks (counted) without re-encoding them;
     outputs equal single-batch greedy with the same prefill. Exact prefill recomputes the prefix's forward
-    and writes only the suffix; packed prefill forwards the sinks and the suffix only."""
+    and writes only the suffix; packed prefill forwards the sinks and the suffix only (with a recent ring,
+    from the ring's tokens before the suffix)."""
     m = tiny()
-    pol = "K3V3+S2"
     rng = np.random.default_rng(7)
     prefix = rng.integers(0, 96, 2 + 2 * 8).tolist()                 # sinks + 2 blocks of 8
     prompts = [prefix + rng.integers(0, 96, n).tolist() for n in (5, 9, 1)] + [rng.integers(0, 96, 12).tolist()]
@@ -164,7 +165,8 @@ def test_engine_prefix_sharing_reuses_blocks(prefill):
     assert e.free_blocks == e.num_blocks - sum(e.blocks_for(len(p) + n) for p, n in zip(prompts, maxt)) + 2 * 2
     prefills = [it for items in forwarded for it in items if it[2] > 1]
     if prefill == "packed":                                          # sinks, then the suffix only
-        assert [(t0, t) for _, t0, t, _ in prefills[:2]] == [(0, 2), (18, 9)]
+        lo = 18 - CachePolicy.parse(pol).recent
+        assert [(t0, t) for _, t0, t, _ in prefills[:2]] == [(0, 2), (lo, 27 - lo)]
     else:
         assert [(t0, t) for _, t0, t, _ in prefills[:1]] == [(0, 27)]
     for st, old in zip(e.stores, before):                           # not rewritten
@@ -284,8 +286,9 @@ def test_engine_sampling_is_seeded_and_cancel_frees_blocks():
 
 
 @gpu
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_engine_kernels_equal_single_batch(family):
+@pytest.mark.parametrize("family,pol", [("llama", "K3V3+S2"), ("gemma3", "K3V3+S2"), ("llama", "K3V3+S2+W6"),
+                                        ("gemma3", "K3V3+S2+W6")])
+def test_engine_kernels_equal_single_batch(family, pol):
     """The engine over the CUDA store == gpu_ref.hf single-batch greedy on the kernels (head_dim 128),
     with joins and leaves. A tiny random model's greedy margins are ~1e-4 of its logits, so any last-bit
     difference outside the cache can flip a token; the two sides differ only in the cache (batched
@@ -295,8 +298,8 @@ def test_engine_kernels_equal_single_batch(family):
          else tiny_gemma3(window=16, head_dim=128)).to("cuda", torch.float64)
     prompts = _prompts(4, (9, 30, 5, 21))
     maxt = [20, 12, 25, 8]
-    want = [_single(m, "K3V3+S2", p, n, backend="cuda", num_splits=1) for p, n in zip(prompts, maxt)]
-    e = Engine(m, "K3V3+S2", backend="cuda", num_blocks=64, block_size=16, max_batch=3, num_splits=1)
+    want = [_single(m, pol, p, n, backend="cuda", num_splits=1) for p, n in zip(prompts, maxt)]
+    e = Engine(m, pol, backend="cuda", num_blocks=64, block_size=16, max_batch=3, num_splits=1)
     reqs = [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[:2], maxt[:2])]
     e.step()
     reqs += [e.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts[2:], maxt[2:])]
@@ -306,12 +309,14 @@ def test_engine_kernels_equal_single_batch(family):
 
 
 @gpu
-def test_engine_kernels_pool_bytes_equal_golden_pool():
+@pytest.mark.parametrize("pol", ["K3V3+S2", "K3V3+S2+W6"])
+def test_engine_kernels_pool_bytes_equal_golden_pool(pol):
     """The CUDA paged store writes the golden paged store's bytes (KVCache.host_planes of the request's
-    pages == the golden pages, prompt rows), one decode launch per layer for the batch."""
+    pages == the golden pages, prompt rows), one decode launch per layer for the batch; a recent ring
+    leaves the codes as they are."""
     m = tiny(head_dim=128, heads=8, kv_heads=2).to("cuda")
     prompts = _prompts(6, (19, 40, 7))
-    engines = {be: Engine(m, "K3V3+S2", backend=be, num_blocks=24, block_size=16, max_batch=3)
+    engines = {be: Engine(m, pol, backend=be, num_blocks=24, block_size=16, max_batch=3)
                for be in ("golden", "cuda")}
     reqs = {be: [e.submit(p, SamplingParams(max_tokens=8)) for p in prompts] for be, e in engines.items()}
     for e in engines.values():
@@ -330,8 +335,9 @@ def test_engine_kernels_pool_bytes_equal_golden_pool():
 
 
 @gpu
-@pytest.mark.parametrize("prefill,chunk", [("exact", None), ("packed", None), ("packed", 16)])
-def test_engine_kernels_prefix_sharing_and_chunked_prefill(prefill, chunk):
+@pytest.mark.parametrize("prefill,chunk,pol", [("exact", None, "K3V3+S2"), ("packed", None, "K3V3+S2"),
+                                              ("packed", 16, "K3V3+S2"), ("packed", 16, "K3V3+S2+W6")])
+def test_engine_kernels_prefix_sharing_and_chunked_prefill(prefill, chunk, pol):
     """On the kernels: shared prefix blocks (counted) and chunked packed prefill interleaved with decode;
     outputs == gpu_ref.hf single-batch greedy on the kernels with the same prefill."""
     m = tiny(head_dim=128, heads=8, kv_heads=2).to("cuda")
@@ -339,8 +345,8 @@ def test_engine_kernels_prefix_sharing_and_chunked_prefill(prefill, chunk):
     prefix = rng.integers(0, 96, 2 + 3 * 16).tolist()
     prompts = [prefix + rng.integers(0, 96, n).tolist() for n in (7, 20)] + _prompts(12, (45, 9))
     maxt = [12, 8, 10, 14]
-    want = [_single(m, "K3V3+S2", p, n, backend="cuda", prefill=prefill) for p, n in zip(prompts, maxt)]
-    e = Engine(m, "K3V3+S2", backend="cuda", num_blocks=64, block_size=16, max_batch=3, prefill=prefill,
+    want = [_single(m, pol, p, n, backend="cuda", prefill=prefill) for p, n in zip(prompts, maxt)]
+    e = Engine(m, pol, backend="cuda", num_blocks=64, block_size=16, max_batch=3, prefill=prefill,
                prefill_chunk=chunk)
     reqs = [e.submit(prompts[0], SamplingParams(max_tokens=maxt[0]))]
     for _ in range(4):

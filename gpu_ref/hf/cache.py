@@ -81,14 +81,16 @@ class PackedLayer(CacheLayerMixin):
             last W tokens only (a ring of W rows; no sinks, whatever ``sinks`` says) and a query
             attends to exactly those (transformers' sliding-window mask: itself and the W - 1
             tokens before it).
+        recent: the policy's recent ring (:attr:`sim_models.CachePolicy.recent`): a query reads the
+            ``recent`` most recent tokens in 16 bits (a sliding layer at most its window's).
     """
 
     is_compileable = False
 
     def __init__(self, layer_idx, k_fmt, v_fmt, sinks, mu, key_scale, batch_size, capacity,
-                 num_heads, num_kv_heads, head_dim, backend, window=None):
+                 num_heads, num_kv_heads, head_dim, backend, window=None, recent=0):
         super().__init__()
-        self.window = window
+        self.window, self.recent = window, recent
         if window is not None:
             sinks = 0          # the model never sees tokens outside the window (docs/GPU.md, Sliding windows)
         self.layer_idx, self.k_fmt, self.v_fmt, self.sinks = layer_idx, k_fmt, v_fmt, sinks
@@ -137,9 +139,10 @@ class PackedLayer(CacheLayerMixin):
             if self.backend == "cuda":
                 if self.device.type != "cuda":
                     raise ValueError(f"backend 'cuda' needs CUDA tensors, got K/V on {self.device}")
-                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed", ring=self.is_sliding, **front)
+                self.store = _CudaStore(*args, pow2_rows=self.prefill == "packed", ring=self.is_sliding,
+                                        recent=self.recent, **front)
             else:
-                self.store = _GoldenStore(*args, ring=self.is_sliding, **front)
+                self.store = _GoldenStore(*args, ring=self.is_sliding, recent=self.recent, **front)
         else:
             self.keys = torch.zeros(b, h, self.rows, d, dtype=self.dtype, device=self.device)
             self.values = torch.zeros_like(self.keys)
@@ -361,7 +364,7 @@ class PackedCache(Cache):
             m = arrays["mu"][l].astype(np.float16) if (policy.center_keys and kf is not None) else None
             s = ks[l].astype(np.float16) if (ks is not None and kf is not None) else None
             layers.append(PackedLayer(l, kf, vf, policy.sinks, m, s, self.n_seqs, self.capacity,
-                                      hq, kvh, d, backend, window=windows[l]))
+                                      hq, kvh, d, backend, window=windows[l], recent=policy.recent))
             layers[-1].prefill = prefill
             layers[-1].cache_dtype = dtype
             layers[-1].num_splits = None if num_splits is None else int(num_splits)

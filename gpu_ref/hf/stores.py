@@ -16,11 +16,12 @@ def _torch():
     return torch
 
 
-def layer_policy(fmts, sinks, kvh, d, mu16=None, s16=None):
+def layer_policy(fmts, sinks, kvh, d, mu16=None, s16=None, recent=0):
     """One layer's (CachePolicy, KeyTables or None) as gpu_ref.KVCache takes them: the layer's K/V formats,
-    sinks, centering vector ``mu16`` [KVH, D] fp16 and power-of-two key scales ``s16`` [KVH, D] fp16."""
+    sinks, recent ring, centering vector ``mu16`` [KVH, D] fp16 and power-of-two key scales ``s16`` [KVH, D]
+    fp16."""
     policy = CachePolicy(k=fmts[0], v=fmts[1], sinks=sinks, center_keys=mu16 is not None,
-                         key_scale=None if s16 is None else "pow2")
+                         key_scale=None if s16 is None else "pow2", recent=recent)
     tables = None
     if mu16 is not None or s16 is not None:
         mu = np.zeros((kvh, d), np.float16) if mu16 is None else mu16
@@ -37,15 +38,18 @@ class _GoldenStore:
     ``[B, KVH, CAP, D/N, bytes]`` (zeros for sink rows). With ``ring`` (a sliding-window layer,
     ``cap`` = the window W, no sinks) token ``p`` lives in row ``p % W`` and only the last W tokens
     are kept; attention reads the ``min(length, W)`` rows in ring order (softmax does not depend
-    on the order of the keys).
+    on the order of the keys). With ``recent`` R (the policy's recent ring) ``raw[kind]`` keeps the
+    16-bit values beside ``hat`` (keys in the front end's domain) and a query reads the R most recent
+    tokens (its own included, sinks excluded) from ``raw``: :func:`recent_rows`.
     """
 
     def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq=None, mu16=None, s16=None,
-                 ring=False):
+                 ring=False, recent=0):
         torch = _torch()
         if ring and sinks:
             raise ValueError(f"a ring (sliding-window layer) keeps no sinks, got sinks={sinks}")
         self.fmts, self.sinks, self.dtype, self.ring, self.rows = fmts, sinks, torch_dtype, ring, cap
+        self.recent = min(recent, cap) if ring else recent
         self._prev = None        # ring: the window before the last multi-token append (attend_chunk)
         # the key front end (FORMAT.md 8) as the golden model defines it: sim_models.keyscale.key_front
         self._fe = FormatParams(n=d, block=min(64, d))
@@ -57,6 +61,8 @@ class _GoldenStore:
             self._front = (front_table(mu, e, self._fe), e)
         self._q_div = None if s16 is None else torch.as_tensor(s16.astype(np.float32), device=device)
         self.hat = {k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
+        self.raw = ({k: torch.zeros(batch, kvh, cap, d, dtype=torch.float32, device=device) for k in "kv"}
+                    if self.recent else None)
         self.codes, self.scales = {}, {}
         for kind, f in zip("kv", fmts):
             if f is not None:
@@ -102,6 +108,8 @@ class _GoldenStore:
                 self.codes[kind][:, :, t0 + first:t0 + t] = e.codes[:, :, first:]
                 self.scales[kind][:, :, t0 + first:t0 + t] = e.scales[:, :, first:]
             self.hat[kind][:, :, t0:t0 + t] = out
+            if self.raw is not None:
+                self.raw[kind][:, :, t0:t0 + t] = x.float()
         self.length += t
 
     def _reconstruct(self, x, f):
@@ -115,20 +123,24 @@ class _GoldenStore:
         rec = decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d)
         return torch.from_numpy(rec.astype(np.float32)).to(x.device), e.codes, e.scales
 
-    def window(self):
-        """The rows a query attends to now, oldest first: float32 (k, v) ``[B, KVH, min(length, rows), D]``."""
+    def window(self, raw=False):
+        """The rows a query attends to now, oldest first: float32 (k, v) ``[B, KVH, min(length, rows), D]``
+        (``raw``: the 16-bit values instead of the reconstructions)."""
         torch = _torch()
         n, w = self.length, self.rows
+        src = self.raw if raw else self.hat
         if not self.ring or n <= w:
-            return self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+            return src["k"][:, :, :n], src["v"][:, :, :n]
         order = torch.arange(n - w, n, device=self.hat["k"].device) % w
-        return self.hat["k"][:, :, order], self.hat["v"][:, :, order]
+        return src["k"][:, :, order], src["v"][:, :, order]
 
     def _append_ring(self, k16, v16, t0, t):
         torch = _torch()
         w = self.rows
         if t > 1:                                   # attend_chunk reads the window before this chunk
             self._prev = tuple(x.clone() for x in self.window())
+            if self.raw is not None:
+                self._prev_raw = tuple(x.clone() for x in self.window(raw=True))
         keep = min(t, w)
         rows = (np.arange(t0 + t - keep, t0 + t) % w)
         rows_t = torch.as_tensor(rows, device=self.hat["k"].device)
@@ -137,6 +149,9 @@ class _GoldenStore:
             rec, codes, scales = self._reconstruct(x, f)
             self._chunk[kind] = rec
             self.hat[kind][:, :, rows_t] = rec[:, :, t - keep:]
+            if self.raw is not None:
+                self.raw[kind][:, :, rows_t] = x[:, :, t - keep:].float()
+                self._chunk["raw_" + kind] = x.float()
             if codes is not None:
                 self.codes[kind][:, :, rows] = codes[:, :, t - keep:]
                 self.scales[kind][:, :, rows] = scales[:, :, t - keep:]
@@ -149,22 +164,32 @@ class _GoldenStore:
         torch = _torch()
         t, n = q.shape[2], self.length
         q = self.query(q)
+        kr = vr = None
         if self.ring:
             pk, pv = self._prev if t > 1 else self.window()
             if t > 1:
                 k, v = (torch.cat([p, self._chunk[x]], 2) for p, x in ((pk, "k"), (pv, "v")))
             else:
                 k, v = pk, pv
+            if self.raw is not None:
+                rk, rv = self._prev_raw if t > 1 else self.window(raw=True)
+                kr, vr = ((torch.cat([p, self._chunk["raw_" + x]], 2) for p, x in ((rk, "k"), (rv, "v")))
+                          if t > 1 else (rk, rv))
             kpos = torch.arange(n - k.shape[2], n, device=q.device)
         else:
             k, v = self.hat["k"][:, :, :n], self.hat["v"][:, :, :n]
+            if self.raw is not None:
+                kr, vr = self.raw["k"][:, :, :n], self.raw["v"][:, :, :n]
             kpos = torch.arange(n, device=q.device)
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         qpos = torch.arange(n - t, n, device=q.device)[:, None]
         mask = kpos[None, :] <= qpos
         if window is not None:
             mask &= kpos[None, :] > qpos - window
+        if kr is not None:
+            fresh = recent_rows(qpos, kpos[None, :], self.sinks, self.recent)
+            return mixed_attention(q, (k, v), (kr, vr), mask, fresh, scaling).transpose(1, 2)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
         return o.transpose(1, 2)
 
@@ -173,6 +198,12 @@ class _GoldenStore:
         torch = _torch()
         q = self.query(q)
         k, v = self.window()
+        if self.raw is not None:
+            kr, vr = self.window(raw=True)
+            n = k.shape[2]
+            fresh = recent_rows(self.length - 1, self.length - n + torch.arange(n, device=q.device),
+                                self.sinks, self.recent)
+            k, v = torch.where(fresh[:, None], kr, k), torch.where(fresh[:, None], vr, v)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         o = torch.nn.functional.scaled_dot_product_attention(q.float()[:, :, None], k, v, scale=scaling)
@@ -183,8 +214,55 @@ class _GoldenStore:
         and sinks at this capacity: packed vectors, fp16 sink rows, 16-bit unquantized kinds;
         flags, which the golden store does not keep, excluded)."""
         b, h, cap, d = self.hat["k"].shape
-        pol = CachePolicy(k=self.fmts[0], v=self.fmts[1], sinks=self.sinks)
+        pol = CachePolicy(k=self.fmts[0], v=self.fmts[1], sinks=self.sinks, recent=self.recent)
         return b * pol.stored_bits(1, h, d, cap) // 8
+
+
+def recent_rows(qpos, kpos, sinks: int, recent: int):
+    """Which keys a query reads from the recent ring (16-bit) rather than through their codes: key
+    position ``kpos`` is one of the ``recent`` most recent tokens of query position ``qpos`` (its own
+    included) and not a sink (sinks are 16-bit anyway). Broadcasting torch/NumPy ints -> bool."""
+    return (kpos > qpos - recent) & (kpos >= sinks)
+
+
+def mixed_attention(q, quant, raw, mask, fresh, scaling):
+    """Attention of float32 queries ``[B, Hq, T, D]`` over keys / values read from ``raw`` (16-bit values)
+    where ``fresh`` ``[T, K]`` holds and from ``quant`` (reconstructions) elsewhere, under ``mask`` ``[T, K]``
+    -> ``[B, Hq, T, D]`` (golden: float32 scores and softmax)."""
+    torch = _torch()
+    (k, v), (kr, vr) = quant, raw
+    rep = q.shape[1] // k.shape[1]
+    k, v, kr, vr = (x.repeat_interleave(rep, 1) for x in (k, v, kr, vr))
+    s = torch.where(fresh, q @ kr.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+    return (p * fresh) @ vr + (p * ~fresh) @ v
+
+
+def recent_per_query(side, before, kc, vc, t, n, sinks, recent):
+    """Packed prefill over a recent ring: query i of a chunk of ``t`` tokens (length ``m = n - t + i + 1``)
+    reads its own ring, the tokens ``[max(sinks, m - recent), m)``. ``side``: the side rows per query,
+    int16 bits ``[B * t, KVH, rows, D]`` (the current rows, repeated; rewritten in place); ``before``: the
+    side rows before the chunk was written (k, v) ``[B, KVH, rows, D]``; ``kc``, ``vc``: the chunk
+    ``[B, KVH, t, D]`` (keys in the key front end's domain)."""
+    from gpu_ref.cache import side_row
+    torch = _torch()
+    dev, b = kc.device, kc.shape[0]
+    qi, pos = [], []
+    for i in range(t):
+        m = n - t + i + 1
+        p = np.arange(max(sinks, m - recent), m)
+        qi.append(np.full(p.size, i)), pos.append(p)
+    qi, pos = np.concatenate(qi), np.concatenate(pos)
+    rows = side_row(pos, sinks, recent)
+    new = pos >= n - t
+    for x, src, old in zip(side, (kc, vc), before):
+        x = x.view(b, t, *x.shape[1:])
+        if (~new).any():
+            qo, ro = torch.as_tensor(qi[~new], device=dev), torch.as_tensor(rows[~new], device=dev)
+            x[:, qo, :, ro] = old[:, :, ro].permute(2, 0, 1, 3)
+        qn, rn = torch.as_tensor(qi[new], device=dev), torch.as_tensor(rows[new], device=dev)
+        pn = torch.as_tensor(pos[new] - (n - t), device=dev)
+        x[:, qn, :, rn] = src[:, :, pn].view(torch.int16).permute(2, 0, 1, 3)
 
 
 class _StreamHandle:
@@ -216,12 +294,22 @@ class _CudaStore:
     softmax does not see). The absolute positions are a device counter, so a decode step stays
     free of host copies (graph-capturable). No kernel change: plan/run have no start offset, the
     ring needs none.
+
+    With ``recent`` R (the policy's recent ring): a full layer writes every token's codes as before and
+    also its 16-bit row into side row ``sinks + (p - sinks) % R`` (:func:`gpu_ref.cache.side_row`); the
+    kernel, planned with ``sinks + R`` side rows, reads the packed tokens before the last R. A sliding
+    layer keeps r = min(R, W) side rows (token ``p`` in row ``p % r``) and W - r packed rows: a token is
+    encoded (from its side row, already in the key front end's domain) when it leaves the side ring,
+    into packed row ``p % (W - r)``, so the kernel's ``min(length, W) - r`` packed rows are the window's
+    older tokens. Decode steps compute these rows from the device counters (graph-capturable); before
+    the first eviction a step encodes a row nobody reads yet, which the real eviction overwrites before
+    it is read.
     """
 
     _streams: dict = {}
 
     def __init__(self, fmts, sinks, batch, kvh, cap, d, torch_dtype, device, hq, pow2_rows=False, mu16=None,
-                 s16=None, ring=False):
+                 s16=None, ring=False, recent=0):
         import cupy as cp
         from gpu_ref import KVCache
         torch = _torch()
@@ -230,10 +318,12 @@ class _CudaStore:
         self.ring, self.window = ring, cap
         self.bf16 = torch_dtype != torch.float16
         self.hq, self.sinks = hq, sinks
-        packed = max(cap - sinks, 1)
+        self.recent = min(recent, cap) if ring else recent
+        packed = max(cap - sinks - (self.recent if ring else 0), 1)
+        self._wp = packed if ring else None                    # packed rows of a sliding layer's window
         if pow2_rows:
             packed = max(64, 1 << (packed - 1).bit_length())
-        policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16)
+        policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16, self.recent)
         with self._stream():
             self.kv = KVCache(batch, kvh, packed + sinks, policy, tables=tables)
             self._dlen = self.kv.lengths                       # device int32 [B], updated in place
@@ -246,9 +336,10 @@ class _CudaStore:
         self._dlen_t = torch.from_dlpack(self._dlen)
         self._dpos_t = torch.zeros(batch, dtype=torch.int64, device=device) if ring else None   # tokens seen
         self._sink_t = None
-        if sinks:                                              # torch views of the sink planes (uint16 bits)
+        if self.kv.side:                                       # torch views of the side planes (uint16 bits)
             self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
         self._plans = {}
+        self._chunk_side = None                                # packed prefill: (side rows before, chunk rows)
         self.length = 0
 
     @classmethod
@@ -273,45 +364,50 @@ class _CudaStore:
             return cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
         return cupy.from_dlpack(x)
 
+    def _front(self, k16):
+        """Keys ``[B, KVH, T, D]`` -> the key front end's domain (the write kernel's rule; same tensor if none)."""
+        from gpu_ref.encode import key_front
+        torch = _torch()
+        if self.kv._key is None:
+            return k16
+        with self._stream():
+            y = key_front(self._cp(k16.transpose(1, 2)), self.kv._key, _cupy())          # [B, T, KVH, D]
+        return torch.from_dlpack(y.view(_cupy().int16)).view(k16.dtype).transpose(1, 2)
+
+    def _encode(self, k, v, rows, key):
+        """Write kernel: ``k``, ``v`` ``[B, KVH, T, D]`` into the flat plane rows ``rows`` (torch int64, the
+        order ``[B, T, KVH]``); ``key``: apply the key front end (False: keys already in its domain)."""
+        from gpu_ref.encode import launch_encode
+        kv = self.kv
+        with self._stream():
+            for x, p, codes, scales, flags, kf, lay in (
+                    (k, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, kv._key if key else None, "wire"),
+                    (v, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
+                bits = self._cp(x.transpose(1, 2))                                        # [B, T, KVH, D]
+                launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=kf, layout=lay,
+                              pair_vec=bits.shape[-2])
+
     def append(self, k16, v16):
         """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (keys before the key front end, which the write kernel
         applies), all sequences at ``self.length``."""
-        from gpu_ref.encode import launch_encode
-        from gpu_ref.encode import key_front
         torch = _torch()
         t0, t = self.length, k16.shape[2]
-        ns = max(0, min(self.sinks - t0, t))                   # leading tokens of the chunk that are sinks
-        front = self.kv._key                                   # the key front end (None: plain keys)
-        if ns:
-            ks = k16[:, :, :ns]
-            if front is not None:                              # sink keys in the front end's domain too
-                with self._stream():
-                    y = key_front(self._cp(ks.transpose(1, 2)), front, _cupy())        # [B, ns, KVH, D]
-                ks = torch.from_dlpack(y.view(_cupy().int16)).transpose(1, 2)
-            self._sink_t[0][:, :, t0:t0 + ns] = ks.view(torch.int16)
-            self._sink_t[1][:, :, t0:t0 + ns] = v16[:, :, :ns].view(torch.int16)
-        if self.ring:                                          # the last W tokens only, row p % W
-            keep = min(t, self.window)
-            ns, k16, v16 = t - keep, k16[:, :, t - keep:], v16[:, :, t - keep:]
-            if t == 1:
-                rows = (self._base_t + (self._dpos_t % self.window)[:, None]).reshape(-1)
-            else:
-                pos = torch.arange(t0 + t - keep, t0 + t, device=k16.device) % self.window
+        if self.ring:
+            self._append_ring(k16, v16, t0, t)
+        else:
+            ns = max(0, min(self.sinks - t0, t))               # leading tokens of the chunk that are sinks
+            if ns:                                             # sink keys in the front end's domain too
+                self._sink_t[0][:, :, t0:t0 + ns] = self._front(k16[:, :, :ns]).view(torch.int16)
+                self._sink_t[1][:, :, t0:t0 + ns] = v16[:, :, :ns].view(torch.int16)
+            if self.recent:
+                self._append_recent(k16, v16, t0, t)
+            if t > ns and t == 1:                              # from the device lengths: graph-safe
+                rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
+            elif t > ns:
+                pos = torch.arange(t0 + ns - self.sinks, t0 + t - self.sinks, device=k16.device)
                 rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
-        elif t > ns and t == 1:                                # from the device lengths: graph-safe
-            rows = (self._base_t + (self._dlen_t.long() - self.sinks)[:, None]).reshape(-1)
-        elif t > ns:
-            pos = torch.arange(t0 + ns - self.sinks, t0 + t - self.sinks, device=k16.device)
-            rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
-        if t > ns:
-            kv = self.kv
-            with self._stream():
-                for x, p, codes, scales, flags, key, lay in (
-                        (k16, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, front, "wire"),
-                        (v16, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
-                    bits = self._cp((x if self.ring else x[:, :, ns:]).transpose(1, 2))   # [B, T', KVH, D]
-                    launch_encode(bits, p, codes, scales, flags, self._cp(rows), _cupy(), key=key, layout=lay,
-                                  pair_vec=bits.shape[-2])
+            if t > ns:
+                self._encode(k16[:, :, ns:], v16[:, :, ns:], rows, True)
         self.length += t
         if self.ring:
             self._dpos_t += t
@@ -320,6 +416,70 @@ class _CudaStore:
         else:
             self._dlen_t += t
             self.kv.host_lengths[:] = self.length
+
+    def _append_recent(self, k16, v16, t0, t):
+        """A full layer's recent ring: the chunk's last tokens (past the sinks) into their side rows."""
+        from gpu_ref.cache import side_row
+        torch = _torch()
+        s, r = self.sinks, self.recent
+        lo = max(s, t0, t0 + t - r)                             # first position of the chunk in the ring
+        if lo >= t0 + t:
+            return
+        if t > 1:                                               # packed prefill reads the ring per query
+            self._chunk_side = ([x.clone() for x in self._sink_t], self._front(k16), v16)
+        ks = self._front(k16[:, :, lo - t0:])
+        vs = v16[:, :, lo - t0:]
+        if t == 1:                                              # graph-safe: the row from the device length
+            row = s + (self._dlen_t.long() - s) % r                                   # [B]
+            b = torch.arange(k16.shape[0], device=k16.device)
+            self._sink_t[0][b, :, row] = ks[:, :, 0].view(torch.int16)
+            self._sink_t[1][b, :, row] = vs[:, :, 0].view(torch.int16)
+        else:
+            row = torch.as_tensor(side_row(np.arange(lo, t0 + t), s, r), device=k16.device)
+            self._sink_t[0][:, :, row] = ks.view(torch.int16)
+            self._sink_t[1][:, :, row] = vs.view(torch.int16)
+
+    def _append_ring(self, k16, v16, t0, t):
+        """A sliding layer: the last W tokens, row ``p % W``; with a recent ring of r rows, the side ring
+        (row ``p % r``) and W - r packed rows (``p % (W - r)``) that a token enters when it leaves the ring."""
+        torch = _torch()
+        w, r, dev = self.window, self.recent, k16.device
+        if not r:
+            keep = min(t, w)
+            k16, v16 = k16[:, :, t - keep:], v16[:, :, t - keep:]
+            if t == 1:
+                rows = (self._base_t + (self._dpos_t % w)[:, None]).reshape(-1)
+            else:
+                pos = torch.arange(t0 + t - keep, t0 + t, device=dev) % w
+                rows = (self._base_t[:, None, :] + pos[None, :, None]).reshape(-1)
+            self._encode(k16, v16, rows, True)
+            return
+        wp, b = self._wp, torch.arange(k16.shape[0], device=dev)
+        if t == 1:                                             # graph-safe: rows from the device position
+            slot = self._dpos_t % r                                                   # [B]
+            if r < w:                                          # the token leaving the ring: slot's row
+                old = [x[b, :, slot][:, :, None].view(k16.dtype) for x in self._sink_t]   # [B, KVH, 1, D]
+                rows = (self._base_t + ((self._dpos_t - r) % wp)[:, None]).reshape(-1)
+                self._encode(old[0], old[1], rows, False)
+            self._sink_t[0][b, :, slot] = self._front(k16)[:, :, 0].view(torch.int16)
+            self._sink_t[1][b, :, slot] = v16[:, :, 0].view(torch.int16)
+            return
+        end = t0 + t
+        if r < w:
+            q = np.arange(max(0, t0 - r, end - w), min(t0, end - r))             # leave the ring, in window
+            if q.size:
+                sl = torch.as_tensor(q % r, device=dev)
+                old = [x[:, :, sl].view(k16.dtype) for x in self._sink_t]
+                rows = (self._base_t[:, None, :] + torch.as_tensor(q % wp, device=dev)[None, :, None]).reshape(-1)
+                self._encode(old[0], old[1], rows, False)
+            p = np.arange(max(t0, end - w), end - r)                              # never in the ring
+            if p.size:
+                rows = (self._base_t[:, None, :] + torch.as_tensor(p % wp, device=dev)[None, :, None]).reshape(-1)
+                self._encode(k16[:, :, p - t0], v16[:, :, p - t0], rows, True)
+        p = np.arange(max(t0, end - r), end)
+        sl = torch.as_tensor(p % r, device=dev)
+        self._sink_t[0][:, :, sl] = self._front(k16[:, :, p - t0]).view(torch.int16)
+        self._sink_t[1][:, :, sl] = v16[:, :, p - t0].view(torch.int16)
 
     def _plan(self, key, make):
         if key not in self._plans:
@@ -364,9 +524,11 @@ class _CudaStore:
         from gpu_ref.decode import run_planes
         with self._stream():
             sink = {}
-            if self.sinks:
-                sink = {f"{k}_sink": self._cp(s.repeat_interleave(t, 0)).view(cp.uint16)
-                        for k, s in zip("kv", self._sink_t)}
+            if self.kv.side:
+                side = [x.repeat_interleave(t, 0) for x in self._sink_t]                 # [B*T, KVH, side, D]
+                if self.recent and t > 1:
+                    recent_per_query(side, *self._chunk_side, t, n, self.sinks, self.recent)
+                sink = {f"{k}_sink": self._cp(x).view(cp.uint16) for k, x in zip("kv", side)}
             run_planes(pl, ws, self._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales, self._cp(lengths),
                        self._cp(table), q_scale=kv.q_scale, scale=float(scaling), out=self._cp(out), out_dtype="fp32",
                        layout=kv.layout, **sink)
@@ -396,7 +558,7 @@ def _dec_plan(kv, queries, hq, max_length, rows, num_splits=None, q_dtype="fp16"
     ``rows`` tokens per cached sequence."""
     from gpu_ref import plan
     return plan(kv.params, kv.v_params, batch=queries, q_heads=hq, kv_heads=kv.kv_heads, max_length=max_length,
-                page_size=rows, max_pages=1, sinks=kv.sinks, num_splits=num_splits,
+                page_size=rows, max_pages=1, sinks=kv.side, num_splits=num_splits,
                 key_scales=kv.q_scale is not None, q_dtype=q_dtype, layout=kv.layout)
 
 

@@ -76,7 +76,9 @@ def cache_bytes(config, policy: CachePolicy, tokens: int, dtype: str = "fp16", k
         kf = fit_format(policy.format_for(layer, "k"), d, dtype)
         vf = fit_format(policy.format_for(layer, "v"), d, dtype)
         rows = tokens if w is None else min(tokens, w)
-        one = CachePolicy(k=kf, v=vf, sinks=policy.sinks if w is None else 0)
+        # a sliding layer's recent ring replaces codes (W - r packed rows), a full layer's is beside them
+        one = (CachePolicy(k=kf, v=vf, sinks=policy.sinks, recent=policy.recent) if w is None
+               else CachePolicy(k=kf, v=vf, sinks=min(policy.recent, w)))
         total += one.stored_bits(1, kvh, d, max(rows, 1)) // 8
     return total
 
@@ -218,7 +220,7 @@ class _EngineCache(Cache):
         if r is None:
             e = self.engine
             if kind == "full":
-                r = _paged.full_rows(self.items, e.sinks, e.block_size, e._tables)
+                r = _paged.full_rows(self.items, e.sinks, e.block_size, e._tables, e.policy.recent)
             else:
                 r = _paged.ring_rows(self.items, kind[1])
             self._rows[kind] = r
@@ -363,10 +365,12 @@ class Engine:
             if window is not None:                    # the kernels' page sizes: 16, 32, 64 * 2^k
                 page = max(16, 1 << (window - 1).bit_length())
             return _paged.CudaPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
-                                         hq, num_splits=self.num_splits, **front)
+                                         hq, num_splits=self.num_splits, recent=self.policy.recent, window=window,
+                                         **front)
         if self.backend == "cuda":                    # 16-bit layers: the 16-bit pool, torch SDPA
             return _paged.Paged16Store(sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page)
         return _paged.GoldenPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
+                                       recent=self.policy.recent if fmts != (None, None) else 0, window=window,
                                        **front)
 
     # ------------------------------------------------------------------ accounting
@@ -526,13 +530,14 @@ class Engine:
 
     def _segments(self, r: Request) -> list:
         """The prompt's prefill forwards ``(t0, t1)``: exact prefill the whole prompt (shared blocks are
-        recomputed, not written); packed prefill skips the shared blocks (their sinks recomputed first),
-        in chunks of ``prefill_chunk``."""
+        recomputed, not written); packed prefill skips the shared blocks (their sinks and the recent ring's
+        tokens before the first unshared one recomputed first, not written), in chunks of ``prefill_chunk``."""
         n = len(r.prompt)
         if self.prefill == "exact":
             return [(0, n)]
         skip = self.sinks + r.shared * self.block_size if r.shared else 0
-        spans = ([(0, self.sinks)] if r.shared and self.sinks else []) + [(skip, n)]
+        lo = max(self.sinks, skip - self.policy.recent) if r.shared else 0
+        spans = ([(0, self.sinks)] if r.shared and self.sinks else []) + [(lo, n)]
         c = self.prefill_chunk or n
         return [(a, min(a + c, b)) for a, b in spans for a in range(a, b, c)]
 

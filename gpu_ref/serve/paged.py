@@ -5,7 +5,11 @@ layer 0 and page ``p`` of layer 5 belong to the same block, so one block table r
 layer. Packed token ``i`` (position ``sinks + i``) of the sequence in slot ``s`` is row ``i % P`` of page
 ``table[s, i // P]``, the layout :func:`gpu_ref.decode.run_planes` reads (vLLM/FlashInfer convention).
 Per slot, outside the pool: the ``sinks`` 16-bit rows of each full layer and the ring of each sliding
-layer (page ``s`` of a pool of one page per slot; token ``p`` in row ``p % W``).
+layer (page ``s`` of a pool of one page per slot; token ``p`` in row ``p % W``). With the policy's recent
+ring of R tokens (``CachePolicy.recent``) a full layer's side rows are ``sinks + R`` per slot (token ``p``
+past the sinks also in side row ``sinks + (p - sinks) % R``, beside its codes in the pool), and a
+sliding layer keeps r = min(R, W) side rows per slot and W - r packed rows, a token entering the
+packed rows when it leaves the side ring (as :class:`gpu_ref.hf.stores._CudaStore`).
 
 Stores (one per layer, same interface): :class:`GoldenPagedStore` (NumPy golden model: the codes and
 scales of ``sim_models.encode`` in the pool's pages, SDPA over the reconstructions; also the 16-bit
@@ -19,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 
-from ..hf.stores import _CudaStore, _GoldenStore, _torch, layer_policy
+from ..hf.stores import _CudaStore, _GoldenStore, _torch, layer_policy, mixed_attention, recent_per_query, recent_rows
 
 
 class BlockAllocator:
@@ -82,23 +86,32 @@ class Rows:
     by every layer of that kind.
 
     Host arrays: ``src`` (indices into the forward's flattened ``[B * T]`` tokens) with ``page`` and
-    ``row`` (their destination); ``sink_src`` with ``sink_slot`` and ``sink_pos``; for attention
+    ``row`` (their destination); ``sink_src`` with ``sink_slot`` and ``sink_pos``; ``ring_src`` with
+    ``ring_slot`` and ``ring_row`` (a full layer's recent ring: side rows); for attention
     ``slots`` ``[B]``, ``lengths`` ``[B]`` (tokens a row's last query sees, sinks included) and
-    ``table`` int32 ``[B, cols]``; ``t`` tokens per row. ``dev`` caches the device copies.
+    ``table`` int32 ``[B, cols]``; ``t`` tokens per row; ``starts``, ``ends`` ``[B]`` the positions of a
+    row's first token and one past its last. ``dev`` caches the device copies.
     """
 
-    def __init__(self, src, page, row, sink_src, sink_slot, sink_pos, slots, lengths, table, t):
+    def __init__(self, src, page, row, sink_src, sink_slot, sink_pos, slots, lengths, table, t, starts, ends,
+                 ring_src=None, ring_slot=None, ring_row=None):
         self.src, self.page, self.row = src, page, row
         self.sink_src, self.sink_slot, self.sink_pos = sink_src, sink_slot, sink_pos
+        e = np.zeros(0, np.int64)
+        self.ring_src, self.ring_slot, self.ring_row = (e if x is None else x for x in (ring_src, ring_slot, ring_row))
         self.slots, self.lengths, self.table, self.t = slots, lengths, table, t
+        self.starts, self.ends = starts, ends
         self.dev: dict = {}
 
 
-def full_rows(items, sinks, page_size, tables):
+def full_rows(items, sinks, page_size, tables, recent=0):
     """:class:`Rows` of the full layers. ``items``: per batch row ``(slot, t0, T, skip)``: tokens at
     positions ``t0 .. t0 + T - 1``, of which packed tokens before ``skip`` (already in shared
-    blocks) are not written; ``tables[slot]`` the slot's block list."""
+    blocks) are not written; ``tables[slot]`` the slot's block list; ``recent``: the ring's tokens (the
+    row's last ``recent`` tokens past the sinks also go to their side rows)."""
+    from gpu_ref.cache import side_row
     src, page, row, ss, sslot, spos, lengths = [], [], [], [], [], [], []
+    rs, rslot, rrow = [], [], []
     t = items[0][2]
     cols = 1
     for b, (slot, t0, n, skip) in enumerate(items):
@@ -113,13 +126,17 @@ def full_rows(items, sinks, page_size, tables):
         src.append(idx[~sk][keep]), page.append(blocks[i // page_size]), row.append(i % page_size)
         lengths.append(t0 + n)
         cols = max(cols, -(-max(t0 + n - sinks, 1) // page_size))
+        ring = (pos >= sinks) & (pos >= t0 + n - recent) if recent else np.zeros(n, bool)
+        rs.append(idx[ring]), rslot.append(np.full(ring.sum(), slot)), rrow.append(side_row(pos[ring], sinks, recent))
     table = np.zeros((len(items), cols), np.int32)
     for b, (slot, *_) in enumerate(items):
         bl = tables[slot][:cols]
         table[b, :len(bl)] = bl
     cat = (lambda x: np.concatenate(x).astype(np.int64))
     return Rows(cat(src), cat(page), cat(row), cat(ss), cat(sslot), cat(spos),
-                np.array([it[0] for it in items], np.int64), np.array(lengths, np.int64), table, t)
+                np.array([it[0] for it in items], np.int64), np.array(lengths, np.int64), table, t,
+                np.array([it[1] for it in items], np.int64), np.array(lengths, np.int64),
+                cat(rs), cat(rslot), cat(rrow))
 
 
 def ring_rows(items, window):
@@ -135,7 +152,8 @@ def ring_rows(items, window):
     e = np.zeros(0, np.int64)
     slots = np.array([it[0] for it in items], np.int64)
     return Rows(np.concatenate(src), np.concatenate(page).astype(np.int64), np.concatenate(row).astype(np.int64),
-                e, e, e, slots, np.array(lengths, np.int64), slots[:, None].astype(np.int32), t)
+                e, e, e, slots, np.array(lengths, np.int64), slots[:, None].astype(np.int32), t,
+                np.array([it[1] for it in items], np.int64), np.array([it[1] + it[2] for it in items], np.int64))
 
 
 class GoldenPagedStore:
@@ -144,16 +162,23 @@ class GoldenPagedStore:
     ``hat[kind]`` float32 ``[pages, KVH, P, D]`` (reconstructions, or the 16-bit values); ``codes[kind]``,
     ``scales[kind]`` NumPy uint8 ``[pages, KVH, P, D/N, bytes]`` in the golden byte order;
     ``sink_hat[kind]`` float32 ``[slots, KVH, sinks, D]`` (keys in the key front end's domain, as the
-    batch-1 golden store keeps them).
+    batch-1 golden store keeps them). With a recent ring (``recent``; a sliding layer, ``window`` W, at most
+    W) ``raw[kind]`` keeps the 16-bit values beside ``hat`` and a query reads its ``recent`` most recent
+    tokens from there (:func:`gpu_ref.hf.stores.recent_rows`).
     """
 
-    def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, mu16=None, s16=None):
+    def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, mu16=None, s16=None,
+                 recent=0, window=None):
         torch = _torch()
         self.fmts, self.sinks, self.dtype, self.page_size = fmts, sinks, torch_dtype, page_size
+        self.window = window
+        self.recent = min(recent, window) if window else recent
         # the key front end and the query side of the batch-1 golden store (a one-row instance)
         self._one = _GoldenStore(fmts, 0, 1, kvh, 1, d, torch_dtype, device, mu16=mu16, s16=s16)
         self.hat = {k: torch.zeros(pages, kvh, page_size, d, dtype=torch.float32, device=device) for k in "kv"}
         self.sink_hat = {k: torch.zeros(slots, kvh, sinks, d, dtype=torch.float32, device=device) for k in "kv"}
+        self.raw = ({k: torch.zeros(pages, kvh, page_size, d, dtype=torch_dtype, device=device) for k in "kv"}
+                    if self.recent else None)
         self.codes, self.scales = {}, {}
         for kind, f in zip("kv", fmts):
             if f is not None:
@@ -178,12 +203,15 @@ class GoldenPagedStore:
                 continue
             rec, codes, scales = self._one._reconstruct(flat[src], f)        # [M, KVH, 1, D]
             self.hat[kind][pg, :, rw] = rec[:, :, 0]
+            if self.raw is not None:
+                self.raw[kind][pg, :, rw] = flat[src][:, :, 0]
             if codes is not None:
                 self.codes[kind][rows.page, :, rows.row] = codes[:, :, 0]
                 self.scales[kind][rows.page, :, rows.row] = scales[:, :, 0]
 
-    def _kv(self, rows: Rows, b: int, n: int):
-        """float32 (k, v) ``[1, KVH, n, D]``: the first ``n`` tokens of batch row ``b``, sinks first."""
+    def _kv(self, rows: Rows, b: int, n: int, raw=False):
+        """float32 (k, v) ``[1, KVH, n, D]``: the first ``n`` tokens of batch row ``b``, sinks first (a
+        sliding layer: its ring's rows); ``raw``: the 16-bit values instead of the reconstructions."""
         torch = _torch()
         s = min(n, self.sinks)
         i = np.arange(n - s)
@@ -191,9 +219,33 @@ class GoldenPagedStore:
         r = torch.as_tensor(i % self.page_size, device=self.hat["k"].device)
         out = []
         for kind in "kv":
-            packed = self.hat[kind][pages, :, r].transpose(0, 1)                # [KVH, n - s, D]
+            packed = (self.raw if raw else self.hat)[kind][pages, :, r].transpose(0, 1).float()   # [KVH, n - s, D]
             out.append(torch.cat([self.sink_hat[kind][rows.slots[b], :, :s], packed], 1)[None])
         return out
+
+    def _positions(self, rows: Rows, b: int, n: int):
+        """Token positions of the ``n`` rows :meth:`_kv` returns for batch row ``b``."""
+        if self.window is None:
+            return np.arange(n)
+        j, end = np.arange(n), int(rows.ends[b])
+        return j + self.window * ((end - 1 - j) // self.window)       # ring row j: the window's token there
+
+    def _attend_rows(self, q, scaling, rows, b, n, qpos):
+        """Queries ``[1, Hq, T, D]`` at positions ``qpos`` over the ``n`` rows of batch row ``b``."""
+        torch = _torch()
+        kpos = torch.as_tensor(self._positions(rows, b, n), device=q.device)
+        qp = torch.as_tensor(qpos, device=q.device)[:, None]
+        mask = kpos[None, :] <= qp
+        if self.window is not None:
+            mask &= kpos[None, :] > qp - self.window
+        quant = self._kv(rows, b, n)
+        if self.raw is None:
+            k, v = quant
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        fresh = recent_rows(qp, kpos[None, :], self.sinks, self.recent)
+        return mixed_attention(q, quant, self._kv(rows, b, n, raw=True), mask, fresh, scaling)
 
     def attend(self, q, scaling, rows: Rows):
         """q float32 ``[B, Hq, D]`` -> float32 ``[B, Hq, D]``: row b over its ``lengths[b]`` tokens."""
@@ -201,25 +253,17 @@ class GoldenPagedStore:
         q = self._one.query(q)
         out = []
         for b in range(q.shape[0]):
-            k, v = self._kv(rows, b, int(rows.lengths[b]))
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            o = torch.nn.functional.scaled_dot_product_attention(q[b:b + 1, :, None], k, v, scale=scaling)
+            end = int(rows.ends[b])
+            o = self._attend_rows(q[b:b + 1, :, None], scaling, rows, b, int(rows.lengths[b]), [end - 1])
             out.append(o[:, :, 0])
         return torch.cat(out, 0)
 
     def attend_chunk(self, q, scaling, rows: Rows):
         """Queries ``[1, Hq, T, D]`` (float32) of the row's last T tokens, each over the tokens up to its
         own -> float32 ``[1, T, Hq, D]``."""
-        torch = _torch()
         q = self._one.query(q)
-        n, t = int(rows.lengths[0]), q.shape[2]
-        k, v = self._kv(rows, 0, n)
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        mask = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - t, n, device=q.device)[:, None]
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
-        return o.transpose(1, 2)
+        n, t, end = int(rows.lengths[0]), q.shape[2], int(rows.ends[0])
+        return self._attend_rows(q, scaling, rows, 0, n, np.arange(end - t, end)).transpose(1, 2)
 
     def page_bytes(self, pages) -> dict:
         """The golden bytes of ``pages`` (``{"k_codes", "k_scales", "v_codes", "v_scales"}``, packed kinds),
@@ -238,19 +282,23 @@ class CudaPagedStore:
     forward (:class:`Rows`) are passed to :func:`gpu_ref.decode.run_planes`, one launch for the batch."""
 
     def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, hq, mu16=None,
-                 s16=None, num_splits=None):
+                 s16=None, num_splits=None, recent=0, window=None):
         from gpu_ref import KVCache
         torch = _torch()
         self.bf16 = torch_dtype != torch.float16
         self.hq, self.sinks, self.page_size, self.kvh = hq, sinks, page_size, kvh
         self.num_splits = num_splits          # split-KV factor of every launch (None: planned)
-        policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16)
+        self.window = window
+        self.recent = min(recent, window) if window else recent
+        self._chunk_side = None
+        policy, tables = layer_policy(fmts, sinks, kvh, d, mu16, s16, self.recent)
         with _CudaStore._stream():
             # KVCache allocates the planes; its own block table and page allocator are not used
             self.kv = KVCache(slots, kvh, sinks + page_size, policy, tables=tables, page_size=page_size,
                               num_pages=pages)
+        self.side = self.kv.side
         self._sink_t = None
-        if sinks:
+        if self.side:
             import cupy as cp
             self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
         self._plans: dict = {}
@@ -268,6 +316,19 @@ class CudaPagedStore:
         torch = _torch()
         b, h, t, d = k16.shape
         kv, dev = self.kv, k16.device
+        if self.window is not None and self.recent:
+            return self._write_ring(k16, v16, rows)
+        if self.recent and t > 1:             # packed prefill reads the ring per query (attend_chunk)
+            sl = torch.as_tensor(rows.slots, device=dev)
+            self._chunk_side = ([x[sl].clone() for x in self._sink_t], self._front(k16), v16)
+        if len(rows.ring_src):
+            rsrc = self._dev(rows, "ring_src", lambda: torch.as_tensor(rows.ring_src, device=dev))
+            rslot = self._dev(rows, "ring_slot", lambda: torch.as_tensor(rows.ring_slot, device=dev))
+            rrow = self._dev(rows, "ring_row", lambda: torch.as_tensor(rows.ring_row, device=dev))
+            ks = self._front(k16).transpose(1, 2).reshape(b * t, h, d)[rsrc]
+            vs = v16.transpose(1, 2).reshape(b * t, h, d)[rsrc]
+            self._sink_t[0][rslot, :, rrow] = ks.contiguous().view(torch.int16)
+            self._sink_t[1][rslot, :, rrow] = vs.contiguous().view(torch.int16)
         if len(rows.sink_src):
             ssrc = self._dev(rows, "sink_src", lambda: torch.as_tensor(rows.sink_src, device=dev))
             sslot = self._dev(rows, "sink_slot", lambda: torch.as_tensor(rows.sink_slot, device=dev))
@@ -295,6 +356,66 @@ class CudaPagedStore:
                 launch_encode(bits, p, codes, scales, flags, _CudaStore._cp(plane), cp, key=key, layout=lay,
                               pair_vec=h)
 
+    def _front(self, k16):
+        """Keys ``[B, KVH, T, D]`` -> the key front end's domain (same tensor without one)."""
+        import cupy as cp
+        from gpu_ref.encode import key_front
+        torch = _torch()
+        if self.kv._key is None:
+            return k16
+        with _CudaStore._stream():
+            y = key_front(_CudaStore._cp(k16.transpose(1, 2)), self.kv._key, cp)
+        return torch.from_dlpack(y.view(cp.int16)).view(k16.dtype).transpose(1, 2)
+
+    def _encode(self, k, v, plane, key):
+        """Write kernel: ``k``, ``v`` ``[M, KVH, D]`` into the flat plane rows ``plane`` (int64 ``[M * KVH]``);
+        ``key``: apply the key front end (False: keys already in its domain)."""
+        import cupy as cp
+        from gpu_ref.encode import launch_encode
+        kv = self.kv
+        with _CudaStore._stream():
+            for x, p, codes, scales, flags, kf, lay in (
+                    (k, kv.params, kv.k_codes, kv.k_scales, kv.k_flags, kv._key if key else None, "wire"),
+                    (v, kv.v_params, kv.v_codes, kv.v_scales, kv.v_flags, None, kv.layout)):
+                launch_encode(_CudaStore._cp(x[None]), p, codes, scales, flags, _CudaStore._cp(plane), cp, key=kf,
+                              layout=lay, pair_vec=x.shape[1])
+
+    def _write_ring(self, k16, v16, rows: Rows):
+        """A sliding layer with a recent ring of r rows: per batch row, the tokens leaving the side ring
+        (row ``p % r``) are encoded from it into packed row ``p % (W - r)`` of the slot's page if still in
+        the window, the chunk's tokens that never enter the ring are encoded there directly, and its last
+        r tokens go to the side ring."""
+        torch = _torch()
+        b, h, t, d = k16.shape
+        w, r, dev = self.window, self.recent, k16.device
+        wp = max(w - r, 1)
+        flat = [x.transpose(1, 2).reshape(b * t, h, d) for x in (k16, v16)]
+        ev, evrow, di, dirow, ri, rirow = [], [], [], [], [], []
+        for j in range(b):
+            slot, t0, end = int(rows.slots[j]), int(rows.starts[j]), int(rows.ends[j])
+            base = slot * self.page_size
+            if r < w:
+                q = np.arange(max(0, t0 - r, end - w), min(t0, end - r))
+                ev.append(slot * r + q % r), evrow.append(base + q % wp)
+                p = np.arange(max(t0, end - w), end - r)
+                di.append(j * t + p - t0), dirow.append(base + p % wp)
+            p = np.arange(max(t0, end - r), end)
+            ri.append(j * t + p - t0), rirow.append(slot * r + p % r)
+        cat = (lambda x: torch.as_tensor(np.concatenate(x).astype(np.int64), device=dev))  # noqa: E731
+        planes = (lambda rr: ((rr[:, None] // self.page_size * h + torch.arange(h, device=dev)[None, :])
+                              * self.page_size + rr[:, None] % self.page_size).reshape(-1))  # noqa: E731
+        if r < w and sum(len(x) for x in ev):
+            e, er = cat(ev), cat(evrow)
+            old = [x[e // r, :, e % r].view(k16.dtype) for x in self._sink_t]              # [M, KVH, D]
+            self._encode(old[0], old[1], planes(er), False)
+        if r < w and sum(len(x) for x in di):
+            i, ir = cat(di), cat(dirow)
+            self._encode(flat[0][i], flat[1][i], planes(ir), True)
+        i, ir = cat(ri), cat(rirow)
+        ks = self._front(k16).transpose(1, 2).reshape(b * t, h, d)[i]
+        self._sink_t[0][ir // r, :, ir % r] = ks.contiguous().view(torch.int16)
+        self._sink_t[1][ir // r, :, ir % r] = flat[1][i].contiguous().view(torch.int16)
+
     def _plan(self, nq, max_len, cols):
         from gpu_ref import plan
         kv = self.kv
@@ -302,28 +423,30 @@ class CudaPagedStore:
         if key not in self._plans:
             with _CudaStore._stream():
                 pl = plan(kv.params, kv.v_params, batch=nq, q_heads=self.hq, kv_heads=self.kvh, max_length=max_len,
-                          page_size=self.page_size, max_pages=cols, sinks=self.sinks, num_splits=self.num_splits,
+                          page_size=self.page_size, max_pages=cols, sinks=self.side, num_splits=self.num_splits,
                           key_scales=kv.q_scale is not None, q_dtype="bf16" if self.bf16 else "fp16",
                           layout=kv.layout)
                 self._plans[key] = (pl, pl.workspace())
         return self._plans[key]
 
-    def _launch(self, q16, lengths, table, slots, max_len, scaling):
+    def _launch(self, q16, lengths, table, slots, max_len, scaling, per_query=None):
         """One decode launch of ``q16`` ``[Q, Hq, D]`` with per-query lengths / table rows / sink slots."""
         import cupy as cp
         from gpu_ref.decode import run_planes
         torch = _torch()
         kv = self.kv
         bucket = 1 << max(max_len - 1, 63).bit_length()
-        cols = max(1, -(-(bucket - self.sinks) // self.page_size))
+        cols = max(1, -(-(bucket - self.side) // self.page_size))
         if table.shape[1] < cols:
             table = torch.nn.functional.pad(table, (0, cols - table.shape[1]))
         pl, ws = self._plan(q16.shape[0], bucket, table.shape[1])
         out = torch.empty(q16.shape, dtype=torch.float32, device=q16.device)
         sink = {}
-        if self.sinks:
-            sink = {f"{k}_sink": _CudaStore._cp(s[slots].contiguous()).view(cp.uint16)
-                    for k, s in zip("kv", self._sink_t)}
+        if self.side:
+            side = [s[slots].contiguous() for s in self._sink_t]
+            if per_query is not None:
+                per_query(side)
+            sink = {f"{k}_sink": _CudaStore._cp(x).view(cp.uint16) for k, x in zip("kv", side)}
         with _CudaStore._stream():
             run_planes(pl, ws, _CudaStore._cp(q16), kv.k_codes, kv.k_scales, kv.v_codes, kv.v_scales,
                        _CudaStore._cp(lengths), _CudaStore._cp(table.contiguous()), q_scale=kv.q_scale,
@@ -349,7 +472,13 @@ class CudaPagedStore:
         lengths = torch.arange(n - t + 1, n + 1, dtype=torch.int32, device=dev)
         table = torch.as_tensor(rows.table, device=dev).expand(t, -1).contiguous()
         slots = torch.as_tensor(rows.slots, device=dev).expand(t)
-        return self._launch(q16, lengths, table, slots, n, scaling)[None]
+        per_query = None
+        if self.window is not None and self.recent and t > 1:
+            raise NotImplementedError("packed prefill of a sliding layer with a recent ring on the kernels")
+        if self.recent and t > 1:
+            per_query = (lambda side: recent_per_query(side, *self._chunk_side, t, n, self.sinks,  # noqa: E731
+                                                       self.recent))
+        return self._launch(q16, lengths, table, slots, n, scaling, per_query)[None]
 
     def page_bytes(self, pages) -> dict:
         """The golden bytes of ``pages`` (:meth:`gpu_ref.KVCache.host_planes` of those pages),
