@@ -60,7 +60,7 @@ TASK_MODELS = ("smollm2-135m", "qwen2.5-coder-1.5b")
 INPUTS = {
     "results": ("sim_summary.json", "formal.json", "synth.json", "gpu_bench.json",
                 "gpu_bench_write.json", "hf_bench.json",
-                *(f"accuracy/{m}.json" for m in MODELS)),
+                *(f"accuracy/{m}.json" for m in PEER_MODELS)),
     "synth": ("synth.json", "synth_mantissa.json", "synth_area.png", "synth_mantissa.png"),
     "sim": ("sim_summary.json",),
     "gpu": ("gpu_bench.json", "gpu_bench_write.json", "gpu_bench_policy.json",
@@ -91,8 +91,9 @@ WRITERS = {
     "gpu_bench_peers.json": "python -m bench.gpu --routine peers",
     "gpu_serve_load.json": "python -m bench.gpu --routine serve",
 }
-#: the study configuration the README's accuracy rows quote (it equals the cache policy preset v3)
-HEADLINE_CONFIG = "v2+C+S4+KS2"
+#: the study configuration the README's accuracy rows quote (it equals the recommended cache
+#: policy preset v4)
+HEADLINE_CONFIG = "v3+W16"
 
 
 def begin(name: str) -> str:
@@ -330,15 +331,16 @@ def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> s
     parts += [
         "Peers, every model: other projects' KV-cache formats in the same harness "
         "(bench/accuracy/peers.py; bits count every stored byte at 2048 tokens, bf16 "
-        "layers and fp16 residual tokens included), against the study's `v3` and "
-        "`v3-K4V3`; vs fp16 = geometric mean of PPL / PPL_fp16 over the windows run:",
+        "layers and fp16 residual tokens included), against the study's `v4` (recommended), "
+        "`v3` and `v3-K4V3`; vs fp16 = geometric mean of PPL / PPL_fp16 over the windows run:",
         peers_table(peer_models),
         f"![peers]({img}accuracy/peers.png)",
-        "Levers for the next format version, every model: each on the `v3` policy alone, then "
-        "combined (bench/accuracy/configs.py, group `lever`), against `v3`, `v3-K4V3`, "
-        "calibrated sign masks and KIVI-3; bits count every stored byte at the windows' "
-        f"2048 tokens and at {LEVER_LONG} tokens; vs fp16 = geometric mean of PPL / PPL_fp16 "
-        "over the windows run:",
+        "Levers on `v3`, every model: each on the `v3` policy alone, then combined "
+        "(bench/accuracy/configs.py, group `lever`; the ring of 16, `v3+W16`, is the cache "
+        "policy `v4`), against `v3`, `v3-K4V3`, calibrated sign masks and KIVI-3; bits count "
+        "every stored byte at the windows' 2048 tokens and at "
+        f"{LEVER_LONG} tokens (a ring's fp16 rows beside the codes of the same tokens); vs fp16 "
+        "= geometric mean of PPL / PPL_fp16 over the windows run:",
         lever_table(peer_models),
         f"![levers]({img}accuracy/levers.png)",
     ]
@@ -403,13 +405,13 @@ def results_block(load) -> str:
     spec = by_name([HEADLINE_CONFIG])[0].policy_spec()
     full = CachePolicy.parse(spec).spec
     policy_label = f"`{spec}`" + ("" if full == spec else f" (`{full}`)")
-    for mid in MODELS:
+    for mid in PEER_MODELS:
         res = load(f"accuracy/{mid}.json")
         s = partial_summary(res, HEADLINE_CONFIG)
         if s is None:
             continue
         rows.append([f"{mid}, cache policy {policy_label}",
-                     f"{s['bits']:.2f} bits per element, perplexity {100 * (s['ratio'] - 1):+.1f}% "
+                     f"{s['bits']:.3f} bits per element, perplexity {100 * (s['ratio'] - 1):+.1f}% "
                      f"vs fp16 ({s['windows']} windows)", f"accuracy/{mid}.json"])
     return _table(["result", "value", "record"],
                   [[a, b, f"[{c}](bench/results/{c})"] for a, b, c in rows])

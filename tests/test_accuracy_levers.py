@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bench.accuracy.configs import LEVER_STUDY, Config, by_name
-from bench.accuracy.kvquant import IPScaled, golden_roundtrip, ip_roundtrip, ip_scale_bytes
+from bench.accuracy.kvquant import Baseline, IPScaled, golden_roundtrip, ip_roundtrip, ip_scale_bytes
 from bench.accuracy.peers import KiviKey
 from sim_models import FormatParams
 from sim_models.minifloat import scale_encoding
@@ -23,19 +23,38 @@ def test_lever_configurations_are_named_and_run_in_the_study():
     assert set(names) <= set(LEVER_STUDY)
     for c in by_name(names):          # every lever is the v3 policy plus the lever
         assert c.center_keys and c.sinks == 4 and c.key_scale == "pow2"
-        assert c.policy_spec() is None         # no cache-policy preset stands for a lever
+        # a ring alone is a cache policy (the ring of 16 the preset v4); calibration-chosen
+        # layers and the IP scale are none
+        want = {"v3+W16": "v4"}.get(c.name, f"K3V3+C+S4+KS2+W{c.recent}" if c.recent
+                                    and not c.layer_k else None)
+        assert c.policy_spec() == want, c.name
 
 
-def test_recent_ring_bits_are_counted_at_every_context():
+def test_ours_labels_are_the_presets_the_configurations_equal():
+    from bench.accuracy.report import OURS
+    assert OURS["v3+W16"] == "v4"
+    for name, preset in OURS.items():
+        assert by_name([name])[0].policy_spec() == preset
+
+
+def test_recent_ring_bits_are_counted_beside_the_codes_at_every_context():
     w32 = by_name(["v3+W32"])[0]
-    # SmolLM2 shape: 30 layers, 3 kv heads, head_dim 64; b = 3 + 8/64 = 3.125 bits quantized,
-    # 4 sinks + 32 ring tokens in fp16
-    assert w32.bits(30, 3, 64, 2048) == pytest.approx((36 * 16 + 2012 * 3.125) / 2048)
-    assert w32.bits(30, 3, 64, 32768) == pytest.approx((36 * 16 + 32732 * 3.125) / 32768)
-    assert w32.bits(30, 3, 64, 20) == 16.0              # the whole sequence in the ring
+    # SmolLM2 shape: 30 layers, 3 kv heads, head_dim 64; b = 3 + 8/64 = 3.125 bits for every
+    # token after the 4 fp16 sinks, plus 32 fp16 ring rows beside their codes
+    assert w32.bits(30, 3, 64, 2048) == pytest.approx((36 * 16 + 2044 * 3.125) / 2048)
+    assert w32.bits(30, 3, 64, 32768) == pytest.approx((36 * 16 + 32764 * 3.125) / 32768)
+    # 20 tokens: the ring holds the 16 after the sinks, each also encoded
+    assert w32.bits(30, 3, 64, 20) == pytest.approx((20 * 16 + 16 * 3.125) / 20)
     base = by_name(["v2+C+S4+KS2"])[0]
     assert base.bits(30, 3, 64, 2048) == pytest.approx((4 * 16 + 2044 * 3.125) / 2048)
     assert w32.spec()["recent"] == 32 and "recent" not in base.spec()
+    w16 = by_name(["v3+W16"])[0]
+    assert round(w16.bits(28, 2, 128, 2048), 3) == 3.275
+    for ctx in (3, 20, 2048, 131072):     # the study counts what the cache policy stores
+        assert w16.bits(28, 2, 128, ctx) == w16.policy(128).bits_per_element(28, 2, 128, ctx)
+    # a float baseline with a ring counts it the same way
+    b = Config("b", "x", Baseline(4), Baseline(4), sinks=4, recent=8)
+    assert b.bits(30, 3, 64, 2048) == pytest.approx((12 * 16 + 2044 * 4.5) / 2048)
 
 
 def test_recent_mask_reads_the_last_tokens_in_fp16():
@@ -154,10 +173,48 @@ def test_lever_table_counts_bits_at_both_contexts(tmp_path):
                     "v3+IP@1": run(11.5, 3.15)}}
     text = lever_table({"m": {"results": res}})
     rows = {r.split("|")[1].strip(" `"): r for r in text.splitlines()[2:]}
-    # 4 sinks + 16 ring tokens in fp16 of 32768, the rest at 3.125 bits
-    assert f"{(20 * 16 + 32748 * 3.125) / 32768:.3f}" in rows["v3+W16"]
+    # 4 sinks + 16 ring rows in fp16 of 32768 tokens, every token after the sinks at 3.125 bits
+    assert f"{(20 * 16 + 32764 * 3.125) / 32768:.3f}" in rows["v3+W16"]
+    assert "cache policy `v4`" in rows["v3+W16"]
     assert "+2.0%" in rows["v3+W16"] and "+10.0%" in rows["v2+C+S4+KS2"]
     assert "+15.0% (1 of 2)" in rows["v3+IP"]
     assert "v3+W32" not in rows                       # not run: no row
     lever_plot({"m": {"results": res}}, tmp_path / "l.png")
     assert (tmp_path / "l.png").stat().st_size > 1000
+
+
+def test_recount_bits_changes_only_bits_and_records_the_rule():
+    from bench.accuracy.configs import BITS_RULE
+    from bench.accuracy.report import recount_bits
+    meta = {"layers": 30, "kv_heads": 3, "head_dim": 64, "k_sens": list(np.linspace(1, 0, 30))}
+    runs = {"v3+W16@1": {"name": "v3+W16", "n": 2047, "ppl": 10.5, "bits": 3.251, "bits_32k": 3.133},
+            "v2+C+S4+KS2@1": {"name": "v2+C+S4+KS2", "n": 2047, "ppl": 11.0, "bits": 0.0},
+            "v3+W8@1": {"name": "v3+W8", "n": 1023, "ppl": 9.0, "bits": 3.2}}
+    res = {"meta": meta, "runs": runs}
+    assert recount_bits(res) == list(runs)
+    assert runs["v3+W16@1"]["bits"] == pytest.approx((20 * 16 + 2044 * 3.125) / 2048)
+    assert runs["v3+W16@1"]["bits_32k"] == pytest.approx((20 * 16 + 32764 * 3.125) / 32768)
+    assert runs["v3+W8@1"]["bits"] == pytest.approx((12 * 16 + 1020 * 3.125) / 1024)
+    assert "bits_32k" not in runs["v3+W8@1"]            # only recounted where present
+    assert runs["v3+W16@1"]["ppl"] == 10.5 and meta["bits_rule"] == BITS_RULE
+    assert recount_bits(res) == []                       # exact: a second recount changes nothing
+    runs["x@1"] = {"name": "no-such", "n": 10, "bits": 1.0}
+    with pytest.raises(ValueError, match="no-such"):
+        recount_bits(res)
+
+
+@pytest.mark.parametrize("mid", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"])
+def test_committed_results_count_bits_as_the_configurations_do(mid):
+    """Every run of bench/results/accuracy/<model>.json stores the bits its configuration counts
+    (python -m bench.accuracy --recount-bits keeps them so), and says how they are counted."""
+    import copy
+    import json
+    from pathlib import Path
+    from bench.accuracy.configs import BITS_RULE
+    from bench.accuracy.report import recount_bits
+    path = Path(__file__).resolve().parents[1] / "bench" / "results" / "accuracy" / f"{mid}.json"
+    res = json.loads(path.read_text())
+    assert res["meta"]["bits_rule"] == BITS_RULE
+    assert recount_bits(copy.deepcopy(res)) == []
+    if mid == "smollm2-135m":
+        assert round(res["runs"]["v3+W16@777791"]["bits"], 3) == 3.275

@@ -35,6 +35,7 @@ Usage:
     python -m bench.accuracy --tasks --model smollm2-135m   # task quality (bench/accuracy/tasks.py)
     python -m bench.accuracy --model smollm2-135m --levers  # the levers and their references
     python -m bench.accuracy --levers-report      # levers plot + doc block, every model
+    python -m bench.accuracy --recount-bits       # recount the stored bits of every result
 
 The test fixture verif/data/smollm2_kv.npz (real post-RoPE K/V of SmolLM2-135M) is written by
 ``python -m bench.accuracy.capture_kv``; the whole study in one call on a GPU machine:
@@ -82,6 +83,11 @@ def run(args) -> int:
     if args.levers_report:
         from bench.accuracy.report import levers_report
         levers_report()
+        return 0
+    if args.recount_bits:
+        from bench.accuracy.report import recount_report
+        for mid, keys in recount_report().items():
+            print(f"{mid}: bits recounted, {len(keys)} runs changed")
         return 0
     if args.list:
         for c in by_name():
@@ -199,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--levers-report", action="store_true",
                     help="the levers plot of every model (bench/results/accuracy/levers.png) and "
                          "the accuracy block of docs/ACCURACY.md from the committed JSON")
+    ap.add_argument("--recount-bits", action="store_true",
+                    help="recount bits and bits_32k of every run in the committed results of every "
+                         "model from its configuration (configs.BITS_RULE); no model runs")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t = ap.add_argument_group("task quality (--tasks; bench/accuracy/tasks.py)")
@@ -234,7 +243,8 @@ def main(argv=None) -> int:
             by_name(args.only.split(","))
         except ValueError as err:
             ap.error(f"--only: {err}")
-    if not (args.v3_report or args.peers_report or args.levers_report or args.list):
+    if not (args.v3_report or args.peers_report or args.levers_report or args.recount_bits
+            or args.list):
         from sim_models.models import resolve
         try:
             resolve(args.model)

@@ -29,6 +29,14 @@ from .kvquant import Baseline, IPScaled, Quantizer, bits_per_element
 from .peers import (BF16, OCTAVE_BLOCK, FP8PerTensor, KiviKey, KiviValue, Octave, Peer,
                     TurboQuantKey, UniformAsym, slot_bits)
 
+#: How every result's ``bits`` (at the window's length) and ``bits_32k`` are counted
+#: (:meth:`Config.bits`; the results files' ``meta.bits_rule``).
+BITS_RULE = ("every stored byte per K/V element of one sequence (sim_models.CachePolicy.stored_bits "
+             "for the study's formats): codes, scale and zero-point bytes, fp16 sink tokens, and "
+             "the recent ring's fp16 rows beside the codes of the same tokens (every token after "
+             "the sinks is encoded when written); peers: their own layouts (bench/accuracy/peers.py)")
+#: A long context the stored bits are also counted at (``bits_32k`` of every result).
+LONG_CONTEXT = 32768
 #: Version-1 quantizer fields under every study format (module docstring).
 STUDY_BASE = dict(mode="midtread", scale_round="up")
 #: fp16 K or V (no quantization).
@@ -65,7 +73,9 @@ class Config:
             half the layers), as peers that leave boundary layers uncompressed do.
         recent: the ``recent`` most recent tokens (the query's own included) are read in fp16
             (a ring of fp16 K/V, in the stored domain: centered and scaled keys, as sinks);
-            a token is read from its quantized form once it leaves the ring.
+            a token is read from its quantized form once it leaves the ring. The ring's fp16
+            rows are stored beside the codes of the same tokens
+            (:attr:`sim_models.CachePolicy.recent`; :data:`BITS_RULE`).
         ip_scale: formats choose each block's scale byte so that ``y . y_hat = |y|^2``
             (bench.accuracy.kvquant.IPScaled); the stored bytes are unchanged in kind.
     """
@@ -180,15 +190,15 @@ class Config:
                    for l in self.wide_layers(k_sens))
         return CachePolicy(k=self._resolve(self.k, head_dim), v=self._resolve(self.v, head_dim),
                            sinks=self.sinks, center_keys=self.center_keys, layer_k=lk,
-                           key_scale=self.key_scale, key_signs=self.key_signs, key_rot=self.key_rot)
+                           key_scale=self.key_scale, key_signs=self.key_signs, key_rot=self.key_rot,
+                           recent=self.recent)
 
     def policy_spec(self) -> str | None:
         """The :class:`sim_models.CachePolicy` spec string this configuration equals (a policy
         preset name where one matches, e.g. ``"v3"``), or None where it is no cache policy over
         the default per-vector format: baselines, reparametrizations, key-only scale rules,
         layers chosen by calibration, other per-vector fields."""
-        if (self.reparam or self.layer_k or self.key_scale_rule != "qaware" or self.recent
-                or self.ip_scale):
+        if self.reparam or self.layer_k or self.key_scale_rule != "qaware" or self.ip_scale:
             return None
         pol = self.policy(64)
         if pol is None:
@@ -209,11 +219,10 @@ class Config:
 
     def bits(self, n_layers: int, n_kv_heads: int, head_dim: int, context: int,
              k_sens=None) -> float:
-        """Average stored bits per K/V element of one ``context``-token sequence (every
-        stored byte; sinks fp16; mu and key scales are model constants, not counted)."""
+        """Average stored bits per K/V element of one ``context``-token sequence
+        (:data:`BITS_RULE`; mu and key scales are model constants, not counted)."""
         pol = self.policy(head_dim, k_sens)
-        if pol is not None:       # the recent ring's fp16 tokens are counted as sinks are
-            pol = dataclasses.replace(pol, sinks=pol.sinks + self.recent)
+        if pol is not None:
             return pol.bits_per_element(n_layers, n_kv_heads, head_dim, context)
         if self.peer:
             if self.sinks:
@@ -223,12 +232,13 @@ class Config:
             if any(isinstance(q, (Baseline, FormatParams)) for lq in qs for q in lq):
                 raise ValueError(f"{self.name}: a peer format is paired with a study format")
             return sum(slot_bits(k, v, head_dim, context, n_kv_heads) for k, v in qs) / n_layers
-        s = min(self.sinks + self.recent, context)
+        s = min(self.sinks, context)
+        ring = min(self.recent, context - s)          # fp16 rows beside the tokens' codes
         tot = 0.0
         for layer in range(n_layers):
             for kind in ("k", "v"):
                 b = bits_per_element(self.quantizer(layer, kind, head_dim, k_sens), head_dim)
-                tot += (s * 16.0 + (context - s) * b) / context
+                tot += ((s + ring) * 16.0 + (context - s) * b) / context
         return tot / (2 * n_layers)
 
     def spec(self) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .configs import Config
+from .configs import LONG_CONTEXT, Config
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "bench" / "results" / "accuracy"
@@ -277,13 +277,14 @@ def v3_report(model_ids=("smollm2-135m", "gemma3-270m")):
 
 
 # ------------------------------------------------------------------ peers, every model
-#: The study's own configurations the peers are compared with, and their table labels.
-OURS = {"v2+C+S4+KS2": "v3", "v2-K4V3+C+S4+KS2": "v3-K4V3"}
+#: The study's own configurations the peers are compared with, and their table labels: the
+#: cache policy preset each equals (Config.policy_spec).
+OURS = {"v3+W16": "v4", "v2+C+S4+KS2": "v3", "v2-K4V3+C+S4+KS2": "v3-K4V3"}
 
 
 def peers_table(models: dict) -> str:
     """Markdown: per peer configuration (bench.accuracy.configs.PEER_SOURCES) and the study's
-    v3 and v3-K4V3, its source and per model bits (2048 context) and PPL / PPL_fp16
+    v4, v3 and v3-K4V3 (OURS), its source and per model bits (2048 context) and PPL / PPL_fp16
     (geometric mean over the windows run, their count in parentheses where fewer than the
     model's windows)."""
     from .configs import PEER_SOURCES
@@ -323,8 +324,8 @@ def _frontier(ax, pts, nw):
 
 
 def peers_plot(models: dict, out: Path, others=()):
-    """Bits vs PPL / PPL_fp16 per model (one panel each): the peers and the study's v3 and
-    v3-K4V3 labelled, ``others`` (further study configurations) unlabelled in gray; the
+    """Bits vs PPL / PPL_fp16 per model (one panel each): the peers and the study's v4, v3 and
+    v3-K4V3 (OURS) labelled, ``others`` (further study configurations) unlabelled in gray; the
     Pareto frontier over all points with every window; ratios above PEERS_YMAX drawn on the
     top edge (triangles) with their value."""
     import matplotlib
@@ -404,7 +405,7 @@ def peers_report(model_ids=None):
 
 # ------------------------------------------------------------------ levers, every model
 #: Context the lever table also counts bits at (the fp16 ring's share shrinks with it).
-LEVER_LONG = 32768
+LEVER_LONG = LONG_CONTEXT
 #: The lever table's label of its reference rows (the levers' own notes label theirs).
 LEVER_REFS = {"v2+C+S4+KS2": "reference: cache policy `v3`",
               "v2-K4V3+C+S4+KS2": "reference: cache policy `v3-K4V3`",
@@ -421,7 +422,7 @@ def lever_table(models: dict) -> str:
     """Markdown: per configuration of bench.accuracy.configs.LEVER_STUDY, per model: bits at
     the windows' context and at LEVER_LONG tokens (every stored byte), PPL / PPL_fp16
     (geometric mean over the windows run, their count in parentheses where fewer than the
-    model's windows) and mean KL; "--" where not run."""
+    model's windows) and mean KL; "--" where not run. A lever that equals a preset of OURS says so."""
     from .configs import LEVER_STUDY, by_name
     cfgs = {c.name: c for c in by_name(LEVER_STUDY)}
     mids = list(models)
@@ -444,7 +445,8 @@ def lever_table(models: dict) -> str:
             cells.append(f"{s['bits']:.3f} | {_bits_at(cfgs[n], res['meta'], LEVER_LONG):.3f} | "
                          f"{100 * (s['ratio'] - 1):+.1f}%{more} | {s['kl']:.4f}")
         if any_:
-            lines.append(f"| `{n}` | {LEVER_REFS.get(n, cfgs[n].note)} | " + " | ".join(cells) + " |")
+            label = LEVER_REFS.get(n) or cfgs[n].note + (f": cache policy `{OURS[n]}`" if n in OURS else "")
+            lines.append(f"| `{n}` | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -454,7 +456,7 @@ LEVER_XLIM, LEVER_YLIM = (3.05, 4.0), (0.99, 1.16)
 
 def lever_plot(models: dict, out: Path):
     """Bits (2048 context) vs PPL / PPL_fp16 per model (one panel each): the levers (orange
-    diamonds), v3 and v3-K4V3 (red stars), the peers (blue), the Pareto frontier over the
+    diamonds), v4, v3 and v3-K4V3 (OURS: red stars), the peers (blue), the Pareto frontier over the
     points with every window; points outside LEVER_XLIM x LEVER_YLIM are drawn on the edge
     (triangles) with their bits and ratio."""
     import matplotlib
@@ -508,6 +510,47 @@ def lever_plot(models: dict, out: Path):
     fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
+
+
+def recount_bits(results: dict) -> list[str]:
+    """Recount ``bits`` and ``bits_32k`` (where present) of every run in ``results`` (a model's
+    study JSON) from its configuration (bench.accuracy.configs.Config.bits, the rule
+    ``configs.BITS_RULE``, written to ``meta.bits_rule``); perplexities are not touched.
+    Returns the keys of the runs whose bits changed.
+
+    Raises:
+        ValueError: a run names no configuration of the study.
+    """
+    from .configs import BITS_RULE, by_name
+    cfgs = {c.name: c for c in by_name()}
+    meta = results["meta"]
+    ks = np.asarray(meta["k_sens"]) if meta.get("k_sens") else None
+    shape = meta["layers"], meta["kv_heads"], meta["head_dim"]
+    changed = []
+    for key, r in results["runs"].items():
+        if r["name"] not in cfgs:
+            raise ValueError(f"run {key}: no configuration {r['name']!r} in the study")
+        cfg = cfgs[r["name"]]
+        new = {"bits": cfg.bits(*shape, r["n"] + 1, ks)}
+        if "bits_32k" in r:
+            new["bits_32k"] = cfg.bits(*shape, LONG_CONTEXT, ks)
+        if any(r[k] != v for k, v in new.items()):
+            changed.append(key)
+            r.update(new)
+    meta["bits_rule"] = BITS_RULE
+    return changed
+
+
+def recount_report(model_ids=None) -> dict:
+    """:func:`recount_bits` of every model's committed results file (rewritten in place);
+    ``{model id: changed run keys}``."""
+    import json
+    out = {}
+    for mid, d in _models_with_results(model_ids).items():
+        res = d["results"]
+        out[mid] = recount_bits(res)
+        (RESULTS_DIR / f"{mid}.json").write_text(json.dumps(res, indent=1))
+    return out
 
 
 def levers_report(model_ids=None):

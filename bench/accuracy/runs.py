@@ -37,7 +37,7 @@ from sim_models import KeyTables
 from sim_models.calibrate import MU_SKIP, TokenizedText, moments, read_text
 
 from .attention import ATTN_NAME, ATTN_STRIDE, KVFakeQuant, register
-from .configs import Config, _cfg
+from .configs import BITS_RULE, LONG_CONTEXT, Config, _cfg
 from .kvquant import (SELECT_KEYS, calibrated_key_scales, key_scales,
                       select_head_transform)
 from sim_models.models import ModelSource, load, resolve
@@ -59,8 +59,6 @@ SELECT_DOMAINS = {"c": None, "cq": "qaware-pow2"}
 VOCAB_CHUNK = 128                    # positions per output-head chunk
 #: Bump when the meaning of a result changes (invalidates cached results).
 PROTOCOL = 2
-#: A long context the stored bits are also counted at (bits_32k of every result).
-LONG_CONTEXT = 32768
 
 
 def _rel(p: Path) -> str:
@@ -366,5 +364,5 @@ class Study:
                 "text_tokens": self.n_text_tokens, "calib_file": _rel(self.calib_path()),
                 "k_sens": np.asarray(c.get("k_sens", [])).tolist(),
                 "v_sens": np.asarray(c.get("v_sens", [])).tolist(),
-                "attn_stride": ATTN_STRIDE, "protocol": PROTOCOL,
+                "attn_stride": ATTN_STRIDE, "protocol": PROTOCOL, "bits_rule": BITS_RULE,
                 "torch_threads": self.torch.get_num_threads(), "load_seconds": self.load_s}
