@@ -3,9 +3,9 @@
     python -m sim_models.calibrate --model SPEC --out tables.npz [--text PATH] [--context 2048]
 
 ``SPEC`` is a model spec of :func:`sim_models.models.resolve` (an alias such as ``smollm2-135m``,
-a ``.gguf`` file or a Hugging Face folder). The tables are what the ``v3`` cache policy reads
-(docs/FORMAT.md 8): per (layer, kv head) the centering vector mu and the power-of-two key-scale
-exponents. ``PackedCache(config, "v3", ..., tables=KeyTables.load("tables.npz"))`` and
+a ``.gguf`` file or a Hugging Face folder). The tables are what the ``v4`` and ``v3`` cache
+policies read (docs/FORMAT.md 8): per (layer, kv head) the centering vector mu and the power-of-two
+key-scale exponents. ``PackedCache(config, "v4", ..., tables=KeyTables.load("tables.npz"))`` and
 ``python -m gpu_ref.generate --tables tables.npz`` serve them.
 
 Method: the model reads :data:`CALIB_WINDOWS` consecutive windows of ``context`` tokens from the

@@ -2,12 +2,12 @@
 
 ``python -m sim_models.memory --layers 80 --kv-heads 8 --head-dim 128 --context 131072``
 (Llama-3-70B at 128K: 40.0 GiB fp16, 7.81 GiB at 3.125 bits/element), or
-``--preset llama-3-70b``; ``--policy v3`` (any :meth:`sim_models.CachePolicy.parse` spec,
-docs/FORMAT.md 8) sizes a cache policy instead of ``--bits/--block/--mode/--sinks``. Counts
-every stored byte via
+``--preset llama-3-70b``; ``--policy v4`` (the recommended policy, or any
+:meth:`sim_models.CachePolicy.parse` spec, docs/FORMAT.md 8) sizes a cache policy instead of
+``--bits/--block/--mode/--sinks``. Counts every stored byte via
 :class:`sim_models.CachePolicy`: codes, scale bytes, zero points (asym),
-fp16 sink tokens. One vector per (token, layer, kv-head, K or V) with
-N = head_dim.
+fp16 sink tokens, the recent ring's fp16 rows. One vector per (token, layer, kv-head, K or V)
+with N = head_dim.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dataclasses
 import sys
 
 from .params import QUANT_MODES, FormatParams
-from .policy import CachePolicy
+from .policy import POLICY_PRESETS, CachePolicy
 
 #: (layers, kv_heads, head_dim) from the models' published configs.
 PRESETS = {
@@ -60,8 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=131072)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--policy", metavar="SPEC",
-                    help="cache policy spec (v3, v3-K4V3, K4V3+C+S4+KS2, ...; docs/FORMAT.md 8) "
-                         "instead of --bits/--block/--mode/--sinks")
+                    help=f"cache policy: a preset ({', '.join(POLICY_PRESETS)}; v4 recommended) or "
+                         "a spec (K4V3+C+S4+KS2+W16, ...; docs/FORMAT.md 8) instead of "
+                         "--bits/--block/--mode/--sinks")
     ap.add_argument("--bits", type=int, help="code width b (default 3)")
     ap.add_argument("--block", type=int, help="scale block G (default 64)")
     ap.add_argument("--mode", choices=QUANT_MODES, help=f"quantizer (default {FormatParams().mode})")

@@ -201,8 +201,9 @@ class CachePolicy:
             pol = POLICY_PRESETS[presets[key]]
             return pol if base is None else pol.rebase(base)
         if spec.split("+")[0].strip().lower() in presets:
+            name = presets[spec.split("+")[0].strip().lower()]
             raise ValueError(f"policy spec {spec!r}: a preset name ({', '.join(POLICY_PRESETS)}) stands alone; "
-                             f"write the terms out instead (v3 = {POLICY_PRESETS['v3'].spec})")
+                             f"write the terms out instead ({name} = {POLICY_PRESETS[name].spec})")
         first = spec.split("+")[0].strip()
         if first.lower() in {n.lower() for n in FORMAT_PRESETS}:
             raise ValueError(f"policy spec {spec!r}: {first!r} is a per-vector format preset "

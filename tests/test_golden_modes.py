@@ -583,6 +583,15 @@ def test_memory_sizes_a_cache_policy(capsys):
     assert "3.150 bits/element" in out and "K3V3+C+S4+KS2" in out
     assert main(["--preset", "llama-3-70b", "--policy", "v3-K4V3", "--context", "2048"]) == 0
     assert "3.649 bits/element" in capsys.readouterr().out
+    # v4: the 16-token fp16 ring beside the codes
+    assert main(["--preset", "llama-3-70b", "--policy", "v4", "--context", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "3.275 bits/element" in out and "K3V3+C+S4+KS2+W16" in out
+    assert main(["--preset", "llama-3-70b", "--policy", "v4"]) == 0
+    assert "3.127 bits/element" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "v3-K4V3, v4; v4 recommended" in " ".join(capsys.readouterr().out.split())
     assert main(["--preset", "llama-3-70b", "--policy", "K3V3+X"]) == 2
     assert "unknown term 'X'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
