@@ -188,3 +188,31 @@ def test_gpu_ref_exports_no_tuning_internals():
     assert {"KVCache", "plan", "run", "run_planes", "supports", "CUDA"} <= set(gpu_ref.__all__)
     from gpu_ref.decode import DECODE_TUNE, kernel_params  # noqa: F401 - still importable from their modules
     from gpu_ref.encode import ENCODE_TUNE, launch_encode  # noqa: F401
+
+
+def test_format_md_preset_table_states_every_preset():
+    """docs/FORMAT.md 8's preset table: one row per preset with its spec and its bits at 2048 and
+    128K tokens (head_dim 128), and the recommended row is v4."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
+    head = "| preset | spec | keys / values | front end | sinks | ring | bits (T = 2048) | bits (T = 128K) |"
+    assert text.count(head) == 1
+    got = {}
+    for line in text.split(head)[1].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        m = re.fullmatch(r"(\*\*)?`([\w-]+)`(?: \(recommended\)\*\*)?", cells[0])
+        got[m.group(2)] = (m.group(1), cells[1].strip("`"), int(cells[4]), int(cells[5]), float(cells[6]),
+                           float(cells[7]))
+    assert set(got) == set(POLICY_PRESETS)
+    for name, pol in POLICY_PRESETS.items():
+        bold, spec, sinks, ring, b2k, b128k = got[name]
+        assert spec == pol.spec and (sinks, ring) == (pol.sinks, pol.recent) and bool(bold) == (name == "v4")
+        p = pol.fit(128)
+        assert round(p.bits_per_element(28, 2, 128, 2048), 3) == b2k
+        assert round(p.bits_per_element(28, 2, 128, 131072), 3) == b128k
+    # the spec grammar table has a row for every term the parser takes
+    for term in ("`K<b>V<b>` (first)", "`C`", "`S<n>`", "`W<n>`", "`KS2`", "`KSf`", "`SG`", "`R4`"):
+        assert f"| {term} |" in text
