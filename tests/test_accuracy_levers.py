@@ -31,8 +31,9 @@ def test_lever_configurations_are_named_and_run_in_the_study():
 
 
 def test_ours_labels_are_the_presets_the_configurations_equal():
+    from bench.accuracy.configs import PEER_STUDY
     from bench.accuracy.report import OURS
-    assert OURS["v3+W16"] == "v4"
+    assert OURS["v3+W16"] == "v4" and set(OURS) <= set(PEER_STUDY)    # --peers runs every row
     for name, preset in OURS.items():
         assert by_name([name])[0].policy_spec() == preset
 

@@ -30,7 +30,7 @@ Usage:
     python -m sim_models.calibrate --model gemma3-270m --out t.npz   # key tables alone (the product's)
     python -m bench.accuracy --list
     python -m bench.accuracy --v3-report          # key-treatment plot + doc block, both models
-    python -m bench.accuracy --model smollm2-135m --peers   # the peers and v3 / v3-K4V3
+    python -m bench.accuracy --model smollm2-135m --peers   # the peers and v4 / v3 / v3-K4V3
     python -m bench.accuracy --peers-report       # peers plot + doc block, every model
     python -m bench.accuracy --tasks --model smollm2-135m   # task quality (bench/accuracy/tasks.py)
     python -m bench.accuracy --model smollm2-135m --levers  # the levers and their references
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated configuration names (default: the "
                                    "leading ones, bench/accuracy/configs.py CONFIRM)")
     ap.add_argument("--peers", action="store_true",
-                    help="run the peers and the study's v3 / v3-K4V3 (configs.PEER_STUDY)")
+                    help="run the peers and the study's v4 / v3 / v3-K4V3 (configs.PEER_STUDY)")
     ap.add_argument("--windows", type=int, default=4, help="evaluation windows, 1..4")
     ap.add_argument("--context", type=int, default=2048, help="tokens per window")
     ap.add_argument("--list", action="store_true", help="print configuration names")

@@ -462,10 +462,10 @@ def configurations() -> list[Config]:
     add(_cfg("v2-K4G32V3+C+S4+KS2", _f(**V2, bits=4, block=32), _f(**V2), **P,
              key_scale="pow2", group="v3"))
 
-    # levers for the next format version, each alone on the v3 policy, then combined:
-    # an fp16 ring of the most recent tokens (W<R>), 4-bit keys on a share of the layers
-    # ranked by the calibration's key sensitivity (K4top<p>%) or on the boundary layers
-    # (K4B<p>%), the inner-product-preserving block scale (IP)
+    # levers, each alone on the v3 policy, then combined: an fp16 ring of the most recent
+    # tokens (W<R>; the ring of 16 is format version 4's policy v4), 4-bit keys on a share of
+    # the layers ranked by the calibration's key sensitivity (K4top<p>%) or on the boundary
+    # layers (K4B<p>%), the inner-product-preserving block scale (IP)
     V3 = dict(**P, key_scale="pow2")
     K4 = _f(**V2, bits=4)
     for r in LEVER_RECENT:
@@ -528,8 +528,9 @@ V3_STUDY = ["fp16", "midrise-max-near", "midrise-max-near+C+S4", "K4V3-midrise-m
     c.name for c in configurations() if c.group == "v3"]
 
 
-#: The peers (bench/accuracy/peers.py) and the study's own configurations they are compared with.
-PEER_STUDY = ["fp16", "int4-asym", "v2+C+S4+KS2", "v2-K4V3+C+S4+KS2"] + [
+#: The peers (bench/accuracy/peers.py) and the study's own configurations they are compared with
+#: (the cache policies v4, v3, v3-K4V3: bench.accuracy.report.OURS).
+PEER_STUDY = ["fp16", "int4-asym", "v3+W16", "v2+C+S4+KS2", "v2-K4V3+C+S4+KS2"] + [
     c.name for c in configurations() if c.group == "peer"]
 
 
