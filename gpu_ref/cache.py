@@ -52,7 +52,7 @@ class KVCache:
         batch: number of sequences B.
         kv_heads: KV heads per token.
         capacity: tokens per sequence (incl. sinks); the packed rows are rounded up to a multiple of 16.
-        policy: :class:`sim_models.CachePolicy`, its spec string (``"K4V3+S4"``, ``"v3"``) or None
+        policy: :class:`sim_models.CachePolicy`, its spec string (``"K4V3+S4"``, ``"v4"``) or None
             (``CachePolicy()``, the ``v2`` preset). The layer's K and V formats, sinks, centering and key
             scales come from it; what the kernels serve is :func:`gpu_ref.backend.supports`.
         tables: :class:`sim_models.KeyTables` of the model: mu (``policy.center_keys``) and the key-scale

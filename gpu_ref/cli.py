@@ -16,7 +16,7 @@ def add_model_options(ap):
     """``--model``, ``--policy``, ``--tables``, ``--backend``, ``--dtype``."""
     from sim_models.models import spec_help
     ap.add_argument("--model", required=True, help=f"{spec_help()} (sim_models.models.resolve)")
-    ap.add_argument("--policy", default="v3", help="cache policy spec (sim_models.CachePolicy.parse), e.g. v3, K3V3")
+    ap.add_argument("--policy", default="v4", help="cache policy spec (sim_models.CachePolicy.parse), e.g. v4, K3V3")
     ap.add_argument("--tables", help="the model's key tables, written once per model by python -m "
                                      "sim_models.calibrate (needed for +C / +KS2 and v3)")
     ap.add_argument("--backend", default="cuda", choices=("cuda", "golden"))

@@ -3,8 +3,8 @@
     python -m gpu_ref.generate --model SPEC --tables tables.npz --prompt "..." --max-new-tokens 128
 
 ``SPEC`` is a model spec of :func:`sim_models.models.resolve`: an alias (``smollm2-135m``), a
-``.gguf`` file or a Hugging Face folder. The default policy is format version 3's (``v3`` =
-``K3V3+C+S4+KS2``, docs/FORMAT.md 8): it needs the model's key tables, written once per model by
+``.gguf`` file or a Hugging Face folder. The default policy is format version 4's (``v4`` =
+``K3V3+C+S4+KS2+W16``, docs/FORMAT.md 8): it needs the model's key tables, written once per model by
 ``python -m sim_models.calibrate --model SPEC --out tables.npz``. ``--policy K3V3`` (version 2, no
 tables) runs without them.
 

@@ -657,7 +657,8 @@ def run_policy(a, result, save, t_start):
             del x, codes, scales, flags
             free()
     save()
-    variants = [{}, {"sinks": 4}, {"page": 16}, {"page": 64}, {"sinks": 4, "page": 16}]
+    # sinks 20: the side rows of v4 (4 sinks and a ring of 16 recent tokens)
+    variants = [{}, {"sinks": 4}, {"sinks": 20}, {"page": 16}, {"page": 64}, {"sinks": 4, "page": 16}]
     shapes = POLICY_SHAPES if not a.quick else ((1, 4096), (8, 32768))
     result["decode"] = []
     for bsz, t in shapes:

@@ -1,4 +1,4 @@
-"""python -m gpu_ref.serve --model SPEC --policy v3 --tables tables.npz [--port 8000]
+"""python -m gpu_ref.serve --model SPEC --policy v4 --tables tables.npz [--port 8000]
 
 An OpenAI-compatible server (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``)
 for a model whose KV cache is in the packed format; see :mod:`gpu_ref.serve.server` and docs/GPU.md,
