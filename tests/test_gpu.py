@@ -538,6 +538,61 @@ def test_policy_writes_bitexact_and_decode_within_budget(case, kb, vb):
     assert np.all(out[np.asarray(lengths) == 0] == 0)
 
 
+@pytest.mark.parametrize("page", [None, 16])
+@pytest.mark.parametrize("chunks", [(3, 1, 1, 30, 5, 1), (60,), (2, 2, 2, 1, 1)], ids=["mixed", "one", "short"])
+def test_recent_ring_writes_and_decode_within_budget(chunks, page):
+    """A recent ring (K3V3+C+S4+KS2+W16 = v4): every token's codes are the golden ones (as without the ring),
+    the last 16 tokens' rows (front end applied) are in side rows 4 + (p - 4) % 16, and decode over the
+    ring and the older packed tokens is within the bf16 budget of float64 attention over exactly that."""
+    from gpu_ref.cache import side_row
+    bsz, hq, kvh, n = 2, 16, 2, 128
+    rng = np.random.default_rng([7, sum(chunks)])
+    t = sum(chunks)
+    k16 = _f16(rng.standard_normal((bsz, t, kvh, n)) + rng.normal(0, 2, (1, 1, kvh, n)))
+    v16 = _f16(rng.standard_normal((bsz, t, kvh, n)))
+    q16 = _f16(rng.standard_normal((bsz, hq, n)) * 1.5)
+    mu16 = _f16(k16.astype(np.float64).mean((0, 1)))
+    e = rng.integers(-2, 3, (kvh, n))
+    tables = KeyTables("case", mu16[None], e.astype(np.int8)[None])
+    cache = gpu_ref.KVCache(bsz, kvh, t, "v4", tables=tables, page_size=page)
+    assert (cache.sinks, cache.recent, cache.side) == (4, 16, 20)
+    t0 = 0
+    for c in chunks:
+        cache.append(cp.asarray(k16[:, t0:t0 + c]), cp.asarray(v16[:, t0:t0 + c]))
+        t0 += c
+    s = np.exp2(e).astype(np.float32)
+    kbits = _check_cache_bytes(cache, k16, v16, mu16, s)               # codes of every token, the sinks
+    ring = np.arange(max(4, t - 16), t)
+    rows = side_row(ring, 4, 16)
+    assert np.array_equal(cp.asnumpy(cache.k_sink)[:, :, rows], kbits[:, ring].transpose(0, 2, 1, 3))
+    assert np.array_equal(cp.asnumpy(cache.v_sink)[:, :, rows], v16.view(np.uint16)[:, ring].transpose(0, 2, 1, 3))
+    # float64 reference over what a query reads: sink and ring rows (16-bit), packed rows before the ring
+    kc, ks, vc, vs = _packed_planes(cache)
+    old = t - 4 - len(ring)
+    side_pos = np.concatenate([np.arange(min(4, t)), ring])
+    srows = side_row(side_pos, 4, 16)
+    ksd = cp.asnumpy(cache.k_sink).view(np.float16).astype(np.float64)[:, :, srows]
+    vsd = cp.asnumpy(cache.v_sink).view(np.float16).astype(np.float64)[:, :, srows]
+    khat = np.concatenate([ksd, decode_float(kc, ks, cache.params)[:, :, :old]], axis=2)
+    vhat = np.concatenate([vsd, decode_float(vc, vs, cache.v_params)[:, :, :old]], axis=2)
+    q64 = q16.astype(np.float64) * np.repeat(cp.asnumpy(cache.q_scale).astype(np.float64), hq // kvh, axis=0)[None]
+    scale = 1.0 / math.sqrt(n)
+    lengths = [t] * bsz
+    ref = attention64(q64, khat, vhat, lengths, scale)
+    pl = cache.plan(hq)
+    out = cp.asnumpy(cache.run(pl, pl.workspace(), cp.asarray(q16), out_dtype="fp32"))
+    err = rel_err(out, ref)
+    budget = _sdpa_bf16_error(q16, k16, v16, lengths, scale)
+    assert err <= budget, (err, budget)
+    # the ring is read: without it (its positions through their codes) the answer is another one
+    kfull = np.concatenate([ksd[:, :, :min(4, t)], decode_float(kc, ks, cache.params)[:, :, :t - 4]], axis=2)
+    vfull = np.concatenate([vsd[:, :, :min(4, t)], decode_float(vc, vs, cache.v_params)[:, :, :t - 4]], axis=2)
+    if t > 4:
+        assert rel_err(out, attention64(q64, kfull, vfull, lengths, scale)) > 2 * err
+    with pytest.raises(ValueError, match="recent ring"):
+        cache.attend(cp.asarray(q16), lengths=[t - 1] * bsz)
+
+
 @pytest.mark.parametrize("kb,vb", [(3, 3), (4, 3)], ids=["K3V3", "K4V3"])
 @pytest.mark.parametrize("e_max,calibrated", [(4, True), (14, True), (14, False)],
                          ids=["calibrated-e4", "calibrated-e14", "random-e14"])
