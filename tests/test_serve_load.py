@@ -34,8 +34,8 @@ def test_smoke_report_invariants(smoke):
     assert (out / "gpu_serve_load.png").stat().st_size > 10000
     assert doc["benchmark"] == "serve_load"
     entry = doc["cards"]["CPU (golden backend, smoke)"]
-    assert list(first["cards"]["CPU (golden backend, smoke)"]["caches"]) == ["bf16", "v3"]
-    assert set(entry["caches"]) == {"bf16", "v3", "K3V3"}
+    assert list(first["cards"]["CPU (golden backend, smoke)"]["caches"]) == ["bf16", "v4"]
+    assert set(entry["caches"]) == {"bf16", "v4", "K3V3"}
     assert entry["invariants_violated"] == [] and serve_load.check(entry) == []
     w = entry["workload"]
     rng = np.random.default_rng(w["seed"])
@@ -61,7 +61,7 @@ def test_smoke_report_invariants(smoke):
         assert max(x[1] for x in c["timeline"]) <= c["concurrency_observed"]
         assert c["free_blocks_after"] == c["num_blocks"]
     bf16 = entry["caches"]["bf16"]
-    for name in ("v3", "K3V3"):
+    for name in ("v4", "K3V3"):
         c = entry["caches"][name]
         assert abs(c["pool_bytes"] - bf16["pool_bytes"]) <= bf16["block_bytes"]          # the same memory
         assert c["block_bytes"] * 4 < bf16["block_bytes"]
@@ -74,13 +74,13 @@ def test_smoke_report_invariants(smoke):
 def test_check_flags_broken_reports(smoke):
     _, _, doc = smoke
     entry = json.loads(json.dumps(doc["cards"]["CPU (golden backend, smoke)"]))
-    entry["caches"]["v3"]["requests"][3]["tokens"] -= 1
-    entry["caches"]["v3"]["ttft_s_p99"] = entry["caches"]["v3"]["ttft_s_p50"] / 2
+    entry["caches"]["v4"]["requests"][3]["tokens"] -= 1
+    entry["caches"]["v4"]["ttft_s_p99"] = entry["caches"]["v4"]["ttft_s_p50"] / 2
     entry["caches"]["K3V3"]["concurrency_observed"] = entry["caches"]["bf16"]["concurrency_observed"]
     entry["caches"]["bf16"]["free_blocks_after"] -= 1
     bad = serve_load.check(entry)
-    assert any("v3: request 3 finished" in b for b in bad)
-    assert any("v3: ttft_s" in b for b in bad)
+    assert any("v4: request 3 finished" in b for b in bad)
+    assert any("v4: ttft_s" in b for b in bad)
     assert any("K3V3: observed" in b for b in bad)
     assert any("bf16: 1 blocks still held" in b for b in bad)
     assert len(bad) == 4

@@ -5,9 +5,9 @@
     python -m bench.gpu.serve_load --cpu [--out DIR]                  (CPU smoke: golden backend, tiny model)
 
 Per cache (``--caches``; ``bf16``: the engine's 16-bit pool, :class:`gpu_ref.serve.paged.Paged16Store` on the
-GPU; ``v3`` / ``K3V3``: packed, :class:`~gpu_ref.serve.paged.CudaPagedStore`) an :class:`gpu_ref.serve.Engine`
+GPU; ``v4`` / ``v3`` / ``K3V3``: packed, :class:`~gpu_ref.serve.paged.CudaPagedStore`) an :class:`gpu_ref.serve.Engine`
 gets a pool of the same ``--pool-gib`` bytes (the packed pool's flag bytes counted, as ``bench.gpu.tp``
-does), and :class:`gpu_ref.serve.server.OpenAIServer` listens on an ephemeral loopback port. ``--clients``
+does, and the kernels' 16-bit side rows of every slot: sinks and the recent ring), and :class:`gpu_ref.serve.server.OpenAIServer` listens on an ephemeral loopback port. ``--clients``
 threads (``http.client``) send ``POST /v1/completions`` with ``stream: true`` back to back, each taking the
 next request of one workload drawn from ``--seed``: ``--requests`` requests whose total tokens (prompt +
 ``max_tokens``) are uniform in ``[--context-min, --context-max]`` and whose ``max_tokens`` are uniform in
@@ -21,14 +21,14 @@ token, queueing included) and TPOT (``(last token - first token) / (tokens - 1)`
 end-to-end latency, and the largest number of concurrent sequences the pool holds: by construction (pool
 blocks over one request's blocks, at the workload's longest, mean and shortest request) and observed (the
 engine's most running requests; the engine's slots are not the limit: ``max_batch`` is the construction at
-the shortest request). With ``--model SPEC`` (a real model, ``--tables`` for v3) the prompts are windows of
+the shortest request). With ``--model SPEC`` (a real model, ``--tables`` for v4 / v3) the prompts are windows of
 real text and the greedy texts of each packed cache are compared with the 16-bit cache's (identical
 fraction, common prefix); without it the model is the Llama-3-8B shape (32 layers, 32 q / 8 KV heads,
 head_dim 128) with random bf16 weights, as ``bench.gpu.hf``'s step benchmark, and key tables mu = 0, s = 1.
 
 Results: ``gpu_serve_load.json``, one entry per card under ``cards``; a run replaces its caches in its
 card's entry and keeps the others while the workload and pool are the same (so ``--caches bf16`` and
-``--caches v3`` may run as separate commands), and the plot ``gpu_serve_load.png`` beside it. ``--cpu``
+``--caches v4`` may run as separate commands), and the plot ``gpu_serve_load.png`` beside it. ``--cpu``
 (smoke: tiny random Llama, golden backend, short contexts, a pool of 2.5 16-bit sequences) checks the code
 path and the report's invariants (:func:`check`); its numbers are no performance claim.
 """
@@ -54,7 +54,14 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 FNAME = "gpu_serve_load.json"
 #: cache name -> policy spec ("fp16": the 16-bit pool)
-CACHES = {"bf16": "fp16", "v3": "v3", "K3V3": "K3V3"}
+CACHES = {"bf16": "fp16", "v4": "v4", "v3": "v3", "K3V3": "K3V3"}
+
+
+def _tabled(name: str) -> bool:
+    """The cache's policy reads the model's key tables (centering / key scales)."""
+    from sim_models import CachePolicy
+    pol = CachePolicy.parse(CACHES[name])
+    return bool(pol.center_keys or pol.key_scale)
 #: the random model's shape (bench.gpu.hf's Llama-3-8B)
 SHAPE = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
              num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0)
@@ -111,10 +118,10 @@ def parse(argv=None):
                     help="folder of the results file (default $OUT, else bench/results)")
     ap.add_argument("--cpu", action="store_true", help="smoke on the CPU: tiny random model, golden backend")
     ap.add_argument("--quick", action="store_true", help="GPU, shorter: contexts 32K-64K, 12 requests")
-    ap.add_argument("--caches", default="bf16,v3", help=f"of {', '.join(CACHES)} (default bf16,v3)")
+    ap.add_argument("--caches", default="bf16,v4", help=f"of {', '.join(CACHES)} (default bf16,v4)")
     ap.add_argument("--model", metavar="SPEC", help="a real model (sim_models.models.resolve) instead of the "
                                                     "random Llama-3-8B shape")
-    ap.add_argument("--tables", help="--model's key tables (v3)")
+    ap.add_argument("--tables", help="--model's key tables (v4, v3)")
     ap.add_argument("--text", help="--model: the text prompts are drawn from (default: "
                                    "sim_models.calibrate.read_text)")
     ap.add_argument("--layers", type=int, help="decoder layers of the random model (default 32)")
@@ -192,10 +199,11 @@ def build_model(a):
     if a.model:
         from gpu_ref.cli import check_model_options, check_tables_fit
         from sim_models.models import load
-        a.policy, a.backend = "v3" if "v3" in a.caches else a.caches[-1], "golden" if a.cpu else "cuda"
+        tabled = [c for c in a.caches if _tabled(c)]
+        a.policy, a.backend = CACHES[tabled[0]] if tabled else a.caches[-1], "golden" if a.cpu else "cuda"
         check_model_options(a.ap, a)
-        if "v3" in a.caches and a.key_tables is None:
-            a.ap.error("--caches v3 with --model needs --tables (python -m sim_models.calibrate)")
+        if tabled and a.key_tables is None:
+            a.ap.error(f"--caches {tabled[0]} with --model needs --tables (python -m sim_models.calibrate)")
         model, tok = load(a.src, dtype=torch.float32 if a.cpu else torch.bfloat16)
         model = model.to(dev).eval()
         check_tables_fit(a.ap, a, model)
@@ -404,7 +412,7 @@ def run_cache(a, model, tok, tables, name, reqs, bodies, pool_bytes) -> dict:
     spec = CACHES[name]
     backend = "golden" if a.cpu else "cuda"
     dev = _device(a)
-    tabs = tables if spec == "v3" else None
+    tabs = tables if _tabled(name) else None
     ctx = max(len(r["prompt"]) + r["max_tokens"] for r in reqs) + 64
     probe = Engine(model, spec, tables=tabs, backend=backend, num_blocks=1, block_size=a.block_size, max_batch=1,
                    max_context=ctx, prefix_sharing=False)
@@ -415,11 +423,20 @@ def run_cache(a, model, tok, tables, name, reqs, bodies, pool_bytes) -> dict:
     sizes = [len(r["prompt"]) + r["max_tokens"] for r in reqs]
     per = {k: probe.blocks_for(v) for k, v in (("longest", max(sizes)), ("mean", round(float(np.mean(sizes)))),
                                                ("shortest", min(sizes)))}
+    # per slot, outside the pool: the kernels' 16-bit side rows (sinks and the recent ring) of every full layer
+    from gpu_ref.hf import model_shape
+    pol = probe.policy
+    _, _, _, d = model_shape(probe.config)
+    side = (0 if spec == "fp16" or backend == "golden" else 2 * (pol.sinks + pol.recent) * sum(w is None for w in probe.windows)
+            * probe.shard.local_kv_heads * d * 2)
     del probe
     num_blocks = pool_bytes // (block + flags)
+    slots = max(1, min(a.max_batch, num_blocks // per["shortest"]))
+    num_blocks = max(pool_bytes - slots * side, 0) // (block + flags)       # the side rows from the same memory
     held = {f"at_{k}": int(num_blocks // v) for k, v in per.items()}
     res = dict(cache=name, spec=spec, backend=backend, block_size=a.block_size, block_bytes=block,
-               flag_bytes_per_block=flags, num_blocks=int(num_blocks), pool_bytes=int(num_blocks * (block + flags)),
+               flag_bytes_per_block=flags, side_bytes_per_slot=side, side_slots=int(slots),
+               num_blocks=int(num_blocks), pool_bytes=int(num_blocks * (block + flags) + slots * side),
                blocks_per_request=per, concurrency_by_construction=held)
     log(f"{name}: {num_blocks} blocks of {block + flags} B ({_size(res['pool_bytes'])}); holds "
         f"{held['at_longest']} / {held['at_mean']} / {held['at_shortest']} requests at the longest / mean / "

@@ -311,7 +311,7 @@ class Engine:
         self.has_pool = any(w is None for w in windows)
         # a block: block_size tokens of every full-attention layer (past the sinks), in packed bytes; a model
         # of sliding layers only grows no further than its windows: a block is then block_size tokens of it
-        big = max(block_size, self.policy.sinks) + max((w or 0) for w in windows)
+        big = max(block_size, self.policy.sinks + self.policy.recent) + max((w or 0) for w in windows)
         self.block_bytes = (self._bytes(big + block_size) - self._bytes(big)) or self._bytes(block_size)
         if num_blocks is None:
             if isinstance(pool_bytes, bool) or not isinstance(pool_bytes, int) or pool_bytes < 1:
