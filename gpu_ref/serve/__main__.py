@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 #: engine parameter (:class:`gpu_ref.serve.ConfigError`) -> the option that sets it
@@ -23,7 +24,10 @@ def parse(argv=None):
     add_model_options(ap)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--served-model-name", help="the id clients pass as 'model' (default: the model spec)")
+    ap.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                    help="the names clients pass as 'model', the first one reported in /v1/models and responses "
+                         "(default: the alias, also when --model is its .gguf file, else the file or folder name; "
+                         "requests may also name the --model string)")
     ap.add_argument("--pool-mib", type=float, default=1024.0, help="KV pool size in MiB of packed bytes")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per pool block")
     ap.add_argument("--max-batch", type=int, default=32, help="requests decoded together at most")
@@ -35,8 +39,23 @@ def parse(argv=None):
     if not 0 < a.pool_mib < 2**30:                     # finite: MiB, at most 1 PiB
         ap.error(f"--pool-mib must be > 0 and finite, got {a.pool_mib}")
     check_model_options(ap, a)
+    a.served_names = served_names(ap, a)
     a.ap = ap
     return a
+
+
+def served_names(ap, a) -> list[str]:
+    """The names a request's ``model`` may use, the reported id first: ``--served-model-name``'s, else the
+    alias (``--model`` an alias or the .gguf file it resolves to) or the file / folder name without its
+    directory, then the ``--model`` string itself."""
+    if a.served_model_name:
+        bad = [n for n in a.served_model_name if not n.strip()]
+        if bad:
+            ap.error(f"--served-model-name: names must be non-empty, got {bad[0]!r}")
+        return list(dict.fromkeys(a.served_model_name))
+    from sim_models.models import WHEELS, alias_of
+    own = a.model in WHEELS or (a.src.is_gguf and alias_of(a.src.path) is not None)
+    return list(dict.fromkeys([a.src.model_id if own else (Path(a.model).name or a.model), a.model]))
 
 
 def main(argv=None) -> int:
@@ -72,9 +91,10 @@ def main(argv=None) -> int:
                  f"({(str(err).splitlines() or [type(err).__name__])[0]})")
     except (ValueError, TypeError) as err:
         ap.error(f"--policy {a.policy!r} / --backend {a.backend}: {err}")
-    name = a.served_model_name or a.model
+    name = a.served_names[0]
     try:
-        srv = OpenAIServer(engine, tok, name, (a.host, a.port), policy_names=(a.policy,))
+        srv = OpenAIServer(engine, tok, name, (a.host, a.port), policy_names=(a.policy,),
+                           model_names=a.served_names[1:])
     except OSError as err:
         ap.error(f"--host {a.host} --port {a.port}: cannot listen there: {err}")
     st = engine.stats()

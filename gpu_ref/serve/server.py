@@ -3,15 +3,15 @@ per connection; the engine steps in its own thread).
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
 (``stream: true``: server-sent events, ``data: {...}`` chunks then ``data: [DONE]``). Request fields:
-``model`` (must name the served model), ``prompt`` (completions: a string or a list of token ids) or
-``messages`` (chat: ``[{"role", "content"}]``, through the tokenizer's chat template), ``max_tokens``
-(default 16), ``temperature`` (default 1 as in the OpenAI API; 0 is greedy), ``top_p``, ``seed``,
-``stop`` (a string or up to 4), ``stream``, ``stream_options`` (``{"include_usage": true}``: a last chunk
-with ``usage`` and no choices), ``n`` (1 only) and ``policy`` (optional: must be the served policy's spec or
-the name it was given by). The OpenAI fields this server does not implement (:data:`UNSUPPORTED`:
-``logprobs``, ``echo``, penalties, tools, ...) are accepted only at the value that changes nothing; any
-other value is a 400 naming the field. Fields outside the API (and ``user``, ``metadata``, ``store``,
-``service_tier``, which do not change the output) are ignored.
+``model`` (optional: must name the served model, by its id or another name it is served under), ``prompt``
+(completions: a string or a list of token ids) or ``messages`` (chat: ``[{"role", "content"}]``, through the
+tokenizer's chat template), ``max_tokens`` (default 16), ``temperature`` (default 1 as in the OpenAI API; 0
+is greedy), ``top_p``, ``seed``, ``stop`` (a string or up to 4), ``stream``, ``stream_options``
+(``{"include_usage": true}``: a last chunk with ``usage`` and no choices), ``n`` (1 only) and ``policy``
+(optional: must be the served policy's spec or the name it was given by). The OpenAI fields this server does
+not implement (:data:`UNSUPPORTED`: ``logprobs``, ``echo``, penalties, tools, ...) are accepted only at the
+value that changes nothing; any other value is a 400 naming the field. Fields outside the API (and ``user``,
+``metadata``, ``store``, ``service_tier``, which do not change the output) are ignored.
 
 Errors: a JSON body ``{"error": {"message", "type", "param", "code"}}``; 400 for a malformed body or a
 bad parameter (named in ``param``), 404 for an unknown path or model, 408 for a body not received within
@@ -99,15 +99,17 @@ def _field(body, name, types, default, what):
 class OpenAIServer(ThreadingHTTPServer):
     """The HTTP server. Args: ``engine`` (started here), ``tokenizer`` (``encode(text) -> ids``,
     ``decode(ids) -> str``, optional ``apply_chat_template``, ``eos_token_id``), ``model_name`` (the id
-    clients pass as ``model``), ``policy_names`` (names a request's ``policy`` may use), ``address``."""
+    clients pass as ``model``, in ``/v1/models`` and in responses), ``model_names`` (other names a request's
+    ``model`` may use), ``policy_names`` (names a request's ``policy`` may use), ``address``."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = socket.SOMAXCONN        # listen backlog: a burst of clients is not dropped (socketserver: 5)
 
     def __init__(self, engine, tokenizer, model_name: str, address=("127.0.0.1", 8000), policy_names=(),
-                 body_timeout: float = BODY_TIMEOUT):
+                 body_timeout: float = BODY_TIMEOUT, model_names=()):
         self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        self.model_names = {model_name, *model_names}
         self.body_timeout = float(body_timeout)
         self.policy_names = {engine.policy.spec.lower(), *(p.lower() for p in policy_names)}
         self.created = int(time.time())
@@ -136,7 +138,7 @@ class OpenAIServer(ThreadingHTTPServer):
                 raise HTTPError(400, f"'{name}' is not supported by this server ({what}), got "
                                      f"{json.dumps(v)[:80]}", name, "unsupported_parameter")
         model = body.get("model", self.model_name)
-        if model != self.model_name:
+        if not isinstance(model, str) or model not in self.model_names:
             raise HTTPError(404, f"model {json.dumps(model)[:80]} is not served here; this server serves "
                                  f"{self.model_name!r} (GET /v1/models)", "model", "model_not_found")
         pol = body.get("policy")
