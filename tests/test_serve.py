@@ -521,6 +521,60 @@ def test_server_bad_requests_get_4xx_naming_the_parameter(server, path, body, st
     assert st == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "FOO"])
+def test_server_other_methods_get_405_json_and_the_connection_goes_on(server, method):
+    """A method other than GET and POST gets 405 method_not_allowed in the server's JSON error shape with
+    ``Allow: GET, POST`` (no body for HEAD); its request body is dropped and the same connection answers
+    the next request."""
+    srv, _ = server
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=60)
+    try:
+        conn.request(method, "/v1/completions", body=json.dumps({"prompt": "x"}).encode(),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 405 and r.getheader("Allow") == "GET, POST", (r.status, text)
+        assert r.getheader("Content-Type") == "application/json"
+        if method == "HEAD":
+            assert text == ""
+        else:
+            err = json.loads(text)["error"]
+            assert err["code"] == "method_not_allowed" and err["type"] == "invalid_request_error"
+            assert method in err["message"] and err["param"] is None
+        conn.request("GET", "/v1/models")                  # the same connection, kept open
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["data"][0]["id"] == "tiny"
+    finally:
+        conn.close()
+
+
+def test_server_unparsable_request_gets_json_error_and_closes(server):
+    """A request line http.server cannot parse gets its 400 as a JSON error, then the connection closes;
+    the server goes on answering."""
+    import socket
+    srv, _ = server
+    with socket.create_connection(srv.server_address[:2], timeout=30) as s:
+        s.sendall(b"GET /health now HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0].startswith(b"HTTP/1.1 400 ") and b"Connection: close" in lines, got
+    length = int(next(ln for ln in lines if ln.startswith(b"Content-Length: ")).split(b": ")[1])
+    assert len(body) == length                         # one reply: the second request was never read
+    assert "Bad request syntax" in json.loads(body)["error"]["message"]
+    # a body that cannot be delimited (chunked) is not read as a request either: 405, then the close
+    with socket.create_connection(srv.server_address[:2], timeout=30) as s:
+        s.sendall(b"PUT /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 405 ") and got.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in got, got
+    assert _call(srv, "GET", "/health")[0] == 200
+
+
 def test_server_bad_content_length_closes_the_connection(server):
     """A Content-Length that is no integer gets a 400 and the connection is closed: the body after the
     headers is never read as the next request."""

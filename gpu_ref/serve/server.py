@@ -13,13 +13,13 @@ not implement (:data:`UNSUPPORTED`: ``logprobs``, ``echo``, penalties, tools, ..
 value that changes nothing; any other value is a 400 naming the field. Fields outside the API (and ``user``,
 ``metadata``, ``store``, ``service_tier``, which do not change the output) are ignored.
 
-Errors: a JSON body ``{"error": {"message", "type", "param", "code"}}``; 400 for a malformed body or a
-bad parameter (named in ``param``), 404 for an unknown path or model, 408 for a body not received within
-``body_timeout`` seconds, 413 for a body over 1 MiB, 503 with ``Retry-After`` when the engine's queue is
-full. A client that disconnects (streaming or not) cancels its request: its blocks return to the pool.
-A request that fits the pool but not its free blocks waits (queued, FIFO); one that could never fit gets
-400 naming ``max_tokens``. No request can stop the server or touch another request's cache (each running
-request owns its cache).
+Errors: a JSON body ``{"error": {"message", "type", "param", "code"}}``; 400 for a malformed body or a bad
+parameter (named in ``param``), 404 for an unknown path or model, 405 with ``Allow: GET, POST`` for any
+other method (PUT, DELETE, ...), 408 for a body not received within ``body_timeout`` seconds, 413 for a body
+over 1 MiB, 503 with ``Retry-After`` when the engine's queue is full. A client that disconnects (streaming
+or not) cancels its request: its blocks return to the pool. A request that fits the pool but not its free
+blocks waits (queued, FIFO); one that could never fit gets 400 naming ``max_tokens``. No request can stop
+the server or touch another request's cache (each running request owns its cache).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import socket
 import threading
 import time
 import uuid
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .engine import PoolFull, RequestError, SamplingParams
@@ -44,6 +45,8 @@ BODY_TIMEOUT = 30.0
 IDLE_TIMEOUT = 120.0
 #: seconds between checks that a waiting client is still connected
 POLL = 0.25
+#: the methods this server answers (the ``Allow`` header of the 405 any other method gets)
+ALLOW = "GET, POST"
 
 #: OpenAI request fields (and common extensions of other servers) this server does not implement -> the
 #: values that change nothing (null is always accepted); any other value is a 400 naming the field
@@ -216,13 +219,35 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in headers:
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":                # a reply to HEAD has no body
+            self.wfile.write(data)
 
-    def _error(self, err: HTTPError):
-        headers = (("Retry-After", "1"),) if err.status == 503 else ()
+    def _error(self, err: HTTPError, headers=()):
+        headers = (*headers, ("Retry-After", "1")) if err.status == 503 else headers
         msg = err.message if len(err.message) <= 400 else err.message[:400] + "... (cut)"   # echoed values
         self._send_json(err.status, {"error": {"message": msg, "type": err.kind, "param": err.param,
                                                "code": err.code}}, headers)
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own error replies in this server's JSON error shape: a method with no ``do_*`` here
+        (its 501) is 405 ``method_not_allowed`` with ``Allow``, the request's body read and dropped so the
+        connection goes on; a request line or header http.server cannot parse keeps its status and closes
+        the connection."""
+        headers = ()
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:
+            err = HTTPError(405, f"method {self.command[:40]!r} is not allowed; this server answers {ALLOW}",
+                            None, "method_not_allowed")
+            headers = (("Allow", ALLOW),)
+        else:
+            self.close_connection = True
+            phrase = self.responses.get(code, ("error",))[0]
+            err = HTTPError(code, f"{phrase}: {message}" if message and message != phrase else phrase, None)
+        try:
+            if err.status == 405:
+                self._body_discard()
+            self._error(err, headers if not self.close_connection else (*headers, ("Connection", "close")))
+        except OSError:
+            self.close_connection = True
 
     def _body(self):
         n = self.headers.get("Content-Length")
@@ -317,9 +342,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _body_discard(self):
+        """Read and drop a body this server does not use; one it cannot delimit or will not read (chunked, a
+        bad or over-limit Content-Length) closes the connection instead: it is never read as a request."""
         n = self.headers.get("Content-Length")
-        if n and n.isascii() and n.isdigit() and len(n) <= 12 and int(n) <= MAX_BODY:
+        if n is None and self.headers.get("Transfer-Encoding") is None:
+            return
+        if (n and n.isascii() and n.isdigit() and len(n) <= 12 and int(n) <= MAX_BODY
+                and self.headers.get("Transfer-Encoding") is None):
             self.rfile.read(int(n))
+        else:
+            self.close_connection = True
 
     # ------------------------------------------------------------------ responses
     def _events(self, req, stop):
