@@ -202,11 +202,28 @@ def test_merge_adds_a_backend_and_refuses_another_prompt_set(tmp_path, monkeypat
                                         (["--limit", "0"], "--limit"), (["--max-batch", "0"], "--max-batch"),
                                         (["--model-id", "Bad Name"], "--model-id"),
                                         (["--merge", "/nope.json"], "--merge"),
-                                        (["--model", "/nope"], "--model")])
-def test_cli_names_bad_options_before_loading(argv, word, capsys):
+                                        (["--model", "/nope"], "--model"),
+                                        (["--windows", "2"], "--windows: the perplexity study's option"),
+                                        (["--context", "512", "--peers"], "--context, --peers: the perplexity"),
+                                        (["--only", "fp16,K9V3"], "--only 'K9V3'"),
+                                        (["--only", "v3", "--policies", "K3V3"], "--only and --policies")])
+def test_cli_names_bad_options_before_loading(argv, word, capsys, monkeypatch):
     from bench.accuracy.__main__ import main
+    monkeypatch.setattr(T, "main", lambda args: pytest.fail(f"{argv} ran the task runner"))
     with pytest.raises(SystemExit) as e:
         main(["--tasks", *argv])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert word in err and "Traceback" not in err
+
+
+def test_cli_only_names_the_policies_of_the_task_run(tmp_path, monkeypatch):
+    """--tasks --only SPECS runs those cache policies (as --policies does); without either, the default set."""
+    import bench.accuracy.tasks as tasks_mod
+    from bench.accuracy.__main__ import main
+    (tmp_path / "config.json").write_text("{}")
+    seen = []
+    monkeypatch.setattr(tasks_mod, "main", lambda args: seen.append(args.policies) or 0)
+    for argv in (["--only", "v3,K3V3"], ["--policies", "v3,K3V3"], []):
+        assert main(["--tasks", "--model", str(tmp_path), *argv]) == 0
+    assert seen == ["v3,K3V3", "v3,K3V3", ",".join(T.POLICIES)]

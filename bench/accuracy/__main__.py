@@ -62,6 +62,9 @@ from bench.accuracy.configs import CONFIRM, by_name  # noqa: E402
 from bench.accuracy.report import report  # noqa: E402
 from bench.accuracy.tasks import POLICIES as TASK_POLICIES  # noqa: E402
 
+#: the study's defaults of --windows and --context (options the task runner refuses)
+WINDOWS, CONTEXT = 4, 2048
+
 
 def run(args) -> int:
     if args.tasks:
@@ -146,6 +149,18 @@ def run(args) -> int:
 
 
 def _check_tasks(ap, args) -> int:
+    study = [opt for opt, given in (("--windows", args.windows is not None), ("--context", args.context is not None),
+                                    ("--peers", args.peers), ("--levers", args.levers),
+                                    ("--calibrate", args.calibrate), ("--list", args.list),
+                                    ("--v3-report", args.v3_report), ("--peers-report", args.peers_report),
+                                    ("--levers-report", args.levers_report),
+                                    ("--recount-bits", args.recount_bits)) if given]
+    if study:
+        ap.error(f"{', '.join(study)}: the perplexity study's option{'s' if len(study) > 1 else ''}, no meaning "
+                 f"for --tasks (whole prompts, no windows; choose its policies with --policies or --only)")
+    if args.only and args.policies:
+        ap.error("--only and --policies both name the cache policies of --tasks: give one")
+    args.policies = args.only or args.policies or ",".join(TASK_POLICIES)
     if args.merge:
         if not args.merge.is_file():
             ap.error(f"--merge: no such file {str(args.merge)!r}")
@@ -161,11 +176,12 @@ def _check_tasks(ap, args) -> int:
     if args.tables and not Path(args.tables).is_file():
         ap.error(f"--tables: no such file {args.tables!r}")
     from sim_models import CachePolicy
+    opt = "--only" if args.only else "--policies"
     for s in args.policies.split(","):
         try:
             CachePolicy.parse(s.strip())
         except (ValueError, TypeError) as err:
-            ap.error(f"--policies {s.strip()!r}: {err}")
+            ap.error(f"{opt} {s.strip()!r}: {err}")
     from sim_models.models import resolve, slug
     if args.model_id is not None:
         try:
@@ -185,11 +201,12 @@ def main(argv=None) -> int:
     from sim_models.models import spec_help
     ap.add_argument("--model", default="smollm2-135m", help=f"{spec_help()} (default smollm2-135m)")
     ap.add_argument("--only", help="comma-separated configuration names (default: the "
-                                   "leading ones, bench/accuracy/configs.py CONFIRM)")
+                                   "leading ones, bench/accuracy/configs.py CONFIRM); with --tasks: "
+                                   "the cache policy specs to run, as --policies")
     ap.add_argument("--peers", action="store_true",
                     help="run the peers and the study's v4 / v3 / v3-K4V3 (configs.PEER_STUDY)")
-    ap.add_argument("--windows", type=int, default=4, help="evaluation windows, 1..4")
-    ap.add_argument("--context", type=int, default=2048, help="tokens per window")
+    ap.add_argument("--windows", type=int, help=f"evaluation windows, 1..4 (default {WINDOWS}; not with --tasks)")
+    ap.add_argument("--context", type=int, help=f"tokens per window (default {CONTEXT}; not with --tasks)")
     ap.add_argument("--list", action="store_true", help="print configuration names")
     ap.add_argument("--force", action="store_true", help="recompute cached results")
     ap.add_argument("--calibrate", action="store_true", help="recompute the calibration file")
@@ -210,11 +227,14 @@ def main(argv=None) -> int:
                          "model from its configuration (configs.BITS_RULE); no model runs")
     ap.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    t = ap.add_argument_group("task quality (--tasks; bench/accuracy/tasks.py)")
+    t = ap.add_argument_group("task quality (--tasks; bench/accuracy/tasks.py)",
+                              "--only names the cache policies as --policies does; the study's --windows, "
+                              "--context, --peers, --levers, --calibrate, --list, --recount-bits and --*-report "
+                              "options exit 2 with --tasks (whole prompts, no windows)")
     t.add_argument("--tasks", action="store_true",
                    help="greedy answers to the checkable prompt set through the serving engine, per policy")
-    t.add_argument("--policies", default=",".join(TASK_POLICIES),
-                   help="comma-separated cache policy specs (fp16 is run first in any case)")
+    t.add_argument("--policies", help=f"comma-separated cache policy specs (default {','.join(TASK_POLICIES)}; "
+                                      "fp16 is run first in any case)")
     t.add_argument("--backend", default="golden", choices=("golden", "cuda"),
                    help="the engine's packed store: golden (NumPy) or cuda (the kernels; --device cuda)")
     t.add_argument("--limit", type=int, help="the first N prompts of each kind (default all)")
@@ -229,6 +249,8 @@ def main(argv=None) -> int:
         ap.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.tasks:
         return _check_tasks(ap, args)
+    args.windows = WINDOWS if args.windows is None else args.windows
+    args.context = CONTEXT if args.context is None else args.context
     from bench.accuracy.windows import EVAL_CHARS
     if not 1 <= args.windows <= len(EVAL_CHARS):
         ap.error(f"--windows must be in 1..{len(EVAL_CHARS)}, got {args.windows}")
