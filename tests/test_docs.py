@@ -157,6 +157,30 @@ def test_gpu_entry_point_names_a_bad_option(argv, word, capsys):
     assert e.value.code == 2 and word in capsys.readouterr().err
 
 
+def test_gpu_entry_point_help_lists_the_routine_options(tmp_path, capsys, monkeypatch):
+    """--routine R --help lists the entry point's options and then R's own (serve: bench.gpu.serve_load's);
+    a routine whose module does not load here says so; plain --help lists the entry point's alone. Nothing
+    runs and nothing is written."""
+    import sys
+    from bench.gpu.__main__ import main
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    plain = capsys.readouterr().out
+    assert e.value.code == 0 and "--ncu" in plain and "--clients" not in plain
+    with pytest.raises(SystemExit) as e:
+        main(["--routine", "serve", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--ncu" in out and "options of --routine serve" in out
+    assert all(opt in out for opt in ("--clients", "--caches", "--pool-gib", "--context-max", "--cpu")), out
+    monkeypatch.setitem(sys.modules, "bench.gpu.kernels", None)         # as without CuPy: no import
+    with pytest.raises(SystemExit) as e:
+        main(["--help", "--routine", "decode"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "options of --routine decode" in out and "not listed here" in out
+    assert not list(tmp_path.iterdir())
+
+
 def test_gpu_entry_point_without_a_gpu_exits_2_before_any_work(tmp_path, capsys, monkeypatch):
     """python -m bench.gpu and python -m bench.gpu.hf run say that CuPy / a CUDA GPU is needed
     and exit 2 before writing anything (here: a GPU made missing)."""

@@ -34,13 +34,15 @@ DIR/raw/, which git ignores):
 
 ``--ncu`` runs the routine's profiling driver under Nsight Compute instead (decode: the headline decode
 launch, with the tunes of $NCU_TUNES; layout: one write launch per source, dtype and order) into
-DIR/raw/ncu_ROUTINE.txt. Options this entry point does not know are passed to the routine.
+DIR/raw/ncu_ROUTINE.txt. Options this entry point does not know are passed to the routine;
+``--routine ROUTINE --help`` lists them after the entry point's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -101,29 +103,49 @@ def tee(path: Path):
             sys.stdout = old
 
 
+def call_routine(name: str, out: Path, extra: list[str], data: Path | None) -> bool:
+    """Call the routine's module with its arguments; whether its own checks passed."""
+    mode, fname = ROUTINES[name]
+    if mode is not None:
+        from bench.gpu import kernels
+        kernels.main(["--only", mode, "--out", str(out), *extra])
+    elif name == "layout":
+        from bench.gpu import write_layout
+        write_layout.main(["--out", str(out), *extra])
+    elif name == "peers":
+        from bench.gpu import peers
+        peers.main(["--out", str(out), *extra])
+    elif name == "serve":
+        from bench.gpu import serve_load
+        if serve_load.main(["--out", str(out), "--no-plot", *extra]):
+            print(f"serve: failed or invariants violated (listed in {out / fname}, invariants_violated)")
+            return False
+    else:
+        from bench.gpu import hf
+        hf.main(["run", "--data", str(data), "--out", str(out / fname), *extra])
+    return True
+
+
 def run_routine(name: str, out: Path, extra: list[str], data: Path | None) -> tuple[Path, bool]:
     """Run one routine; returns its results file and whether its own checks passed."""
-    mode, fname = ROUTINES[name]
-    ok = True
     with tee(out / "raw" / f"{name}.log"):
-        if mode is not None:
-            from bench.gpu import kernels
-            kernels.main(["--only", mode, "--out", str(out), *extra])
-        elif name == "layout":
-            from bench.gpu import write_layout
-            write_layout.main(["--out", str(out), *extra])
-        elif name == "peers":
-            from bench.gpu import peers
-            peers.main(["--out", str(out), *extra])
-        elif name == "serve":
-            from bench.gpu import serve_load
-            if serve_load.main(["--out", str(out), "--no-plot", *extra]):
-                print(f"serve: failed or invariants violated (listed in {out / fname}, invariants_violated)")
-                ok = False
-        else:
-            from bench.gpu import hf
-            hf.main(["run", "--data", str(data), "--out", str(out / fname), *extra])
-    return out / fname, ok
+        ok = call_routine(name, out, extra, data)
+    return out / ROUTINES[name][1], ok
+
+
+def routine_help(name: str) -> str:
+    """The help of the routine's own options (its module's parser, given ``--help``), or where to find it
+    when the module cannot be imported here (the GPU routines import CuPy)."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            call_routine(name, RESULTS, ["--help"], None)
+    except SystemExit:
+        pass
+    except ImportError as err:
+        return (f"(not listed here: its module needs {err.name or 'a missing module'} to load ({err}); "
+                f"where it loads, this lists them)\n")
+    return buf.getvalue()
 
 
 def profile(name: str, out: Path, extra: list[str]) -> int:
@@ -154,6 +176,16 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu", action="store_true", help="profile the routine under Nsight Compute "
                     f"({', '.join(NCU_DRIVERS)})")
     ap.add_argument("--no-plot", action="store_true", help="write no plots")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):                     # with --routine: the routine's options too
+        pre = argparse.ArgumentParser(prog=ap.prog, add_help=False, allow_abbrev=False)
+        pre.add_argument("--routine", choices=(*ROUTINES, "all"))
+        name = pre.parse_known_args(argv)[0].routine
+        if name in ROUTINES:
+            print(ap.format_help())
+            print(f"options of --routine {name} (its module's parser; given after the entry point's own):\n")
+            print(routine_help(name), end="")
+            ap.exit()
     a, extra = ap.parse_known_args(argv)
     if a.out.exists() and not a.out.is_dir():
         ap.error(f"--out {a.out}: not a folder")
