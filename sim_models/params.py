@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-#: Version of the bit-level format defined by this package (docs/FORMAT.md); the
-#: quantizer of each version is a preset (:data:`PRESETS`).
+#: Version of the per-vector bit-level rules defined by this package (docs/FORMAT.md; format
+#: version 4 changed the cache policy only, so its vectors carry 3); the quantizer of each
+#: version is a preset (:data:`PRESETS`).
 FORMAT_VERSION = 3
 #: Format versions whose files ``python -m sim_models decode`` reads (every
 #: field that differs between them is stored in the file's params).
