@@ -197,6 +197,25 @@ def test_merge_adds_a_backend_and_refuses_another_prompt_set(tmp_path, monkeypat
         T.merge(src)
 
 
+def test_write_keeps_the_other_policies_of_the_same_reference(tmp_path):
+    """A run of one more policy adds it beside the record's others when its fp16 answers are the record's;
+    another fp16 answer or device replaces the backend's run (the agreement columns would mix references)."""
+    ids = [t.id for t in T.tasks()]
+
+    def run(spec, tokens):
+        return {"spec": spec, "bits": 3.0, "seconds": 1.0,
+                "answers": {i: {"tokens": tokens, "text": "x", "pass": False, "reason": ""} for i in ids}}
+    path = tmp_path / "m_tasks.json"
+    T.write(T.record("m", "golden", "cpu", {"fp16": run("fp16", [1]), "v3": run("v3", [2])}, T.tasks()), path)
+    T.write(T.record("m", "golden", "cpu", {"fp16": run("fp16", [1]), "v4": run("v4", [3])}, T.tasks()), path)
+    got = json.loads(path.read_text())["runs"]["golden"]["policies"]
+    assert list(got) == ["fp16", "v3", "v4"] and got["v4"]["answers"][ids[0]]["tokens"] == [3]
+    T.write(T.record("m", "golden", "cpu", {"fp16": run("fp16", [9]), "v4": run("v4", [3])}, T.tasks()), path)
+    assert list(json.loads(path.read_text())["runs"]["golden"]["policies"]) == ["fp16", "v4"]
+    T.write(T.record("m", "golden", "other", {"fp16": run("fp16", [9])}, T.tasks()), path)
+    assert list(json.loads(path.read_text())["runs"]["golden"]["policies"]) == ["fp16"]
+
+
 @pytest.mark.parametrize("argv, word", [(["--backend", "cuda"], "--backend cuda needs --device cuda"),
                                         (["--policies", "fp16,K9V3"], "--policies 'K9V3'"),
                                         (["--limit", "0"], "--limit"), (["--max-batch", "0"], "--max-batch"),

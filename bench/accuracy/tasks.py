@@ -61,7 +61,7 @@ CALIB_DIR = REPO / "bench" / "calib"
 #: Version of the prompt set; change it with any change of a prompt, a test or a limit.
 VERSION = 1
 #: Policies of a default run (fp16 first: the reference of the agreement columns).
-POLICIES = ("fp16", "v3", "v3-K4V3", "K3V3")
+POLICIES = ("fp16", "v4", "v3", "v3-K4V3", "K3V3")
 KINDS = ("code", "number", "retrieval")
 #: Context length at which bits per element are counted (the accuracy study's).
 BITS_CONTEXT = 2048
@@ -470,9 +470,17 @@ def record(model_id: str, backend: str, device: str, runs: dict, ts: list[Task],
             "runs": {backend: {"device": device, "policies": runs}}}
 
 
+def _fp16_answers(run: dict):
+    """The generated token ids of a backend run's ``fp16`` policy (None without one)."""
+    f = run.get("policies", {}).get("fp16")
+    return None if f is None else {k: a.get("tokens") for k, a in f.get("answers", {}).items()}
+
+
 def write(doc: dict, path: Path) -> Path:
-    """Write ``doc`` to ``path``, keeping the other backends' runs of a file that measured the same
-    prompt set (a different set replaces the file)."""
+    """Write ``doc`` to ``path``, keeping what a file that measured the same prompt set holds: the other
+    backends' runs, and on the same backend and device the other policies' runs when the new run's
+    ``fp16`` answers are the old ones (the agreement columns compare every policy with them). A different
+    prompt set, device or ``fp16`` answer replaces them."""
     path = Path(path)
     if path.exists():
         old = json.loads(path.read_text())
@@ -480,6 +488,9 @@ def write(doc: dict, path: Path) -> Path:
         same = (om.get("fingerprint"), om.get("tasks")) == (doc["meta"]["fingerprint"], doc["meta"]["tasks"])
         if same:
             for b, r in doc["runs"].items():
+                prev = old["runs"].get(b)
+                if prev and prev.get("device") == r.get("device") and _fp16_answers(prev) == _fp16_answers(r):
+                    r = {**r, "policies": {**prev["policies"], **r["policies"]}}
                 old["runs"][b] = r
             old["meta"] = {**om, **doc["meta"]}
             doc = old
