@@ -162,7 +162,8 @@ def key_front_table(recs: list[dict]) -> str:
     without it: area deltas (DUT estimates), LUT RAM of the table, Fmax, latency."""
     from hw.keyfront import KF_CUTS
     from rtl_gen.synth import synth_config
-    ok = {r["config"]: r for r in recs if r.get("ok")}
+    # a record whose synthesis finished and whose placement failed keeps its area row
+    ok = {r["config"]: r for r in recs if r.get("ok") or (r.get("ecp5") and r.get("nextpnr_failed") is not None)}
     lines = ["| config | without | slots T | key cuts | latency cycles (+) | LUT4 (+) | CCU2C (+) "
              "| LUTs total (+) | LUTs per lane (lanes W) | total / without | FF (+) | "
              "FF per lane | FF total / without | table LUT RAM (DPR16X4) | Fmax MHz (without) | "
@@ -182,6 +183,7 @@ def key_front_table(recs: list[dict]) -> str:
         mods = [c.split(".")[1] if c.startswith("dut.") and c.count(".") > 1 else "top"
                 for c in (cp.get("from", ""), cp.get("to", ""))]
         kf = f"{mods[0]} -> {mods[1]}, {cp['ns']:.2f} ns" if cp else "—"
+        fmax = "no legal placement" if rec.get("nextpnr_failed") is not None else _fmt(d['fmax'], '{:.1f}')
         lines.append(
             f"| {name} | {base['config']} | {cfg.key_slots} | {', '.join(cuts)} | "
             f"{rec['latency_cycles']} (+{rec['latency_cycles'] - base['latency_cycles']}) | "
@@ -192,7 +194,7 @@ def key_front_table(recs: list[dict]) -> str:
             f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | {(d['ffs'] - b['ffs']) / w:.0f} | "
             f"{d['ffs'] / b['ffs']:.2f}x | "
             f"{rec['ecp5'].get('cells', {}).get('TRELLIS_DPR16X4', 0):,} | "
-            f"{_fmt(d['fmax'], '{:.1f}')} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
+            f"{fmax} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
