@@ -26,6 +26,9 @@ from .params import PRESETS as FORMAT_PRESETS
 from .params import FormatParams
 
 FP16_BITS = 16
+#: Most tokens :attr:`CachePolicy.sinks` and :attr:`CachePolicy.recent` may name: token positions are
+#: int32 on the GPU, so no sequence holds more than 2**31 - 1 tokens.
+MAX_TOKENS = 2**31 - 1
 #: Values of :attr:`CachePolicy.key_scale`: per-channel key scales as powers of two
 #: (stored as one exponent byte per channel) or as fp16 values.
 KEY_SCALES = ("pow2", "fp16")
@@ -49,7 +52,8 @@ class CachePolicy:
 
     Raises:
         TypeError: a format is not a FormatParams / None.
-        ValueError: negative sinks or recent, or a duplicate / negative override layer.
+        ValueError: sinks or recent outside [0, :data:`MAX_TOKENS`], or a duplicate / negative override
+            layer.
     """
 
     k: FormatParams | None = field(default_factory=FormatParams)
@@ -71,10 +75,11 @@ class CachePolicy:
             f = getattr(self, name)
             if f is not None and not isinstance(f, FormatParams):
                 raise TypeError(f"{name} must be a FormatParams or None, got {type(f).__name__}")
-        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
-            raise ValueError(f"sinks must be an int >= 0, got {self.sinks!r}")
-        if isinstance(self.recent, bool) or not isinstance(self.recent, int) or self.recent < 0:
-            raise ValueError(f"recent must be an int >= 0, got {self.recent!r}")
+        for name in ("sinks", "recent"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TOKENS:
+                raise ValueError(f"{name} must be an int in [0, 2**31 - 1] (token positions are int32), "
+                                 f"got {n!r}")
         for name in ("layer_k", "layer_v"):
             layers = [entry[0] for entry in getattr(self, name)]
             if any(isinstance(l, bool) or not isinstance(l, (int, np.integer)) for l in layers):

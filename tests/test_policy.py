@@ -10,7 +10,7 @@ import pytest
 from gpu_ref import backend
 from sim_models import CachePolicy, FormatParams
 from sim_models.keyscale import LOG2_S_RANGE
-from sim_models.policy import POLICY_PRESETS
+from sim_models.policy import MAX_TOKENS, POLICY_PRESETS
 
 
 # ------------------------------------------------------------------------- parse / spec
@@ -57,8 +57,13 @@ def test_recent_ring_is_counted_beside_the_codes():
         ring = min(16, max(ctx - 4, 0))
         assert v4.stored_bits(*shape, ctx) - v3.stored_bits(*shape, ctx) == 28 * 2 * 2 * ring * 16 * 128
     assert round(v4.bits_per_element(*shape, 2048), 3) == 3.275
-    with pytest.raises(ValueError, match="recent must be an int >= 0"):
+    with pytest.raises(ValueError, match=r"recent must be an int in \[0, 2\*\*31 - 1\]"):
         CachePolicy(recent=-1)
+    # positions are int32: the bound itself is a valid policy, one more is refused, for both counts
+    assert CachePolicy.parse(f"K3V3+S{MAX_TOKENS}+W{MAX_TOKENS}").recent == MAX_TOKENS == 2**31 - 1
+    for name in ("sinks", "recent"):
+        with pytest.raises(ValueError, match=f"{name} must be an int in"):
+            CachePolicy(**{name: MAX_TOKENS + 1})
     with pytest.raises(ValueError, match="field recent is set twice"):
         CachePolicy.parse("K3V3+W4+W8")
 

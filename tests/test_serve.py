@@ -613,11 +613,40 @@ def test_server_queue_full_is_503_and_others_complete(server):
     assert e.free_blocks == e.num_blocks
 
 
+@pytest.mark.parametrize("fail_on", ["prefill", "decode"])
+def test_server_logs_an_engine_failure_once_on_stderr(fail_on, capfd):
+    """A forward that raises: the request gets 500 engine_error and stderr gets the exception with its
+    traceback, once per failure (a failed decode step is logged once, not per request)."""
+    from gpu_ref.serve.server import OpenAIServer
+    e = Engine(tiny(), "K3V3", num_blocks=8, block_size=16, max_batch=2, max_queue=4)
+    forward = e._forward
+
+    def failing(items, ids, pos, past):
+        if (ids.shape[1] > 1) == (fail_on == "prefill"):
+            raise RuntimeError(f"injected {fail_on} failure")
+        return forward(items, ids, pos, past)
+    e._forward = failing
+    srv = OpenAIServer(e, CharTokenizer(), "tiny", ("127.0.0.1", 0))
+    srv.serve_in_thread()
+    try:
+        capfd.readouterr()
+        st, _, text = _call(srv, "POST", "/v1/completions", {"prompt": "go", "max_tokens": 3, "temperature": 0})
+        assert st == 500 and json.loads(text)["error"]["code"] == "engine_error"
+    finally:
+        srv.close()
+    err = capfd.readouterr().err
+    assert err.count("Traceback") == 1 and err.count(f"RuntimeError: injected {fail_on} failure") == 1, err
+    assert "fwht-kv engine: " in err and e.free_blocks == e.num_blocks
+
+
 def test_serve_cli_refuses_bad_options_before_loading(tmp_path, capsys):
     from gpu_ref.serve.__main__ import parse
     (tmp_path / "config.json").write_text("{}")
     for argv, word in ((["--model", "/nonexistent"], "--model"),
                        (["--model", str(tmp_path), "--policy", "K5V3"], "--policy"),
+                       (["--model", str(tmp_path), "--policy", "K3V3+W99999999999999999999"],
+                        "--policy 'K3V3+W99999999999999999999': policy spec 'K3V3+W99999999999999999999': recent "
+                        "must be an int in [0, 2**31 - 1]"),
                        (["--model", str(tmp_path)], "--tables"),
                        (["--model", str(tmp_path), "--policy", "K3V3", "--pool-mib", "0"], "--pool-mib"),
                        (["--model", str(tmp_path), "--policy", "K3V3", "--port", "70000"], "--port")):

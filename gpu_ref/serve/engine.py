@@ -21,7 +21,9 @@ import dataclasses
 import itertools
 import math
 import queue
+import sys
 import threading
+import traceback
 
 import numpy as np
 
@@ -479,6 +481,13 @@ class Engine:
             r.slot = None
         r._emit("done", r.finish_reason)
 
+    @staticmethod
+    def _log_failure(err: Exception, what: str):
+        """An engine failure on stderr, the exception and its traceback (once per failure; the requests it
+        ends get ``("error", message)`` events, which the server answers with 500 ``engine_error``)."""
+        print(f"fwht-kv engine: {what} failed:", file=sys.stderr)
+        traceback.print_exception(err, file=sys.stderr)
+
     def _fail(self, r: Request, err: Exception):
         r.finish_reason = "error"
         self._release(r)
@@ -589,6 +598,7 @@ class Engine:
                 try:
                     self._prefill(r)
                 except Exception as err:                 # one bad request never stops the others
+                    self._log_failure(err, f"the prefill of request {r.id}")
                     self._fail(r, err)
             while True:
                 with self._lock:
@@ -600,6 +610,7 @@ class Engine:
                 try:
                     self._prefill(r)
                 except Exception as err:
+                    self._log_failure(err, f"the prefill of request {r.id}")
                     self._fail(r, err)
             batch = [r for r in self.running if r.finish_reason is None and not r.cancelled and not r.segments
                      and r.output]
@@ -612,7 +623,7 @@ class Engine:
                 except Exception as err:
                     for r in batch:
                         self._fail(r, err)
-                    raise
+                    raise                                # logged by the caller (the background loop)
                 toks = _tp.agree([self._sample(r, lg) for r, lg in zip(batch, logits)], self.shard, dev)
                 for r, tok in zip(batch, toks):
                     if self._accept(r, tok):
@@ -646,7 +657,8 @@ class Engine:
                 busy = False
                 try:
                     busy = self.step()
-                except Exception:                       # reported to the requests of the failed step
+                except Exception as err:                # reported to the requests of the failed step
+                    self._log_failure(err, "an engine step")
                     busy = True
                 if not busy:
                     self._wake.wait(0.5)
