@@ -241,10 +241,12 @@ class CachePolicy:
             flag = _FLAG_TERMS.get(t)
             if flag is not None:
                 name, value = flag
-            elif re.fullmatch(r"S\d+", t):
-                name, value = "sinks", int(t[1:])
-            elif re.fullmatch(r"W\d+", t):
-                name, value = "recent", int(t[1:])
+            elif t[:1] in _COUNT_TERMS:
+                name = _COUNT_TERMS[t[0]]
+                if not re.fullmatch(r"[0-9]+", t[1:]):
+                    raise ValueError(f"policy spec {spec!r}: term {w!r} sets {name}: write {t[0]}<n> with n >= 0 "
+                                     f"in ASCII digits (e.g. {t[0]}4)")
+                value = int(t[1:])
             elif _LAYER_TERM.fullmatch(t):
                 bits, layers = t[1:].split("@")
                 name = "layer_k" if t[0] == "K" else "layer_v"
@@ -310,8 +312,11 @@ class CachePolicy:
                                    layer_v=tuple((l, rb(f)) for l, f in self.layer_v))
 
 
-_KV_TERM = re.compile(r"K(\d+)V(\d+)")
-_LAYER_TERM = re.compile(r"[KV]\d+@\d+(-\d+)?(,\d+(-\d+)?)*")
+# digits are ASCII only ([0-9], not \d: int() would read other scripts' digits too)
+_KV_TERM = re.compile(r"K([0-9]+)V([0-9]+)")
+_LAYER_TERM = re.compile(r"[KV][0-9]+@[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
+#: spec terms ``<letter><n>`` that set one count
+_COUNT_TERMS = {"S": "sinks", "W": "recent"}
 #: spec terms that set one field to one value
 _FLAG_TERMS = {"C": ("center_keys", True), "KS2": ("key_scale", "pow2"), "KSF": ("key_scale", "fp16"),
                "SG": ("key_signs", True), "R4": ("key_rot", True)}
