@@ -80,6 +80,10 @@ def main(argv=None) -> int:
     try:
         if a.policy is not None:
             pol = CachePolicy.parse(a.policy).fit(hd)           # one vector per head (--head-dim)
+            try:
+                pol.check_layers(layers)
+            except ValueError as err:
+                raise ValueError(f"--policy {a.policy!r}: {err}") from None
             what = f"policy {a.policy} = {CachePolicy.parse(a.policy).spec}"
         else:
             pol = CachePolicy(k=FormatParams(block=a.block or 64, bits=a.bits or 3,
@@ -98,7 +102,8 @@ def main(argv=None) -> int:
     print(f"fp16     : {fp:>16,d} bytes  {fp / GIB:9.2f} GiB")
     print(f"format   : {fm:>16,d} bytes  {fm / GIB:9.2f} GiB  ({bpe:.3f} bits/element, "
           f"{what})")
-    print(f"ratio    : {fp / fm:.2f}x smaller")
+    print(f"ratio    : {fp / fm:.2f}x smaller" if fm < fp else
+          f"ratio    : {fm / fp:.2f}x larger" if fm > fp else "ratio    : 1.00x (the same size)")
     return 0
 
 

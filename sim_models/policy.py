@@ -99,14 +99,27 @@ class CachePolicy:
                 return f
         return self.k if kind == "k" else self.v
 
+    def check_layers(self, n_layers: int):
+        """Raises ValueError naming :attr:`layer_k` / :attr:`layer_v` if an override names a layer a model
+        of ``n_layers`` layers does not have."""
+        _check_counts(n_layers=n_layers)
+        for name in ("layer_k", "layer_v"):
+            bad = [l for l, _ in getattr(self, name) if l >= n_layers]
+            if bad:
+                raise ValueError(f"policy.{name} names layers {bad}, the model has {n_layers} "
+                                 f"(layers 0-{n_layers - 1})")
+
     def stored_bits(self, n_layers: int, n_kv_heads: int, head_dim: int, context: int) -> int:
-        """Total bits the cache stores for one sequence of ``context`` tokens (K and V).
+        """Total bits the cache stores for one sequence of ``context`` tokens (K and V): the recent
+        ring's fp16 rows are counted for packed kinds only (a 16-bit kind stores nothing extra).
 
         Raises:
-            ValueError: n_layers, n_kv_heads, head_dim or context not an int >= 1, or head_dim
-                not a multiple of some format's N.
+            ValueError: n_layers, n_kv_heads, head_dim or context not an int >= 1, head_dim
+                not a multiple of some format's N, or an override of a layer >= n_layers
+                (:meth:`check_layers`).
         """
         _check_counts(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, context=context)
+        self.check_layers(n_layers)
         total = 0
         sink = min(self.sinks, context)
         ring = min(self.recent, context - sink)        # fp16 copies of the most recent tokens, beside their codes
@@ -115,13 +128,15 @@ class CachePolicy:
                 f = self.format_for(layer, kind)
                 if f is None:
                     per_head = FP16_BITS * head_dim
+                    rows = sink                        # a 16-bit kind is its own ring: no copies
                 else:
+                    rows = sink + ring
                     if head_dim % f.n:
                         raise ValueError(f"head_dim {head_dim} is not a multiple of n={f.n} (a cache with "
                                          f"one vector per head uses policy.fit(head_dim))")
                     per_head = 8 * f.bytes_per_vector * (head_dim // f.n)
                 q_tokens = context - sink
-                total += n_kv_heads * ((sink + ring) * FP16_BITS * head_dim + q_tokens * per_head)
+                total += n_kv_heads * (rows * FP16_BITS * head_dim + q_tokens * per_head)
         return total
 
     def bits_per_element(self, n_layers: int, n_kv_heads: int, head_dim: int, context: int) -> float:

@@ -599,6 +599,23 @@ def test_memory_sizes_a_cache_policy(capsys):
     assert e.value.code == 2 and "--bits" in capsys.readouterr().err
 
 
+def test_memory_refuses_layers_the_model_lacks_and_says_larger(capsys):
+    """An override of a layer past the model's last is refused (the check PackedCache makes); a cache
+    bigger than fp16 (a ring of 16 fp16 rows beside the codes of 17 tokens) is "larger", not "smaller"."""
+    from sim_models.memory import main
+    assert main(["--preset", "smollm2-135m", "--policy", "K3V3+C+S4+KS2+W16+K4@0,30"]) == 2
+    err = capsys.readouterr().err
+    assert "--policy" in err and "policy.layer_k names layers [30], the model has 30 (layers 0-29)" in err
+    assert main(["--preset", "smollm2-135m", "--policy", "K3V3+C+S4+KS2+W16+K4@0,29"]) == 0
+    assert "x smaller" in capsys.readouterr().out
+    assert main(["--preset", "smollm2-135m", "--policy", "K4V4+W16", "--context", "17"]) == 0
+    out = capsys.readouterr().out
+    assert "1.20x larger" in out and "smaller" not in out
+    assert main(["--preset", "smollm2-135m", "--policy", "fp16+W16"]) == 0
+    out = capsys.readouterr().out
+    assert "16.000 bits/element" in out and "1.00x (the same size)" in out
+
+
 # --------------------------------------------------------------------------- read-path edge cases
 def test_zero_scale_byte_decodes_to_zero_independent_of_encoder_options():
     """Scale byte 0x00 is +0 in every encoding; decode must not depend on scale_round."""

@@ -164,6 +164,22 @@ def test_fp16_policy_matches_dynamic_cache():
     assert torch.allclose(got, ref, atol=2e-3), float((got - ref).abs().max())
 
 
+def test_16bit_layers_with_a_ring_store_what_fp16_stores():
+    """K16V16+W16 keeps the 16-bit baseline layers (no ring copies): the cache's bytes equal fp16's and
+    CachePolicy.stored_bits counts them so."""
+    m = tiny()
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(2))
+    sizes = []
+    for spec in ("fp16", "K16V16+W16"):
+        c = hf.PackedCache(m.config, spec, 1, 32, backend="golden")
+        with torch.no_grad():
+            m(ids, **hf.cache_kwargs(m, c))
+        pol = CachePolicy.parse(spec).fit(64)
+        assert c.nbytes() == pol.stored_bits(2, 2, 64, 32) // 8
+        sizes.append(c.nbytes())
+    assert sizes[0] == sizes[1]
+
+
 def _record_updates(cache):
     """Wrap every layer's update to record the post-RoPE K/V ``[B, KVH, T, D]`` it was given."""
     seen = [[] for _ in cache.layers]

@@ -68,6 +68,21 @@ def test_recent_ring_is_counted_beside_the_codes():
         CachePolicy.parse("K3V3+W4+W8")
 
 
+def test_recent_ring_is_counted_for_packed_kinds_only():
+    """A 16-bit kind reads its own rows (no fp16 copies): fp16+W16 stores what fp16 stores, K3V16+W16
+    counts the ring for keys only, a 16-bit override layer none; an override past the model's layers is
+    refused."""
+    shape, ctx = (4, 2, 64), 100
+    bits = lambda spec: CachePolicy.parse(spec).fit(64).stored_bits(*shape, ctx)  # noqa: E731
+    assert bits("fp16+W16") == bits("fp16") == 2 * 4 * 2 * 64 * ctx * 16
+    ring = 4 * 2 * 16 * 16 * 64                                  # layers x heads x rows x fp16 x head_dim
+    assert bits("K3V16+W16") - bits("K3V16") == ring
+    assert bits("K3V3+W16") - bits("K3V3") == 2 * ring
+    assert bits("K3V3+W16+K16@0+V16@0") - bits("K3V3+K16@0+V16@0") == 2 * ring * 3 // 4
+    with pytest.raises(ValueError, match=r"policy.layer_v names layers \[4\], the model has 4 \(layers 0-3\)"):
+        bits("K3V3+V4@1,4")
+
+
 @pytest.mark.parametrize("spec, words", [
     ("", "non-empty"),
     ("K3", "first term .*fields k, v"),

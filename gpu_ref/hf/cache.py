@@ -306,10 +306,7 @@ class PackedCache(Cache):
             raise ValueError("prefill='packed' with backend 'cuda' is not served on sliding-window layers (the ring "
                              "keeps only the last window of a chunk); use prefill='exact' or backend='golden'")
         self.windows = windows
-        for name, l in (("layer_k", policy.layer_k), ("layer_v", policy.layer_v)):
-            bad = [e[0] for e in l if e[0] >= n_layers]
-            if bad:
-                raise ValueError(f"policy.{name} names layers {bad}, the model has {n_layers}")
+        policy.check_layers(n_layers)
         want = (n_layers, kvh, d)
         arrays = {}
         for name, a in (("mu", mu), ("key_scales", key_scales)):
