@@ -1,7 +1,7 @@
 """Command-line options shared by ``python -m gpu_ref.generate`` and ``python -m gpu_ref.serve``: the model,
 its cache policy and its key tables, checked before the model loads (:func:`check_model_options`), then
 the tables checked against the loaded model (:func:`check_tables_fit`). Every error exits 2 with one line
-naming the option.
+naming the option. Also the tokenizer checks both make (and the server's chat route): :func:`has_chat_template`.
 """
 
 from __future__ import annotations
@@ -69,6 +69,16 @@ def check_tables_fit(ap, a, model):
     if t.model_id != a.src.model_id:
         print(f"warning: --tables {a.tables!r} were calibrated for model {t.model_id!r}, --model is "
               f"{a.src.model_id!r} (same shape; use them only if it is the same model)", file=sys.stderr)
+
+
+#: what a tokenizer without a chat template cannot do (generate's --chat, the server's chat route)
+NO_CHAT_TEMPLATE = "this model's tokenizer has no chat template"
+
+
+def has_chat_template(tok) -> bool:
+    """Whether ``tok`` renders chat messages: it has ``apply_chat_template`` and a template (a transformers
+    tokenizer has the method also when its ``chat_template`` is None, e.g. gemma3-270m's)."""
+    return callable(getattr(tok, "apply_chat_template", None)) and getattr(tok, "chat_template", "") is not None
 
 
 def torch_dtype(name: str):

@@ -22,7 +22,8 @@ import time
 
 
 def main(argv=None) -> int:
-    from gpu_ref.cli import add_model_options, check_model_options, check_tables_fit, torch_dtype
+    from gpu_ref.cli import (NO_CHAT_TEMPLATE, add_model_options, check_model_options, check_tables_fit,
+                             has_chat_template, torch_dtype)
     ap = argparse.ArgumentParser(prog="python -m gpu_ref.generate", description=__doc__.split("\n")[0])
     add_model_options(ap)
     ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.")
@@ -51,6 +52,8 @@ def main(argv=None) -> int:
         model, tok = load(src, dtype=torch_dtype(a.dtype))
     except (ValueError, OSError) as err:
         ap.error(f"--model {a.model!r}: cannot load it: {err}")
+    if a.chat and not has_chat_template(tok):
+        ap.error(f"--chat: {NO_CHAT_TEMPLATE}; drop --chat (the prompt is then the model's input as written)")
     model = model.to(device)
     check_tables_fit(ap, a, model)
     print(f"loaded {src.description} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

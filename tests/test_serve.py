@@ -903,6 +903,46 @@ def test_cli_help_lists_the_model_aliases(capsys):
         assert all(alias in out for alias in WHEELS), (cmd, out)
 
 
+class NoTemplateTokenizer(CharTokenizer):
+    """As a transformers tokenizer whose model has no chat template (gemma3-270m): the method is there,
+    ``chat_template`` is None and rendering raises."""
+
+    chat_template = None
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
+
+
+def test_chat_without_a_template_is_refused_by_server_and_generate(tmp_path, monkeypatch, capsys):
+    """The server's chat route answers its own 400 no_chat_template (not transformers' message) and
+    generate --chat exits 2 naming --chat: the same check (gpu_ref.cli.has_chat_template)."""
+    import sim_models.models as models
+    from gpu_ref.cli import has_chat_template
+    from gpu_ref.generate import main as generate
+    from gpu_ref.serve.server import OpenAIServer
+    assert has_chat_template(CharTokenizer()) and not has_chat_template(NoTemplateTokenizer())
+    e = Engine(tiny(), "K3V3", num_blocks=4, block_size=16, max_batch=1, max_queue=2)
+    srv = OpenAIServer(e, NoTemplateTokenizer(), "tiny", ("127.0.0.1", 0))
+    srv.serve_in_thread()
+    try:
+        st, _, text = _call(srv, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        err = json.loads(text)["error"]
+        assert st == 400 and err["code"] == "no_chat_template" and err["param"] == "messages"
+        assert "no chat template: use /v1/completions" in err["message"] and "tokenizer.chat_template" not in text
+        st, _, _ = _call(srv, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert st == 200
+    finally:
+        srv.close()
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "load", lambda src, dtype=None, **kw: (tiny(), NoTemplateTokenizer()))
+    with pytest.raises(SystemExit) as stop:
+        generate(["--model", str(tmp_path), "--policy", "K3V3", "--backend", "golden", "--chat"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("python -m gpu_ref.generate: error: --chat: this model's "
+                                                   "tokenizer has no chat template")
+
+
 def test_generate_and_serve_refuse_the_same_tables_the_same_way(tmp_path, capsys):
     """Both CLIs load --tables through gpu_ref.cli: tables without key scales under a KS2 policy, a file
     that is not tables: the same one-line error before the model loads."""

@@ -34,6 +34,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ..cli import NO_CHAT_TEMPLATE, has_chat_template
 from .engine import PoolFull, RequestError, SamplingParams
 
 MAX_BODY = 1 << 20
@@ -157,8 +158,8 @@ class OpenAIServer(ThreadingHTTPServer):
                     for m in msgs):
                 raise HTTPError(400, "'messages' must be a non-empty list of {\"role\": str, \"content\": str}",
                                 "messages")
-            if not hasattr(self.tok, "apply_chat_template"):
-                raise HTTPError(400, "this model's tokenizer has no chat template: use /v1/completions", "messages")
+            if not has_chat_template(self.tok):
+                raise HTTPError(400, f"{NO_CHAT_TEMPLATE}: use /v1/completions", "messages", "no_chat_template")
             try:
                 text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
             except Exception as err:
