@@ -246,3 +246,43 @@ def test_cli_only_names_the_policies_of_the_task_run(tmp_path, monkeypatch):
     for argv in (["--only", "v3,K3V3"], ["--policies", "v3,K3V3"], []):
         assert main(["--tasks", "--model", str(tmp_path), *argv]) == 0
     assert seen == ["v3,K3V3", "v3,K3V3", ",".join(T.POLICIES)]
+
+
+def test_cli_runs_a_policy_named_twice_once(tmp_path, monkeypatch, capsys):
+    """Names of the same parsed policy (a preset in another case, a preset and its spec) run once, the first
+    name kept; the library's run_tasks drops them the same way (fp16 and K16V16)."""
+    import bench.accuracy.tasks as tasks_mod
+    from bench.accuracy.__main__ import main
+    (tmp_path / "config.json").write_text("{}")
+    seen = []
+    monkeypatch.setattr(tasks_mod, "main", lambda args: seen.append(args.policies) or 0)
+    for argv in (["--policies", "v4,V4"], ["--policies", "v4,K3V3+C+S4+KS2+W16,K3V3"], ["--only", "K3V3,k3v3,K3V3"]):
+        assert main(["--tasks", "--model", str(tmp_path), *argv]) == 0
+    assert seen == ["v4", "v4,K3V3", "K3V3"]
+    assert "'V4' names a policy listed before" in capsys.readouterr().err
+    assert T.unique_specs(["fp16", "K16V16", "v3", "K3V3+C+S4+KS2", "V3", "v4"]) == ["fp16", "v3", "v4"]
+
+
+@pytest.mark.parametrize("argv, word", [(["--policies", "v4"], "--policies: option of --tasks"),
+                                        (["--limit", "3", "--backend", "golden"], "--backend, --limit: options of --tasks"),
+                                        (["--max-batch", "4"], "--max-batch"), (["--merge", "x.json"], "--merge"),
+                                        (["--model-id", "m"], "--model-id"), (["--out", "o.json"], "--out"),
+                                        (["--tables", "t.npz"], "--tables")])
+def test_cli_refuses_task_options_without_tasks(argv, word, capsys, monkeypatch):
+    """A task option without --tasks exits 2 naming it, before any study runs."""
+    import bench.accuracy.__main__ as cli
+    monkeypatch.setattr(cli, "run", lambda args: pytest.fail(f"{argv} ran the perplexity study"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and word in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("opt", ["--policies", "--only"])
+def test_cli_refuses_an_empty_policy_list(opt, capsys, monkeypatch):
+    from bench.accuracy.__main__ import main
+    monkeypatch.setattr(T, "main", lambda args: pytest.fail("ran the task runner"))
+    for value in ("", " "):
+        with pytest.raises(SystemExit) as e:
+            main(["--tasks", opt, value])
+        assert e.value.code == 2 and f"{opt} is empty" in capsys.readouterr().err

@@ -64,6 +64,11 @@ from bench.accuracy.tasks import POLICIES as TASK_POLICIES  # noqa: E402
 
 #: the study's defaults of --windows and --context (options the task runner refuses)
 WINDOWS, CONTEXT = 4, 2048
+#: the task runner's defaults of --backend and --max-batch (options the perplexity study refuses)
+TASK_BACKEND, TASK_MAX_BATCH = "golden", 16
+#: options of --tasks alone (dest -> option)
+TASK_OPTIONS = {"policies": "--policies", "backend": "--backend", "limit": "--limit", "max_batch": "--max-batch",
+                "tables": "--tables", "model_id": "--model-id", "out": "--out", "merge": "--merge"}
 
 
 def run(args) -> int:
@@ -158,9 +163,15 @@ def _check_tasks(ap, args) -> int:
     if study:
         ap.error(f"{', '.join(study)}: the perplexity study's option{'s' if len(study) > 1 else ''}, no meaning "
                  f"for --tasks (whole prompts, no windows; choose its policies with --policies or --only)")
-    if args.only and args.policies:
+    if args.only is not None and args.policies is not None:
         ap.error("--only and --policies both name the cache policies of --tasks: give one")
-    args.policies = args.only or args.policies or ",".join(TASK_POLICIES)
+    opt = "--only" if args.only is not None else "--policies"
+    given = args.only if args.only is not None else args.policies
+    if given is not None and not given.strip():
+        ap.error(f"{opt} is empty: name the cache policies (e.g. {','.join(TASK_POLICIES)}), or drop it for that set")
+    args.policies = given or ",".join(TASK_POLICIES)
+    args.backend = args.backend or TASK_BACKEND
+    args.max_batch = TASK_MAX_BATCH if args.max_batch is None else args.max_batch
     if args.merge:
         if not args.merge.is_file():
             ap.error(f"--merge: no such file {str(args.merge)!r}")
@@ -176,12 +187,21 @@ def _check_tasks(ap, args) -> int:
     if args.tables and not Path(args.tables).is_file():
         ap.error(f"--tables: no such file {args.tables!r}")
     from sim_models import CachePolicy
-    opt = "--only" if args.only else "--policies"
-    for s in args.policies.split(","):
+    specs = [s.strip() for s in args.policies.split(",")]
+    for s in specs:
         try:
-            CachePolicy.parse(s.strip())
+            CachePolicy.parse(s)
         except (ValueError, TypeError) as err:
-            ap.error(f"{opt} {s.strip()!r}: {err}")
+            ap.error(f"{opt} {s!r}: {err}")
+    from bench.accuracy.tasks import unique_specs
+    kept = unique_specs(specs)
+    dropped = list(specs)
+    for s in kept:
+        dropped.remove(s)                                   # the first of each name is kept
+    if dropped:
+        print(f"{opt}: {', '.join(map(repr, dropped))} name{'s' if len(dropped) == 1 else ''} a policy listed "
+              f"before: run once", file=sys.stderr)
+    args.policies = ",".join(kept)
     from sim_models.models import resolve, slug
     if args.model_id is not None:
         try:
@@ -230,15 +250,17 @@ def main(argv=None) -> int:
     t = ap.add_argument_group("task quality (--tasks; bench/accuracy/tasks.py)",
                               "--only names the cache policies as --policies does; the study's --windows, "
                               "--context, --peers, --levers, --calibrate, --list, --recount-bits and --*-report "
-                              "options exit 2 with --tasks (whole prompts, no windows)")
+                              "options exit 2 with --tasks (whole prompts, no windows), and these options without "
+                              "it; a policy named twice (v4, V4 or its spec) runs once")
     t.add_argument("--tasks", action="store_true",
                    help="greedy answers to the checkable prompt set through the serving engine, per policy")
     t.add_argument("--policies", help=f"comma-separated cache policy specs (default {','.join(TASK_POLICIES)}; "
                                       "fp16 is run first in any case)")
-    t.add_argument("--backend", default="golden", choices=("golden", "cuda"),
-                   help="the engine's packed store: golden (NumPy) or cuda (the kernels; --device cuda)")
+    t.add_argument("--backend", choices=("golden", "cuda"),
+                   help=f"the engine's packed store: golden (NumPy) or cuda (the kernels; --device cuda); "
+                        f"default {TASK_BACKEND}")
     t.add_argument("--limit", type=int, help="the first N prompts of each kind (default all)")
-    t.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default 16)")
+    t.add_argument("--max-batch", type=int, help=f"requests decoded together (default {TASK_MAX_BATCH})")
     t.add_argument("--tables", help="key tables file (default bench/calib/<model id>.keytables.npz)")
     t.add_argument("--model-id", help="results key of the model (default the resolver's; a .gguf path on "
                                       "another machine names its alias with this)")
@@ -249,6 +271,11 @@ def main(argv=None) -> int:
         ap.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.tasks:
         return _check_tasks(ap, args)
+    task_only = [o for d, o in TASK_OPTIONS.items() if getattr(args, d) is not None]
+    if task_only:
+        ap.error(f"{', '.join(task_only)}: option{'s' if len(task_only) > 1 else ''} of --tasks; add --tasks "
+                 f"or drop {'them' if len(task_only) > 1 else 'it'} (the perplexity study names configurations "
+                 f"with --only)")
     args.windows = WINDOWS if args.windows is None else args.windows
     args.context = CONTEXT if args.context is None else args.context
     from bench.accuracy.windows import EVAL_CHARS

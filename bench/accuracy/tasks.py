@@ -448,12 +448,26 @@ def summary(run: dict, ids, ref: dict | None = None) -> dict:
     return s
 
 
+def unique_specs(specs) -> list[str]:
+    """``specs`` without the ones that name a policy named before (the same parsed
+    :class:`sim_models.CachePolicy`: ``v4`` and ``V4`` or ``K3V3+C+S4+KS2+W16``), the first name kept.
+
+    Raises:
+        ValueError: a spec :meth:`sim_models.CachePolicy.parse` refuses.
+    """
+    from sim_models import CachePolicy
+    seen = {}
+    for s in specs:
+        seen.setdefault(CachePolicy.parse(s), s)
+    return list(seen.values())
+
+
 def run_tasks(model, tok, specs, *, ts: list[Task] | None = None, backend: str = "golden", tables=None,
               max_batch: int = 16, log=print) -> dict:
-    """Every policy of ``specs`` over ``ts`` (default :func:`tasks`); fp16 is added first when missing.
-    Returns ``{spec: run}`` (:func:`run_policy`)."""
+    """Every policy of ``specs`` over ``ts`` (default :func:`tasks`), each once (:func:`unique_specs`); fp16 is
+    added first when missing. Returns ``{spec: run}`` (:func:`run_policy`)."""
     ts = tasks() if ts is None else ts
-    specs = list(dict.fromkeys(["fp16", *specs]))
+    specs = unique_specs(["fp16", *specs])
     return {s: run_policy(model, tok, ts, s, backend=backend, tables=tables, max_batch=max_batch, log=log)
             for s in specs}
 
