@@ -16,11 +16,14 @@ def add_model_options(ap):
     """``--model``, ``--policy``, ``--tables``, ``--backend``, ``--dtype``."""
     from sim_models.models import spec_help
     ap.add_argument("--model", required=True, help=f"{spec_help()} (sim_models.models.resolve)")
-    ap.add_argument("--policy", default="v4", help="cache policy spec (sim_models.CachePolicy.parse), e.g. v4, K3V3")
+    ap.add_argument("--policy", default="v4", help="cache policy spec (sim_models.CachePolicy.parse), e.g. v4, K3V3 "
+                                                   "(default: %(default)s)")
     ap.add_argument("--tables", help="the model's key tables, written once per model by python -m "
-                                     "sim_models.calibrate (needed for +C / +KS2 and v3)")
-    ap.add_argument("--backend", default="cuda", choices=("cuda", "golden"))
-    ap.add_argument("--dtype", default="bf16", choices=DTYPES, help="model weights")
+                                     "sim_models.calibrate (needed by v4, the default, and v3: any policy with "
+                                     "+C or +KS2)")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "golden"),
+                    help="the packed store: the CUDA kernels or the NumPy golden model (default: %(default)s)")
+    ap.add_argument("--dtype", default="bf16", choices=DTYPES, help="model weights (default: %(default)s)")
 
 
 def check_model_options(ap, a):

@@ -26,10 +26,11 @@ def main(argv=None) -> int:
                              has_chat_template, torch_dtype)
     ap = argparse.ArgumentParser(prog="python -m gpu_ref.generate", description=__doc__.split("\n")[0])
     add_model_options(ap)
-    ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.")
+    ap.add_argument("--prompt", default="Explain in a few sentences what a KV cache is.",
+                    help="the prompt text (default: %(default)r)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: %(default)s)")
+    ap.add_argument("--batch", type=int, default=1, help="copies of the prompt decoded together (default: %(default)s)")
     a = ap.parse_args(argv)
     if a.max_new_tokens < 1:
         ap.error(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")

@@ -252,8 +252,19 @@ def test_engine_admission_errors_and_stop_tokens():
         with pytest.raises(RequestError) as err:
             e.submit(prompt)
         assert err.value.param == "prompt"
-    with pytest.raises(RequestError, match="context"):
-        e.submit([1] * 500, SamplingParams(max_tokens=20))             # max_position_embeddings 512
+    big = Engine(m, "K3V3", num_blocks=80, block_size=8, max_queue=2)    # 640 tokens: the context binds
+    with pytest.raises(RequestError, match="context") as err:
+        big.submit([1] * 500, SamplingParams(max_tokens=20))           # max_position_embeddings 512
+    assert err.value.param == "max_tokens"
+    # a prompt that leaves no room for one new token: the prompt is named, whatever max_tokens is
+    for n, words in ((512, "context of 512"), (600, "context of 512"), (cap, "the pool has 4"),
+                     (500, "the pool has 4")):
+        with pytest.raises(RequestError, match=words) as err:
+            e.submit([1] * n, SamplingParams(max_tokens=1))
+        assert err.value.param == "prompt" and "max_tokens" not in str(err.value)
+    with pytest.raises(RequestError, match="the pool has 4") as err:
+        e.submit([1] * (cap - 1), SamplingParams(max_tokens=2))
+    assert err.value.param == "max_tokens"
     e.submit([1, 2])
     with pytest.raises(PoolFull):
         e.submit([1, 2])
@@ -840,6 +851,33 @@ def _tiny_folder(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr(models, "load", lambda src, dtype=None, **kw: (tiny(), CharTokenizer()))
     return str(tmp_path)
+
+
+def test_serve_cli_prints_the_bound_port_and_help_states_defaults(tmp_path, monkeypatch, capsys):
+    """--port 0: the start line names the port the system chose; --help states v4 (the default) needs
+    --tables and shows the defaults (serve and generate)."""
+    from gpu_ref.generate import main as generate
+    from gpu_ref.serve.__main__ import main, parse
+    from gpu_ref.serve.server import OpenAIServer
+    bound = []
+
+    def serve_forever(self, *a, **kw):
+        bound.append(self.server_address[1])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(OpenAIServer, "serve_forever", serve_forever)
+    folder = _tiny_folder(tmp_path, monkeypatch)
+    assert main(["--model", folder, "--policy", "K3V3", "--backend", "golden", "--port", "0",
+                 "--pool-mib", "1"]) == 0
+    err = capsys.readouterr().err
+    assert bound and bound[0] != 0 and f"http://127.0.0.1:{bound[0]}/v1" in err and ":0/v1" not in err
+    for cmd, defaults in ((parse, ("(default: v4)", "(default: cuda)", "(default: bf16)", "(default: 8000)",
+                                   "(default: 1024.0)", "(default: 16)", "(default: 32)", "(default: 256)")),
+                          (generate, ("(default: v4)", "(default: cuda)", "(default: 64)", "(default: 1)"))):
+        with pytest.raises(SystemExit):
+            cmd(["--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "needed by v4, the default, and v3" in out and "needed for +C" not in out
+        assert all(d in out for d in defaults), (cmd, out)
 
 
 def test_serve_cli_errors_after_the_model_loads_name_the_option(tmp_path, monkeypatch, capsys):

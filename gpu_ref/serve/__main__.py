@@ -22,16 +22,17 @@ def parse(argv=None):
     from gpu_ref.cli import add_model_options, check_model_options
     ap = argparse.ArgumentParser(prog="python -m gpu_ref.serve", description=__doc__.split("\n")[0])
     add_model_options(ap)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    ap.add_argument("--port", type=int, default=8000,
+                    help="port to listen on; 0: a free port, printed at the start (default: %(default)s)")
     ap.add_argument("--served-model-name", nargs="+", metavar="NAME",
                     help="the names clients pass as 'model', the first one reported in /v1/models and responses "
                          "(default: the alias, also when --model is its .gguf file, else the file or folder name; "
                          "requests may also name the --model string)")
-    ap.add_argument("--pool-mib", type=float, default=1024.0, help="KV pool size in MiB of packed bytes")
-    ap.add_argument("--block-size", type=int, default=16, help="tokens per pool block")
-    ap.add_argument("--max-batch", type=int, default=32, help="requests decoded together at most")
-    ap.add_argument("--max-queue", type=int, default=256, help="waiting requests at most (then 503)")
+    ap.add_argument("--pool-mib", type=float, default=1024.0, help="KV pool size in MiB of packed bytes (default: %(default)s)")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per pool block (default: %(default)s)")
+    ap.add_argument("--max-batch", type=int, default=32, help="requests decoded together at most (default: %(default)s)")
+    ap.add_argument("--max-queue", type=int, default=256, help="waiting requests at most, then 503 (default: %(default)s)")
     a = ap.parse_args(argv)
     for name in ("port", "block_size", "max_batch", "max_queue"):
         if getattr(a, name) < (0 if name == "port" else 1) or (name == "port" and a.port > 65535):
@@ -98,7 +99,8 @@ def main(argv=None) -> int:
     except OSError as err:
         ap.error(f"--host {a.host} --port {a.port}: cannot listen there: {err}")
     st = engine.stats()
-    print(f"serving {name!r} ({a.src.description}) with policy {engine.policy.spec} on http://{a.host}:{a.port}/v1: "
+    host, port = srv.server_address[:2]                 # the bound port (--port 0: the one the system chose)
+    print(f"serving {name!r} ({a.src.description}) with policy {engine.policy.spec} on http://{host}:{port}/v1: "
           f"pool {st['num_blocks']} blocks of {a.block_size} tokens ({st['block_bytes']} B each), "
           f"<= {min(engine.capacity_tokens, engine.max_context)} tokens per request", file=sys.stderr)
     try:

@@ -410,7 +410,8 @@ class Engine:
 
         Raises:
             RequestError: an empty prompt, bad sampling parameters, prompt + max_tokens over the model's
-                context or over what the whole pool holds (``param`` names which).
+                context or over what the whole pool holds (``param`` names which: ``prompt`` when the
+                prompt and one new token are already over, else ``max_tokens``).
             PoolFull: the queue holds ``max_queue`` requests.
         """
         params = params or SamplingParams()
@@ -422,6 +423,13 @@ class Engine:
         if any((not isinstance(t, (int, np.integer))) or not 0 <= t < vocab for t in prompt):
             raise RequestError("prompt", f"prompt token ids must be ints in [0, {vocab})")
         r = Request(prompt, params)
+        if len(prompt) >= self.max_context:             # no max_tokens >= 1 fits: the prompt is at fault
+            raise RequestError("prompt", f"the prompt ({len(prompt)} tokens) leaves no room for a new token in the "
+                                         f"model's context of {self.max_context} tokens")
+        if self.blocks_for(len(prompt) + 1) > self.num_blocks:
+            raise RequestError("prompt", f"the prompt ({len(prompt)} tokens) and one new token need "
+                                         f"{self.blocks_for(len(prompt) + 1)} blocks; the pool has {self.num_blocks} "
+                                         f"(at most {self.capacity_tokens} tokens per request)")
         if r.tokens > self.max_context:
             raise RequestError("max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = "
                                              f"{r.tokens} exceeds the model's context of {self.max_context} tokens")

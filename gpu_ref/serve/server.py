@@ -18,7 +18,8 @@ parameter (named in ``param``), 404 for an unknown path or model, 405 with ``All
 other method (PUT, DELETE, ...), 408 for a body not received within ``body_timeout`` seconds, 413 for a body
 over 1 MiB, 503 with ``Retry-After`` when the engine's queue is full. A client that disconnects (streaming
 or not) cancels its request: its blocks return to the pool. A request that fits the pool but not its free
-blocks waits (queued, FIFO); one that could never fit gets 400 naming ``max_tokens``. No request can stop
+blocks waits (queued, FIFO); one that could never fit gets 400 naming ``prompt`` when the prompt and one new
+token are over the context or the pool, else ``max_tokens``. No request can stop
 the server or touch another request's cache (each running request owns its cache).
 """
 
