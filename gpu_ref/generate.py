@@ -9,8 +9,9 @@
 tables) runs without them.
 
 Loads the model (offline), switches its attention to ``fwht_kv``, generates greedily while
-streaming the text, and prints the decode tokens/s and the cache bytes (packed and what a 16-bit
-cache of the same length would hold). ``--policy fp16`` runs the 16-bit cache for comparison.
+streaming the text (special tokens such as ``<|im_end|>`` not shown), and prints the time to the
+first new token (prefill), the decode tokens/s from the first new token on, and the cache bytes
+(packed and what a 16-bit cache of the same length would hold). ``--policy fp16`` runs the 16-bit cache for comparison.
 Needs a CUDA GPU and CuPy for ``--backend cuda``.
 """
 
@@ -19,6 +20,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+
+def _decode_clock(inner, sync):
+    """A ``transformers`` streamer that notes when the first new token arrives (its second ``put``: the first
+    is the prompt), so that decode is timed from there; passes everything on to ``inner`` (or None)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Clock(BaseStreamer):
+        first = None
+        _puts = 0
+
+        def put(self, value):
+            self._puts += 1
+            if self._puts == 2:
+                sync()
+                self.first = time.perf_counter()
+            if inner is not None:
+                inner.put(value)
+
+        def end(self):
+            if inner is not None:
+                inner.end()
+    return Clock()
 
 
 def main(argv=None) -> int:
@@ -70,24 +94,27 @@ def main(argv=None) -> int:
         cache = hf.PackedCache(model.config, policy, a.batch, cap, tables=tables, backend=a.backend)
     except (ValueError, TypeError) as err:
         ap.error(f"{err}")
-    streamer = TextStreamer(tok, skip_prompt=True) if a.batch == 1 else None
-    if device == "cuda":
-        torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    streamer = TextStreamer(tok, skip_prompt=True, skip_special_tokens=True) if a.batch == 1 else None
+    clock = _decode_clock(streamer, sync)
+    sync()
     t0 = time.perf_counter()
     with torch.no_grad():
         out = hf.generate(model, ids, cache, attention_mask=torch.ones_like(ids),
-                          max_new_tokens=a.max_new_tokens, do_sample=False, streamer=streamer,
+                          max_new_tokens=a.max_new_tokens, do_sample=False, streamer=clock,
                           pad_token_id=tok.pad_token_id or tok.eos_token_id)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    sync()
+    t1 = time.perf_counter()
     new = out.shape[1] - ids.shape[1]
     if streamer is None:
-        print(tok.decode(out[0, ids.shape[1]:]))
+        print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    first = (clock.first or t1) - t0                   # prefill and the first new token
+    rate = (f"{(new - 1) * a.batch / (t1 - clock.first):.1f} tokens/s" if new > 1 and clock.first is not None and t1 > clock.first
+            else "n/a (one new token)")
     s = cache.shape
     full = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2 * a.batch * cap
-    print(f"policy {cache.policy.spec}, backend {a.backend}: {new} tokens x batch {a.batch} in "
-          f"{dt:.2f} s = {new * a.batch / dt:.1f} tokens/s (prefill included); cache {cache.nbytes() / 2**20:.2f} MiB "
+    print(f"policy {cache.policy.spec}, backend {a.backend}: {new} tokens x batch {a.batch} in {t1 - t0:.2f} s; "
+          f"first token after {first:.2f} s (prefill), then decode {rate}; cache {cache.nbytes() / 2**20:.2f} MiB "
           f"for {cap} tokens x {a.batch} (16-bit: {full / 2**20:.2f} MiB)", file=sys.stderr)
     return 0
 

@@ -981,6 +981,48 @@ def test_chat_without_a_template_is_refused_by_server_and_generate(tmp_path, mon
                                                    "tokenizer has no chat template")
 
 
+class SpecialTokenizer(CharTokenizer):
+    """The character tokenizer with even ids special (shown as ``<|im_end|>`` unless skipped), callable as a
+    transformers tokenizer; records the ids it decodes."""
+
+    pad_token_id = 0
+    special = frozenset(range(4, 96, 2))
+
+    def __init__(self):
+        self.decoded = []
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        return {"input_ids": torch.tensor([self.encode(text)])}
+
+    def decode(self, ids, skip_special_tokens=False):
+        ids = [int(i) for i in ids]
+        self.decoded += ids
+        return "".join(("" if skip_special_tokens else "<|im_end|>") if i in self.special else super().decode([i])
+                       for i in ids)
+
+
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_generate_hides_special_tokens_and_times_decode_alone(batch, tmp_path, monkeypatch, capsys):
+    """The generated text is shown without special tokens (streamed, or printed for a batch), and the
+    tokens/s is decode's: timed from the first new token, prefill reported apart."""
+    import re
+    import sim_models.models as models
+    from gpu_ref.generate import main as generate
+    tok = SpecialTokenizer()
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "load", lambda src, dtype=None, **kw: (tiny(), tok))
+    assert generate(["--model", str(tmp_path), "--policy", "K3V3", "--backend", "golden", "--dtype", "fp32",
+                     "--max-new-tokens", "8", "--batch", batch]) == 0
+    out, err = capsys.readouterr()
+    assert set(tok.decoded) & tok.special, "no special token was generated: the test shows nothing"
+    assert "<|im_end|>" not in out
+    m = re.search(r"8 tokens x batch (\d) in ([0-9.]+) s; first token after ([0-9.]+) s \(prefill\), then "
+                  r"decode ([0-9.]+) tokens/s", err)
+    assert m and "prefill included" not in err, err
+    total, first, rate = map(float, m.groups()[1:])
+    assert first <= total and rate >= 0.99 * 7 * int(batch) / total
+
+
 def test_generate_and_serve_refuse_the_same_tables_the_same_way(tmp_path, capsys):
     """Both CLIs load --tables through gpu_ref.cli: tables without key scales under a KS2 policy, a file
     that is not tables: the same one-line error before the model loads."""
