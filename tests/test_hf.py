@@ -64,6 +64,20 @@ def test_policy_spec_errors(spec, word):
         CachePolicy.parse(spec)
 
 
+def test_module_docstring_example_uses_the_default_policy_and_states_the_ring():
+    """gpu_ref.hf's usage example builds the cache of the CLIs' default policy (v4) and the docstring
+    says what its recent ring does."""
+    import argparse
+    import re
+    from gpu_ref.cli import add_model_options
+    ap = argparse.ArgumentParser()
+    add_model_options(ap)
+    default = ap.get_default("policy")
+    example = re.search(r'hf.PackedCache\(model.config, "([^"]+)"', hf.__doc__)
+    assert example and example.group(1) == default == "v4"
+    assert CachePolicy.parse(default).recent and "recent ring" in hf.__doc__ and "policy.recent" in hf.__doc__
+
+
 # ------------------------------------------------------------------------- cache creation errors
 def test_errors_name_the_parameter():
     m = tiny()

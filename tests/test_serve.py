@@ -282,6 +282,24 @@ def test_engine_admission_errors_and_stop_tokens():
         Engine(m, "K3V3")
 
 
+def test_gpu_md_states_the_golden_pools_host_memory_per_pool_byte():
+    """The golden paged stores keep float32 reconstructions (and, with a recent ring, 16-bit copies) beside the
+    packed bytes: their host bytes per pool byte, rounded, are the factors docs/GPU.md states for --pool-mib."""
+    from pathlib import Path
+    m = tiny()
+    factors = []
+    for pol in ("K3V3+S4", "K3V3+S4+W16"):                  # v3 / v4 without their tables (same bytes)
+        e = Engine(m, pol, pool_bytes=1 << 20, block_size=16, backend="golden")
+        host = sum(x.nbytes for st in e.stores for d in vars(st).values() if isinstance(d, dict)
+                   for x in d.values() if isinstance(x, (np.ndarray, torch.Tensor)))
+        factors.append(round(host / (e.num_blocks * e.stats()["block_bytes"])))
+    row = next(l for l in (Path(__file__).parents[1] / "docs/GPU.md").read_text().splitlines()
+               if l.startswith("| `--pool-mib`"))
+    assert factors == [11, 16]
+    assert f"about {factors[0]}x this in host memory for 3-bit policies without a recent ring" in row
+    assert f"about {factors[1]}x with one, as `v4`" in row
+
+
 def test_engine_sampling_is_seeded_and_cancel_frees_blocks():
     m = tiny()
     e = Engine(m, "K3V3", num_blocks=20, block_size=8)

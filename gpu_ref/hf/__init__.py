@@ -5,7 +5,7 @@
 
     from gpu_ref import hf
     hf.enable(model)                                   # model.config._attn_implementation = "fwht_kv"
-    cache = hf.PackedCache(model.config, "v3", batch_size=1, capacity=4096,
+    cache = hf.PackedCache(model.config, "v4", batch_size=1, capacity=4096,
                            tables=KeyTables.load("smollm2-135m.keytables.npz"))   # python -m sim_models.calibrate
     hf.generate(model, ids, cache, max_new_tokens=64)  # model.generate with the cache argument
 
@@ -16,7 +16,9 @@ What each step does (Llama, Qwen2 and Gemma 3 families; GQA of any ratio):
   format version 3 to the keys (FORMAT.md 8: ``RNE(RN16(k s) - RN16(mu s))``, per-channel
   power-of-two scales ``s`` and centering vectors ``mu`` from the model's :class:`sim_models.KeyTables`).
   The first ``policy.sinks`` tokens of each sequence are kept 16-bit instead, keys in the same
-  front-end domain (:class:`sim_models.CachePolicy`).
+  front-end domain (:class:`sim_models.CachePolicy`). With a recent ring (``policy.recent``, 16 in
+  ``v4``) a query reads the ``recent`` most recent tokens of its sequence from 16-bit rows kept beside
+  their codes, and older tokens through their codes.
 * prefill (a chunk of T > 1 tokens into an empty layer), ``prefill="exact"`` (default): attention
   uses the chunk's *unquantized* K/V (SDPA, causal), as serving engines do; only later tokens see
   the packed prompt. A multi-token chunk after cached tokens (chunked prefill) raises
