@@ -647,8 +647,8 @@ def test_sliding_layers_packed_prefill_equals_decode_steps():
 
 
 @gpu
-@pytest.mark.parametrize("spec", ["K3V3", "v3", "v4", "K3V3+W4"])
-def test_sliding_window_kernels_equal_golden(spec):
+@pytest.mark.parametrize("spec,window", [("K3V3", 16), ("v3", 16), ("v4", 16), ("K3V3+W4", 16), ("v4", 32)])
+def test_sliding_window_kernels_equal_golden(spec, window):
     """Gemma-3-shaped model (head_dim 128, window 16) on the kernels, decoding past the window: the
     ring planes hold the golden store's bytes (row p % W, for the K/V the kernels' run wrote) and the
     logits agree up to the first decode step. Later steps are not compared: each run's K/V come from its
@@ -656,7 +656,7 @@ def test_sliding_window_kernels_equal_golden(spec):
     threshold and the two runs then quantize different vectors (a divergence of the feedback loop,
     not of the kernels, which the byte check covers)."""
     from sim_models import KeyTables
-    m = tiny_gemma3(window=16, head_dim=128).to("cuda")
+    m = tiny_gemma3(window=window, head_dim=128).to("cuda")
     hf.enable(m)
     rng = np.random.default_rng(14)
     t = KeyTables("tiny", (rng.normal(size=(3, 2, 128)) * 0.3).astype(np.float16),
@@ -675,16 +675,17 @@ def test_sliding_window_kernels_equal_golden(spec):
         for k, v in seen[i]:
             ref.layers[i].update(k, v)
         hp = cu.layers[i].store.kv.host_planes()
-        assert cu.layers[i].store.kv.host_lengths.tolist() == [16, 16]
-        r = cu.layers[i].store.recent              # the ring's tokens are 16-bit rows; the rest packed, p % (16 - r)
-        pos = np.arange(44 - 16, 44 - r)
+        w = window
+        assert cu.layers[i].store.kv.host_lengths.tolist() == [w, w]
+        r = cu.layers[i].store.recent              # the ring's tokens are 16-bit rows; the rest packed, p % (w - r)
+        pos = np.arange(44 - w, 44 - r)
         for kind in "kv":
-            assert np.array_equal(hp[f"{kind}_codes"][:, :, pos % (16 - r)],
-                                  ref.layers[i].store.codes[kind][:, :, pos % 16, 0])
+            assert np.array_equal(hp[f"{kind}_codes"][:, :, pos % (w - r)],
+                                  ref.layers[i].store.codes[kind][:, :, pos % w, 0])
         if r:
             pos = np.arange(44 - r, 44)
             got = torch.from_dlpack(cu.layers[i].store.kv.v_sink.view("float16"))[:, :, pos % r].cpu()
-            assert torch.equal(got.float(), ref.layers[i].store.raw["v"][:, :, pos % 16].cpu())
+            assert torch.equal(got.float(), ref.layers[i].store.raw["v"][:, :, pos % w].cpu())
 
 
 def test_layer_policy_matches_the_layer_tables():

@@ -494,7 +494,10 @@ class _CudaStore:
         torch = _torch()
         q16 = q.to(torch.bfloat16 if self.bf16 else torch.float16)
         n = min(self.length, self.window) if self.ring else self.length
-        bucket = min(self.kv.capacity, 1 << max(n - 1, 63).bit_length())
+        # the longest length the kernel is given: a sliding layer's window (its ring's rows are side rows,
+        # not packed rows the cache's capacity counts)
+        cap = self.window if self.ring else self.kv.capacity
+        bucket = min(cap, 1 << max(n - 1, 63).bit_length())
         qdt = "bf16" if self.bf16 else "fp16"
         pl, ws = self._plan((bucket, num_splits),
                             lambda: self.kv.plan(self.hq, bucket, q_dtype=qdt, num_splits=num_splits))
