@@ -39,6 +39,21 @@ def side_row(pos, sinks: int, recent: int):
     return np.where(pos < sinks, pos, sinks + (pos - sinks) % recent)
 
 
+def sliding_moves(t0: int, end: int, window: int, recent: int):
+    """Where the tokens of a sliding-window layer with a recent ring go when positions ``t0 .. end - 1`` are
+    appended (window W, r = ``recent`` <= W fp16 side rows, token ``p`` in side row ``p % r``, and W - r
+    packed rows, token ``p`` in packed row ``p % (W - r)``): NumPy int arrays (``leave``, ``direct``,
+    ``ring``) of positions: ``leave`` leave the side ring and are encoded from their side rows, ``direct``
+    are encoded from the input (they never enter the ring), ``ring`` go to their side rows. Only tokens
+    still in the window after the append are written, so the packed rows then hold exactly the window's
+    tokens older than the ring. In this order: ``leave`` reads side rows that ``ring`` overwrites."""
+    r, w = recent, window
+    e = np.zeros(0, np.int64)
+    leave = np.arange(max(0, t0 - r, end - w), min(t0, end - r)) if r < w else e
+    direct = np.arange(max(t0, end - w), end - r) if r < w else e
+    return leave, direct, np.arange(max(t0, end - r), end)
+
+
 def _check_pos(name, v, lo=1):
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")

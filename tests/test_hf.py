@@ -786,3 +786,50 @@ def test_recent_ring_packed_prefill_equals_decode_steps(model, spec):
     with torch.no_grad():
         other = m(ids, **hf.cache_kwargs(m, plain)).logits
     assert not torch.allclose(full, other, atol=1e-3)
+
+
+@pytest.mark.parametrize("window,recent", [(8, 3), (8, 4), (8, 7), (8, 8), (16, 16), (12, 1), (512, 16)])
+def test_sliding_moves_keep_the_window_older_than_the_ring_in_the_packed_rows(window, recent):
+    """gpu_ref.cache.sliding_moves, the write plan of a sliding layer with a recent ring (the CUDA stores'):
+    after every append of a random chunk (single tokens and chunks longer than the window), the decode
+    kernel's reads -- side rows 0 .. min(L, r) - 1, packed rows 0 .. min(L, W) - r - 1 -- are exactly the
+    window's last r tokens and the window's older tokens, each once."""
+    from gpu_ref.cache import sliding_moves
+    rng = np.random.default_rng([window, recent])
+    w, r = window, recent
+    wp = max(w - r, 1)
+    side, packed = {}, {}
+    n = 0
+    for t in list(rng.integers(1, 2 * w + 3, 12)) + [1] * (2 * w + 5):
+        t0, end = n, n + int(t)
+        leave, direct, ring = sliding_moves(t0, end, w, r)
+        for q in leave:
+            assert side[q % r] == q                      # read from the side row before it is overwritten
+            packed[q % wp] = q
+        for p in direct:
+            packed[p % wp] = p
+        for p in ring:
+            side[p % r] = p
+        n = end
+        length = min(n, w)
+        got_side = {side[i] for i in range(min(length, r))}
+        got_packed = [packed[i] for i in range(max(length - r, 0))]
+        assert got_side == set(range(max(0, n - r), n)), (t0, end)
+        assert sorted(got_packed) == list(range(max(0, n - w), n - r)), (t0, end)
+
+
+@pytest.mark.parametrize("window,recent", [(8, 3), (8, 7), (12, 1), (16, 4)])
+def test_sliding_decode_step_rows_from_the_device_position(window, recent):
+    """The graph-safe decode step of gpu_ref.hf's CUDA store (one token at device position p): it always
+    encodes side row p % r into packed row (p - r) % (W - r), also before any token has left the ring
+    (p < r: a row nobody reads yet); the kernel's reads still see exactly the window's tokens."""
+    w, r = window, recent
+    wp = w - r
+    side, packed = {}, {}
+    for p in range(3 * w):
+        packed[(p - r) % wp] = side.get(p % r, -1)       # -1: a row written before anything left the ring
+        side[p % r] = p
+        n = p + 1
+        length = min(n, w)
+        assert {side[i] for i in range(min(length, r))} == set(range(max(0, n - r), n))
+        assert sorted(packed[i] for i in range(max(length - r, 0))) == list(range(max(0, n - w), n - r))

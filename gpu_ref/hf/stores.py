@@ -464,19 +464,17 @@ class _CudaStore:
             self._sink_t[0][b, :, slot] = self._front(k16)[:, :, 0].view(torch.int16)
             self._sink_t[1][b, :, slot] = v16[:, :, 0].view(torch.int16)
             return
-        end = t0 + t
-        if r < w:
-            q = np.arange(max(0, t0 - r, end - w), min(t0, end - r))             # leave the ring, in window
-            if q.size:
-                sl = torch.as_tensor(q % r, device=dev)
-                old = [x[:, :, sl].view(k16.dtype) for x in self._sink_t]
-                rows = (self._base_t[:, None, :] + torch.as_tensor(q % wp, device=dev)[None, :, None]).reshape(-1)
-                self._encode(old[0], old[1], rows, False)
-            p = np.arange(max(t0, end - w), end - r)                              # never in the ring
-            if p.size:
-                rows = (self._base_t[:, None, :] + torch.as_tensor(p % wp, device=dev)[None, :, None]).reshape(-1)
-                self._encode(k16[:, :, p - t0], v16[:, :, p - t0], rows, True)
-        p = np.arange(max(t0, end - r), end)
+        from gpu_ref.cache import sliding_moves
+        q, p, ring = sliding_moves(t0, t0 + t, w, r)
+        if q.size:                                              # leave the ring: from their side rows
+            sl = torch.as_tensor(q % r, device=dev)
+            old = [x[:, :, sl].view(k16.dtype) for x in self._sink_t]
+            rows = (self._base_t[:, None, :] + torch.as_tensor(q % wp, device=dev)[None, :, None]).reshape(-1)
+            self._encode(old[0], old[1], rows, False)
+        if p.size:                                              # never in the ring: from the input
+            rows = (self._base_t[:, None, :] + torch.as_tensor(p % wp, device=dev)[None, :, None]).reshape(-1)
+            self._encode(k16[:, :, p - t0], v16[:, :, p - t0], rows, True)
+        p = ring
         sl = torch.as_tensor(p % r, device=dev)
         self._sink_t[0][:, :, sl] = self._front(k16[:, :, p - t0]).view(torch.int16)
         self._sink_t[1][:, :, sl] = v16[:, :, p - t0].view(torch.int16)

@@ -391,16 +391,14 @@ class CudaPagedStore:
         wp = max(w - r, 1)
         flat = [x.transpose(1, 2).reshape(b * t, h, d) for x in (k16, v16)]
         ev, evrow, di, dirow, ri, rirow = [], [], [], [], [], []
+        from gpu_ref.cache import sliding_moves
         for j in range(b):
             slot, t0, end = int(rows.slots[j]), int(rows.starts[j]), int(rows.ends[j])
             base = slot * self.page_size
-            if r < w:
-                q = np.arange(max(0, t0 - r, end - w), min(t0, end - r))
-                ev.append(slot * r + q % r), evrow.append(base + q % wp)
-                p = np.arange(max(t0, end - w), end - r)
-                di.append(j * t + p - t0), dirow.append(base + p % wp)
-            p = np.arange(max(t0, end - r), end)
-            ri.append(j * t + p - t0), rirow.append(slot * r + p % r)
+            q, p, ring = sliding_moves(t0, end, w, r)
+            ev.append(slot * r + q % r), evrow.append(base + q % wp)
+            di.append(j * t + p - t0), dirow.append(base + p % wp)
+            ri.append(j * t + ring - t0), rirow.append(slot * r + ring % r)
         cat = (lambda x: torch.as_tensor(np.concatenate(x).astype(np.int64), device=dev))  # noqa: E731
         planes = (lambda rr: ((rr[:, None] // self.page_size * h + torch.arange(h, device=dev)[None, :])
                               * self.page_size + rr[:, None] % self.page_size).reshape(-1))  # noqa: E731
