@@ -365,14 +365,8 @@ class _CudaStore:
         return cupy.from_dlpack(x)
 
     def _front(self, k16):
-        """Keys ``[B, KVH, T, D]`` -> the key front end's domain (the write kernel's rule; same tensor if none)."""
-        from gpu_ref.encode import key_front
-        torch = _torch()
-        if self.kv._key is None:
-            return k16
-        with self._stream():
-            y = key_front(self._cp(k16.transpose(1, 2)), self.kv._key, _cupy())          # [B, T, KVH, D]
-        return torch.from_dlpack(y.view(_cupy().int16)).view(k16.dtype).transpose(1, 2)
+        """Keys ``[B, KVH, T, D]`` -> the key front end's domain (same tensor without one)."""
+        return key_domain(self.kv, k16.transpose(1, 2)).transpose(1, 2)
 
     def _encode(self, k, v, rows, key):
         """Write kernel: ``k``, ``v`` ``[B, KVH, T, D]`` into the flat plane rows ``rows`` (torch int64, the
@@ -547,6 +541,19 @@ class _CudaStore:
         kv = self.kv
         return sum(a.nbytes for a in (kv.k_codes, kv.v_codes, kv.k_scales, kv.v_scales, kv.k_flags, kv.v_flags,
                                       kv.k_sink, kv.v_sink) if a is not None)
+
+
+def key_domain(kv, keys):
+    """16-bit keys ``[..., KVH, D]`` (torch, on the GPU) -> the key front end's domain under the
+    table of ``kv`` (a :class:`gpu_ref.KVCache`; the write kernel's rule, for the 16-bit side rows);
+    ``keys`` itself without a table."""
+    from gpu_ref.encode import key_front as gpu_key_front
+    if kv._key is None:
+        return keys
+    cp = _cupy()
+    with _CudaStore._stream():
+        y = gpu_key_front(_CudaStore._cp(keys), kv._key, cp)
+    return _torch().from_dlpack(y.view(cp.int16)).view(keys.dtype)
 
 
 def _cupy():

@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 
-from ..hf.stores import _CudaStore, _GoldenStore, _torch, layer_policy, mixed_attention, recent_per_query, recent_rows
+from ..hf.stores import (_CudaStore, _GoldenStore, _torch, key_domain, layer_policy, mixed_attention,
+                         recent_per_query, recent_rows)
 
 
 class BlockAllocator:
@@ -312,7 +313,7 @@ class CudaPagedStore:
         """k16, v16: torch ``[B, KVH, T, D]`` in the store's 16-bit type (keys before the key front end,
         which the write kernel applies)."""
         import cupy as cp
-        from gpu_ref.encode import key_front, launch_encode
+        from gpu_ref.encode import launch_encode
         torch = _torch()
         b, h, t, d = k16.shape
         kv, dev = self.kv, k16.device
@@ -335,10 +336,7 @@ class CudaPagedStore:
             spos = self._dev(rows, "sink_pos", lambda: torch.as_tensor(rows.sink_pos, device=dev))
             ks = k16.transpose(1, 2).reshape(b * t, h, d)[ssrc]                 # [M, KVH, D]
             vs = v16.transpose(1, 2).reshape(b * t, h, d)[ssrc]
-            if kv._key is not None:
-                with _CudaStore._stream():
-                    y = key_front(_CudaStore._cp(ks), kv._key, cp)
-                ks = torch.from_dlpack(y.view(cp.int16)).view(ks.dtype)
+            ks = key_domain(kv, ks)
             self._sink_t[0][sslot, :, spos] = ks.contiguous().view(torch.int16)
             self._sink_t[1][sslot, :, spos] = vs.contiguous().view(torch.int16)
         if not len(rows.src):
@@ -358,14 +356,7 @@ class CudaPagedStore:
 
     def _front(self, k16):
         """Keys ``[B, KVH, T, D]`` -> the key front end's domain (same tensor without one)."""
-        import cupy as cp
-        from gpu_ref.encode import key_front
-        torch = _torch()
-        if self.kv._key is None:
-            return k16
-        with _CudaStore._stream():
-            y = key_front(_CudaStore._cp(k16.transpose(1, 2)), self.kv._key, cp)
-        return torch.from_dlpack(y.view(cp.int16)).view(k16.dtype).transpose(1, 2)
+        return key_domain(self.kv, k16.transpose(1, 2)).transpose(1, 2)
 
     def _encode(self, k, v, plane, key):
         """Write kernel: ``k``, ``v`` ``[M, KVH, D]`` into the flat plane rows ``plane`` (int64 ``[M * KVH]``);
