@@ -263,6 +263,20 @@ def test_cli_runs_a_policy_named_twice_once(tmp_path, monkeypatch, capsys):
     assert T.unique_specs(["fp16", "K16V16", "v3", "K3V3+C+S4+KS2", "V3", "v4"]) == ["fp16", "v3", "v4"]
 
 
+def test_cli_refuses_a_model_without_a_chat_template(monkeypatch, capsys):
+    """A base model (no chat template, as gemma3-270m's GGUF) exits 2 naming --model, before any run."""
+    import sim_models.models as models
+    from types import SimpleNamespace
+    from bench.accuracy.__main__ import main
+    tok = SimpleNamespace(apply_chat_template=lambda *a, **k: pytest.fail("rendered a chat turn"), chat_template=None)
+    monkeypatch.setattr(models, "resolve", lambda spec: SimpleNamespace(model_id="base", description=spec))
+    monkeypatch.setattr(models, "load", lambda src: (SimpleNamespace(to=lambda d: pytest.fail("moved the model")), tok))
+    monkeypatch.setattr(T, "run_tasks", lambda *a, **k: pytest.fail("ran the tasks"))
+    assert main(["--tasks", "--model", "base-model", "--policies", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "--model base-model" in err and "no chat template" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv, word", [(["--policies", "v4"], "--policies: option of --tasks"),
                                         (["--limit", "3", "--backend", "golden"], "--backend, --limit: options of --tasks"),
                                         (["--max-batch", "4"], "--max-batch"), (["--merge", "x.json"], "--merge"),

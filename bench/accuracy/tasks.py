@@ -576,6 +576,11 @@ def main(args) -> int:
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     t0 = time.perf_counter()
     model, tok = load(src)
+    from gpu_ref.cli import has_chat_template
+    if not has_chat_template(tok):
+        print(f"--model {args.model}: its tokenizer has no chat template, and every task prompt is a chat turn; "
+              "use an instruct (chat) model", file=sys.stderr)
+        return 2
     model = model.to(args.device)
     tpath = Path(args.tables) if args.tables else CALIB_DIR / f"{mid}.keytables.npz"
     tables = KeyTables.load(tpath) if tpath.exists() else None
