@@ -154,15 +154,22 @@ def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFr
     k((grid,), (128,), (args,), shared_mem=smem)
 
 
-def key_front(bits, key: KeyFront, cp=None):
+def key_front(bits, key: KeyFront, cp=None, out=None):
     """The key front end alone (the write kernel's rule, same device code) on fp16 rows that are not
-    encoded (sink tokens): uint16 ``[..., KVH, N]`` -> uint16, same shape."""
+    encoded (sink and recent tokens): uint16 ``[..., KVH, N]`` -> uint16, same shape.
+
+    ``out``: a C-contiguous 16-bit array of that shape to write (allocated by the caller: no CuPy
+    allocation then, as inside a CUDA graph capture, which CuPy's pool refuses); None: a new one."""
     cp = cp or cupy()
     bits = cp.ascontiguousarray(bits)
     if bits.ndim < 2 or bits.shape[-2] != key.heads:
         raise ValueError(f"rows must be [..., KVH={key.heads}, N], got {list(bits.shape)}")
     n = bits.shape[-1]
-    out = cp.empty_like(bits)
+    if out is None:
+        out = cp.empty_like(bits)
+    elif out.shape != bits.shape or out.dtype.itemsize != 2 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous 16-bit array of shape {list(bits.shape)}, got "
+                         f"{out.dtype} {list(out.shape)}")
     nwords = bits.size // 2
     if nwords:
         k = kernel("key_front", (str(n), str(key.keyf)), 0)

@@ -416,6 +416,10 @@ def test_key_front_end_bitexact_corner_inputs(keyf, quant):
     assert (g.flags & FLAG_NAN).any() and (g.flags & FLAG_INF).any()
     got = cp.asnumpy(gpu_ref.key_front(cp.asarray(keys), kf))
     assert np.array_equal(got, gold_bits), f"key_front: {(got != gold_bits).sum()} lanes differ"
+    out = cp.zeros(keys.shape, cp.uint16)                          # the caller's buffer (CUDA graph capture)
+    assert gpu_ref.key_front(cp.asarray(keys), kf, out=out) is out and np.array_equal(cp.asnumpy(out), gold_bits)
+    with pytest.raises(ValueError, match="out must be"):
+        gpu_ref.key_front(cp.asarray(keys), kf, out=cp.zeros(keys.shape[:-1] + (keys.shape[-1] // 2,), cp.uint16))
     gf = gold_bits.view(np.float16)
     assert (gf == 0).any() and (np.abs(gf) == np.float16(65504)).any() and \
         ((gf != 0) & (np.abs(gf) < np.float16(6.2e-5))).any()   # zeros, saturation, subnormal results hit

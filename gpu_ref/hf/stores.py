@@ -340,6 +340,7 @@ class _CudaStore:
             self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
         self._plans = {}
         self._chunk_side = None                                # packed prefill: (side rows before, chunk rows)
+        self._packed_prefill = pow2_rows
         self.length = 0
 
     @classmethod
@@ -419,7 +420,7 @@ class _CudaStore:
         lo = max(s, t0, t0 + t - r)                             # first position of the chunk in the ring
         if lo >= t0 + t:
             return
-        if t > 1:                                               # packed prefill reads the ring per query
+        if t > 1 and self._packed_prefill:                      # attend_chunk reads the ring per query
             self._chunk_side = ([x.clone() for x in self._sink_t], self._front(k16), v16)
         ks = self._front(k16[:, :, lo - t0:])
         vs = v16[:, :, lo - t0:]
@@ -550,10 +551,11 @@ def key_domain(kv, keys):
     from gpu_ref.encode import key_front as gpu_key_front
     if kv._key is None:
         return keys
-    cp = _cupy()
+    keys = keys.contiguous()
+    out = _torch().empty_like(keys)             # torch's allocator: safe inside a CUDA graph capture
     with _CudaStore._stream():
-        y = gpu_key_front(_CudaStore._cp(keys), kv._key, cp)
-    return _torch().from_dlpack(y.view(cp.int16)).view(keys.dtype)
+        gpu_key_front(_CudaStore._cp(keys), kv._key, _cupy(), out=_CudaStore._cp(out))
+    return out
 
 
 def _cupy():

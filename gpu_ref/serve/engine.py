@@ -368,7 +368,7 @@ class Engine:
                 page = max(16, 1 << (window - 1).bit_length())
             return _paged.CudaPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,
                                          hq, num_splits=self.num_splits, recent=self.policy.recent, window=window,
-                                         **front)
+                                         packed_prefill=self.prefill == "packed", **front)
         if self.backend == "cuda":                    # 16-bit layers: the 16-bit pool, torch SDPA
             return _paged.Paged16Store(sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page)
         return _paged.GoldenPagedStore(fmts, sinks, self.max_batch, kvh, d, self._torch_dtype, dev, pages, page,

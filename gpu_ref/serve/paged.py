@@ -283,10 +283,11 @@ class CudaPagedStore:
     forward (:class:`Rows`) are passed to :func:`gpu_ref.decode.run_planes`, one launch for the batch."""
 
     def __init__(self, fmts, sinks, slots, kvh, d, torch_dtype, device, pages, page_size, hq, mu16=None,
-                 s16=None, num_splits=None, recent=0, window=None):
+                 s16=None, num_splits=None, recent=0, window=None, packed_prefill=False):
         from gpu_ref import KVCache
         torch = _torch()
         self.bf16 = torch_dtype != torch.float16
+        self.packed_prefill = packed_prefill  # attend_chunk is called (it reads the ring as it was before)
         self.hq, self.sinks, self.page_size, self.kvh = hq, sinks, page_size, kvh
         self.num_splits = num_splits          # split-KV factor of every launch (None: planned)
         self.window = window
@@ -319,14 +320,14 @@ class CudaPagedStore:
         kv, dev = self.kv, k16.device
         if self.window is not None and self.recent:
             return self._write_ring(k16, v16, rows)
-        if self.recent and t > 1:             # packed prefill reads the ring per query (attend_chunk)
+        if self.recent and t > 1 and self.packed_prefill:     # attend_chunk reads the ring per query
             sl = torch.as_tensor(rows.slots, device=dev)
             self._chunk_side = ([x[sl].clone() for x in self._sink_t], self._front(k16), v16)
         if len(rows.ring_src):
             rsrc = self._dev(rows, "ring_src", lambda: torch.as_tensor(rows.ring_src, device=dev))
             rslot = self._dev(rows, "ring_slot", lambda: torch.as_tensor(rows.ring_slot, device=dev))
             rrow = self._dev(rows, "ring_row", lambda: torch.as_tensor(rows.ring_row, device=dev))
-            ks = self._front(k16).transpose(1, 2).reshape(b * t, h, d)[rsrc]
+            ks = key_domain(kv, k16.transpose(1, 2).reshape(b * t, h, d)[rsrc])
             vs = v16.transpose(1, 2).reshape(b * t, h, d)[rsrc]
             self._sink_t[0][rslot, :, rrow] = ks.contiguous().view(torch.int16)
             self._sink_t[1][rslot, :, rrow] = vs.contiguous().view(torch.int16)
@@ -401,8 +402,8 @@ class CudaPagedStore:
             i, ir = cat(di), cat(dirow)
             self._encode(flat[0][i], flat[1][i], planes(ir), True)
         i, ir = cat(ri), cat(rirow)
-        ks = self._front(k16).transpose(1, 2).reshape(b * t, h, d)[i]
-        self._sink_t[0][ir // r, :, ir % r] = ks.contiguous().view(torch.int16)
+        ks = key_domain(self.kv, k16.transpose(1, 2).reshape(b * t, h, d)[i])
+        self._sink_t[0][ir // r, :, ir % r] = ks.view(torch.int16)
         self._sink_t[1][ir // r, :, ir % r] = flat[1][i].contiguous().view(torch.int16)
 
     def _plan(self, nq, max_len, cols):
@@ -465,6 +466,8 @@ class CudaPagedStore:
         if self.window is not None and self.recent and t > 1:
             raise NotImplementedError("packed prefill of a sliding layer with a recent ring on the kernels")
         if self.recent and t > 1:
+            if self._chunk_side is None:
+                raise RuntimeError("attend_chunk over a recent ring: the store was built without packed_prefill")
             per_query = (lambda side: recent_per_query(side, *self._chunk_side, t, n, self.sinks,  # noqa: E731
                                                        self.recent))
         return self._launch(q16, lengths, table, slots, n, scaling, per_query)[None]
