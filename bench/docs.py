@@ -227,8 +227,9 @@ def gpu_block(d: dict, w: dict, pol: dict, pg: dict, img: str) -> str:
                 "% of copy", "bit-exact"], wr),
         f"![write]({img}gpu_bench_write.png)",
         f"Cache policies, GQA 64/8 (`bench/results/gpu_bench_policy.json`: {_run_of(pol)}): "
-        "decode time per bits setting against SDPA bf16, and the cost of 4 fp16 sinks and of "
-        "paged pools relative to the plain K3/V3 kernel:",
+        "decode time per bits setting against SDPA bf16, and the cost of 4 fp16 sinks, of the 20 "
+        "fp16 side rows of `v4` (4 sinks and the ring of 16 recent tokens) and of paged pools "
+        "relative to the plain K3/V3 kernel:",
         policy_table(pol),
         f"![policy]({img}gpu_bench_policy.png)",
         f"Paged pools against the contiguous layout (`bench/results/gpu_bench_paging.json`: "

@@ -92,12 +92,13 @@ def _variant(row):
 
 def policy_table(r) -> str:
     """Markdown: per (B, T), GQA 64/8, ms of each bits setting (plain), SDPA bf16, speed-ups, and the
-    cost of 4 sinks / 16-token pages / 64-token pages relative to plain (K3/V3)."""
+    cost of 4 sinks / 20 side rows (v4: 4 sinks and a ring of 16 recent tokens) / 16-token pages /
+    64-token pages relative to plain (K3/V3)."""
     rows = [x for x in _policy_rows(r) if x["q_heads"] == 64]
     shapes = sorted({(x["batch"], x["context"]) for x in rows})
     lines = ["| batch | context | K3/V3 ms | K4/V3 ms | K4/V4 ms | SDPA bf16 ms | speed-up K3/V3, K4/V3, K4/V4 "
-             "| K3/V3 + 4 sinks | K3/V3 paged 16 | K3/V3 paged 64 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| K3/V3 + 4 sinks | K3/V3 + 20 side rows (v4) | K3/V3 paged 16 | K3/V3 paged 64 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for b, t in shapes:
         sel = [x for x in rows if (x["batch"], x["context"]) == (b, t)]
 
@@ -106,10 +107,10 @@ def policy_table(r) -> str:
             return m[0] if m else float("nan")
         sd = sel[0]["sdpa"] or float("nan")
         plain = [ms(bits, "plain") for bits in ("K3V3", "K4V3", "K4V4")]
-        cost = [100 * (ms("K3V3", v) / plain[0] - 1) for v in ("4 sinks", "page 16", "page 64")]
+        cost = [100 * (ms("K3V3", v) / plain[0] - 1) for v in ("4 sinks", "20 sinks", "page 16", "page 64")]
         lines.append(f"| {b} | {t // 1024}K | " + " | ".join(f"{m:.4f}" for m in plain) + f" | {sd:.4f} | "
                      + ", ".join(f"{sd / m:.2f}x" for m in plain) + " | "
-                     + " | ".join(f"{c:+.1f}%" for c in cost) + " |")
+                     + " | ".join("--" if c != c else f"{c:+.1f}%" for c in cost) + " |")
     return "\n".join(lines)
 
 
@@ -132,7 +133,7 @@ def plot_policy(r, dst):
     a1.set_title("decode, GQA 64/8, N=128, plain kernel")
     a1.legend(fontsize=7, ncol=3)
     a1.grid(alpha=0.3)
-    vars_ = ["4 sinks", "page 16", "page 64", "4 sinks, page 16", "one q part"]
+    vars_ = ["4 sinks", "20 sinks", "page 16", "page 64", "4 sinks, page 16", "one q part"]
     shapes = sorted({(x["batch"], x["context"]) for x in rows if x["q_heads"] == 64})
     w = 0.8 / len(vars_)
     for i, v in enumerate(vars_):
