@@ -75,6 +75,14 @@ def slug(name: str) -> str:
     return s
 
 
+def is_model_id(name: str) -> bool:
+    """Whether ``name`` is a model id as :func:`slug` makes them (lower case ``[a-z0-9._-]``)."""
+    try:
+        return slug(name) == name
+    except ValueError:
+        return False
+
+
 def cache_dir() -> Path:
     """Where joined model files are kept: ``$XDG_CACHE_HOME/fwht-kv`` (default ``~/.cache/fwht-kv``)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fwht-kv"

@@ -140,3 +140,9 @@ def test_an_alias_file_path_resolves_as_the_alias(tmp_path, monkeypatch):
         assert src.model_id == want and src.is_gguf and src.path == path.resolve(), (path, src)
     assert resolve("smollm2-135m").model_id == resolve(str(smol.root / smol.files[-1].path)).model_id
     assert models.alias_of(copy) is None and models.alias_of(link) == "qwen2.5-coder-1.5b"
+
+
+def test_is_model_id_accepts_only_what_slug_makes():
+    from sim_models.models import is_model_id, slug
+    assert is_model_id("smollm2-135m") and is_model_id(slug("SmolLM2-135M-Instruct.Q4_1"))
+    assert not any(is_model_id(s) for s in ("Bad Name", "", "-x", "a/b", "ä"))

@@ -202,13 +202,9 @@ def _check_tasks(ap, args) -> int:
         print(f"{opt}: {', '.join(map(repr, dropped))} name{'s' if len(dropped) == 1 else ''} a policy listed "
               f"before: run once", file=sys.stderr)
     args.policies = ",".join(kept)
-    from sim_models.models import resolve, slug
-    if args.model_id is not None:
-        try:
-            if slug(args.model_id) != args.model_id:
-                raise ValueError
-        except ValueError:
-            ap.error(f"--model-id must be lower case [a-z0-9._-], got {args.model_id!r}")
+    from sim_models.models import is_model_id, resolve
+    if args.model_id is not None and not is_model_id(args.model_id):
+        ap.error(f"--model-id must be lower case [a-z0-9._-], got {args.model_id!r}")
     try:
         resolve(args.model)
     except (ValueError, FileNotFoundError) as err:

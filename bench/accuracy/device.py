@@ -171,17 +171,13 @@ def main(argv=None) -> int:
     missing = [f"--{n}" for n in ("model", "text", "out") if getattr(a, n) is None]
     if missing:
         ap.error(f"a study run needs {', '.join(missing)} (or --merge FILE)")
-    from sim_models.models import resolve, slug
+    from sim_models.models import is_model_id, resolve
     try:
         src = resolve(a.model)
     except (ValueError, FileNotFoundError) as err:
         ap.error(str(err))
     if a.model_id is not None:
-        try:
-            ok = slug(a.model_id) == a.model_id
-        except ValueError:
-            ok = False
-        if not ok:
+        if not is_model_id(a.model_id):
             ap.error(f"--model-id must be lower case [a-z0-9._-], got {a.model_id!r}")
         src = dataclasses.replace(src, model_id=a.model_id)
     return device_main(a, src)
