@@ -313,7 +313,7 @@ def hf_block(r: dict, floor: dict, img: str) -> str:
 # ------------------------------------------------------------------------------------- accuracy
 def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> str:
     from bench.accuracy.configs import V3_STUDY, by_name
-    from bench.accuracy.report import LEVER_LONG, lever_table, peers_table, section, v3_table
+    from bench.accuracy.report import LEVER_LONG, lever_table, passkey_table, peers_table, section, v3_table
     cfg = {c.name: c for c in by_name(V3_STUDY)}
 
     def tb(n, meta):
@@ -344,6 +344,10 @@ def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> s
         "= geometric mean of PPL / PPL_fp16 over the windows run:",
         lever_table(peer_models),
         f"![levers]({img}accuracy/levers.png)",
+        "Passkey retrieval at 8192 tokens, every configuration with trials (bench/accuracy/passkey.py: "
+        "five depths; `v3+W16` is `v4` with format version 3's key rule, `v3+W16+KF` with the folded "
+        "key front end of version 4): retrieved / trials (mean log p of the key tokens):",
+        passkey_table(models),
     ]
     for mid, d in peer_models.items():
         parts += [section(d["results"], by_name()).rstrip("\n"),

@@ -9,8 +9,8 @@ Two kernels, both defined by the golden model in ``sim_models`` (which fixes eve
   :data:`SUPPORTED_QUANTIZER`: mode ``midtread`` or ``midrise`` x scale rounding ``up`` or
   ``nearest`` (scale ``ue5m3``, rule ``max``, multiplier 256), i.e. the version-1 quantizer
   (midtread/up), the version-2 one (midrise/nearest) and the two mixed ones. Keys may pass through the
-  cache policy's key front end on the way (per-channel power-of-two scales, centering; fp16), applied
-  in registers by the same kernel (:func:`key_table`, :func:`key_front` for rows that are not encoded).
+  cache policy's key front end on the way (per-channel power-of-two scales, centering; fp16; the folded
+  rule of docs/FORMAT.md 8), applied in registers by the same kernel (:func:`key_table`, :func:`key_front` for rows that are not encoded).
 * :func:`plan` / :func:`run` (``run(plan, workspace, q, cache)``; :func:`run_planes` takes the planes one
   by one) and the one-call :func:`decode_attention` -- fused single-token
   decode attention (``kv_decode_attn.cu``)

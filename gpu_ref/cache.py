@@ -43,8 +43,9 @@ def sliding_moves(t0: int, end: int, window: int, recent: int):
     """Where the tokens of a sliding-window layer with a recent ring go when positions ``t0 .. end - 1`` are
     appended (window W, r = ``recent`` <= W fp16 side rows, token ``p`` in side row ``p % r``, and W - r
     packed rows, token ``p`` in packed row ``p % (W - r)``): NumPy int arrays (``leave``, ``direct``,
-    ``ring``) of positions: ``leave`` leave the side ring and are encoded from their side rows, ``direct``
-    are encoded from the input (they never enter the ring), ``ring`` go to their side rows. Only tokens
+    ``ring``) of positions: ``leave`` leave the side ring and are encoded from their side rows (keys with a
+    key front end from the keys before it, which the stores keep beside them), ``direct`` are encoded from
+    the input (they never enter the ring), ``ring`` go to their side rows. Only tokens
     still in the window after the append are written, so the packed rows then hold exactly the window's
     tokens older than the ring. In this order: ``leave`` reads side rows that ``ring`` overwrites."""
     r, w = recent, window

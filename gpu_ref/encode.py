@@ -2,11 +2,13 @@
 
 Bit-exact with :func:`sim_models.encode` for every input and every :class:`sim_models.FormatParams`
 the golden model accepts whose quantizer is in :data:`gpu_ref.SUPPORTED_QUANTIZER`.
-The key side of the cache policy (per-channel power-of-two key scales s, then centering by mu) runs
-inside the write kernel, in registers (:class:`KeyFront`, built by :func:`key_table`): keys are encoded
-as ``RNE16(sat(RN16(k s)) - mu')`` with ``mu' = scale_keys(mu, s)``, the golden rule of
-:func:`sim_models.center` after :func:`sim_models.scale_keys`. :func:`key_front` applies the same rule
-(same device code) to rows that are not encoded (fp16 sink tokens).
+The key side of the cache policy (per-channel power-of-two key scales s = 2^e, then centering by mu)
+runs inside the write kernel, in registers (:class:`KeyFront`, built by :func:`key_table`): keys are
+encoded by the folded key front end of docs/FORMAT.md 8, ``k 2^e - mu'`` inside block floating point
+with ``mu' = RN16(mu 2^e)`` and no fp16 rounding per lane, bit-exact with
+:func:`sim_models.codec.encode_folded` (the same integer steps). :func:`key_front` gives rows that are
+not encoded (fp16 sink tokens, the recent ring) in the front end's domain by the fp16 rule
+``RNE16(sat(RN16(k s)) - mu')`` of :func:`sim_models.keyscale.key_front`.
 """
 
 from __future__ import annotations
@@ -155,8 +157,9 @@ def launch_encode(bits, p, codes, scales, flags, rows, cp, tune=None, key: KeyFr
 
 
 def key_front(bits, key: KeyFront, cp=None, out=None):
-    """The key front end alone (the write kernel's rule, same device code) on fp16 rows that are not
-    encoded (sink and recent tokens): uint16 ``[..., KVH, N]`` -> uint16, same shape.
+    """Rows that are not encoded (sink tokens, the recent ring) in the key front end's domain: the fp16
+    rule of :func:`sim_models.keyscale.key_front` (kv_encode.cu ``key_front_pair``) on fp16 rows, uint16
+    ``[..., KVH, N]`` -> uint16, same shape.
 
     ``out``: a C-contiguous 16-bit array of that shape to write (allocated by the caller: no CuPy
     allocation then, as inside a CUDA graph capture, which CuPy's pool refuses); None: a new one."""
@@ -191,7 +194,8 @@ def encode_kv(x, params: FormatParams | None = None, key: KeyFront | None = None
             :data:`gpu_ref.SUPPORTED_QUANTIZER`; other modes/encodings/rules raise ValueError
             naming the field.
         key: optional key front end (:func:`key_table`; fp16): ``x`` is ``[..., KVH, N]`` keys, encoded
-            as :func:`sim_models.center` of :func:`sim_models.scale_keys` of them.
+            by the folded key front end (:func:`sim_models.codec.encode_folded` with kv head h's
+            ``RN16(mu s)`` and ``log2 s``).
 
     Returns:
         :class:`EncodedGPU`: ``codes`` uint8 ``[..., N*b/8]``, ``scales`` uint8 ``[..., N/G]``,

@@ -2,9 +2,9 @@
 //
 // Bit-exact with the golden model sim_models.encode (sim_models/codec.py): the same integer
 // pipeline, evaluated with exact arithmetic:
-//   [keys, KEYF != 0: the key front end of the cache policy, x' = RNE16(RN16(x s) - mu'), see below]
 //   -> special values (NaN -> +0, +-inf -> +-max finite)  -> sign flip D (SplitMix64 mask)
-//   -> block floating point (one shared exponent, M-bit mantissas, round half away from zero)
+//   -> block floating point (one shared exponent, M-bit mantissas, round half away from zero);
+//      keys with KEYF != 0: the folded key front end instead (x s - mu' inside block floating point, below)
 //   -> unnormalized Sylvester FWHT (log2 N butterfly stages)
 //   -> per block of G lanes a ue5m3 scale byte for K*scale ~ max|y|*2^u (K = 2^(b-1)-1 mid-tread,
 //      2^(b-1) mid-rise), rounded up (smallest byte with K*scale >= max|y|*2^u) or to nearest
@@ -30,15 +30,16 @@
 // shared memory with cp.async (coalesced 16-byte copies); the tile's output rows (out_rows, one 8-byte
 // copy per vector) travel with it, so the stores at the end of a tile wait for no global load.
 //
-// Key front end (template KEYF: bit 0 per-channel key scales s, bit 1 centering; fp16 keys only): the
-// golden rule center(scale_keys(x, s), mu') with mu' = scale_keys(mu, s) (sim_models/keyscale.py,
-// sim_models/center.py), i.e. per lane x' = RNE16(sat(RN16(x s)) - mu'), saturated at +-max, NaN/inf
-// lanes of x passed unchanged (the encoder then flags them). In registers, before everything else:
-// one fp16x2 multiply and one fp16x2 subtract per pair of lanes (IEEE round to nearest even, subnormals
-// kept: the same two roundings as the golden model, which rounds the exact float64 result once each
-// time). An infinite intermediate (overflow) or a NaN/inf input shows up in the special-value test that
-// follows; that rare branch re-derives the pair from the raw input with the saturating rule
-// (key_front_pair), so one definition serves both paths and the sink rows (kv_key_front).
+// Key front end (template KEYF: bit 0 per-channel key scales s = 2^e, bit 1 centering; fp16 keys only): the
+// folded key front end of docs/FORMAT.md 8 (sim_models.bfp.to_block_fp_keys), in place of block floating
+// point: per lane the exact scaled exponent Ex = E + e (saturated to +-65504 when Ex > 30), the centering
+// entry mu' = RN16(mu s) decoded beside it, emax = 1 + max over the vector of max(Ex, Em), both
+// significands aligned to emax as 3.3 aligns them (round half away from zero), one subtraction, a clamp to
+// +-(2^(M-1) - 1), then D; NaN/inf lanes read as +0/+-max with e = 0, mu' = +0 (and flagged). The same
+// integer steps as the golden model, in int32 registers (bit-exact by construction); e is the exponent
+// field of s minus 15. Rows that are not encoded (sink tokens) take the fp16 rule
+// x' = RNE16(sat(RN16(x s)) - mu') of sim_models.keyscale.key_front (kv_key_front, key_front_pair: one
+// fp16x2 multiply and one fp16x2 subtract per pair of lanes, IEEE round to nearest even, subnormals kept).
 // Table (built by gpu_ref.encode.key_table): 16-byte entries tab[c * key_heads + h] holding, for words
 // (lane pairs) c*WPC .. c*WPC+WPC-1 of kv head h, the fp16x2 words of s and/or mu' (s, mu' interleaved
 // when both: WPC = 2; WPC = 4 with one of them), so the 32 vectors of a warp (consecutive kv heads)
@@ -205,15 +206,14 @@ __device__ __forceinline__ kv_u32 relu_min_s16x2(kv_u32 v, kv_u32 hi) {
   asm("min.relu.s16x2 %0, %1, %2;" : "=r"(d) : "r"(v), "r"(hi));
   return d;
 }
-// key front end on a pair of fp16 lanes (module comment): fast form, exact whenever neither the input
-// nor the result has an inf/NaN half
-template <int KEYF>
-__device__ __forceinline__ kv_u32 key_front_fast(kv_u32 w, kv_u32 s2, kv_u32 m2) {
-  if (KEYF & 1) w = hmul2_rn(w, s2);
-  if (KEYF & 2) w = hsub2_rn(w, m2);
-  return w;
+// fp16 bits of the integer y (exact for |y| <= 2048)
+__device__ __forceinline__ kv_u32 int_to_f16(int y) {
+  unsigned short h;
+  asm("cvt.rn.f16.s32 %0, %1;" : "=h"(h) : "r"(y));
+  return h;
 }
-// the full rule on a pair: NaN/inf input lanes unchanged, infinite intermediates saturated to +-max
+// the fp16 key front end on a pair (side rows, kv_key_front): NaN/inf input lanes unchanged, infinite
+// intermediates saturated to +-max
 template <int KEYF>
 __device__ __noinline__ kv_u32 key_front_pair(kv_u32 x, kv_u32 s2, kv_u32 m2) {
   auto sat = [](kv_u32 h) { return (h & 0x7FFFu) == 0x7C00u ? (h & 0x8000u) | 0x7BFFu : h; };
@@ -344,88 +344,10 @@ kv_encode(const KvEncodeArgs a) {
     const uint4* ktab = KEYF ? reinterpret_cast<const uint4*>(a.key_tab) +
                                    (unsigned)vec % (unsigned)a.key_heads + (part * (LPT / 2) / KWPC) * a.key_heads
                              : nullptr;
-    if (KEYF) {  // key front end, fast form (module comment); corner cases in the special-value branch
-#pragma unroll
-      for (int c = 0; c < LPT / 2 / KWPC; ++c) {
-        const uint4 t = __ldg(ktab + c * a.key_heads);
-#pragma unroll
-        for (int j = 0; j < KWPC; ++j) {
-          kv_u32 s2, m2;
-          key_words<KEYF>(t, j, s2, m2);
-          w[c * KWPC + j] = key_front_fast<KEYF>(w[c * KWPC + j], s2, m2);
-        }
-      }
-    }
-
-    // ---- special values and the shared exponent ------------------------------------------
-    // max |pattern| per 16-bit half without masking each word: the unsigned max is 0x8000 + the largest
-    // negative magnitude when a negative lane exists (else the largest positive), the signed max the
-    // largest non-negative pattern when one exists (else negative: relu -> 0); the larger of the two
-    // (sign cleared) is the largest magnitude. Two chains of 3-input VIMNMX3 (2 lanes per instruction).
-    kv_u32 mu2 = w[0], ms2 = w[0];
-#pragma unroll
-    for (int k = 1; k < LPT / 2; ++k) { mu2 = max_u16x2(mu2, w[k]); ms2 = max_s16x2(ms2, w[k]); }
-    kv_u32 rm2 = max_u16x2(relu_max_s16x2(ms2), mu2 & 0x7FFF7FFFu);
-    kv_u32 rmax = max(rm2 & 0xFFFFu, rm2 >> 16);
+    // ---- per-vector rule: the folded key front end (keys, KEYF != 0) or block floating point ----
     kv_u32 flg = 0;
-    if (rmax >= (kv_u32)(EMASK << MB)) {  // a NaN or inf among this thread's lanes (rare)
-      if (KEYF) {  // the key front end again from the raw input, with NaN/inf pass-through and saturation
-#pragma unroll
-        for (int c = 0; c < LPT / 2 / KWPC; ++c) {
-          const uint4 t = __ldg(ktab + c * a.key_heads);
-          const uint4 rw = *reinterpret_cast<const uint4*>(row + 16 * (c * KWPC / 4));
-          const kv_u32 raw[4] = {rw.x, rw.y, rw.z, rw.w};
-#pragma unroll
-          for (int j = 0; j < KWPC; ++j) {
-            kv_u32 s2, m2;
-            key_words<KEYF>(t, j, s2, m2);
-            w[c * KWPC + j] = key_front_pair<KEYF>(raw[(c * KWPC + j) % 4], s2, m2);
-          }
-        }
-      }
-      rm2 = 0;
-#pragma unroll
-      for (int k = 0; k < LPT / 2; ++k) {
-        kv_u32 outw = 0;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          kv_u32 h = (w[k] >> (16 * hh)) & 0xFFFFu;
-          kv_u32 e = (h >> MB) & EMASK, fr = h & ((1u << MB) - 1);
-          if (e == (kv_u32)EMASK) {
-            if (fr != 0) { h = 0; flg |= 1u; }                                    // NaN -> +0
-            else { h = (h & 0x8000u) | ((kv_u32)(EMASK - 1) << MB) | ((1u << MB) - 1); flg |= 2u; }  // inf
-          }
-          outw |= h << (16 * hh);
-        }
-        w[k] = outw;
-        rm2 = max_u16x2(rm2, outw & 0x7FFF7FFFu);
-      }
-      rmax = max(rm2 & 0xFFFFu, rm2 >> 16);
-    }
-#pragma unroll
-    for (int o = 1; o < TPV; o <<= 1) {
-      rmax = max(rmax, shfl_xor_t(rmax, o));
-      flg |= shfl_xor_t(flg, o);
-    }
-    const int emax = max((int)(rmax >> MB), 1);
-    const int u = emax - BIAS - M + 2;  // exponent of one mantissa unit
-    float P1;
-    if (DT != 0 && -u >= 126) {
-      // bf16, tiny vector (emax <= M - 1 <= 15; rare): 2^-u is not a normal float, and subnormal
-      // lanes (mantissa floor(|f| 2^-u + 1/2) may be nonzero only here) must not be flushed: scale
-      // every lane by 2^64 in its bit pattern (exact, subnormals made normal) and use P1 = 2^(-u-64).
-      // For -u <= 125 a subnormal lane has |f| 2^-u < 1/2 (mantissa 0), which the FTZ flush also gives.
-#pragma unroll
-      for (int k = 0; k < LPT / 2; ++k) w[k] = bf16x2_x2p64(w[k]);
-      P1 = exp2i(-u - 64);
-    } else {
-      P1 = exp2i(-u);
-    }
-
-    // ---- block floating point (+ sign flip D folded in) ----------------------------------
-    // D is a compile-time constant when one thread holds the whole vector; otherwise the
-    // thread's 128 mask bits are generated once per vector.
-    // (two threads per vector: both halves' masks are constants, selected by `part`)
+    int u;               // exponent of one mantissa unit
+    float P1 = 1.0f;     // 2^-u (block floating point)
     kv_u64 mw[2] = {0ull, 0ull};
     if (TPV > 2 && HAS_SIGN) {
       mw[0] = kv_splitmix64(SEED, part * (LPT / 64));
@@ -433,6 +355,189 @@ kv_encode(const KvEncodeArgs a) {
     }
     float yf[FLT ? LPT : 1];
     int yi[FLT ? 1 : LPT];
+    constexpr bool FASTB = FLT && !CLAMP;
+    // D of lane i of this thread
+    auto dsign = [&](int i) -> bool {
+      return TPV == 1 ? kv_sign(SEED, HAS_SIGN, i)
+             : TPV == 2 ? (part ? kv_sign(SEED, HAS_SIGN, LPT + i) : kv_sign(SEED, HAS_SIGN, i))
+                        : (HAS_SIGN != 0 && ((mw[(i >> 6) & 1] >> (i & 63)) & 1ull) != 0);
+    };
+    if (KEYF) {
+      // Folded key front end (module comment; sim_models.bfp.to_block_fp_keys), fp16 keys. Integer steps only:
+      // lane (sign, exponent, significand) of k with exponent Ex = E + e (saturated to +-65504 above 30) and
+      // of mu'; emax = 1 + max over the vector of max(Ex, Em); both significands aligned to emax (exact left
+      // shift or round half away from zero), subtracted, clamped to +-(2^(M-1) - 1), then D. NaN / inf lanes
+      // read as +0 / +-65504 with e = 0, mu' = +0. Two passes: the exponents (registers), then the mantissas (below).
+      constexpr int OFF = M - 2 - MB;
+      constexpr int LIM = (1 << (M - 1)) - 1;
+      // one lane: word k (lanes 2k + hh) with table words s2, m2
+      auto lane = [&](kv_u32 wk, int hh, kv_u32 s2, kv_u32 m2, int& sx, int& ex, int& gx, int& sm, int& em, int& gm,
+                      kv_u32& fl) {
+        kv_u32 h = (wk >> (16 * hh)) & 0xFFFFu;
+        kv_u32 f = (h >> 10) & 31u, fr = h & 1023u;
+        int e = (KEYF & 1) ? (int)((s2 >> (16 * hh + 10)) & 31u) - 15 : 0;    // s = 2^e, an fp16 normal
+        kv_u32 mh = (KEYF & 2) ? (m2 >> (16 * hh)) & 0xFFFFu : 0u;
+        if (f == 31u) {
+          e = 0;
+          mh = 0;
+          if (fr) { h = 0; f = 0; fr = 0; fl |= 1u; }             // NaN -> +0
+          else { f = 30; fr = 1023; fl |= 2u; }                    // +-inf -> +-65504
+        }
+        sx = (int)(h >> 15);
+        gx = (int)(f ? (fr | 1024u) : fr);
+        ex = (int)(f ? f : 1u) + e;
+        if (ex > 30) { ex = 30; gx = 2047; }                       // |k 2^e| >= 2^16: +-65504
+        const kv_u32 fm = (mh >> 10) & 31u;
+        sm = (int)(mh >> 15);
+        gm = (int)(fm ? ((mh & 1023u) | 1024u) : (mh & 1023u));
+        em = (int)(fm ? fm : 1u);
+      };
+      auto align = [](int g, int sh) -> int {                      // g < 2^11
+        return sh <= 0 ? (g << (-sh)) : (sh > 12 ? 0 : (g + (1 << (sh - 1))) >> sh);
+      };
+      int xm = 0;
+#pragma unroll
+      for (int c = 0; c < LPT / 2 / KWPC; ++c) {
+        const uint4 t = __ldg(ktab + c * a.key_heads);
+#pragma unroll
+        for (int j = 0; j < KWPC; ++j) {
+          kv_u32 s2, m2;
+          key_words<KEYF>(t, j, s2, m2);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            int sx, ex, gx, sm, em, gm;
+            lane(w[c * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, flg);
+            xm = max(xm, max(ex, em));
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 1; o < TPV; o <<= 1) {
+        xm = max(xm, shfl_xor_t(xm, o));
+        flg |= shfl_xor_t(flg, o);
+      }
+      const int emax = xm + 1;                                     // one bit of headroom for the difference
+      u = emax - BIAS - M + 2;
+      // second pass: y = clamp(X - MU) per lane from the input words and the table read again. With M <= 12,
+      // |y| <= 2047 is an fp16 integer: the pass writes y as fp16 (exact) over the thread's own input row in
+      // shared memory, 16 bytes (8 lanes) per step of a rolled loop, and w is read back from it with P1 = 1;
+      // the block-floating-point step below then quantizes y as it would an input lane (D included:
+      // floor(|y| + 1/2) = |y|). Fully unrolled, the compiler issues all of the table's loads first, more
+      // registers than the thread has (spills, about 20x slower than without the key front end); rolled,
+      // each step waits for its table load (about 5x slower, docs/GPU.md). Wider M: y into yf / yi.
+      constexpr bool VIA16 = M <= 12;
+      if (VIA16) {
+        kv_u8* const wrow = const_cast<kv_u8*>(row);
+#pragma unroll 1
+        for (int q = 0; q < LPT / 8; ++q) {
+          const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
+          const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
+          kv_u32 ow[4];
+#pragma unroll
+          for (int c2 = 0; c2 < 4 / KWPC; ++c2) {
+            const uint4 t = __ldg(ktab + (q * (4 / KWPC) + c2) * a.key_heads);
+#pragma unroll
+            for (int j = 0; j < KWPC; ++j) {
+              kv_u32 s2, m2, outw = 0;
+              key_words<KEYF>(t, j, s2, m2);
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                int sx, ex, gx, sm, em, gm;
+                kv_u32 fl = 0;
+                lane(rw[c2 * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, fl);
+                const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
+                const int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
+                outw |= int_to_f16(y) << (16 * hh);
+              }
+              ow[c2 * KWPC + j] = outw;
+            }
+          }
+          *reinterpret_cast<uint4*>(wrow + 16 * q) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+        }
+#pragma unroll
+        for (int k = 0; k < LPT / 8; ++k) {
+          const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * k);
+          w[4 * k] = v.x; w[4 * k + 1] = v.y; w[4 * k + 2] = v.z; w[4 * k + 3] = v.w;
+        }
+        P1 = 1.0f;
+      } else {
+#pragma unroll
+        for (int c = 0; c < LPT / 2 / KWPC; ++c) {
+          const uint4 t = __ldg(ktab + c * a.key_heads);
+#pragma unroll
+          for (int j = 0; j < KWPC; ++j) {
+            kv_u32 s2, m2;
+            key_words<KEYF>(t, j, s2, m2);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int i = 2 * (c * KWPC + j) + hh;
+              int sx, ex, gx, sm, em, gm;
+              kv_u32 fl = 0;
+              lane(w[c * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, fl);
+              const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
+              int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
+              if (dsign(i)) y = -y;
+              if (FLT) yf[FLT ? i : 0] = (float)y;
+              else yi[FLT ? 0 : i] = y;
+            }
+          }
+        }
+      }
+    } else {
+      // ---- special values and the shared exponent ------------------------------------------
+      // max |pattern| per 16-bit half without masking each word: the unsigned max is 0x8000 + the largest
+      // negative magnitude when a negative lane exists (else the largest positive), the signed max the
+      // largest non-negative pattern when one exists (else negative: relu -> 0); the larger of the two
+      // (sign cleared) is the largest magnitude. Two chains of 3-input VIMNMX3 (2 lanes per instruction).
+      kv_u32 mu2 = w[0], ms2 = w[0];
+#pragma unroll
+      for (int k = 1; k < LPT / 2; ++k) { mu2 = max_u16x2(mu2, w[k]); ms2 = max_s16x2(ms2, w[k]); }
+      kv_u32 rm2 = max_u16x2(relu_max_s16x2(ms2), mu2 & 0x7FFF7FFFu);
+      kv_u32 rmax = max(rm2 & 0xFFFFu, rm2 >> 16);
+      if (rmax >= (kv_u32)(EMASK << MB)) {  // a NaN or inf among this thread's lanes (rare)
+        rm2 = 0;
+#pragma unroll
+        for (int k = 0; k < LPT / 2; ++k) {
+          kv_u32 outw = 0;
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            kv_u32 h = (w[k] >> (16 * hh)) & 0xFFFFu;
+            kv_u32 e = (h >> MB) & EMASK, fr = h & ((1u << MB) - 1);
+            if (e == (kv_u32)EMASK) {
+              if (fr != 0) { h = 0; flg |= 1u; }                                    // NaN -> +0
+              else { h = (h & 0x8000u) | ((kv_u32)(EMASK - 1) << MB) | ((1u << MB) - 1); flg |= 2u; }  // inf
+            }
+            outw |= h << (16 * hh);
+          }
+          w[k] = outw;
+          rm2 = max_u16x2(rm2, outw & 0x7FFF7FFFu);
+        }
+        rmax = max(rm2 & 0xFFFFu, rm2 >> 16);
+      }
+#pragma unroll
+      for (int o = 1; o < TPV; o <<= 1) {
+        rmax = max(rmax, shfl_xor_t(rmax, o));
+        flg |= shfl_xor_t(flg, o);
+      }
+      const int emax = max((int)(rmax >> MB), 1);
+      u = emax - BIAS - M + 2;  // exponent of one mantissa unit
+      if (DT != 0 && -u >= 126) {
+        // bf16, tiny vector (emax <= M - 1 <= 15; rare): 2^-u is not a normal float, and subnormal
+        // lanes (mantissa floor(|f| 2^-u + 1/2) may be nonzero only here) must not be flushed: scale
+        // every lane by 2^64 in its bit pattern (exact, subnormals made normal) and use P1 = 2^(-u-64).
+        // For -u <= 125 a subnormal lane has |f| 2^-u < 1/2 (mantissa 0), which the FTZ flush also gives.
+#pragma unroll
+        for (int k = 0; k < LPT / 2; ++k) w[k] = bf16x2_x2p64(w[k]);
+        P1 = exp2i(-u - 64);
+      } else {
+        P1 = exp2i(-u);
+      }
+    }
+
+    // ---- block floating point (+ sign flip D folded in) ----------------------------------
+    // D is a compile-time constant when one thread holds the whole vector; otherwise the
+    // thread's 128 mask bits are generated once per vector.
+    // (two threads per vector: both halves' masks are constants, selected by `part`)
     // Fast path (fp32 butterflies, no mantissa clamp): the sign (input sign XOR D) is applied to the
     // packed input pair with one XOR, then ONE rounding FMA per lane: F = RN(f * 2^-u (1 + 2^-20) + 1.5*2^23)
     // = 1.5*2^23 + sign * floor(|f| 2^-u + 1/2). Exact: the sum lies in [2^23, 2^24) (unit spacing); the
@@ -440,8 +545,9 @@ kv_encode(const KvEncodeArgs a) {
     // rounds them away from zero; a non-tie v = |f| 2^-u has at most 11 significant bits (fp16; 8 for
     // bf16), so it is at least min(1/2, 2^-11 |v|) away from every half-integer, more than the
     // perturbation |v| 2^-20 (|v| < 2^(M-1) <= 2^15).
-    constexpr bool FASTB = FLT && !CLAMP;
-    if (FASTB) {
+    if (KEYF && M > 12) {
+      // the folded key front end wrote yf / yi above (M <= 12: y in w, quantized below)
+    } else if (FASTB) {
       auto sgn_pair = [&](int k) -> kv_u32 {  // packed D mask (bit 15 / bit 31) of lanes 2k, 2k+1
         const int i = 2 * k;
         if (TPV == 1) return (kv_sign(SEED, HAS_SIGN, i) ? 0x8000u : 0u) | (kv_sign(SEED, HAS_SIGN, i + 1) ? 0x80000000u : 0u);
@@ -475,9 +581,7 @@ kv_encode(const KvEncodeArgs a) {
       float v = fabsf(f) * P1;
       float r = __fadd_rd(v, 0.5f);
       float n23 = __fadd_rd(r, 8388608.0f);  // 2^23 + floor(v + 1/2), exact
-      const bool dneg = TPV == 1 ? kv_sign(SEED, HAS_SIGN, i)
-                        : TPV == 2 ? (part ? kv_sign(SEED, HAS_SIGN, LPT + i) : kv_sign(SEED, HAS_SIGN, i))
-                                   : (HAS_SIGN != 0 && ((mw[(i >> 6) & 1] >> (i & 63)) & 1ull) != 0);
+      const bool dneg = dsign(i);
       bool neg = ((h >> 15) != 0) != dneg;
       if (FLT) {
         float m = n23 - 8388608.0f;

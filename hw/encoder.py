@@ -15,11 +15,14 @@ Interface (Verilog names after ``amaranth.back.verilog.convert``):
     status [3] (out)              sticky OR of the flags of accepted outputs
     status_clear                  clears ``status``
 
-With ``key_slots`` = T > 0 (default 0: none) the cache policy's key front end
-(:mod:`hw.keyfront`) comes first: ``i__payload`` = lanes | slot | bypass
-(:func:`hw.wire.encoder_input_layout`), a ``cfg`` stream loads its table one lane per word
-(:func:`hw.wire.key_config_layout`; docs/FORMAT.md 7), and the latency grows by
-``1 + len(kf_regs)`` (``latency_breakdown["keyfront"]``).
+With ``key_slots`` = T > 0 (default 0: none) the front end is the cache policy's key front
+end folded into block floating point (:mod:`hw.keyfold`; key vectors are encoded as
+:func:`sim_models.codec.encode_folded`, bypassed ones as :func:`sim_models.encode`):
+``i__payload`` = lanes | slot | bypass (:func:`hw.wire.encoder_input_layout`), a ``cfg``
+stream loads its table one lane per word (:func:`hw.wire.key_config_layout`; docs/FORMAT.md
+7), ``fe_regs`` from ``hw.keyfold.FOLD_CUTS``, no registers in its max tree and no lane RAM
+of its own; the latency grows by the table read register (``latency_breakdown["keyfront"]``)
+and, with two beats, the join of the beats (``keyfront_join``).
 
 Options: :class:`hw.options.EncoderOptions`. Pipeline: front end (``fe_regs`` cuts) ->
 register -> FWHT with ``fwht_regs`` registers (:mod:`hw.fwht`) -> quantizer with
@@ -49,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -59,11 +62,11 @@ from .frontend import FrontEnd, u_shape
 from .frontend import ram_lines as frontend_ram_lines
 from .frontend import tree_cuts as frontend_tree_cuts
 from .fwht import FOLD_CYCLES, FWHT
-from .keyfront import KeyFrontEnd
+from .keyfold import FoldFrontEnd
 from .packer import Packer
 from .options import EncoderOptions
-from .pipeline import (REPLICA_ATTRS, FlowControl, FlowTop, beat_groups, check_lanes, collect,
-                       flow_cycles, fold_cycles, stage, when)
+from .pipeline import (FlowControl, FlowTop, beat_groups, check_lanes, collect, flow_cycles,
+                       fold_cycles, stage)
 from .quantizer import Quantizer
 from .quantizer import ram_lines as quant_ram_lines
 from .quantizer import tree_cuts as quant_tree_cuts
@@ -101,29 +104,6 @@ def write_fwht(params: FormatParams, latency: int, lanes: int | None = None) -> 
     return FWHT(params.n, params.mant_bits, latency, side_width=side, lanes=lanes or params.n)
 
 
-def join_beats(m: Module, en, name: str, value, valid, copies: int):
-    """Two beats of W lanes (beat 0 first, ``valid`` each) joined into one vector of 2W
-    lanes, held for two enabled cycles as the two-beat input register holds it: a register
-    of beat 0 (:func:`hw.pipeline.collect`), then the vector register (``{name}_vec``),
-    loaded with beat 1; its valid bit (``{name}_valid``) and the beat index of the
-    vector's two cycles (``{name}_beat``, ``copies`` equal registers kept apart), two
-    cycles after beat 0.
-
-    Returns:
-        (the vector register, its valid, the beat index copies).
-    """
-    value = Value.cast(value)
-    first, last = collect(m, en, name, value, valid)
-    vec = Signal(2 * len(value), name=f"{name}_vec", reset_less=True)
-    v0 = Signal(name=f"{name}_valid")
-    beat = Signal(copies, name=f"{name}_beat", attrs=REPLICA_ATTRS if copies > 1 else {})
-    with when(m, en):
-        m.d.sync += [v0.eq(last), beat.eq(v0.replicate(copies))]
-        with m.If(last):
-            m.d.sync += vec.eq(Cat(first, value))
-    return vec, v0 | beat[0], beat
-
-
 class KVEncoder(FlowTop, wiring.Component):
     """KV-cache write path (see module docstring).
 
@@ -148,7 +128,6 @@ class KVEncoder(FlowTop, wiring.Component):
         self.lanes = check_lanes(params, opts.lanes)
         self.beats = params.n // self.lanes
         self.key_slots = key_slots = opts.key_slots
-        self.kf_regs = opts.kf_regs
         self.params = params
         self.latency = opts.fwht_regs
         self.quant_regs = opts.quant_regs
@@ -170,13 +149,13 @@ class KVEncoder(FlowTop, wiring.Component):
         """Register stages per pipeline section (sums to :attr:`latency_cycles`)."""
         p, k = self.params, self.tree_every
         two = self.beats > 1
-        # two beats: the key front end's out cut is the join's register of beat 0
-        kf = {"keyfront": 1 + len(self.kf_regs),
-              **({"keyfront_join": 2 - ("out" in self.kf_regs)} if two else {})} \
-            if self.key_slots else {}
+        # the key front end: the table read register [+ the join of the beats]
+        kf = {"keyfront": 1, **({"keyfront_join": 1} if two else {})} if self.key_slots else {}
         fold = {"fold_stage": FOLD_CYCLES} if two else {}
         return {**kf, **fold_cycles(self.beats, "beat_data"),
-                "frontend_tree": frontend_tree_cuts(p.n, k), "frontend_cuts": len(self.fe_regs),
+                "frontend_tree": 0 if self.key_slots else frontend_tree_cuts(p.n, k),
+                "frontend_cuts": len(set(self.fe_regs) | ({"emax"} if two and self.key_slots
+                                                         else set())),
                 "frontend_reg": 1, "fwht": self.latency, **fold, "quant_tree": quant_tree_cuts(p, k),
                 "quant_regs": len(self.quant_regs), "output_reg": 1, **flow_cycles(self.flow)}
 
@@ -184,7 +163,7 @@ class KVEncoder(FlowTop, wiring.Component):
     def ram_lines(self) -> dict:
         """Lane delay lines in block RAM: name -> {stages, width, depth} (empty: none)."""
         p, k, r = self.params, self.tree_every, self.lane_ram
-        fe = frontend_ram_lines(p, self.fe_regs, k, r)
+        fe = {} if self.key_slots else frontend_ram_lines(p, self.fe_regs, k, r)
         qz = quant_ram_lines(p, self.quant_regs, k, r)
         return {**{f"frontend.{n}": v for n, v in fe.items()},
                 **{f"quant.{n}": v for n, v in qz.items()}}
@@ -203,32 +182,25 @@ class KVEncoder(FlowTop, wiring.Component):
         en, i_valid = fc.en, fc.i_valid
         w, two = self.lanes, self.beats > 1
 
-        # [key front end] + front end + register
-        m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every, self.lane_ram,
-                                              lanes=w)
+        # front end (with key_slots: the folded key front end) + register
         if self.key_slots:
-            # two beats: no out register of its own (the join's registers take the output)
-            kf_regs = tuple(r for r in self.kf_regs if not (two and r == "out"))
-            m.submodules.keyfront = kf = KeyFrontEnd(p, self.key_slots, kf_regs, lanes=w,
-                                                     held=self.flow != "credit")
-            wiring.connect(m, wiring.flipped(self.cfg), kf.cfg)
+            m.submodules.frontend = fe = FoldFrontEnd(p, self.key_slots, self.fe_regs, lanes=w,
+                                                      held=self.flow != "credit")
+            wiring.connect(m, wiring.flipped(self.cfg), fe.cfg)
             pay = data.View(encoder_input_layout(p, self.key_slots), fc.payload)
             # the table row is read at the vector's beat, or (two beats with stalls: held)
             # at its handshake, from the accepted payload
             side = data.View(encoder_input_layout(p, self.key_slots), self.i.payload) \
-                if kf.held and two else pay
-            m.d.comb += [kf.en.eq(en), kf.i_valid.eq(i_valid), kf.bits.eq(pay.lanes),
-                         kf.slot.eq(side.slot), kf.bypass.eq(side.bypass)]
-            if two:     # W lanes per beat: the two beats joined into the vector again
-                m.d.comb += kf.beat.eq(fc.beat_copies(beat_groups(w)))
-                if kf.held:
-                    m.d.comb += kf.load.eq(self.i.ready)
-                vec, fv, fbeat = join_beats(m, en, "kf_join", kf.o_bits, kf.o_valid,
-                                            beat_groups(w))
-                m.d.comb += [fe.bits.eq(vec), fe.i_valid.eq(fv), fe.beat.eq(fbeat)]
-            else:
-                m.d.comb += [fe.bits.eq(kf.o_bits), fe.i_valid.eq(kf.o_valid)]
+                if fe.held and two else pay
+            m.d.comb += [fe.bits.eq(pay.lanes), fe.slot.eq(side.slot),
+                         fe.bypass.eq(side.bypass), fe.i_valid.eq(i_valid)]
+            if two:
+                m.d.comb += fe.beat.eq(fc.beat_copies(beat_groups(w)))
+                if fe.held:
+                    m.d.comb += fe.load.eq(self.i.ready)
         else:
+            m.submodules.frontend = fe = FrontEnd(p, self.fe_regs, self.tree_every,
+                                                  self.lane_ram, lanes=w)
             if two:
                 m.d.comb += fe.beat.eq(fc.beat_copies(beat_groups(w)))
             m.d.comb += [fe.bits.eq(fc.payload), fe.i_valid.eq(i_valid)]

@@ -46,11 +46,6 @@ def _quant_default():
     return QUANT_CUTS.default
 
 
-def _kf_default():
-    from .keyfront import KF_CUTS
-    return KF_CUTS.default
-
-
 def _float_default():
     from .decoder import FLOAT_CUTS
     return FLOAT_CUTS.default
@@ -67,11 +62,14 @@ class EncoderOptions:
 
     Attributes:
         fwht_regs: registers in the FWHT's butterfly network, 0 .. log2 W.
-        fe_regs / quant_regs / kf_regs: register cuts of the front end, the quantizer and
-            the key front end (names of ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``,
-            ``hw.keyfront.KF_CUTS``).
+        fe_regs / quant_regs: register cuts of the front end and the quantizer (names of
+            ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``; with ``key_slots`` the
+            front end is ``hw.keyfold.FoldFrontEnd``: names of ``hw.keyfold.FOLD_CUTS``).
         tree_every: a register after every k levels of the reduction trees (0: none).
-        key_slots: table slots T of the key front end (0: none; fp16 only).
+        key_slots: table slots T of the key front end (0: none; fp16 only), folded into the
+            front end (``hw.keyfold.FoldFrontEnd``: key vectors encoded as
+            ``sim_models.codec.encode_folded``); no registers in its max tree
+            (``tree_every`` sets the quantizer's only), lane RAM the quantizer's only.
         lane_ram: lane delay lines of at least this many stages in block RAM (0: none;
             docs/DECISIONS.md, "Lane RAM").
         flow: ``"stall"`` (global stall) or ``"credit"`` (credit flow, skid FIFO;
@@ -86,7 +84,6 @@ class EncoderOptions:
     quant_regs: tuple = field(default_factory=_quant_default)
     tree_every: int = 0
     key_slots: int = 0
-    kf_regs: tuple = field(default_factory=_kf_default)
     lane_ram: int = 0
     flow: str = "stall"
     credit_extra: int = 0
@@ -94,12 +91,10 @@ class EncoderOptions:
 
     def __post_init__(self):
         from .frontend import FE_CUTS
-        from .keyfront import KF_CUTS
         from .quantizer import QUANT_CUTS
         _int(self.fwht_regs, "fwht_regs (FWHT pipeline registers)")
         _set_cuts(self, "fe_regs", FE_CUTS)
         _set_cuts(self, "quant_regs", QUANT_CUTS)
-        _set_cuts(self, "kf_regs", KF_CUTS)
         check_tree_every(self.tree_every)
         _int(self.key_slots, "key_slots (key front end table slots)")
         check_lane_ram(self.lane_ram)
@@ -110,13 +105,15 @@ class EncoderOptions:
     def check(self, params: FormatParams) -> "EncoderOptions":
         """The checks that need the format: ``fwht_regs`` in 0 .. log2 W, ``lanes`` N or
         N/2 (a multiple of G), ``key_slots`` (fp16), ``lane_ram`` (one beat)."""
-        from .keyfront import check_key_slots
+        from .keyfold import check_key_slots
         w = check_lanes(params, self.lanes)
         if w < params.n and self.lane_ram:
             raise ValueError(f"lane_ram (block RAM lane delay) needs lanes=N={params.n}, "
                              f"got lanes={w}")
         if self.key_slots:
+            from .keyfold import FOLD_CUTS
             check_key_slots(params, self.key_slots)
+            FOLD_CUTS.check(self.fe_regs)
         check_latency(params, self.fwht_regs, w)
         return self
 

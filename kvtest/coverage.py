@@ -26,11 +26,12 @@ Groups (``<group>.<detail>`` bin names):
                trip and direct sets: any field, byte 0x00 included)
 * ``dec_out``  decoder output lanes: round-to-nearest-even ties with an even / odd
                lower neighbour, saturation to the largest finite value, subnormals
-* ``key``      the key front end (configs ``..._k<T>``, :mod:`kvtest.keyfront`): each
-               slot, bypass, a slot >= T, a table reload seen mid-stream, and per lane
-               NaN/inf pass-through, saturation / subnormal / rounded results of the
-               scaling and of the subtraction, underflow to zero, exact cancellation,
-               the -0 result
+* ``key``      the key front end (configs ``..._k<T>``, the folded rule,
+               :mod:`kvtest.keyfront`): each slot, bypass, a slot >= T, a table reload
+               seen mid-stream, and per lane of key vectors NaN/inf pass-through,
+               saturation and values below the fp16 normals of the scaling, rounded and
+               flushed alignment of the key, rounded alignment of mu_s, the vector's
+               exponent set by mu_s, exact cancellation, the clamp
 * ``stream``   handshakes: runs of back-pressure (``stall``: o__valid and not o__ready),
                input gaps (``gap``: no i__valid between two words), input held off
                (``iready_low``: i__valid and not i__ready), full-rate output runs, and

@@ -1,14 +1,17 @@
-"""Key-front-end streams: the table replayed from its cfg words, and the ``key`` coverage bins.
+"""Key-front-end streams: the table replayed from its cfg words, the golden words, and the ``key`` bins.
 
-The hardware table (``hw.keyfront.KeyFrontEnd``) starts all zero (mu_s = +0, e = 0) and
-takes one lane per ``cfg`` word; a vector sees every word written in an earlier cycle
-than its own input handshake (FORMAT.md 7). :func:`replay` applies that rule to recorded
-handshake cycles and computes each vector's encoder input with the golden
-:func:`sim_models.testvectors.key_front_inputs` (a slot >= T passes like ``bypass``).
-:func:`key_bins` / :func:`key_hits`: the functional coverage group ``key`` (slots,
-bypass, out-of-range slots, reloads seen mid-stream, and per lane NaN/inf pass-through,
-saturation, subnormal and rounded results of the scaling and of the subtraction, exact
-cancellation to +0, the -0 result). Shared by the amaranth.sim tests and the cocotb bench.
+The hardware table (``hw.keyfold``, the key front end folded into the encoder's front end)
+starts all zero (mu_s = +0, e = 0) and takes one lane per ``cfg`` word; a vector sees every
+word written in an earlier cycle than its own input handshake (FORMAT.md 7).
+:func:`seen_tables` applies that rule to recorded handshake cycles; :func:`key_trace` gives
+each vector's golden write-path trace: the folded rule
+(:func:`sim_models.codec.encode_trace_folded`) with the table of its slot, the value path
+(:func:`sim_models.codec.encode_trace`) where ``bypass`` or a slot >= T.
+:func:`key_bins` / :func:`key_hits`: the functional coverage group ``key`` (slots, bypass,
+out-of-range slots, reloads seen mid-stream, and per lane of key vectors NaN/inf
+pass-through, saturation and values below the fp16 normals of the scaling, rounding and
+flushing in the alignment of the key and of mu_s, the vector's exponent set by mu_s, exact
+cancellation, the clamp). Shared by the amaranth.sim tests and the cocotb bench.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim_models import wire
+from sim_models.codec import Trace, encode_trace, encode_trace_folded
 from sim_models.params import FormatParams
-from sim_models.testvectors import key_front_inputs
 
 
 class KeySlotTable:
@@ -39,11 +42,12 @@ class KeySlotTable:
         self.mu_s[f["slot"], f["lane"]] = f["mu_s"]
         self.e[f["slot"], f["lane"]] = e
 
-    def inputs(self, x: np.ndarray, slot, bypass) -> np.ndarray:
-        """Encoder inputs of vectors x [V, N] with side band slot / bypass ([V])."""
-        slot = np.asarray(slot, np.int64)
-        byp = np.asarray(bypass, bool) | (slot >= self.slots)
-        return key_front_inputs(x, self.mu_s, self.e, np.where(byp, 0, slot), byp, self.p)
+    def trace(self, x: np.ndarray, slot, bypass) -> Trace:
+        """Golden trace (:func:`key_trace`) of vectors x [V, N] with side band slot / bypass
+        ([V]) under the table as it is now."""
+        shp = (len(x), self.slots, self.p.n)
+        return vector_trace(self.p, self.slots, x, np.broadcast_to(self.mu_s, shp),
+                            np.broadcast_to(self.e, shp), slot, bypass)
 
 
 def seen_tables(p: FormatParams, slots: int, in_cycles, cfg_words, cfg_cycles,
@@ -76,33 +80,54 @@ def seen_tables(p: FormatParams, slots: int, in_cycles, cfg_words, cfg_cycles,
     return tab, mu, e, reload
 
 
+def key_trace(p: FormatParams, x: np.ndarray, mu_s, log2_s, bypass) -> Trace:
+    """Golden write-path trace of a key-front-end stream: per vector (x uint16 [V, N], its
+    table row mu_s / log2_s [V, N]) the folded rule, the value path where ``bypass`` [V]."""
+    x = np.asarray(x, np.uint16)
+    byp = np.asarray(bypass, bool)
+    if byp.all():
+        return encode_trace(x, p)
+    k = encode_trace_folded(x, np.where(byp[:, None], 0, mu_s).astype(np.uint16),
+                            np.where(byp[:, None], 0, log2_s), p)
+    if not byp.any():
+        return k
+    v = encode_trace(x, p)
+
+    def pick(a, b):
+        if a is None:
+            return None
+        return np.where(byp.reshape(-1, *([1] * (a.ndim - 1))), b, a).astype(a.dtype)
+    return Trace(**{f: pick(getattr(k, f), getattr(v, f))
+                    for f in ("x", "u", "y", "scales", "codes", "flags", "zeros")})
+
+
 def replay(p: FormatParams, slots: int, x: np.ndarray, slot, bypass, in_cycles,
-           cfg_words, cfg_cycles, tables: "KeySlotTable | None" = None) -> np.ndarray:
-    """Encoder inputs uint16 [V, N] of vectors accepted at ``in_cycles`` while ``cfg_words``
-    were written at ``cfg_cycles`` (both in handshake order; ``tables``: the state before,
-    default all zero, updated in place)."""
+           cfg_words, cfg_cycles, tables: "KeySlotTable | None" = None) -> Trace:
+    """Golden trace of vectors accepted at ``in_cycles`` while ``cfg_words`` were written at
+    ``cfg_cycles`` (both in handshake order; ``tables``: the state before, default all zero,
+    updated in place)."""
     _, mu, e, _ = seen_tables(p, slots, in_cycles, cfg_words, cfg_cycles, tables)
-    return vector_inputs(p, slots, x, mu, e, slot, bypass)
+    return vector_trace(p, slots, x, mu, e, slot, bypass)
 
 
 def _row(tab: np.ndarray, slot: np.ndarray) -> np.ndarray:
     return tab[np.arange(tab.shape[0]), np.minimum(slot, tab.shape[1] - 1)]
 
 
-def vector_inputs(p: FormatParams, slots: int, x, mu, e, slot, bypass) -> np.ndarray:
-    """Encoder inputs of vectors x [V, N] with per-vector tables mu / e [V, T, N]."""
+def vector_trace(p: FormatParams, slots: int, x, mu, e, slot, bypass) -> Trace:
+    """Golden trace (:func:`key_trace`) of vectors x [V, N] with per-vector tables mu / e
+    [V, T, N]; a slot >= T passes like ``bypass``."""
     slot = np.asarray(slot, np.int64)
     byp = np.asarray(bypass, bool) | (slot >= slots)
-    v = np.arange(x.shape[0])
-    return key_front_inputs(x, _row(mu, slot), _row(e, slot), v, byp, p)
+    return key_trace(p, x, _row(mu, slot), _row(e, slot), byp)
 
 
 # ---------------------------------------------------------------- functional coverage
 
-#: Lane conditions of the key front end (``key.<name>`` bins), see :func:`key_hits`.
-LANE_BINS = ("pass.nan", "pass.inf", "scale.sat", "scale.subnormal", "scale.rounded",
-             "scale.underflow", "out.sat", "out.subnormal", "out.rounded", "out.cancel",
-             "out.negzero")
+#: Lane conditions of the folded key front end on key vectors (``key.<name>`` bins), see
+#: :func:`key_hits`.
+LANE_BINS = ("pass.nan", "pass.inf", "scale.sat", "scale.low", "align.key_rounded",
+             "align.key_flushed", "align.mu_rounded", "emax.mu", "out.cancel", "out.clamp")
 
 
 def key_bins(slots: int) -> list[tuple[str, str | None]]:
@@ -117,43 +142,56 @@ def key_bins(slots: int) -> list[tuple[str, str | None]]:
 
 def key_hits(p: FormatParams, slots: int, x, mu, e, slot, bypass, reload=None):
     """(bin names, bool [V, B]): the ``key`` bins each vector hits (tables per vector as
-    :func:`seen_tables`; ``reload``: its [V, T] result or None)."""
-    from sim_models.center import bits_to_float
-    from sim_models.keyscale import pow2_scales, scale_keys
+    :func:`seen_tables`; ``reload``: its [V, T] result or None). Lane conditions of the
+    folded rule (:func:`sim_models.bfp.to_block_fp_keys`), on key vectors only:
+    ``scale.sat`` E + e > 30 (saturated to 65504), ``scale.low`` a nonzero finite lane with
+    E + e < 1 (below the fp16 normals, kept exact), ``align.key_rounded`` /
+    ``align.mu_rounded`` the alignment to the vector's exponent drops nonzero bits of the
+    key / of mu_s, ``align.key_flushed`` a nonzero key lane aligns to 0, ``emax.mu`` the
+    vector's exponent is set by a mu_s lane above every scaled key lane, ``out.cancel``
+    X = MU != 0, ``out.clamp`` |X - MU| = 2^(M-1) (clamped)."""
+    from sim_models.bfp import align, decode_bits
     slot = np.asarray(slot, np.int64)
     byp = np.asarray(bypass, bool)
+    x = np.asarray(x, np.uint16)
     oor = slot >= slots
     on = ~byp & ~oor
     m16, e16 = _row(mu, slot), _row(e, slot)
-    xv = bits_to_float(x, p)
-    fin = np.isfinite(xv)
-    lane = on[:, None]
-    with np.errstate(invalid="ignore", over="ignore"):
-        exact = np.where(fin, xv, 0.0) * np.exp2(e16)
-        y = scale_keys(x, pow2_scales(e16), p)
-        yv = bits_to_float(y, p)
-        d = np.where(fin, yv, 0.0) - bits_to_float(m16, p)
-    out = key_front_inputs(x, m16, e16, np.arange(x.shape[0]), np.zeros_like(byp), p)
-    ov = bits_to_float(out, p)
-    ymag, omag = y & 0x7FFF, out & 0x7FFF
-    top = 65504.0
+    special = ((x >> 10) & 0x1F) == 0x1F
+    nan = special & ((x & 0x3FF) != 0)
+    e16 = np.where(special, 0, e16)
+    sign, ex, sig, _ = decode_bits(x, p)
+    ex = ex + e16
+    sat = ~special & (ex > 30)
+    sig = np.where(sat, 2047, sig)
+    exs = np.where(sat, 30, ex)
+    sm, em, sig_m, _ = decode_bits(np.where(special, 0, m16).astype(np.uint16), p)
+    emax = np.maximum(exs, em).max(axis=1, keepdims=True) + 1
+    off = p.mant_bits - 12
+    shx, shm = emax - exs - off, emax - em - off
+    xs, ms = align(sig, shx), align(sig_m, shm)
+    big_x = np.where(sign == 1, -xs, xs)
+    big_m = np.where(sm == 1, -ms, ms)
+    lo = np.ldexp(1.0, -np.minimum(np.maximum(shx, 0), 60))
+    lom = np.ldexp(1.0, -np.minimum(np.maximum(shm, 0), 60))
     cond = {
-        "pass.nan": np.isnan(xv), "pass.inf": np.isinf(xv),
-        "scale.sat": fin & (np.abs(exact) > top),
-        "scale.subnormal": fin & (ymag > 0) & (ymag < 0x400),
-        "scale.rounded": fin & (np.abs(exact) <= top) & (yv != exact),
-        "scale.underflow": fin & (xv != 0) & (ymag == 0),
-        "out.sat": fin & (np.abs(d) > top),
-        "out.subnormal": fin & (omag > 0) & (omag < 0x400),
-        "out.rounded": fin & (np.abs(d) <= top) & (ov != d),
-        "out.cancel": fin & (yv != 0) & (d == 0),
-        "out.negzero": fin & (out == 0x8000),
+        "pass.nan": nan, "pass.inf": special & ~nan,
+        "scale.sat": sat,
+        "scale.low": ~special & (sig != 0) & (ex < 1),
+        "align.key_rounded": ~special & (shx > 0) & (xs != sig * lo),
+        "align.key_flushed": ~special & (sig != 0) & (xs == 0),
+        "align.mu_rounded": (shm > 0) & (ms != sig_m * lom),
+        "emax.mu": np.broadcast_to(em.max(axis=1, keepdims=True) > exs.max(axis=1, keepdims=True),
+                                   x.shape),
+        "out.cancel": (big_x == big_m) & (big_x != 0),
+        "out.clamp": np.abs(big_x - big_m) == (1 << (p.mant_bits - 1)),
     }
     names = [f"key.slot{s}" for s in range(slots)] + ["key.bypass", "key.slot_out_of_range",
                                                       "key.reload"]
     rl = (np.zeros(len(slot), bool) if reload is None
           else on & np.asarray(reload)[np.arange(len(slot)), np.minimum(slot, slots - 1)])
     cols = [on & (slot == s) for s in range(slots)] + [byp, oor & ~byp, rl]
+    lane = on[:, None]
     for b in LANE_BINS:
         names.append(f"key.{b}")
         cols.append((cond[b] & lane).any(axis=1))

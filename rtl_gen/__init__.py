@@ -117,11 +117,13 @@ def _key_front_fields(dut: KVEncoder) -> dict:
         return {}
     i_shape, c_shape = _stream_shape(dut, "i"), _stream_shape(dut, "cfg")
     return {"key_front": {
-        "slots": dut.key_slots, "register_cuts": list(dut.kf_regs),
+        "slots": dut.key_slots, "register_cuts": list(dut.fe_regs),
         "i_payload": {"width": Shape.cast(i_shape).width, "fields": payload_fields(i_shape)},
         "cfg_payload": {"width": Shape.cast(c_shape).width, "fields": payload_fields(c_shape)},
-        "rule": "lane k of slot s: RNE_fp16(RN16(x * 2^e) - mu_s), NaN/inf and bypass (or "
-                "slot >= slots) pass (sim_models.keyscale.key_front)",
+        "rule": "key vectors of slot s: block floating point of x * 2^e - mu_s in the integer "
+                "domain, the folded rule (sim_models.bfp.to_block_fp_keys; bytes "
+                "sim_models.codec.encode_folded); bypass (or slot >= slots): the value path "
+                "(sim_models.encode)",
         "table_timing": "a cfg word accepted in cycle t is seen by vectors accepted after t; "
                         "the table starts all zero (identity)"}}
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from hw.decoder import DQ_CUTS, FLOAT_CUTS
 from hw.frontend import FE_CUTS
-from hw.keyfront import KF_CUTS
+from hw.keyfold import FOLD_CUTS
 from hw.options import DecoderOptions, EncoderOptions, RoundTripOptions
 from hw.pipeline import FLOWS
 from hw.quantizer import QUANT_CUTS
@@ -39,7 +39,7 @@ RTL_N_MAX = 512
 
 #: Option flags: dest -> (the options' field, which modules' options have it).
 ENC_FLAGS = {"quant_regs": "quant_regs", "fe_regs": "fe_regs", "tree_every": "tree_every",
-             "key_slots": "key_slots", "kf_regs": "kf_regs", "lane_ram": "lane_ram"}
+             "key_slots": "key_slots", "lane_ram": "lane_ram"}
 DEC_FLAGS = {"float_regs": "float_regs", "dq_regs": "dq_regs", "split_align": "split_align",
              "reset_copies": "reset_copies"}
 BOTH_FLAGS = {"fwht_regs": "fwht_regs", "flow": "flow", "credit_extra": "credit_extra",
@@ -104,16 +104,15 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"encoder: quantizer register cuts, comma-separated from "
                          f"{','.join(QUANT_CUTS.names)} or 'none' (default {','.join(e.quant_regs)})")
     ap.add_argument("--fe-regs", type=_cuts, default=S,
-                    help=f"encoder: front-end register cuts from {','.join(FE_CUTS.names)} or "
-                         f"'none' (default {','.join(e.fe_regs) or 'none'})")
+                    help=f"encoder: front-end register cuts from {','.join(FE_CUTS.names)} "
+                         f"(with --key-slots: {','.join(FOLD_CUTS.names)}) or 'none' (default "
+                         f"{','.join(e.fe_regs) or 'none'})")
     ap.add_argument("--tree-every", type=int, default=S,
                     help="encoder: a register after every K levels of the reduction trees "
                          "(default 0: none)")
     ap.add_argument("--key-slots", type=int, default=S,
-                    help="encoder: key front end table slots T (fp16 only; default 0: none)")
-    ap.add_argument("--kf-regs", type=_cuts, default=S,
-                    help=f"encoder: key front end register cuts from {','.join(KF_CUTS.names)} "
-                         f"or 'none' (default {','.join(e.kf_regs)}; with --key-slots)")
+                    help="encoder: key front end table slots T, the front end folding the key "
+                         "scale and centering in (fp16 only; default 0: none)")
     ap.add_argument("--lane-ram", type=int, default=S,
                     help="encoder: lane delay lines of at least D register stages (D >= 3) in "
                          "block RAM (default 0: none)")
@@ -197,8 +196,6 @@ def main(argv=None) -> int:
                                  f"{a.config or '--module ' + module}")
         if module == "roundtrip" and given.get("key_slots"):
             raise ValueError("--key-slots: the round trip has no key front end")
-        if "kf_regs" in given and not (given.get("key_slots") or (enc and enc.key_slots)):
-            raise ValueError("--kf-regs needs --key-slots > 0 (the key front end)")
         both = {f: given[f] for f in BOTH_FLAGS if f in given}
         if enc is not None:
             enc = replace(enc, **both, **{f: given[f] for f in ENC_FLAGS if f in given})

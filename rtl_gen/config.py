@@ -12,13 +12,14 @@
   (``fwht_regs``, 0 .. log2 N; a decoder's up to its FWHT's steps, the block alignment
   included; the latency in cycles is in the manifest);
 * optional ``p<k>`` (after ``l``): the register profile for Fmax: every optional register
-  cut of the components placed (``fe_regs``, ``quant_regs``, ``kf_regs``; ``float_regs``,
+  cut of the components placed (``fe_regs``, ``quant_regs``; ``float_regs``,
   ``dq_regs``, ``split_align``) and a register after every k levels of the encoder's
   reduction trees (``tree_every``; ``p0``: the cuts only; a decoder takes only ``p0``);
   without it, the components' default cuts. Registers change the latency, never the bytes;
 * optional ``k<T>`` (after ``l`` / ``p``, encoder only): the cache policy's key front end
-  (``hw.keyfront.KeyFrontEnd``) with T table slots, its ``cfg`` port and the ``slot`` /
-  ``bypass`` input side band (``key_slots=T``; with ``pK`` all its cuts);
+  folded into the front end (``hw.keyfold.FoldFrontEnd``, FORMAT.md 8's folded rule) with
+  T table slots, its ``cfg`` port and the ``slot`` / ``bypass`` input side band
+  (``key_slots=T``; with ``pK`` all its cuts, ``hw.keyfold.FOLD_CUTS``);
 * optional ``r<D>`` (after ``l`` / ``p`` / ``k``, encoder and round trip): a lane delay
   line of at least D register stages (D >= 3) is a block RAM circular buffer instead of
   flip-flops (``lane_ram=D``, ``hw.pipeline.ram_delay``); same cycles and bytes;
@@ -96,12 +97,15 @@ def _changes(p: FormatParams, base: FormatParams) -> list[str]:
     return [f for f in _FIELDS if f not in ("n", "block", "bits") and getattr(p, f) != getattr(base, f)]
 
 
-def _profile(kind: str) -> dict:
-    """The register profile's cut fields (config part ``pK``) of an encoder or decoder."""
+def _profile(kind: str, key_slots: int = 0) -> dict:
+    """The register profile's cut fields (config part ``pK``) of an encoder (with
+    ``key_slots``: the folded key front end's cuts) or decoder."""
     if kind == "encoder":
         from hw.frontend import FE_CUTS
+        from hw.keyfold import FOLD_CUTS
         from hw.quantizer import QUANT_CUTS
-        return {"fe_regs": FE_CUTS.names, "quant_regs": QUANT_CUTS.names}
+        fe = FOLD_CUTS if key_slots else FE_CUTS
+        return {"fe_regs": fe.names, "quant_regs": QUANT_CUTS.names}
     from hw.decoder import DQ_CUTS, FLOAT_CUTS
     return {"float_regs": FLOAT_CUTS.names, "dq_regs": DQ_CUTS.names, "split_align": True}
 
@@ -115,10 +119,7 @@ def encoder_options(fwht_regs: int = 2, pipe: int | None = None, key_slots: int 
     if credit is not None:
         kw.update(flow="credit", credit_extra=credit)
     if pipe is not None:
-        kw.update(_profile("encoder"), tree_every=pipe)
-        if key_slots:
-            from hw.keyfront import KF_CUTS
-            kw["kf_regs"] = KF_CUTS.names
+        kw.update(_profile("encoder", key_slots), tree_every=pipe)
     return EncoderOptions(**kw)
 
 
@@ -138,14 +139,12 @@ def decoder_options(fwht_regs: int = 2, pipe: int | None = None, credit: int | N
 def _pipe_of(opts, kind: str) -> int | None:
     """The ``pK`` part of encoder / decoder options (None: the default cuts); ValueError
     when the cuts are neither the defaults nor the profile (no name states them)."""
-    prof = _profile(kind)
+    prof = _profile(kind, opts.key_slots if kind == "encoder" else 0)
     base = OPTIONS[kind]()
     if kind == "encoder":
-        from hw.keyfront import KF_CUTS
-        kf = KF_CUTS.names if opts.key_slots else KF_CUTS.default
-        if all(getattr(opts, f) == v for f, v in prof.items()) and opts.kf_regs == kf:
+        if all(getattr(opts, f) == v for f, v in prof.items()):
             return opts.tree_every
-        fields_ = (*prof, "kf_regs", "tree_every")
+        fields_ = (*prof, "tree_every")
     else:
         if all(getattr(opts, f) == v for f, v in prof.items()):
             return 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bfp import FLAG_SAT, to_block_fp
+from .bfp import FLAG_SAT, to_block_fp, to_block_fp_keys
 from .fwht import fwht
 from .pack import pack_codes, unpack_codes
 from .params import FormatParams
@@ -114,6 +114,12 @@ def encode_trace(bits: np.ndarray, p: FormatParams, t: HeadTransform | None = No
     bits = as_bits(bits, p)
     t = _check_transform(t, p)
     x, u, flags = to_block_fp(bits, p, _signs(p, t))
+    return _trace_from_bfp(x, u, flags, p, t)
+
+
+def _trace_from_bfp(x, u, flags, p: FormatParams, t: HeadTransform | None) -> Trace:
+    """The write path after block floating point (FORMAT.md 3.4-3.7): FWHT, [rotation B],
+    scale bytes, codes, FLAG_SAT."""
     y = fwht(x)
     if t is not None and t.rot is not None:
         y = rotate_forward(y, t.rot)
@@ -142,6 +148,62 @@ def encode(x: np.ndarray, p: FormatParams | None = None,
     p = _check_params(p)
     lead = x.shape[:-1] if isinstance(x, np.ndarray) else ()
     return encoded(encode_trace(as_bits(x, p), p, t), p, lead)
+
+
+def _key_tables(mu_s, log2_s, shape: tuple, n: int):
+    """The key tables broadcast to keys of ``shape`` ([..., N]) and flattened to [V, N]; tables
+    already shaped for the flattened keys ([V, N] or [N]) pass unchanged."""
+    mu, e = np.asarray(mu_s), np.asarray(log2_s)
+    if len(shape) <= 2:
+        return mu, e
+    try:
+        return (np.broadcast_to(mu, shape).reshape(-1, n), np.broadcast_to(e, shape).reshape(-1, n))
+    except ValueError:
+        return mu, e                    # [V, N] of the flattened keys (to_block_fp_keys checks)
+
+
+def encode_trace_folded(bits: np.ndarray, mu_s: np.ndarray, log2_s: np.ndarray,
+                        p: FormatParams, t: HeadTransform | None = None) -> Trace:
+    """Write path of keys with a key front end: the folded key front end of FORMAT.md 8
+    (:func:`sim_models.bfp.to_block_fp_keys`: the scale 2^e and the centering mu_s inside block
+    floating point), then FORMAT.md 3.4-3.7 unchanged.
+
+    Args:
+        bits: fp16 keys, uint16 bit patterns or float16, [..., N] (flattened to V).
+        mu_s: fp16 centering table ``RN16(mu 2^e)`` (uint16 bits or float16), broadcastable
+            to the keys' shape [..., N] or to the flattened [V, N] (e.g. [N] for one
+            (layer, kv head)).
+        log2_s: integer key-scale exponents, broadcastable as ``mu_s``.
+        p: format parameters (fp16).
+        t: transform tables, as :func:`encode_trace`.
+
+    Raises:
+        TypeError, ValueError: :func:`as_bits`, :func:`sim_models.bfp.to_block_fp_keys`.
+    """
+    shape = bits.shape if isinstance(bits, np.ndarray) else ()
+    bits = as_bits(bits, p)
+    mu_s, log2_s = _key_tables(mu_s, log2_s, shape, p.n)
+    t = _check_transform(t, p)
+    x, u, flags = to_block_fp_keys(bits, mu_s, log2_s, p, _signs(p, t))
+    return _trace_from_bfp(x, u, flags, p, t)
+
+
+def encode_folded(k: np.ndarray, mu_s: np.ndarray, log2_s: np.ndarray,
+                  p: FormatParams | None = None, t: HeadTransform | None = None) -> Encoded:
+    """Encode keys with the key front end (FORMAT.md 8, the folded rule:
+    :func:`encode_trace_folded`); the planes and the read path are those of :func:`encode`
+    (the decoder returns ``k 2^e - mu_s``).
+
+    Args:
+        k: fp16 keys, uint16 bit patterns or float16, [..., N]; leading axes kept.
+        mu_s, log2_s: the key tables of the vectors' (layer, kv head), broadcastable to the
+            keys' shape or to [V, N] of the flattened keys.
+        p: format parameters (default :class:`FormatParams` ()).
+        t: transform tables or None.
+    """
+    p = _check_params(p)
+    lead = k.shape[:-1] if isinstance(k, np.ndarray) else ()
+    return encoded(encode_trace_folded(k, mu_s, log2_s, p, t), p, lead)
 
 
 def encoded(t: Trace, p: FormatParams, lead: tuple | None = None) -> Encoded:

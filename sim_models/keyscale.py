@@ -88,11 +88,11 @@ def key_front(x: np.ndarray, mu_s: np.ndarray, log2_s: np.ndarray,
               p: FormatParams | None = None) -> np.ndarray:
     """Key front end from its loaded tables: ``RNE(RN16(x * 2^e) - mu_s)`` per lane (fp16).
 
-    The one definition the RTL (``hw.keyfront.KeyFrontEnd``), the testbenches and the
-    pinned vectors use: :func:`scale_keys` by the power of two ``2^e`` (exact, or RNE into
-    the subnormals, saturating at +-65504), then :func:`sim_models.center.center` by the
-    precomputed ``mu_s = RN16(mu * 2^e)`` (:func:`front_table`). NaN/inf lanes of x pass
-    through. With ``mu_s = front_table(mu, e)`` this is FORMAT.md 8's
+    The rule of keys kept as 16-bit side rows (sinks, the recent ring; FORMAT.md 8), which
+    the CUDA kernel (``gpu_ref.key_front``) and the golden stores use: :func:`scale_keys`
+    by the power of two ``2^e`` (exact, or RNE into the subnormals, saturating at
+    +-65504), then :func:`sim_models.center.center` by the precomputed
+    ``mu_s = RN16(mu * 2^e)`` (:func:`front_table`). NaN/inf lanes of x pass through. With ``mu_s = front_table(mu, e)`` this is FORMAT.md 8's
     ``RNE_fp16(RN16(x s) - RN16(mu s))``.
 
     Args:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .codec import Encoded, encode_folded
 from .keyscale import LOG2_S_RANGE, front_table, key_front, pow2_scales
 from .params import FormatParams
 
@@ -117,9 +118,47 @@ class KeyTables:
         d = self.shape[2]
         return front_table(mu, self.log2_s, FormatParams(n=d, block=min(64, d)))
 
+    def _entry(self, layer: int, head: int):
+        L, H, D = self.shape
+        if not (0 <= layer < L and 0 <= head < H):
+            raise IndexError(f"(layer, head) = ({layer}, {head}) outside the tables' [{L}, {H}]")
+        e = np.zeros(D, np.int8) if self.log2_s is None else self.log2_s[layer, head]
+        return self.scaled_mu()[layer, head], e
+
+    def encode(self, k: np.ndarray, layer: int, head: int, p: FormatParams | None = None,
+               t=None) -> Encoded:
+        """Packed keys of (layer, head) (FORMAT.md 8): the folded key front end with this entry's
+        tables, :func:`sim_models.codec.encode_folded` (``k 2^e - RN16(mu 2^e)`` inside block
+        floating point, no fp16 rounding per lane).
+
+        Args:
+            k: fp16 keys, float16 or uint16 bits [..., D].
+            layer, head: table entry.
+            p: format parameters (``dtype`` fp16; ``n`` divides D; default n = D).
+            t: transform tables of (layer, head) or None.
+
+        Returns:
+            :class:`sim_models.Encoded` with leading axes ``k.shape[:-1] + (D / n,)``.
+
+        Raises:
+            IndexError: layer / head out of range. ValueError: p.dtype not fp16, or the last
+            axis of k not D.
+        """
+        D = self.shape[2]
+        p = p or FormatParams(n=D, block=min(64, D))
+        if p.dtype != "fp16":
+            raise ValueError(f"the key front end is defined for fp16 keys, got dtype={p.dtype!r}")
+        if not isinstance(k, np.ndarray) or k.shape[-1:] != (D,) or D % p.n:
+            raise ValueError(f"k must be [..., D={D}] with D a multiple of p.n={p.n}, got "
+                             f"{list(np.shape(k))}")
+        mu_s, e = self._entry(layer, head)
+        blocks = k.reshape(*k.shape[:-1], D // p.n, p.n)
+        return encode_folded(blocks, mu_s.reshape(D // p.n, p.n), e.reshape(D // p.n, p.n), p, t)
+
     def front_end(self, k: np.ndarray, layer: int, head: int, p: FormatParams | None = None) -> np.ndarray:
-        """Encoder input of keys of (layer, head): ``RNE(RN16(k s) - RN16(mu s))`` (FORMAT.md 8),
-        :func:`sim_models.keyscale.key_front` with this entry's tables.
+        """Keys of (layer, head) in the key front end's domain as 16-bit rows (sinks, the recent
+        ring): ``RNE(RN16(k s) - RN16(mu s))`` (FORMAT.md 8), :func:`sim_models.keyscale.key_front`
+        with this entry's tables. Packed keys are encoded by :meth:`encode`.
 
         Args:
             k: fp16 keys, float16 or uint16 bits [..., D].
@@ -132,14 +171,12 @@ class KeyTables:
         Raises:
             IndexError: layer / head out of range. ValueError: p.dtype not fp16.
         """
-        L, H, D = self.shape
-        if not (0 <= layer < L and 0 <= head < H):
-            raise IndexError(f"(layer, head) = ({layer}, {head}) outside the tables' [{L}, {H}]")
+        D = self.shape[2]
+        mu_s, e = self._entry(layer, head)
         p = p or FormatParams(n=D, block=min(64, D))
         if p.dtype != "fp16":
             raise ValueError(f"the key front end is defined for fp16 keys, got dtype={p.dtype!r}")
-        e = np.zeros(D, np.int8) if self.log2_s is None else self.log2_s[layer, head]
-        return key_front(k, self.scaled_mu()[layer, head], e, p)
+        return key_front(k, mu_s, e, p)
 
     # ---------------------------------------------------------------- files
     @classmethod

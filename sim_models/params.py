@@ -12,13 +12,14 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-#: Version of the per-vector bit-level rules defined by this package (docs/FORMAT.md; format
-#: version 4 changed the cache policy only, so its vectors carry 3); the quantizer of each
-#: version is a preset (:data:`PRESETS`).
-FORMAT_VERSION = 3
+#: Version of the bit-level rules defined by this package (docs/FORMAT.md, the same number):
+#: version 4 encodes keys with a key front end by the folded rule (FORMAT.md 8); a vector
+#: without one is encoded as in versions 2 and 3. The quantizer of each version is a preset
+#: (:data:`PRESETS`).
+FORMAT_VERSION = 4
 #: Format versions whose files ``python -m sim_models decode`` reads (every
 #: field that differs between them is stored in the file's params).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 #: Input element types, as (exponent bits, stored mantissa bits, exponent bias).
 INPUT_DTYPES = {
@@ -253,8 +254,10 @@ class FormatParams:
 
         Args:
             name: ``"v1"`` (format version 1: midtread, scale rounded up), ``"v2"``
-                (format version 2) or ``"v3"`` (format version 3, the default: version 2's
-                per-vector quantizer; its key front end is :class:`sim_models.KeyTables`).
+                (format version 2), ``"v3"`` (format version 3: version 2's per-vector
+                quantizer; its key front end is :class:`sim_models.KeyTables`) or ``"v4"``
+                (format version 4, the default: the same quantizer; keys with a key front end
+                take the folded rule).
             overrides: any field; a quantizer field overrides the preset's value.
 
         Raises:
@@ -281,6 +284,9 @@ PRESETS = {
            "scale_mult": None},
     # version 3 keeps version 2's per-vector encoding; it adds the key front end (docs/FORMAT.md 8)
     "v3": {"mode": "midrise", "scale": "ue5m3", "scale_rule": "max", "scale_round": "nearest",
+           "scale_mult": None},
+    # version 4 keeps the quantizer; keys with a key front end take the folded rule (FORMAT.md 8)
+    "v4": {"mode": "midrise", "scale": "ue5m3", "scale_rule": "max", "scale_round": "nearest",
            "scale_mult": None},
 }
 

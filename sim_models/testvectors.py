@@ -20,8 +20,10 @@ Sets (uint16 fp16 bit patterns, [count, N]):
                ``scale_round="nearest"``).
 
 :func:`key_front_set` adds the key front end of the cache policy (FORMAT.md 8): vectors,
-per-slot tables (mu_s, e), slot and bypass side band, pinned with the encoder input and
-bytes they give in :data:`KEY_FRONT_CHECKSUMS`.
+per-slot tables (mu_s, e), slot and bypass side band, pinned with the bytes they give
+(:func:`key_front_encode`: the folded key front end, bypassed vectors as values) in
+:data:`KEY_FRONT_CHECKSUMS`. :func:`key_front_inputs` gives the same vectors' 16-bit rows in
+the front end's domain (the fp16 rule of side rows, :func:`sim_models.keyscale.key_front`).
 
 :data:`PINNED` lists the parameter sets whose checksums are pinned in
 :data:`CHECKSUMS`: the version-2 default at N = 64/128/256, the version-1
@@ -34,7 +36,7 @@ import hashlib
 
 import numpy as np
 
-from .codec import encode
+from .codec import Encoded, encode, encode_folded
 from .keyscale import LOG2_S_RANGE, key_front, pow2_scales, scale_keys
 from .fwht import hadamard
 from .params import PRESETS, FormatParams
@@ -268,27 +270,44 @@ def key_front_set(n: int, count: int = 512, seed: int = 0):
 
 
 def key_front_inputs(x, mu_s, log2_s, slot, bypass, p: FormatParams) -> np.ndarray:
-    """Encoder inputs of a key-front-end stream: :func:`sim_models.keyscale.key_front` with
-    the tables of each vector's slot, the lanes unchanged where ``bypass``."""
+    """16-bit rows of a key-front-end stream in the front end's domain (side rows: sinks, the
+    recent ring): :func:`sim_models.keyscale.key_front` with the tables of each vector's slot,
+    the lanes unchanged where ``bypass``."""
     out = key_front(x, mu_s[slot], log2_s[slot], p)
     return np.where(np.asarray(bypass, bool)[:, None], x, out).astype(np.uint16)
 
 
+def key_front_encode(x, mu_s, log2_s, slot, bypass, p: FormatParams) -> Encoded:
+    """Golden bytes of a key-front-end stream (FORMAT.md 8): the folded key front end
+    (:func:`sim_models.codec.encode_folded`) with the tables of each vector's slot, and
+    :func:`sim_models.encode` (the value path) where ``bypass``."""
+    k = encode_folded(x, mu_s[slot], log2_s[slot], p)
+    v = encode(x, p)
+    byp = np.asarray(bypass, bool)
+    return Encoded(codes=np.where(byp[:, None], v.codes, k.codes),
+                   scales=np.where(byp[:, None], v.scales, k.scales),
+                   flags=np.where(byp, v.flags, k.flags).astype(np.uint8), zeros=None)
+
+
 def key_front_checksum(n: int, count: int = 512, seed: int = 0) -> str:
-    """SHA-256 (16 hex) over :func:`key_front_set`, the encoder inputs it gives and their
-    golden encoding (default format at N = n, as :func:`checksum`)."""
+    """SHA-256 (16 hex) over :func:`key_front_set` and its golden bytes
+    (:func:`key_front_encode`, default format at N = n)."""
     p = pinned_params("default", n)
     x, mu, e, slot, byp = key_front_set(n, count, seed)
-    xin = key_front_inputs(x, mu, e, slot, byp, p)
+    enc = key_front_encode(x, mu, e, slot, byp, p)
     h = hashlib.sha256()
     for a in (x, mu, e.astype(np.int64), slot, byp):
         h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()[:8] + checksum(xin, p)[:8]
+    g = hashlib.sha256()
+    for a in (enc.codes, enc.scales, enc.flags):
+        g.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:8] + g.hexdigest()[:8]
 
 
 #: Pinned :func:`key_front_checksum` (512 random vectors + the directed ones, seed 0) under
-#: KEY_VECTORS_VERSION 1 and format version 2, by N. A change here changes the key front end.
+#: KEY_VECTORS_VERSION 1 and format version 4 (the folded key front end), by N. A change here
+#: changes the key front end.
 KEY_FRONT_CHECKSUMS = {
-    64: "1fdcfe56d88d77d8",
-    128: "070059dd27962230",
+    64: "1fdcfe568644386c",
+    128: "070059dd6a81bee8",
 }

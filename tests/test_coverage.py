@@ -266,7 +266,7 @@ def test_key_front_bins(slots):
     from sim_models.testvectors import key_front_set
     p = FormatParams(n=64, block=32)
     model = [b for b in bins(p, "encoder", slots) if b.group == "key"]
-    assert len(model) == slots + 3 + 11
+    assert len(model) == slots + 3 + 10
     x, mu, e, slot, byp = key_front_set(64, 300, 0)
     words = table_words(p, slots, mu, e, range(slots))
     reload = wire.key_config_words(p, slots, 1, mu[0], e[0])

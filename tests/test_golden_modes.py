@@ -124,10 +124,11 @@ def test_presets():
     assert FormatParams.preset("v1", n=64, block=32, bits=4) == FormatParams(
         n=64, block=32, bits=4, mode="midtread", scale_round="up")
     assert FormatParams.preset("v1", scale_round="nearest") == FormatParams(mode="midtread")
-    assert set(PRESETS) >= {"v1", "v2", "v3"}
+    assert set(PRESETS) >= {"v1", "v2", "v3", "v4"}
     assert FormatParams.preset("v3") == FormatParams.preset("v2")     # v3 adds the key front end only
+    assert FormatParams.preset("v4") == FormatParams.preset("v2")     # v4 changes the key front end only
     for name in PRESETS:
-        first = "v2" if name == "v3" else name                        # the oldest version of a quantizer
+        first = "v2" if name in ("v3", "v4") else name               # the oldest version of a quantizer
         assert FormatParams.preset(name).quantizer_preset == first
         assert FormatParams.preset(name, n=64, dtype="bf16").quantizer_preset == first
     assert FormatParams(mode="midtread").quantizer_preset is None

@@ -354,8 +354,24 @@ def _policy_case(bsz, hq, kvh, n, g, lengths, kb=3, vb=3, sinks=0, center=False,
     return cache, q16, k16, v16, mu16, s
 
 
+def _golden_packed_keys(k16, mu16, s, p):
+    """Golden packed keys [..., KVH, N] of the key policy: the folded key front end
+    (sim_models.codec.encode_folded with RN16(mu s) and log2 s of each kv head); without a key front end
+    (no mu, no s) the plain encoder."""
+    from sim_models.codec import encode_folded
+    from sim_models.keyscale import front_table
+    if mu16 is None and s is None:
+        return encode(np.ascontiguousarray(k16).view(np.uint16), p)
+    heads, n = k16.shape[-2:]
+    e = np.zeros((heads, n), np.int64) if s is None else np.log2(np.asarray(s, np.float64)).astype(np.int64)
+    mu = np.zeros((heads, n), np.float16) if mu16 is None else np.asarray(mu16, np.float16)
+    mu_s = front_table(mu, e, FormatParams(n=n, block=min(64, n)))
+    return encode_folded(np.ascontiguousarray(k16).view(np.uint16), mu_s, e, p)
+
+
 def _golden_keys(k16, mu16, s, p):
-    """Golden key policy: sim_models.center(scale_keys(k, s), scale_keys(mu, s)) as uint16 bits."""
+    """Golden side rows of the key policy: sim_models.center(scale_keys(k, s), scale_keys(mu, s)) as uint16
+    bits (the fp16 rule of sim_models.keyscale.key_front)."""
     from sim_models import center, scale_keys
     s16 = None if s is None else np.asarray(s).astype(np.float16)
     x = k16.view(np.uint16) if s16 is None else scale_keys(k16, s16, p)
@@ -401,14 +417,15 @@ def _key_corner_case(keyf, heads=4, n=128, seed=0):
 @pytest.mark.parametrize("quant", [V1, V2], ids=["v1-midtread-up", "v2-midrise-nearest"])
 @pytest.mark.parametrize("keyf", [1, 2, 3], ids=["scale", "center", "scale+center"])
 def test_key_front_end_bitexact_corner_inputs(keyf, quant):
-    """The write kernel with the key front end folded in (KEYF) == golden encode of
-    center(scale_keys(k, s), scale_keys(mu, s)); key_front (sink rows) == the golden transformed bits."""
+    """The write kernel with the key front end (KEYF) == the golden folded key front end
+    (sim_models.codec.encode_folded); key_front (sink rows) == the golden fp16 rule
+    center(scale_keys(k, s), scale_keys(mu, s))."""
     keys, mu, s16 = _key_corner_case(keyf)
     p = qparams(*quant)
     gold_bits = _golden_keys(keys.view(np.float16), mu, s16, p)
     kf = gpu_ref.key_table(p.n, mu, s16)
     e = gpu_ref.encode_kv(cp.asarray(keys), p, key=kf)
-    g = encode(gold_bits, p)
+    g = _golden_packed_keys(keys, mu, s16, p)
     for name, a, b in (("codes", g.codes, e.codes), ("scales", g.scales, e.scales), ("flags", g.flags, e.flags)):
         b = cp.asnumpy(b)
         bad = np.flatnonzero((a != b).reshape(len(keys) * keys.shape[1], -1).any(axis=1))
@@ -441,14 +458,15 @@ def _packed_planes(cache):
 
 
 def _check_cache_bytes(cache, k16, v16, mu16, s):
-    """Packed rows == golden encode of the policy-transformed keys / values; sink rows == their bits."""
+    """Packed rows == golden encode of the keys (folded key front end) / values; sink rows == their bits
+    (keys: the fp16 rule)."""
     kp, vp, sk = cache.params, cache.v_params, cache.sinks
     kbits = _golden_keys(k16, mu16, s, kp)                    # [B, T, KVH, N]
     vbits = v16.view(np.uint16)
     t = k16.shape[1]
     kc, ks, vc, vs = _packed_planes(cache)
     if t > sk:
-        gk, gv = encode(kbits[:, sk:], kp), encode(vbits[:, sk:], vp)
+        gk, gv = _golden_packed_keys(k16[:, sk:], mu16, s, kp), encode(vbits[:, sk:], vp)
         tp = t - sk
         assert np.array_equal(kc[:, :, :tp], gk.codes.transpose(0, 2, 1, 3)), "key codes differ from golden"
         assert np.array_equal(ks[:, :, :tp], gk.scales.transpose(0, 2, 1, 3)), "key scales differ from golden"

@@ -568,3 +568,65 @@ def test_key_front_rule_and_table_match_golden(keyf):
                 assert s2 == s16[h, 2 * k:2 * k + 2].view(np.uint32)[0]
             if mus is not None:
                 assert m2 == mus[h, 2 * k:2 * k + 2].view(np.uint32)[0]
+
+
+def _folded_kernel_i32(x: np.ndarray, s16, mu16, m: int, mask: np.ndarray):
+    """kv_encode.cu's folded key front end (KEYF) in NumPy int32, step for step: e from the exponent field
+    of the table's s (or 0), mu' from the table (or +0); the lane decode with NaN -> +0 and inf -> +-65504
+    (e = 0, mu' = +0 there), the scaled exponent saturated above 30, emax = 1 + max(Ex, Em), the two
+    aligners (sh > 12 gives 0), the subtraction, the clamp and D. Returns (x, u, flags) of the vectors."""
+    h = x.astype(np.int32)
+    f, fr = (h >> 10) & 31, h & 1023
+    e = ((s16.view(np.uint16).astype(np.int32) >> 10) & 31) - 15 if s16 is not None else np.zeros_like(h)
+    mh = mu16.view(np.uint16).astype(np.int32) if mu16 is not None else np.zeros_like(h)
+    e, mh = np.broadcast_to(e, h.shape), np.broadcast_to(mh, h.shape)
+    spec = f == 31
+    nan, inf = spec & (fr != 0), spec & (fr == 0)
+    e, mh = np.where(spec, 0, e), np.where(spec, 0, mh)
+    h, f, fr = np.where(nan, 0, h), np.where(nan, 0, np.where(inf, 30, f)), np.where(nan, 0, np.where(inf, 1023, fr))
+    sx, gx, ex = h >> 15, np.where(f > 0, fr | 1024, fr), np.maximum(f, 1) + e
+    sat = ex > 30
+    ex, gx = np.where(sat, 30, ex), np.where(sat, 2047, gx)
+    fm = (mh >> 10) & 31
+    sm, gm, em = mh >> 15, np.where(fm > 0, (mh & 1023) | 1024, mh & 1023), np.maximum(fm, 1)
+    emax = np.maximum(ex, em).max(axis=-1, keepdims=True) + 1
+    off, lim = m - 12, (1 << (m - 1)) - 1
+
+    def align(g, sh):
+        left = g << np.maximum(-sh, 0)
+        right = (g + (1 << np.clip(sh - 1, 0, 30))) >> np.clip(sh, 0, 31)
+        return np.where(sh <= 0, left, np.where(sh > 12, 0, right))
+    xa, ma = align(gx, emax - ex - off), align(gm, emax - em - off)
+    y = np.clip(np.where(sx == 1, -xa, xa) - np.where(sm == 1, -ma, ma), -lim, lim)
+    y = np.where(mask[None, :] == 1, -y, y)
+    flags = np.where(nan.any(-1), 1, 0) | np.where(inf.any(-1), 2, 0)
+    return y, (emax[:, 0] - 15 - m + 2), flags
+
+
+@pytest.mark.parametrize("keyf", [1, 2, 3])
+def test_folded_key_front_kernel_steps_match_golden(keyf):
+    """The write kernel's folded key front end (its int32 steps, in NumPy) == sim_models.bfp.to_block_fp_keys
+    on the pinned key-front-end set and on every fp16 pattern, for M = 12 (the instantiated width) and 8, 16;
+    with the table's s the exponent field minus 15 is e for every e the kernels take."""
+    from sim_models.bfp import to_block_fp_keys
+    from sim_models.keyscale import front_table
+    from sim_models.testvectors import key_front_set
+    n = 128
+    for e in range(-14, 15):
+        assert ((int(np.float16(2.0 ** e).view(np.uint16)) >> 10) & 31) - 15 == e
+    x, mu, e, slot, _ = key_front_set(n, 256)
+    allp = np.arange(1 << 16, dtype=np.uint16).reshape(-1, n)
+    rng = np.random.default_rng(keyf)
+    x = np.concatenate([x, allp])
+    slot = np.concatenate([slot, rng.integers(0, mu.shape[0], allp.shape[0])])
+    e = np.clip(e, -14, 14) if keyf & 1 else np.zeros_like(e)
+    if not keyf & 2:
+        mu = np.zeros_like(mu)
+    s16 = np.exp2(e).astype(np.float16) if keyf & 1 else None
+    for m in (12, 8, 16):
+        p = FormatParams(n=n, mant_bits=m)
+        mask = sign_mask(n, 0)
+        gold = to_block_fp_keys(x, mu[slot], e[slot], p, mask)
+        got = _folded_kernel_i32(x, None if s16 is None else s16[slot], mu[slot] if keyf & 2 else None, m, mask)
+        for name, a, b in zip(("x", "u", "flags"), gold, got):
+            assert np.array_equal(a, b), f"M={m} {name}: {(a != b).sum()} differ"

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from gpu_ref import hf  # noqa: E402
 from sim_models import CachePolicy, FormatParams, center, encode  # noqa: E402
+from sim_models.codec import encode_folded  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -206,8 +207,9 @@ def _record_updates(cache):
 
 
 def test_stored_bytes_equal_golden_encode():
-    """Centered, key-scaled keys with sinks and per-layer K bits: the store holds exactly
-    sim_models.encode of RNE(k*s - mu) for every non-sink token, and fp16 values for the sinks."""
+    """Centered, key-scaled keys with sinks and per-layer K bits: the store holds exactly the folded
+    key front end's encode of k (sim_models.codec.encode_folded with RN16(mu s) and log2 s) for every
+    non-sink token, and the fp16 rows RNE(RN16(k s) - RN16(mu s)) for the sinks."""
     m = tiny()
     rng = np.random.default_rng(3)
     ids = torch.tensor(rng.integers(0, 96, (2, 9)))
@@ -228,9 +230,13 @@ def test_stored_bytes_equal_golden_encode():
         k16 = (k.float() * torch.from_numpy(ks[layer])[None, :, None, :]).half().numpy()
         mu_s = (mu[layer].astype(np.float32) * ks[layer]).astype(np.float16)    # mu in the scaled domain
         kc = center(np.ascontiguousarray(k16), np.broadcast_to(mu_s[None, :, None, :], k16.shape), p)
-        e = encode(kc[:, :, 2:], p)
+        kraw = k.half().numpy()[:, :, 2:]
+        e = encode_folded(kraw, mu_s.view(np.uint16)[None, :, None, :],
+                          np.log2(ks[layer]).astype(np.int64)[None, :, None, :], p)
         assert np.array_equal(st.codes["k"][:, :, 2:9, 0], e.codes), f"layer {layer} key codes"
         assert np.array_equal(st.scales["k"][:, :, 2:9, 0], e.scales)
+        # not the version-3 rule (the encoder input RNE(RN16(k s) - RN16(mu s))): the two differ here
+        assert not np.array_equal(encode(kc[:, :, 2:], p).codes, e.codes)
         ev = encode(v.half().numpy()[:, :, 2:], FormatParams(n=64))
         assert np.array_equal(st.codes["v"][:, :, 2:9, 0], ev.codes), f"layer {layer} value codes"
         assert not st.codes["k"][:, :, :2].any()                        # sinks are not encoded

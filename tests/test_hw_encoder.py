@@ -26,7 +26,7 @@ from amaranth.hdl import UnusedElaboratable, Value
 from hw import EncoderOptions, KVEncoder
 from hw.frontend import FE_CUTS
 from hw.frontend import tree_cuts as fe_tree_cuts
-from hw.keyfront import KF_CUTS
+from hw.keyfold import FOLD_CUTS
 from hw.pipeline import SKID_FIFO_CYCLES
 from hw.quantizer import QUANT_CUTS
 from hw.quantizer import tree_cuts as quant_tree_cuts
@@ -45,12 +45,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable
 
 
 def make_encoder(p, fwht_regs=2, quant_regs=QUANT_CUTS.default, fe_regs=FE_CUTS.default,
-                 tree_every=0, key_slots=0, kf_regs=KF_CUTS.default, lane_ram=0, flow="stall",
-                 credit_extra=0, lanes=None) -> KVEncoder:
+                 tree_every=0, key_slots=0, lane_ram=0, flow="stall", credit_extra=0,
+                 lanes=None) -> KVEncoder:
     """``KVEncoder(p, EncoderOptions(...))`` with the options in their field order."""
     return KVEncoder(p, EncoderOptions(fwht_regs, quant_regs=quant_regs, fe_regs=fe_regs,
                                        tree_every=tree_every, key_slots=key_slots,
-                                       kf_regs=kf_regs, lane_ram=lane_ram, flow=flow,
+                                       lane_ram=lane_ram, flow=flow,
                                        credit_extra=credit_extra, lanes=lanes))
 
 
@@ -372,27 +372,26 @@ def test_latency_property():
 
 # ---- key front end (cache policy, FORMAT.md 7 / 8) ------------------------------------
 
-@pytest.mark.parametrize("slots,kf_regs,pipe", [
-    (3, ("scale", "sum", "out"), {}),
-    (4, (), {"fe_regs": ()}),
-    (4, ("shift", "scale", "swap", "align", "sum", "count", "norm", "out"),
-     {"fe_regs": FE_CUTS.names, "tree_every": 1}),
-    (3, ("scale", "sum", "out"), {"flow": "credit"}),
-    (4, KF_CUTS.names, {"fe_regs": FE_CUTS.names, "tree_every": 1, "flow": "credit",
-                        "lane_ram": 3}),
-    # two beats of N/2 lanes: the front end W lanes wide, the beats joined after it
-    (3, ("scale", "sum", "out"), {"lanes": 8}),
-    (4, KF_CUTS.names, {"lanes": 8, "fe_regs": FE_CUTS.names, "tree_every": 1,
-                        "flow": "credit"}),
+@pytest.mark.parametrize("slots,pipe", [
+    (3, {}),
+    (4, {"fe_regs": ()}),
+    (4, {"fe_regs": FOLD_CUTS.names, "tree_every": 1}),
+    (3, {"flow": "credit"}),
+    (4, {"fe_regs": FOLD_CUTS.names, "tree_every": 1, "flow": "credit", "lane_ram": 3}),
+    # two beats of N/2 lanes: the table read per beat, the beats joined before the shifts
+    (3, {"lanes": 8}),
+    (4, {"lanes": 8, "fe_regs": FOLD_CUTS.names, "tree_every": 1, "flow": "credit"}),
 ])
-def test_key_front_end_stream(slots, kf_regs, pipe):
-    """KVEncoder with key_slots=T: the pinned key-front-end set with its side band, tables
-    loaded through cfg while vectors stream (before any vector, then two slots reloaded
-    mid-stream with new tables): every output word equals sim_models.encode of the golden
-    key front end under the table each vector saw at its handshake
-    (kvtest.keyfront.replay); slot 3 >= T = 3 passes like bypass; latency, full rate,
-    stalls, status as every config."""
+def test_key_front_end_stream(slots, pipe):
+    """KVEncoder with key_slots=T (the folded key front end): the pinned key-front-end set
+    with its side band, tables loaded through cfg while vectors stream (before any vector,
+    then two slots reloaded mid-stream with new tables): every output word equals the
+    golden words under the table each vector saw at its handshake
+    (kvtest.keyfront.replay: sim_models.codec.encode_folded, bypass and slot 3 >= T = 3
+    as sim_models.encode); latency, full rate, stalls, status as every config; with
+    lane_ram the quantizer's delay lines in block RAM."""
     from kvtest.keyfront import replay
+    from sim_models.codec import encoded
     from sim_models.keyscale import front_table
     from sim_models.testvectors import key_front_set
     p = FormatParams(n=16, block=8, bits=3)
@@ -403,8 +402,9 @@ def test_key_front_end_stream(slots, kf_regs, pipe):
         e2 = rng.integers(-14, 16, size=16)
         mu2 = front_table(rng.standard_normal(16).astype(np.float16), e2, p)
         cfg += [(at, w) for w in wire.key_config_words(p, slots, s, mu2, e2)]
-    dut = make_encoder(p, 1, key_slots=slots, kf_regs=kf_regs, **pipe)
-    assert dut.latency_breakdown["keyfront"] == 1 + len(kf_regs)
+    dut = make_encoder(p, 1, key_slots=slots, **pipe)
+    assert dut.latency_breakdown["keyfront"] == 1
+    assert bool(dut.ram_lines) == bool(pipe.get("lane_ram"))
     ins = wire.encoder_input_ints(x, p, slots, slot, byp)
     flags_at = wire.encoder_output(p)["flags"].offset
     run = run_stream(dut, ins, slots, p_valid=0.8, p_ready=0.7, p_clear=0.05, free_run_first=12,
@@ -412,13 +412,15 @@ def test_key_front_end_stream(slots, kf_regs, pipe):
     assert len(run["cfg_cycles"]) == len(cfg)
     mid = [c for (at, _), c in zip(cfg, run["cfg_cycles"]) if at]
     assert run["in_cycles"][0] <= mid[0] < run["in_cycles"][-1]      # loads mid-stream
-    xin = replay(p, slots, x, slot, byp, run["in_cycles"], [w for _, w in cfg], run["cfg_cycles"])
-    exp = wire.rows_to_ints(encoder_rows(xin, p)[0])
+    t = replay(p, slots, x, slot, byp, run["in_cycles"], [w for _, w in cfg], run["cfg_cycles"])
+    exp = wire.rows_to_ints(encoder_rows(x, p, t)[0])
     check_run(run, exp, 12, describe=lambda g, e: describe_encoder_word(g, e, p))
-    # the reloads changed some vectors' inputs (the test sees the table timing)
+    # the reloads changed some vectors' words (the test sees the table timing), and the
+    # key vectors' words are not the value path's (the test sees the rule)
     first = replay(p, slots, x, slot, byp, run["in_cycles"], [w for at, w in cfg if not at],
                    [c for (at, _), c in zip(cfg, run["cfg_cycles"]) if not at])
-    assert (first != xin).any()
+    assert (encoded(first, p).codes != encoded(t, p).codes).any()
+    assert exp != wire.rows_to_ints(encoder_rows(x, p)[0])
 
 
 # ---- lane delay lines in block RAM (lane_ram) ------------------------------------------

@@ -578,199 +578,21 @@ def test_replicas_fanout_tree():
 
 
 # --------------------------------------------------------------------------- key front end
-KF_N, KF_T = 16, 4
-
-
-def _kf_vectors(seed: int):
-    """The pinned key-front-end set at N = 16 plus dense corner lanes: exact and 1-ulp
-    cancellation, subnormal scaled values and ties, overflow, +-0 against +-0."""
-    from sim_models.keyscale import pow2_scales, scale_keys
-    from sim_models.testvectors import key_front_set
-    x, mu, e, slot, byp = key_front_set(KF_N, 160, seed)
-    rng = np.random.default_rng(seed)
-    p = FormatParams(n=KF_N, block=8)
-    v = 96
-    s2 = rng.integers(0, KF_T, size=v)
-    back = scale_keys(mu[s2], pow2_scales(np.clip(-e[s2], -14, 15)), p).astype(np.int64)
-    near = (back + rng.integers(-2, 3, size=back.shape)).clip(0, 0xFFFF)
-    tiny = (rng.integers(0, 2, size=(v, KF_N)) << 15) | rng.integers(0, 0x0C00, size=(v, KF_N))
-    zeros = rng.choice(np.array([0, 0x8000, 0x7BFF, 0xFBFF]), size=(v, KF_N))
-    pick = rng.integers(0, 3, size=(v, KF_N))
-    extra = np.choose(pick, [near, tiny, zeros]).astype(np.uint16)
-    return (np.concatenate([x, extra]), mu, e, np.concatenate([slot, s2]),
-            np.concatenate([byp, np.zeros(v, np.int64)]))
-
-
-def _kf_load(ctx, dut, words):
-    async def go():
-        for w in words:
-            ctx.set(dut.cfg.valid, 1)
-            ctx.set(dut.cfg.payload.as_value(), w)
-            await ctx.tick()
-        ctx.set(dut.cfg.valid, 0)
-    return go()
-
-
-@pytest.mark.parametrize("regs", [(), ("scale", "out"), ("shift", "align", "norm"),
-                                  ("swap", "sum", "count"),
-                                  ("shift", "scale", "swap", "align", "sum", "count", "norm", "out")])
-def test_keyfront_matches_golden(regs):
-    """KeyFrontEnd vs sim_models.keyscale.key_front, lane for lane, with random stalls
-    (en low): tables of 4 slots loaded through cfg, every slot, bypass, the corner lanes."""
-    from hw.keyfront import KeyFrontEnd
-    from sim_models.testvectors import key_front_inputs
-    p = FormatParams(n=KF_N, block=8)
-    x, mu, e, slot, byp = _kf_vectors(len(regs))
-    want = key_front_inputs(x, mu, e, slot, byp, p)
-    dut = KeyFrontEnd(p, KF_T, regs)
-    assert dut.latency == 1 + len(regs)
-    ins = wire.rows_to_ints(wire.lane_rows(x))
-    bad, seen = [], []
-    rnd = random.Random(7)
-
-    async def tb(ctx):
-        for s in range(KF_T):
-            await _kf_load(ctx, dut, wire.key_config_words(p, KF_T, s, mu[s], e[s]))
-        idx, pipe = 0, [None] * dut.latency       # vector index per stage
-        for _ in range(3 * len(ins) + 20):
-            en = rnd.random() < 0.75
-            ctx.set(dut.en, en)
-            iv = idx < len(ins)
-            ctx.set(dut.i_valid, iv)
-            if iv:
-                ctx.set(dut.bits.as_value(), ins[idx])
-                ctx.set(dut.slot, int(slot[idx]))
-                ctx.set(dut.bypass, int(byp[idx]))
-            if en and ctx.get(dut.o_valid):
-                v = pipe[-1]
-                got = wire.int_to_lanes(ctx.get(dut.o_bits.as_value()), KF_N)
-                if not np.array_equal(got, want[v]):
-                    k = int(np.flatnonzero(got != want[v])[0])
-                    bad.append((v, k, hex(x[v, k]), hex(got[k]), hex(want[v, k])))
-                seen.append(v)
-            if en:
-                pipe = [idx if iv else None] + pipe[:-1]
-                idx += iv
-            await ctx.tick()
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    assert not bad, f"{len(bad)} key front end mismatches (vector, lane, x, got, want): {bad[:5]}"
-    assert seen == list(range(len(ins)))
-
-
-def test_keyfront_table_write_timing():
-    """A cfg word written in the cycle a vector is accepted is not seen by that vector,
-    only by vectors accepted later (lane by lane); a slot >= T passes the lanes."""
-    from hw.keyfront import KeyFrontEnd
-    from sim_models.keyscale import key_front
-    p = FormatParams(n=8, block=8)
-    dut = KeyFrontEnd(p, 3, ())
-    x = np.full(8, 0x3C00, np.uint16)                   # 1.0 in every lane
-    word = wire.rows_to_ints(wire.lane_rows(x[None]))[0]
-    mu = np.full(8, 0x3800, np.uint16)                  # 0.5
-    cfg = wire.key_config_words(p, 3, 1, mu, np.full(8, 2))
-    outs = []
-
-    async def tb(ctx):
-        ctx.set(dut.en, 1)
-        ctx.set(dut.i_valid, 1)
-        ctx.set(dut.bits.as_value(), word)
-        ctx.set(dut.slot, 1)
-        for c in range(11):
-            if c < 8:                                   # lane c written in cycle c
-                ctx.set(dut.cfg.valid, 1)
-                ctx.set(dut.cfg.payload.as_value(), cfg[c])
-            else:
-                ctx.set(dut.cfg.valid, 0)
-            if c == 10:
-                ctx.set(dut.slot, 3)                    # out of range: passes
-            await ctx.tick()
-            outs.append(wire.int_to_lanes(ctx.get(dut.o_bits.as_value()), 8))
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    new = key_front(x, mu, np.full(8, 2), p)[0]          # 4 - 0.5 = 3.5
-    for c in range(10):       # vector accepted in cycle c sees lanes written in cycles < c
-        want = np.where(np.arange(8) < c, new, x)
-        assert np.array_equal(outs[c], want), (c, outs[c], want)
-    assert np.array_equal(outs[10], x)
-
-
-@pytest.mark.parametrize("held", [True, False])
-def test_keyfront_two_beat_table_timing(held):
-    """Two beats (W = N/2): a vector sees the table as it was before its handshake, in
-    both beats. held: the row read at the handshake (``load``), cfg words in that cycle
-    and during a stall before beat 0 not seen; per beat (held False, no stalls): words in
-    the handshake cycle (the cycle before beat 0) and in the cycle of beat 0 not seen, by
-    either half, words before the handshake seen by both."""
-    from hw.keyfront import KeyFrontEnd
-    from sim_models.keyscale import key_front
-    n, w = 16, 8
-    p = FormatParams(n=n, block=8)
-    dut = KeyFrontEnd(p, 2, (), lanes=w, held=held)
-    x = np.full(n, 0x3C00, np.uint16)                   # 1.0 in every lane
-    word = wire.rows_to_ints(wire.lane_rows(x[None]))[0]
-    mu_a, mu_b = np.full(n, 0x3800, np.uint16), np.full(n, 0x3400, np.uint16)   # 0.5, 0.25
-    old = wire.key_config_words(p, 2, 1, mu_a, np.full(n, 2))
-    new = wire.key_config_words(p, 2, 1, mu_b, np.full(n, 1))
-    # lanes rewritten in the handshake cycle and the cycles after it (both halves)
-    late = [new[3], new[12], new[4], new[13]]
-    outs = []
-
-    async def tb(ctx):
-        ctx.set(dut.en, 1)
-        for c in old + [new[0], new[9]]:           # before the handshake: seen
-            ctx.set(dut.cfg.valid, 1)
-            ctx.set(dut.cfg.payload.as_value(), c)
-            await ctx.tick()
-        ctx.set(dut.bits.as_value(), word)
-        ctx.set(dut.slot, 1)
-        stall = 3 if held else 0
-        # handshake cycle h, [stall cycles with en low], beat 0, beat 1, then 2 drain cycles
-        sched = ([("load", None)] + [("stall", None)] * stall + [("b0", None), ("b1", None),
-                                                                ("idle", None), ("idle", None)])
-        for k, (what, _) in enumerate(sched):
-            ctx.set(dut.cfg.valid, int(k < len(late)))
-            if k < len(late):
-                ctx.set(dut.cfg.payload.as_value(), late[k])
-            if held:
-                ctx.set(dut.load, int(what == "load"))
-            ctx.set(dut.en, int(what != "stall"))
-            ctx.set(dut.i_valid, int(what in ("b0", "b1")))
-            ctx.set(dut.beat, int(what == "b1"))
-            if what in ("load", "b0", "b1", "idle") and ctx.get(dut.o_valid):
-                outs.append(wire.int_to_lanes(ctx.get(dut.o_bits.as_value()), w))
-            await ctx.tick()
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    seen = {0, 9}                                   # lanes rewritten before the handshake
-    lanes = np.arange(n)
-    want = np.where(np.isin(lanes, list(seen)), key_front(x, mu_b, np.full(n, 1), p)[0],
-                    key_front(x, mu_a, np.full(n, 2), p)[0])
-    assert len(outs) == 2, len(outs)
-    assert np.array_equal(np.concatenate(outs), want), (outs, want)
-
 
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_keyfront_arguments():
+    """key_slots is checked where it is given (the folded key front end, the encoder's
+    options); no cfg port without it."""
     from hw import EncoderOptions, KVEncoder
-    from hw.keyfront import KeyFrontEnd
+    from hw.keyfold import FoldFrontEnd
     p = FormatParams(n=16, block=8)
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="key_slots"):
-            KeyFrontEnd(p, bad)
+            FoldFrontEnd(p, bad)
     with pytest.raises(ValueError, match="key_slots.*fp16"):
         KVEncoder(FormatParams(n=16, block=8, dtype="bf16"), EncoderOptions(1, key_slots=2))
-    with pytest.raises(ValueError, match="kf_regs"):
-        EncoderOptions(1, key_slots=2, kf_regs=("nope",))
+    with pytest.raises(ValueError, match="fe_regs"):
+        KVEncoder(p, EncoderOptions(1, key_slots=2, fe_regs=("dec",)))
     assert "cfg" not in KVEncoder(p, EncoderOptions(1)).signature.members
 
 

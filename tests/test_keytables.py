@@ -233,3 +233,27 @@ def test_load_of_a_file_that_is_no_npz_names_the_path(tmp_path, content):
         path.write_bytes(content)
     with pytest.raises(ValueError, match=r"t\.npz: not a key-tables \.npz file"):
         KeyTables.load(path)
+
+
+def test_encode_is_the_folded_key_front_end():
+    """KeyTables.encode == encode_folded with the entry's RN16(mu s) and e (per block of N when
+    N < D); front_end (side rows) keeps the fp16 rule."""
+    from sim_models.codec import encode_folded
+    from sim_models.keyscale import key_front
+    rng = np.random.default_rng(11)
+    mu = (rng.standard_normal((2, 3, 128)) * 0.5).astype(np.float16)
+    t = KeyTables("m", mu, rng.integers(-4, 5, (2, 3, 128)).astype(np.int8))
+    k = (rng.standard_normal((5, 128)) * 2).astype(np.float16)
+    got = t.encode(k, 1, 2)
+    want = encode_folded(k, t.scaled_mu()[1, 2], t.log2_s[1, 2], FormatParams(n=128, block=64))
+    assert np.array_equal(got.codes[:, 0], want.codes) and np.array_equal(got.scales[:, 0], want.scales)
+    p64 = FormatParams(n=64)
+    half = t.encode(k, 1, 2, p64)
+    assert half.codes.shape == (5, 2, p64.code_bytes)
+    w2 = encode_folded(k[:, 64:], t.scaled_mu()[1, 2, 64:], t.log2_s[1, 2, 64:], p64)
+    assert np.array_equal(half.codes[:, 1], w2.codes)
+    assert np.array_equal(t.front_end(k, 1, 2), key_front(k, t.scaled_mu()[1, 2], t.log2_s[1, 2]))
+    with pytest.raises(ValueError, match="D=128"):
+        t.encode(k[:, :64], 0, 0)
+    with pytest.raises(IndexError):
+        t.encode(k, 2, 0)

@@ -280,3 +280,42 @@ def test_accuracy_device_model_id_names_the_records(tmp_path, capsys, monkeypatc
     with pytest.raises(SystemExit) as stop:
         dev.main(base + ["--model-id", "Bad Id"])
     assert stop.value.code == 2 and "--model-id" in capsys.readouterr().err
+
+
+def test_accuracy_device_merge_of_passkey_trials_keeps_the_runs_record(tmp_path, monkeypatch):
+    """--merge of a passkey-only device result adds its trials and leaves the runs' record (meta included)
+    as it was; a result with runs replaces them by key and takes its meta."""
+    import json
+    import bench.accuracy.device as dev
+    import bench.accuracy.runs as runs
+    res, cal = tmp_path / "results", tmp_path / "calib"
+    res.mkdir()
+    cal.mkdir()
+    monkeypatch.setattr(runs, "RESULTS_DIR", res)
+    monkeypatch.setattr(runs, "CALIB_DIR", cal)
+    rec = {"runs": {"a@0": {"ppl": 1.0}}, "meta": {"model_id": "m", "source": "wheel"}}
+    (res / "m.json").write_text(json.dumps(rec))
+    trial = {"retrieved": True, "depth": 0.5}
+    out = tmp_path / "out" / "study_m.json"
+    out.parent.mkdir()
+    out.write_text(json.dumps({"meta": {"model_id": "m", "source": "file"}, "runs": {},
+                               "passkey": {"v": {"2": trial}}, "device": "cuda"}))
+    assert dev.merge(out) == 0
+    assert json.loads((res / "m.json").read_text()) == rec
+    assert json.loads((res / "m_passkey.json").read_text())["trials"] == {"v": {"2": trial}}
+    out.write_text(json.dumps({"meta": {"model_id": "m", "source": "file"}, "runs": {"b@0": {"ppl": 2.0}}}))
+    assert dev.merge(out) == 0
+    got = json.loads((res / "m.json").read_text())
+    assert got["runs"] == {"a@0": {"ppl": 1.0}, "b@0": {"ppl": 2.0}} and got["meta"]["source"] == "file"
+
+
+def test_passkey_table_lists_every_configuration_with_trials():
+    """One row per configuration with trials on any model; '--' where a model has none."""
+    from bench.accuracy.report import passkey_table
+    t = {"0": {"retrieved": True, "logp": -1.0}, "1": {"retrieved": False, "logp": -3.0}}
+    models = {"a": {"passkey": {"trials": {"x": t}}}, "b": {"passkey": {"trials": {"y": {"0": t["0"]}}}},
+              "c": {"passkey": {}}}
+    rows = passkey_table(models).splitlines()
+    assert rows[0] == "| configuration | a | b |"
+    assert rows[2:] == ["| x | 1/2 (-2.00) | -- |", "| y | -- | 1/1 (-1.00) |"]
+    assert passkey_table({"c": {"passkey": {}}}) == "(no passkey trials committed)"

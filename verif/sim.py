@@ -98,7 +98,8 @@ from .run import run
 #: through the round trip (``p0``, credit flow, two beats, block alignment in the fold ``fa``,
 #: reset through register copies ``rc``); the key front end (``k3``: a slot value >= T exists;
 #: its tables reloaded mid-stream) with every register cut (``p2``), lane delay lines in block
-#: RAM (``r3``), one-beat credit flow and two blocks; then the quantizer modes
+#: RAM (``r3``: the quantizer's; the folded key front end keeps its lanes in registers),
+#: one-beat credit flow and two blocks; then the quantizer modes
 #: (:func:`default_mode_configs`: combination k of the modes the RTL implements on
 #: :data:`DEFAULT_MODE_BASES` [k], round trips where the read path has the combination).
 DEFAULT_CONFIGS = ("enc_v2_n128_g64_b3_l6_p1_k8_c0_w64", "rt_v2_n128_g64_b3_l6_p0_c0_w64_fa_rc",

@@ -17,8 +17,10 @@ kvtest.streamcheck. Expected words: the golden model (``sim_models.encode``) via
 Key-front-end configs (``..._k<T>``: ``i__payload`` = lanes | slot | bypass, table port
 ``cfg``): every test first loads tables (``kvtest.keyfront.bench_tables``) through
 ``cfg``; the generic sets get a random side band (``kvtest.keyfront.side_band``) and are
-expected as ``encode(key_front(...))`` of the tables held (a mirror of the hardware
-table, kept across the tests of the run); the set ``keyfront`` streams the pinned
+expected as the golden words of the tables held (``kvtest.keyfront.key_trace``: key
+vectors by the folded rule, ``sim_models.codec.encode_folded``, bypassed ones by
+``sim_models.encode``; a mirror of the hardware table, kept across the tests of the
+run); the set ``keyfront`` streams the pinned
 key-front-end set (``sim_models.testvectors.key_front_set``) while every slot is
 reloaded mid-stream, its expected words computed after the run from the handshake
 cycles (``kvtest.keyfront.seen_tables``). Coverage adds the ``key`` group.
@@ -41,7 +43,7 @@ import cocotb
 from kvtest.coverage import encoder_hits, take
 from kvtest.inputs import encoder_rows, get_set
 from kvtest.keyfront import (KeySlotTable, bench_tables, key_hits, seen_tables, side_band,
-                             table_words, vector_inputs)
+                             table_words, vector_trace)
 from kvtest.streamcheck import describe_encoder_word, full_rate_record_errors
 from sim_models import wire
 from sim_models.codec import encode_trace
@@ -79,6 +81,8 @@ def in_words(b, bits, slot, byp) -> list[str]:
 
 
 def exp_words(b, xin, trace):
+    """Expected output strings and flags of inputs ``xin`` uint16 [V, N] (their golden
+    ``trace``, or None: ``sim_models.encode``)."""
     rows, flags = encoder_rows(xin, b.p, trace)
     exp = wire.rows_to_binstr(rows, b.out_width)
     k = b.job.fault_every
@@ -96,14 +100,15 @@ def expected(b, bits: np.ndarray):
     """(input strings, expected output strings, flags, seconds, golden trace) of uint16
     [V, N]."""
     t0 = time.perf_counter()
-    xin, b.side = bits, None
+    b.side = None
     if getattr(b, "ks", 0):
         slot, byp = side_band(len(bits), b.ks, b.seed + len(bits))
-        xin = _TABLES[0].inputs(bits, slot, byp)
+        trace = _TABLES[0].trace(bits, slot, byp)
         b.side = (bits, slot, byp)
-    b.xin = xin
-    trace = encode_trace(xin, b.p)
-    exp, flags = exp_words(b, xin, trace)
+    else:
+        trace = encode_trace(bits, b.p)
+    b.xin = bits
+    exp, flags = exp_words(b, bits, trace)
     win = (in_words(b, bits, *b.side[1:]) if b.side else
            wire.rows_to_binstr(wire.lane_rows(bits), wire.lanes(b.p).width))
     return win, exp, flags, time.perf_counter() - t0, trace
@@ -189,8 +194,8 @@ async def run_keyfront(b, s: dict, kw: dict) -> dict:
         tab = KeySlotTable(b.p, ks)
         tab.mu_s[:], tab.e[:] = start.mu_s, start.e
         tab, mu, e, rl = seen_tables(b.p, ks, acc, words, cfgc, tab)
-        xin = vector_inputs(b.p, ks, x[:len(acc)], mu, e, slot[:len(acc)], byp[:len(acc)])
-        trace = encode_trace(xin, b.p)
+        xin = x[:len(acc)]
+        trace = vector_trace(b.p, ks, xin, mu, e, slot[:len(acc)], byp[:len(acc)])
         seen.update(tab=tab, mu=mu, e=e, rl=rl, xin=xin, trace=trace)
         return exp_words(b, xin, trace)[0]
 

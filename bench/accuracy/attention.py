@@ -179,12 +179,19 @@ class KVFakeQuant:
         capture: accumulate per-channel key/query statistics (calibration) when True.
         recent: the most recent tokens each query reads in fp16 (:func:`recent_mask`), 0: none.
         metrics: accumulate K/V relative MSE and attention-output error per layer.
+        key_fold: encode keys with the folded key front end (sim_models.codec.encode_folded,
+            tables ``RN16(mu s)`` and ``log2 s``) instead of the key front end then encode; the
+            sinks and the ring keep the key front end's fp16 rows. Needs mu16 and key_s16.
     """
 
     def __init__(self, n_layers, n_kv_heads, head_dim, quantizers=None, sinks=0, mu16=None,
                  kscale=None, capture=False, metrics=True, mu_skip=0, key_s16=None,
-                 transforms=None, capture_stride=4, recent=0):
+                 transforms=None, capture_stride=4, recent=0, key_fold=False):
         import torch
+        if key_fold and (mu16 is None or key_s16 is None or kscale is not None
+                         or transforms is not None):
+            raise ValueError("key_fold needs mu16 and key_s16, and no kscale or transforms")
+        self.key_fold = key_fold
         self.recent = recent
         self.torch = torch
         self.key_s16, self.transforms = key_s16, transforms
@@ -218,6 +225,27 @@ class KVFakeQuant:
         s = self.sinks
         if s:
             out[:, :, :s] = x[:, :, :s].astype(np.float16).astype(np.float32)
+        return out
+
+    def _quant_folded(self, k16: np.ndarray, dom: np.ndarray, mu_s: np.ndarray,
+                      s16: np.ndarray, q) -> np.ndarray:
+        """Keys float16 [B, H, T, D] -> reconstructions of ``k s - mu_s`` through the folded
+        key front end (per kv head its tables: ``mu_s`` float16 [H, D], ``s16`` powers of two
+        [H, D]); the first ``sinks`` positions are the key front end's fp16 rows ``dom``."""
+        from sim_models import decode_float
+        from sim_models.codec import encode_folded
+        if not isinstance(q, FormatParams):
+            raise ValueError(f"key_fold applies to the study's formats, got {type(q).__name__}")
+        e = np.log2(s16.astype(np.float64)).astype(np.int64)
+        out = np.empty(k16.shape, np.float32)
+        for h in range(k16.shape[1]):
+            kh = np.ascontiguousarray(k16[:, h]).reshape(-1, q.n)
+            enc = encode_folded(kh, mu_s[h].view(np.uint16), e[h], q)
+            out[:, h] = decode_float(enc.codes, enc.scales, q).astype(np.float32).reshape(
+                k16[:, h].shape)
+        s = self.sinks
+        if s:
+            out[:, :, :s] = dom[:, :, :s].astype(np.float32)
         return out
 
     def _capture(self, layer, q, k):
@@ -271,7 +299,10 @@ class KVFakeQuant:
         if mu16 is not None:
             m = np.ascontiguousarray(np.broadcast_to(mu16[None, :, None, :], k16.shape))
             dom = center(np.ascontiguousarray(dom), m, p16).view(np.float16)
-        kh = self._quant(dom.astype(np.float32), kq, tr)
+        if self.key_fold:
+            kh = self._quant_folded(k16, dom, mu16, s16, kq)
+        else:
+            kh = self._quant(dom.astype(np.float32), kq, tr)
         v = value.detach().float().cpu().numpy()
         vh = self._quant(v, vq)
         k_hat = torch.from_numpy(kh).to(key.device, key.dtype)

@@ -78,6 +78,11 @@ class Config:
             (:attr:`sim_models.CachePolicy.recent`; :data:`BITS_RULE`).
         ip_scale: formats choose each block's scale byte so that ``y . y_hat = |y|^2``
             (bench.accuracy.kvquant.IPScaled); the stored bytes are unchanged in kind.
+        key_fold: keys are encoded with the folded key front end
+            (``sim_models.codec.encode_folded``: the key scale and the centering inside block
+            floating point, no fp16 rounding per lane) instead of ``key_front`` then
+            ``encode``; needs centering and power-of-two key scales. Sinks and the ring keep
+            the key front end's fp16 rows.
     """
 
     name: str
@@ -96,6 +101,7 @@ class Config:
     boundary: int = 0
     recent: int = 0
     ip_scale: bool = False
+    key_fold: bool = False
 
     def __post_init__(self):
         if self.key_scale not in (None, *KEY_SCALES):
@@ -110,6 +116,10 @@ class Config:
         if self.layer_k and isinstance(self.layer_k[0], float) and not 0 < self.layer_k[0] < 1:
             raise ValueError(f"{self.name}: a fractional layer_k top must be in (0, 1), "
                              f"got {self.layer_k[0]}")
+        if self.key_fold and not (self.center_keys and self.key_scale == "pow2" and not self.peer
+                                  and not self.ip_scale and not (self.key_signs or self.key_rot)):
+            raise ValueError(f"{self.name}: key_fold needs center_keys and key_scale 'pow2' on the "
+                             f"study's formats, without ip_scale, key_signs or key_rot")
         if self.key_scale_rule not in KEY_SCALE_RULES:
             raise ValueError(f"{self.name}: key_scale_rule must be one of {KEY_SCALE_RULES}, "
                              f"got {self.key_scale_rule!r}")
@@ -198,7 +208,8 @@ class Config:
         preset name where one matches, e.g. ``"v3"``), or None where it is no cache policy over
         the default per-vector format: baselines, reparametrizations, key-only scale rules,
         layers chosen by calibration, other per-vector fields."""
-        if self.reparam or self.layer_k or self.key_scale_rule != "qaware" or self.ip_scale:
+        if (self.reparam or self.layer_k or self.key_scale_rule != "qaware" or self.ip_scale
+                or self.key_fold):
             return None
         pol = self.policy(64)
         if pol is None:
@@ -263,6 +274,8 @@ class Config:
             d["recent"] = self.recent
         if self.ip_scale:
             d["ip_scale"] = True
+        if self.key_fold:
+            d["key_fold"] = True
         for k, v in (("key_scale", self.key_scale_kind), ("signs", self.key_signs), ("rot", self.key_rot)):
             if v:
                 d[k] = v
@@ -278,11 +291,11 @@ def _f(**kw) -> FormatSpec:
 
 def _cfg(name, k, v=_SAME, sinks=0, center_keys=False, layer_k=None, group="", note="",
          reparam=None, key_scale=None, key_scale_rule="qaware", key_signs=False, key_rot=False,
-         boundary=0, recent=0, ip_scale=False) -> Config:
+         boundary=0, recent=0, ip_scale=False, key_fold=False) -> Config:
     return Config(name=name, group=group, k=k, v=k if v is _SAME else v, sinks=sinks,
                   center_keys=center_keys, layer_k=layer_k, reparam=reparam, note=note,
                   key_scale=key_scale, key_scale_rule=key_scale_rule, key_signs=key_signs, key_rot=key_rot,
-                  boundary=boundary, recent=recent, ip_scale=ip_scale)
+                  boundary=boundary, recent=recent, ip_scale=ip_scale, key_fold=key_fold)
 
 
 V1 = {}
@@ -484,6 +497,10 @@ def configurations() -> list[Config]:
             + ("+IP" if ip else "")
         add(_cfg(name, _f(**V2), **V3, recent=r, layer_k=(frac, K4) if frac else None,
                  ip_scale=ip, group="lever", note="combined levers"))
+
+    # a format change under study: the key front end folded into block floating point
+    add(_cfg("v3+W16+KF", _f(**V2), **V3, recent=16, key_fold=True, group="fold",
+             note="v4 with the folded key front end (sim_models.codec.encode_folded)"))
 
     # other projects' formats (bench/accuracy/peers.py cites each); int4-asym above is
     # LMDeploy's INT4 per (token, head)

@@ -127,10 +127,11 @@ def merge(path: Path) -> int:
     r = json.loads(path.read_text())
     mid = r["meta"]["model_id"]
     dst = RESULTS_DIR / f"{mid}.json"
-    cur = json.loads(dst.read_text()) if dst.exists() else {"runs": {}}
-    cur["meta"] = r["meta"]
-    cur["runs"].update(r["runs"])
-    dst.write_text(json.dumps(cur, indent=1))
+    if r["runs"]:                               # a passkey-only result leaves the runs' record as it is
+        cur = json.loads(dst.read_text()) if dst.exists() else {"runs": {}}
+        cur["meta"] = r["meta"]
+        cur["runs"].update(r["runs"])
+        dst.write_text(json.dumps(cur, indent=1))
     if r.get("passkey"):
         pk = RESULTS_DIR / f"{mid}_passkey.json"
         old = json.loads(pk.read_text()) if pk.exists() else {"trials": {}}

@@ -175,6 +175,21 @@ def passkey_summary(pk: dict, name: str) -> str:
     return f"{ok}/{len(t)} ({lp:.2f})"
 
 
+def passkey_table(models: dict) -> str:
+    """Markdown: every configuration with passkey trials on any model, one row each (in the order
+    of the first model that has it), per model retrieved / trials (mean log p of the key tokens),
+    "--" where that model has none."""
+    mids = [m for m, d in models.items() if d.get("passkey", {}).get("trials")]
+    names = []
+    for m in mids:
+        names += [n for n in models[m]["passkey"]["trials"] if n not in names]
+    if not names:
+        return "(no passkey trials committed)"
+    head = "| configuration | " + " | ".join(mids) + " |\n|---|" + "---|" * len(mids) + "\n"
+    return head + "\n".join(f"| {n} | " + " | ".join(passkey_summary(models[m]["passkey"], n) for m in mids)
+                             + " |" for n in names)
+
+
 def v3_table(models: dict, names: list[str], table_bytes_of, policy_of=None) -> str:
     """Markdown: one row per configuration (its study name, and with ``policy_of`` the cache
     policy spec it equals or "--"), per model bits (2048 context), vs fp16 (geo.

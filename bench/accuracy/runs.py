@@ -164,7 +164,8 @@ class Study:
                            kscale=key_scales(cfg.reparam, self.calib) if cfg.reparam else None,
                            key_s16=(calibrated_key_scales(cfg.key_scale_kind, self.calib)
                                     if cfg.key_scale else None),
-                           transforms=self.transforms(cfg), metrics=metrics, recent=cfg.recent)
+                           transforms=self.transforms(cfg), metrics=metrics, recent=cfg.recent,
+                           key_fold=cfg.key_fold)
 
     # ------------------------------------------------------------------ evaluation
     def ref_hidden(self, w):

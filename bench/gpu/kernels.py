@@ -950,15 +950,17 @@ def run_write(a, result, save, t_start):
         t0 = time.time()
         try:
             key = None if keyf == 0 else gpu_ref.key_table(128, mu16 if keyf & 2 else None, s16 if keyf & 1 else None)
-            # bit-exactness of this variant on 65536 mixed vectors (golden key policy for keyf)
+            # bit-exactness of this variant on 65536 mixed vectors (golden folded key front end for keyf)
             bits = mixed_bits(128, 65536, seed=23, dtype=p.dtype).reshape(-1, heads, 128)
-            gin = bits
             if keyf:
-                from sim_models import center, scale_keys
-                gin = scale_keys(bits, s16, p) if keyf & 1 else bits
-                if keyf & 2:
-                    gin = center(gin, scale_keys(mu16, s16, p).view(np.float16) if keyf & 1 else mu16, p)
-            g = encode(gin, p)
+                from sim_models.codec import encode_folded
+                from sim_models.keyscale import front_table
+                le = (np.log2(s16.astype(np.float64)).astype(np.int64) if keyf & 1
+                      else np.zeros((heads, 128), np.int64))
+                mu_ = mu16 if keyf & 2 else np.zeros((heads, 128), np.float16)
+                g = encode_folded(bits, front_table(mu_, le, FormatParams(n=128)), le, p)
+            else:
+                g = encode(bits, p)
             e = gpu_ref.encode_kv(cp.asarray(bits), p, key=key)
             exact = bool(np.array_equal(g.codes, cp.asnumpy(e.codes)) and np.array_equal(g.scales, cp.asnumpy(e.scales))
                          and np.array_equal(g.flags, cp.asnumpy(e.flags)))

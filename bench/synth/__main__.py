@@ -1,9 +1,11 @@
-"""python -m bench.synth report|mantissa [options]
+"""python -m bench.synth report|mantissa|keyfold [options]
 
   report    the synthesis plot (bench/results/synth_area.png) and the ``synth`` block of
             docs/HARDWARE.md from bench/results/synth.json (``make synth``) and synth_mantissa.json
   mantissa  K/V error vs the BFP mantissa width on the real-K/V fixture
             (bench/results/synth_mantissa.json and .png)
+  keyfold   area of the key front end folded into the front end against the front end
+            (synth_ecp5 of the components and the encoders alone; printed, no record)
 
 ``python -m bench.synth COMMAND --help`` lists each command's options.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("report", "mantissa")
+COMMANDS = ("report", "mantissa", "keyfold")
 
 
 def main(argv=None) -> int:
@@ -26,6 +28,8 @@ def main(argv=None) -> int:
         return 2
     if cmd == "report":
         from bench.synth.report import main as run
+    elif cmd == "keyfold":
+        from bench.synth.keyfold import main as run
     else:
         from bench.synth.mantissa import main as run
     return run(rest) or 0

@@ -160,7 +160,6 @@ def decoder_parts_table(recs: list[dict]) -> str:
 def key_front_table(recs: list[dict]) -> str:
     """Each record with the key front end (config part ``kT``) against the same config
     without it: area deltas (DUT estimates), LUT RAM of the table, Fmax, latency."""
-    from hw.keyfront import KF_CUTS
     from rtl_gen.synth import synth_config
     # a record whose synthesis finished and whose placement failed keeps its area row
     ok = {r["config"]: r for r in recs if r.get("ok") or (r.get("ecp5") and r.get("nextpnr_failed") is not None)}
@@ -178,7 +177,8 @@ def key_front_table(recs: list[dict]) -> str:
             continue
         d, b = derived(rec), derived(base)
         w = cfg.lanes or cfg.params.n           # the front end's lanes: one beat's
-        cuts = (rec.get("options") or rec.get("regs") or {}).get("kf_regs") or list(KF_CUTS.default)
+        opts = rec.get("options") or rec.get("regs") or {}
+        cuts = opts.get("kf_regs") or opts.get("fe_regs") or list(cfg.opts.fe_regs)
         cp = rec.get("nextpnr", {}).get("critical_path") or {}
         mods = [c.split(".")[1] if c.startswith("dut.") and c.count(".") > 1 else "top"
                 for c in (cp.get("from", ""), cp.get("to", ""))]

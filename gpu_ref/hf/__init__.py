@@ -38,7 +38,8 @@ golden model: ``sim_models.encode`` + ``decode_float`` at write time, SDPA over 
 reconstructions; any device, any format; the reference of tests/test_hf.py). What the kernels
 cannot serve (:func:`gpu_ref.backend.supports`: head dims, K/V bits, sinks, key-scale range, one of
 K/V 16-bit, ...) raises ``ValueError`` naming every field at cache creation. The key front end runs
-inside the write kernel (cuda) or through ``sim_models.keyscale.key_front`` (golden), and the
+inside the write kernel (cuda) or through ``sim_models.codec.encode_folded`` (golden; the folded
+rule of docs/FORMAT.md 8, side rows by ``sim_models.keyscale.key_front``), and the
 query side ``q / s`` inside the decode kernel (cuda) or before SDPA (golden); a cache with a front
 end stores fp16. A decode step of the cuda
 backend allocates nothing on the CuPy side and makes no host<->device copy, so a whole model

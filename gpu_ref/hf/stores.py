@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim_models import CachePolicy, FormatParams, KeyTables, decode_float, encode
+from sim_models.codec import encode_folded
 from sim_models.keyscale import front_table, key_front
 
 
@@ -31,7 +32,8 @@ def layer_policy(fmts, sinks, kvh, d, mu16=None, s16=None, recent=0):
 
 
 class _GoldenStore:
-    """Golden-model store: encodes with ``sim_models.encode`` and keeps the reconstructions.
+    """Golden-model store: encodes with ``sim_models.encode`` (keys with a key front end:
+    ``sim_models.codec.encode_folded``, FORMAT.md 8) and keeps the reconstructions.
 
     Tensors (torch, on ``device``): ``hat[kind]`` float32 ``[B, KVH, CAP, D]`` (decode_float, or
     the 16-bit value for sinks / unquantized kinds); ``codes[kind]``/``scales[kind]`` NumPy uint8
@@ -51,7 +53,9 @@ class _GoldenStore:
         self.fmts, self.sinks, self.dtype, self.ring, self.rows = fmts, sinks, torch_dtype, ring, cap
         self.recent = min(recent, cap) if ring else recent
         self._prev = None        # ring: the window before the last multi-token append (attend_chunk)
-        # the key front end (FORMAT.md 8) as the golden model defines it: sim_models.keyscale.key_front
+        # the key front end (FORMAT.md 8) as the golden model defines it: packed keys by the folded rule
+        # (sim_models.codec.encode_folded from the raw keys), side rows (sinks, the recent ring) by the fp16
+        # rule sim_models.keyscale.key_front
         self._fe = FormatParams(n=d, block=min(64, d))
         self._front = None
         if mu16 is not None or s16 is not None:
@@ -71,7 +75,8 @@ class _GoldenStore:
         self.length = 0
 
     def keys_in(self, k16):
-        """Keys ``[B, KVH, T, D]`` (torch fp16) -> the encoder input of the key front end (torch fp16)."""
+        """Keys ``[B, KVH, T, D]`` (torch fp16) -> their 16-bit rows in the key front end's domain (torch fp16;
+        sinks and the recent ring keep them): ``sim_models.keyscale.key_front``."""
         torch = _torch()
         if self._front is None:
             return k16
@@ -91,17 +96,16 @@ class _GoldenStore:
     def append(self, k16, v16):
         """k16, v16: torch 16-bit ``[B, KVH, T, D]`` (keys before the key front end)."""
         torch = _torch()
-        k16 = self.keys_in(k16)
+        k_raw, k16 = k16, self.keys_in(k16)
         t0, t = self.length, k16.shape[2]
         if self.ring:
-            return self._append_ring(k16, v16, t0, t)
+            return self._append_ring(k16, v16, t0, t, k_raw)
         for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
             xf = x.float()
             out = xf.clone()
             if f is not None:
-                bits = x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
-                b, h, _, d = bits.shape
-                e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+                e = self._encode(k_raw if kind == "k" else x, f, kind == "k")
+                b, h, _, d = x.shape
                 rec = decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d)
                 first = max(0, min(self.sinks - t0, t))         # rows of this chunk that are sinks
                 out[:, :, first:] = torch.from_numpy(rec[:, :, first:].astype(np.float32)).to(x.device)
@@ -112,14 +116,27 @@ class _GoldenStore:
                 self.raw[kind][:, :, t0:t0 + t] = x.float()
         self.length += t
 
-    def _reconstruct(self, x, f):
-        """16-bit ``[B, KVH, T, D]`` -> (float32 reconstructions, codes, scales) of format ``f`` (None: 16-bit)."""
+    def _encode(self, x, f, key=False):
+        """16-bit ``[B, KVH, T, D]`` -> ``sim_models.Encoded`` ``[B, KVH, T, D/N]`` of format ``f``; ``key``:
+        ``x`` are keys before the key front end, encoded by the folded rule with this store's tables (when
+        it has a key front end)."""
+        torch = _torch()
+        bits = x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        b, h, t, d = bits.shape
+        bits = bits.reshape(b, h, t, d // f.n, f.n)
+        if key and self._front is not None:
+            mu_s, e = (a.reshape(1, h, 1, d // f.n, f.n) for a in self._front)
+            return encode_folded(bits, mu_s.view(np.uint16), e, f)
+        return encode(bits, f)
+
+    def _reconstruct(self, x, f, k_raw=None):
+        """16-bit ``[B, KVH, T, D]`` -> (float32 reconstructions, codes, scales) of format ``f`` (None: 16-bit);
+        ``k_raw``: the keys before the key front end (``x`` is then their rows in its domain), which encode."""
         torch = _torch()
         if f is None:
             return x.float(), None, None
-        bits = x.cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
-        b, h, t, d = bits.shape
-        e = encode(bits.reshape(b, h, t, d // f.n, f.n), f)
+        b, h, t, d = x.shape
+        e = self._encode(x if k_raw is None else k_raw, f, k_raw is not None)
         rec = decode_float(e.codes, e.scales, f, e.zeros).reshape(b, h, t, d)
         return torch.from_numpy(rec.astype(np.float32)).to(x.device), e.codes, e.scales
 
@@ -134,7 +151,7 @@ class _GoldenStore:
         order = torch.arange(n - w, n, device=self.hat["k"].device) % w
         return src["k"][:, :, order], src["v"][:, :, order]
 
-    def _append_ring(self, k16, v16, t0, t):
+    def _append_ring(self, k16, v16, t0, t, k_raw):
         torch = _torch()
         w = self.rows
         if t > 1:                                   # attend_chunk reads the window before this chunk
@@ -146,7 +163,7 @@ class _GoldenStore:
         rows_t = torch.as_tensor(rows, device=self.hat["k"].device)
         self._chunk = {}
         for kind, x, f in (("k", k16, self.fmts[0]), ("v", v16, self.fmts[1])):
-            rec, codes, scales = self._reconstruct(x, f)
+            rec, codes, scales = self._reconstruct(x, f, k_raw if kind == "k" else None)
             self._chunk[kind] = rec
             self.hat[kind][:, :, rows_t] = rec[:, :, t - keep:]
             if self.raw is not None:
@@ -338,6 +355,10 @@ class _CudaStore:
         self._sink_t = None
         if self.kv.side:                                       # torch views of the side planes (uint16 bits)
             self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
+        # a sliding layer with a ring and a key front end: the ring's keys before the front end, which the write
+        # kernel encodes (the folded key front end) when their token leaves the ring
+        self._ring_raw = (torch.zeros(batch, kvh, self.recent, d, dtype=torch.int16, device=device)
+                          if ring and 0 < self.recent < cap and self.kv._key is not None else None)
         self._plans = {}
         self._chunk_side = None                                # packed prefill: (side rows before, chunk rows)
         self._packed_prefill = pow2_rows
@@ -454,18 +475,26 @@ class _CudaStore:
             slot = self._dpos_t % r                                                   # [B]
             if r < w:                                          # the token leaving the ring: slot's row
                 old = [x[b, :, slot][:, :, None].view(k16.dtype) for x in self._sink_t]   # [B, KVH, 1, D]
+                raw = self._ring_raw is not None
+                if raw:                                        # its key before the front end
+                    old[0] = self._ring_raw[b, :, slot][:, :, None].view(k16.dtype)
                 rows = (self._base_t + ((self._dpos_t - r) % wp)[:, None]).reshape(-1)
-                self._encode(old[0], old[1], rows, False)
+                self._encode(old[0], old[1], rows, raw)
+                if raw:
+                    self._ring_raw[b, :, slot] = k16[:, :, 0].view(torch.int16)
             self._sink_t[0][b, :, slot] = self._front(k16)[:, :, 0].view(torch.int16)
             self._sink_t[1][b, :, slot] = v16[:, :, 0].view(torch.int16)
             return
         from gpu_ref.cache import sliding_moves
         q, p, ring = sliding_moves(t0, t0 + t, w, r)
+        raw = self._ring_raw is not None
         if q.size:                                              # leave the ring: from their side rows
             sl = torch.as_tensor(q % r, device=dev)
             old = [x[:, :, sl].view(k16.dtype) for x in self._sink_t]
+            if raw:                                             # keys: from the ring's keys before the front end
+                old[0] = self._ring_raw[:, :, sl].view(k16.dtype)
             rows = (self._base_t[:, None, :] + torch.as_tensor(q % wp, device=dev)[None, :, None]).reshape(-1)
-            self._encode(old[0], old[1], rows, False)
+            self._encode(old[0], old[1], rows, raw)
         if p.size:                                              # never in the ring: from the input
             rows = (self._base_t[:, None, :] + torch.as_tensor(p % wp, device=dev)[None, :, None]).reshape(-1)
             self._encode(k16[:, :, p - t0], v16[:, :, p - t0], rows, True)
@@ -473,6 +502,8 @@ class _CudaStore:
         sl = torch.as_tensor(p % r, device=dev)
         self._sink_t[0][:, :, sl] = self._front(k16[:, :, p - t0]).view(torch.int16)
         self._sink_t[1][:, :, sl] = v16[:, :, p - t0].view(torch.int16)
+        if raw and r < w:
+            self._ring_raw[:, :, sl] = k16[:, :, p - t0].view(torch.int16)
 
     def _plan(self, key, make):
         if key not in self._plans:

@@ -190,7 +190,7 @@ class GoldenPagedStore:
         """k16, v16: ``[B, KVH, T, D]`` in the store's 16-bit type (keys before the key front end)."""
         torch = _torch()
         b, h, t, d = k16.shape
-        k16 = self._one.keys_in(k16)
+        k_raw, k16 = k16, self._one.keys_in(k16)
         src = torch.as_tensor(rows.src, device=k16.device)
         ssrc = torch.as_tensor(rows.sink_src, device=k16.device)
         pg, rw = torch.as_tensor(rows.page, device=k16.device), torch.as_tensor(rows.row, device=k16.device)
@@ -202,7 +202,8 @@ class GoldenPagedStore:
                 self.sink_hat[kind][at] = flat[ssrc, :, 0].float()
             if not len(rows.src):
                 continue
-            rec, codes, scales = self._one._reconstruct(flat[src], f)        # [M, KVH, 1, D]
+            raw = k_raw.transpose(1, 2).reshape(b * t, h, 1, d)[src] if kind == "k" else None
+            rec, codes, scales = self._one._reconstruct(flat[src], f, raw)   # [M, KVH, 1, D]
             self.hat[kind][pg, :, rw] = rec[:, :, 0]
             if self.raw is not None:
                 self.raw[kind][pg, :, rw] = flat[src][:, :, 0]
@@ -303,6 +304,10 @@ class CudaPagedStore:
         if self.side:
             import cupy as cp
             self._sink_t = [torch.from_dlpack(a.view(cp.int16)) for a in (self.kv.k_sink, self.kv.v_sink)]
+        # a sliding layer with a ring and a key front end: the ring's keys before the front end, which the write
+        # kernel encodes (the folded key front end) when their token leaves the ring
+        self._ring_raw = (torch.zeros(slots, kvh, self.recent, d, dtype=torch.int16, device=device)
+                          if window and 0 < self.recent < window and self.kv._key is not None else None)
         self._plans: dict = {}
 
     def _dev(self, rows: Rows, name, make):
@@ -397,7 +402,10 @@ class CudaPagedStore:
         if r < w and sum(len(x) for x in ev):
             e, er = cat(ev), cat(evrow)
             old = [x[e // r, :, e % r].view(k16.dtype) for x in self._sink_t]              # [M, KVH, D]
-            self._encode(old[0], old[1], planes(er), False)
+            raw = self._ring_raw is not None
+            if raw:                                             # keys: from the ring's keys before the front end
+                old[0] = self._ring_raw[e // r, :, e % r].view(k16.dtype)
+            self._encode(old[0], old[1], planes(er), raw)
         if r < w and sum(len(x) for x in di):
             i, ir = cat(di), cat(dirow)
             self._encode(flat[0][i], flat[1][i], planes(ir), True)
@@ -405,6 +413,8 @@ class CudaPagedStore:
         ks = key_domain(self.kv, k16.transpose(1, 2).reshape(b * t, h, d)[i])
         self._sink_t[0][ir // r, :, ir % r] = ks.view(torch.int16)
         self._sink_t[1][ir // r, :, ir % r] = flat[1][i].contiguous().view(torch.int16)
+        if self._ring_raw is not None:
+            self._ring_raw[ir // r, :, ir % r] = flat[0][i].contiguous().view(torch.int16)
 
     def _plan(self, nq, max_len, cols):
         from gpu_ref import plan

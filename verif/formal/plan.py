@@ -30,7 +30,7 @@ PACK_SHIFT_LOW_BITS = DecoderOptions.pack_shift_low_bits
 
 from .prove import FormalError, prove_bmc, prove_comb
 from .specs import (BlockFWHTMiter, FloatMiter, FoldAlignMiter, FoldFWHTMiter, FWHTMiter, FWHTPipeMiter,
-                    KeyScaleMiter, KeySubMiter, RoundTripMiter, check_factorization, check_swap)
+                    KeyFoldMiter, RoundTripMiter, check_factorization, check_swap)
 from .stream import StreamHarness
 
 
@@ -165,17 +165,20 @@ def _stream(kind, n, g, cuts, depth, ref, flow, lanes, work, timeout, rc=False):
                      timeout=timeout)
 
 
-#: Exponent differences of the key front end's centering proofs: every pair of finite
-#: fp16 exponents max(E, 1) in 1..30 (``full``); ``ci``: the nearest (cancellation).
-KEY_SUB_DIFFS = {"ci": (1,), "full": tuple(range(-29, 30))}
+#: Proofs of the folded key front end (``KeyFoldMiter``, N = 8) as (lane, root, M): ``full``
+#: every lane, every root, M = 12, and lane 0 at M = 8 and 16 (the other shift offsets);
+#: ``ci``: a lane of each sign-flip bit (mask 0b10101111), one root each.
+KEY_FOLD_CASES = {"ci": ((0, 30, 12), (4, 16, 12)),
+                  "full": tuple((k, None, 12) for k in range(8)) + ((0, None, 8), (0, None, 16))}
 
 
-def _key_scale(work, timeout):
-    return prove_comb(KeyScaleMiter(), "keyfront_scale", work, timeout)
+def key_fold_name(lane: int, root, mant_bits: int) -> str:
+    return f"keyfold_n8_m{mant_bits}_lane{lane}" + ("" if root is None else f"_root{root}")
 
 
-def _key_sub(d, work, timeout):
-    return prove_comb(KeySubMiter(d), f"keyfront_sub_d{d}".replace("-", "m"), work, timeout)
+def _key_fold(lane, root, mant_bits, work, timeout):
+    return prove_comb(KeyFoldMiter(8, mant_bits, root, lane), key_fold_name(lane, root, mant_bits),
+                      work, timeout)
 
 
 def flow_design(flow: str = "credit", stages: int = 0, width: int = 4, beats: int = 1,
@@ -251,12 +254,10 @@ def _plan(name: str) -> list:
     if name == "full":
         items.append(("roundtrip_n16_g8", "BlockFWHT(FWHT(x)) == N x, all x",
                       partial(_roundtrip, 16, 8)))
-    items.append(("keyfront_scale", "key front end steps 0-1 == fields of RN16(x 2^e), every "
-                  "finite fp16 x, every e in LOG2_S_RANGE", _key_scale))
-    items += [(f"keyfront_sub_d{d}".replace("-", "m"), "key front end steps 2-3 == "
-               f"RNE_fp16(y - mu) (saturating, IEEE zero sign), every finite y, mu with "
-               f"max(E_y, 1) - max(E_mu, 1) = {d}", partial(_key_sub, d))
-              for d in KEY_SUB_DIFFS[name]]
+    items += [(key_fold_name(k, r, mb), "key front end (folded) == to_block_fp_keys (key; plain: "
+               "the identity entry), lane's mantissa, u, flags, every fp16 vector, finite mu_s, "
+               "e in LOG2_S_RANGE" + ("" if r is None else f", lanes' max exponent {r}"),
+               partial(_key_fold, k, r, mb)) for k, r, mb in KEY_FOLD_CASES[name]]
     cd = stream_depth("enc", 16, 8, "min", "credit")     # 17: 2 x 8 credits + 1 (latency 6)
     wd = stream_depth("enc", 16, 8, "min", "stall", 8)   # two beats: latency 7, + 2
     streams = [("enc", 16, 8, "min", 5, False, "stall", None),

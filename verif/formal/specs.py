@@ -537,132 +537,106 @@ def _round_odd(v, e):
     return (v >> e) | lost
 
 
-# ---- key front end (one lane; docs/FORMAT.md 8, sim_models.keyscale.key_front) -------------
+# ---- key front end (docs/FORMAT.md 8, the folded rule: sim_models.bfp.to_block_fp_keys) -------
 
-#: 65504, the largest finite fp16, in units of 2^-24 (the smallest subnormal).
-FP16_MAX_UNITS = 0x7FF << 29
+class KeyFoldMiter(wiring.Component):
+    """The key front end (``hw.keyfold.FoldFrontEnd``, combinational, table
+    entries as ports) against its definition ``sim_models.bfp.to_block_fp_keys`` (with
+    ``key`` = 1; ``key`` = 0 drops the headroom bit, the plain vectors' path), for every
+    vector of N fp16 keys, every finite mu_s and every e in ``LOG2_S_RANGE`` per lane
+    (``key`` = 0: the identity entry, mu_s = +0 and e = 0, as the table's read register
+    loads it): every lane's mantissa, u and the flags equal the spec's.
 
+    The spec, written apart from the RTL in exact integers: FORMAT.md 3.1's decode, the
+    exponent add and its saturation, ``emax`` as the plain maximum over the lanes (+
+    ``key``), each of X and MU aligned by ``(v + 2^(sh-1)) >> sh`` (``sh`` > 0) or
+    ``v << -sh``, then ``(-1)^d clamp(X - MU)``. To split the proof: ``root`` (optional)
+    keeps one value of the lanes' maximum max(Ex, Em) (1..30), ``lane`` compares one
+    lane's mantissa (u and the flags always). The lane logic is the same at every N (an
+    N-lane tree of the same maximum)."""
 
-def fp16_units(m: Module, b, name: str) -> Signal:
-    """|b| of finite fp16 bits ``b`` as an integer in units of 2^-24 (exact, 41 bits)."""
-    ex = b[10:15]
-    sig = Signal(11, name=f"{name}_sig")
-    sh = Signal(5, name=f"{name}_sh")
-    u = Signal(41, name=f"{name}_u")
-    m.d.comb += [sig.eq(Cat(b[:10], ex.any())), sh.eq(Mux(ex.any(), ex - 1, 0)),
-                 u.eq(sig << sh)]
-    return u
-
-
-def units_to_fp16(m: Module, a, name: str) -> Signal:
-    """fp16 magnitude bits (15) of the integer ``a`` (units of 2^-24): round to nearest even
-    at the fp16 ulp (2^max(L - 10, 0) units for a leading one at bit L), a value past 65504
-    saturating to 0x7BFF. Written from the definition: a priority chain for L, the quotient
-    and remainder of the division by the ulp, the remainder against half the ulp."""
-    w = len(a)
-    lead = Const(0, range(w))
-    for j in range(w):                           # priority chain, lowest bit first
-        lead = Mux(a[j], j, lead)
-    q = Signal(range(w), name=f"{name}_q")
-    m.d.comb += q.eq(Mux(lead > 10, lead - 10, 0))
-    quo, rem = Signal(w, name=f"{name}_quo"), Signal(w, name=f"{name}_rem")
-    half = Signal(w + 1, name=f"{name}_half")
-    m.d.comb += [quo.eq(a >> q), rem.eq(a - (quo << q)), half.eq((Const(1, w + 1) << q)[1:])]
-    up = (q != 0) & ((rem > half) | ((rem == half) & quo[0]))
-    sig = Signal(13, name=f"{name}_s")
-    m.d.comb += sig.eq(quo + up)
-    # sig 2^q units; 2^11: the next binade. fp16 field E >= 1 has the ulp 2^(E-1) units
-    qq, s2 = Signal(range(w + 2), name=f"{name}_qq"), Signal(12, name=f"{name}_s2")
-    m.d.comb += [qq.eq(Mux(sig[11], q + 1, q)), s2.eq(Mux(sig[11], sig[1:], sig))]
-    field = Signal(range(w + 3), name=f"{name}_f")
-    m.d.comb += field.eq(Mux(s2[10], qq + 1, 0))
-    out = Signal(15, name=f"{name}_o")
-    m.d.comb += out.eq(Mux(field >= 31, 0x7BFF, Cat(s2[:10], field[:5])))
-    return out
-
-
-def fp16_fields(m: Module, b, name: str):
-    """(significand with hidden bit, max(E, 1)) of fp16 bits, as the key front end reads them."""
-    from hw.keyfront import _fields
-    return _fields(m, b, name)
-
-
-class KeyScaleMiter(wiring.Component):
-    """The key front end's scaling (steps 0-1 of ``hw.keyfront``: decode, shift, round)
-    against the definition ``y = RN16(x 2^e)`` (``sim_models.keyscale.scale_keys``), for
-    every finite fp16 x and every e in ``LOG2_S_RANGE``: the unpacked output (significand
-    with hidden bit, max(E, 1), sign) equals the fields of y.
-
-    The spec: x in units of 2^-24; e >= 0: ``x << e``, exact, past 65504 saturating
-    (an 11-bit significand above 65504 is >= 65536, which rounds to inf); e < 0: the
-    quotient by 2^-e rounded to nearest even (a value below the subnormal step; a normal
-    result loses no bits); then :func:`units_to_fp16` (exact here), x's sign (+-0 kept)."""
-
-    def __init__(self):
-        super().__init__({"x": In(16), "e": In(signed(5)), "ok": Out(1)})
+    def __init__(self, n: int = 8, mant_bits: int = 12, root: int | None = None,
+                 lane: int | None = None):
+        from sim_models.params import FormatParams
+        if root is not None and not 1 <= root <= 30:
+            raise ValueError(f"root (the lanes' maximum exponent) must be in 1..30, got {root}")
+        self.p = FormatParams(n=n, block=min(8, n), mant_bits=mant_bits)
+        if lane is not None and not 0 <= lane < n:
+            raise ValueError(f"lane must be in 0..{n - 1}, got {lane}")
+        self.root, self.lane = root, lane
+        super().__init__({"bits": In(16 * n), "mu": In(data.ArrayLayout(16, n)),
+                          "e": In(data.ArrayLayout(signed(5), n)), "key": In(1), "ok": Out(1)})
 
     def elaborate(self, platform):
-        from hw import keyfront as kf
+        from hw.keyfold import FoldFrontEnd
         from sim_models.keyscale import LOG2_S_RANGE
+        from sim_models.signs import sign_mask_int
         m = Module()
-        x, e = self.x, self.e
-        y = kf.scale_round(m, kf.scale_shift(m, kf.decode_lane(m, x, "dc"), e, "sc"), "sr")
-        xu = fp16_units(m, x, "spec_x")
-        sh = Signal(5, name="spec_sh")
-        q, rem = Signal(41, name="spec_q"), Signal(41, name="spec_rem")
-        half = Signal(42, name="spec_half")
-        m.d.comb += [sh.eq(-e), q.eq(xu >> sh), rem.eq(xu - (q << sh)),
-                     half.eq((Const(1, 42) << sh)[1:])]
-        up = (sh != 0) & ((rem > half) | ((rem == half) & q[0]))
-        big = Signal(57, name="spec_big")
-        m.d.comb += big.eq(xu << e[:4])
-        yu = Signal(41, name="spec_yu")
-        m.d.comb += yu.eq(Mux(e >= 0, Mux(big > FP16_MAX_UNITS, FP16_MAX_UNITS, big), q + up))
-        sig, eff = fp16_fields(m, Cat(units_to_fp16(m, yu, "spec_r"), x[15]), "spec_y")
+        p, n, M = self.p, self.p.n, self.p.mant_bits
+        m.submodules.dut = dut = FoldFrontEnd(p, None, ())
+        m.d.comb += [dut.bits.eq(self.bits), dut.key.eq(self.key), dut.en.eq(1),
+                     dut.i_valid.eq(1)]
+        m.d.comb += [dut.mu[k].eq(self.mu[k]) for k in range(n)]
+        m.d.comb += [dut.e[k].eq(self.e[k]) for k in range(n)]
         lo, hi = LOG2_S_RANGE
-        care = (x[10:15] != 0x1F) & (e >= lo) & (e <= hi)
-        m.d.comb += self.ok.eq(~care | ((y["sig"] == sig) & (y["eff"] == eff)
-                                        & (y["s"] == x[15])))
-        return m
+        care = Const(1, 1)
+        lanes, flags, top = [], Const(0, 2), None
+        for k in range(n):
+            b, mb_in, e = self.bits[16 * k:16 * k + 16], self.mu[k], self.e[k]
+            E, F = b[10:15], b[:10]
+            special = E == 31
+            nan, inf = special & (F != 0), special & (F == 0)
+            ex = Signal(signed(8), name=f"spec_ex{k}")
+            m.d.comb += ex.eq(Mux(special, Mux(nan, 1, 30), Mux(E == 0, 1, E))
+                              + Mux(special, 0, e))
+            sig0 = Mux(nan, 0, Mux(inf, 2047, Mux(E == 0, F, F + 1024)))
+            sat = ex > 30
+            exs = Signal(signed(8), name=f"spec_exs{k}")
+            sig = Signal(11, name=f"spec_sig{k}")
+            m.d.comb += [exs.eq(Mux(sat, 30, ex)), sig.eq(Mux(sat, 2047, sig0))]
+            mb = Signal(16, name=f"spec_mb{k}")
+            m.d.comb += mb.eq(Mux(special, 0, mb_in))
+            em = Signal(signed(8), name=f"spec_em{k}")
+            sigm = Signal(11, name=f"spec_sigm{k}")
+            m.d.comb += [em.eq(Mux(mb[10:15] == 0, 1, mb[10:15])),
+                         sigm.eq(Mux(mb[10:15] == 0, mb[:10], mb[:10] + 1024))]
+            h = Mux(exs > em, exs, em)
+            top = h if top is None else Mux(h > top, h, top)
+            care = care & (e >= lo) & (e <= hi) & (mb_in[10:15] != 31) \
+                & (self.key | ((e == 0) & (mb_in == 0)))
+            lanes.append((Mux(nan, 0, b[15]), exs, sig, mb[15], em, sigm))
+            flags = flags | Cat(nan, inf)
+        rt = Signal(signed(8), name="spec_root")
+        emax = Signal(signed(8), name="spec_emax")
+        m.d.comb += [rt.eq(top), emax.eq(rt + self.key)]
+        if self.root is not None:
+            care = care & (rt == self.root)
+        off = M - 12
+        lim = (1 << (M - 1)) - 1
+        mask = sign_mask_int(n, p.sign_seed)
 
+        def align(v, ex, name):
+            sh = Signal(signed(9), name=f"{name}_sh")
+            m.d.comb += sh.eq(emax - ex - off)
+            shl, shr = Signal(range(16), name=f"{name}_l"), Signal(range(14), name=f"{name}_r")
+            # v < 2^11: a right shift past 12 gives 0, as 13 does
+            m.d.comb += [shl.eq(Mux(sh < 0, -sh, 0)), shr.eq(Mux(sh > 13, 13, Mux(sh > 0, sh, 0)))]
+            a = Signal(32, name=f"{name}_a")
+            m.d.comb += a.eq(Mux(sh < 0, v << shl,
+                                 (Cat(v, Const(0, 14)) + (Const(1, 25) << shr >> 1)) >> shr))
+            return a
 
-class KeySubMiter(wiring.Component):
-    """The key front end's centering (steps 2-3 of ``hw.keyfront``: swap, align, sum,
-    count, norm, round) against the definition ``RNE_fp16(y - mu)`` (saturating at
-    +-65504; an exact zero is +0 unless y = -0 and mu = +0), for every pair of finite
-    fp16 y, mu whose exponents max(E, 1) differ by ``d`` (one proof per d in -29..29
-    covers every pair; the split keeps each SAT problem small).
-
-    The spec: y and mu in units of 2^-24, the exact signed difference, its magnitude
-    through :func:`units_to_fp16`. Together with :class:`KeyScaleMiter` (which shows that
-    the scaling hands over exactly the fields of ``RN16(x 2^e)``), the lane equals
-    ``sim_models.keyscale.key_front`` for every input and table entry; the lane logic
-    is the same at every N."""
-
-    def __init__(self, d: int):
-        if not -29 <= d <= 29:
-            raise ValueError(f"d (exponent difference) must be in -29..29, got {d}")
-        self.d = d
-        super().__init__({"y": In(16), "mu": In(16), "ok": Out(1)})
-
-    def elaborate(self, platform):
-        from hw import keyfront as kf
-        m = Module()
-        y, mu = self.y, self.mu
-        sig, eff = fp16_fields(m, y, "dut_y")
-        sw = kf.align_swap(m, {"sig": sig, "eff": eff, "s": y[15]}, mu, "sw")
-        nc = kf.norm_count(m, kf.add_lane(m, kf.align_shift(m, sw, "al"), "ad"), "nc")
-        got = kf.round_lane(m, kf.norm_shift(m, nc, "nm"), "rd")
-        yu, mu_u = fp16_units(m, y, "spec_y"), fp16_units(m, mu, "spec_m")
-        dd = Signal(signed(43), name="spec_d")
-        m.d.comb += dd.eq(Mux(y[15], -yu, yu) - Mux(mu[15], -mu_u, mu_u))
-        a = Signal(42, name="spec_a")
-        m.d.comb += a.eq(Mux(dd < 0, -dd, dd))
-        zsign = y[15] & ~mu[15] & (yu == 0) & (mu_u == 0)
-        want = Cat(units_to_fp16(m, a, "spec_r"), Mux(dd == 0, zsign, dd < 0))
-        _, em = fp16_fields(m, mu, "spec_mf")
-        diff = Signal(signed(7), name="spec_diff")
-        m.d.comb += diff.eq(eff - em)
-        care = (y[10:15] != 0x1F) & (mu[10:15] != 0x1F) & (diff == self.d)
-        m.d.comb += self.ok.eq(~care | (got == want))
+        same = Const(1, 1)
+        for k, (s, exs, sig, sm, em, sigm) in enumerate(lanes):
+            if self.lane is not None and k != self.lane:
+                continue
+            X, MU = align(sig, exs, f"spec_x{k}"), align(sigm, em, f"spec_m{k}")
+            y = Signal(signed(34), name=f"spec_y{k}")
+            m.d.comb += y.eq(Mux(s, -X, X) - Mux(sm, -MU, MU))
+            yc = Mux(y > lim, lim, Mux(y < -lim, -lim, y))
+            want = Signal(signed(M), name=f"spec_want{k}")
+            m.d.comb += want.eq(-yc if (mask >> k) & 1 else yc)
+            same = same & (dut.x[k] == want)
+        same = same & (dut.u == emax - (15 + M - 2)) & (dut.flags == flags)
+        m.d.comb += self.ok.eq(~care | same)
         return m
