@@ -186,12 +186,12 @@ def key_front_table(recs: list[dict]) -> str:
         fmax = "no legal placement" if rec.get("nextpnr_failed") is not None else _fmt(d['fmax'], '{:.1f}')
         lines.append(
             f"| {name} | {base['config']} | {cfg.key_slots} | {', '.join(cuts)} | "
-            f"{rec['latency_cycles']} (+{rec['latency_cycles'] - base['latency_cycles']}) | "
-            f"{d['lut4']:,} (+{d['lut4'] - b['lut4']:,}) | "
-            f"{d['ccu2c']:,} (+{d['ccu2c'] - b['ccu2c']:,}) | "
-            f"{d['luts']:,} (+{d['luts'] - b['luts']:,}) | "
+            f"{rec['latency_cycles']} ({rec['latency_cycles'] - base['latency_cycles']:+}) | "
+            f"{d['lut4']:,} ({d['lut4'] - b['lut4']:+,}) | "
+            f"{d['ccu2c']:,} ({d['ccu2c'] - b['ccu2c']:+,}) | "
+            f"{d['luts']:,} ({d['luts'] - b['luts']:+,}) | "
             f"{(d['luts'] - b['luts']) / w:.0f} ({w}) | {d['luts'] / b['luts']:.2f}x | "
-            f"{d['ffs']:,} (+{d['ffs'] - b['ffs']:,}) | {(d['ffs'] - b['ffs']) / w:.0f} | "
+            f"{d['ffs']:,} ({d['ffs'] - b['ffs']:+,}) | {(d['ffs'] - b['ffs']) / w:.0f} | "
             f"{d['ffs'] / b['ffs']:.2f}x | "
             f"{rec['ecp5'].get('cells', {}).get('TRELLIS_DPR16X4', 0):,} | "
             f"{fmax} ({_fmt(b['fmax'], '{:.1f}')}) | {kf} |")
