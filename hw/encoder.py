@@ -20,8 +20,8 @@ end folded into block floating point (:mod:`hw.keyfold`; key vectors are encoded
 :func:`sim_models.codec.encode_folded`, bypassed ones as :func:`sim_models.encode`):
 ``i__payload`` = lanes | slot | bypass (:func:`hw.wire.encoder_input_layout`), a ``cfg``
 stream loads its table one lane per word (:func:`hw.wire.key_config_layout`; docs/FORMAT.md
-7), ``fe_regs`` from ``hw.keyfold.FOLD_CUTS``, no registers in its max tree and no lane RAM
-of its own; the latency grows by the table read register (``latency_breakdown["keyfront"]``)
+7), ``fe_regs`` from ``hw.keyfold.FOLD_CUTS`` (default ``dec``, ``emax``), ``tree_every``
+registers in its W-lane max tree and no lane RAM of its own; the latency grows by the table read register (``latency_breakdown["keyfront"]``)
 and, with two beats, the join of the beats (``keyfront_join``).
 
 Options: :class:`hw.options.EncoderOptions`. Pipeline: front end (``fe_regs`` cuts) ->
@@ -153,7 +153,7 @@ class KVEncoder(FlowTop, wiring.Component):
         kf = {"keyfront": 1, **({"keyfront_join": 1} if two else {})} if self.key_slots else {}
         fold = {"fold_stage": FOLD_CYCLES} if two else {}
         return {**kf, **fold_cycles(self.beats, "beat_data"),
-                "frontend_tree": 0 if self.key_slots else frontend_tree_cuts(p.n, k),
+                "frontend_tree": frontend_tree_cuts(self.lanes if self.key_slots else p.n, k),
                 "frontend_cuts": len(set(self.fe_regs) | ({"emax"} if two and self.key_slots
                                                          else set())),
                 "frontend_reg": 1, "fwht": self.latency, **fold, "quant_tree": quant_tree_cuts(p, k),
@@ -185,7 +185,8 @@ class KVEncoder(FlowTop, wiring.Component):
         # front end (with key_slots: the folded key front end) + register
         if self.key_slots:
             m.submodules.frontend = fe = FoldFrontEnd(p, self.key_slots, self.fe_regs, lanes=w,
-                                                      held=self.flow != "credit")
+                                                      held=self.flow != "credit",
+                                                      tree_every=self.tree_every)
             wiring.connect(m, wiring.flipped(self.cfg), fe.cfg)
             pay = data.View(encoder_input_layout(p, self.key_slots), fc.payload)
             # the table row is read at the vector's beat, or (two beats with stalls: held)

@@ -38,9 +38,13 @@ row read at ``load`` and held, or each half at its beat). The lane logic up to t
 (:func:`join`) delays the lanes by two registers in a row while it takes the vector's
 max from beat 0's (in the first register) and beat 1's, then beat 0's lanes and beat 1's
 go on to the shift amounts in turn: it stands in for the ``emax`` cut, one cycle longer.
-Register cuts (:data:`FOLD_CUTS`): after the max tree (``emax``), after the shift amounts
-(``shamt``), after the aligners (``align``). Latency: 1 (the table read, with ``slots``)
-+ the cuts; two beats: 2 + the cuts with ``emax``.
+Register cuts (:data:`FOLD_CUTS`): after the lane logic (``dec``: each lane's exponents,
+significands, signs, its h and flags, with the vector's valid and key bit), after the max
+tree (``emax``), after the shift amounts (``shamt``), after the aligners (``align``); and
+with ``tree_every`` = k a register after every k levels of the W-lane max tree
+(:func:`hw.trees.tree_cut_levels`, the partial maxima with the rest of the vector), as
+:class:`hw.frontend.FrontEnd`'s. Latency: 1 (the table read, with ``slots``) + the cuts +
+the tree's registers; two beats: 2 + the cuts with ``emax`` + the tree's registers.
 """
 
 from __future__ import annotations
@@ -54,9 +58,9 @@ from sim_models import wire
 from sim_models.params import FormatParams
 from sim_models.signs import sign_mask_int
 
-from .frontend import u_range
+from .frontend import tree_cuts, u_range
 from .pipeline import (REPLICA_ATTRS, Cuts, beat_groups, beat_index, beat_of, check_lanes,
-                       gt_const, stage, when)
+                       check_tree_every, gt_const, stage, when)
 from .trees import tree_reduce
 from .wire import key_config_layout
 
@@ -76,9 +80,10 @@ def check_key_slots(p: FormatParams, slots) -> int:
     return slots
 
 
-#: Register cuts of the folded front end: after the exponent max tree, after the shift
-#: amounts, after the two aligners (before the carry chains).
-FOLD_CUTS = Cuts("fe_regs", ("emax", "shamt", "align"), ("emax",))
+#: Register cuts of the folded front end: after the lane logic (before the max tree), after
+#: the exponent max tree, after the shift amounts, after the two aligners (before the carry
+#: chains). Default: ``dec`` and ``emax``.
+FOLD_CUTS = Cuts("fe_regs", ("dec", "emax", "shamt", "align"), ("dec", "emax"))
 
 
 def fold_u_shape(p: FormatParams) -> Shape:
@@ -162,6 +167,8 @@ class FoldFrontEnd(wiring.Component):
         held: two beats only: the table row read at ``load`` (the handshake; stalls may
             fall between it and the beats) and held, or (False, the credit flow) each half
             read at its beat (:func:`table`).
+        tree_every: a register after every k levels of the W-lane max tree (0: none;
+            :func:`hw.trees.tree_cut_levels`).
 
     Ports: ``bits`` (N x 16), ``en``, ``i_valid``; with slots ``slot``, ``bypass``, ``cfg``
     (always ready); without ``mu`` (N x 16), ``e`` (N x signed 5), ``key``; two beats
@@ -170,7 +177,7 @@ class FoldFrontEnd(wiring.Component):
     """
 
     def __init__(self, p: FormatParams, slots: int | None = None, regs=FOLD_CUTS.default,
-                 lanes: int | None = None, held: bool = True):
+                 lanes: int | None = None, held: bool = True, tree_every: int = 0):
         if p.dtype != "fp16":
             raise ValueError(f"FoldFrontEnd: dtype must be 'fp16', got {p.dtype!r}")
         if not isinstance(held, bool):
@@ -180,6 +187,7 @@ class FoldFrontEnd(wiring.Component):
         self.regs = FOLD_CUTS.check(regs)
         self.lanes = w = check_lanes(p, lanes)
         self.held = held
+        self.tree_every = check_tree_every(tree_every)
         if w != p.n and slots is None:
             raise ValueError("FoldFrontEnd: lanes=N/2 (two beats) needs slots (the table)")
         self.mask = sign_mask_int(p.n, p.sign_seed)
@@ -203,12 +211,13 @@ class FoldFrontEnd(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from a beat's input to its output: the table read register, the cuts;
-        two beats: the join (beat 0 waits for beat 1) in place of the ``emax`` cut, one
-        cycle more."""
+        """Cycles from a beat's input to its output: the table read register, the cuts, the
+        max tree's registers; two beats: the join (beat 0 waits for beat 1) in place of the
+        ``emax`` cut, one cycle more."""
+        tree = tree_cuts(self.lanes, self.tree_every)
         if self.lanes != self.p.n:
-            return 2 + len(set(self.regs) | {"emax"})
-        return (self.slots is not None) + len(self.regs)
+            return 2 + len(set(self.regs) | {"emax"}) + tree
+        return (self.slots is not None) + len(self.regs) + tree
 
     def elaborate(self, platform):
         m = Module()
@@ -281,8 +290,24 @@ class FoldFrontEnd(wiring.Component):
         def max_or(a, b):
             return Cat(Mux(a[:5] > b[:5], a[:5], b[:5]), a[5:] | b[5:])
 
-        root = tree_reduce(m, [Cat(h, f) for h, f in zip(h_l, fl_l)], max_or, "emax")
-        per_lane = {"ex": ex_l, "sig": sig_l, "s": s_l, "em": em_l, "ms": ms_l, "sm": sm_l}
+        # the vector in flight up to the max tree's root: every register stage holds all of it
+        vec.update(ex=ex_l, sig=sig_l, s=s_l, em=em_l, ms=ms_l, sm=sm_l,
+                   part=[Cat(h, f) for h, f in zip(h_l, fl_l)])
+        if "dec" in self.regs:
+            vec.update(stage(m, en, "fold_dec", **vec))
+
+        def tree_cut(parts: list) -> list:
+            vec["part"] = parts
+            vec.update(stage(m, en, f"fold_emaxt{tree_cut.count}", **vec))
+            tree_cut.count += 1
+            return vec["part"]
+        tree_cut.count = 0
+
+        root = tree_reduce(m, vec.pop("part"), max_or, "emax", every=self.tree_every,
+                           cut=tree_cut)
+        vec.pop("part", None)
+        valid, hb = vec.pop("valid"), vec.pop("hb")
+        per_lane, vec = vec, {"valid": valid, "hb": hb}
         if two:     # the join: the lanes wait two cycles; the vector's max from both beats
             vec = join(m, en, valid, hb, root, per_lane, w, max_or)
         else:

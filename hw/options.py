@@ -36,11 +36,6 @@ def _set_cuts(opts, name: str, cuts) -> None:
     object.__setattr__(opts, name, cuts.check(getattr(opts, name)))
 
 
-def _fe_default():
-    from .frontend import FE_CUTS
-    return FE_CUTS.default
-
-
 def _quant_default():
     from .quantizer import QUANT_CUTS
     return QUANT_CUTS.default
@@ -65,11 +60,13 @@ class EncoderOptions:
         fe_regs / quant_regs: register cuts of the front end and the quantizer (names of
             ``hw.frontend.FE_CUTS``, ``hw.quantizer.QUANT_CUTS``; with ``key_slots`` the
             front end is ``hw.keyfold.FoldFrontEnd``: names of ``hw.keyfold.FOLD_CUTS``).
+            ``fe_regs`` None (the default): the front end's default cuts,
+            ``FOLD_CUTS.default`` with ``key_slots``, else ``FE_CUTS.default``.
         tree_every: a register after every k levels of the reduction trees (0: none).
         key_slots: table slots T of the key front end (0: none; fp16 only), folded into the
             front end (``hw.keyfold.FoldFrontEnd``: key vectors encoded as
-            ``sim_models.codec.encode_folded``); no registers in its max tree
-            (``tree_every`` sets the quantizer's only), lane RAM the quantizer's only.
+            ``sim_models.codec.encode_folded``); ``tree_every`` registers in its W-lane max
+            tree, lane RAM the quantizer's only.
         lane_ram: lane delay lines of at least this many stages in block RAM (0: none;
             docs/DECISIONS.md, "Lane RAM").
         flow: ``"stall"`` (global stall) or ``"credit"`` (credit flow, skid FIFO;
@@ -80,7 +77,7 @@ class EncoderOptions:
     """
 
     fwht_regs: int = 2
-    fe_regs: tuple = field(default_factory=_fe_default)
+    fe_regs: tuple | None = None
     quant_regs: tuple = field(default_factory=_quant_default)
     tree_every: int = 0
     key_slots: int = 0
@@ -92,11 +89,14 @@ class EncoderOptions:
     def __post_init__(self):
         from .frontend import FE_CUTS
         from .quantizer import QUANT_CUTS
+        from .keyfold import FOLD_CUTS
         _int(self.fwht_regs, "fwht_regs (FWHT pipeline registers)")
+        _int(self.key_slots, "key_slots (key front end table slots)")
+        if self.fe_regs is None:
+            object.__setattr__(self, "fe_regs", (FOLD_CUTS if self.key_slots else FE_CUTS).default)
         _set_cuts(self, "fe_regs", FE_CUTS)
         _set_cuts(self, "quant_regs", QUANT_CUTS)
         check_tree_every(self.tree_every)
-        _int(self.key_slots, "key_slots (key front end table slots)")
         check_lane_ram(self.lane_ram)
         check_flow(self.flow, self.credit_extra)
         if self.lanes is not None:

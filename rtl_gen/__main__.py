@@ -106,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fe-regs", type=_cuts, default=S,
                     help=f"encoder: front-end register cuts from {','.join(FE_CUTS.names)} "
                          f"(with --key-slots: {','.join(FOLD_CUTS.names)}) or 'none' (default "
-                         f"{','.join(e.fe_regs) or 'none'})")
+                         f"{','.join(e.fe_regs) or 'none'}; with --key-slots "
+                         f"{','.join(FOLD_CUTS.default)})")
     ap.add_argument("--tree-every", type=int, default=S,
                     help="encoder: a register after every K levels of the reduction trees "
                          "(default 0: none)")
@@ -198,7 +199,11 @@ def main(argv=None) -> int:
             raise ValueError("--key-slots: the round trip has no key front end")
         both = {f: given[f] for f in BOTH_FLAGS if f in given}
         if enc is not None:
-            enc = replace(enc, **both, **{f: given[f] for f in ENC_FLAGS if f in given})
+            kw = {f: given[f] for f in ENC_FLAGS if f in given}
+            if "key_slots" in kw and "fe_regs" not in kw and \
+                    enc.fe_regs == EncoderOptions(key_slots=enc.key_slots).fe_regs:
+                kw["fe_regs"] = None        # the default cuts of the front end chosen
+            enc = replace(enc, **both, **kw)
         if dec is not None:
             dec = _override(dec, {**both, **{f: given[f] for f in (*DEC_FLAGS, "fold_align")
                                              if f in given}})

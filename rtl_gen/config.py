@@ -140,7 +140,7 @@ def _pipe_of(opts, kind: str) -> int | None:
     """The ``pK`` part of encoder / decoder options (None: the default cuts); ValueError
     when the cuts are neither the defaults nor the profile (no name states them)."""
     prof = _profile(kind, opts.key_slots if kind == "encoder" else 0)
-    base = OPTIONS[kind]()
+    base = OPTIONS[kind](key_slots=opts.key_slots) if kind == "encoder" else OPTIONS[kind]()
     if kind == "encoder":
         if all(getattr(opts, f) == v for f, v in prof.items()):
             return opts.tree_every

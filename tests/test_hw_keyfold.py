@@ -52,15 +52,18 @@ def golden(p: FormatParams, k, mu, e, key):
     return (np.where(key[:, None], x, xp), np.where(key, u, up), np.where(key, f, fp))
 
 
-@pytest.mark.parametrize("regs, mant_bits", [((), 12), (("emax",), 12),
-                                             (FOLD_CUTS.names, 12), (("shamt",), 8),
-                                             (("emax", "align"), 16)])
-def test_fold_lanes_match_golden(regs, mant_bits):
+@pytest.mark.parametrize("regs, mant_bits, every", [
+    ((), 12, 0), (("emax",), 12, 0), (FOLD_CUTS.names, 12, 0), (("shamt",), 8, 0),
+    (("emax", "align"), 16, 0), (FOLD_CUTS.default, 12, 0), (("dec",), 12, 1),
+    (FOLD_CUTS.names, 8, 2), ((), 12, 3)])
+def test_fold_lanes_match_golden(regs, mant_bits, every):
+    """The lane logic with every cut placement and registers in the max tree (``every``:
+    after every k levels of its log2 N = 4, counted back from the root)."""
     p = FormatParams(n=N, block=8, mant_bits=mant_bits)
-    k, mu, e, key = fold_vectors(N, 240, len(regs) + mant_bits)
+    k, mu, e, key = fold_vectors(N, 240, len(regs) + mant_bits + 7 * every)
     wx, wu, wf = golden(p, k, mu, e, key)
-    dut = FoldFrontEnd(p, None, regs)
-    assert dut.latency == len(regs)
+    dut = FoldFrontEnd(p, None, regs, tree_every=every)
+    assert dut.latency == len(regs) + {0: 0, 1: 3, 2: 1, 3: 1}[every]
     ins = wire.rows_to_ints(wire.lane_rows(k))
     rnd = random.Random(3)
     bad, seen = [], []
@@ -106,7 +109,9 @@ def test_fold_arguments():
     with pytest.raises(ValueError, match="dtype"):
         FoldFrontEnd(FormatParams(n=16, block=8, dtype="bf16"))
     with pytest.raises(ValueError, match="fe_regs"):
-        FoldFrontEnd(FormatParams(n=16, block=8), None, ("dec",))
+        FoldFrontEnd(FormatParams(n=16, block=8), None, ("tree",))
+    with pytest.raises(ValueError, match="tree_every"):
+        FoldFrontEnd(FormatParams(n=16, block=8), None, tree_every=-1)
     with pytest.raises(ValueError, match="slots"):
         FoldFrontEnd(FormatParams(n=16, block=8), None, lanes=8)
     with pytest.raises(ValueError, match="lanes"):
@@ -173,15 +178,21 @@ def test_encoder_with_fold_stream(n, slots, fe_regs, flow, lanes):
 
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_encoder_fold_options():
-    """With key_slots the front end's cuts are FOLD_CUTS' (``dec`` refused), its max tree
-    has no registers (tree_every: the quantizer's) and lane_ram reaches the quantizer only."""
+    """With key_slots the front end's cuts are FOLD_CUTS' (default ``dec``, ``emax``; a name
+    of neither FE_CUTS nor FOLD_CUTS refused), tree_every puts registers in its W-lane max
+    tree as in the quantizer's trees, and lane_ram reaches the quantizer only."""
     from hw import EncoderOptions, KVEncoder
+    from hw.frontend import FE_CUTS
     p = FormatParams(n=64, block=32)
     with pytest.raises(ValueError, match="fe_regs"):
-        KVEncoder(p, EncoderOptions(key_slots=2, fe_regs=("dec",)))
+        KVEncoder(p, EncoderOptions(key_slots=2, fe_regs=("tree",)))
+    assert EncoderOptions(key_slots=2).fe_regs == FOLD_CUTS.default == ("dec", "emax")
+    assert EncoderOptions().fe_regs == FE_CUTS.default
     dut = KVEncoder(p, EncoderOptions(6, key_slots=2, fe_regs=FOLD_CUTS.names, tree_every=2,
                                       lane_ram=3))
-    assert dut.latency_breakdown["frontend_tree"] == 0
+    assert dut.latency_breakdown["frontend_tree"] == 2        # 6 levels: after levels 2, 4
+    two = KVEncoder(p, EncoderOptions(5, key_slots=2, tree_every=1, lanes=32))
+    assert two.latency_breakdown["frontend_tree"] == 4        # the W = 32-lane tree
     assert dut.ram_lines and all(k.startswith("quant.") for k in dut.ram_lines)
 
 

@@ -147,7 +147,7 @@ def test_name_letters_map_to_fields():
     assert (o.fwht_regs, o.flow, o.credit_extra, o.lanes, o.fold.align, o.reset_copies,
             o.split_align) == (6, "credit", 0, 64, True, True, True)
     e = RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_k8").opts
-    assert e.tree_every == 1 and e.key_slots == 8 and e.fe_regs == ("emax", "shamt", "align")
+    assert e.tree_every == 1 and e.key_slots == 8 and e.fe_regs == ("dec", "emax", "shamt", "align")
     rt = RTLConfig.parse("rt_v2_n64_g32_b3_l6_p2").opts
     assert rt.enc.tree_every == 2 and rt.dec.split_align and rt.dec.fwht_regs == 6
     # options without a letter have no name

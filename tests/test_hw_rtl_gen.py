@@ -12,6 +12,7 @@ import rtl_gen
 from hw.decoder import FLOAT_CUTS
 from hw.options import DecoderOptions, EncoderOptions, RoundTripOptions
 from hw.frontend import FE_CUTS
+from hw.keyfold import FOLD_CUTS
 from hw.quantizer import QUANT_CUTS
 from rtl_gen.__main__ import main as cli_main
 from sim_models import FORMAT_VERSION, FormatParams, sign_mask_int
@@ -163,7 +164,7 @@ def test_deterministic(tmp_path):
     (["--top", "module"], "reserved word"),
     (["--module", "both", "--dec-top", "1x"], "dec_top"),
     (["--module", "both", "--dec-top", "wire"], "dec_top"),
-    (["--key-slots", "2", "--fe-regs", "dec"], "fe_regs"),
+    (["--key-slots", "2", "--fe-regs", "tree"], "fe_regs"),
     (["--key-slots", "2", "--dtype", "bf16"], "fp16"),
     (["--credit-extra", "2"], "credit_extra"),
     (["--flow", "credit", "--credit-extra", "-1"], "credit_extra"),
@@ -302,14 +303,16 @@ def test_key_front_manifest_and_lint(tmp_path):
     c = RTLConfig.parse("enc_v2_n16_g8_b3_l1_k3")
     assert c.key_slots == 3 and c.name == "enc_v2_n16_g8_b3_l1_k3"
     assert c.opts == EncoderOptions(fwht_regs=1, key_slots=3)
-    assert RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_k8").opts.fe_regs == ("emax", "shamt", "align")
+    assert c.opts.fe_regs == FOLD_CUTS.default == ("dec", "emax")
+    assert RTLConfig.parse("enc_v2_n16_g8_b3_l4_p1_k8").opts.fe_regs == FOLD_CUTS.names
+    assert FOLD_CUTS.names == ("dec", "emax", "shamt", "align")
     for bad in ("rt_v2_n16_g8_b3_l1_k3", "dec_v2_n16_g8_b3_l1_k3", "enc_v2_n16_g8_b3_l1_k3_k4"):
         with pytest.raises(ValueError):
             RTLConfig.parse(bad)
     p = c.params
     man = rtl_gen.generate("encoder", p, tmp_path, c.opts)
     kf = man["key_front"]
-    assert kf["slots"] == 3 and kf["register_cuts"] == ["emax"]
+    assert kf["slots"] == 3 and kf["register_cuts"] == ["dec", "emax"]
     assert "encode_folded" in kf["rule"]
     assert man["latency_breakdown"]["keyfront"] == 1
     lay = wire.encoder_input(p, 3)
@@ -319,7 +322,7 @@ def test_key_front_manifest_and_lint(tmp_path):
     assert man["ports"]["cfg__payload"]["width"] == 16 + 5 + 4 + 2
     plain = rtl_gen.generate("encoder", p, tmp_path / "plain", EncoderOptions(fwht_regs=1))
     assert "key_front" not in plain and "cfg__valid" not in plain["ports"]
-    assert plain["latency_cycles"] == man["latency_cycles"] - 1
+    assert plain["latency_cycles"] == man["latency_cycles"] - 1 - 1     # table read, dec cut
     if rtl_gen.find_tool("verilator") is not None:
         r = rtl_gen.lint(tmp_path / man["verilog"], man["top"])
         assert r.returncode == 0, r.stdout + r.stderr
@@ -340,7 +343,8 @@ def test_config_names_use_the_distinct_quantizer_presets():
 def test_cli_key_front(tmp_path):
     """--key-slots builds the encoder with the folded key front end; the manifest records its
     slots, cuts (the front end's) and cfg port, and the latency grows by the table read
-    register plus one cycle per cut beyond the plain front end's."""
+    register plus one cycle per cut beyond the plain front end's; without --fe-regs its
+    cuts are FOLD_CUTS.default."""
     base = ["--n", "16", "--block", "8", "--fwht-regs", "1"]
     assert cli_main(base + ["--out", str(tmp_path / "a")]) == 0
     assert cli_main(base + ["--key-slots", "4", "--fe-regs", "emax,shamt", "--out", str(tmp_path / "b")]) == 0
@@ -349,6 +353,11 @@ def test_cli_key_front(tmp_path):
     assert "key_front" not in a
     assert b["key_front"]["slots"] == 4 and b["key_front"]["register_cuts"] == ["emax", "shamt"]
     assert b["latency_cycles"] == a["latency_cycles"] + 1 + 1
+    # without --fe-regs: the key front end's default cuts (dec, emax)
+    assert cli_main(base + ["--key-slots", "4", "--out", str(tmp_path / "c")]) == 0
+    c = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert c["key_front"]["register_cuts"] == list(FOLD_CUTS.default) == ["dec", "emax"]
+    assert c["latency_cycles"] == a["latency_cycles"] + 1 + 1
 
 
 def test_lane_ram_config_and_manifest(tmp_path):

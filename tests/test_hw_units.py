@@ -592,7 +592,7 @@ def test_keyfront_arguments():
     with pytest.raises(ValueError, match="key_slots.*fp16"):
         KVEncoder(FormatParams(n=16, block=8, dtype="bf16"), EncoderOptions(1, key_slots=2))
     with pytest.raises(ValueError, match="fe_regs"):
-        KVEncoder(p, EncoderOptions(1, key_slots=2, fe_regs=("dec",)))
+        KVEncoder(p, EncoderOptions(1, key_slots=2, fe_regs=("tree",)))
     assert "cfg" not in KVEncoder(p, EncoderOptions(1)).signature.members
 
 
