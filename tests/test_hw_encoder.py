@@ -210,7 +210,7 @@ def test_tree_registers(tree_every, fe_regs, kw, lane_ram):
     ({"quant_regs": ("max", "max")}, ValueError, "quant_regs"),
     ({"quant_regs": "max"}, TypeError, "quant_regs"),
     ({"fe_regs": ("max",)}, ValueError, "fe_regs"),
-    ({"fe_regs": None}, TypeError, "fe_regs"),
+    ({"fe_regs": 3}, TypeError, "fe_regs"),
 ])
 def test_bad_register_placement(kw, exc, word):
     with pytest.raises(exc, match=word):
