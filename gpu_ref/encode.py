@@ -71,9 +71,18 @@ def key_table(n: int, mu16=None, s16=None, cp=None) -> KeyFront | None:
         s16: NumPy float16 ``[KVH, N]`` per-channel key scales (powers of two), or None.
         cp: the cupy module (default: imported; NumPy works for inspecting the table).
     """
-    from sim_models.keyscale import front_table
+    from sim_models.keyscale import LOG2_S_RANGE, front_table
     if mu16 is None and s16 is None:
         return None
+    if s16 is not None:
+        sv = np.asarray(s16, np.float16).astype(np.float64)
+        e = np.log2(np.where(sv > 0, sv, 1.0))
+        lo, hi = LOG2_S_RANGE
+        if not ((sv > 0).all() and np.isfinite(sv).all() and (e == np.round(e)).all()
+                and e.min() >= lo and e.max() <= hi):
+            raise ValueError(f"s16 must hold powers of two 2^e with e in [{lo}, {hi}]")
+    if mu16 is not None and not np.isfinite(np.asarray(mu16, np.float16)).all():
+        raise ValueError("mu16 must be finite")
     cp = cp or cupy()
     p = FormatParams(n=n, block=min(64, n))
     words = []

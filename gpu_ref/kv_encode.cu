@@ -35,9 +35,10 @@
 // point: per lane the exact scaled exponent Ex = E + e (saturated to +-65504 when Ex > 30), the centering
 // entry mu' = RN16(mu s) decoded beside it, emax = 1 + max over the vector of max(Ex, Em), both
 // significands aligned to emax as 3.3 aligns them (round half away from zero), one subtraction, a clamp to
-// +-(2^(M-1) - 1), then D; NaN/inf lanes read as +0/+-max with e = 0, mu' = +0 (and flagged). The same
-// integer steps as the golden model, in int32 registers (bit-exact by construction); e is the exponent
-// field of s minus 15. Rows that are not encoded (sink tokens) take the fp16 rule
+// +-(2^(M-1) - 1), then D; NaN/inf lanes read as +0/+-max with e = 0, mu' = +0 (and flagged). Vectors of
+// finite lanes: exponents two lanes per instruction, mantissas in fp32 (exact steps, argued below); a
+// vector with a NaN or inf lane: the golden model's integer steps in int32; e is the exponent field of s
+// minus 15. Rows that are not encoded (sink tokens) take the fp16 rule
 // x' = RNE16(sat(RN16(x s)) - mu') of sim_models.keyscale.key_front (kv_key_front, key_front_pair: one
 // fp16x2 multiply and one fp16x2 subtract per pair of lanes, IEEE round to nearest even, subnormals kept).
 // Table (built by gpu_ref.encode.key_table): 16-byte entries tab[c * key_heads + h] holding, for words
@@ -395,19 +396,46 @@ kv_encode(const KvEncodeArgs a) {
       auto align = [](int g, int sh) -> int {                      // g < 2^11
         return sh <= 0 ? (g << (-sh)) : (sh > 12 ? 0 : (g + (1 << (sh - 1))) >> sh);
       };
-      int xm = 0;
+      // first pass, two lanes per step: exponent fields + 15 in 16-bit halves, Ex + 15 = max(E, 1) + (e + 15)
+      // (the exponent field of s), Em + 15 likewise; the largest |pattern| finds NaN / inf lanes
+      // (the words from the thread's shared-memory row, 8 lanes per step: a rolled loop holds few table entries)
+      kv_u32 xm2 = 0u, sp2 = 0u;
+      uint4 tq;
+#pragma unroll 2
+      for (int q = 0; q < LPT / 8; ++q) {
+        const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
+        const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
 #pragma unroll
-      for (int c = 0; c < LPT / 2 / KWPC; ++c) {
-        const uint4 t = __ldg(ktab + c * a.key_heads);
-#pragma unroll
-        for (int j = 0; j < KWPC; ++j) {
+        for (int jj = 0; jj < 4; ++jj) {
+          if (jj % KWPC == 0) tq = __ldg(ktab + (q * (4 / KWPC) + jj / KWPC) * a.key_heads);
           kv_u32 s2, m2;
-          key_words<KEYF>(t, j, s2, m2);
+          key_words<KEYF>(tq, jj % KWPC, s2, m2);
+          const kv_u32 wk = rw[jj];
+          sp2 = max_u16x2(sp2, wk & 0x7FFF7FFFu);
+          kv_u32 f2 = max_u16x2((wk >> 10) & 0x001F001Fu, 0x00010001u);
+          f2 += (KEYF & 1) ? (s2 >> 10) & 0x001F001Fu : 0x000F000Fu;
+          if (KEYF & 2) f2 = max_u16x2(f2, max_u16x2((m2 >> 10) & 0x001F001Fu, 0x00010001u) + 0x000F000Fu);
+          xm2 = max_u16x2(xm2, f2);
+        }
+      }
+      // Ex saturates at 30; Em >= 1 (mu' = +0 without centering)
+      int xm = max(min((int)max(xm2 & 0xFFFFu, xm2 >> 16) - 15, 30), 1);
+      int spec = max(sp2 & 0xFFFFu, sp2 >> 16) >= 0x7C00u;
+      if (spec) {  // a NaN or inf lane (rare): the integer steps, lane by lane
+        xm = 0;
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            int sx, ex, gx, sm, em, gm;
-            lane(w[c * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, flg);
-            xm = max(xm, max(ex, em));
+        for (int c = 0; c < LPT / 2 / KWPC; ++c) {
+          const uint4 t = __ldg(ktab + c * a.key_heads);
+#pragma unroll
+          for (int j = 0; j < KWPC; ++j) {
+            kv_u32 s2, m2;
+            key_words<KEYF>(t, j, s2, m2);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              int sx, ex, gx, sm, em, gm;
+              lane(w[c * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, flg);
+              xm = max(xm, max(ex, em));
+            }
           }
         }
       }
@@ -415,6 +443,7 @@ kv_encode(const KvEncodeArgs a) {
       for (int o = 1; o < TPV; o <<= 1) {
         xm = max(xm, shfl_xor_t(xm, o));
         flg |= shfl_xor_t(flg, o);
+        spec |= shfl_xor_t(spec, o);
       }
       const int emax = xm + 1;                                     // one bit of headroom for the difference
       u = emax - BIAS - M + 2;
@@ -422,37 +451,73 @@ kv_encode(const KvEncodeArgs a) {
       // |y| <= 2047 is an fp16 integer: the pass writes y as fp16 (exact) over the thread's own input row in
       // shared memory, 16 bytes (8 lanes) per step of a rolled loop, and w is read back from it with P1 = 1;
       // the block-floating-point step below then quantizes y as it would an input lane (D included:
-      // floor(|y| + 1/2) = |y|). Fully unrolled, the compiler issues all of the table's loads first, more
-      // registers than the thread has (spills, about 20x slower than without the key front end); rolled,
-      // each step waits for its table load (about 5x slower, docs/GPU.md). Wider M: y into yf / yi.
+      // floor(|y| + 1/2) = |y|). A loop of few steps in flight holds few table entries (the whole table in
+      // registers spills). Wider M: y into yf / yi.
       constexpr bool VIA16 = M <= 12;
       if (VIA16) {
         kv_u8* const wrow = const_cast<kv_u8*>(row);
-#pragma unroll 1
-        for (int q = 0; q < LPT / 8; ++q) {
-          const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
-          const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
-          kv_u32 ow[4];
+        if (!spec) {
+          // finite lanes: the same steps in fp32, each exact. X = k s is a product of an fp16 and a power of two
+          // (exact, normal: |X| >= 2^-38), clamped to +-65504 (|X| >= 2^16 iff Ex > 30); v = X 2^-u has at most
+          // 11 significant bits and |v| < 2^(M-2), so ONE FMA, RN(X 2^-u (1 + 2^-20) + 1.5 2^23), gives
+          // 1.5 2^23 + round half away from zero (v) (block floating point's argument below); the same for
+          // mu'; the difference of the two sums is exact. The alignment shift's cases (exact left shift,
+          // rounding right shift, 0 beyond 12 places) are this rounding of v.
+          const float PK = exp2i(-u) * (1.0f + 0x1p-20f), C23 = 12582912.0f;
+#pragma unroll 2
+          for (int q = 0; q < LPT / 8; ++q) {
+            const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
+            const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
+            kv_u32 ow[4];
 #pragma unroll
-          for (int c2 = 0; c2 < 4 / KWPC; ++c2) {
-            const uint4 t = __ldg(ktab + (q * (4 / KWPC) + c2) * a.key_heads);
+            for (int c2 = 0; c2 < 4 / KWPC; ++c2) {
+              const uint4 t = __ldg(ktab + (q * (4 / KWPC) + c2) * a.key_heads);
 #pragma unroll
-            for (int j = 0; j < KWPC; ++j) {
-              kv_u32 s2, m2, outw = 0;
-              key_words<KEYF>(t, j, s2, m2);
+              for (int j = 0; j < KWPC; ++j) {
+                kv_u32 s2, m2;
+                key_words<KEYF>(t, j, s2, m2);
+                float y[2];
 #pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                int sx, ex, gx, sm, em, gm;
-                kv_u32 fl = 0;
-                lane(rw[c2 * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, fl);
-                const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
-                const int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
-                outw |= int_to_f16(y) << (16 * hh);
+                for (int hh = 0; hh < 2; ++hh) {
+                  float xv = h2f_half(rw[c2 * KWPC + j], hh);
+                  if (KEYF & 1) xv = fminf(fmaxf(__fmul_rn(xv, h2f_half(s2, hh)), -65504.0f), 65504.0f);
+                  float yv = __fmaf_rn(xv, PK, C23) - ((KEYF & 2) ? __fmaf_rn(h2f_half(m2, hh), PK, C23) : C23);
+                  y[hh] = fminf(fmaxf(yv, (float)-LIM), (float)LIM);
+                }
+                kv_u32 outw;
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(outw) : "f"(y[1]), "f"(y[0]));
+                ow[c2 * KWPC + j] = outw;
               }
-              ow[c2 * KWPC + j] = outw;
             }
+            *reinterpret_cast<uint4*>(wrow + 16 * q) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
           }
-          *reinterpret_cast<uint4*>(wrow + 16 * q) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+        } else {  // a NaN or inf lane: integer steps
+#pragma unroll 1
+          for (int q = 0; q < LPT / 8; ++q) {
+            const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
+            const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
+            kv_u32 ow[4];
+#pragma unroll
+            for (int c2 = 0; c2 < 4 / KWPC; ++c2) {
+              const uint4 t = __ldg(ktab + (q * (4 / KWPC) + c2) * a.key_heads);
+#pragma unroll
+              for (int j = 0; j < KWPC; ++j) {
+                kv_u32 s2, m2, outw = 0;
+                key_words<KEYF>(t, j, s2, m2);
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                  int sx, ex, gx, sm, em, gm;
+                  kv_u32 fl = 0;
+                  lane(rw[c2 * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, fl);
+                  const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
+                  const int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
+                  outw |= int_to_f16(y) << (16 * hh);
+                }
+                ow[c2 * KWPC + j] = outw;
+              }
+            }
+            *reinterpret_cast<uint4*>(wrow + 16 * q) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+          }
         }
 #pragma unroll
         for (int k = 0; k < LPT / 8; ++k) {
@@ -477,7 +542,8 @@ kv_encode(const KvEncodeArgs a) {
               const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
               int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
               if (dsign(i)) y = -y;
-              if (FLT) yf[FLT ? i : 0] = (float)y;
+              // FASTB: the butterflies take the lanes offset by 1.5 2^23, as the rounding FMA leaves them
+              if (FLT) yf[FLT ? i : 0] = FASTB ? (float)y + 12582912.0f : (float)y;
               else yi[FLT ? 0 : i] = y;
             }
           }

@@ -442,6 +442,21 @@ def test_key_front_end_bitexact_corner_inputs(keyf, quant):
         ((gf != 0) & (np.abs(gf) < np.float16(6.2e-5))).any()   # zeros, saturation, subnormal results hit
 
 
+@pytest.mark.parametrize("m", [8, 16], ids=["M8", "M16"])
+@pytest.mark.parametrize("keyf", [1, 3], ids=["scale", "scale+center"])
+def test_key_front_end_bitexact_mant_bits(keyf, m):
+    """The folded key front end at other mantissa widths: M = 8 (fp32 steps, y as fp16) and M = 16
+    (integer steps into the float lanes) == the golden folded key front end on the corner inputs."""
+    keys, mu, s16 = _key_corner_case(keyf)
+    p = qparams(*V2, mant_bits=m)
+    e = gpu_ref.encode_kv(cp.asarray(keys), p, key=gpu_ref.key_table(p.n, mu, s16))
+    g = _golden_packed_keys(keys, mu, s16, p)
+    for name, a, b in (("codes", g.codes, e.codes), ("scales", g.scales, e.scales), ("flags", g.flags, e.flags)):
+        b = cp.asnumpy(b)
+        bad = np.flatnonzero((a != b).reshape(len(keys) * keys.shape[1], -1).any(axis=1))
+        assert bad.size == 0, f"{name}: {bad.size} of {a.size} vectors differ, first {bad[0]}"
+
+
 def _packed_planes(cache):
     """The cache's packed planes as contiguous [B, KVH, rows, *] NumPy arrays (gathered through the
     block table when paged)."""

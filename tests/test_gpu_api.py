@@ -570,6 +570,29 @@ def test_key_front_rule_and_table_match_golden(keyf):
                 assert m2 == mus[h, 2 * k:2 * k + 2].view(np.uint32)[0]
 
 
+def test_key_table_rejects_bad_tables():
+    """key_table: scales that are not powers of two in the kernels' range and centering vectors that are
+    not finite get an error naming the parameter."""
+    from gpu_ref.encode import key_table
+    ok = np.ones((2, 64), np.float16)
+    for bad in (np.float16(3.0), np.float16(0.0), np.float16(-1.0), np.float16(np.inf), np.float16(2.0 ** -15),
+                np.float16(2.0 ** -24)):
+        s = ok.copy()
+        s[1, 5] = bad
+        with pytest.raises(ValueError, match="s16"):
+            key_table(64, None, s, cp=np)
+    for bad in (np.inf, -np.inf, np.nan):
+        mu = np.zeros((2, 64), np.float16)
+        mu[0, 3] = bad
+        with pytest.raises(ValueError, match="mu16"):
+            key_table(64, mu, ok, cp=np)
+        with pytest.raises(ValueError, match="mu16"):
+            key_table(64, mu, None, cp=np)
+    s = ok.copy()
+    s[0, :2] = [2.0 ** -14, 2.0 ** 15]
+    assert key_table(64, None, s, cp=np).keyf == 1
+
+
 def _folded_kernel_i32(x: np.ndarray, s16, mu16, m: int, mask: np.ndarray):
     """kv_encode.cu's folded key front end (KEYF) in NumPy int32, step for step: e from the exponent field
     of the table's s (or 0), mu' from the table (or +0); the lane decode with NaN -> +0 and inf -> +-65504
@@ -603,10 +626,37 @@ def _folded_kernel_i32(x: np.ndarray, s16, mu16, m: int, mask: np.ndarray):
     return y, (emax[:, 0] - 15 - m + 2), flags
 
 
+def _folded_kernel_f32(x: np.ndarray, s16, mu16, m: int, mask: np.ndarray):
+    """The fp32 steps kv_encode.cu's folded key front end takes on vectors without NaN / inf lanes:
+    Ex + 15 = max(E, 1) + (exponent field of s) and Em + 15 in 16-bit halves, emax = 1 + max(1, min(30,
+    max)), X = sat(k s) in fp32, each side one FMA RN(X 2^-u (1 + 2^-20) + 1.5 2^23) (the exact product
+    and sum in float64, then one rounding to float32), the difference, the clamp and D. Returns (x, u)."""
+    h = x.astype(np.int32)
+    es = (s16.view(np.uint16).astype(np.int32) >> 10) & 31 if s16 is not None else np.full_like(h, 15)
+    ex = np.maximum((h >> 10) & 31, 1) + np.broadcast_to(es, h.shape)
+    if mu16 is not None:
+        ex = np.maximum(ex, np.maximum((mu16.view(np.uint16).astype(np.int32) >> 10) & 31, 1) + 15)
+    emax = np.maximum(np.minimum(ex.max(axis=-1, keepdims=True) - 15, 30), 1) + 1
+    u = emax - 15 - m + 2
+    pk = np.exp2(-u).astype(np.float32) * np.float32(1 + 2.0 ** -20)
+    c23 = np.float32(1.5 * 2 ** 23)
+
+    def fma_round(v):
+        return (v.astype(np.float64) * pk.astype(np.float64) + np.float64(c23)).astype(np.float32)
+    xv = x.view(np.float16).astype(np.float32)
+    if s16 is not None:
+        xv = np.clip(xv * s16.astype(np.float32), np.float32(-65504), np.float32(65504))
+    mq = fma_round(mu16.view(np.float16).astype(np.float32)) if mu16 is not None else c23
+    lim = np.float32((1 << (m - 1)) - 1)
+    y = np.clip(fma_round(xv) - mq, -lim, lim).astype(np.int32)
+    return np.where(mask[None, :] == 1, -y, y), u[:, 0]
+
+
 @pytest.mark.parametrize("keyf", [1, 2, 3])
 def test_folded_key_front_kernel_steps_match_golden(keyf):
-    """The write kernel's folded key front end (its int32 steps, in NumPy) == sim_models.bfp.to_block_fp_keys
-    on the pinned key-front-end set and on every fp16 pattern, for M = 12 (the instantiated width) and 8, 16;
+    """The write kernel's folded key front end (its int32 steps and, on vectors of finite lanes, its fp32
+    steps, in NumPy) == sim_models.bfp.to_block_fp_keys on the pinned key-front-end set and on every fp16
+    pattern, for M = 12 (the instantiated width) and 8, 16;
     with the table's s the exponent field minus 15 is e for every e the kernels take."""
     from sim_models.bfp import to_block_fp_keys
     from sim_models.keyscale import front_table
@@ -630,3 +680,9 @@ def test_folded_key_front_kernel_steps_match_golden(keyf):
         got = _folded_kernel_i32(x, None if s16 is None else s16[slot], mu[slot] if keyf & 2 else None, m, mask)
         for name, a, b in zip(("x", "u", "flags"), gold, got):
             assert np.array_equal(a, b), f"M={m} {name}: {(a != b).sum()} differ"
+        fin = ((x & 0x7C00) != 0x7C00).all(axis=-1)                 # the fp32 steps: vectors of finite lanes
+        assert fin.sum() > 500
+        got = _folded_kernel_f32(x[fin], None if s16 is None else s16[slot[fin]],
+                                 mu[slot[fin]] if keyf & 2 else None, m, mask)
+        for name, a, b in zip(("x", "u"), (gold[0][fin], gold[1][fin]), got):
+            assert np.array_equal(a, b), f"M={m} fp32 steps {name}: {(a != b).sum()} differ"
