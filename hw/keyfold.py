@@ -21,8 +21,17 @@ entries are ports (``mu``, ``e``, ``key``), for tests of the lane logic alone.
 Per lane, after the table read (fp16 key k, entry (mu_s, e), ``hb`` = ``key``):
 
 * decode k as FORMAT.md 3.1; NaN / inf lanes take e = 0 and mu_s = +0 (they pass);
-* ``Ex = max(E, 1) + e`` (7-bit signed), ``Ex > 30`` saturates to (2047, 30) (logic);
-* mu_s decoded (Em, significand, sign); the lane's exponent ``h = max(Ex, Em)``;
+* ``Ex = max(E, 1) + e`` (7-bit signed), ``Ex > 30`` saturates to (2047, 30);
+* mu_s decoded (Em, significand, sign); the lane's exponent ``h = max(Ex, Em)``.
+
+  The logic takes the lane as finite and forms its values beside the NaN / inf detection,
+  which selects at the end between them and the constants of a NaN lane (Ex = 1,
+  significand 0) or an inf lane ((2047, 30)), both with Em = 1, mu's significand and sign
+  0 and h = Ex. For the finite lane, side by side from the two registers: the sum
+  ``max(E, 1) + e``; the saturation without the sum, ``e >= 31 - max(E, 1)``
+  (:func:`saturates`); and ``Ex > Em`` as ``max(E, 1) > Em - e``, with ``Em - e`` from the
+  entry alone. Then ``h`` is ``max(30, Em)`` where saturated, else Ex or Em as that
+  compare says;
 * ``root`` = max of h over the lanes (a max tree, flags ORed along); ``emax = root + hb``;
 * shift amounts ``emax - Ex + post``, ``emax - Em + post`` (limited, FrontEnd's), two
   aligners (``(sig << pre) * 2 >> sh``: round half away from zero from the last bit);
@@ -78,6 +87,13 @@ def check_key_slots(p: FormatParams, slots) -> int:
     if p.dtype != "fp16":
         raise ValueError(f"key_slots: the key front end is fp16 only, got dtype={p.dtype!r}")
     return slots
+
+
+def saturates(ee, e) -> Value:
+    """``ee + e > 30`` for the 5-bit unsigned ``ee`` and the 5-bit signed ``e``, without the
+    sum: ``e >= 31 - ee`` (``31 - ee`` is ``~ee``), so e >= 0, ``ee`` >= 16 and a 4-bit
+    compare of e's low bits against ``~ee``'s."""
+    return ~e[4] & ee[4] & (e[:4] >= ~ee[:4])
 
 
 #: Register cuts of the folded front end: after the lane logic (before the max tree), after
@@ -256,34 +272,45 @@ class FoldFrontEnd(wiring.Component):
         for k in range(w):
             b = lanes[k]
             exp, frac = b[10:15], b[:10]
-            special = exp.all()
+            eany, fany, special = exp.any(), frac.any(), exp.all()
             nan = Signal(name=f"nan{k}")
             inf = Signal(name=f"inf{k}")
-            m.d.comb += [nan.eq(special & frac.any()), inf.eq(special & ~frac.any())]
+            m.d.comb += [nan.eq(special & fany), inf.eq(special & ~fany)]
+            # the key as a finite lane: E = max(exp, 1), E + e, E + e > 30
             ee = Signal(5, name=f"ee{k}")
-            sig = Signal(11, name=f"sig{k}")
-            m.d.comb += [ee.eq(Mux(special, Mux(frac.any(), 1, 30), Mux(exp.any(), exp, 1))),
-                         sig.eq(Mux(nan, 0, Mux(inf, 0x7FF, Cat(frac, exp.any()))))]
-            ex = Signal(signed(7), name=f"ex{k}")
-            m.d.comb += ex.eq(ee + Mux(special, 0, es[k]))
-            sat = gt_const(ex, 30)
+            m.d.comb += ee.eq(Cat(exp[0] | ~eany, exp[1:]))
+            exn = Signal(signed(7), name=f"exn{k}")
+            m.d.comb += exn.eq(ee + es[k])
+            sat = Signal(name=f"sat{k}")
+            m.d.comb += sat.eq(saturates(ee, es[k]))
+            # the entry alone: Em = max(exp(mu_s), 1), Em - e
+            mexp = mus[k][10:15]
+            many = mexp.any()
+            emn = Signal(5, name=f"emn{k}")
+            dm = Signal(signed(7), name=f"dm{k}")
+            m.d.comb += [emn.eq(Cat(mexp[0] | ~many, mexp[1:])), dm.eq(emn - es[k])]
+            gtm = Signal(name=f"gtm{k}")                 # E + e > Em
+            m.d.comb += gtm.eq(ee > dm)
+            # the finite lane's h = max(min(E + e, 30), Em); NaN / inf lanes (e = 0,
+            # mu_s = +0): Ex = 1 / 30, Em = 1, h = Ex
+            hn = Mux(sat, Cat(mexp.all(), Const(0b1111, 4)), Mux(gtm, exn[:5], emn))
+            spx = Mux(fany, 1, 30)
             exs = Signal(signed(6), name=f"exs{k}")
             sigs = Signal(11, name=f"sigs{k}")
-            m.d.comb += [exs.eq(Mux(sat, 30, ex)), sigs.eq(Mux(sat, 0x7FF, sig))]
-            mb = Signal(16, name=f"mb{k}")
-            m.d.comb += mb.eq(Mux(special, 0, mus[k]))
             em = Signal(5, name=f"em{k}")
             msig = Signal(11, name=f"msig{k}")
-            m.d.comb += [em.eq(Mux(mb[10:15].any(), mb[10:15], 1)),
-                         msig.eq(Cat(mb[:10], mb[10:15].any()))]
             h = Signal(5, name=f"h{k}")
-            m.d.comb += h.eq(Mux(exs > em, exs[:5], em))
+            m.d.comb += [exs.eq(Mux(special, spx, Mux(sat, 30, exn))),
+                         sigs.eq(Mux(special | sat, Mux(nan, 0, 0x7FF), Cat(frac, eany))),
+                         em.eq(Mux(special, 1, emn)),
+                         msig.eq(Mux(special, 0, Cat(mus[k][:10], many))),
+                         h.eq(Mux(special, spx, hn))]
             ex_l.append(exs)
             sig_l.append(sigs)
             s_l.append(b[15] & ~nan)
             em_l.append(em)
             ms_l.append(msig)
-            sm_l.append(mb[15])
+            sm_l.append(mus[k][15] & ~special)
             h_l.append(h)
             fl_l.append(Cat(nan, inf))
 

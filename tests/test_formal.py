@@ -192,8 +192,7 @@ def test_keyfold_proof_fails_on_late_saturation(monkeypatch, work):
     """The saturation of the scaled exponent one step late (Ex > 31): the proof fails
     (the spec sees the saturation)."""
     import hw.keyfold as kfold
-    real = kfold.gt_const
-    monkeypatch.setattr(kfold, "gt_const", lambda v, c: real(v, c + 1 if c == 30 else c))
+    monkeypatch.setattr(kfold, "saturates", lambda ee, e: ee + e > 31)
     assert prove_comb(KeyFoldMiter(8, 12, 30, 0), "keyfold_mut", work)["result"] == "failed"
 
 

@@ -120,6 +120,31 @@ def test_fold_arguments():
         FoldFrontEnd(FormatParams(n=16, block=8), 2, lanes=8, held=1)
 
 
+def test_saturates_every_exponent_and_e():
+    """``saturates(ee, e)`` (the lane's saturation without the sum) is ``ee + e > 30`` for
+    every 5-bit ``ee`` and every 5-bit signed ``e``."""
+    from amaranth.hdl import Module, Signal, signed
+
+    from hw.keyfold import saturates
+    m = Module()
+    ee, e, sat = Signal(5), Signal(signed(5)), Signal()
+    m.d.comb += sat.eq(saturates(ee, e))
+    got = {}
+
+    async def tb(ctx):
+        for a in range(32):
+            for b in range(-16, 16):
+                ctx.set(ee, a)
+                ctx.set(e, b)
+                got[a, b] = ctx.get(sat)
+
+    sim = Simulator(m)
+    sim.add_testbench(tb)
+    sim.run()
+    want = {(a, b): int(a + b > 30) for a in range(32) for b in range(-16, 16)}
+    assert got == want
+    assert 0 < sum(want.values()) < len(want)      # both outcomes occur
+
 @pytest.mark.parametrize("n, slots, fe_regs, flow, lanes", [
     (N, 3, ("emax",), "stall", None), (N, 4, FOLD_CUTS.names, "credit", None),
     (N, 3, ("shamt",), "stall", N // 2), (N, 4, FOLD_CUTS.names, "credit", N // 2),
