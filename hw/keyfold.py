@@ -33,8 +33,10 @@ Per lane, after the table read (fp16 key k, entry (mu_s, e), ``hb`` = ``key``):
   entry alone. Then ``h`` is ``max(30, Em)`` where saturated, else Ex or Em as that
   compare says;
 * ``root`` = max of h over the lanes (a max tree, flags ORed along); ``emax = root + hb``;
-* shift amounts ``emax - Ex + post``, ``emax - Em + post`` (limited, FrontEnd's), two
-  aligners (``(sig << pre) * 2 >> sh``: round half away from zero from the last bit);
+  beside the tree, each lane's ``Ex - hb - post`` and ``Em - hb - post``;
+* shift amounts ``emax - Ex + post``, ``emax - Em + post`` (limited, FrontEnd's), each
+  one subtraction from ``root``, and two aligners (``(sig << pre) * 2 >> sh``: round half
+  away from zero from the last bit);
 * ``x = (-1)^d (X - MU)`` as ``((hx ^ s) + (cx ^ s)) + ((hm ^ t) + (cm ^ t))`` with
   s = sign ^ d and t = ~sign_mu ^ d (d the sign-flip bit, a constant): two carry chains
   of M + 1 bits, then the clamp to +-(2^(M-1) - 1), reached only at +-2^(M-1).
@@ -335,6 +337,15 @@ class FoldFrontEnd(wiring.Component):
         vec.pop("part", None)
         valid, hb = vec.pop("valid"), vec.pop("hb")
         per_lane, vec = vec, {"valid": valid, "hb": hb}
+        # the lanes' exponents less hb and post, beside the tree: a shift amount is then
+        # root - that, one subtraction after the root
+        for key in ("ex", "em"):
+            offs = []
+            for k, v in enumerate(per_lane[key]):
+                a = Signal(range(-16 - 1 - post, 32), name=f"{key}o{k}")
+                m.d.comb += a.eq(v - hb - post)
+                offs.append(a)
+            per_lane[key] = offs
         if two:     # the join: the lanes wait two cycles; the vector's max from both beats
             vec = join(m, en, valid, hb, root, per_lane, w, max_or)
         else:
@@ -346,12 +357,13 @@ class FoldFrontEnd(wiring.Component):
 
         cut("emax")
         emax = Signal(6, name="emax")
-        m.d.comb += emax.eq(vec.pop("root") + vec.pop("hb"))
+        root = vec.pop("root")
+        m.d.comb += emax.eq(root + vec.pop("hb"))
         vec["emax"] = emax
 
-        def amount(e, name):      # emax - e + post, limited to wsp + 1 (shifts out to 0)
+        def amount(a, name):      # root - a = emax - e + post, limited to wsp + 1 (shifts out to 0)
             d = Signal(signed(8), name=f"{name}_d")
-            m.d.comb += d.eq(emax - e + post)
+            m.d.comb += d.eq(root - a)
             sh = Signal(range(wsp + 2), name=name)
             m.d.comb += sh.eq(Mux(gt_const(d, wsp + 1), wsp + 1, d))
             return sh
