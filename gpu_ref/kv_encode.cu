@@ -241,6 +241,9 @@ __device__ __forceinline__ void key_words(const uint4& t, int j, kv_u32& s2, kv_
 
 template <typename T>
 __device__ __forceinline__ T shfl_xor_t(T v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// a step count as a type (a loop's unroll inside a generic lambda)
+template <int V>
+struct kv_steps { static constexpr int value = V; };
 
 }  // namespace kv_enc
 
@@ -456,15 +459,11 @@ kv_encode(const KvEncodeArgs a) {
       constexpr bool VIA16 = M <= 12;
       if (VIA16) {
         kv_u8* const wrow = const_cast<kv_u8*>(row);
-        if (!spec) {
-          // finite lanes: the same steps in fp32, each exact. X = k s is a product of an fp16 and a power of two
-          // (exact, normal: |X| >= 2^-38), clamped to +-65504 (|X| >= 2^16 iff Ex > 30); v = X 2^-u has at most
-          // 11 significant bits and |v| < 2^(M-2), so ONE FMA, RN(X 2^-u (1 + 2^-20) + 1.5 2^23), gives
-          // 1.5 2^23 + round half away from zero (v) (block floating point's argument below); the same for
-          // mu'; the difference of the two sums is exact. The alignment shift's cases (exact left shift,
-          // rounding right shift, 0 beyond 12 places) are this rounding of v.
-          const float PK = exp2i(-u) * (1.0f + 0x1p-20f), C23 = 12582912.0f;
-#pragma unroll 2
+        // one step of 8 lanes: the row's 16 bytes, the table's entries, pair(word, s2, m2) -> y of the two lanes
+        // as fp16x2 for each word, the 16 bytes written back; STEPS: steps in flight (unroll)
+        auto pass2 = [&](auto pair, auto steps) {
+          constexpr int STEPS = decltype(steps)::value;
+#pragma unroll STEPS
           for (int q = 0; q < LPT / 8; ++q) {
             const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
             const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
@@ -476,48 +475,47 @@ kv_encode(const KvEncodeArgs a) {
               for (int j = 0; j < KWPC; ++j) {
                 kv_u32 s2, m2;
                 key_words<KEYF>(t, j, s2, m2);
-                float y[2];
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                  float xv = h2f_half(rw[c2 * KWPC + j], hh);
-                  if (KEYF & 1) xv = fminf(fmaxf(__fmul_rn(xv, h2f_half(s2, hh)), -65504.0f), 65504.0f);
-                  float yv = __fmaf_rn(xv, PK, C23) - ((KEYF & 2) ? __fmaf_rn(h2f_half(m2, hh), PK, C23) : C23);
-                  y[hh] = fminf(fmaxf(yv, (float)-LIM), (float)LIM);
-                }
-                kv_u32 outw;
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(outw) : "f"(y[1]), "f"(y[0]));
-                ow[c2 * KWPC + j] = outw;
+                ow[c2 * KWPC + j] = pair(rw[c2 * KWPC + j], s2, m2);
               }
             }
             *reinterpret_cast<uint4*>(wrow + 16 * q) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
           }
+        };
+        if (!spec) {
+          // finite lanes: the same steps in fp32, each exact. X = k s is a product of an fp16 and a power of two
+          // (exact, normal: |X| >= 2^-38), clamped to +-65504 (|X| >= 2^16 iff Ex > 30); v = X 2^-u has at most
+          // 11 significant bits and |v| < 2^(M-2), so ONE FMA, RN(X 2^-u (1 + 2^-20) + 1.5 2^23), gives
+          // 1.5 2^23 + round half away from zero (v) (block floating point's argument below); the same for
+          // mu'; the difference of the two sums is exact. The alignment shift's cases (exact left shift,
+          // rounding right shift, 0 beyond 12 places) are this rounding of v.
+          const float PK = exp2i(-u) * (1.0f + 0x1p-20f), C23 = 12582912.0f;
+          pass2([&](kv_u32 wd, kv_u32 s2, kv_u32 m2) -> kv_u32 {
+            float y[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              float xv = h2f_half(wd, hh);
+              if (KEYF & 1) xv = fminf(fmaxf(__fmul_rn(xv, h2f_half(s2, hh)), -65504.0f), 65504.0f);
+              float yv = __fmaf_rn(xv, PK, C23) - ((KEYF & 2) ? __fmaf_rn(h2f_half(m2, hh), PK, C23) : C23);
+              y[hh] = fminf(fmaxf(yv, (float)-LIM), (float)LIM);
+            }
+            kv_u32 outw;
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(outw) : "f"(y[1]), "f"(y[0]));
+            return outw;
+          }, kv_steps<2>{});
         } else {  // a NaN or inf lane: integer steps
-#pragma unroll 1
-          for (int q = 0; q < LPT / 8; ++q) {
-            const uint4 r4 = *reinterpret_cast<const uint4*>(row + 16 * q);
-            const kv_u32 rw[4] = {r4.x, r4.y, r4.z, r4.w};
-            kv_u32 ow[4];
+          pass2([&](kv_u32 wd, kv_u32 s2, kv_u32 m2) -> kv_u32 {
+            kv_u32 outw = 0;
 #pragma unroll
-            for (int c2 = 0; c2 < 4 / KWPC; ++c2) {
-              const uint4 t = __ldg(ktab + (q * (4 / KWPC) + c2) * a.key_heads);
-#pragma unroll
-              for (int j = 0; j < KWPC; ++j) {
-                kv_u32 s2, m2, outw = 0;
-                key_words<KEYF>(t, j, s2, m2);
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                  int sx, ex, gx, sm, em, gm;
-                  kv_u32 fl = 0;
-                  lane(rw[c2 * KWPC + j], hh, s2, m2, sx, ex, gx, sm, em, gm, fl);
-                  const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
-                  const int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
-                  outw |= int_to_f16(y) << (16 * hh);
-                }
-                ow[c2 * KWPC + j] = outw;
-              }
+            for (int hh = 0; hh < 2; ++hh) {
+              int sx, ex, gx, sm, em, gm;
+              kv_u32 fl = 0;
+              lane(wd, hh, s2, m2, sx, ex, gx, sm, em, gm, fl);
+              const int xa = align(gx, emax - ex - OFF), ma = align(gm, emax - em - OFF);
+              const int y = min(max((sx ? -xa : xa) - (sm ? -ma : ma), -LIM), LIM);
+              outw |= int_to_f16(y) << (16 * hh);
             }
-            *reinterpret_cast<uint4*>(wrow + 16 * q) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
-          }
+            return outw;
+          }, kv_steps<1>{});
         }
 #pragma unroll
         for (int k = 0; k < LPT / 8; ++k) {
