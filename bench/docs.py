@@ -278,6 +278,10 @@ def serve_load_block(d: dict, img: str) -> str:
                          f"{c['tpot_ms_p50']:.0f} / {c['tpot_ms_p99']:.0f}"])
         vs = "; ".join(f"{n}: {o['requests_per_s_vs_bf16']:.2f}x the requests/s and "
                        f"{o['concurrency_by_construction_vs_bf16']:.2f}x the sequences held at the mean request"
+                       + (f", greedy text identical to bf16's in {round(o['greedy_identical_fraction'] * o['compared_requests'])}"
+                          f" of {o['compared_requests']} requests (common prefix "
+                          f"{100 * o.get('greedy_common_prefix_fraction', float('nan')):.0f} % of the text)"
+                          if "greedy_common_prefix_fraction" in o else "")
                        for n, o in e.get("vs_bf16", {}).items())
         out += [f"{card} (`bench/results/gpu_serve_load.json`, {e['mode']} mode: {e['description']}, torch "
                 f"{e['torch']}): {w['requests']} streaming requests from {w['clients']} clients, prompt + max_tokens "

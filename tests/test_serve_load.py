@@ -118,3 +118,24 @@ def test_routine_exits_nonzero_when_the_load_test_fails(tmp_path, monkeypatch):
     from bench.gpu.__main__ import main
     monkeypatch.setattr(serve_load, "main", lambda argv: 1)
     assert main(["--routine", "serve", "--out", str(tmp_path), "--cpu", "--no-plot"]) == 1
+
+
+def test_real_model_runs_have_their_own_entry(smoke):
+    """A real model's run is kept beside the random model's on the same card (``CARD: MODEL_ID``), and the
+    docs name the greedy-text agreement only where texts were kept (a real model)."""
+    import argparse
+
+    from bench import docs
+    from sim_models.models import ModelSource
+    card = "CPU (golden backend, smoke)"
+    rnd = argparse.Namespace(cpu=True, model=None)
+    real = argparse.Namespace(cpu=True, model="some.gguf", src=ModelSource("m-1", None, "a file"))
+    assert serve_load._entry_key(rnd) == card
+    assert serve_load._entry_key(real) == f"{card}: m-1"
+    _, _, doc = smoke
+    entry = doc["cards"][card]
+    assert "greedy text" not in docs.serve_load_block({"cards": {card: entry}}, "")
+    pairs = {"requests_per_s_vs_bf16": 1.5, "concurrency_by_construction_vs_bf16": 5.0,
+             "greedy_identical_fraction": 0.75, "greedy_common_prefix_fraction": 0.9, "compared_requests": 4}
+    text = docs.serve_load_block({"cards": {f"{card}: m-1": dict(entry, vs_bf16={"v4": pairs})}}, "")
+    assert "greedy text identical to bf16's in 3 of 4 requests (common prefix 90 % of the text)" in text

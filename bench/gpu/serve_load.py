@@ -26,8 +26,8 @@ real text and the greedy texts of each packed cache are compared with the 16-bit
 fraction, common prefix); without it the model is the Llama-3-8B shape (32 layers, 32 q / 8 KV heads,
 head_dim 128) with random bf16 weights, as ``bench.gpu.hf``'s step benchmark, and key tables mu = 0, s = 1.
 
-Results: ``gpu_serve_load.json``, one entry per card under ``cards``; a run replaces its caches in its
-card's entry and keeps the others while the workload and pool are the same (so ``--caches bf16`` and
+Results: ``gpu_serve_load.json``, one entry per card under ``cards`` (a real model's run: per card and
+model, ``"CARD: MODEL_ID"``); a run replaces its caches in its entry and keeps the others while the workload and pool are the same (so ``--caches bf16`` and
 ``--caches v4`` may run as separate commands), and the plot ``gpu_serve_load.png`` beside it. ``--cpu``
 (smoke: tiny random Llama, golden backend, short contexts, a pool of 2.5 16-bit sequences) checks the code
 path and the report's invariants (:func:`check`); its numbers are no performance claim.
@@ -593,6 +593,12 @@ def _card(a):
     return torch.cuda.get_device_name()
 
 
+def _entry_key(a) -> str:
+    """The run's entry in the results file: the card, and the model's id after it for a real model (a
+    real model's run and the random model's are kept side by side)."""
+    return _card(a) if not a.model else f"{_card(a)}: {a.src.model_id}"
+
+
 def _one_process_per_cache(a, argv) -> int:
     """On the GPU, several caches: one child process per cache, in order, the first sizing the pool and the
     others given its exact bytes (memory one cache's run frees inside a process is not reliably available
@@ -615,7 +621,7 @@ def _one_process_per_cache(a, argv) -> int:
             return rc
         if pool is None:
             doc = json.loads((a.out / FNAME).read_text())
-            pool = doc["cards"][_card(a)]["pool_bytes_asked"]
+            pool = doc["cards"][_entry_key(a)]["pool_bytes_asked"]
     return rc
 
 
@@ -672,12 +678,12 @@ def main(argv=None) -> int:
     doc = json.loads(path.read_text()) if path.exists() else {}
     doc.update(benchmark="serve_load", note="python -m bench.gpu --routine serve (bench/gpu/serve_load.py): the "
                "OpenAI server in-process, concurrent streaming clients, packed caches against the 16-bit cache in "
-               "the same pool bytes; one entry per card")
+               "the same pool bytes; one entry per card (a real model's: per card and model)")
     cards = doc.setdefault("cards", {})
-    card = _card(a)
-    entry = cards.get(card)
+    key = _entry_key(a)
+    entry = cards.get(key)
     if entry is None or {k: entry.get(k) for k in setup} != setup:
-        entry = cards[card] = dict(setup, caches={})
+        entry = cards[key] = dict(setup, caches={})
     entry.update(description=desc, weights_gib=wbytes / 2**30, torch=torch.__version__,
                  one_chunk_per_token=not a.model)
     if dev.type == "cuda":
