@@ -142,7 +142,9 @@ def merge(path: Path) -> int:
         old = json.loads(pk.read_text()) if pk.exists() else {"trials": {}}
         for name, t in r["passkey"].items():
             old["trials"].setdefault(name, {}).update(t)
-        old["meta"] = {"model_id": mid, "source": r.get("device")}
+        # the devices the trials ran on, every merge's (a passkey's numbers do not depend on it)
+        src = {x for x in (old.get("meta", {}).get("source") or "").split(", ") + [r.get("device")] if x}
+        old["meta"] = {"model_id": mid, "source": ", ".join(sorted(src))}
         pk.write_text(json.dumps(old, indent=1))
     cal = path.parent / f"{mid}.npz"
     if cal.exists():
