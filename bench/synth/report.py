@@ -373,16 +373,15 @@ def generated(res: dict, mres: dict | None) -> str:
         lines += [
             "**Key front end (cache policy)**",
             "",
-            "The encoder with `hw.keyfront.KeyFrontEnd` (config part `kT`: T table slots of "
-            "(mu_s, e) per lane, docs/FORMAT.md 7) against the same config without it; (+) = "
-            "the difference; per lane: the difference over the front end's lanes W (N, or N/2 "
-            "with two beats, where it also holds the lane and table selects and the join of "
-            "the beats); FF likewise. The table maps to LUT RAM (TRELLIS_DPR16X4, one memory "
-            "per lane; not in the LUT4 count), the per-lane arithmetic (x 2^e with rounding into the subnormals, one "
-            "fp16 subtraction with RNE and saturation) to LUT4 and carry cells. Worst path: "
-            "nextpnr's critical path by submodule (`keyfront -> frontend`: from the key "
-            "front end's output register into the encoder front end's decode and exponent "
-            "max tree, the path that starts at the input without it).",
+            "The encoder with the folded key front end (`hw.keyfold.FoldFrontEnd`, config part "
+            "`kT`: T table slots of (mu_s, e) per lane, docs/FORMAT.md 8) against the same config "
+            "without it; (+) = the difference; per lane: the difference over the front end's "
+            "lanes W (N, or N/2 with two beats, where it also holds the lane and table selects "
+            "and the join of the beats); FF likewise. The table maps to LUT RAM "
+            "(TRELLIS_DPR16X4, one memory per lane; not in the LUT4 count), the per-lane logic "
+            "(the exponent add with saturation, the lane maximum, a second aligner for mu_s, "
+            "one subtraction and the clamp) to LUT4 and carry cells. Worst path: nextpnr's "
+            "critical path by submodule (the front end is one submodule, `frontend`).",
             "",
             kft,
             "",
