@@ -27,8 +27,9 @@ fraction, common prefix); without it the model is the Llama-3-8B shape (32 layer
 head_dim 128) with random bf16 weights, as ``bench.gpu.hf``'s step benchmark, and key tables mu = 0, s = 1.
 
 Results: ``gpu_serve_load.json``, one entry per card under ``cards`` (a real model's run: per card and
-model, ``"CARD: MODEL_ID"``); a run replaces its caches in its entry and keeps the others while the workload and pool are the same (so ``--caches bf16`` and
-``--caches v4`` may run as separate commands), and the plot ``gpu_serve_load.png`` beside it. ``--cpu``
+model, ``"CARD: MODEL_ID"``); a run replaces its caches in its entry and keeps the others while the
+workload and pool are the same (so ``--caches bf16`` and ``--caches v4`` may run as separate commands),
+and the plot ``gpu_serve_load.png`` beside it. ``--cpu``
 (smoke: tiny random Llama, golden backend, short contexts, a pool of 2.5 16-bit sequences) checks the code
 path and the report's invariants (:func:`check`); its numbers are no performance claim.
 """
